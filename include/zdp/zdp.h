@@ -1,0 +1,379 @@
+/*
+ * zdp.h -- the one public header of libzdp, a data-parallel training engine.
+ *
+ * zdp does what DeepSpeed's training engine does for ZeRO stages 0, 1 and 2,
+ * reads DeepSpeed's ds_config.json, and follows DeepSpeed's training-loop
+ * semantics (forward / backward / step, counters, batch-size rules), including
+ * *unmanaged* gradient accumulation, where the caller owns the optimizer-step
+ * boundary.  Ranks are MPI processes.  Anything not declared here is internal.
+ *
+ * Conventions
+ *   - Every fallible function returns zdp_status (ZDP_OK == 0, errors < 0) and
+ *     fills a caller-provided zdp_error with a message that names the thing
+ *     (JSON path, file, field, rank), the value seen and the fix.  `err` may be
+ *     NULL when the caller does not want the message.
+ *   - The library never calls exit() or abort().
+ *   - COLLECTIVE: every rank must make the call, in the same order.
+ *
+ * A minimal training loop (unmanaged accumulation, n chosen at run time):
+ *
+ *     zdp_config cfg;  zdp_engine *eng;  zdp_error err;  float loss;
+ *     zdp_dist_init(&argc, &argv, &err);
+ *     zdp_config_load_file("ds_config.json", zdp_dist_world_size(), &cfg, &err);
+ *     zdp_engine_create(&cfg, &model, &eng, &err);
+ *     for (step...) {
+ *         for (int i = 0; i < n; i++) {
+ *             zdp_engine_forward(eng, &batch[i], &loss, &err);
+ *             zdp_engine_backward(eng, 0, 1.0f / n, &err);   // scale_wrt_gas off
+ *         }
+ *         zdp_engine_step(eng, &err);                        // always a boundary
+ *     }
+ *     zdp_engine_destroy(eng);
+ *     zdp_dist_finalize();
+ */
+#ifndef ZDP_ZDP_H
+#define ZDP_ZDP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(ZDP_BUILDING_LIBRARY) && defined(__GNUC__)
+#define ZDP_API __attribute__((visibility("default")))
+#else
+#define ZDP_API
+#endif
+
+#define ZDP_VERSION "0.1.0"
+
+/* ---- status codes and errors ------------------------------------------ */
+
+/* X-macro table: name, value, short description. */
+#define ZDP_STATUS_MAP(XX)                                                   \
+    XX(OK, 0, "success")                                                     \
+    XX(ERR_INVALID_ARG, -1, "invalid argument")                              \
+    XX(ERR_CONFIG, -2, "invalid configuration")                              \
+    XX(ERR_UNSUPPORTED, -3, "not supported")                                 \
+    XX(ERR_STATE, -4, "call not valid in the engine's current state")        \
+    XX(ERR_IO, -5, "file input/output error")                                \
+    XX(ERR_FORMAT, -6, "malformed file")                                     \
+    XX(ERR_NOMEM, -7, "out of memory")                                       \
+    XX(ERR_COMM, -8, "communication failure")                                \
+    XX(ERR_INTERNAL, -9, "internal error (a bug in zdp)")
+
+typedef enum zdp_status {
+#define ZDP_STATUS_ENUM_(name, val, desc) ZDP_##name = val,
+    ZDP_STATUS_MAP(ZDP_STATUS_ENUM_)
+#undef ZDP_STATUS_ENUM_
+} zdp_status;
+
+#define ZDP_ERROR_MSG_MAX 1024
+
+typedef struct zdp_error {
+    zdp_status code;             /* same value the function returned */
+    int rank;                    /* rank that detected it, -1 if unknown */
+    char msg[ZDP_ERROR_MSG_MAX]; /* "thing = value: why; fix" */
+} zdp_error;
+
+ZDP_API const char *zdp_status_name(zdp_status s); /* "ZDP_ERR_CONFIG" */
+ZDP_API const char *zdp_status_str(zdp_status s);  /* "invalid configuration" */
+
+/* Log sink for warnings and information (unknown config keys, the memory
+ * report).  Default: stderr, prefixed "[zdp rank R]".  level: 0 info, 1 warn. */
+typedef void (*zdp_log_fn)(int level, const char *msg, void *user);
+ZDP_API void zdp_set_log(zdp_log_fn fn, void *user);
+
+/* ---- distributed runtime ---------------------------------------------- */
+
+/* COLLECTIVE.  Initialises MPI (if the caller has not) and pins BLAS threads
+ * to cores / ranks-on-this-node.  Safe to call more than once. */
+ZDP_API zdp_status zdp_dist_init(int *argc, char ***argv, zdp_error *err);
+ZDP_API int zdp_dist_rank(void);       /* 0 before init */
+ZDP_API int zdp_dist_world_size(void); /* 1 before init */
+/* COLLECTIVE.  Finalises MPI if zdp_dist_init initialised it. */
+ZDP_API void zdp_dist_finalize(void);
+/* Ends the whole job with `code` after printing msg on this rank: the clean
+ * way out of a rank-local failure when other ranks may wait in a collective.
+ * Only for programs (the library itself never calls it). */
+ZDP_API void zdp_dist_abort(int code, const char *msg);
+/* COLLECTIVE.  Logical AND of `ok` over all ranks: lets a program agree
+ * that every rank succeeded before it goes on. */
+ZDP_API bool zdp_dist_all_ok(bool ok);
+
+/* ---- configuration (ds_config.json) ----------------------------------- */
+
+typedef enum zdp_optimizer_type {
+    ZDP_OPTIMIZER_ADAM,  /* decoupled weight decay unless adam_w_mode=false */
+    ZDP_OPTIMIZER_ADAMW, /* always decoupled */
+    ZDP_OPTIMIZER_SGD,   /* torch.optim.SGD semantics (coupled decay) */
+} zdp_optimizer_type;
+
+typedef enum zdp_offload_device {
+    ZDP_OFFLOAD_NONE, /* absent block or "device": "none" */
+    ZDP_OFFLOAD_CPU,
+    ZDP_OFFLOAD_NVME,
+} zdp_offload_device;
+
+typedef struct zdp_optimizer_config {
+    zdp_optimizer_type type;
+    double lr;            /* 1e-3 (Adam/AdamW); SGD: required */
+    double beta1, beta2;  /* params.betas, (0.9, 0.999) */
+    double eps;           /* 1e-8 */
+    double weight_decay;  /* 0 */
+    bool adam_w_mode;     /* true: "Adam" means AdamW, as in DeepSpeed */
+    bool bias_correction; /* true */
+    double momentum;      /* SGD: 0 */
+    double dampening;     /* SGD: 0 */
+    bool nesterov;        /* SGD: false */
+} zdp_optimizer_config;
+
+typedef struct zdp_zero_config {
+    int stage;                     /* 0, 1 or 2 (3 is rejected for now) */
+    bool overlap_comm;             /* false */
+    int64_t reduce_bucket_size;    /* 5e8 elements */
+    int64_t allgather_bucket_size; /* 5e8 elements, must be even */
+    bool contiguous_gradients;     /* true */
+    bool reduce_scatter;           /* true */
+    zdp_offload_device offload_optimizer; /* only NONE is accepted */
+    zdp_offload_device offload_param;     /* only NONE is accepted */
+} zdp_zero_config;
+
+typedef struct zdp_config {
+    int world_size;                    /* W the batch keys were derived for */
+    int64_t train_batch_size;          /* B = b * G * W */
+    int64_t micro_batch_size;          /* b = train_micro_batch_size_per_gpu */
+    int64_t gradient_accumulation_steps; /* G */
+    bool managed_gradient_accumulation;  /* true */
+    int64_t steps_per_print;           /* 10 */
+    double gradient_clipping;          /* 1.0 (DeepSpeed's default); 0 = off */
+    bool zero_allow_untested_optimizer; /* false */
+    zdp_optimizer_config optimizer;
+    zdp_zero_config zero;
+    /* Sections zdp records only to reject them. */
+    bool has_pipeline;  /* a "pipeline" block is present */
+    bool amp_enabled;   /* amp.enabled (Apex) */
+    bool fp16_enabled;  /* fp16.enabled: not implemented yet, rejected */
+    bool bf16_enabled;  /* bf16.enabled: not implemented yet, rejected */
+} zdp_config;
+
+/* Fills every field with DeepSpeed's default.  The batch keys are 0
+ * ("absent") and must be set, then derived with zdp_config_finalize. */
+ZDP_API void zdp_config_default(zdp_config *cfg);
+
+/* Parses a ds_config JSON file (strict JSON) for a job of `world_size`
+ * ranks: applies defaults, derives the batch keys as DeepSpeed does and
+ * validates everything.  Unknown keys produce one warning that lists them.
+ * Errors name the JSON path, the value seen and the fix; malformed JSON
+ * reports line and column.  Deterministic: every rank gets the same answer. */
+ZDP_API zdp_status zdp_config_load_file(const char *path, int world_size,
+                                        zdp_config *out, zdp_error *err);
+/* Same, from a string; `origin` names it in messages (a file name or "<string>"). */
+ZDP_API zdp_status zdp_config_load_string(const char *json, const char *origin,
+                                          int world_size, zdp_config *out,
+                                          zdp_error *err);
+/* Validates a config struct built or edited by hand: the batch consistency
+ * rule and every rejection zdp_config_load_* applies. */
+ZDP_API zdp_status zdp_config_validate(const zdp_config *cfg, zdp_error *err);
+
+/* ---- models ------------------------------------------------------------ */
+
+/* The grad sink: a model's backward does not own gradient memory.  For each
+ * parameter tensor it acquires the buffer, ADDS its contribution (the buffer
+ * may hold earlier micro-batches' gradients, or zeros), and releases it when
+ * this backward will add nothing more.  Acquiring the same tensor twice in one
+ * backward returns the same buffer.  Every tensor must be released exactly
+ * once per backward (the engine releases forgotten ones at the end, in
+ * reverse order).  Returns NULL on misuse (index out of range, already
+ * released); the backward must then fail. */
+typedef struct zdp_grad_sink zdp_grad_sink;
+ZDP_API float *zdp_grad_acquire(zdp_grad_sink *sink, int param_index);
+ZDP_API void zdp_grad_release(zdp_grad_sink *sink, int param_index);
+
+#define ZDP_MAX_DIMS 4
+
+typedef struct zdp_param_info {
+    const char *name;            /* "linears.0.weight" */
+    int ndim;
+    int64_t shape[ZDP_MAX_DIMS]; /* row-major */
+} zdp_param_info;
+
+/* What the engine needs from a model.  Parameters live in the engine's flat
+ * buffer: params[i] points at tensor i (see zdp_param_info for its shape). */
+typedef struct zdp_model_ops {
+    /* Runs the forward pass on one micro-batch and keeps what backward needs.
+     * *loss: the micro-batch's loss (for example mean cross-entropy). */
+    zdp_status (*forward)(void *self, const float *const *params,
+                          const void *batch, float *loss, zdp_error *err);
+    /* Back-propagates d(objective)/d(loss) = dloss from the last forward,
+     * adding every parameter's gradient through the sink. */
+    zdp_status (*backward)(void *self, const float *const *params, float dloss,
+                           zdp_grad_sink *sink, zdp_error *err);
+} zdp_model_ops;
+
+typedef struct zdp_model {
+    void *self;                  /* the model's own state (activations) */
+    const zdp_model_ops *ops;
+    int n_params;                /* number of parameter tensors */
+    const zdp_param_info *params; /* n_params entries, registration order */
+} zdp_model;
+
+/* ---- engine ------------------------------------------------------------ */
+
+typedef struct zdp_engine zdp_engine;
+
+/* Bytes this rank allocated, by category (every engine allocation is
+ * counted).  ZeRO model per rank with Adam, Psi parameters, N ranks:
+ * stage 0: 4Psi params + 4Psi grads + 8Psi optimizer; stage 1: 4Psi + 4Psi
+ * (+ 4Psi/N gradient partition) + 8Psi/N; stage 2: 4Psi + 4Psi/N + buckets
+ * + 8Psi/N. */
+typedef struct zdp_memory_report {
+    int64_t params_bytes;         /* the flat parameter buffer (padded) */
+    int64_t grads_bytes;          /* full-size gradient buffer (stages 0/1) */
+    int64_t grad_partition_bytes; /* this rank's gradient partition */
+    int64_t bucket_bytes;         /* stage-2 reduce buckets */
+    int64_t optimizer_bytes;      /* optimizer state (Adam m and v, SGD momentum) */
+    int64_t master_bytes;         /* fp32 master partition (16-bit training; 0 today) */
+    int64_t total_bytes;
+} zdp_memory_report;
+
+/* COLLECTIVE.  Builds the engine for `model` on all ranks of the job:
+ * validates the config (create-time rejections: stage 3, offload with a
+ * device other than "none", overlap_comm with stage 0/1 in unmanaged mode,
+ * a pipeline section, Apex amp, fp16/bf16), lays the parameters out in one
+ * flat buffer padded to a multiple of 2*W and partitions it, allocates
+ * gradients and optimizer state for the stage, and logs the memory report on
+ * rank 0.  Parameters start at zero: write them through
+ * zdp_engine_param_data() and call zdp_engine_sync_params().  `model` must
+ * outlive the engine.  On failure *out is NULL. */
+ZDP_API zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model,
+                                     zdp_engine **out, zdp_error *err);
+/* Frees everything; NULL is a no-op.  Not collective. */
+ZDP_API void zdp_engine_destroy(zdp_engine *eng);
+
+/* Writable view of parameter tensor i (NULL if out of range).  Writes are
+ * allowed only between steps; call zdp_engine_sync_params afterwards. */
+ZDP_API float *zdp_engine_param_data(zdp_engine *eng, int i);
+/* COLLECTIVE.  Broadcasts rank 0's parameters to every rank (as DeepSpeed
+ * does at initialisation) and refreshes the optimizer's view of them. */
+ZDP_API zdp_status zdp_engine_sync_params(zdp_engine *eng, zdp_error *err);
+
+/* Runs the model's forward on one micro-batch.  *loss gets its loss. */
+ZDP_API zdp_status zdp_engine_forward(zdp_engine *eng, const void *batch,
+                                      float *loss, zdp_error *err);
+/* COLLECTIVE at ZeRO stage 2 (it reduce-scatters).  Back-propagates the
+ * last forward with d(objective)/d(loss) = loss_scale * (scale_wrt_gas ?
+ * 1/G : 1).  Gradients add into the window's accumulated gradients. */
+ZDP_API zdp_status zdp_engine_backward(zdp_engine *eng, bool scale_wrt_gas,
+                                       float loss_scale, zdp_error *err);
+/* COLLECTIVE.  Managed: a boundary only on every G-th call (or per
+ * set_gradient_accumulation_boundary); unmanaged: always a boundary.  At a
+ * boundary it reduces (stage 0/1) or finalizes (stage 2) the window's
+ * gradients, clips by the global norm, and applies the optimizer, or skips the
+ * update on every rank if any gradient is NaN/Inf.  A boundary with no
+ * backward() in its window is ZDP_ERR_STATE and changes nothing. */
+ZDP_API zdp_status zdp_engine_step(zdp_engine *eng, zdp_error *err);
+
+/* DeepSpeed's predicate: managed -> override if set, else
+ * (micro_steps + 1) % G == 0; unmanaged -> true only while step() runs. */
+ZDP_API bool zdp_engine_is_gradient_accumulation_boundary(const zdp_engine *eng);
+/* Managed mode only (sticky for the engine's life, as in DeepSpeed).
+ * Unmanaged mode: ZDP_ERR_STATE, the caller owns the boundary via step(). */
+ZDP_API zdp_status zdp_engine_set_gradient_accumulation_boundary(zdp_engine *eng,
+                                                                 bool is_boundary,
+                                                                 zdp_error *err);
+/* DeepSpeed's coalesce_grad_reduction(): not implemented; in unmanaged mode it
+ * is rejected with DeepSpeed's reason, otherwise ZDP_ERR_UNSUPPORTED. */
+ZDP_API zdp_status zdp_engine_coalesce_grad_reduction(zdp_engine *eng, zdp_error *err);
+
+ZDP_API bool zdp_engine_was_step_applied(const zdp_engine *eng);
+ZDP_API int64_t zdp_engine_global_steps(const zdp_engine *eng);
+ZDP_API int64_t zdp_engine_global_samples(const zdp_engine *eng);
+ZDP_API int64_t zdp_engine_micro_steps(const zdp_engine *eng);
+ZDP_API int64_t zdp_engine_skipped_steps(const zdp_engine *eng);
+/* backward() calls since the last model step (the window so far). */
+ZDP_API int64_t zdp_engine_pending_backwards(const zdp_engine *eng);
+/* Global L2 norm of the last model step's gradient before clipping (the
+ * norm one process would compute over the whole averaged gradient, the same
+ * on every rank); NaN/Inf when that step was skipped; -1 before any step. */
+ZDP_API double zdp_engine_last_grad_norm(const zdp_engine *eng);
+ZDP_API const zdp_config *zdp_engine_config(const zdp_engine *eng);
+ZDP_API void zdp_engine_memory_report(const zdp_engine *eng, zdp_memory_report *out);
+
+/* Flat layout, for tests and tools: total parameter count (unpadded),
+ * padded length, partition size P, and tensor i's offset in the flat buffer. */
+ZDP_API int64_t zdp_engine_numel(const zdp_engine *eng);
+ZDP_API int64_t zdp_engine_padded_numel(const zdp_engine *eng);
+ZDP_API int64_t zdp_engine_partition_numel(const zdp_engine *eng);
+ZDP_API int64_t zdp_engine_param_offset(const zdp_engine *eng, int i);
+
+/* ---- the MLP (DeepSpeed's test SimpleModel) ---------------------------- */
+
+/* nlayers Linear(hidden, hidden) with bias.  forward: for i in 0..L-1:
+ * x = nlayers > 1 ? linears[i/2](x) + linears[i](x) : linears[0](x); then
+ * mean cross-entropy of x (logits over `hidden` classes) against y. */
+typedef struct zdp_mlp_batch {
+    const float *x;   /* (n, hidden) row-major */
+    const int64_t *y; /* (n,) class labels in [0, hidden) */
+    int64_t n;
+} zdp_mlp_batch;
+
+/* Creates the model (with its zdp_model interface in *out).  `max_batch`
+ * bounds the micro-batch rows; activations are allocated here. */
+ZDP_API zdp_status zdp_mlp_create(int hidden, int nlayers, int64_t max_batch,
+                                  zdp_model *out, zdp_error *err);
+ZDP_API void zdp_mlp_destroy(zdp_model *model);
+/* Seeded initialiser (uniform(-1/sqrt(h), 1/sqrt(h)), as torch.nn.Linear):
+ * params[i] points at tensor i. */
+ZDP_API void zdp_mlp_init_params(const zdp_model *model, float *const *params,
+                                 uint64_t seed);
+
+/* ---- safetensors -------------------------------------------------------- */
+
+typedef enum zdp_dtype {
+    ZDP_DTYPE_F32,
+    ZDP_DTYPE_F64,
+    ZDP_DTYPE_I64,
+    ZDP_DTYPE_I32,
+    ZDP_DTYPE_U16,
+    ZDP_DTYPE_BF16,
+    ZDP_DTYPE_F16,
+    ZDP_DTYPE_U8,
+} zdp_dtype;
+
+typedef struct zdp_tensor {
+    char *name;
+    zdp_dtype dtype;
+    int ndim;
+    int64_t shape[ZDP_MAX_DIMS];
+    void *data;      /* little-endian element data */
+    size_t nbytes;
+} zdp_tensor;
+
+typedef struct zdp_safetensors {
+    int n;
+    zdp_tensor *tensors;
+} zdp_safetensors;
+
+/* Reads a whole .safetensors file, validating the header length, the JSON,
+ * every dtype, shape and offset range (no overlaps, no gaps past the end).
+ * Errors name the file, the tensor and the field. */
+ZDP_API zdp_status zdp_safetensors_read(const char *path, zdp_safetensors *out,
+                                        zdp_error *err);
+/* Looks a tensor up by name; NULL if absent. */
+ZDP_API const zdp_tensor *zdp_safetensors_find(const zdp_safetensors *st, const char *name);
+ZDP_API void zdp_safetensors_free(zdp_safetensors *st);
+/* Writes n tensors (names, dtypes, shapes, data) to path, atomically
+ * (temporary file + rename). */
+ZDP_API zdp_status zdp_safetensors_write(const char *path, const zdp_tensor *tensors,
+                                         int n, zdp_error *err);
+ZDP_API const char *zdp_dtype_name(zdp_dtype t); /* "F32" */
+ZDP_API size_t zdp_dtype_size(zdp_dtype t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ZDP_ZDP_H */

@@ -1,0 +1,84 @@
+/*
+ * core.c -- status names, error records, logging, counted allocation.
+ */
+#include "core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../comm/comm.h"
+
+const char *zdp_status_name(zdp_status s) {
+    switch (s) {
+#define XX(name, val, desc) case ZDP_##name: return "ZDP_" #name;
+        ZDP_STATUS_MAP(XX)
+#undef XX
+    }
+    return "ZDP_UNKNOWN_STATUS";
+}
+
+const char *zdp_status_str(zdp_status s) {
+    switch (s) {
+#define XX(name, val, desc) case ZDP_##name: return desc;
+        ZDP_STATUS_MAP(XX)
+#undef XX
+    }
+    return "unknown status";
+}
+
+zdp_status zdp_err_set(zdp_error *err, zdp_status code, const char *fmt, ...) {
+    if (err != NULL) {
+        err->code = code;
+        err->rank = zdp_dist_rank();
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+/* ---- logging ---- */
+
+static void log_stderr_(int level, const char *msg, void *user) {
+    (void)user;
+    fprintf(stderr, "[zdp rank %d] %s%s\n", zdp_dist_rank(), level > 0 ? "warning: " : "", msg);
+}
+
+static zdp_log_fn log_fn_ = log_stderr_;
+static void *log_user_ = NULL;
+
+void zdp_set_log(zdp_log_fn fn, void *user) {
+    log_fn_ = fn != NULL ? fn : log_stderr_;
+    log_user_ = user;
+}
+
+void zdp_log(int level, const char *fmt, ...) {
+    char buf[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    log_fn_(level, buf, log_user_);
+}
+
+/* ---- counted allocation ---- */
+
+void *zdp_alloc(zdp_mem_counter *counter, zdp_mem_category cat, size_t nbytes) {
+    if (nbytes == 0) nbytes = 1; /* a valid, freeable pointer for empty buffers */
+    size_t rounded = (nbytes + 63) & ~(size_t)63;
+    if (rounded < nbytes) return NULL;
+    void *p = aligned_alloc(64, rounded);
+    if (p == NULL) return NULL;
+    memset(p, 0, rounded);
+    if (counter != NULL) counter->bytes[cat] += (int64_t)nbytes;
+    return p;
+}
+
+void zdp_free(zdp_mem_counter *counter, zdp_mem_category cat, void *p, size_t nbytes) {
+    if (p == NULL) return;
+    if (nbytes == 0) nbytes = 1;
+    if (counter != NULL) counter->bytes[cat] -= (int64_t)nbytes;
+    free(p);
+}

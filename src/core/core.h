@@ -1,0 +1,53 @@
+/*
+ * core.h -- internal: error records, logging, counted allocation.
+ *
+ * Every module reports failures through zdp_err_set(), which formats the
+ * message into the caller's zdp_error and returns the status, so a failing
+ * path reads `return zdp_err_set(err, ZDP_ERR_CONFIG, "...", ...);`.
+ * Not here: anything that talks to MPI (src/comm) or knows about models.
+ */
+#ifndef ZDP_CORE_H
+#define ZDP_CORE_H
+
+#include "zdp/zdp.h"
+
+#include <stdarg.h>
+
+#if defined(__GNUC__)
+#define ZDP_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define ZDP_PRINTF(a, b)
+#endif
+
+/* Fills err (if not NULL) with code, this rank and the formatted message;
+ * returns code. */
+zdp_status zdp_err_set(zdp_error *err, zdp_status code, const char *fmt, ...)
+    ZDP_PRINTF(3, 4);
+
+/* Logs through the installed sink.  level: 0 info, 1 warning. */
+void zdp_log(int level, const char *fmt, ...) ZDP_PRINTF(2, 3);
+
+/* Categories of engine memory (zdp_memory_report). */
+typedef enum zdp_mem_category {
+    ZDP_MEM_PARAMS,
+    ZDP_MEM_GRADS,
+    ZDP_MEM_GRAD_PARTITION,
+    ZDP_MEM_BUCKETS,
+    ZDP_MEM_OPTIMIZER,
+    ZDP_MEM_MASTER,
+    ZDP_MEM_OTHER,
+    ZDP_MEM_NCATEGORIES
+} zdp_mem_category;
+
+/* Byte counters an owner (the engine) keeps, one per category. */
+typedef struct zdp_mem_counter {
+    int64_t bytes[ZDP_MEM_NCATEGORIES];
+} zdp_mem_counter;
+
+/* 64-byte aligned, zero-filled allocation counted in *counter under cat.
+ * NULL on failure (nelem * elem_size overflow included). */
+void *zdp_alloc(zdp_mem_counter *counter, zdp_mem_category cat, size_t nbytes);
+/* Frees p (allocated with nbytes under cat) and uncounts it; NULL is a no-op. */
+void zdp_free(zdp_mem_counter *counter, zdp_mem_category cat, void *p, size_t nbytes);
+
+#endif /* ZDP_CORE_H */
