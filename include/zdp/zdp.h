@@ -103,6 +103,8 @@ ZDP_API void zdp_dist_abort(int code, const char *msg);
 /* COLLECTIVE.  Logical AND of `ok` over all ranks: lets a program agree
  * that every rank succeeded before it goes on. */
 ZDP_API bool zdp_dist_all_ok(bool ok);
+/* COLLECTIVE.  Mean of x over all ranks (for reporting losses). */
+ZDP_API double zdp_dist_mean(double x);
 
 /* ---- configuration (ds_config.json) ----------------------------------- */
 

@@ -1,0 +1,165 @@
+/*
+ * comm_mpi.c -- the MPI backend of src/comm: job start-up, collectives.
+ *
+ * The only file that includes mpi.h.  Collectives run on MPI_COMM_WORLD in
+ * the caller's thread; large counts are issued in chunks below INT_MAX.
+ */
+#include "comm.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cblas.h>
+#include <mpi.h>
+
+#include "../core/core.h"
+
+static bool we_initialised_mpi_ = false;
+
+static bool mpi_ready_(void) {
+    int init = 0, fin = 0;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    return init && !fin;
+}
+
+/* Ranks that share this node, so BLAS threads = cores / local ranks. */
+static int local_ranks_(void) {
+    MPI_Comm local;
+    int n = 1;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local) ==
+        MPI_SUCCESS) {
+        MPI_Comm_size(local, &n);
+        MPI_Comm_free(&local);
+    }
+    return n;
+}
+
+zdp_status zdp_dist_init(int *argc, char ***argv, zdp_error *err) {
+    if (!mpi_ready_()) {
+        int provided = 0;
+        if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+            return zdp_err_set(err, ZDP_ERR_COMM,
+                               "MPI_Init_thread failed: check the MPI installation "
+                               "(openmpi-bin) and launch with mpirun");
+        we_initialised_mpi_ = true;
+    }
+    /* Return errors instead of aborting so messages can name the call. */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    /* A user's OPENBLAS_NUM_THREADS wins; otherwise share the node's cores. */
+    if (getenv("OPENBLAS_NUM_THREADS") == NULL) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int per_rank = (int)(cores / local_ranks_());
+        openblas_set_num_threads(per_rank > 0 ? per_rank : 1);
+    }
+    return ZDP_OK;
+}
+
+int zdp_dist_rank(void) {
+    int r = 0;
+    if (mpi_ready_()) MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+
+int zdp_dist_world_size(void) {
+    int w = 1;
+    if (mpi_ready_()) MPI_Comm_size(MPI_COMM_WORLD, &w);
+    return w;
+}
+
+void zdp_dist_finalize(void) {
+    if (we_initialised_mpi_ && mpi_ready_()) MPI_Finalize();
+    we_initialised_mpi_ = false;
+}
+
+void zdp_dist_abort(int code, const char *msg) {
+    if (msg != NULL) fprintf(stderr, "[zdp rank %d] fatal: %s\n", zdp_dist_rank(), msg);
+    fflush(stderr);
+    if (mpi_ready_()) MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code);
+}
+
+bool zdp_dist_all_ok(bool ok) {
+    if (!mpi_ready_()) return ok;
+    int mine = ok ? 1 : 0, all = 0;
+    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+    return all != 0;
+}
+
+/* ---- collectives ---- */
+
+static zdp_status check_(int rc, const char *what, zdp_error *err) {
+    if (rc == MPI_SUCCESS) return ZDP_OK;
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, s, &len);
+    return zdp_err_set(err, ZDP_ERR_COMM, "%s failed on rank %d: %s", what, zdp_dist_rank(), s);
+}
+
+static zdp_status not_ready_(const char *what, zdp_error *err) {
+    return zdp_err_set(err, ZDP_ERR_COMM, "%s: MPI is not initialised; call zdp_dist_init first",
+                       what);
+}
+
+#define CHUNK_ ((int64_t)1 << 28) /* elements per call, well below INT_MAX */
+
+static zdp_status allreduce_(void *buf, int64_t n, size_t esize, MPI_Datatype t, MPI_Op op,
+                             const char *what, zdp_error *err) {
+    if (!mpi_ready_()) return not_ready_(what, err);
+    for (int64_t off = 0; off < n; off += CHUNK_) {
+        int64_t c = n - off < CHUNK_ ? n - off : CHUNK_;
+        int rc = MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * (int64_t)esize, (int)c, t, op,
+                               MPI_COMM_WORLD);
+        if (rc != MPI_SUCCESS) return check_(rc, what, err);
+    }
+    return ZDP_OK;
+}
+
+zdp_status zdp_comm_allreduce_sum_f32(float *buf, int64_t n, zdp_error *err) {
+    return allreduce_(buf, n, sizeof *buf, MPI_FLOAT, MPI_SUM, "MPI_Allreduce(float)", err);
+}
+
+zdp_status zdp_comm_allreduce_sum_f64(double *buf, int64_t n, zdp_error *err) {
+    return allreduce_(buf, n, sizeof *buf, MPI_DOUBLE, MPI_SUM, "MPI_Allreduce(double)", err);
+}
+
+zdp_status zdp_comm_allreduce_max_i64(int64_t *buf, int64_t n, zdp_error *err) {
+    return allreduce_(buf, n, sizeof *buf, MPI_INT64_T, MPI_MAX, "MPI_Allreduce(int64)", err);
+}
+
+zdp_status zdp_comm_reduce_scatter_f32(const float *send, float *recv, const int *recv_counts,
+                                       zdp_error *err) {
+    if (!mpi_ready_()) return not_ready_("MPI_Reduce_scatter", err);
+    /* MPI wants non-const send buffers in older bindings; it does not write them. */
+    int rc = MPI_Reduce_scatter((void *)send, recv, recv_counts, MPI_FLOAT, MPI_SUM,
+                                MPI_COMM_WORLD);
+    return check_(rc, "MPI_Reduce_scatter", err);
+}
+
+zdp_status zdp_comm_allgatherv_inplace_f32(float *buf, const int *counts, const int *displs,
+                                           zdp_error *err) {
+    if (!mpi_ready_()) return not_ready_("MPI_Allgatherv", err);
+    int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT,
+                            MPI_COMM_WORLD);
+    return check_(rc, "MPI_Allgatherv", err);
+}
+
+zdp_status zdp_comm_bcast_bytes(void *buf, int64_t nbytes, zdp_error *err) {
+    if (!mpi_ready_()) return not_ready_("MPI_Bcast", err);
+    for (int64_t off = 0; off < nbytes; off += CHUNK_) {
+        int64_t c = nbytes - off < CHUNK_ ? nbytes - off : CHUNK_;
+        int rc = MPI_Bcast((char *)buf + off, (int)c, MPI_BYTE, 0, MPI_COMM_WORLD);
+        if (rc != MPI_SUCCESS) return check_(rc, "MPI_Bcast", err);
+    }
+    return ZDP_OK;
+}
+
+double zdp_dist_mean(double x) {
+    if (!mpi_ready_()) return x;
+    double sum = 0.0;
+    MPI_Allreduce(&x, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    return sum / zdp_dist_world_size();
+}

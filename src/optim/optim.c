@@ -1,0 +1,95 @@
+/*
+ * optim.c -- Adam/AdamW (DeepSpeed FusedAdam semantics) and SGD with momentum
+ * (torch.optim.SGD semantics) over one flat fp32 range.
+ *
+ * Formulas (SEMANTICS.md 6.2):
+ *   Adam, L2 mode:    g += wd * p
+ *   m = b1 m + (1-b1) g ;  v = b2 v + (1-b2) g^2
+ *   u = (m / bc1) / (sqrt(v / bc2) + eps)     bc = 1 - b^t when bias_correction
+ *   decoupled (AdamW, and "Adam" with adam_w_mode): u += wd * p
+ *   p -= lr * u
+ *   SGD: d = g + wd p; buf = d (first step) or mom*buf + (1-damp) d;
+ *        d = nesterov ? d + mom*buf : buf  (when mom != 0);  p -= lr d
+ * Arithmetic is in float with hyper-parameters cast to float, as the fused
+ * CUDA kernel does, so results match DeepSpeed to the last few bits.
+ */
+#include "optim.h"
+
+#include <math.h>
+
+static bool uses_adam_(const zdp_optimizer_config *cfg) {
+    return cfg->type == ZDP_OPTIMIZER_ADAM || cfg->type == ZDP_OPTIMIZER_ADAMW;
+}
+
+zdp_status zdp_optim_init(zdp_optim *opt, const zdp_optimizer_config *cfg, int64_t n,
+                          zdp_mem_counter *mem, zdp_error *err) {
+    *opt = (zdp_optim){.cfg = *cfg, .n = n};
+    size_t bytes = (size_t)n * sizeof(float);
+    bool need_m = uses_adam_(cfg) || cfg->momentum != 0.0;
+    if (need_m) {
+        opt->m = zdp_alloc(mem, ZDP_MEM_OPTIMIZER, bytes);
+        if (opt->m == NULL) goto nomem;
+    }
+    if (uses_adam_(cfg)) {
+        opt->v = zdp_alloc(mem, ZDP_MEM_OPTIMIZER, bytes);
+        if (opt->v == NULL) goto nomem;
+    }
+    return ZDP_OK;
+nomem:
+    zdp_optim_free(opt, mem);
+    return zdp_err_set(err, ZDP_ERR_NOMEM, "optimizer state: cannot allocate %lld bytes",
+                       (long long)bytes);
+}
+
+void zdp_optim_free(zdp_optim *opt, zdp_mem_counter *mem) {
+    size_t bytes = (size_t)opt->n * sizeof(float);
+    zdp_free(mem, ZDP_MEM_OPTIMIZER, opt->m, bytes);
+    zdp_free(mem, ZDP_MEM_OPTIMIZER, opt->v, bytes);
+    opt->m = opt->v = NULL;
+}
+
+static void adam_step_(zdp_optim *opt, float *p, const float *g_in, float gs, double lr_d) {
+    const zdp_optimizer_config *c = &opt->cfg;
+    const bool decoupled = c->type == ZDP_OPTIMIZER_ADAMW || c->adam_w_mode;
+    const double t = (double)opt->step_count;
+    const float bc1 = c->bias_correction ? (float)(1.0 - pow(c->beta1, t)) : 1.0f;
+    const float bc2 = c->bias_correction ? (float)(1.0 - pow(c->beta2, t)) : 1.0f;
+    const float b1 = (float)c->beta1, b2 = (float)c->beta2, eps = (float)c->eps;
+    const float wd = (float)c->weight_decay, lr = (float)lr_d;
+    float *m = opt->m, *v = opt->v;
+    for (int64_t i = 0; i < opt->n; i++) {
+        float g = g_in[i] * gs;
+        if (!decoupled) g = g + wd * p[i];
+        m[i] = b1 * m[i] + (1.0f - b1) * g;
+        v[i] = b2 * v[i] + (1.0f - b2) * g * g;
+        float update = (m[i] / bc1) / (sqrtf(v[i] / bc2) + eps);
+        if (decoupled) update = update + wd * p[i];
+        p[i] = p[i] - lr * update;
+    }
+}
+
+static void sgd_step_(zdp_optim *opt, float *p, const float *g_in, float gs, double lr_d) {
+    const zdp_optimizer_config *c = &opt->cfg;
+    const float wd = (float)c->weight_decay, mom = (float)c->momentum;
+    const float damp = (float)c->dampening, lr = (float)lr_d;
+    const bool first = opt->step_count == 1;
+    float *buf = opt->m;
+    for (int64_t i = 0; i < opt->n; i++) {
+        float d = g_in[i] * gs;
+        if (wd != 0.0f) d = d + wd * p[i];
+        if (buf != NULL) {
+            buf[i] = first ? d : mom * buf[i] + (1.0f - damp) * d;
+            d = c->nesterov ? d + mom * buf[i] : buf[i];
+        }
+        p[i] = p[i] - lr * d;
+    }
+}
+
+void zdp_optim_step(zdp_optim *opt, float *params, const float *grads, float grad_scale,
+                    double lr) {
+    opt->step_count++;
+    if (uses_adam_(&opt->cfg))
+        adam_step_(opt, params, grads, grad_scale, lr);
+    else
+        sgd_step_(opt, params, grads, grad_scale, lr);
+}

@@ -1,0 +1,587 @@
+/*
+ * test_engine.c -- the engine under MPI (run by CTest at -np 1, 2, 3, 4).
+ *
+ * Covers DeepSpeed's TestUnmanaged* scenarios (SEMANTICS.md 8.2) for ZeRO
+ * stages 0, 1 and 2, the managed trace and counters (2.8, 3.3), stage
+ * 0 == 1 == 2 at every world size against an independent double-precision
+ * reference of SimpleModel + AdamW + clipping (parameter counts that do not
+ * divide by W, buckets smaller than one tensor), NaN/Inf skipping, the
+ * partition layout table (4.2), the memory report, and call-time rejections.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "zdp/zdp.h"
+
+static int W, R;
+
+/* ---- fixtures ------------------------------------------------------------------ */
+
+typedef struct run {
+    zdp_config cfg;
+    zdp_model model;
+    zdp_engine *eng;
+    int H, L;
+} run;
+
+static void config_(zdp_config *cfg, const char *json) {
+    zdp_error err = {0};
+    zdp_status st = zdp_config_load_string(json, "<test>", W, cfg, &err);
+    if (st != ZDP_OK) CHECK_FAIL_("config: %s", err.msg);
+}
+
+/* Seeded weights, the same on every rank; parameters start identical for
+ * every engine built with the same H, L and seed. */
+static void run_init_(run *rn, const char *json, int H, int L, int64_t max_batch, uint64_t seed) {
+    zdp_error err = {0};
+    rn->H = H;
+    rn->L = L;
+    config_(&rn->cfg, json);
+    if (zdp_mlp_create(H, L, max_batch, &rn->model, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
+    if (zdp_engine_create(&rn->cfg, &rn->model, &rn->eng, &err) != ZDP_OK)
+        CHECK_FAIL_("engine: %s", err.msg);
+    float *views[64];
+    for (int i = 0; i < rn->model.n_params; i++) views[i] = zdp_engine_param_data(rn->eng, i);
+    zdp_mlp_init_params(&rn->model, views, seed);
+    CHECK_OK(zdp_engine_sync_params(rn->eng, &e_));
+}
+
+static void run_free_(run *rn) {
+    zdp_engine_destroy(rn->eng);
+    zdp_mlp_destroy(&rn->model);
+}
+
+/* Flat copy of all parameters (unpadded). */
+static float *params_copy_(run *rn) {
+    int64_t n = zdp_engine_numel(rn->eng);
+    float *out = malloc((size_t)n * sizeof(float));
+    memcpy(out, zdp_engine_param_data(rn->eng, 0), (size_t)n * sizeof(float));
+    return out;
+}
+
+/* Deterministic data, the same on every rank. */
+typedef struct data {
+    float *x;
+    int64_t *y;
+    int64_t N;
+    int H;
+} data;
+
+static uint64_t rng_(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static data data_make_(int H, int64_t N, uint64_t seed) {
+    data d = {.N = N, .H = H};
+    d.x = malloc((size_t)(N * H) * sizeof(float));
+    d.y = malloc((size_t)N * sizeof(int64_t));
+    uint64_t s = seed;
+    for (int64_t i = 0; i < N * H; i++) d.x[i] = (float)((double)(rng_(&s) >> 11) * 0x1.0p-53 * 4.0 - 2.0);
+    for (int64_t i = 0; i < N; i++) d.y[i] = (int64_t)(rng_(&s) % (uint64_t)H);
+    return d;
+}
+
+static void data_free_(data *d) {
+    free(d->x);
+    free(d->y);
+}
+
+/* The micro-batch rank R uses as global micro-batch j: rows (j*W + R)*b + k. */
+static zdp_mlp_batch batch_(const data *d, int64_t j, int64_t b) {
+    int64_t start = ((j * W + R) * b) % d->N;
+    CHECK(start + b <= d->N);
+    return (zdp_mlp_batch){.x = d->x + start * d->H, .y = d->y + start, .n = b};
+}
+
+static void fwd_(run *rn, const zdp_mlp_batch *b) {
+    float loss;
+    CHECK_OK(zdp_engine_forward(rn->eng, b, &loss, &e_));
+    CHECK(isfinite(loss) || !isfinite(b->x[0]));
+}
+
+static const char *stage_json_(int stage, int G, bool managed, const char *extra) {
+    static char buf[1024];
+    snprintf(buf, sizeof buf,
+             "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": %d, "
+             "\"steps_per_print\": 1, \"managed_gradient_accumulation\": %s, "
+             "\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 1e-3}}, "
+             "\"zero_optimization\": {\"stage\": %d %s}}",
+             G, managed ? "true" : "false", stage, extra);
+    return buf;
+}
+
+#define FP32_RTOL 1.3e-6
+#define FP32_ATOL 1e-5
+
+/* ---- DeepSpeed's TestUnmanagedGradientAccumulation ------------------------------ */
+
+static void test_step_always_applies_update(int stage) {
+    run rn;
+    run_init_(&rn, stage_json_(stage, 4, false, ""), 4, 2, 1, 42);
+    data d = data_make_(4, 8 * W, 7);
+    for (int j = 0; j < 8; j++) {
+        zdp_mlp_batch b = batch_(&d, j, 1);
+        int64_t before = zdp_engine_global_steps(rn.eng);
+        fwd_(&rn, &b);
+        CHECK(!zdp_engine_is_gradient_accumulation_boundary(rn.eng));
+        CHECK_OK(zdp_engine_backward(rn.eng, true, 1.0f, &e_));
+        CHECK(!zdp_engine_is_gradient_accumulation_boundary(rn.eng));
+        CHECK_OK(zdp_engine_step(rn.eng, &e_));
+        CHECK(!zdp_engine_is_gradient_accumulation_boundary(rn.eng));
+        CHECK(zdp_engine_was_step_applied(rn.eng));
+        CHECK_EQ_I64(zdp_engine_global_steps(rn.eng), before + 1);
+        CHECK_EQ_I64(zdp_engine_global_samples(rn.eng), (int64_t)(j + 1) * W);
+        CHECK_EQ_I64(zdp_engine_micro_steps(rn.eng), j + 1);
+    }
+    data_free_(&d);
+    run_free_(&rn);
+}
+
+/* SEMANTICS.md 2.8: G=4, 8 symmetric micro-steps. */
+static void test_managed_baseline_applies_only_on_boundary(int stage) {
+    run rn;
+    run_init_(&rn, stage_json_(stage, 4, true, ""), 4, 2, 1, 42);
+    data d = data_make_(4, 8 * W, 7);
+    const bool want[8] = {false, false, false, true, false, false, false, true};
+    const int64_t B = 4 * W;
+    for (int j = 0; j < 8; j++) {
+        zdp_mlp_batch b = batch_(&d, j, 1);
+        CHECK(zdp_engine_is_gradient_accumulation_boundary(rn.eng) == want[j]);
+        fwd_(&rn, &b);
+        CHECK_OK(zdp_engine_backward(rn.eng, true, 1.0f, &e_));
+        CHECK_OK(zdp_engine_step(rn.eng, &e_));
+        CHECK(zdp_engine_was_step_applied(rn.eng) == want[j]);
+        CHECK_EQ_I64(zdp_engine_global_steps(rn.eng), (j + 1) / 4);
+        CHECK_EQ_I64(zdp_engine_global_samples(rn.eng), (j + 1) / 4 * B);
+        CHECK_EQ_I64(zdp_engine_micro_steps(rn.eng), j + 1);
+    }
+    data_free_(&d);
+    run_free_(&rn);
+}
+
+static void test_unmanaged_matches_managed(int stage) {
+    run m, u;
+    run_init_(&m, stage_json_(stage, 4, true, ""), 4, 2, 1, 42);
+    run_init_(&u, stage_json_(stage, 4, false, ""), 4, 2, 1, 42);
+    data d = data_make_(4, 12 * W, 11);
+    for (int cycle = 0; cycle < 3; cycle++) {
+        for (int k = 0; k < 4; k++) {
+            zdp_mlp_batch b = batch_(&d, cycle * 4 + k, 1);
+            fwd_(&m, &b);
+            CHECK_OK(zdp_engine_backward(m.eng, true, 1.0f, &e_));
+            CHECK_OK(zdp_engine_step(m.eng, &e_));
+            fwd_(&u, &b);
+            CHECK_OK(zdp_engine_backward(u.eng, true, 1.0f, &e_));
+        }
+        CHECK_OK(zdp_engine_step(u.eng, &e_));
+        CHECK(zdp_engine_was_step_applied(u.eng));
+    }
+    float *pm = params_copy_(&m), *pu = params_copy_(&u);
+    CHECK_CLOSE(pu, pm, zdp_engine_numel(m.eng), FP32_RTOL, FP32_ATOL, "unmanaged vs managed");
+    CHECK_EQ_I64(zdp_engine_global_samples(u.eng), zdp_engine_global_samples(m.eng));
+    free(pm);
+    free(pu);
+    data_free_(&d);
+    run_free_(&m);
+    run_free_(&u);
+}
+
+static void test_unmanaged_varying_backward_count(int stage) {
+    run m, u;
+    run_init_(&m, stage_json_(stage, 4, true, ""), 4, 2, 1, 42);
+    run_init_(&u, stage_json_(stage, 4, false, ""), 4, 2, 1, 42);
+    data d = data_make_(4, 10 * W, 13);
+    const int windows[3] = {2, 5, 3};
+    const int64_t want_samples[3] = {2 * W, 7 * W, 10 * W}; /* (B//G)*N summed, b=1 */
+    int64_t j = 0;
+    for (int w = 0; w < 3; w++) {
+        int n = windows[w];
+        for (int k = 0; k < n; k++, j++) {
+            zdp_mlp_batch b = batch_(&d, j, 1);
+            CHECK_OK(zdp_engine_set_gradient_accumulation_boundary(m.eng, k == n - 1, &e_));
+            fwd_(&m, &b);
+            CHECK_OK(zdp_engine_backward(m.eng, false, 1.0f / (float)n, &e_));
+            fwd_(&u, &b);
+            CHECK_OK(zdp_engine_backward(u.eng, false, 1.0f / (float)n, &e_));
+            CHECK_EQ_I64(zdp_engine_pending_backwards(u.eng), k + 1);
+        }
+        CHECK_OK(zdp_engine_step(m.eng, &e_));
+        CHECK(zdp_engine_was_step_applied(m.eng));
+        CHECK_OK(zdp_engine_step(u.eng, &e_));
+        CHECK(zdp_engine_was_step_applied(u.eng));
+        CHECK_EQ_I64(zdp_engine_global_samples(u.eng), want_samples[w]);
+        CHECK_EQ_I64(zdp_engine_global_steps(u.eng), w + 1);
+        CHECK_EQ_I64(zdp_engine_pending_backwards(u.eng), 0);
+    }
+    float *pm = params_copy_(&m), *pu = params_copy_(&u);
+    CHECK_CLOSE(pu, pm, zdp_engine_numel(m.eng), FP32_RTOL, FP32_ATOL, "varying N");
+    free(pm);
+    free(pu);
+    data_free_(&d);
+    run_free_(&m);
+    run_free_(&u);
+}
+
+static void test_call_time_rejections(int stage) {
+    run u;
+    run_init_(&u, stage_json_(stage, 4, false, ""), 4, 2, 1, 42);
+    zdp_error err = {0};
+    CHECK_ERR(zdp_engine_set_gradient_accumulation_boundary(u.eng, true, &err), ZDP_ERR_STATE, err,
+              "set_gradient_accumulation_boundary");
+    CHECK_ERR(zdp_engine_coalesce_grad_reduction(u.eng, &err), ZDP_ERR_STATE, err,
+              "coalesce_grad_reduction");
+    /* step() with no backward(): an error, and nothing moves. */
+    float *before = params_copy_(&u);
+    CHECK_ERR(zdp_engine_step(u.eng, &err), ZDP_ERR_STATE, err, "no backward()");
+    CHECK_EQ_I64(zdp_engine_global_steps(u.eng), 0);
+    CHECK_EQ_I64(zdp_engine_micro_steps(u.eng), 0);
+    float *after = params_copy_(&u);
+    CHECK(memcmp(before, after, (size_t)zdp_engine_numel(u.eng) * sizeof(float)) == 0);
+    /* backward() without forward(). */
+    CHECK_ERR(zdp_engine_backward(u.eng, true, 1.0f, &err), ZDP_ERR_STATE, err, "forward()");
+    free(before);
+    free(after);
+    run_free_(&u);
+}
+
+/* ---- stage equivalence against an independent reference ------------------------- */
+
+/* Double-precision SimpleModel forward+backward over rows [0, n) of x/y,
+ * adding d(mean CE)/dparams * scale into g (layout as the engine's flat). */
+static double ref_grad_(const double *p, int H, int L, const float *x, const int64_t *y,
+                        int64_t n, double scale, double *g) {
+    const int64_t P = (int64_t)H * H + H;
+    double *acts = calloc((size_t)((L + 1) * n * H), sizeof(double));
+    double *dx = calloc((size_t)(n * H), sizeof(double)), *dn = calloc((size_t)(n * H), sizeof(double));
+    for (int64_t i = 0; i < n * H; i++) acts[i] = x[i];
+    for (int l = 0; l < L; l++) {
+        int use[2] = {L > 1 ? l / 2 : 0, l};
+        for (int u = 0; u < (L > 1 ? 2 : 1); u++) {
+            const double *Wt = p + use[u] * P, *bias = Wt + (int64_t)H * H;
+            for (int64_t r = 0; r < n; r++)
+                for (int o = 0; o < H; o++) {
+                    double s = bias[o];
+                    for (int c = 0; c < H; c++) s += Wt[o * H + c] * acts[(l * n + r) * H + c];
+                    acts[((l + 1) * n + r) * H + o] += s;
+                }
+        }
+    }
+    double loss = 0.0;
+    for (int64_t r = 0; r < n; r++) {
+        const double *z = acts + (L * n + r) * H;
+        double mx = z[0], se = 0.0;
+        for (int c = 1; c < H; c++) mx = z[c] > mx ? z[c] : mx;
+        for (int c = 0; c < H; c++) se += exp(z[c] - mx);
+        loss += log(se) + mx - z[y[r]];
+        for (int c = 0; c < H; c++) dx[r * H + c] = exp(z[c] - mx) / se / (double)n * scale;
+        dx[r * H + y[r]] -= scale / (double)n;
+    }
+    for (int l = L - 1; l >= 0; l--) {
+        memset(dn, 0, (size_t)(n * H) * sizeof(double));
+        int use[2] = {L > 1 ? l / 2 : 0, l};
+        for (int u = 0; u < (L > 1 ? 2 : 1); u++) {
+            const double *Wt = p + use[u] * P;
+            double *gw = g + use[u] * P, *gb = gw + (int64_t)H * H;
+            for (int64_t r = 0; r < n; r++)
+                for (int o = 0; o < H; o++) {
+                    double d = dx[r * H + o];
+                    gb[o] += d;
+                    for (int c = 0; c < H; c++) {
+                        gw[o * H + c] += d * acts[(l * n + r) * H + c];
+                        dn[r * H + c] += d * Wt[o * H + c];
+                    }
+                }
+        }
+        double *t = dx;
+        dx = dn;
+        dn = t;
+    }
+    free(acts);
+    free(dx);
+    free(dn);
+    return loss / (double)n;
+}
+
+/* Global micro-batch j is rows [j*12, j*12+12) whatever W is (b = 12/W), so
+ * every world size trains on the same data; G windows per step. */
+static void test_stages_match_reference(int H, int L, int64_t bucket, bool managed) {
+    const int G = 3, steps = 4, global_b = 12;
+    const int64_t b = global_b / W;
+    data d = data_make_(H, (int64_t)steps * G * global_b, 99);
+    /* Reference: AdamW lr 1e-2 wd 0.01, clipping 0.5, in double. */
+    const int64_t n = (int64_t)L * (H * H + H);
+    double *p = malloc((size_t)n * sizeof(double)), *g = calloc((size_t)n, sizeof(double));
+    double *m1 = calloc((size_t)n, sizeof(double)), *v1 = calloc((size_t)n, sizeof(double));
+    {
+        run tmp;
+        run_init_(&tmp, stage_json_(0, 1, true, ""), H, L, 1, 5);
+        for (int64_t i = 0; i < n; i++) p[i] = zdp_engine_param_data(tmp.eng, 0)[i];
+        run_free_(&tmp);
+    }
+    for (int s = 0; s < steps; s++) {
+        memset(g, 0, (size_t)n * sizeof(double));
+        for (int k = 0; k < G; k++) {
+            int64_t row = ((int64_t)s * G + k) * global_b;
+            ref_grad_(p, H, L, d.x + row * H, d.y + row, global_b, 1.0 / G, g);
+        }
+        double sq = 0.0;
+        for (int64_t i = 0; i < n; i++) sq += g[i] * g[i];
+        double c = (sqrt(sq) + 1e-6) / 0.5, scale = c > 1.0 ? 1.0 / c : 1.0;
+        double bc1 = 1.0 - pow(0.9, s + 1), bc2 = 1.0 - pow(0.999, s + 1);
+        for (int64_t i = 0; i < n; i++) {
+            double gi = g[i] * scale;
+            m1[i] = 0.9 * m1[i] + 0.1 * gi;
+            v1[i] = 0.999 * v1[i] + 0.001 * gi * gi;
+            p[i] -= 1e-2 * ((m1[i] / bc1) / (sqrt(v1[i] / bc2) + 1e-8) + 0.01 * p[i]);
+        }
+    }
+    float *ref = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) ref[i] = (float)p[i];
+
+    float *got[3];
+    for (int stage = 0; stage < 3; stage++) {
+        char json[1024];
+        snprintf(json, sizeof json,
+                 "{\"train_batch_size\": %d, \"train_micro_batch_size_per_gpu\": %lld, "
+                 "\"gradient_clipping\": 0.5, \"managed_gradient_accumulation\": %s, "
+                 "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-2, "
+                 "\"weight_decay\": 0.01}}, \"zero_optimization\": {\"stage\": %d, "
+                 "\"reduce_bucket_size\": %lld, \"allgather_bucket_size\": 10}}",
+                 global_b * G, (long long)b, managed ? "true" : "false", stage, (long long)bucket);
+        run rn;
+        run_init_(&rn, json, H, L, b, 5);
+        for (int s = 0; s < steps; s++) {
+            for (int k = 0; k < G; k++) {
+                zdp_mlp_batch mb = batch_(&d, (int64_t)s * G + k, b);
+                fwd_(&rn, &mb);
+                CHECK_OK(zdp_engine_backward(rn.eng, managed, managed ? 1.0f : 1.0f / G, &e_));
+                if (managed) CHECK_OK(zdp_engine_step(rn.eng, &e_));
+            }
+            if (!managed) CHECK_OK(zdp_engine_step(rn.eng, &e_));
+            CHECK(zdp_engine_was_step_applied(rn.eng));
+        }
+        CHECK_EQ_I64(zdp_engine_global_steps(rn.eng), steps);
+        CHECK_EQ_I64(zdp_engine_global_samples(rn.eng), (int64_t)steps * G * global_b);
+        got[stage] = params_copy_(&rn);
+        run_free_(&rn);
+    }
+    for (int stage = 0; stage < 3; stage++)
+        CHECK_CLOSE(got[stage], ref, n, 1e-4, 2e-5, "stage vs double reference");
+    /* fp32 stages against each other: tighter. */
+    CHECK_CLOSE(got[1], got[0], n, 1e-5, 1e-6, "stage 1 vs stage 0");
+    CHECK_CLOSE(got[2], got[0], n, 1e-5, 1e-6, "stage 2 vs stage 0");
+    for (int stage = 0; stage < 3; stage++) free(got[stage]);
+    free(ref);
+    free(p);
+    free(g);
+    free(m1);
+    free(v1);
+    data_free_(&d);
+}
+
+/* ---- non-finite gradients --------------------------------------------------------- */
+
+/* A NaN in the last rank's micro-batch of step 1 skips that step on every
+ * rank: parameters byte-identical, counters as DeepSpeed, and training goes
+ * on exactly as a run that never saw the bad window (so the optimizer state
+ * did not move either). */
+static void test_nonfinite_skips_everywhere(int stage, bool managed, float poison) {
+    const char *json = stage_json_(stage, 2, managed, "");
+    run a, ref;
+    run_init_(&a, json, 4, 2, 1, 42);
+    run_init_(&ref, json, 4, 2, 1, 42);
+    data d = data_make_(4, 8 * W, 17);
+    data bad = data_make_(4, 8 * W, 17);
+    if (R == W - 1) bad.x[(2 * W + R) * 4 + 1] = poison; /* global micro-batch 2 = step 1 */
+    for (int s = 0; s < 4; s++) {
+        bool poisoned_step = s == 1;
+        float *before = params_copy_(&a);
+        for (int k = 0; k < 2; k++) {
+            zdp_mlp_batch mb = batch_(poisoned_step ? &bad : &d, s * 2 + k, 1);
+            fwd_(&a, &mb);
+            CHECK_OK(zdp_engine_backward(a.eng, true, 1.0f, &e_));
+            if (managed) CHECK_OK(zdp_engine_step(a.eng, &e_));
+            if (!poisoned_step) {
+                fwd_(&ref, &mb);
+                CHECK_OK(zdp_engine_backward(ref.eng, true, 1.0f, &e_));
+                if (managed) CHECK_OK(zdp_engine_step(ref.eng, &e_));
+            }
+        }
+        if (!managed) {
+            CHECK_OK(zdp_engine_step(a.eng, &e_));
+            if (!poisoned_step) CHECK_OK(zdp_engine_step(ref.eng, &e_));
+        }
+        float *after = params_copy_(&a);
+        if (poisoned_step) {
+            CHECK(!zdp_engine_was_step_applied(a.eng));
+            CHECK(!isfinite(zdp_engine_last_grad_norm(a.eng)));
+            CHECK(memcmp(before, after, (size_t)zdp_engine_numel(a.eng) * sizeof(float)) == 0);
+        } else {
+            CHECK(zdp_engine_was_step_applied(a.eng));
+        }
+        free(before);
+        free(after);
+    }
+    CHECK_EQ_I64(zdp_engine_skipped_steps(a.eng), 1);
+    CHECK_EQ_I64(zdp_engine_global_steps(a.eng), 4);
+    CHECK_EQ_I64(zdp_engine_global_samples(a.eng), 4 * 2 * W);
+    CHECK_EQ_I64(zdp_engine_skipped_steps(ref.eng), 0);
+    float *pa = params_copy_(&a), *pr = params_copy_(&ref);
+    CHECK(memcmp(pa, pr, (size_t)zdp_engine_numel(a.eng) * sizeof(float)) == 0);
+    free(pa);
+    free(pr);
+    data_free_(&d);
+    data_free_(&bad);
+    run_free_(&a);
+    run_free_(&ref);
+}
+
+/* ---- layout, memory, grad norm -------------------------------------------------- */
+
+static void test_partition_layout(void) {
+    /* SEMANTICS.md 4.2: SimpleModel(4, 2), 40 elements. */
+    const int64_t padded[5] = {0, 40, 40, 42, 40}, part[5] = {0, 40, 20, 14, 10};
+    run rn;
+    run_init_(&rn, stage_json_(2, 1, true, ""), 4, 2, 1, 1);
+    CHECK_EQ_I64(zdp_engine_numel(rn.eng), 40);
+    if (W <= 4) {
+        CHECK_EQ_I64(zdp_engine_padded_numel(rn.eng), padded[W]);
+        CHECK_EQ_I64(zdp_engine_partition_numel(rn.eng), part[W]);
+    }
+    const int64_t offs[4] = {0, 16, 20, 36};
+    for (int i = 0; i < 4; i++) CHECK_EQ_I64(zdp_engine_param_offset(rn.eng, i), offs[i]);
+    run_free_(&rn);
+}
+
+static void test_memory_report(void) {
+    for (int stage = 0; stage < 3; stage++) {
+        run rn;
+        run_init_(&rn, stage_json_(stage, 1, true, ", \"reduce_bucket_size\": 100"), 16, 3, 1, 1);
+        zdp_memory_report m;
+        zdp_engine_memory_report(rn.eng, &m);
+        int64_t padded = zdp_engine_padded_numel(rn.eng), P = zdp_engine_partition_numel(rn.eng);
+        CHECK_EQ_I64(m.params_bytes, 4 * padded);
+        CHECK_EQ_I64(m.grads_bytes, stage < 2 ? 4 * padded : 0);
+        CHECK_EQ_I64(m.grad_partition_bytes, stage >= 1 ? 4 * P : 0);
+        CHECK_EQ_I64(m.optimizer_bytes, stage == 0 ? 8 * padded : 8 * P);
+        if (stage == 2) {
+            /* One bucket buffer of the largest bucket (a 256-element weight,
+             * larger than the 100-element cap) plus the receive buffer. */
+            CHECK(m.bucket_bytes >= 4 * 256 && m.bucket_bytes <= 4 * (256 + 256));
+        } else {
+            CHECK_EQ_I64(m.bucket_bytes, 0);
+        }
+        CHECK_EQ_I64(m.total_bytes, m.params_bytes + m.grads_bytes + m.grad_partition_bytes +
+                                        m.bucket_bytes + m.optimizer_bytes + m.master_bytes);
+        run_free_(&rn);
+    }
+}
+
+/* The reported norm is the single-process norm of the averaged gradient. */
+static void test_grad_norm_is_global(int stage) {
+    const int H = 5, L = 3;
+    const int64_t b = 12 / W;
+    data d = data_make_(H, 12, 23);
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"train_batch_size\": 12, \"train_micro_batch_size_per_gpu\": %lld, "
+             "\"gradient_clipping\": 0, \"optimizer\": {\"type\": \"Adam\"}, "
+             "\"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": 7}}",
+             (long long)b, stage);
+    run rn;
+    run_init_(&rn, json, H, L, b, 3);
+    const int64_t n = zdp_engine_numel(rn.eng);
+    double *p = malloc((size_t)n * sizeof(double)), *g = calloc((size_t)n, sizeof(double));
+    for (int64_t i = 0; i < n; i++) p[i] = zdp_engine_param_data(rn.eng, 0)[i];
+    ref_grad_(p, H, L, d.x, d.y, 12, 1.0, g);
+    double sq = 0.0;
+    for (int64_t i = 0; i < n; i++) sq += g[i] * g[i];
+    zdp_mlp_batch mb = batch_(&d, 0, b);
+    fwd_(&rn, &mb);
+    CHECK_OK(zdp_engine_backward(rn.eng, true, 1.0f, &e_));
+    CHECK_OK(zdp_engine_step(rn.eng, &e_));
+    double norm = zdp_engine_last_grad_norm(rn.eng);
+    if (fabs(norm - sqrt(sq)) > 1e-5 * sqrt(sq))
+        CHECK_FAIL_("grad norm %.9g, reference %.9g", norm, sqrt(sq));
+    /* Identical on every rank, bit for bit. */
+    double mean = zdp_dist_mean(norm);
+    CHECK(zdp_dist_all_ok(mean == norm || W == 1));
+    free(p);
+    free(g);
+    data_free_(&d);
+    run_free_(&rn);
+}
+
+static void test_create_rejections(void) {
+    zdp_config cfg;
+    zdp_model model;
+    zdp_engine *eng = NULL;
+    zdp_error err = {0};
+    config_(&cfg, stage_json_(2, 1, true, ""));
+    CHECK_OK(zdp_mlp_create(4, 2, 1, &model, &e_));
+    zdp_config bad = cfg;
+    bad.zero.stage = 3;
+    CHECK_ERR(zdp_engine_create(&bad, &model, &eng, &err), ZDP_ERR_UNSUPPORTED, err, "stage");
+    CHECK(eng == NULL);
+    bad = cfg;
+    bad.world_size = W + 1;
+    bad.train_batch_size = bad.micro_batch_size * bad.gradient_accumulation_steps * (W + 1);
+    CHECK_ERR(zdp_engine_create(&bad, &model, &eng, &err), ZDP_ERR_CONFIG, err, "world size");
+    bad = cfg;
+    bad.managed_gradient_accumulation = false;
+    bad.zero.stage = 1;
+    bad.zero.overlap_comm = true;
+    CHECK_ERR(zdp_engine_create(&bad, &model, &eng, &err), ZDP_ERR_CONFIG, err,
+              "managed_gradient_accumulation=False supports ZeRO overlap_comm only with ZeRO stage 2");
+    zdp_mlp_destroy(&model);
+}
+
+int main(int argc, char **argv) {
+    zdp_error err;
+    if (zdp_dist_init(&argc, &argv, &err) != ZDP_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    zdp_set_log(NULL, NULL);
+    W = zdp_dist_world_size();
+    R = zdp_dist_rank();
+    /* Keep the test output to the verdicts. */
+    if (getenv("ZDP_TEST_VERBOSE") == NULL) {
+        extern void quiet_log_(int, const char *, void *);
+        zdp_set_log(quiet_log_, NULL);
+    }
+    int n = 0;
+    for (int stage = 0; stage < 3; stage++) {
+        test_step_always_applies_update(stage), n++;
+        test_managed_baseline_applies_only_on_boundary(stage), n++;
+        test_unmanaged_matches_managed(stage), n++;
+        test_unmanaged_varying_backward_count(stage), n++;
+        test_call_time_rejections(stage), n++;
+        test_grad_norm_is_global(stage), n++;
+        for (int managed = 0; managed < 2; managed++) {
+            test_nonfinite_skips_everywhere(stage, managed, NAN), n++;
+            test_nonfinite_skips_everywhere(stage, managed, INFINITY), n++;
+        }
+    }
+    for (int managed = 0; managed < 2; managed++) {
+        test_stages_match_reference(5, 3, 7, managed), n++;       /* 90 params, bucket < tensor */
+        test_stages_match_reference(7, 2, 1 << 20, managed), n++; /* 112 params, one bucket */
+    }
+    test_partition_layout(), n++;
+    test_memory_report(), n++;
+    test_create_rejections(), n++;
+    if (R == 0) printf("test_engine: %d tests passed at world size %d\n", n, W);
+    zdp_dist_finalize();
+    return 0;
+}
+
+void quiet_log_(int level, const char *msg, void *user) {
+    (void)user;
+    if (level > 0) fprintf(stderr, "[rank %d] warning: %s\n", R, msg);
+}

@@ -1,0 +1,450 @@
+/*
+ * main.c -- the `zdp` command.  The only code in the project that may exit().
+ *
+ *   mpirun -np W zdp train --model mlp --hidden H --layers L --config CFG.json
+ *       [--init INIT.safetensors] [--data DATA.safetensors] [--steps S]
+ *       [--schedule n1,n2,...] [--save-weights OUT.safetensors]
+ *       [--seed N] [--samples N]
+ *
+ * Contract (stable; outside checks drive zdp through it):
+ *   - INIT and OUT hold linears.{i}.weight F32 [H,H] and linears.{i}.bias F32 [H].
+ *   - DATA holds x F32 [N,H] and y I64 (or I32) [N].  Without --data, a
+ *     seeded teacher-labelled dataset of --samples rows is generated.
+ *   - Rank r's j-th micro-batch (j counts from 0 across all steps) is rows
+ *     ((j*W + r)*b + k) mod N, k < b.
+ *   - Managed: S steps of G micro-batches, each forward / backward / step.
+ *   - Unmanaged: step s makes n = schedule[s mod len] micro-batches (default
+ *     G), each backward with loss scale 1/n and scale_wrt_gas off, then step.
+ *   - Rank 0 prints one line per optimizer step: step, mean loss, global_samples.
+ *   - Bad input exits non-zero with one message on rank 0, never a hang.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "zdp/zdp.h"
+
+/* ---- options ---------------------------------------------------------------- */
+
+#define MAX_SCHEDULE 1024
+
+typedef struct train_opts {
+    const char *model, *config, *init, *data, *save_weights;
+    int hidden, layers;
+    int64_t steps, samples;
+    uint64_t seed;
+    int64_t schedule[MAX_SCHEDULE];
+    int n_schedule;
+} train_opts;
+
+static void usage_(FILE *f) {
+    fprintf(f,
+            "usage: mpirun -np W zdp train --model mlp --config CFG.json [options]\n"
+            "\n"
+            "  --model mlp               DeepSpeed's SimpleModel (the only model so far)\n"
+            "  --hidden H                hidden size = number of classes (default 64)\n"
+            "  --layers L                number of Linear(H,H) layers (default 4)\n"
+            "  --config CFG.json         DeepSpeed ds_config (required)\n"
+            "  --init INIT.safetensors   initial weights (default: seeded initialiser)\n"
+            "  --data DATA.safetensors   x F32 [N,H], y I64|I32 [N] (default: generated)\n"
+            "  --samples N               rows of generated data (default 4096)\n"
+            "  --steps S                 optimizer steps (default 20)\n"
+            "  --schedule n1,n2,...      unmanaged mode: micro-batches per step, cycled\n"
+            "  --save-weights OUT        write the final weights (rank 0)\n"
+            "  --seed N                  seed for weights and generated data (default 42)\n"
+            "\n"
+            "  zdp --version             print the version\n");
+}
+
+/* Rank 0 prints; every rank leaves with the same code (arguments and
+ * configs are the same on every rank, so every rank reaches the same error). */
+static int fail_(const char *fmt, ...) {
+    if (zdp_dist_rank() == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        fprintf(stderr, "zdp: error: ");
+        vfprintf(stderr, fmt, ap);
+        fprintf(stderr, "\n");
+        va_end(ap);
+    }
+    return 2;
+}
+
+static bool parse_i64_(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static int parse_schedule_(const char *s, train_opts *o) {
+    char buf[8192];
+    if (strlen(s) >= sizeof buf) return fail_("--schedule: list too long (at most %d entries)", MAX_SCHEDULE);
+    strcpy(buf, s);
+    o->n_schedule = 0;
+    for (char *tok = strtok(buf, ","); tok != NULL; tok = strtok(NULL, ",")) {
+        if (o->n_schedule == MAX_SCHEDULE)
+            return fail_("--schedule: more than %d entries", MAX_SCHEDULE);
+        int64_t v;
+        if (!parse_i64_(tok, 1, 1 << 20, &v))
+            return fail_("--schedule: entry %d = \"%s\": each entry is a micro-batch count >= 1 "
+                         "(for example --schedule 2,5,3)",
+                         o->n_schedule + 1, tok);
+        o->schedule[o->n_schedule++] = v;
+    }
+    if (o->n_schedule == 0) return fail_("--schedule: empty; give counts like 2,5,3");
+    return 0;
+}
+
+static int parse_train_args_(int argc, char **argv, train_opts *o) {
+    *o = (train_opts){.hidden = 64, .layers = 4, .steps = 20, .samples = 4096, .seed = 42};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            if (zdp_dist_rank() == 0) usage_(stdout);
+            return 1;
+        }
+        if (strncmp(a, "--", 2) != 0 || i + 1 >= argc)
+            return fail_("%s: expected an option with a value (see zdp train --help)", a);
+        const char *v = argv[++i];
+        int64_t n;
+        if (strcmp(a, "--model") == 0) o->model = v;
+        else if (strcmp(a, "--config") == 0) o->config = v;
+        else if (strcmp(a, "--init") == 0) o->init = v;
+        else if (strcmp(a, "--data") == 0) o->data = v;
+        else if (strcmp(a, "--save-weights") == 0) o->save_weights = v;
+        else if (strcmp(a, "--schedule") == 0) {
+            int rc = parse_schedule_(v, o);
+            if (rc) return rc;
+        } else if (strcmp(a, "--hidden") == 0) {
+            if (!parse_i64_(v, 1, 65536, &n)) return fail_("--hidden %s: need an integer in 1..65536", v);
+            o->hidden = (int)n;
+        } else if (strcmp(a, "--layers") == 0) {
+            if (!parse_i64_(v, 1, 1024, &n)) return fail_("--layers %s: need an integer in 1..1024", v);
+            o->layers = (int)n;
+        } else if (strcmp(a, "--steps") == 0) {
+            if (!parse_i64_(v, 0, INT64_MAX / 2, &o->steps)) return fail_("--steps %s: need an integer >= 0", v);
+        } else if (strcmp(a, "--samples") == 0) {
+            if (!parse_i64_(v, 1, (int64_t)1 << 26, &o->samples))
+                return fail_("--samples %s: need an integer in 1..67108864", v);
+        } else if (strcmp(a, "--seed") == 0) {
+            if (!parse_i64_(v, 0, INT64_MAX, &n)) return fail_("--seed %s: need an integer >= 0", v);
+            o->seed = (uint64_t)n;
+        } else
+            return fail_("unknown option %s (see zdp train --help)", a);
+    }
+    if (o->model == NULL) return fail_("--model is required (--model mlp)");
+    if (strcmp(o->model, "mlp") != 0)
+        return fail_("--model %s: unknown model; available: mlp", o->model);
+    if (o->config == NULL) return fail_("--config CFG.json is required");
+    return 0;
+}
+
+/* ---- data ------------------------------------------------------------------- */
+
+typedef struct dataset {
+    float *x;   /* (N, H) */
+    int64_t *y; /* (N) */
+    int64_t N;
+} dataset;
+
+static uint64_t splitmix64_(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static double uniform_(uint64_t *s) { return ((double)(splitmix64_(s) >> 11) + 0.5) * 0x1.0p-53; }
+
+static double normal_(uint64_t *s) {
+    return sqrt(-2.0 * log(uniform_(s))) * cos(6.283185307179586 * uniform_(s));
+}
+
+/* Gaussian inputs labelled by a random linear teacher: y = argmax(T x).
+ * The MLP can learn it, so the loss visibly falls. */
+static int generate_data_(dataset *d, int H, int64_t N, uint64_t seed) {
+    d->N = N;
+    d->x = malloc((size_t)N * (size_t)H * sizeof(float));
+    d->y = malloc((size_t)N * sizeof(int64_t));
+    float *teacher = malloc((size_t)H * (size_t)H * sizeof(float));
+    if (d->x == NULL || d->y == NULL || teacher == NULL) {
+        free(teacher);
+        return fail_("generated data: out of memory for %lld rows", (long long)N);
+    }
+    uint64_t s = seed ^ 0x5eedda7aULL;
+    for (int64_t i = 0; i < (int64_t)H * H; i++) teacher[i] = (float)normal_(&s);
+    for (int64_t n = 0; n < N; n++) {
+        float *x = d->x + n * H;
+        for (int h = 0; h < H; h++) x[h] = (float)normal_(&s);
+        int64_t best = 0;
+        double bestv = -INFINITY;
+        for (int c = 0; c < H; c++) {
+            double v = 0.0;
+            for (int h = 0; h < H; h++) v += (double)teacher[(int64_t)c * H + h] * x[h];
+            if (v > bestv) bestv = v, best = c;
+        }
+        d->y[n] = best;
+    }
+    free(teacher);
+    return 0;
+}
+
+static int tensor_fail_(const char *path, const char *name, const zdp_tensor *t, const char *want) {
+    char shape[128] = "";
+    for (int d = 0; t != NULL && d < t->ndim; d++) {
+        char part[32];
+        snprintf(part, sizeof part, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+        strncat(shape, part, sizeof shape - strlen(shape) - 1);
+    }
+    if (t == NULL) return fail_("%s: tensor \"%s\" is missing; expected %s", path, name, want);
+    return fail_("%s: tensor \"%s\" is %s [%s]; expected %s", path, name, zdp_dtype_name(t->dtype),
+                 shape, want);
+}
+
+static int load_data_(dataset *d, const char *path, int H) {
+    zdp_safetensors st;
+    zdp_error err;
+    if (zdp_safetensors_read(path, &st, &err) != ZDP_OK) return fail_("--data %s", err.msg);
+    int rc = 0;
+    const zdp_tensor *x = zdp_safetensors_find(&st, "x"), *y = zdp_safetensors_find(&st, "y");
+    char want[96];
+    snprintf(want, sizeof want, "F32 [N, %d] (rows of the hidden size)", H);
+    if (x == NULL || x->dtype != ZDP_DTYPE_F32 || x->ndim != 2 || x->shape[1] != H || x->shape[0] < 1) {
+        rc = tensor_fail_(path, "x", x, want);
+        goto done;
+    }
+    int64_t N = x->shape[0];
+    snprintf(want, sizeof want, "I64 or I32 [%lld] (one label per row of x)", (long long)N);
+    if (y == NULL || (y->dtype != ZDP_DTYPE_I64 && y->dtype != ZDP_DTYPE_I32) || y->ndim != 1 ||
+        y->shape[0] != N) {
+        rc = tensor_fail_(path, "y", y, want);
+        goto done;
+    }
+    d->N = N;
+    d->x = malloc((size_t)N * (size_t)H * sizeof(float));
+    d->y = malloc((size_t)N * sizeof(int64_t));
+    if (d->x == NULL || d->y == NULL) {
+        rc = fail_("%s: out of memory for %lld rows", path, (long long)N);
+        goto done;
+    }
+    memcpy(d->x, x->data, (size_t)N * (size_t)H * sizeof(float));
+    for (int64_t n = 0; n < N; n++) {
+        int64_t v = y->dtype == ZDP_DTYPE_I64 ? ((const int64_t *)y->data)[n]
+                                              : ((const int32_t *)y->data)[n];
+        if (v < 0 || v >= H) {
+            rc = fail_("%s: y[%lld] = %lld: labels must be in [0, %d) (the hidden size is the "
+                       "number of classes)",
+                       path, (long long)n, (long long)v, H);
+            goto done;
+        }
+        d->y[n] = v;
+    }
+done:
+    zdp_safetensors_free(&st);
+    return rc;
+}
+
+/* Copies INIT's linears.* tensors into the engine, checking names and shapes. */
+static int load_init_(zdp_engine *eng, const zdp_model *model, const char *path) {
+    zdp_safetensors st;
+    zdp_error err;
+    if (zdp_safetensors_read(path, &st, &err) != ZDP_OK) return fail_("--init %s", err.msg);
+    int rc = 0;
+    for (int i = 0; i < model->n_params && rc == 0; i++) {
+        const zdp_param_info *p = &model->params[i];
+        const zdp_tensor *t = zdp_safetensors_find(&st, p->name);
+        bool ok = t != NULL && t->dtype == ZDP_DTYPE_F32 && t->ndim == p->ndim;
+        for (int d = 0; ok && d < p->ndim; d++) ok = t->shape[d] == p->shape[d];
+        if (!ok) {
+            char want[64];
+            if (p->ndim == 2)
+                snprintf(want, sizeof want, "F32 [%lld, %lld]", (long long)p->shape[0], (long long)p->shape[1]);
+            else
+                snprintf(want, sizeof want, "F32 [%lld]", (long long)p->shape[0]);
+            rc = tensor_fail_(path, p->name, t, want);
+        } else {
+            memcpy(zdp_engine_param_data(eng, i), t->data, t->nbytes);
+        }
+    }
+    /* A tensor the model does not have means the file is for another model. */
+    for (int k = 0; k < st.n && rc == 0; k++) {
+        bool known = false;
+        for (int i = 0; i < model->n_params && !known; i++)
+            known = strcmp(st.tensors[k].name, model->params[i].name) == 0;
+        if (!known)
+            rc = fail_("%s: tensor \"%s\" is not a parameter of this model (--layers %d); check "
+                       "--hidden/--layers against the file",
+                       path, st.tensors[k].name, model->n_params / 2);
+    }
+    zdp_safetensors_free(&st);
+    return rc;
+}
+
+static int save_weights_(zdp_engine *eng, const zdp_model *model, const char *path) {
+    zdp_tensor *ts = calloc((size_t)model->n_params, sizeof *ts);
+    if (ts == NULL) return fail_("--save-weights: out of memory");
+    for (int i = 0; i < model->n_params; i++) {
+        const zdp_param_info *p = &model->params[i];
+        int64_t n = 1;
+        for (int d = 0; d < p->ndim; d++) n *= p->shape[d];
+        ts[i] = (zdp_tensor){.name = (char *)p->name, .dtype = ZDP_DTYPE_F32, .ndim = p->ndim,
+                             .data = zdp_engine_param_data(eng, i),
+                             .nbytes = (size_t)n * sizeof(float)};
+        memcpy(ts[i].shape, p->shape, sizeof p->shape);
+    }
+    zdp_error err;
+    zdp_status st = zdp_safetensors_write(path, ts, model->n_params, &err);
+    free(ts);
+    if (st != ZDP_OK) {
+        fprintf(stderr, "zdp: error: --save-weights %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- training ------------------------------------------------------------------ */
+
+static void die_(const char *what, const zdp_error *err) {
+    char msg[ZDP_ERROR_MSG_MAX + 128];
+    snprintf(msg, sizeof msg, "%s: %s", what, err->msg);
+    zdp_dist_abort(1, msg);
+}
+
+static void train_loop_(zdp_engine *eng, const train_opts *o, const dataset *d) {
+    const zdp_config *cfg = zdp_engine_config(eng);
+    const int W = zdp_dist_world_size(), r = zdp_dist_rank();
+    const int64_t b = cfg->micro_batch_size, G = cfg->gradient_accumulation_steps;
+    const bool managed = cfg->managed_gradient_accumulation;
+    float *xb = malloc((size_t)b * (size_t)o->hidden * sizeof(float));
+    int64_t *yb = malloc((size_t)b * sizeof(int64_t));
+    if (xb == NULL || yb == NULL) zdp_dist_abort(1, "out of memory for a micro-batch");
+    zdp_error err;
+    int64_t j = 0; /* this rank's micro-batch counter across all steps */
+    for (int64_t s = 0; s < o->steps; s++) {
+        int64_t n = managed ? G : (o->n_schedule > 0 ? o->schedule[s % o->n_schedule] : G);
+        double loss_sum = 0.0;
+        for (int64_t k = 0; k < n; k++, j++) {
+            for (int64_t i = 0; i < b; i++) {
+                int64_t row = ((j * W + r) * b + i) % d->N;
+                memcpy(xb + i * o->hidden, d->x + row * o->hidden, (size_t)o->hidden * sizeof(float));
+                yb[i] = d->y[row];
+            }
+            zdp_mlp_batch batch = {.x = xb, .y = yb, .n = b};
+            float loss;
+            if (zdp_engine_forward(eng, &batch, &loss, &err) != ZDP_OK) die_("forward", &err);
+            loss_sum += loss;
+            bool ok = managed ? zdp_engine_backward(eng, true, 1.0f, &err) == ZDP_OK
+                              : zdp_engine_backward(eng, false, 1.0f / (float)n, &err) == ZDP_OK;
+            if (!ok) die_("backward", &err);
+            if (managed && zdp_engine_step(eng, &err) != ZDP_OK) die_("step", &err);
+        }
+        if (!managed && zdp_engine_step(eng, &err) != ZDP_OK) die_("step", &err);
+        double mean_loss = zdp_dist_mean(loss_sum / (double)n);
+        if (r == 0) {
+            printf("step %lld | loss %.6f | global_samples %lld | grad_norm %.6f%s\n",
+                   (long long)zdp_engine_global_steps(eng), mean_loss,
+                   (long long)zdp_engine_global_samples(eng), zdp_engine_last_grad_norm(eng),
+                   zdp_engine_was_step_applied(eng) ? "" : " | SKIPPED: non-finite gradient");
+            fflush(stdout);
+        }
+    }
+    free(xb);
+    free(yb);
+}
+
+static int cmd_train_(int argc, char **argv) {
+    train_opts o;
+    int rc = parse_train_args_(argc, argv, &o);
+    if (rc) return rc == 1 ? 0 : rc;
+
+    zdp_error err;
+    zdp_config cfg;
+    const int W = zdp_dist_world_size();
+    if (zdp_config_load_file(o.config, W, &cfg, &err) != ZDP_OK) return fail_("%s", err.msg);
+    if (o.n_schedule > 0 && cfg.managed_gradient_accumulation)
+        return fail_("--schedule needs unmanaged accumulation: set "
+                     "\"managed_gradient_accumulation\": false in %s, or drop --schedule",
+                     o.config);
+    if (cfg.micro_batch_size > ((int64_t)1 << 20))
+        return fail_("train_micro_batch_size_per_gpu = %lld: the MLP trainer takes at most "
+                     "1048576 rows per micro-batch",
+                     (long long)cfg.micro_batch_size);
+
+    zdp_model model;
+    if (zdp_mlp_create(o.hidden, o.layers, cfg.micro_batch_size, &model, &err) != ZDP_OK)
+        return fail_("%s", err.msg);
+    zdp_engine *eng = NULL;
+    dataset data = {0};
+    rc = 0;
+    if (zdp_engine_create(&cfg, &model, &eng, &err) != ZDP_OK) {
+        rc = fail_("%s", err.msg);
+        goto done;
+    }
+    /* Every rank reads the same files; agree before training so that a
+     * failure on one rank cannot leave the others waiting in a collective. */
+    if (o.init != NULL) {
+        rc = load_init_(eng, &model, o.init);
+    } else {
+        float *views[2048];
+        for (int i = 0; i < model.n_params; i++) views[i] = zdp_engine_param_data(eng, i);
+        zdp_mlp_init_params(&model, views, o.seed);
+    }
+    if (rc == 0)
+        rc = o.data != NULL ? load_data_(&data, o.data, o.hidden)
+                            : generate_data_(&data, o.hidden, o.samples, o.seed);
+    if (!zdp_dist_all_ok(rc == 0)) {
+        if (rc == 0) rc = 2; /* another rank failed and said why */
+        goto done;
+    }
+    if (zdp_engine_sync_params(eng, &err) != ZDP_OK) die_("sync params", &err);
+    if (zdp_dist_rank() == 0)
+        printf("zdp train: mlp hidden %d layers %d | %d rank(s) | ZeRO stage %d | %s accumulation "
+               "| B %lld = b %lld x G %lld x W %d | %lld samples\n",
+               o.hidden, o.layers, W, cfg.zero.stage,
+               cfg.managed_gradient_accumulation ? "managed" : "unmanaged",
+               (long long)cfg.train_batch_size, (long long)cfg.micro_batch_size,
+               (long long)cfg.gradient_accumulation_steps, W, (long long)data.N);
+
+    train_loop_(eng, &o, &data);
+
+    if (o.save_weights != NULL) {
+        int mine = zdp_dist_rank() == 0 ? save_weights_(eng, &model, o.save_weights) : 0;
+        if (!zdp_dist_all_ok(mine == 0)) rc = 1;
+    }
+done:
+    free(data.x);
+    free(data.y);
+    zdp_engine_destroy(eng);
+    zdp_mlp_destroy(&model);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    zdp_error err;
+    if (argc >= 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0)) {
+        printf("zdp %s\n", ZDP_VERSION);
+        return 0;
+    }
+    if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage_(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (zdp_dist_init(&argc, &argv, &err) != ZDP_OK) {
+        fprintf(stderr, "zdp: error: %s\n", err.msg);
+        return 1;
+    }
+    int rc;
+    if (strcmp(argv[1], "train") == 0)
+        rc = cmd_train_(argc - 2, argv + 2);
+    else
+        rc = fail_("unknown command \"%s\"; available: train (see zdp --help)", argv[1]);
+    zdp_dist_finalize();
+    return rc;
+}
