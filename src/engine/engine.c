@@ -32,12 +32,15 @@
 #include "../core/core.h"
 #include "../optim/optim.h"
 #include "../zero/zero.h"
+#include "engine.h"
 
 /* Per-tensor state inside one backward. */
 enum { SINK_IDLE = 0, SINK_ACQUIRED, SINK_RELEASED };
 
 struct zdp_grad_sink {
-    zdp_engine *eng;
+    zdp_engine *eng;      /* NULL for a dense sink */
+    float *const *dense;  /* dense sink: caller-owned buffers per tensor */
+    int n_dense;
     unsigned char *state; /* (n_tensors) SINK_* */
     int misuse_tensor;    /* first tensor misused this backward, -1 if none */
     const char *misuse;   /* what went wrong with it */
@@ -139,8 +142,18 @@ static void sink_misuse_(zdp_grad_sink *s, int i, const char *what) {
     }
 }
 
+zdp_grad_sink *zdp_grad_sink_create_dense(float *const *grads, int n_tensors) {
+    zdp_grad_sink *s = calloc(1, sizeof *s);
+    if (s != NULL) {
+        s->dense = grads;
+        s->n_dense = n_tensors;
+    }
+    return s;
+}
+
 float *zdp_grad_acquire(zdp_grad_sink *s, int i) {
     if (s == NULL) return NULL;
+    if (s->dense != NULL) return i >= 0 && i < s->n_dense ? s->dense[i] : NULL;
     zdp_engine *e = s->eng;
     if (i < 0 || i >= e->lay.n_tensors) {
         sink_misuse_(s, i, "acquired with an index out of range");
@@ -166,7 +179,7 @@ float *zdp_grad_acquire(zdp_grad_sink *s, int i) {
 }
 
 void zdp_grad_release(zdp_grad_sink *s, int i) {
-    if (s == NULL) return;
+    if (s == NULL || s->dense != NULL) return;
     zdp_engine *e = s->eng;
     if (i < 0 || i >= e->lay.n_tensors) {
         sink_misuse_(s, i, "released with an index out of range");

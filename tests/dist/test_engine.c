@@ -102,7 +102,9 @@ static zdp_mlp_batch batch_(const data *d, int64_t j, int64_t b) {
 static void fwd_(run *rn, const zdp_mlp_batch *b) {
     float loss;
     CHECK_OK(zdp_engine_forward(rn->eng, b, &loss, &e_));
-    CHECK(isfinite(loss) || !isfinite(b->x[0]));
+    bool finite_input = true;
+    for (int64_t i = 0; i < b->n * rn->H; i++) finite_input &= isfinite(b->x[i]) != 0;
+    CHECK(isfinite(loss) || !finite_input);
 }
 
 static const char *stage_json_(int stage, int G, bool managed, const char *extra) {

@@ -1,0 +1,15 @@
+/*
+ * engine.h -- internal: what tests and tools inside the project may use
+ * beyond the public API.
+ */
+#ifndef ZDP_ENGINE_H
+#define ZDP_ENGINE_H
+
+#include "zdp/zdp.h"
+
+/* A grad sink that hands out caller-owned buffers (grads[i] for tensor i),
+ * with no engine behind it: for checking a model's gradients in a single
+ * process (finite-difference tests).  Free with free(). */
+zdp_grad_sink *zdp_grad_sink_create_dense(float *const *grads, int n_tensors);
+
+#endif /* ZDP_ENGINE_H */
