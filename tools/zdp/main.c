@@ -5,6 +5,7 @@
  *       [--init INIT.safetensors] [--data DATA.safetensors] [--steps S]
  *       [--schedule n1,n2,...] [--save-weights OUT.safetensors]
  *       [--seed N] [--samples N]
+ *   zdp gen-data --hidden H [--samples N] [--seed N] --out DATA.safetensors
  *
  * Contract (stable; outside checks drive zdp through it):
  *   - INIT and OUT hold linears.{i}.weight F32 [H,H] and linears.{i}.bias F32 [H].
@@ -55,6 +56,11 @@ static void usage_(FILE *f) {
             "  --schedule n1,n2,...      unmanaged mode: micro-batches per step, cycled\n"
             "  --save-weights OUT        write the final weights (rank 0)\n"
             "  --seed N                  seed for weights and generated data (default 42)\n"
+            "\n"
+            "\n"
+            "usage: zdp gen-data --hidden H --out DATA.safetensors [--samples N] [--seed N]\n"
+            "  writes the generated dataset (x F32 [N,H], y I64 [N]) that train uses\n"
+            "  when --data is not given\n"
             "\n"
             "  zdp --version             print the version\n");
 }
@@ -425,6 +431,44 @@ done:
     return rc;
 }
 
+/* zdp gen-data: the generated dataset as a file, for --data. */
+static int cmd_gen_data_(int argc, char **argv) {
+    int64_t H = 0, N = 4096, seed = 42;
+    const char *out = NULL;
+    for (int i = 0; i < argc; i += 2) {
+        if (i + 1 >= argc) return fail_("%s: missing value (see zdp --help)", argv[i]);
+        const char *a = argv[i], *v = argv[i + 1];
+        if (strcmp(a, "--hidden") == 0) {
+            if (!parse_i64_(v, 1, 65536, &H)) return fail_("--hidden %s: need an integer in 1..65536", v);
+        } else if (strcmp(a, "--samples") == 0) {
+            if (!parse_i64_(v, 1, (int64_t)1 << 26, &N)) return fail_("--samples %s: need 1..67108864", v);
+        } else if (strcmp(a, "--seed") == 0) {
+            if (!parse_i64_(v, 0, INT64_MAX, &seed)) return fail_("--seed %s: need an integer >= 0", v);
+        } else if (strcmp(a, "--out") == 0) {
+            out = v;
+        } else {
+            return fail_("unknown option %s for gen-data (see zdp --help)", a);
+        }
+    }
+    if (H == 0 || out == NULL) return fail_("gen-data needs --hidden H and --out FILE");
+    if (zdp_dist_rank() != 0) return 0;
+    dataset d = {0};
+    int rc = generate_data_(&d, (int)H, N, (uint64_t)seed);
+    if (rc == 0) {
+        zdp_tensor ts[2] = {
+            {.name = "x", .dtype = ZDP_DTYPE_F32, .ndim = 2, .shape = {N, H}, .data = d.x,
+             .nbytes = (size_t)(N * H) * sizeof(float)},
+            {.name = "y", .dtype = ZDP_DTYPE_I64, .ndim = 1, .shape = {N}, .data = d.y,
+             .nbytes = (size_t)N * sizeof(int64_t)},
+        };
+        zdp_error err;
+        if (zdp_safetensors_write(out, ts, 2, &err) != ZDP_OK) rc = fail_("gen-data: %s", err.msg);
+    }
+    free(d.x);
+    free(d.y);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     zdp_error err;
     if (argc >= 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0)) {
@@ -443,8 +487,10 @@ int main(int argc, char **argv) {
     int rc;
     if (strcmp(argv[1], "train") == 0)
         rc = cmd_train_(argc - 2, argv + 2);
+    else if (strcmp(argv[1], "gen-data") == 0)
+        rc = cmd_gen_data_(argc - 2, argv + 2);
     else
-        rc = fail_("unknown command \"%s\"; available: train (see zdp --help)", argv[1]);
+        rc = fail_("unknown command \"%s\"; available: train, gen-data (see zdp --help)", argv[1]);
     zdp_dist_finalize();
     return rc;
 }

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# `zdp train` through its command-line contract: managed == unmanaged,
+# --init/--save-weights round trip, generated-data files, rank-dependent
+# micro-batches, and every bad input exits non-zero with one clear message
+# on rank 0 (each run under `timeout`, so a hang fails the test).
+# usage: test_train.sh ZDP_BINARY MPIEXEC
+set -u
+ZDP=$1
+MPIEXEC=$2
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+failures=0
+
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+run() { # run NP ARGS... -> stdout+stderr in $T/out, exit code in $rc
+  local np=$1; shift
+  timeout 120 "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" "$@" >"$T/out" 2>&1
+  rc=$?
+  if [ $rc -eq 124 ]; then fail "timed out (hang): zdp $*"; fi
+}
+
+expect_ok() { # expect_ok NP ARGS...
+  run "$@"
+  if [ $rc -ne 0 ]; then fail "exit $rc: zdp ${*:2}"; cat "$T/out"; fi
+}
+
+expect_error() { # expect_error NP SUBSTRING ARGS...
+  local np=$1 sub=$2; shift 2
+  run "$np" "$@"
+  if [ $rc -eq 0 ]; then fail "exit 0, wanted an error: zdp $*"; return; fi
+  if ! grep -qF -- "$sub" "$T/out"; then fail "message lacks '$sub': zdp $*"; cat "$T/out"; fi
+  local n
+  n=$(grep -c "zdp: error:" "$T/out")
+  if [ "$n" -ne 1 ]; then fail "wanted one error line, got $n: zdp $*"; cat "$T/out"; fi
+}
+
+cat >"$T/managed.json" <<'JSON'
+{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
+ "optimizer": {"type": "Adam", "params": {"lr": 1e-2}},
+ "zero_optimization": {"stage": 2, "reduce_bucket_size": 50}}
+JSON
+sed 's/"gradient_accumulation_steps": 4,/"gradient_accumulation_steps": 4, "managed_gradient_accumulation": false,/' \
+  "$T/managed.json" >"$T/unmanaged.json"
+
+# Data and initial weights as files.
+expect_ok 1 gen-data --hidden 8 --samples 100 --seed 3 --out "$T/data.safetensors"
+expect_ok 1 train --model mlp --hidden 8 --layers 3 --config "$T/managed.json" --steps 0 \
+  --seed 9 --save-weights "$T/init.safetensors"
+
+# --init then --save-weights with no steps gives back the same file.
+expect_ok 2 train --model mlp --hidden 8 --layers 3 --config "$T/managed.json" --steps 0 \
+  --init "$T/init.safetensors" --save-weights "$T/same.safetensors"
+cmp -s "$T/init.safetensors" "$T/same.safetensors" || fail "--init/--save-weights round trip differs"
+
+# Managed (G=4) and unmanaged with the default n = G do the same arithmetic.
+for np in 1 2 3; do
+  expect_ok $np train --model mlp --hidden 8 --layers 3 --config "$T/managed.json" --steps 3 \
+    --init "$T/init.safetensors" --data "$T/data.safetensors" --save-weights "$T/m$np.safetensors"
+  grep -q "^step 3 | loss .* | global_samples $((3 * 8 * np)) " "$T/out" || { fail "managed np=$np: step 3 line"; cat "$T/out"; }
+  [ "$(grep -c '^step ' "$T/out")" -eq 3 ] || fail "managed np=$np: wanted 3 step lines"
+  expect_ok $np train --model mlp --hidden 8 --layers 3 --config "$T/unmanaged.json" --steps 3 \
+    --init "$T/init.safetensors" --data "$T/data.safetensors" --save-weights "$T/u$np.safetensors"
+  cmp -s "$T/m$np.safetensors" "$T/u$np.safetensors" || fail "np=$np: unmanaged differs from managed"
+  cmp -s "$T/init.safetensors" "$T/u$np.safetensors" && fail "np=$np: weights did not change"
+done
+
+# An unmanaged schedule: global_samples = b * W * sum(n) = 2 * 2 * (2+5+3).
+expect_ok 2 train --model mlp --hidden 8 --layers 3 --config "$T/unmanaged.json" --steps 3 \
+  --schedule 2,5,3 --data "$T/data.safetensors"
+grep -q "^step 3 | loss .* | global_samples 40 " "$T/out" || { fail "schedule: global_samples"; cat "$T/out"; }
+
+# Bad input: one message on rank 0, a non-zero exit, never a hang.
+expect_error 2 "no-such-file.safetensors" train --model mlp --hidden 8 --layers 3 \
+  --config "$T/managed.json" --init "$T/no-such-file.safetensors"
+expect_error 2 "no-such.json" train --model mlp --config "$T/no-such.json"
+expect_error 2 '"linears.3.weight" is missing' train --model mlp --hidden 8 --layers 4 \
+  --config "$T/managed.json" --init "$T/init.safetensors"
+expect_error 2 '"linears.2.weight" is not a parameter' train --model mlp --hidden 8 --layers 2 \
+  --config "$T/managed.json" --init "$T/init.safetensors"
+expect_error 2 'tensor "linears.0.weight" is F32 [8, 8]; expected F32 [6, 6]' train --model mlp \
+  --hidden 6 --layers 3 --config "$T/managed.json" --init "$T/init.safetensors"
+expect_error 2 'tensor "x" is F32 [100, 8]; expected F32 [N, 6]' train --model mlp --hidden 6 \
+  --layers 3 --config "$T/managed.json" --data "$T/data.safetensors"
+expect_error 2 "--schedule needs unmanaged accumulation" train --model mlp --hidden 8 \
+  --config "$T/managed.json" --schedule 2,3
+expect_error 2 "--schedule: entry 2" train --model mlp --hidden 8 \
+  --config "$T/unmanaged.json" --schedule 2,0
+cat >"$T/b32.json" <<'JSON'
+{"train_batch_size": 32, "train_micro_batch_size_per_gpu": 16,
+ "optimizer": {"type": "Adam"}}
+JSON
+expect_error 3 "Gradient accumulation steps: 0 has to be greater than 0" train --model mlp \
+  --config "$T/b32.json"
+sed 's/"train_micro_batch_size_per_gpu": 16/"train_micro_batch_size_per_gpu": 4/' "$T/b32.json" >"$T/b32b4.json"
+expect_error 3 "32 != 4 * 2 * 3" train --model mlp --config "$T/b32b4.json"
+expect_error 2 "unknown option --bogus" train --model mlp --config "$T/b32.json" --bogus 1
+expect_error 2 "--model gpt: unknown model" train --model gpt --config "$T/b32.json"
+printf 'not a safetensors file' >"$T/junk.safetensors"
+expect_error 2 "junk.safetensors" train --model mlp --hidden 8 --layers 3 \
+  --config "$T/managed.json" --data "$T/junk.safetensors"
+
+if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
+echo "test_train: all checks passed"
