@@ -162,15 +162,23 @@ typedef struct zdp_config {
     bool bf16_enabled;  /* bf16.enabled: not implemented yet, rejected */
 } zdp_config;
 
-/* Fills every field with DeepSpeed's default.  The batch keys are 0
- * ("absent") and must be set, then derived with zdp_config_finalize. */
+/* Fills every field with DeepSpeed's default (world_size 1).  The batch
+ * keys are 0 ("absent"): set the ones you have, then zdp_config_finalize. */
 ZDP_API void zdp_config_default(zdp_config *cfg);
+/* For a config built by hand: derives the absent batch keys for
+ * `world_size` ranks as DeepSpeed does and validates everything.  On error
+ * *cfg is unchanged. */
+ZDP_API zdp_status zdp_config_finalize(zdp_config *cfg, int world_size, zdp_error *err);
 
 /* Parses a ds_config JSON file (strict JSON) for a job of `world_size`
  * ranks: applies defaults, derives the batch keys as DeepSpeed does and
  * validates everything.  Unknown keys produce one warning that lists them.
  * Errors name the JSON path, the value seen and the fix; malformed JSON
- * reports line and column.  Deterministic: every rank gets the same answer. */
+ * reports line and column.  Deterministic: every rank gets the same answer.
+ * Status: ZDP_ERR_IO (file), ZDP_ERR_FORMAT (not JSON), ZDP_ERR_CONFIG
+ * (a wrong value or a combination DeepSpeed rejects), ZDP_ERR_UNSUPPORTED
+ * (a feature zdp does not have yet), ZDP_ERR_INVALID_ARG (NULL, world_size
+ * < 1).  On error *out holds the defaults, never half a config. */
 ZDP_API zdp_status zdp_config_load_file(const char *path, int world_size,
                                         zdp_config *out, zdp_error *err);
 /* Same, from a string; `origin` names it in messages (a file name or "<string>"). */

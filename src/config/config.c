@@ -431,19 +431,19 @@ static zdp_status parse_block_(parse_ctx *ctx, const json_t *obj, const char *pr
         char *field = (base != NULL && s->offset != NO_FIELD_) ? (char *)base + s->offset : NULL;
         switch (s->kind) {
         case KEY_INT: {
-            int64_t x;
+            int64_t x = 0;
             st = read_int_(ctx, path, v, s->min, s->hint, &x);
             if (st == ZDP_OK && field != NULL) memcpy(field, &x, sizeof x);
             break;
         }
         case KEY_BOOL: {
-            bool b;
+            bool b = false;
             st = read_bool_(ctx, path, v, &b);
             if (st == ZDP_OK && field != NULL) memcpy(field, &b, sizeof b);
             break;
         }
         case KEY_NUMBER: {
-            double d;
+            double d = 0.0;
             st = read_number_(ctx, path, v, s->min, s->max, &d);
             if (st == ZDP_OK && field != NULL) memcpy(field, &d, sizeof d);
             break;
@@ -512,7 +512,7 @@ static zdp_status parse_zero_(parse_ctx *ctx, const json_t *v, zdp_zero_config *
 
     const json_t *s = json_object_get(v, "stage");
     if (s != NULL) {
-        int64_t stage;
+        int64_t stage = 0;
         st = read_int_(ctx, "zero_optimization.stage", s, -DBL_MAX,
                        "set 0, 1 or 2 (2 shards optimizer state and gradients)", &stage);
         if (st != ZDP_OK) return st;
@@ -527,18 +527,21 @@ static zdp_status parse_zero_(parse_ctx *ctx, const json_t *v, zdp_zero_config *
                            (long long)z->allgather_bucket_size,
                            (long long)z->allgather_bucket_size + 1);
 
-    st = parse_offload_(ctx, json_object_get(v, "offload_optimizer") ? json_object_get(v, "offload_optimizer") : json_null(),
-                        "zero_optimization.offload_optimizer", offload_optimizer_keys_,
-                        COUNT_(offload_optimizer_keys_), &z->offload_optimizer);
-    if (st != ZDP_OK) return st;
-    st = parse_offload_(ctx, json_object_get(v, "offload_param") ? json_object_get(v, "offload_param") : json_null(),
-                        "zero_optimization.offload_param", offload_param_keys_,
-                        COUNT_(offload_param_keys_), &z->offload_param);
-    if (st != ZDP_OK) return st;
+    const json_t *off = json_object_get(v, "offload_optimizer");
+    if (off != NULL &&
+        (st = parse_offload_(ctx, off, "zero_optimization.offload_optimizer",
+                             offload_optimizer_keys_, COUNT_(offload_optimizer_keys_),
+                             &z->offload_optimizer)) != ZDP_OK)
+        return st;
+    off = json_object_get(v, "offload_param");
+    if (off != NULL &&
+        (st = parse_offload_(ctx, off, "zero_optimization.offload_param", offload_param_keys_,
+                             COUNT_(offload_param_keys_), &z->offload_param)) != ZDP_OK)
+        return st;
 
     const json_t *legacy = json_object_get(v, "cpu_offload");
     if (legacy != NULL) {
-        bool on;
+        bool on = false;
         st = read_bool_(ctx, "zero_optimization.cpu_offload", legacy, &on);
         if (st != ZDP_OK) return st;
         if (on) {
@@ -587,8 +590,8 @@ static zdp_status parse_betas_(parse_ctx *ctx, const json_t *v, zdp_optimizer_co
 static zdp_status parse_optimizer_(parse_ctx *ctx, const json_t *v, zdp_optimizer_config *o) {
     if (v == NULL)
         return zdp_err_set(ctx->err, ZDP_ERR_CONFIG,
-                           "optimizer: missing; zdp builds the optimizer from the config: add "
-                           "\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 1e-3}}");
+                           "optimizer: missing; add \"optimizer\": {\"type\": \"Adam\", \"params\": "
+                           "{\"lr\": 1e-3}} (zdp builds its optimizer from the config)");
     if (!json_is_object(v))
         return fail_value_(ctx, ZDP_ERR_CONFIG, "optimizer", v,
                            "expected an object, got %s; fix: write \"optimizer\": "
@@ -665,7 +668,7 @@ static zdp_status parse_optimizer_(parse_ctx *ctx, const json_t *v, zdp_optimize
         if (b != NULL && (st = parse_betas_(ctx, b, o)) != ZDP_OK) return st;
         const json_t *ams = json_object_get(params, "amsgrad");
         if (ams != NULL) {
-            bool on;
+            bool on = false;
             st = read_bool_(ctx, "optimizer.params.amsgrad", ams, &on);
             if (st != ZDP_OK) return st;
             if (on)
@@ -1061,6 +1064,20 @@ void zdp_config_default(zdp_config *cfg) {
 
 zdp_status zdp_config_validate(const zdp_config *cfg, zdp_error *err) {
     return validate_(cfg, 0, err);
+}
+
+zdp_status zdp_config_finalize(zdp_config *cfg, int world_size, zdp_error *err) {
+    if (cfg == NULL) return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_config_finalize: cfg is NULL");
+    if (world_size < 1)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "world_size = %d: must be >= 1 (the number of MPI ranks); fix: pass "
+                           "zdp_dist_world_size()", world_size);
+    zdp_config c = *cfg;
+    c.world_size = world_size;
+    zdp_status st = derive_batch_(&c, err);
+    if (st == ZDP_OK) st = validate_(&c, 0, err);
+    if (st == ZDP_OK) *cfg = c;
+    return st;
 }
 
 static void err_clear_(zdp_error *err) {

@@ -574,6 +574,18 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
     else
         e->global_samples += e->cfg.micro_batch_size * e->world * e->window_backwards;
     e->window_backwards = 0;
+    if (e->rank == 0) {
+        /* A skipped step is never silent (DeepSpeed #8415). */
+        if (overflow)
+            zdp_log(1,
+                    "step %lld skipped: the gradient has NaN or Inf on at least one rank (global "
+                    "norm %g); parameters and optimizer state are unchanged, skipped_steps = %lld",
+                    (long long)e->global_steps, norm, (long long)e->skipped_steps);
+        if (e->cfg.steps_per_print > 0 && e->global_steps % e->cfg.steps_per_print == 0)
+            zdp_log(0, "step=%lld, skipped=%lld, lr=[%g], grad_norm=%g, global_samples=%lld",
+                    (long long)e->global_steps, (long long)e->skipped_steps, e->cfg.optimizer.lr,
+                    norm, (long long)e->global_samples);
+    }
     return ZDP_OK;
 }
 
