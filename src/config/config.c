@@ -199,27 +199,25 @@ static const key_spec top_keys_[] = {
     K_CUSTOM_("fp16"),
     K_CUSTOM_("bf16"),
     K_CUSTOM_("bfloat16"),
-    /* Common DeepSpeed keys accepted and ignored for now: monitoring and
-     * profiling (wall_clock_breakdown, dump_state, tensorboard, csv_monitor,
-     * wandb, flops_profiler, memory_breakdown), the LR scheduler (scheduler),
-     * reduction dtype and scaling knobs zdp fixes to fp32 / divide-after
-     * (prescale_gradients, gradient_predivide_factor, communication_data_type,
-     * data_types), checkpoint options, and the CPU-optimizer guard and seed. */
+    /* DeepSpeed keys that would change the numbers if zdp honoured them: the
+     * warning names them as unused, so nobody trains believing they apply. */
+    K_UNUSED_("scheduler"),
+    K_UNUSED_("prescale_gradients"),
+    K_UNUSED_("gradient_predivide_factor"),
+    K_UNUSED_("communication_data_type"),
+    K_UNUSED_("data_types"),
+    K_UNUSED_("checkpoint"),
+    K_UNUSED_("seed"),
+    /* Monitoring, profiling and the CPU-optimizer guard: no effect on the
+     * numbers; accepted silently. */
     K_ANY_("wall_clock_breakdown"),
-    K_ANY_("scheduler"),
-    K_ANY_("prescale_gradients"),
-    K_ANY_("gradient_predivide_factor"),
-    K_ANY_("communication_data_type"),
     K_ANY_("dump_state"),
     K_ANY_("tensorboard"),
     K_ANY_("csv_monitor"),
     K_ANY_("wandb"),
     K_ANY_("flops_profiler"),
-    K_ANY_("checkpoint"),
-    K_ANY_("data_types"),
     K_ANY_("zero_force_ds_cpu_optimizer"),
     K_ANY_("memory_breakdown"),
-    K_ANY_("seed"),
 };
 
 static const key_spec zero_keys_[] = {
@@ -337,11 +335,13 @@ static void unknown_key_(parse_ctx *ctx, const char *path, const char *key,
 /* Emits the one warning for the whole document (nothing if all keys known). */
 static void unknown_flush_(parse_ctx *ctx) {
     if (ctx->n_unknown == 0 && ctx->n_unknown_omitted == 0) return;
+    /* Every rank parses the same file: one warning for the job, from rank 0. */
+    if (zdp_dist_rank() != 0) return;
     if (ctx->n_unknown_omitted > 0)
-        zdp_log(1, "%s: ignoring unknown config keys: %s, and %d more", ctx->origin,
+        zdp_log(1, "%s: ignoring config keys zdp does not read: %s, and %d more", ctx->origin,
                 ctx->unknown, ctx->n_unknown_omitted);
     else
-        zdp_log(1, "%s: ignoring unknown config keys: %s", ctx->origin, ctx->unknown);
+        zdp_log(1, "%s: ignoring config keys zdp does not read: %s", ctx->origin, ctx->unknown);
     ctx->n_unknown = ctx->n_unknown_omitted = 0;
 }
 
