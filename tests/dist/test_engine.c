@@ -387,6 +387,51 @@ static void test_stages_match_reference(int H, int L, int64_t bucket, bool manag
     data_free_(&d);
 }
 
+/* SEMANTICS.md 8.4 item 8: the result does not depend on reduce_bucket_size,
+ * contiguous_gradients, reduce_scatter or overlap_comm; overlap_comm only
+ * changes scheduling, so with it on and off the bits are the same.  Also
+ * DeepSpeed's OverlapCommStage2 case (unmanaged == managed with overlap_comm)
+ * and its disabled-offload-blocks case. */
+static void test_averaging_invariance(int stage, bool managed) {
+    const char *variants[] = {
+        "",
+        ", \"reduce_bucket_size\": 7",
+        ", \"reduce_bucket_size\": 7, \"reduce_scatter\": false",
+        ", \"contiguous_gradients\": false",
+        ", \"overlap_comm\": true, \"contiguous_gradients\": true",
+        ", \"overlap_comm\": true, \"reduce_bucket_size\": 7",
+        ", \"offload_optimizer\": {\"device\": \"none\"}, \"offload_param\": {\"device\": \"none\"}",
+    };
+    const int nv = stage == 2 ? 7 : 4; /* overlap_comm needs stage 2 in unmanaged mode */
+    data d = data_make_(5, 12 * W, 31);
+    float *base = NULL;
+    float *overlap_small = NULL, *plain_small = NULL;
+    for (int v = 0; v < nv; v++) {
+        run rn;
+        run_init_(&rn, stage_json_(stage, 4, managed, variants[v]), 5, 3, 1, 42);
+        for (int j = 0; j < 12; j++) {
+            zdp_mlp_batch b = batch_(&d, j, 1);
+            fwd_(&rn, &b);
+            CHECK_OK(zdp_engine_backward(rn.eng, true, 1.0f, &e_));
+            if (managed || j % 4 == 3) CHECK_OK(zdp_engine_step(rn.eng, &e_));
+        }
+        CHECK_EQ_I64(zdp_engine_global_steps(rn.eng), 3);
+        float *p = params_copy_(&rn);
+        if (v == 0) base = p;
+        else CHECK_CLOSE(p, base, zdp_engine_numel(rn.eng), FP32_RTOL, FP32_ATOL, variants[v]);
+        if (v == 1) plain_small = p;
+        if (v == 5) overlap_small = p;
+        if (v != 0 && v != 1 && v != 5) free(p);
+        run_free_(&rn);
+    }
+    if (overlap_small != NULL)
+        CHECK(memcmp(overlap_small, plain_small, 90 * sizeof(float)) == 0);
+    free(base);
+    free(plain_small);
+    free(overlap_small);
+    data_free_(&d);
+}
+
 /* ---- non-finite gradients --------------------------------------------------------- */
 
 /* A NaN in the last rank's micro-batch of step 1 skips that step on every
@@ -566,6 +611,8 @@ int main(int argc, char **argv) {
         test_unmanaged_varying_backward_count(stage), n++;
         test_call_time_rejections(stage), n++;
         test_grad_norm_is_global(stage), n++;
+        test_averaging_invariance(stage, true), n++;
+        test_averaging_invariance(stage, false), n++;
         for (int managed = 0; managed < 2; managed++) {
             test_nonfinite_skips_everywhere(stage, managed, NAN), n++;
             test_nonfinite_skips_everywhere(stage, managed, INFINITY), n++;
