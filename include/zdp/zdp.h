@@ -247,6 +247,7 @@ typedef struct zdp_memory_report {
     int64_t bucket_bytes;         /* stage-2 reduce buckets */
     int64_t optimizer_bytes;      /* optimizer state (Adam m and v, SGD momentum) */
     int64_t master_bytes;         /* fp32 master partition (16-bit training; 0 today) */
+    int64_t other_bytes;          /* the engine's bookkeeping (layout, bucket tables) */
     int64_t total_bytes;
 } zdp_memory_report;
 
@@ -312,6 +313,48 @@ ZDP_API int64_t zdp_engine_pending_backwards(const zdp_engine *eng);
 ZDP_API double zdp_engine_last_grad_norm(const zdp_engine *eng);
 ZDP_API const zdp_config *zdp_engine_config(const zdp_engine *eng);
 ZDP_API void zdp_engine_memory_report(const zdp_engine *eng, zdp_memory_report *out);
+
+/* Collectives, for the communication report. */
+typedef enum zdp_collective {
+    ZDP_COLL_ALLREDUCE,
+    ZDP_COLL_REDUCE_SCATTER,
+    ZDP_COLL_ALLGATHER,
+    ZDP_COLL_BROADCAST,
+    ZDP_COLL_COUNT
+} zdp_collective;
+ZDP_API const char *zdp_collective_name(zdp_collective c); /* "reduce_scatter" */
+
+/* What this rank communicated, by collective.  payload: bytes of the buffer
+ * handed to the collective (a reduce-scatter's whole input, an all-gather's
+ * whole output).  sent/received: bytes that left and reached this rank, as
+ * measured for zdp's own ring algorithms and as the ring model gives for
+ * MPI's (all-reduce 2(W-1)/W of the payload each way; reduce-scatter and
+ * all-gather the payload minus one rank's piece). */
+typedef struct zdp_comm_report {
+    int64_t calls[ZDP_COLL_COUNT];
+    int64_t payload_bytes[ZDP_COLL_COUNT];
+    int64_t sent_bytes[ZDP_COLL_COUNT];
+    int64_t received_bytes[ZDP_COLL_COUNT];
+} zdp_comm_report;
+
+/* last_step: the window of the last model step (from the end of the
+ * previous model step to the end of this one: its backwards' reductions,
+ * the step's reductions, norm and all-gather); otherwise everything since
+ * create. */
+ZDP_API void zdp_engine_comm_report(const zdp_engine *eng, bool last_step, zdp_comm_report *out);
+
+/* Where the last model step's window spent its time, in seconds, on this
+ * rank: forward and backward calls (backward includes waiting for its
+ * reductions), time blocked on the comm stream (in backward and step), the
+ * optimizer update, and the boundary step() call as a whole. */
+typedef struct zdp_step_timing {
+    double forward_s;
+    double backward_s;
+    double comm_wait_s;
+    double optimizer_s;
+    double step_s;
+} zdp_step_timing;
+ZDP_API void zdp_engine_step_timing(const zdp_engine *eng, zdp_step_timing *out);
 
 /* Flat layout, for tests and tools: total parameter count (unpadded),
  * padded length, partition size P, and tensor i's offset in the flat buffer. */

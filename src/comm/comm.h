@@ -1,30 +1,41 @@
 /*
  * comm.h -- internal: the only door to MPI.
  *
- * Every collective the engine issues goes through these functions, over
- * MPI_COMM_WORLD, so that the rest of the code never includes mpi.h and a
- * different backend (NCCL, a comm stream thread) can replace this file.
- * Counts are in elements.  Collectives return ZDP_ERR_COMM with the MPI error
- * string when MPI reports a failure (Open MPI aborts by default first).
+ * Collectives over MPI_COMM_WORLD, blocking, called from the engine's comm
+ * stream thread (src/comm/stream.h), so the rest of the code never includes
+ * mpi.h and another backend (NCCL) could replace this file.  Counts are in
+ * elements.  Each collective adds what it moved to *stats when stats is not
+ * NULL (zdp_comm_report: payload, and bytes sent/received by this rank).
+ * Failures return ZDP_ERR_COMM with the MPI error string.
  */
 #ifndef ZDP_COMM_H
 #define ZDP_COMM_H
 
 #include "zdp/zdp.h"
 
-/* In-place SUM all-reduce of n floats / doubles / int64s. */
-zdp_status zdp_comm_allreduce_sum_f32(float *buf, int64_t n, zdp_error *err);
-zdp_status zdp_comm_allreduce_sum_f64(double *buf, int64_t n, zdp_error *err);
-zdp_status zdp_comm_allreduce_max_i64(int64_t *buf, int64_t n, zdp_error *err);
-/* SUM reduce-scatter with uneven counts: rank r receives recv_counts[r]
- * floats (the r-th consecutive piece of send) into recv. */
-zdp_status zdp_comm_reduce_scatter_f32(const float *send, float *recv,
-                                       const int *recv_counts, zdp_error *err);
+/* In-place SUM all-reduce of n floats / doubles. */
+zdp_status zdp_comm_allreduce_sum_f32(float *buf, int64_t n, zdp_comm_report *stats,
+                                      zdp_error *err);
+zdp_status zdp_comm_allreduce_sum_f64(double *buf, int64_t n, zdp_comm_report *stats,
+                                      zdp_error *err);
+/* SUM reduce-scatter with uneven counts (MPI_Reduce_scatter): rank r
+ * receives recv_counts[r] floats, the r-th consecutive piece of send. */
+zdp_status zdp_comm_reduce_scatter_f32(const float *send, float *recv, const int *recv_counts,
+                                       zdp_comm_report *stats, zdp_error *err);
+/* The same reduce-scatter as a ring of point-to-point messages: W-1 steps,
+ * each rank sends one piece to rank r+1 and adds the piece from r-1, so
+ * every element crosses each link once and nothing is allocated.  `buf` (the
+ * sum of recv_counts floats) is overwritten with partial sums; `scratch`
+ * holds the largest piece.  On return rank r's reduced piece is at
+ * buf + (recv_counts[0] + ... + recv_counts[r-1]). */
+zdp_status zdp_comm_ring_reduce_scatter_f32(float *buf, float *scratch, const int *recv_counts,
+                                            zdp_comm_report *stats, zdp_error *err);
 /* In-place all-gather with uneven pieces: rank r contributes
  * buf[displs[r] .. displs[r] + counts[r]) and everyone receives all pieces. */
-zdp_status zdp_comm_allgatherv_inplace_f32(float *buf, const int *counts,
-                                           const int *displs, zdp_error *err);
+zdp_status zdp_comm_allgatherv_inplace_f32(float *buf, const int *counts, const int *displs,
+                                           zdp_comm_report *stats, zdp_error *err);
 /* Broadcast of n bytes from rank 0. */
-zdp_status zdp_comm_bcast_bytes(void *buf, int64_t nbytes, zdp_error *err);
+zdp_status zdp_comm_bcast_bytes(void *buf, int64_t nbytes, zdp_comm_report *stats,
+                                zdp_error *err);
 
 #endif /* ZDP_COMM_H */

@@ -38,15 +38,37 @@ static int local_ranks_(void) {
     return n;
 }
 
+static const char *thread_level_name_(int level) {
+    switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    }
+    return "an unknown thread level";
+}
+
 zdp_status zdp_dist_init(int *argc, char ***argv, zdp_error *err) {
+    int provided = 0;
     if (!mpi_ready_()) {
-        int provided = 0;
-        if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        /* The engine's collectives run on its comm stream thread while the
+         * caller's thread may also call MPI (zdp_dist_mean, ...). */
+        if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
             return zdp_err_set(err, ZDP_ERR_COMM,
                                "MPI_Init_thread failed: check the MPI installation "
                                "(openmpi-bin) and launch with mpirun");
         we_initialised_mpi_ = true;
+    } else {
+        MPI_Query_thread(&provided);
     }
+    if (provided < MPI_THREAD_MULTIPLE)
+        return zdp_err_set(err, ZDP_ERR_COMM,
+                           "the MPI library provides %s, but zdp runs collectives on a comm "
+                           "stream thread and needs MPI_THREAD_MULTIPLE; fix: use an MPI built "
+                           "with thread support (Debian's openmpi-bin is), or if your program "
+                           "initialises MPI itself, call MPI_Init_thread with "
+                           "MPI_THREAD_MULTIPLE",
+                           thread_level_name_(provided));
     /* Return errors instead of aborting so messages can name the call. */
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     /* A user's OPENBLAS_NUM_THREADS wins; otherwise share the node's cores. */
@@ -104,56 +126,113 @@ static zdp_status not_ready_(const char *what, zdp_error *err) {
                        what);
 }
 
+static void count_(zdp_comm_report *st, zdp_collective c, int64_t payload, int64_t sent,
+                   int64_t received) {
+    if (st == NULL) return;
+    st->calls[c]++;
+    st->payload_bytes[c] += payload;
+    st->sent_bytes[c] += sent;
+    st->received_bytes[c] += received;
+}
+
 #define CHUNK_ ((int64_t)1 << 28) /* elements per call, well below INT_MAX */
 
-static zdp_status allreduce_(void *buf, int64_t n, size_t esize, MPI_Datatype t, MPI_Op op,
-                             const char *what, zdp_error *err) {
+static zdp_status allreduce_(void *buf, int64_t n, size_t esize, MPI_Datatype t,
+                             zdp_comm_report *stats, const char *what, zdp_error *err) {
     if (!mpi_ready_()) return not_ready_(what, err);
     for (int64_t off = 0; off < n; off += CHUNK_) {
         int64_t c = n - off < CHUNK_ ? n - off : CHUNK_;
-        int rc = MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * (int64_t)esize, (int)c, t, op,
-                               MPI_COMM_WORLD);
+        int rc = MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * (int64_t)esize, (int)c, t,
+                               MPI_SUM, MPI_COMM_WORLD);
         if (rc != MPI_SUCCESS) return check_(rc, what, err);
     }
+    int64_t W = zdp_dist_world_size(), bytes = n * (int64_t)esize;
+    int64_t wire = 2 * (W - 1) * bytes / W; /* ring model */
+    count_(stats, ZDP_COLL_ALLREDUCE, bytes, wire, wire);
     return ZDP_OK;
 }
 
-zdp_status zdp_comm_allreduce_sum_f32(float *buf, int64_t n, zdp_error *err) {
-    return allreduce_(buf, n, sizeof *buf, MPI_FLOAT, MPI_SUM, "MPI_Allreduce(float)", err);
+zdp_status zdp_comm_allreduce_sum_f32(float *buf, int64_t n, zdp_comm_report *stats,
+                                      zdp_error *err) {
+    return allreduce_(buf, n, sizeof *buf, MPI_FLOAT, stats, "MPI_Allreduce(float)", err);
 }
 
-zdp_status zdp_comm_allreduce_sum_f64(double *buf, int64_t n, zdp_error *err) {
-    return allreduce_(buf, n, sizeof *buf, MPI_DOUBLE, MPI_SUM, "MPI_Allreduce(double)", err);
-}
-
-zdp_status zdp_comm_allreduce_max_i64(int64_t *buf, int64_t n, zdp_error *err) {
-    return allreduce_(buf, n, sizeof *buf, MPI_INT64_T, MPI_MAX, "MPI_Allreduce(int64)", err);
+zdp_status zdp_comm_allreduce_sum_f64(double *buf, int64_t n, zdp_comm_report *stats,
+                                      zdp_error *err) {
+    return allreduce_(buf, n, sizeof *buf, MPI_DOUBLE, stats, "MPI_Allreduce(double)", err);
 }
 
 zdp_status zdp_comm_reduce_scatter_f32(const float *send, float *recv, const int *recv_counts,
-                                       zdp_error *err) {
+                                       zdp_comm_report *stats, zdp_error *err) {
     if (!mpi_ready_()) return not_ready_("MPI_Reduce_scatter", err);
+    int W = zdp_dist_world_size(), r = zdp_dist_rank();
     /* MPI wants non-const send buffers in older bindings; it does not write them. */
     int rc = MPI_Reduce_scatter((void *)send, recv, recv_counts, MPI_FLOAT, MPI_SUM,
                                 MPI_COMM_WORLD);
-    return check_(rc, "MPI_Reduce_scatter", err);
+    if (rc != MPI_SUCCESS) return check_(rc, "MPI_Reduce_scatter", err);
+    int64_t n = 0;
+    for (int k = 0; k < W; k++) n += recv_counts[k];
+    /* Ring model: every piece but our own leaves, every piece but r-1's arrives. */
+    int64_t e = (int64_t)sizeof(float);
+    count_(stats, ZDP_COLL_REDUCE_SCATTER, n * e, (n - recv_counts[r]) * e,
+           (n - recv_counts[(r + W - 1) % W]) * e);
+    return ZDP_OK;
+}
+
+zdp_status zdp_comm_ring_reduce_scatter_f32(float *buf, float *scratch, const int *recv_counts,
+                                            zdp_comm_report *stats, zdp_error *err) {
+    if (!mpi_ready_()) return not_ready_("ring reduce-scatter", err);
+    int W = zdp_dist_world_size(), r = zdp_dist_rank();
+    int64_t total = 0;
+    for (int k = 0; k < W; k++) total += recv_counts[k];
+    const int64_t e = (int64_t)sizeof(float);
+    int64_t sent = 0, received = 0;
+    const int next = (r + 1) % W, prev = (r + W - 1) % W;
+    /* Step k: send the partial sum of piece (r-k-1), receive piece (r-k-2)
+     * from prev and add ours into it.  After W-1 steps piece r has passed
+     * through every rank and ends here complete. */
+    for (int k = 0; k < W - 1; k++) {
+        int s_piece = ((r - k - 1) % W + W) % W, r_piece = ((r - k - 2) % W + W) % W;
+        int64_t s_off = 0, r_off = 0;
+        for (int q = 0; q < s_piece; q++) s_off += recv_counts[q];
+        for (int q = 0; q < r_piece; q++) r_off += recv_counts[q];
+        int sc = recv_counts[s_piece], rc = recv_counts[r_piece];
+        int code = MPI_Sendrecv(buf + s_off, sc, MPI_FLOAT, next, 7301, scratch, rc, MPI_FLOAT,
+                                prev, 7301, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        if (code != MPI_SUCCESS) return check_(code, "MPI_Sendrecv (ring reduce-scatter)", err);
+        float *dst = buf + r_off;
+        for (int i = 0; i < rc; i++) dst[i] += scratch[i];
+        sent += sc * e;
+        received += rc * e;
+    }
+    count_(stats, ZDP_COLL_REDUCE_SCATTER, total * e, sent, received);
+    return ZDP_OK;
 }
 
 zdp_status zdp_comm_allgatherv_inplace_f32(float *buf, const int *counts, const int *displs,
-                                           zdp_error *err) {
+                                           zdp_comm_report *stats, zdp_error *err) {
     if (!mpi_ready_()) return not_ready_("MPI_Allgatherv", err);
     int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT,
                             MPI_COMM_WORLD);
-    return check_(rc, "MPI_Allgatherv", err);
+    if (rc != MPI_SUCCESS) return check_(rc, "MPI_Allgatherv", err);
+    int W = zdp_dist_world_size(), r = zdp_dist_rank();
+    int64_t n = 0, e = (int64_t)sizeof(float);
+    for (int k = 0; k < W; k++) n += counts[k];
+    /* Ring model: all pieces but r+1's leave, all but our own arrive. */
+    count_(stats, ZDP_COLL_ALLGATHER, n * e, (n - counts[(r + 1) % W]) * e, (n - counts[r]) * e);
+    return ZDP_OK;
 }
 
-zdp_status zdp_comm_bcast_bytes(void *buf, int64_t nbytes, zdp_error *err) {
+zdp_status zdp_comm_bcast_bytes(void *buf, int64_t nbytes, zdp_comm_report *stats,
+                                zdp_error *err) {
     if (!mpi_ready_()) return not_ready_("MPI_Bcast", err);
     for (int64_t off = 0; off < nbytes; off += CHUNK_) {
         int64_t c = nbytes - off < CHUNK_ ? nbytes - off : CHUNK_;
         int rc = MPI_Bcast((char *)buf + off, (int)c, MPI_BYTE, 0, MPI_COMM_WORLD);
         if (rc != MPI_SUCCESS) return check_(rc, "MPI_Bcast", err);
     }
+    bool root = zdp_dist_rank() == 0, alone = zdp_dist_world_size() == 1;
+    count_(stats, ZDP_COLL_BROADCAST, nbytes, root && !alone ? nbytes : 0, root ? 0 : nbytes);
     return ZDP_OK;
 }
 
@@ -163,3 +242,4 @@ double zdp_dist_mean(double x) {
     MPI_Allreduce(&x, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     return sum / zdp_dist_world_size();
 }
+

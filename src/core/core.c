@@ -39,6 +39,17 @@ zdp_status zdp_err_set(zdp_error *err, zdp_status code, const char *fmt, ...) {
     return code;
 }
 
+const char *zdp_collective_name(zdp_collective c) {
+    switch (c) {
+    case ZDP_COLL_ALLREDUCE: return "allreduce";
+    case ZDP_COLL_REDUCE_SCATTER: return "reduce_scatter";
+    case ZDP_COLL_ALLGATHER: return "allgather";
+    case ZDP_COLL_BROADCAST: return "broadcast";
+    case ZDP_COLL_COUNT: break;
+    }
+    return "unknown";
+}
+
 /* ---- logging ---- */
 
 static void log_stderr_(int level, const char *msg, void *user) {

@@ -22,13 +22,22 @@
  *              tensors are released and adds the rank's piece into grad_part.
  *              Reduce-scatter is linear, so the window's sum of per-backward
  *              means equals one reduction of the summed gradient.
+ *
+ * Every collective is an operation queued on the engine's comm stream (one
+ * worker thread, FIFO), so every rank issues them in the same order.  Stage
+ * 2 with overlap_comm queues a finished bucket and lets backward go on with
+ * a second bucket buffer; without it, backward waits for each bucket.  The
+ * operations and their order are the same either way, so are the bits.
  * Not here: MPI (src/comm), update formulas (src/optim), layout (src/zero).
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <math.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../comm/comm.h"
+#include "../comm/stream.h"
 #include "../core/core.h"
 #include "../optim/optim.h"
 #include "../zero/zero.h"
@@ -69,9 +78,22 @@ struct zdp_engine {
     float **pool;        /* stage 2: free bucket buffers */
     int pool_free, pool_total, pool_cap;
     int64_t bucket_elems; /* elements per bucket buffer */
-    float *rs_recv;      /* stage 2: reduce-scatter landing area */
-    int *rs_counts;      /* (W) */
-    int *ag_counts, *ag_displs; /* (W) all-gather shards */
+    float *rs_scratch;   /* stages 1/2: reduce-scatter scratch / landing area */
+    int64_t rs_scratch_elems;
+    int *rs_counts;      /* (W) used on the stream thread only */
+    int *ag_counts, *ag_displs; /* (W) all-gather shards, stream thread only */
+
+    /* The comm stream and stage 2's buckets in flight on it (FIFO). */
+    zdp_stream *stream;
+    bool ring_reduce_scatter; /* zdp's ring, else MPI_Reduce_scatter */
+    float **inflight_buf;     /* (n_buckets) */
+    uint64_t *inflight_event; /* (n_buckets) */
+    int inflight_head, inflight_count;
+
+    /* Accounting: comm_total is written on the stream thread and read here
+     * only after waiting for the stream. */
+    zdp_comm_report comm_total, comm_at_last_step, comm_last_step;
+    zdp_step_timing timing_window, timing_last;
 
     zdp_grad_sink sink;
     zdp_optim optim;
@@ -86,9 +108,161 @@ struct zdp_engine {
 
 /* ---- grad sink ---------------------------------------------------------- */
 
+static double now_(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- operations on the comm stream ---------------------------------------- */
+
+typedef enum op_kind {
+    OP_ALLREDUCE_GRADS,   /* stage 0: SUM all-reduce of the gradients */
+    OP_ALLREDUCE_NORM,    /* SUM all-reduce of one double */
+    OP_REDUCE_BUCKET,     /* stages 1/2: average + reduce-scatter one bucket */
+    OP_ALLGATHER_PARAMS,  /* stages 1/2: all-gather the updated partitions */
+    OP_BCAST_PARAMS,      /* rank 0's parameters to everyone */
+} op_kind;
+
+typedef struct engine_op {
+    op_kind kind;
+    zdp_engine *e;
+    void *buf;
+    int bucket;
+} engine_op;
+
+/* Stages 1/2: divide the bucket by W in place (DeepSpeed's order), reduce-
+ * scatter it, and put this rank's piece into grad_part: stage 2 adds (the
+ * window accumulates over backwards), stage 1 stores (one reduction per
+ * window).  buf is the bucket buffer (stage 2) or the bucket's range of the
+ * full gradient (stage 1); either may be overwritten. */
+static zdp_status reduce_bucket_(zdp_engine *e, int b, float *buf, zdp_error *err) {
+    const zdp_bucket *bk = &e->buckets[b];
+    const int64_t n = bk->hi - bk->lo, plo = (int64_t)e->rank * e->lay.part;
+    const int64_t mine = zdp_layout_owned(&e->lay, e->rank, bk->lo, bk->hi);
+    const int64_t dst = (bk->lo > plo ? bk->lo : plo) - plo; /* into grad_part */
+    const int64_t src = (bk->lo > plo ? bk->lo : plo) - bk->lo; /* into the bucket */
+    const bool accumulate = e->cfg.zero.stage == 2;
+    if (e->world > 1) {
+        const float w = (float)e->world;
+        for (int64_t i = 0; i < n; i++) buf[i] /= w;
+    }
+    const float *piece;
+    zdp_status st = ZDP_OK;
+    if (e->world == 1) {
+        piece = buf + src;
+    } else if (!e->cfg.zero.reduce_scatter) {
+        /* reduce_scatter=false: all-reduce the whole bucket, keep our piece. */
+        st = zdp_comm_allreduce_sum_f32(buf, n, &e->comm_total, err);
+        piece = buf + src;
+    } else {
+        for (int r = 0; r < e->world; r++)
+            e->rs_counts[r] = (int)zdp_layout_owned(&e->lay, r, bk->lo, bk->hi);
+        if (e->ring_reduce_scatter) {
+            st = zdp_comm_ring_reduce_scatter_f32(buf, e->rs_scratch, e->rs_counts,
+                                                  &e->comm_total, err);
+            piece = buf + src; /* the ring leaves our piece in place */
+        } else {
+            st = zdp_comm_reduce_scatter_f32(buf, e->rs_scratch, e->rs_counts, &e->comm_total,
+                                             err);
+            piece = e->rs_scratch;
+        }
+    }
+    if (st != ZDP_OK) return st;
+    float *out = e->grad_part + dst;
+    if (accumulate)
+        for (int64_t i = 0; i < mine; i++) out[i] += piece[i];
+    else
+        memcpy(out, piece, (size_t)mine * sizeof(float));
+    return ZDP_OK;
+}
+
+/* Stages 1/2: every rank gets the updated partitions of the others, in
+ * shards of about allgather_bucket_size elements (DeepSpeed's sharding rule). */
+static zdp_status allgather_params_(zdp_engine *e, zdp_error *err) {
+    int64_t P = e->lay.part, total = P * e->world;
+    int64_t shards = total / e->cfg.zero.allgather_bucket_size;
+    if (shards < 1) shards = 1;
+    if (shards > P / 2) shards = P / 2 > 0 ? P / 2 : 1;
+    int64_t shard = P / shards / 2 * 2; /* a multiple of 2, the last takes the rest */
+    for (int64_t k = 0; k < shards; k++) {
+        int64_t off = k * shard, len = k == shards - 1 ? P - off : shard;
+        for (int r = 0; r < e->world; r++) {
+            e->ag_counts[r] = (int)len;
+            e->ag_displs[r] = (int)(r * P + off);
+        }
+        zdp_status st = zdp_comm_allgatherv_inplace_f32(e->params, e->ag_counts, e->ag_displs,
+                                                        &e->comm_total, err);
+        if (st != ZDP_OK) return st;
+    }
+    return ZDP_OK;
+}
+
+/* Runs on the stream thread. */
+static zdp_status run_op_(void *arg, zdp_error *err) {
+    const engine_op *op = arg;
+    zdp_engine *e = op->e;
+    switch (op->kind) {
+    case OP_ALLREDUCE_GRADS:
+        return zdp_comm_allreduce_sum_f32(e->grads, e->lay.numel, &e->comm_total, err);
+    case OP_ALLREDUCE_NORM:
+        return zdp_comm_allreduce_sum_f64(op->buf, 1, &e->comm_total, err);
+    case OP_REDUCE_BUCKET:
+        return reduce_bucket_(e, op->bucket, op->buf, err);
+    case OP_ALLGATHER_PARAMS:
+        return allgather_params_(e, err);
+    case OP_BCAST_PARAMS:
+        return zdp_comm_bcast_bytes(e->params, e->lay.numel * (int64_t)sizeof(float),
+                                    &e->comm_total, err);
+    }
+    return zdp_err_set(err, ZDP_ERR_INTERNAL, "comm stream: unknown operation %d", (int)op->kind);
+}
+
+static uint64_t enqueue_(zdp_engine *e, op_kind kind, void *buf, int bucket) {
+    engine_op op = {.kind = kind, .e = e, .buf = buf, .bucket = bucket};
+    return zdp_stream_enqueue(e->stream, run_op_, &op, sizeof op);
+}
+
+/* Waits for an event on the stream, counting the time as communication wait. */
+static zdp_status wait_(zdp_engine *e, uint64_t event, zdp_error *err) {
+    double t0 = now_();
+    zdp_status st = zdp_stream_wait(e->stream, event, err);
+    e->timing_window.comm_wait_s += now_() - t0;
+    return st;
+}
+
+static zdp_status run_sync_(zdp_engine *e, op_kind kind, void *buf, zdp_error *err) {
+    return wait_(e, enqueue_(e, kind, buf, -1), err);
+}
+
+/* ---- stage 2 bucket buffers ------------------------------------------------- */
+
+/* Waits for the oldest bucket in flight and takes its buffer back. */
+static zdp_status reclaim_oldest_(zdp_engine *e, zdp_error *err) {
+    int k = e->inflight_head;
+    zdp_status st = wait_(e, e->inflight_event[k], err);
+    e->pool[e->pool_free++] = e->inflight_buf[k];
+    e->inflight_head = (k + 1) % e->n_buckets;
+    e->inflight_count--;
+    return st;
+}
+
+static zdp_status reclaim_all_(zdp_engine *e, zdp_error *err) {
+    zdp_status first = ZDP_OK;
+    while (e->inflight_count > 0) {
+        zdp_status st = reclaim_oldest_(e, err);
+        if (first == ZDP_OK) first = st;
+    }
+    return first;
+}
+
 static float *bucket_take_buffer_(zdp_engine *e, int b) {
+    if (e->pool_free == 0 && e->inflight_count > 0) {
+        zdp_status st = reclaim_oldest_(e, &e->sink.comm_err);
+        if (st != ZDP_OK && e->sink.comm_status == ZDP_OK) e->sink.comm_status = st;
+    }
     if (e->pool_free == 0) {
-        /* Every buffer is held by an unfinished bucket: the model holds more
+        /* Every buffer is held by an unfinished bucket: the model keeps more
          * buckets open at once than planned; grow the pool (counted). */
         if (e->pool_total == e->pool_cap) return NULL;
         float *buf = zdp_alloc(&e->mem, ZDP_MEM_BUCKETS, (size_t)e->bucket_elems * sizeof(float));
@@ -103,36 +277,20 @@ static float *bucket_take_buffer_(zdp_engine *e, int b) {
     return buf;
 }
 
-/* Stage 2: average the finished bucket, reduce-scatter it, add this rank's
- * piece into grad_part, and give the buffer back. */
-static zdp_status bucket_reduce_(zdp_engine *e, int b, zdp_error *err) {
-    zdp_bucket *bk = &e->buckets[b];
+/* Stage 2: a bucket is complete; queue its reduction.  Without overlap_comm
+ * wait for it at once; with it, backward goes on and the buffer comes back
+ * when a new bucket needs one or at the end of backward. */
+static void bucket_done_(zdp_engine *e, int b) {
     float *buf = e->bucket_buf[b];
-    int64_t n = bk->hi - bk->lo;
-    const float w = (float)e->world;
-    /* DeepSpeed divides the whole bucket by W in place before communicating. */
-    if (e->world > 1)
-        for (int64_t i = 0; i < n; i++) buf[i] /= w;
-    int64_t plo = (int64_t)e->rank * e->lay.part;
-    int64_t mine = zdp_layout_owned(&e->lay, e->rank, bk->lo, bk->hi);
-    int64_t dst = (bk->lo > plo ? bk->lo : plo) - plo;
-    zdp_status st;
-    if (e->cfg.zero.reduce_scatter) {
-        for (int r = 0; r < e->world; r++)
-            e->rs_counts[r] = (int)zdp_layout_owned(&e->lay, r, bk->lo, bk->hi);
-        st = zdp_comm_reduce_scatter_f32(buf, e->rs_recv, e->rs_counts, err);
-        if (st == ZDP_OK)
-            for (int64_t i = 0; i < mine; i++) e->grad_part[dst + i] += e->rs_recv[i];
-    } else {
-        /* reduce_scatter=false: all-reduce the whole bucket, keep our piece. */
-        st = zdp_comm_allreduce_sum_f32(buf, n, err);
-        int64_t src = (bk->lo > plo ? bk->lo : plo) - bk->lo;
-        if (st == ZDP_OK)
-            for (int64_t i = 0; i < mine; i++) e->grad_part[dst + i] += buf[src + i];
-    }
-    e->pool[e->pool_free++] = buf;
     e->bucket_buf[b] = NULL;
-    return st;
+    int k = (e->inflight_head + e->inflight_count) % e->n_buckets;
+    e->inflight_buf[k] = buf;
+    e->inflight_event[k] = enqueue_(e, OP_REDUCE_BUCKET, buf, b);
+    e->inflight_count++;
+    if (!e->cfg.zero.overlap_comm) {
+        zdp_status st = reclaim_all_(e, &e->sink.comm_err);
+        if (st != ZDP_OK && e->sink.comm_status == ZDP_OK) e->sink.comm_status = st;
+    }
 }
 
 static void sink_misuse_(zdp_grad_sink *s, int i, const char *what) {
@@ -198,8 +356,7 @@ void zdp_grad_release(zdp_grad_sink *s, int i) {
             return;
         }
         s->state[i] = SINK_RELEASED;
-        if (--e->bucket_pending[b] == 0 && s->comm_status == ZDP_OK)
-            s->comm_status = bucket_reduce_(e, b, &s->comm_err);
+        if (--e->bucket_pending[b] == 0) bucket_done_(e, b);
         return;
     }
     s->state[i] = SINK_RELEASED;
@@ -219,31 +376,33 @@ static void sink_begin_(zdp_engine *e) {
 static void sink_end_(zdp_engine *e) {
     for (int i = e->lay.n_tensors - 1; i >= 0; i--)
         if (e->sink.state[i] != SINK_RELEASED) zdp_grad_release(&e->sink, i);
+    /* The backward epilogue: grad_part is read only after the stream is done. */
+    if (e->stream != NULL) {
+        zdp_error err;
+        zdp_status st = reclaim_all_(e, &err);
+        if (st != ZDP_OK && e->sink.comm_status == ZDP_OK) {
+            e->sink.comm_status = st;
+            e->sink.comm_err = err;
+        }
+    }
 }
 
 /* ---- create / destroy --------------------------------------------------- */
 
-static zdp_status alloc_floats_(zdp_engine *e, float **out, int64_t n, zdp_mem_category cat,
-                                const char *what, zdp_error *err) {
-    *out = zdp_alloc(&e->mem, cat, (size_t)n * sizeof(float));
-    if (*out == NULL)
+/* Every engine allocation goes through zdp_alloc, so the memory report is
+ * exactly what this engine holds. */
+static zdp_status alloc_(zdp_engine *e, void *out, int64_t count, size_t size,
+                         zdp_mem_category cat, const char *what, zdp_error *err) {
+    void *p = zdp_alloc(&e->mem, cat, (size_t)count * size);
+    *(void **)out = p;
+    if (p == NULL)
         return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: cannot allocate %lld bytes on rank %d", what,
-                           (long long)(n * (int64_t)sizeof(float)), e->rank);
+                           (long long)(count * (int64_t)size), e->rank);
     return ZDP_OK;
 }
 
-static zdp_status plan_allgather_(zdp_engine *e, zdp_error *err) {
-    e->ag_counts = calloc((size_t)e->world, sizeof(int));
-    e->ag_displs = calloc((size_t)e->world, sizeof(int));
-    e->rs_counts = calloc((size_t)e->world, sizeof(int));
-    if (e->ag_counts == NULL || e->ag_displs == NULL || e->rs_counts == NULL)
-        return zdp_err_set(err, ZDP_ERR_NOMEM, "engine: out of memory");
-    if (e->lay.padded > INT32_MAX)
-        return zdp_err_set(err, ZDP_ERR_UNSUPPORTED,
-                           "model: %lld parameters (padded): zdp's MPI path supports up to %d "
-                           "elements in one flat buffer",
-                           (long long)e->lay.padded, INT32_MAX);
-    return ZDP_OK;
+static void free_(zdp_engine *e, void *p, int64_t count, size_t size, zdp_mem_category cat) {
+    zdp_free(&e->mem, cat, p, (size_t)count * size);
 }
 
 static void log_memory_report_(const zdp_engine *e) {
@@ -252,11 +411,73 @@ static void log_memory_report_(const zdp_engine *e) {
     zdp_log(0,
             "ZeRO stage %d, %d rank(s), %lld parameters (padded %lld, partition %lld); "
             "memory per rank: params %lld B, grads %lld B, grad partition %lld B, buckets %lld B, "
-            "optimizer %lld B, total %lld B",
+            "optimizer %lld B, other %lld B, total %lld B",
             e->cfg.zero.stage, e->world, (long long)e->lay.numel, (long long)e->lay.padded,
             (long long)e->lay.part, (long long)m.params_bytes, (long long)m.grads_bytes,
             (long long)m.grad_partition_bytes, (long long)m.bucket_bytes,
-            (long long)m.optimizer_bytes, (long long)m.total_bytes);
+            (long long)m.optimizer_bytes, (long long)m.other_bytes, (long long)m.total_bytes);
+}
+
+/* The reduce-scatter algorithm: zdp's ring unless ZDP_REDUCE_SCATTER=mpi
+ * (kept for benchmarks; docs/benchmarks.md has the comparison). */
+static bool use_ring_(void) {
+    const char *v = getenv("ZDP_REDUCE_SCATTER");
+    return v == NULL || strcmp(v, "mpi") != 0;
+}
+
+/* Buckets and their buffers (stages 1/2). */
+static zdp_status plan_buckets_(zdp_engine *e, zdp_error *err) {
+    const zdp_model *model = e->model;
+    zdp_bucket *plan = NULL;
+    int *tb = NULL;
+    zdp_status st = zdp_bucket_plan(&e->lay, e->cfg.zero.reduce_bucket_size, &plan,
+                                    &e->n_buckets, &tb, err);
+    if (st != ZDP_OK) return st;
+    const int nb = e->n_buckets, nt = e->lay.n_tensors;
+    /* Copy the plan into counted memory. */
+    if ((st = alloc_(e, &e->buckets, nb, sizeof *e->buckets, ZDP_MEM_OTHER, "buckets", err)) ||
+        (st = alloc_(e, &e->tensor_bucket, nt, sizeof(int), ZDP_MEM_OTHER, "buckets", err))) {
+        free(plan);
+        free(tb);
+        return st;
+    }
+    memcpy(e->buckets, plan, (size_t)nb * sizeof *plan);
+    memcpy(e->tensor_bucket, tb, (size_t)nt * sizeof(int));
+    free(plan);
+    free(tb);
+    for (int b = 0; b < nb; b++) {
+        int64_t n = e->buckets[b].hi - e->buckets[b].lo;
+        if (n > INT32_MAX)
+            return zdp_err_set(err, ZDP_ERR_UNSUPPORTED,
+                               "parameter tensor %s has %lld elements: zdp's MPI path reduces at "
+                               "most %d elements at once",
+                               model->params[e->buckets[b].first].name, (long long)n, INT32_MAX);
+        if (n > e->bucket_elems) e->bucket_elems = n;
+    }
+    /* The reduce-scatter scratch holds at most one rank's piece of a bucket. */
+    e->rs_scratch_elems = e->bucket_elems < e->lay.part ? e->bucket_elems : e->lay.part;
+    if ((st = alloc_(e, &e->bucket_pending, nb, sizeof(int), ZDP_MEM_OTHER, "buckets", err)) ||
+        (st = alloc_(e, &e->bucket_buf, nb, sizeof(float *), ZDP_MEM_OTHER, "buckets", err)) ||
+        (st = alloc_(e, &e->rs_scratch, e->rs_scratch_elems, sizeof(float), ZDP_MEM_BUCKETS,
+                     "reduce-scatter scratch", err)))
+        return st;
+    if (e->cfg.zero.stage < 2) return ZDP_OK;
+    /* Stage 2's bucket buffers: two up front with overlap_comm (DeepSpeed
+     * double-buffers: compute fills one while the other is reduced), one
+     * otherwise; more only if a model keeps several buckets open at once. */
+    e->pool_cap = nb;
+    if ((st = alloc_(e, &e->pool, nb, sizeof(float *), ZDP_MEM_OTHER, "buckets", err)) ||
+        (st = alloc_(e, &e->inflight_buf, nb, sizeof(float *), ZDP_MEM_OTHER, "buckets", err)) ||
+        (st = alloc_(e, &e->inflight_event, nb, sizeof(uint64_t), ZDP_MEM_OTHER, "buckets", err)))
+        return st;
+    int initial = e->cfg.zero.overlap_comm && nb > 1 ? 2 : 1;
+    for (int k = 0; k < initial; k++) {
+        if ((st = alloc_(e, &e->pool[k], e->bucket_elems, sizeof(float), ZDP_MEM_BUCKETS,
+                         "reduce bucket", err)))
+            return st;
+        e->pool_free = e->pool_total = k + 1;
+    }
+    return ZDP_OK;
 }
 
 zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model, zdp_engine **out,
@@ -284,75 +505,43 @@ zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model, zdp_
     e->world = world;
     e->boundary_override = -1;
     e->last_grad_norm = -1.0;
+    e->ring_reduce_scatter = use_ring_();
     const int stage = cfg->zero.stage;
+    const int nt = model->n_params;
 
-    if ((st = zdp_layout_init(&e->lay, model->params, model->n_params, world, err)) != ZDP_OK)
-        goto fail;
-    if ((st = plan_allgather_(e, err)) != ZDP_OK) goto fail;
-    if ((st = alloc_floats_(e, &e->params, e->lay.padded, ZDP_MEM_PARAMS, "parameters", err)))
-        goto fail;
-    e->param_ptrs = calloc((size_t)e->lay.n_tensors, sizeof *e->param_ptrs);
-    e->sink.state = calloc((size_t)e->lay.n_tensors, 1);
-    if (e->param_ptrs == NULL || e->sink.state == NULL) {
-        st = zdp_err_set(err, ZDP_ERR_NOMEM, "engine: out of memory");
+    if ((st = zdp_layout_init(&e->lay, model->params, nt, world, err)) != ZDP_OK) goto fail;
+    if (e->lay.padded > INT32_MAX) {
+        st = zdp_err_set(err, ZDP_ERR_UNSUPPORTED,
+                         "model: %lld parameters (padded): zdp's MPI path supports up to %d "
+                         "elements in one flat buffer",
+                         (long long)e->lay.padded, INT32_MAX);
         goto fail;
     }
-    for (int i = 0; i < e->lay.n_tensors; i++) e->param_ptrs[i] = e->params + e->lay.offsets[i];
+    if ((st = alloc_(e, &e->params, e->lay.padded, sizeof(float), ZDP_MEM_PARAMS, "parameters",
+                     err)) ||
+        (st = alloc_(e, &e->param_ptrs, nt, sizeof(float *), ZDP_MEM_OTHER, "engine", err)) ||
+        (st = alloc_(e, &e->sink.state, nt, 1, ZDP_MEM_OTHER, "engine", err)) ||
+        (st = alloc_(e, &e->rs_counts, world, sizeof(int), ZDP_MEM_OTHER, "engine", err)) ||
+        (st = alloc_(e, &e->ag_counts, world, sizeof(int), ZDP_MEM_OTHER, "engine", err)) ||
+        (st = alloc_(e, &e->ag_displs, world, sizeof(int), ZDP_MEM_OTHER, "engine", err)))
+        goto fail;
+    for (int i = 0; i < nt; i++) e->param_ptrs[i] = e->params + e->lay.offsets[i];
     e->sink.eng = e;
 
-    if (stage < 2 &&
-        (st = alloc_floats_(e, &e->grads, e->lay.padded, ZDP_MEM_GRADS, "gradients", err)))
+    if (stage < 2 && (st = alloc_(e, &e->grads, e->lay.padded, sizeof(float), ZDP_MEM_GRADS,
+                                  "gradients", err)))
         goto fail;
     if (stage >= 1) {
-        if ((st = alloc_floats_(e, &e->grad_part, e->lay.part, ZDP_MEM_GRAD_PARTITION,
-                                "gradient partition", err)))
-            goto fail;
-        if ((st = zdp_bucket_plan(&e->lay, cfg->zero.reduce_bucket_size, &e->buckets,
-                                  &e->n_buckets, &e->tensor_bucket, err)))
-            goto fail;
-        e->bucket_pending = calloc((size_t)e->n_buckets, sizeof(int));
-        e->bucket_buf = calloc((size_t)e->n_buckets, sizeof(float *));
-        if (e->bucket_pending == NULL || e->bucket_buf == NULL) {
-            st = zdp_err_set(err, ZDP_ERR_NOMEM, "engine: out of memory");
-            goto fail;
-        }
-        for (int b = 0; b < e->n_buckets; b++) {
-            int64_t n = e->buckets[b].hi - e->buckets[b].lo;
-            if (n > INT32_MAX) {
-                st = zdp_err_set(err, ZDP_ERR_UNSUPPORTED,
-                                 "parameter tensor %s has %lld elements: zdp's MPI path "
-                                 "reduces at most %d elements at once",
-                                 model->params[e->buckets[b].first].name, (long long)n,
-                                 INT32_MAX);
-                goto fail;
-            }
-            if (n > e->bucket_elems) e->bucket_elems = n;
-        }
-    }
-    if (stage == 2) {
-        /* One buffer per bucket at most; two are allocated up front when
-         * overlap_comm is on (DeepSpeed double-buffers), one otherwise; more
-         * only if a model holds several buckets open at once. */
-        e->pool_cap = e->n_buckets;
-        e->pool = calloc((size_t)e->pool_cap, sizeof(float *));
-        if (e->pool == NULL) {
-            st = zdp_err_set(err, ZDP_ERR_NOMEM, "engine: out of memory");
-            goto fail;
-        }
-        int initial = cfg->zero.overlap_comm && e->n_buckets > 1 ? 2 : 1;
-        for (int k = 0; k < initial; k++) {
-            if ((st = alloc_floats_(e, &e->pool[k], e->bucket_elems, ZDP_MEM_BUCKETS,
-                                    "reduce bucket", err)))
-                goto fail;
-            e->pool_free = e->pool_total = k + 1;
-        }
-        int64_t recv = e->bucket_elems < e->lay.part ? e->bucket_elems : e->lay.part;
-        if ((st = alloc_floats_(e, &e->rs_recv, recv, ZDP_MEM_BUCKETS, "reduce-scatter buffer",
-                                err)))
+        if ((st = alloc_(e, &e->grad_part, e->lay.part, sizeof(float), ZDP_MEM_GRAD_PARTITION,
+                         "gradient partition", err)) ||
+            (st = plan_buckets_(e, err)))
             goto fail;
     }
     int64_t opt_n = stage == 0 ? e->lay.padded : e->lay.part;
     if ((st = zdp_optim_init(&e->optim, &cfg->optimizer, opt_n, &e->mem, err))) goto fail;
+    /* Deep enough for every bucket of one backward plus the step's work. */
+    int depth = e->n_buckets + 8;
+    if ((st = zdp_stream_create(&e->stream, depth, err)) != ZDP_OK) goto fail;
 
     if (e->rank == 0) log_memory_report_(e);
     *out = e;
@@ -364,30 +553,34 @@ fail:
 
 void zdp_engine_destroy(zdp_engine *e) {
     if (e == NULL) return;
-    size_t fb = sizeof(float);
+    /* Let queued operations finish before their buffers go. */
+    zdp_stream_destroy(e->stream);
+    e->stream = NULL;
+    const size_t fb = sizeof(float);
+    const int nt = e->lay.n_tensors, nb = e->n_buckets, W = e->world;
+    /* Stage 2's buffers are in the pool, held by a bucket, or in flight. */
+    for (int k = 0; k < e->inflight_count; k++)
+        free_(e, e->inflight_buf[(e->inflight_head + k) % nb], e->bucket_elems, fb, ZDP_MEM_BUCKETS);
+    for (int k = 0; k < e->pool_free; k++) free_(e, e->pool[k], e->bucket_elems, fb, ZDP_MEM_BUCKETS);
+    for (int b = 0; e->bucket_buf != NULL && b < nb; b++)
+        free_(e, e->bucket_buf[b], e->bucket_elems, fb, ZDP_MEM_BUCKETS);
     zdp_optim_free(&e->optim, &e->mem);
-    zdp_free(&e->mem, ZDP_MEM_PARAMS, e->params, (size_t)e->lay.padded * fb);
-    zdp_free(&e->mem, ZDP_MEM_GRADS, e->grads, (size_t)e->lay.padded * fb);
-    zdp_free(&e->mem, ZDP_MEM_GRAD_PARTITION, e->grad_part, (size_t)e->lay.part * fb);
-    if (e->pool != NULL) {
-        /* Every buffer is either in the pool or held by a bucket. */
-        for (int k = 0; k < e->pool_free; k++)
-            zdp_free(&e->mem, ZDP_MEM_BUCKETS, e->pool[k], (size_t)e->bucket_elems * fb);
-        for (int b = 0; b < e->n_buckets; b++)
-            zdp_free(&e->mem, ZDP_MEM_BUCKETS, e->bucket_buf[b], (size_t)e->bucket_elems * fb);
-    }
-    int64_t recv = e->bucket_elems < e->lay.part ? e->bucket_elems : e->lay.part;
-    zdp_free(&e->mem, ZDP_MEM_BUCKETS, e->rs_recv, (size_t)recv * fb);
-    free(e->pool);
-    free(e->buckets);
-    free(e->tensor_bucket);
-    free(e->bucket_pending);
-    free(e->bucket_buf);
-    free(e->rs_counts);
-    free(e->ag_counts);
-    free(e->ag_displs);
-    free(e->param_ptrs);
-    free(e->sink.state);
+    free_(e, e->params, e->lay.padded, fb, ZDP_MEM_PARAMS);
+    free_(e, e->grads, e->lay.padded, fb, ZDP_MEM_GRADS);
+    free_(e, e->grad_part, e->lay.part, fb, ZDP_MEM_GRAD_PARTITION);
+    free_(e, e->rs_scratch, e->rs_scratch_elems, fb, ZDP_MEM_BUCKETS);
+    free_(e, e->pool, nb, sizeof(float *), ZDP_MEM_OTHER);
+    free_(e, e->inflight_buf, nb, sizeof(float *), ZDP_MEM_OTHER);
+    free_(e, e->inflight_event, nb, sizeof(uint64_t), ZDP_MEM_OTHER);
+    free_(e, e->buckets, nb, sizeof *e->buckets, ZDP_MEM_OTHER);
+    free_(e, e->tensor_bucket, nt, sizeof(int), ZDP_MEM_OTHER);
+    free_(e, e->bucket_pending, nb, sizeof(int), ZDP_MEM_OTHER);
+    free_(e, e->bucket_buf, nb, sizeof(float *), ZDP_MEM_OTHER);
+    free_(e, e->rs_counts, W, sizeof(int), ZDP_MEM_OTHER);
+    free_(e, e->ag_counts, W, sizeof(int), ZDP_MEM_OTHER);
+    free_(e, e->ag_displs, W, sizeof(int), ZDP_MEM_OTHER);
+    free_(e, e->param_ptrs, nt, sizeof(float *), ZDP_MEM_OTHER);
+    free_(e, e->sink.state, nt, 1, ZDP_MEM_OTHER);
     zdp_layout_free(&e->lay);
     free(e);
 }
@@ -401,7 +594,8 @@ zdp_status zdp_engine_sync_params(zdp_engine *e, zdp_error *err) {
     if (e == NULL) return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "engine is NULL");
     /* Padding must stay zero: it is part of the partitions the optimizer sees. */
     memset(e->params + e->lay.numel, 0, (size_t)(e->lay.padded - e->lay.numel) * sizeof(float));
-    return zdp_comm_bcast_bytes(e->params, e->lay.numel * (int64_t)sizeof(float), err);
+    if (e->world == 1) return ZDP_OK;
+    return run_sync_(e, OP_BCAST_PARAMS, NULL, err);
 }
 
 /* ---- forward / backward -------------------------------------------------- */
@@ -410,8 +604,10 @@ zdp_status zdp_engine_forward(zdp_engine *e, const void *batch, float *loss, zdp
     if (e == NULL || loss == NULL)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_engine_forward: engine and loss must not be NULL");
     e->have_forward = false;
+    double t0 = now_();
     zdp_status st = e->model->ops->forward(e->model->self, (const float *const *)e->param_ptrs,
                                            batch, loss, err);
+    e->timing_window.forward_s += now_() - t0;
     if (st != ZDP_OK) return st;
     e->have_forward = true;
     return ZDP_OK;
@@ -434,12 +630,14 @@ zdp_status zdp_engine_backward(zdp_engine *e, bool scale_wrt_gas, float loss_sca
     float dloss = scale_wrt_gas
                       ? loss_scale / (float)e->cfg.gradient_accumulation_steps
                       : loss_scale;
+    double t0 = now_();
     sink_begin_(e);
     zdp_status st = e->model->ops->backward(e->model->self, (const float *const *)e->param_ptrs,
                                             dloss, &e->sink, err);
     /* Finish the reductions even after a model failure, so that this rank
      * issues the same collectives as the others before reporting. */
     sink_end_(e);
+    e->timing_window.backward_s += now_() - t0;
     if (st != ZDP_OK) return st;
     if (e->sink.comm_status != ZDP_OK) {
         if (err != NULL) *err = e->sink.comm_err;
@@ -469,60 +667,36 @@ bool zdp_engine_is_gradient_accumulation_boundary(const zdp_engine *e) {
  * postscale path with gradient_predivide_factor 1). */
 static zdp_status reduce_stage0_(zdp_engine *e, zdp_error *err) {
     if (e->world == 1) return ZDP_OK;
-    zdp_status st = zdp_comm_allreduce_sum_f32(e->grads, e->lay.numel, err);
+    zdp_status st = run_sync_(e, OP_ALLREDUCE_GRADS, NULL, err);
     if (st != ZDP_OK) return st;
     const float inv = 1.0f / (float)e->world;
     for (int64_t i = 0; i < e->lay.numel; i++) e->grads[i] *= inv;
     return ZDP_OK;
 }
 
-/* Stage 1: the bucketed ZeRO-1 reduce of the window's gradients: each bucket
- * is divided by W and reduce-scattered straight into grad_part. */
+/* Stage 1: the bucketed ZeRO-1 reduce of the window's gradients, every
+ * bucket queued at once (the stream runs them in order), then one wait. */
 static zdp_status reduce_stage1_(zdp_engine *e, zdp_error *err) {
-    int64_t plo = (int64_t)e->rank * e->lay.part;
-    const float w = (float)e->world;
-    for (int b = 0; b < e->n_buckets; b++) {
-        zdp_bucket *bk = &e->buckets[b];
-        float *src = e->grads + bk->lo;
-        int64_t n = bk->hi - bk->lo;
-        if (e->world > 1)
-            for (int64_t i = 0; i < n; i++) src[i] /= w;
-        int64_t dst = (bk->lo > plo ? bk->lo : plo) - plo;
-        zdp_status st;
-        if (e->cfg.zero.reduce_scatter) {
-            for (int r = 0; r < e->world; r++)
-                e->rs_counts[r] = (int)zdp_layout_owned(&e->lay, r, bk->lo, bk->hi);
-            st = zdp_comm_reduce_scatter_f32(src, e->grad_part + dst, e->rs_counts, err);
-        } else {
-            st = zdp_comm_allreduce_sum_f32(src, n, err);
-            int64_t mine = zdp_layout_owned(&e->lay, e->rank, bk->lo, bk->hi);
-            int64_t from = (bk->lo > plo ? bk->lo : plo) - bk->lo;
-            if (st == ZDP_OK) memcpy(e->grad_part + dst, src + from, (size_t)mine * sizeof(float));
-        }
-        if (st != ZDP_OK) return st;
-    }
-    return ZDP_OK;
+    uint64_t last = 0;
+    for (int b = 0; b < e->n_buckets; b++)
+        last = enqueue_(e, OP_REDUCE_BUCKET, e->grads + e->buckets[b].lo, b);
+    return wait_(e, last, err);
 }
 
-/* Stages 1/2: every rank gets the updated partitions of the others, in
- * shards of about allgather_bucket_size elements (DeepSpeed's sharding rule). */
-static zdp_status allgather_params_(zdp_engine *e, zdp_error *err) {
-    if (e->world == 1) return ZDP_OK;
-    int64_t P = e->lay.part, total = P * e->world;
-    int64_t shards = total / e->cfg.zero.allgather_bucket_size;
-    if (shards < 1) shards = 1;
-    if (shards > P / 2) shards = P / 2 > 0 ? P / 2 : 1;
-    int64_t shard = P / shards / 2 * 2; /* a multiple of 2, the last takes the rest */
-    for (int64_t k = 0; k < shards; k++) {
-        int64_t off = k * shard, len = k == shards - 1 ? P - off : shard;
-        for (int r = 0; r < e->world; r++) {
-            e->ag_counts[r] = (int)len;
-            e->ag_displs[r] = (int)(r * P + off);
-        }
-        zdp_status st = zdp_comm_allgatherv_inplace_f32(e->params, e->ag_counts, e->ag_displs, err);
-        if (st != ZDP_OK) return st;
+/* End of a model step's window: the per-step reports. */
+static void close_window_(zdp_engine *e) {
+    for (int c = 0; c < ZDP_COLL_COUNT; c++) {
+        e->comm_last_step.calls[c] = e->comm_total.calls[c] - e->comm_at_last_step.calls[c];
+        e->comm_last_step.payload_bytes[c] =
+            e->comm_total.payload_bytes[c] - e->comm_at_last_step.payload_bytes[c];
+        e->comm_last_step.sent_bytes[c] =
+            e->comm_total.sent_bytes[c] - e->comm_at_last_step.sent_bytes[c];
+        e->comm_last_step.received_bytes[c] =
+            e->comm_total.received_bytes[c] - e->comm_at_last_step.received_bytes[c];
     }
-    return ZDP_OK;
+    e->comm_at_last_step = e->comm_total;
+    e->timing_last = e->timing_window;
+    memset(&e->timing_window, 0, sizeof e->timing_window);
 }
 
 /* DeepSpeed's model step (SEMANTICS.md 2.5) for fp32: reduce or finalize,
@@ -530,6 +704,7 @@ static zdp_status allgather_params_(zdp_engine *e, zdp_error *err) {
  * gradients, advance the counters. */
 static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
     const int stage = e->cfg.zero.stage;
+    const double t_step = now_();
     zdp_status st = ZDP_OK;
     if (stage == 0) st = reduce_stage0_(e, err);
     else if (stage == 1) st = reduce_stage1_(e, err);
@@ -540,7 +715,7 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
     const float *owned = stage == 0 ? e->grads + plo : e->grad_part;
     double sumsq = 0.0;
     for (int64_t i = 0; i < P; i++) sumsq += (double)owned[i] * (double)owned[i];
-    if ((st = zdp_comm_allreduce_sum_f64(&sumsq, 1, err)) != ZDP_OK) return st;
+    if ((st = run_sync_(e, OP_ALLREDUCE_NORM, &sumsq, err)) != ZDP_OK) return st;
     /* A NaN or Inf anywhere makes the sum non-finite on every rank alike. */
     double norm = sqrt(sumsq);
     e->last_grad_norm = norm;
@@ -553,6 +728,7 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
             double c = (norm + 1e-6) / clip;
             if (c > 1.0) scale = (float)(1.0 / c);
         }
+        double t_opt = now_();
         if (stage == 0) {
             zdp_optim_step(&e->optim, e->params, e->grads, scale, e->cfg.optimizer.lr);
         } else {
@@ -560,8 +736,11 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
             /* The padding at the end of the last partition must stay zero. */
             memset(e->params + e->lay.numel, 0,
                    (size_t)(e->lay.padded - e->lay.numel) * sizeof(float));
-            if ((st = allgather_params_(e, err)) != ZDP_OK) return st;
         }
+        e->timing_window.optimizer_s += now_() - t_opt;
+        if (stage >= 1 && e->world > 1 &&
+            (st = run_sync_(e, OP_ALLGATHER_PARAMS, NULL, err)) != ZDP_OK)
+            return st;
     }
     if (e->grads != NULL) memset(e->grads, 0, (size_t)e->lay.padded * sizeof(float));
     if (e->grad_part != NULL) memset(e->grad_part, 0, (size_t)P * sizeof(float));
@@ -574,6 +753,8 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
     else
         e->global_samples += e->cfg.micro_batch_size * e->world * e->window_backwards;
     e->window_backwards = 0;
+    e->timing_window.step_s += now_() - t_step;
+    close_window_(e);
     if (e->rank == 0) {
         /* A skipped step is never silent (DeepSpeed #8415). */
         if (overflow)
@@ -663,8 +844,15 @@ void zdp_engine_memory_report(const zdp_engine *e, zdp_memory_report *m) {
         .bucket_bytes = b[ZDP_MEM_BUCKETS],
         .optimizer_bytes = b[ZDP_MEM_OPTIMIZER],
         .master_bytes = b[ZDP_MEM_MASTER],
+        .other_bytes = b[ZDP_MEM_OTHER],
     };
     int64_t total = 0;
     for (int c = 0; c < ZDP_MEM_NCATEGORIES; c++) total += b[c];
     m->total_bytes = total;
 }
+
+void zdp_engine_comm_report(const zdp_engine *e, bool last_step, zdp_comm_report *out) {
+    *out = last_step ? e->comm_last_step : e->comm_total;
+}
+
+void zdp_engine_step_timing(const zdp_engine *e, zdp_step_timing *out) { *out = e->timing_last; }

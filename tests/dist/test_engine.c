@@ -9,6 +9,7 @@
  * partition layout table (4.2), the memory report, and call-time rejections.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -506,28 +507,144 @@ static void test_partition_layout(void) {
     run_free_(&rn);
 }
 
-static void test_memory_report(void) {
+/* DESIGN.md's ZeRO memory model, byte for byte, plus the bucket terms:
+ * stage 0: 4Ψ params + 4Ψ grads + 8Ψ optimizer; stage 1: 4Ψ + 4Ψ + 4Ψ/N
+ * partition + 8Ψ/N; stage 2: 4Ψ + 4Ψ/N + buckets + 8Ψ/N (Ψ padded). */
+static void check_memory_(int H, int L, int64_t bucket, bool overlap) {
     for (int stage = 0; stage < 3; stage++) {
+        char extra[128];
+        snprintf(extra, sizeof extra, ", \"reduce_bucket_size\": %lld, \"overlap_comm\": %s",
+                 (long long)bucket, overlap && stage == 2 ? "true" : "false");
         run rn;
-        run_init_(&rn, stage_json_(stage, 1, true, ", \"reduce_bucket_size\": 100"), 16, 3, 1, 1);
+        run_init_(&rn, stage_json_(stage, 1, true, extra), H, L, 1, 1);
         zdp_memory_report m;
         zdp_engine_memory_report(rn.eng, &m);
-        int64_t padded = zdp_engine_padded_numel(rn.eng), P = zdp_engine_partition_numel(rn.eng);
+        const int64_t padded = zdp_engine_padded_numel(rn.eng), P = zdp_engine_partition_numel(rn.eng);
+        CHECK_EQ_I64(P * W, padded);
         CHECK_EQ_I64(m.params_bytes, 4 * padded);
         CHECK_EQ_I64(m.grads_bytes, stage < 2 ? 4 * padded : 0);
         CHECK_EQ_I64(m.grad_partition_bytes, stage >= 1 ? 4 * P : 0);
         CHECK_EQ_I64(m.optimizer_bytes, stage == 0 ? 8 * padded : 8 * P);
-        if (stage == 2) {
-            /* One bucket buffer of the largest bucket (a 256-element weight,
-             * larger than the 100-element cap) plus the receive buffer. */
-            CHECK(m.bucket_bytes >= 4 * 256 && m.bucket_bytes <= 4 * (256 + 256));
-        } else {
-            CHECK_EQ_I64(m.bucket_bytes, 0);
-        }
+        CHECK_EQ_I64(m.master_bytes, 0);
+        /* The largest bucket: a weight alone when the cap is below it. */
+        int64_t maxb = bucket >= (int64_t)L * (H * H + H) ? (int64_t)L * (H * H + H)
+                       : bucket >= H * H + H               ? H * H + H
+                                                           : H * H;
+        int64_t scratch = maxb < P ? maxb : P;
+        int64_t buffers = stage == 2 ? (overlap && maxb < (int64_t)L * (H * H + H) ? 2 : 1) : 0;
+        CHECK_EQ_I64(m.bucket_bytes, stage == 0 ? 0 : 4 * (buffers * maxb + scratch));
+        /* Stage 2 holds no full-size gradient. */
+        if (stage == 2) CHECK(m.grads_bytes + m.grad_partition_bytes <= 4 * padded / W);
+        CHECK(m.other_bytes > 0 && m.other_bytes < 4096 + 64 * L);
         CHECK_EQ_I64(m.total_bytes, m.params_bytes + m.grads_bytes + m.grad_partition_bytes +
-                                        m.bucket_bytes + m.optimizer_bytes + m.master_bytes);
+                                        m.bucket_bytes + m.optimizer_bytes + m.master_bytes +
+                                        m.other_bytes);
         run_free_(&rn);
     }
+}
+
+static void test_memory_report(void) {
+    check_memory_(16, 3, 100, false);
+    check_memory_(16, 3, 100, true);
+    check_memory_(16, 3, 1 << 20, true);
+    check_memory_(1024, 3, 500000, true); /* Ψ = 3,148,800: a few million parameters */
+    check_memory_(1024, 3, 1 << 22, false);
+}
+
+/* Bytes by collective against the formulas: stage 0 all-reduces Ψ; stages
+ * 1/2 reduce-scatter Ψ (stage 2 once per backward) and all-gather Ψ; each
+ * step also all-reduces one double (the norm). */
+static void test_comm_report(int stage, bool managed) {
+    const int G = 3, H = 7, L = 3;
+    run rn;
+    run_init_(&rn, stage_json_(stage, G, managed, ", \"reduce_bucket_size\": 20, \"allgather_bucket_size\": 30"),
+              H, L, 1, 2);
+    data d = data_make_(H, 6 * W, 41);
+    for (int s = 0; s < 2; s++) {
+        for (int k = 0; k < G; k++) {
+            zdp_mlp_batch b = batch_(&d, s * G + k, 1);
+            fwd_(&rn, &b);
+            CHECK_OK(zdp_engine_backward(rn.eng, true, 1.0f, &e_));
+            if (managed) CHECK_OK(zdp_engine_step(rn.eng, &e_));
+        }
+        if (!managed) CHECK_OK(zdp_engine_step(rn.eng, &e_));
+    }
+    zdp_comm_report c, total;
+    zdp_engine_comm_report(rn.eng, true, &c);
+    zdp_engine_comm_report(rn.eng, false, &total);
+    const int64_t n = zdp_engine_numel(rn.eng), padded = zdp_engine_padded_numel(rn.eng);
+    const int64_t P = zdp_engine_partition_numel(rn.eng);
+    /* Elements of [0, n) owned by rank q: the real (unpadded) part of q's partition. */
+    int64_t own[4];
+    for (int q = 0; q < W && q < 4; q++) {
+        int64_t lo = q * P, hi = (q + 1) * P < n ? (q + 1) * P : n;
+        own[q] = hi > lo ? hi - lo : 0;
+    }
+    const int64_t norm_wire = 2 * (W - 1) * 8 / W;
+    if (stage == 0) {
+        CHECK_EQ_I64(c.payload_bytes[ZDP_COLL_ALLREDUCE], W > 1 ? 4 * n + 8 : 8);
+        CHECK_EQ_I64(c.sent_bytes[ZDP_COLL_ALLREDUCE], (W > 1 ? 2 * (W - 1) * 4 * n / W : 0) + norm_wire);
+        CHECK_EQ_I64(c.calls[ZDP_COLL_REDUCE_SCATTER], 0);
+        CHECK_EQ_I64(c.calls[ZDP_COLL_ALLGATHER], 0);
+    } else if (W > 1) {
+        const int64_t reductions = stage == 2 ? G : 1; /* stage 2 reduces every backward */
+        CHECK_EQ_I64(c.payload_bytes[ZDP_COLL_REDUCE_SCATTER], reductions * 4 * n);
+        CHECK_EQ_I64(c.sent_bytes[ZDP_COLL_REDUCE_SCATTER], reductions * 4 * (n - own[R]));
+        CHECK_EQ_I64(c.received_bytes[ZDP_COLL_REDUCE_SCATTER],
+                     reductions * 4 * (n - own[(R + W - 1) % W]));
+        CHECK_EQ_I64(c.payload_bytes[ZDP_COLL_ALLGATHER], 4 * padded);
+        CHECK_EQ_I64(c.sent_bytes[ZDP_COLL_ALLGATHER], 4 * (padded - P));
+        CHECK_EQ_I64(c.received_bytes[ZDP_COLL_ALLGATHER], 4 * (padded - P));
+        CHECK(c.calls[ZDP_COLL_ALLGATHER] >= 2); /* sharded by allgather_bucket_size */
+        CHECK_EQ_I64(c.payload_bytes[ZDP_COLL_ALLREDUCE], 8);
+        CHECK_EQ_I64(c.sent_bytes[ZDP_COLL_ALLREDUCE], norm_wire);
+        /* Half an all-reduce each way: RS + AG carry what stage 0's all-reduce would. */
+        int64_t allreduce_wire = 2 * (W - 1) * 4 * padded / W;
+        int64_t zero_wire = c.sent_bytes[ZDP_COLL_REDUCE_SCATTER] / reductions +
+                            c.sent_bytes[ZDP_COLL_ALLGATHER];
+        CHECK(llabs(zero_wire - allreduce_wire) <= 4 * 2 * P);
+    }
+    /* Two identical windows: the total is twice the last step, plus the
+     * initial broadcast of the parameters. */
+    CHECK_EQ_I64(total.payload_bytes[ZDP_COLL_REDUCE_SCATTER], 2 * c.payload_bytes[ZDP_COLL_REDUCE_SCATTER]);
+    CHECK_EQ_I64(total.payload_bytes[ZDP_COLL_BROADCAST], W > 1 ? 4 * n : 0);
+    zdp_step_timing t;
+    zdp_engine_step_timing(rn.eng, &t);
+    CHECK(t.forward_s > 0 && t.backward_s > 0 && t.step_s > 0 && t.optimizer_s > 0);
+    CHECK(t.comm_wait_s >= 0 && t.comm_wait_s <= t.backward_s + t.step_s);
+    data_free_(&d);
+    run_free_(&rn);
+}
+
+/* overlap_comm changes scheduling only: the same operations in the same
+ * order, so the same bits, with buckets smaller than one tensor and larger
+ * than the model, managed and unmanaged, over several steps. */
+static void test_overlap_comm_bitwise(bool managed, int64_t bucket) {
+    float *p[2];
+    for (int overlap = 0; overlap < 2; overlap++) {
+        char extra[128];
+        snprintf(extra, sizeof extra, ", \"reduce_bucket_size\": %lld, \"overlap_comm\": %s",
+                 (long long)bucket, overlap ? "true" : "false");
+        run rn;
+        run_init_(&rn, stage_json_(2, 3, managed, extra), 9, 4, 2, 8);
+        data d = data_make_(9, 24 * W, 51);
+        for (int s = 0; s < 4; s++) {
+            int n = managed ? 3 : 1 + s % 3;
+            for (int k = 0; k < n; k++) {
+                zdp_mlp_batch b = batch_(&d, s * 3 + k, 2);
+                fwd_(&rn, &b);
+                CHECK_OK(zdp_engine_backward(rn.eng, managed, managed ? 1.0f : 1.0f / n, &e_));
+                if (managed) CHECK_OK(zdp_engine_step(rn.eng, &e_));
+            }
+            if (!managed) CHECK_OK(zdp_engine_step(rn.eng, &e_));
+        }
+        p[overlap] = params_copy_(&rn);
+        data_free_(&d);
+        run_free_(&rn);
+    }
+    CHECK(memcmp(p[0], p[1], (size_t)(4 * (81 + 9)) * sizeof(float)) == 0);
+    free(p[0]);
+    free(p[1]);
 }
 
 /* The reported norm is the single-process norm of the averaged gradient. */
@@ -621,6 +738,12 @@ int main(int argc, char **argv) {
     for (int managed = 0; managed < 2; managed++) {
         test_stages_match_reference(5, 3, 7, managed), n++;       /* 90 params, bucket < tensor */
         test_stages_match_reference(7, 2, 1 << 20, managed), n++; /* 112 params, one bucket */
+    }
+    for (int managed = 0; managed < 2; managed++) {
+        test_overlap_comm_bitwise(managed, 5), n++;       /* smaller than one tensor */
+        test_overlap_comm_bitwise(managed, 40), n++;      /* a few tensors per bucket */
+        test_overlap_comm_bitwise(managed, 1 << 20), n++; /* larger than the model */
+        for (int stage = 0; stage < 3; stage++) test_comm_report(stage, managed), n++;
     }
     test_partition_layout(), n++;
     test_memory_report(), n++;
