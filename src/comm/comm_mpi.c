@@ -4,7 +4,10 @@
  * The only file that includes mpi.h.  Collectives run on MPI_COMM_WORLD in
  * the caller's thread; large counts are issued in chunks below INT_MAX.
  */
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include "comm.h"
+
+#include <time.h>
 
 #include <limits.h>
 #include <stdio.h>
@@ -179,6 +182,25 @@ zdp_status zdp_comm_reduce_scatter_f32(const float *send, float *recv, const int
     return ZDP_OK;
 }
 
+/* Waits for requests without burning a core: spin briefly (shared memory
+ * completes in microseconds), then test every 50 us and sleep in between.
+ * The ring runs on the comm stream thread while backward computes on the
+ * same cores; a busy-polling wait would take the CPU that overlap_comm
+ * means to leave to compute (docs/benchmarks.md). */
+static int wait_gently_(MPI_Request *req, int n) {
+    int done = 0;
+    for (long spin = 0; spin < 2000; spin++) {
+        int rc = MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS || done) return rc;
+    }
+    const struct timespec nap = {.tv_sec = 0, .tv_nsec = 50000};
+    for (;;) {
+        int rc = MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS || done) return rc;
+        nanosleep(&nap, NULL);
+    }
+}
+
 zdp_status zdp_comm_ring_reduce_scatter_f32(float *buf, float *scratch, const int *recv_counts,
                                             zdp_comm_report *stats, zdp_error *err) {
     if (!mpi_ready_()) return not_ready_("ring reduce-scatter", err);
@@ -197,9 +219,12 @@ zdp_status zdp_comm_ring_reduce_scatter_f32(float *buf, float *scratch, const in
         for (int q = 0; q < s_piece; q++) s_off += recv_counts[q];
         for (int q = 0; q < r_piece; q++) r_off += recv_counts[q];
         int sc = recv_counts[s_piece], rc = recv_counts[r_piece];
-        int code = MPI_Sendrecv(buf + s_off, sc, MPI_FLOAT, next, 7301, scratch, rc, MPI_FLOAT,
-                                prev, 7301, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-        if (code != MPI_SUCCESS) return check_(code, "MPI_Sendrecv (ring reduce-scatter)", err);
+        MPI_Request req[2];
+        int code = MPI_Irecv(scratch, rc, MPI_FLOAT, prev, 7301, MPI_COMM_WORLD, &req[0]);
+        if (code == MPI_SUCCESS)
+            code = MPI_Isend(buf + s_off, sc, MPI_FLOAT, next, 7301, MPI_COMM_WORLD, &req[1]);
+        if (code == MPI_SUCCESS) code = wait_gently_(req, 2);
+        if (code != MPI_SUCCESS) return check_(code, "ring reduce-scatter (MPI_Isend/Irecv)", err);
         float *dst = buf + r_off;
         for (int i = 0; i < rc; i++) dst[i] += scratch[i];
         sent += sc * e;

@@ -112,6 +112,13 @@ zdp_status zdp_stream_wait(zdp_stream *s, uint64_t event, zdp_error *err) {
     return st;
 }
 
+bool zdp_stream_done(zdp_stream *s, uint64_t event) {
+    pthread_mutex_lock(&s->mu);
+    bool done = s->completed >= event;
+    pthread_mutex_unlock(&s->mu);
+    return done;
+}
+
 zdp_status zdp_stream_sync(zdp_stream *s, zdp_error *err) {
     pthread_mutex_lock(&s->mu);
     uint64_t last = s->queued;

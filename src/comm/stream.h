@@ -37,6 +37,8 @@ void zdp_stream_destroy(zdp_stream *s);
 uint64_t zdp_stream_enqueue(zdp_stream *s, zdp_stream_fn fn, const void *arg, size_t arg_size);
 /* Waits until operation `event` has run; ZDP_OK or the stream's first error. */
 zdp_status zdp_stream_wait(zdp_stream *s, uint64_t event, zdp_error *err);
+/* True when operation `event` has run (never blocks). */
+bool zdp_stream_done(zdp_stream *s, uint64_t event);
 /* Waits until everything queued so far has run. */
 zdp_status zdp_stream_sync(zdp_stream *s, zdp_error *err);
 

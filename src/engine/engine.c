@@ -242,7 +242,7 @@ static zdp_status reclaim_oldest_(zdp_engine *e, zdp_error *err) {
     int k = e->inflight_head;
     zdp_status st = wait_(e, e->inflight_event[k], err);
     e->pool[e->pool_free++] = e->inflight_buf[k];
-    e->inflight_head = (k + 1) % e->n_buckets;
+    e->inflight_head = (k + 1) % e->pool_cap;
     e->inflight_count--;
     return st;
 }
@@ -256,14 +256,28 @@ static zdp_status reclaim_all_(zdp_engine *e, zdp_error *err) {
     return first;
 }
 
+/* At most this many bucket reductions run behind compute before backward
+ * waits for the oldest: one in flight while the next bucket fills is
+ * DeepSpeed's double buffering. */
+#define MAX_INFLIGHT_ 1
+
 static float *bucket_take_buffer_(zdp_engine *e, int b) {
-    if (e->pool_free == 0 && e->inflight_count > 0) {
+    /* Reductions that already finished give their buffers back for free. */
+    while (e->inflight_count > 0 &&
+           zdp_stream_done(e->stream, e->inflight_event[e->inflight_head])) {
+        zdp_status st = reclaim_oldest_(e, &e->sink.comm_err);
+        if (st != ZDP_OK && e->sink.comm_status == ZDP_OK) e->sink.comm_status = st;
+    }
+    while (e->pool_free == 0 && e->inflight_count > 0 &&
+           (e->inflight_count > MAX_INFLIGHT_ || e->pool_total == e->pool_cap)) {
         zdp_status st = reclaim_oldest_(e, &e->sink.comm_err);
         if (st != ZDP_OK && e->sink.comm_status == ZDP_OK) e->sink.comm_status = st;
     }
     if (e->pool_free == 0) {
-        /* Every buffer is held by an unfinished bucket: the model keeps more
-         * buckets open at once than planned; grow the pool (counted). */
+        /* Every buffer is filling or in flight: the model keeps several
+         * buckets open at once (SimpleModel reuses layer i/2 until step i/2
+         * of backward); grow the pool rather than stall compute behind the
+         * network (counted in the memory report). */
         if (e->pool_total == e->pool_cap) return NULL;
         float *buf = zdp_alloc(&e->mem, ZDP_MEM_BUCKETS, (size_t)e->bucket_elems * sizeof(float));
         if (buf == NULL) return NULL;
@@ -283,7 +297,7 @@ static float *bucket_take_buffer_(zdp_engine *e, int b) {
 static void bucket_done_(zdp_engine *e, int b) {
     float *buf = e->bucket_buf[b];
     e->bucket_buf[b] = NULL;
-    int k = (e->inflight_head + e->inflight_count) % e->n_buckets;
+    int k = (e->inflight_head + e->inflight_count) % e->pool_cap;
     e->inflight_buf[k] = buf;
     e->inflight_event[k] = enqueue_(e, OP_REDUCE_BUCKET, buf, b);
     e->inflight_count++;
@@ -376,15 +390,9 @@ static void sink_begin_(zdp_engine *e) {
 static void sink_end_(zdp_engine *e) {
     for (int i = e->lay.n_tensors - 1; i >= 0; i--)
         if (e->sink.state[i] != SINK_RELEASED) zdp_grad_release(&e->sink, i);
-    /* The backward epilogue: grad_part is read only after the stream is done. */
-    if (e->stream != NULL) {
-        zdp_error err;
-        zdp_status st = reclaim_all_(e, &err);
-        if (st != ZDP_OK && e->sink.comm_status == ZDP_OK) {
-            e->sink.comm_status = st;
-            e->sink.comm_err = err;
-        }
-    }
+    /* Without overlap_comm every reduction has finished here.  With it,
+     * reductions still in flight go on behind the next forward and backward:
+     * grad_part is read only by step(), which waits for the stream first. */
 }
 
 /* ---- create / destroy --------------------------------------------------- */
@@ -465,10 +473,13 @@ static zdp_status plan_buckets_(zdp_engine *e, zdp_error *err) {
     /* Stage 2's bucket buffers: two up front with overlap_comm (DeepSpeed
      * double-buffers: compute fills one while the other is reduced), one
      * otherwise; more only if a model keeps several buckets open at once. */
-    e->pool_cap = nb;
-    if ((st = alloc_(e, &e->pool, nb, sizeof(float *), ZDP_MEM_OTHER, "buckets", err)) ||
-        (st = alloc_(e, &e->inflight_buf, nb, sizeof(float *), ZDP_MEM_OTHER, "buckets", err)) ||
-        (st = alloc_(e, &e->inflight_event, nb, sizeof(uint64_t), ZDP_MEM_OTHER, "buckets", err)))
+    /* Every bucket may be open (one buffer each) while the previous
+     * backward's last reductions are still in flight. */
+    e->pool_cap = nb + MAX_INFLIGHT_ + 1;
+    const int cap = e->pool_cap;
+    if ((st = alloc_(e, &e->pool, cap, sizeof(float *), ZDP_MEM_OTHER, "buckets", err)) ||
+        (st = alloc_(e, &e->inflight_buf, cap, sizeof(float *), ZDP_MEM_OTHER, "buckets", err)) ||
+        (st = alloc_(e, &e->inflight_event, cap, sizeof(uint64_t), ZDP_MEM_OTHER, "buckets", err)))
         return st;
     int initial = e->cfg.zero.overlap_comm && nb > 1 ? 2 : 1;
     for (int k = 0; k < initial; k++) {
@@ -540,7 +551,7 @@ zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model, zdp_
     int64_t opt_n = stage == 0 ? e->lay.padded : e->lay.part;
     if ((st = zdp_optim_init(&e->optim, &cfg->optimizer, opt_n, &e->mem, err))) goto fail;
     /* Deep enough for every bucket of one backward plus the step's work. */
-    int depth = e->n_buckets + 8;
+    int depth = e->n_buckets + e->pool_cap + 8;
     if ((st = zdp_stream_create(&e->stream, depth, err)) != ZDP_OK) goto fail;
 
     if (e->rank == 0) log_memory_report_(e);
@@ -560,7 +571,8 @@ void zdp_engine_destroy(zdp_engine *e) {
     const int nt = e->lay.n_tensors, nb = e->n_buckets, W = e->world;
     /* Stage 2's buffers are in the pool, held by a bucket, or in flight. */
     for (int k = 0; k < e->inflight_count; k++)
-        free_(e, e->inflight_buf[(e->inflight_head + k) % nb], e->bucket_elems, fb, ZDP_MEM_BUCKETS);
+        free_(e, e->inflight_buf[(e->inflight_head + k) % e->pool_cap], e->bucket_elems, fb,
+              ZDP_MEM_BUCKETS);
     for (int k = 0; k < e->pool_free; k++) free_(e, e->pool[k], e->bucket_elems, fb, ZDP_MEM_BUCKETS);
     for (int b = 0; e->bucket_buf != NULL && b < nb; b++)
         free_(e, e->bucket_buf[b], e->bucket_elems, fb, ZDP_MEM_BUCKETS);
@@ -569,9 +581,9 @@ void zdp_engine_destroy(zdp_engine *e) {
     free_(e, e->grads, e->lay.padded, fb, ZDP_MEM_GRADS);
     free_(e, e->grad_part, e->lay.part, fb, ZDP_MEM_GRAD_PARTITION);
     free_(e, e->rs_scratch, e->rs_scratch_elems, fb, ZDP_MEM_BUCKETS);
-    free_(e, e->pool, nb, sizeof(float *), ZDP_MEM_OTHER);
-    free_(e, e->inflight_buf, nb, sizeof(float *), ZDP_MEM_OTHER);
-    free_(e, e->inflight_event, nb, sizeof(uint64_t), ZDP_MEM_OTHER);
+    free_(e, e->pool, e->pool_cap, sizeof(float *), ZDP_MEM_OTHER);
+    free_(e, e->inflight_buf, e->pool_cap, sizeof(float *), ZDP_MEM_OTHER);
+    free_(e, e->inflight_event, e->pool_cap, sizeof(uint64_t), ZDP_MEM_OTHER);
     free_(e, e->buckets, nb, sizeof *e->buckets, ZDP_MEM_OTHER);
     free_(e, e->tensor_bucket, nt, sizeof(int), ZDP_MEM_OTHER);
     free_(e, e->bucket_pending, nb, sizeof(int), ZDP_MEM_OTHER);
@@ -705,7 +717,10 @@ static void close_window_(zdp_engine *e) {
 static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
     const int stage = e->cfg.zero.stage;
     const double t_step = now_();
-    zdp_status st = ZDP_OK;
+    /* Stage 2 with overlap_comm: the window's last reductions may still be
+     * in flight; grad_part is complete once they are done. */
+    zdp_status st = reclaim_all_(e, err);
+    if (st != ZDP_OK) return st;
     if (stage == 0) st = reduce_stage0_(e, err);
     else if (stage == 1) st = reduce_stage1_(e, err);
     if (st != ZDP_OK) return st;
