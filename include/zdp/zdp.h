@@ -136,7 +136,7 @@ typedef struct zdp_optimizer_config {
 typedef struct zdp_zero_config {
     int stage;                     /* 0, 1 or 2 (3 is rejected for now) */
     bool overlap_comm;             /* false */
-    int64_t reduce_bucket_size;    /* 5e8 elements */
+    int64_t reduce_bucket_size;    /* 262144 elements (DeepSpeed: 5e8) */
     int64_t allgather_bucket_size; /* 5e8 elements, must be even */
     bool contiguous_gradients;     /* true */
     bool reduce_scatter;           /* true */

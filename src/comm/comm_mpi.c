@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include <limits.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +75,15 @@ zdp_status zdp_dist_init(int *argc, char ***argv, zdp_error *err) {
                            thread_level_name_(provided));
     /* Return errors instead of aborting so messages can name the call. */
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    /* Open MPI's collectives allocate large temporaries on every call; with
+     * glibc's defaults those are fresh mmaps that are returned to the kernel
+     * each time, and every call pays their page faults (2-3x slower from a
+     * few MiB up, docs/benchmarks-collectives.md).  Serve them from the heap
+     * and keep it.  ZDP_KEEP_MALLOC=1 leaves malloc's settings alone. */
+    if (getenv("ZDP_KEEP_MALLOC") == NULL) {
+        mallopt(M_MMAP_THRESHOLD, 1 << 30);
+        mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    }
     /* A user's OPENBLAS_NUM_THREADS wins; otherwise share the node's cores. */
     if (getenv("OPENBLAS_NUM_THREADS") == NULL) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);

@@ -134,7 +134,7 @@ static void test_defaults(void **state) {
     assert_true(c.optimizer.bias_correction);
     assert_int_equal(c.zero.stage, 0);
     assert_false(c.zero.overlap_comm);
-    assert_int_equal(c.zero.reduce_bucket_size, 500000000);
+    assert_int_equal(c.zero.reduce_bucket_size, 262144);
     assert_int_equal(c.zero.allgather_bucket_size, 500000000);
     assert_true(c.zero.contiguous_gradients);
     assert_true(c.zero.reduce_scatter);
