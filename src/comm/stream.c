@@ -14,6 +14,7 @@ typedef struct stream_op {
 } stream_op;
 
 struct zdp_stream {
+    zdp_mem_counter *mem;
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t work;  /* signalled when an op is queued or on stop */
@@ -51,14 +52,23 @@ static void *stream_main_(void *arg) {
     return NULL;
 }
 
-zdp_status zdp_stream_create(zdp_stream **out, int depth, zdp_error *err) {
+static void stream_free_(zdp_stream *s) {
+    zdp_mem_counter *mem = s->mem;
+    zdp_free(mem, ZDP_MEM_OTHER, s->ring, (size_t)s->depth * sizeof *s->ring);
+    zdp_free(mem, ZDP_MEM_OTHER, s, sizeof *s);
+}
+
+zdp_status zdp_stream_create(zdp_stream **out, int depth, zdp_mem_counter *mem, zdp_error *err) {
     *out = NULL;
-    zdp_stream *s = calloc(1, sizeof *s);
-    if (s == NULL || depth < 1 || (s->ring = calloc((size_t)depth, sizeof *s->ring)) == NULL) {
-        free(s);
+    if (depth < 1) return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "comm stream: depth %d < 1", depth);
+    zdp_stream *s = zdp_alloc(mem, ZDP_MEM_OTHER, sizeof *s);
+    if (s == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "comm stream: out of memory");
+    s->mem = mem;
+    s->depth = depth;
+    if ((s->ring = zdp_alloc(mem, ZDP_MEM_OTHER, (size_t)depth * sizeof *s->ring)) == NULL) {
+        stream_free_(s);
         return zdp_err_set(err, ZDP_ERR_NOMEM, "comm stream: out of memory");
     }
-    s->depth = depth;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->work, NULL);
     pthread_cond_init(&s->done, NULL);
@@ -67,8 +77,7 @@ zdp_status zdp_stream_create(zdp_stream **out, int depth, zdp_error *err) {
         pthread_cond_destroy(&s->done);
         pthread_cond_destroy(&s->work);
         pthread_mutex_destroy(&s->mu);
-        free(s->ring);
-        free(s);
+        stream_free_(s);
         return zdp_err_set(err, ZDP_ERR_INTERNAL, "comm stream: cannot start its thread (%s)",
                            strerror(rc));
     }
@@ -86,8 +95,7 @@ void zdp_stream_destroy(zdp_stream *s) {
     pthread_cond_destroy(&s->done);
     pthread_cond_destroy(&s->work);
     pthread_mutex_destroy(&s->mu);
-    free(s->ring);
-    free(s);
+    stream_free_(s);
 }
 
 uint64_t zdp_stream_enqueue(zdp_stream *s, zdp_stream_fn fn, const void *arg, size_t arg_size) {

@@ -27,8 +27,9 @@ typedef zdp_status (*zdp_stream_fn)(void *arg, zdp_error *err);
 
 typedef struct zdp_stream zdp_stream;
 
-/* Starts the thread.  depth: operations that may wait in the queue. */
-zdp_status zdp_stream_create(zdp_stream **out, int depth, zdp_error *err);
+/* Starts the thread.  depth: operations that may wait in the queue.  The
+ * stream's memory is counted in *mem (ZDP_MEM_OTHER) when mem is not NULL. */
+zdp_status zdp_stream_create(zdp_stream **out, int depth, zdp_mem_counter *mem, zdp_error *err);
 /* Runs what is queued, then stops and joins the thread; NULL is a no-op. */
 void zdp_stream_destroy(zdp_stream *s);
 

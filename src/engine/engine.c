@@ -520,7 +520,7 @@ zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model, zdp_
     const int stage = cfg->zero.stage;
     const int nt = model->n_params;
 
-    if ((st = zdp_layout_init(&e->lay, model->params, nt, world, err)) != ZDP_OK) goto fail;
+    if ((st = zdp_layout_init(&e->lay, model->params, nt, world, &e->mem, err)) != ZDP_OK) goto fail;
     if (e->lay.padded > INT32_MAX) {
         st = zdp_err_set(err, ZDP_ERR_UNSUPPORTED,
                          "model: %lld parameters (padded): zdp's MPI path supports up to %d "
@@ -552,7 +552,7 @@ zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model, zdp_
     if ((st = zdp_optim_init(&e->optim, &cfg->optimizer, opt_n, &e->mem, err))) goto fail;
     /* Deep enough for every bucket of one backward plus the step's work. */
     int depth = e->n_buckets + e->pool_cap + 8;
-    if ((st = zdp_stream_create(&e->stream, depth, err)) != ZDP_OK) goto fail;
+    if ((st = zdp_stream_create(&e->stream, depth, &e->mem, err)) != ZDP_OK) goto fail;
 
     if (e->rank == 0) log_memory_report_(e);
     *out = e;
@@ -594,6 +594,12 @@ void zdp_engine_destroy(zdp_engine *e) {
     free_(e, e->param_ptrs, nt, sizeof(float *), ZDP_MEM_OTHER);
     free_(e, e->sink.state, nt, 1, ZDP_MEM_OTHER);
     zdp_layout_free(&e->lay);
+    /* Every counted byte must have come back: the report would lie otherwise. */
+    for (int c = 0; c < ZDP_MEM_NCATEGORIES; c++)
+        if (e->mem.bytes[c] != 0)
+            zdp_log(1, "internal: memory accounting is off by %lld bytes in category %d at "
+                       "destroy (a bug in zdp)",
+                    (long long)e->mem.bytes[c], c);
     free(e);
 }
 

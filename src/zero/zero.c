@@ -6,14 +6,14 @@
 #include <stdlib.h>
 
 zdp_status zdp_layout_init(zdp_layout *lay, const zdp_param_info *params, int n_params,
-                           int world_size, zdp_error *err) {
-    *lay = (zdp_layout){.world_size = world_size, .n_tensors = n_params};
+                           int world_size, zdp_mem_counter *mem, zdp_error *err) {
+    *lay = (zdp_layout){.world_size = world_size, .n_tensors = n_params, .mem = mem};
     if (n_params <= 0)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
                            "model: n_params = %d: a model needs at least one parameter tensor",
                            n_params);
-    lay->offsets = calloc((size_t)n_params, sizeof *lay->offsets);
-    lay->numels = calloc((size_t)n_params, sizeof *lay->numels);
+    lay->offsets = zdp_alloc(mem, ZDP_MEM_OTHER, (size_t)n_params * sizeof *lay->offsets);
+    lay->numels = zdp_alloc(mem, ZDP_MEM_OTHER, (size_t)n_params * sizeof *lay->numels);
     if (lay->offsets == NULL || lay->numels == NULL) {
         zdp_layout_free(lay);
         return zdp_err_set(err, ZDP_ERR_NOMEM, "layout: out of memory");
@@ -49,8 +49,9 @@ zdp_status zdp_layout_init(zdp_layout *lay, const zdp_param_info *params, int n_
 }
 
 void zdp_layout_free(zdp_layout *lay) {
-    free(lay->offsets);
-    free(lay->numels);
+    size_t bytes = (size_t)lay->n_tensors * sizeof(int64_t);
+    zdp_free(lay->mem, ZDP_MEM_OTHER, lay->offsets, bytes);
+    zdp_free(lay->mem, ZDP_MEM_OTHER, lay->numels, bytes);
     lay->offsets = lay->numels = NULL;
 }
 

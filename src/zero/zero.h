@@ -23,10 +23,12 @@ typedef struct zdp_layout {
     int64_t numel;    /* sum of numels */
     int64_t padded;   /* numel rounded up to a multiple of 2*W */
     int64_t part;     /* P = padded / W */
+    zdp_mem_counter *mem; /* where the two arrays are counted (may be NULL) */
 } zdp_layout;
 
+/* The arrays are counted in *mem (ZDP_MEM_OTHER) when mem is not NULL. */
 zdp_status zdp_layout_init(zdp_layout *lay, const zdp_param_info *params, int n_params,
-                           int world_size, zdp_error *err);
+                           int world_size, zdp_mem_counter *mem, zdp_error *err);
 void zdp_layout_free(zdp_layout *lay);
 
 /* Elements of the flat range [lo, hi) that rank r owns. */

@@ -755,5 +755,6 @@ int main(int argc, char **argv) {
 
 void quiet_log_(int level, const char *msg, void *user) {
     (void)user;
+    if (strstr(msg, "memory accounting") != NULL) CHECK_FAIL_("%s", msg);
     if (level > 0) fprintf(stderr, "[rank %d] warning: %s\n", R, msg);
 }

@@ -90,7 +90,7 @@ static void test_layout_table(void **s) {
     const int64_t padded[5] = {0, 40, 40, 42, 40}, part[5] = {0, 40, 20, 14, 10};
     for (int w = 1; w <= 4; w++) {
         zdp_layout lay;
-        assert_int_equal(zdp_layout_init(&lay, p, 4, w, NULL), ZDP_OK);
+        assert_int_equal(zdp_layout_init(&lay, p, 4, w, NULL, NULL), ZDP_OK);
         assert_int_equal(lay.numel, 40);
         assert_int_equal(lay.padded, padded[w]);
         assert_int_equal(lay.part, part[w]);
@@ -101,7 +101,7 @@ static void test_layout_table(void **s) {
     }
     /* W=3: r1 owns w0[14:16], b0, w1[0:8] = 14 elements; r2 owns 12 real + 2 pad. */
     zdp_layout lay;
-    assert_int_equal(zdp_layout_init(&lay, p, 4, 3, NULL), ZDP_OK);
+    assert_int_equal(zdp_layout_init(&lay, p, 4, 3, NULL, NULL), ZDP_OK);
     assert_int_equal(zdp_layout_owned(&lay, 1, 0, 40), 14);
     assert_int_equal(zdp_layout_owned(&lay, 2, 0, 40), 12);
     assert_int_equal(zdp_layout_owned(&lay, 1, 14, 16), 2); /* w0's straddling tail */
@@ -115,7 +115,7 @@ static void test_bucket_plan(void **s) {
         {.name = "w1", .ndim = 2, .shape = {4, 4}}, {.name = "b1", .ndim = 1, .shape = {4}},
     };
     zdp_layout lay;
-    assert_int_equal(zdp_layout_init(&lay, p, 4, 2, NULL), ZDP_OK);
+    assert_int_equal(zdp_layout_init(&lay, p, 4, 2, NULL, NULL), ZDP_OK);
     zdp_bucket *b;
     int nb, *tb;
     /* cap 20: [w1 b1] and [w0 b0], last tensors first. */

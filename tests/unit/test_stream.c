@@ -50,8 +50,9 @@ static void test_fifo_order_and_events(void **state) {
     (void)state;
     static log_ l;
     memset(&l, 0, sizeof l);
+    zdp_mem_counter mem = {0};
     zdp_stream *s;
-    assert_int_equal(zdp_stream_create(&s, 4, NULL), ZDP_OK);
+    assert_int_equal(zdp_stream_create(&s, 4, &mem, NULL), ZDP_OK);
     uint64_t ev[100];
     /* More operations than the queue holds: enqueue blocks, never drops. */
     for (int i = 0; i < 100; i++) ev[i] = push_(s, &l, i, 0, i % 10 == 0 ? 200 : 0);
@@ -73,9 +74,10 @@ static void test_first_error_sticks(void **state) {
     (void)state;
     static log_ l;
     memset(&l, 0, sizeof l);
+    zdp_mem_counter mem = {0};
     zdp_stream *s;
     zdp_error err;
-    assert_int_equal(zdp_stream_create(&s, 8, NULL), ZDP_OK);
+    assert_int_equal(zdp_stream_create(&s, 8, &mem, NULL), ZDP_OK);
     uint64_t a = push_(s, &l, 0, 0, 0);
     uint64_t b = push_(s, &l, 1, 1, 0);
     uint64_t c = push_(s, &l, 2, 1, 0);
@@ -94,10 +96,13 @@ static void test_destroy_drains(void **state) {
     (void)state;
     static log_ l;
     memset(&l, 0, sizeof l);
+    zdp_mem_counter mem = {0};
     zdp_stream *s;
-    assert_int_equal(zdp_stream_create(&s, 16, NULL), ZDP_OK);
+    assert_int_equal(zdp_stream_create(&s, 16, &mem, NULL), ZDP_OK);
     for (int i = 0; i < 10; i++) push_(s, &l, i, 0, 500);
+    assert_true(mem.bytes[ZDP_MEM_OTHER] > 0);
     zdp_stream_destroy(s);
+    assert_int_equal(mem.bytes[ZDP_MEM_OTHER], 0); /* everything counted came back */
     assert_int_equal(l.n, 10);
     zdp_stream_destroy(NULL);
 }
