@@ -384,6 +384,57 @@ ZDP_API void zdp_mlp_destroy(zdp_model *model);
 ZDP_API void zdp_mlp_init_params(const zdp_model *model, float *const *params,
                                  uint64_t seed);
 
+/* ---- GPT-2 ---------------------------------------------------------------- */
+
+/* The GPT-2 family: token + learned position embeddings, n_layer pre-LayerNorm
+ * blocks (causal self-attention with a fused qkv projection, MLP with 4C
+ * hidden and tanh-approximated GELU), final LayerNorm, lm_head tied to the
+ * token embedding, mean cross-entropy over every position.
+ *
+ * Parameters, in registration order, with Hugging Face GPT2LMHeadModel names
+ * and layouts (Conv1D weights are [in, out]: y = x @ W + b), so that a
+ * safetensors file of GPT2LMHeadModel copies in tensor by tensor:
+ *   transformer.wte.weight [V, C]       transformer.wpe.weight [T, C]
+ *   per layer i, prefix transformer.h.{i}.:
+ *     ln_1.weight [C], ln_1.bias [C], attn.c_attn.weight [C, 3C], attn.c_attn.bias [3C],
+ *     attn.c_proj.weight [C, C], attn.c_proj.bias [C], ln_2.weight [C], ln_2.bias [C],
+ *     mlp.c_fc.weight [C, 4C], mlp.c_fc.bias [4C], mlp.c_proj.weight [4C, C],
+ *     mlp.c_proj.bias [C]
+ *   transformer.ln_f.weight [C], transformer.ln_f.bias [C]
+ * (2 + 12 * n_layer + 2 tensors; no lm_head.weight: it is wte.) */
+typedef struct zdp_gpt_config {
+    int n_layer;    /* L, e.g. 12 */
+    int n_head;     /* NH, divides n_embd */
+    int n_embd;     /* C, e.g. 768 */
+    int vocab_size; /* V, e.g. 50257; 256 for bytes */
+    int block_size; /* maximum sequence length T, e.g. 1024 */
+} zdp_gpt_config;
+
+/* One micro-batch: B sequences of T tokens (T <= block_size). */
+typedef struct zdp_gpt_batch {
+    const int32_t *inputs;  /* (B, T) token ids in [0, V) */
+    const int32_t *targets; /* (B, T) next-token ids in [0, V) */
+    int B, T;
+} zdp_gpt_batch;
+
+/* Creates the model (its zdp_model interface in *out), with activation
+ * memory for micro-batches of up to max_batch sequences of block_size
+ * tokens.  Errors name the bad field (n_head must divide n_embd, ...). */
+ZDP_API zdp_status zdp_gpt_create(const zdp_gpt_config *cfg, int max_batch, zdp_model *out,
+                                  zdp_error *err);
+ZDP_API void zdp_gpt_destroy(zdp_model *model);
+ZDP_API const zdp_gpt_config *zdp_gpt_config_of(const zdp_model *model);
+/* GPT-2's initialisation, seeded: weights N(0, 0.02), the two residual
+ * projections (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L)), biases 0,
+ * LayerNorm weights 1. */
+ZDP_API void zdp_gpt_init_params(const zdp_model *model, float *const *params, uint64_t seed);
+/* Inference for sampling: logits (V floats) of the last position of
+ * tokens[0..T) (1 <= T <= block_size).  Uses the model's activation memory,
+ * so not concurrently with training calls. */
+ZDP_API zdp_status zdp_gpt_next_logits(const zdp_model *model, const float *const *params,
+                                       const int32_t *tokens, int T, float *logits,
+                                       zdp_error *err);
+
 /* ---- safetensors -------------------------------------------------------- */
 
 typedef enum zdp_dtype {
