@@ -133,6 +133,31 @@ typedef struct zdp_optimizer_config {
     bool nesterov;        /* SGD: false */
 } zdp_optimizer_config;
 
+typedef enum zdp_scheduler_type {
+    ZDP_SCHEDULER_NONE,            /* constant optimizer.params.lr */
+    ZDP_SCHEDULER_WARMUP_LR,       /* "WarmupLR" */
+    ZDP_SCHEDULER_WARMUP_DECAY_LR, /* "WarmupDecayLR" */
+    ZDP_SCHEDULER_WARMUP_COSINE_LR /* "WarmupCosineLR" */
+} zdp_scheduler_type;
+
+/* DeepSpeed's scheduler block, SEMANTICS.md 6.6 (docs/config.md). */
+typedef struct zdp_scheduler_config {
+    zdp_scheduler_type type;
+    double warmup_min_lr;     /* WarmupLR/WarmupDecayLR: 0 */
+    double warmup_max_lr;     /* WarmupLR: the optimizer's lr; WarmupDecayLR: 0.001 */
+    int64_t warmup_num_steps; /* 1000 */
+    bool warmup_linear;       /* warmup_type "linear"; default "log" */
+    int64_t total_num_steps;  /* WarmupDecayLR/WarmupCosineLR: required */
+    double warmup_min_ratio;  /* WarmupCosineLR: 0 */
+    double cos_min_ratio;     /* WarmupCosineLR: 0.0001 */
+} zdp_scheduler_config;
+
+/* The learning rate at the scheduler's internal iteration n (n = -1 before
+ * the first applied update; DeepSpeed steps the scheduler after each applied
+ * update, so the k-th applied update uses n = k - 2).  base_lr is the
+ * optimizer's lr.  ZDP_SCHEDULER_NONE returns base_lr. */
+ZDP_API double zdp_scheduler_lr(const zdp_scheduler_config *s, double base_lr, int64_t n);
+
 typedef struct zdp_zero_config {
     int stage;                     /* 0, 1 or 2 (3 is rejected for now) */
     bool overlap_comm;             /* false */
@@ -154,6 +179,7 @@ typedef struct zdp_config {
     double gradient_clipping;          /* 1.0 (DeepSpeed's default); 0 = off */
     bool zero_allow_untested_optimizer; /* false */
     zdp_optimizer_config optimizer;
+    zdp_scheduler_config scheduler; /* type NONE when the block is absent */
     zdp_zero_config zero;
     /* Sections zdp records only to reject them. */
     bool has_pipeline;  /* a "pipeline" block is present */
@@ -301,6 +327,10 @@ ZDP_API zdp_status zdp_engine_set_gradient_accumulation_boundary(zdp_engine *eng
 ZDP_API zdp_status zdp_engine_coalesce_grad_reduction(zdp_engine *eng, zdp_error *err);
 
 ZDP_API bool zdp_engine_was_step_applied(const zdp_engine *eng);
+/* The learning rate the next applied update will use (the scheduler's
+ * current value), and the one the last applied update used (-1 before). */
+ZDP_API double zdp_engine_lr(const zdp_engine *eng);
+ZDP_API double zdp_engine_last_lr(const zdp_engine *eng);
 ZDP_API int64_t zdp_engine_global_steps(const zdp_engine *eng);
 ZDP_API int64_t zdp_engine_global_samples(const zdp_engine *eng);
 ZDP_API int64_t zdp_engine_micro_steps(const zdp_engine *eng);

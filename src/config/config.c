@@ -193,6 +193,7 @@ static const key_spec top_keys_[] = {
     K_BOOL_("zero_allow_untested_optimizer",
             offsetof(zdp_config, zero_allow_untested_optimizer)),
     K_CUSTOM_("optimizer"),
+    K_CUSTOM_("scheduler"),
     K_CUSTOM_("zero_optimization"),
     K_CUSTOM_("pipeline"),
     K_CUSTOM_("amp"),
@@ -201,7 +202,6 @@ static const key_spec top_keys_[] = {
     K_CUSTOM_("bfloat16"),
     /* DeepSpeed keys that would change the numbers if zdp honoured them: the
      * warning names them as unused, so nobody trains believing they apply. */
-    K_UNUSED_("scheduler"),
     K_UNUSED_("prescale_gradients"),
     K_UNUSED_("gradient_predivide_factor"),
     K_UNUSED_("communication_data_type"),
@@ -284,6 +284,28 @@ static const key_spec adam_param_keys_[] = {
     K_BOOL_("torch_adam", NO_FIELD_), /* which Python class; same math */
     K_CUSTOM_("amsgrad"),
     K_CUSTOM_("max_grad_norm"),
+};
+
+static const key_spec scheduler_keys_[] = {
+    K_CUSTOM_("type"),
+    K_CUSTOM_("params"),
+};
+
+/* One table for the three schedules' params; keys a schedule does not take
+ * are reported by parse_scheduler_. */
+#define SCHED_(f) offsetof(zdp_scheduler_config, f)
+static const key_spec scheduler_param_keys_[] = {
+    K_NUM_("warmup_min_lr", SCHED_(warmup_min_lr), 0, DBL_MAX),
+    K_NUM_("warmup_max_lr", SCHED_(warmup_max_lr), 0, DBL_MAX),
+    K_INT_("warmup_num_steps", SCHED_(warmup_num_steps), 1,
+           "write the number of warm-up steps, an integer >= 1"),
+    K_CUSTOM_("warmup_type"),
+    K_INT_("total_num_steps", SCHED_(total_num_steps), 1,
+           "write the total number of optimizer steps of the run, an integer >= 1"),
+    K_NUM_("warmup_min_ratio", SCHED_(warmup_min_ratio), 0, 1),
+    K_NUM_("cos_min_ratio", SCHED_(cos_min_ratio), 0, 1),
+    /* Where a resumed schedule starts: the checkpoint issue will restore it. */
+    K_UNUSED_("last_batch_iteration"),
 };
 
 static const key_spec sgd_param_keys_[] = {
@@ -697,6 +719,108 @@ static zdp_status parse_enabled_(parse_ctx *ctx, const json_t *v, const char *pa
     return read_bool_(ctx, p, e, out);
 }
 
+/* DeepSpeed's scheduler block (SEMANTICS 6.5-6.6).  base_lr: the
+ * optimizer's lr, WarmupLR's default peak. */
+static zdp_status parse_scheduler_(parse_ctx *ctx, const json_t *v, double base_lr,
+                                   zdp_scheduler_config *s) {
+    if (!json_is_object(v))
+        return fail_value_(ctx, ZDP_ERR_CONFIG, "scheduler", v,
+                           "expected an object, got %s; fix: write \"scheduler\": {\"type\": "
+                           "\"WarmupLR\", \"params\": {...}}", json_kind_(v));
+    zdp_status st = parse_block_(ctx, v, "scheduler", scheduler_keys_, COUNT_(scheduler_keys_), NULL);
+    if (st != ZDP_OK) return st;
+    const json_t *t = json_object_get(v, "type");
+    if (t == NULL || !json_is_string(t))
+        return t == NULL ? zdp_err_set(ctx->err, ZDP_ERR_CONFIG,
+                                       "scheduler.type: missing; add \"type\": \"WarmupLR\" (or "
+                                       "\"WarmupDecayLR\", \"WarmupCosineLR\")")
+                         : fail_value_(ctx, ZDP_ERR_CONFIG, "scheduler.type", t,
+                                       "expected a string, got %s; fix: write \"type\": "
+                                       "\"WarmupLR\"", json_kind_(t));
+    const char *name = json_string_value(t);
+    /* Case-sensitive, as DeepSpeed looks the name up. */
+    if (strcmp(name, "WarmupLR") == 0) {
+        s->type = ZDP_SCHEDULER_WARMUP_LR;
+    } else if (strcmp(name, "WarmupDecayLR") == 0) {
+        s->type = ZDP_SCHEDULER_WARMUP_DECAY_LR;
+    } else if (strcmp(name, "WarmupCosineLR") == 0) {
+        s->type = ZDP_SCHEDULER_WARMUP_COSINE_LR;
+    } else if (strcmp(name, "OneCycle") == 0 || strcmp(name, "LRRangeTest") == 0) {
+        return fail_value_(ctx, ZDP_ERR_UNSUPPORTED, "scheduler.type", t,
+                           "a DeepSpeed scheduler that is not implemented in zdp yet; use "
+                           "\"WarmupLR\", \"WarmupDecayLR\" or \"WarmupCosineLR\"");
+    } else {
+        static const char *const known[] = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"};
+        const char *near = closest_(name, known, COUNT_(known));
+        char hint[64] = "";
+        if (near != NULL) snprintf(hint, sizeof hint, "did you mean \"%s\"? ", near);
+        return fail_value_(ctx, ZDP_ERR_CONFIG, "scheduler.type", t,
+                           "DeepSpeed does not recognize LR scheduler %s; fix: %suse "
+                           "\"WarmupLR\", \"WarmupDecayLR\" or \"WarmupCosineLR\" (names are "
+                           "case-sensitive; torch.optim.lr_scheduler classes are not "
+                           "implemented in zdp)", name, hint);
+    }
+    const json_t *params = json_object_get(v, "params");
+    if (params == NULL)
+        return zdp_err_set(ctx->err, ZDP_ERR_CONFIG,
+                           "scheduler.params: missing (DeepSpeed fails to build the scheduler "
+                           "without it); fix: add \"params\": {} to take the defaults%s",
+                           s->type == ZDP_SCHEDULER_WARMUP_LR ? "" : ", with \"total_num_steps\"");
+    if (!json_is_object(params))
+        return fail_value_(ctx, ZDP_ERR_CONFIG, "scheduler.params", params,
+                           "expected an object, got %s", json_kind_(params));
+    /* Defaults; a NaN peak means "the optimizer's lr" (WarmupLR). */
+    s->warmup_min_lr = 0.0;
+    s->warmup_max_lr = s->type == ZDP_SCHEDULER_WARMUP_LR ? NAN : 0.001;
+    s->warmup_num_steps = 1000;
+    s->warmup_linear = false;
+    s->total_num_steps = 0;
+    s->warmup_min_ratio = 0.0;
+    s->cos_min_ratio = 0.0001;
+    st = parse_block_(ctx, params, "scheduler.params", scheduler_param_keys_,
+                      COUNT_(scheduler_param_keys_), s);
+    if (st != ZDP_OK) return st;
+    /* Keys of another schedule: listed with the unknown ones. */
+    const bool cosine = s->type == ZDP_SCHEDULER_WARMUP_COSINE_LR;
+    const char *key;
+    json_t *val;
+    json_object_foreach((json_t *)params, key, val) {
+        bool foreign = cosine ? (!strcmp(key, "warmup_min_lr") || !strcmp(key, "warmup_max_lr"))
+                              : (!strcmp(key, "warmup_min_ratio") || !strcmp(key, "cos_min_ratio"));
+        if (s->type == ZDP_SCHEDULER_WARMUP_LR && !strcmp(key, "total_num_steps")) foreign = true;
+        if (foreign) {
+            char path[PATH_MAX_];
+            path_join_(path, "scheduler.params", key);
+            unknown_add_(ctx, path, "not a parameter of this scheduler type");
+        }
+    }
+    if (isnan(s->warmup_max_lr)) s->warmup_max_lr = base_lr;
+    const json_t *wt = json_object_get(params, "warmup_type");
+    if (wt != NULL) {
+        if (!json_is_string(wt))
+            return fail_value_(ctx, ZDP_ERR_CONFIG, "scheduler.params.warmup_type", wt,
+                               "expected \"log\" or \"linear\"");
+        if (strcmp(json_string_value(wt), "linear") == 0) {
+            s->warmup_linear = true;
+        } else if (strcmp(json_string_value(wt), "log") != 0) {
+            /* DeepSpeed warns and falls back to log. */
+            char path[] = "scheduler.params.warmup_type";
+            unknown_add_(ctx, path, "unknown value, using \"log\" as DeepSpeed does");
+        }
+    }
+    if (s->type != ZDP_SCHEDULER_WARMUP_LR && json_object_get(params, "total_num_steps") == NULL)
+        return zdp_err_set(ctx->err, ZDP_ERR_CONFIG,
+                           "scheduler.params.total_num_steps: missing; %s needs it (the step "
+                           "where the decay ends); fix: add \"total_num_steps\": N",
+                           name);
+    if (s->type != ZDP_SCHEDULER_WARMUP_LR && s->total_num_steps < s->warmup_num_steps &&
+        zdp_dist_rank() == 0)
+        zdp_log(1, "%s: scheduler.params.total_num_steps = %lld is less than warmup_num_steps = "
+                   "%lld (DeepSpeed only warns too)",
+                ctx->origin, (long long)s->total_num_steps, (long long)s->warmup_num_steps);
+    return ZDP_OK;
+}
+
 static zdp_status parse_document_(parse_ctx *ctx, const json_t *root, zdp_config *cfg) {
     zdp_status st = parse_block_(ctx, root, "", top_keys_, COUNT_(top_keys_), cfg);
     if (st != ZDP_OK) return st;
@@ -706,6 +830,9 @@ static zdp_status parse_document_(parse_ctx *ctx, const json_t *root, zdp_config
         (st = parse_zero_(ctx, v, &cfg->zero)) != ZDP_OK)
         return st;
     if ((st = parse_optimizer_(ctx, json_object_get(root, "optimizer"), &cfg->optimizer)) != ZDP_OK)
+        return st;
+    if ((v = json_object_get(root, "scheduler")) != NULL &&
+        (st = parse_scheduler_(ctx, v, cfg->optimizer.lr, &cfg->scheduler)) != ZDP_OK)
         return st;
 
     if ((v = json_object_get(root, "fp16")) != NULL &&

@@ -104,6 +104,8 @@ struct zdp_engine {
     bool step_applied, running_step, have_forward;
     int boundary_override;    /* -1 unset, else 0/1 (sticky, managed only) */
     double last_grad_norm;
+    int64_t sched_iter;       /* the LR scheduler's n: -1, +1 per applied update */
+    double last_lr;           /* lr of the last applied update, -1 before */
 };
 
 /* ---- grad sink ---------------------------------------------------------- */
@@ -516,6 +518,8 @@ zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model, zdp_
     e->world = world;
     e->boundary_override = -1;
     e->last_grad_norm = -1.0;
+    e->sched_iter = -1;
+    e->last_lr = -1.0;
     e->ring_reduce_scatter = use_ring_();
     const int stage = cfg->zero.stage;
     const int nt = model->n_params;
@@ -749,16 +753,21 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
             double c = (norm + 1e-6) / clip;
             if (c > 1.0) scale = (float)(1.0 / c);
         }
+        /* DeepSpeed steps the scheduler after each applied update, so this
+         * update uses lr(n) and the next one lr(n + 1). */
+        const double lr = zdp_engine_lr(e);
         double t_opt = now_();
         if (stage == 0) {
-            zdp_optim_step(&e->optim, e->params, e->grads, scale, e->cfg.optimizer.lr);
+            zdp_optim_step(&e->optim, e->params, e->grads, scale, lr);
         } else {
-            zdp_optim_step(&e->optim, e->params + plo, e->grad_part, scale, e->cfg.optimizer.lr);
+            zdp_optim_step(&e->optim, e->params + plo, e->grad_part, scale, lr);
             /* The padding at the end of the last partition must stay zero. */
             memset(e->params + e->lay.numel, 0,
                    (size_t)(e->lay.padded - e->lay.numel) * sizeof(float));
         }
         e->timing_window.optimizer_s += now_() - t_opt;
+        e->last_lr = lr;
+        e->sched_iter++;
         if (stage >= 1 && e->world > 1 &&
             (st = run_sync_(e, OP_ALLGATHER_PARAMS, NULL, err)) != ZDP_OK)
             return st;
@@ -785,8 +794,8 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
                     (long long)e->global_steps, norm, (long long)e->skipped_steps);
         if (e->cfg.steps_per_print > 0 && e->global_steps % e->cfg.steps_per_print == 0)
             zdp_log(0, "step=%lld, skipped=%lld, lr=[%g], grad_norm=%g, global_samples=%lld",
-                    (long long)e->global_steps, (long long)e->skipped_steps, e->cfg.optimizer.lr,
-                    norm, (long long)e->global_samples);
+                    (long long)e->global_steps, (long long)e->skipped_steps, e->last_lr, norm,
+                    (long long)e->global_samples);
     }
     return ZDP_OK;
 }
@@ -840,6 +849,10 @@ zdp_status zdp_engine_coalesce_grad_reduction(zdp_engine *e, zdp_error *err) {
 /* ---- accessors -------------------------------------------------------------- */
 
 bool zdp_engine_was_step_applied(const zdp_engine *e) { return e->step_applied; }
+double zdp_engine_lr(const zdp_engine *e) {
+    return zdp_scheduler_lr(&e->cfg.scheduler, e->cfg.optimizer.lr, e->sched_iter);
+}
+double zdp_engine_last_lr(const zdp_engine *e) { return e->last_lr; }
 int64_t zdp_engine_global_steps(const zdp_engine *e) { return e->global_steps; }
 int64_t zdp_engine_global_samples(const zdp_engine *e) { return e->global_samples; }
 int64_t zdp_engine_micro_steps(const zdp_engine *e) { return e->micro_steps; }

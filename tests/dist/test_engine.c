@@ -490,6 +490,46 @@ static void test_nonfinite_skips_everywhere(int stage, bool managed, float poiso
     run_free_(&ref);
 }
 
+/* The schedule advances once per applied update (the k-th uses lr(k-2)),
+ * never on a skipped step; an update with lr 0 leaves the parameters. */
+static void test_scheduler_cadence(int stage) {
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": 1, "
+             "\"managed_gradient_accumulation\": false, "
+             "\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 1}}, "
+             "\"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_min_lr\": 0, "
+             "\"warmup_max_lr\": 0.01, \"warmup_num_steps\": 4, \"warmup_type\": \"linear\"}}, "
+             "\"zero_optimization\": {\"stage\": %d}}", stage);
+    run rn;
+    run_init_(&rn, json, 4, 2, 1, 42);
+    data d = data_make_(4, 8 * W, 61);
+    if (R == 0) d.x[(3 * W) * 4] = NAN; /* global micro-batch 3: the 4th step is skipped */
+    /* SEMANTICS 6.6's worked example: the lr of applied updates 1, 2, ... */
+    const double lrs[6] = {0, 0, 0.0025, 0.005, 0.0075, 0.01};
+    int applied = 0;
+    for (int s = 0; s < 7; s++) {
+        CHECK(fabs(zdp_engine_lr(rn.eng) - lrs[applied]) < 1e-12);
+        float *before = params_copy_(&rn);
+        zdp_mlp_batch b = batch_(&d, s, 1);
+        fwd_(&rn, &b);
+        CHECK_OK(zdp_engine_backward(rn.eng, false, 1.0f, &e_));
+        CHECK_OK(zdp_engine_step(rn.eng, &e_));
+        float *after = params_copy_(&rn);
+        bool same = memcmp(before, after, (size_t)zdp_engine_numel(rn.eng) * sizeof(float)) == 0;
+        CHECK(zdp_engine_was_step_applied(rn.eng) == (s != 3));
+        if (s != 3) {
+            CHECK(same == (lrs[applied] == 0.0)); /* lr 0 moves nothing */
+            applied++;
+        }
+        CHECK(fabs(zdp_engine_last_lr(rn.eng) - (applied > 0 ? lrs[applied - 1] : -1)) < 1e-12);
+        free(before);
+        free(after);
+    }
+    data_free_(&d);
+    run_free_(&rn);
+}
+
 /* ---- layout, memory, grad norm -------------------------------------------------- */
 
 static void test_partition_layout(void) {
@@ -729,6 +769,7 @@ int main(int argc, char **argv) {
         test_call_time_rejections(stage), n++;
         test_grad_norm_is_global(stage), n++;
         test_averaging_invariance(stage, true), n++;
+        test_scheduler_cadence(stage), n++;
         test_averaging_invariance(stage, false), n++;
         for (int managed = 0; managed < 2; managed++) {
             test_nonfinite_skips_everywhere(stage, managed, NAN), n++;
