@@ -464,12 +464,12 @@ static void test_numerics_keys_zdp_ignores_are_warned(void **state) {
     (void)state;
     zdp_config c;
     EXPECT_OK("{\"train_batch_size\": 8, " OPT_ADAM ","
-              " \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {}}, \"prescale_gradients\": false,"
+              " \"prescale_gradients\": false,"
               " \"gradient_predivide_factor\": 1.0, \"communication_data_type\": \"fp32\","
               " \"checkpoint\": {}, \"data_types\": {}, \"seed\": 42}",
               1, &c);
     assert_int_equal(g_log.n_warn, 1);
-    const char *names[] = {"scheduler", "prescale_gradients", "gradient_predivide_factor",
+    const char *names[] = {"prescale_gradients", "gradient_predivide_factor",
                            "communication_data_type", "checkpoint", "data_types", "seed"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         assert_non_null(strstr(g_log.text, names[i]));
