@@ -465,6 +465,191 @@ ZDP_API zdp_status zdp_gpt_next_logits(const zdp_model *model, const float *cons
                                        const int32_t *tokens, int T, float *logits,
                                        zdp_error *err);
 
+/* ---- GPT-2 weight files ---------------------------------------------------- */
+
+/* Loads GPT-2 weights from `path` into the model's parameter views: dst[i]
+ * (shape params[i], the list zdp_gpt_create registers for *cfg, in any
+ * order) gets the tensor of that name.  The format is detected from the
+ * file's first bytes:
+ *
+ *   - Hugging Face safetensors (GPT2LMHeadModel's model.safetensors):
+ *     names with the "transformer." prefix or without it (the original
+ *     gpt2 files), F32, F16 or BF16 (converted to fp32).  Buffers that old
+ *     files carry, h.{i}.attn.bias and h.{i}.attn.masked_bias, are ignored.
+ *     lm_head.weight, if present, must have wte's shape and equal wte
+ *     exactly (zdp ties them); it is then skipped.  A different lm_head is
+ *     ZDP_ERR_UNSUPPORTED, because loading it would silently drop a trained,
+ *     untied head.  n_head cannot be checked (no config.json is read).
+ *     Torch.nn.Linear checkpoints (nanoGPT) use the same names with [out, in]
+ *     weights: transpose c_attn/c_proj/c_fc first.  c_attn's shape catches
+ *     this.
+ *   - llm.c model checkpoints (gpt2_124M.bin): a header of 256 int32
+ *     {20240326, version, maxT, V, L, NH, C, Vp, 0...}, version 3 (fp32) or
+ *     5 (bf16), then llm.c's 16 tensors in its order, (out, in) weights.
+ *     They are transposed into zdp's [in, out] layout, and the Vp - V padded
+ *     vocabulary rows of wte are dropped.  maxT, V, L, NH and C must equal
+ *     the config.
+ *
+ * block_size must equal the file's T (wpe rows).  Longer files are not
+ * cropped.  Every check (format, config against file, every tensor's
+ * presence, shape and dtype, tensors the model does not have) runs before
+ * the first write into dst, so a mismatch leaves dst untouched.  Only an
+ * I/O error during the copy can leave dst partly written.  Each message
+ * names the file, the tensor and both shapes, and gives the fix.  Logs one
+ * info line (format, dtype, what was ignored).
+ * Status: ZDP_ERR_IO (cannot open or read), ZDP_ERR_FORMAT (not a format
+ * listed above, truncated, corrupt, a tensor missing, a tensor the model
+ * does not have), ZDP_ERR_CONFIG (the file belongs to another
+ * configuration: V, T, C, L, NH or a shape differ), ZDP_ERR_UNSUPPORTED (a
+ * dtype other than F32/F16/BF16, an llm.c version other than 3/5, an untied
+ * lm_head), ZDP_ERR_INVALID_ARG (NULL, or params do not match *cfg), or
+ * ZDP_ERR_NOMEM.  Not collective: typically rank 0 loads into
+ * zdp_engine_param_data() views, then calls zdp_engine_sync_params(). */
+ZDP_API zdp_status zdp_gpt_weights_load(const char *path, const zdp_gpt_config *cfg,
+                                        const zdp_param_info *params, int n_params,
+                                        float *const *dst, zdp_error *err);
+
+/* Writes the n_params tensors src[i] (shape and name params[i]) to `path`
+ * as an F32 safetensors file, in the given order and atomically
+ * (zdp_safetensors_write: a temporary file, then rename).  Given the GPT
+ * model's params this is a GPT2LMHeadModel state dict without
+ * lm_head.weight, the way save_pretrained stores tied weights.  With a
+ * config.json next to it, transformers' from_pretrained loads it and
+ * zdp_gpt_weights_load reads it back.  No "__metadata__" is written (the
+ * safetensors writer has no way to write it).  Recent transformers accept
+ * that: they default to format "pt".  Status: ZDP_ERR_INVALID_ARG (NULL,
+ * n_params < 1, a bad shape), ZDP_ERR_IO, ZDP_ERR_NOMEM. */
+ZDP_API zdp_status zdp_gpt_weights_save(const char *path, const zdp_param_info *params,
+                                        int n_params, const float *const *src,
+                                        zdp_error *err);
+
+/* ---- token data ------------------------------------------------------------ */
+
+/* Token files.  Tokens are int32 in memory, 4 bytes each.
+ *   ZDP_TOKENS_SHARD: an llm.c token shard (fineweb_train_000001.bin): a
+ *     header of 256 little-endian int32 {20240520, 1, n_tokens, 0...},
+ *     then n_tokens little-endian uint16 tokens.  The file length must be
+ *     exactly 1024 + 2 * n_tokens bytes.
+ *   ZDP_TOKENS_BYTES: any file, one token per byte (0..255, vocab 256),
+ *     so a text file trains a byte-level model. */
+typedef enum zdp_token_format {
+    ZDP_TOKENS_SHARD,
+    ZDP_TOKENS_BYTES,
+} zdp_token_format;
+
+/* Reads a whole token file into a new array: *tokens (free it with
+ * zdp_tokens_free) and *n_tokens.  A shard's header is checked (magic,
+ * version, token count against the file length), and errors give the file
+ * and both numbers.  Status: ZDP_ERR_IO, ZDP_ERR_FORMAT (bad or truncated
+ * shard, an empty file), ZDP_ERR_INVALID_ARG, ZDP_ERR_NOMEM.  On error
+ * *tokens is NULL and *n_tokens is 0. */
+ZDP_API zdp_status zdp_tokens_read(const char *path, zdp_token_format format,
+                                   int32_t **tokens /* OUT */, int64_t *n_tokens /* OUT */,
+                                   zdp_error *err);
+/* Writes tokens[0..n) as an llm.c token shard (version 1), atomically (a
+ * temporary file, then rename).  Tokens must be in [0, 65535], and n in
+ * [0, INT32_MAX] (the header field is an int32).  Status: ZDP_ERR_INVALID_ARG
+ * (names the first bad token and its index), ZDP_ERR_IO, ZDP_ERR_NOMEM. */
+ZDP_API zdp_status zdp_tokens_write_shard(const char *path, const int32_t *tokens,
+                                          int64_t n, zdp_error *err);
+/* Frees an array from zdp_tokens_read / zdp_corpus_arith; NULL is a no-op. */
+ZDP_API void zdp_tokens_free(int32_t *tokens);
+
+/* The default corpus, generated by zdp without downloading anything: n_lines
+ * lines of addition, "a+b=c\n", as byte tokens (vocab 256).  a and b are
+ * decimal numbers without leading zeros, uniform in [0, max_operand], and
+ * c = a + b.  A model that learns the task shows it as the accuracy of the
+ * digits it decodes greedily after '=', up to '\n'.
+ * Exact generator, so another program (Python) can reproduce it: splitmix64
+ * with state = seed.  Each call adds 0x9E3779B97F4A7C15 to the state (mod
+ * 2^64), then z = state; z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9;
+ * z = (z ^ (z >> 27)) * 0x94D049BB133111EB; returns z ^ (z >> 31).  For
+ * each line, a = next() % (max_operand + 1), then b likewise.  Same seed,
+ * same bytes, on every machine.  Save the corpus with
+ * zdp_tokens_write_shard to share it with a PyTorch script.
+ * Status: ZDP_ERR_INVALID_ARG (n_lines < 1, max_operand outside
+ * [0, 1000000000]), ZDP_ERR_NOMEM.  Free *tokens with zdp_tokens_free. */
+ZDP_API zdp_status zdp_corpus_arith(uint64_t seed, int64_t n_lines, int64_t max_operand,
+                                    int32_t **tokens /* OUT */, int64_t *n_tokens /* OUT */,
+                                    zdp_error *err);
+
+/* A dataset: a token array split into a train part and a val part, read as
+ * windows of T+1 tokens.
+ *
+ * Split: n_val = floor(n_tokens * val_fraction) tokens.  The val split is
+ * the last n_val tokens and the train split is the first n_tokens - n_val.
+ * The split is by tokens, so it does not depend on T and the splits never
+ * share a token.
+ * Windows of a split with m tokens, for a sequence length T: window w is
+ * the split's tokens [w*T, w*T + T] (T+1 tokens).  The inputs are the first
+ * T and the targets the last T.  The window count is N = floor((m - 1) / T),
+ * the same rule for train and val.  A split needs m >= T + 1.
+ * Micro-batches: rank r of W's j-th micro-batch (j counts from 0 across
+ * all steps, one per forward) holds windows ((j*W + r)*b + k) mod N for
+ * k = 0..b-1, in that order.  Micro-batch j of the W ranks together covers
+ * W*b consecutive windows, so the ranks' windows are disjoint whenever
+ * W*b <= N.  The order is sequential; there is no shuffling.
+ * The cursor is the next train micro-batch index j for zdp_dataset_next.
+ * Every rank advances it identically, so one int64 is what a checkpoint
+ * saves.  Windows consumed so far = cursor * W * b (use that to resume at
+ * another W or b). */
+typedef struct zdp_dataset zdp_dataset;
+
+typedef enum zdp_split {
+    ZDP_SPLIT_TRAIN,
+    ZDP_SPLIT_VAL,
+} zdp_split;
+
+/* Builds a dataset over a copy of tokens[0..n_tokens).  Tokens must be >= 0.
+ * val_fraction is in [0, 1): 0 leaves the val split empty.  Status:
+ * ZDP_ERR_INVALID_ARG (names the first negative token, or the bad
+ * fraction), ZDP_ERR_NOMEM.  On failure *out is NULL. */
+ZDP_API zdp_status zdp_dataset_create(const int32_t *tokens, int64_t n_tokens,
+                                      double val_fraction, zdp_dataset **out,
+                                      zdp_error *err);
+/* The same for a token file (zdp_tokens_read's formats and errors). */
+ZDP_API zdp_status zdp_dataset_open(const char *path, zdp_token_format format,
+                                    double val_fraction, zdp_dataset **out,
+                                    zdp_error *err);
+/* The same for the arithmetic corpus (zdp_corpus_arith's arguments). */
+ZDP_API zdp_status zdp_dataset_create_arith(uint64_t seed, int64_t n_lines,
+                                            int64_t max_operand, double val_fraction,
+                                            zdp_dataset **out, zdp_error *err);
+/* Frees the dataset; NULL is a no-op. */
+ZDP_API void zdp_dataset_destroy(zdp_dataset *ds);
+
+/* The split's tokens (owned by the dataset, valid until destroy) and their
+ * count.  0 / NULL for an empty split or a NULL dataset. */
+ZDP_API int64_t zdp_dataset_n_tokens(const zdp_dataset *ds, zdp_split split);
+ZDP_API const int32_t *zdp_dataset_tokens(const zdp_dataset *ds, zdp_split split);
+/* The largest token id in the whole dataset (-1 if empty): check it is
+ * below the model's vocab_size before training. */
+ZDP_API int32_t zdp_dataset_max_token(const zdp_dataset *ds);
+/* The window count N of a split for sequence length T (0 if T < 1 or the
+ * split has fewer than T+1 tokens). */
+ZDP_API int64_t zdp_dataset_n_windows(const zdp_dataset *ds, zdp_split split, int T);
+
+/* Fills micro-batch j of rank `rank` out of `world`: inputs and targets
+ * (b, T), row k = window ((j*W + r)*b + k) mod N of the split (see above).
+ * Reads only the dataset, so it is safe to call from several threads.
+ * Status: ZDP_ERR_INVALID_ARG (NULL, j < 0, rank outside [0, world), b or
+ * T < 1, (j*W + W)*b overflows int64), ZDP_ERR_CONFIG (the split has fewer
+ * than T+1 tokens: the message gives its size, T and the fix). */
+ZDP_API zdp_status zdp_dataset_batch(const zdp_dataset *ds, zdp_split split, int64_t j,
+                                     int rank, int world, int b, int T,
+                                     int32_t *inputs /* OUT (b, T) */,
+                                     int32_t *targets /* OUT (b, T) */, zdp_error *err);
+/* zdp_dataset_batch(ds, ZDP_SPLIT_TRAIN, cursor, ...), then cursor++ on
+ * success.  The cursor does not move on error. */
+ZDP_API zdp_status zdp_dataset_next(zdp_dataset *ds, int rank, int world, int b, int T,
+                                    int32_t *inputs /* OUT (b, T) */,
+                                    int32_t *targets /* OUT (b, T) */, zdp_error *err);
+/* The train cursor: the next micro-batch index j (0 after create). */
+ZDP_API int64_t zdp_dataset_cursor(const zdp_dataset *ds);
+/* Sets the cursor (from a checkpoint).  Status: ZDP_ERR_INVALID_ARG for
+ * j < 0 or a NULL dataset. */
+ZDP_API zdp_status zdp_dataset_set_cursor(zdp_dataset *ds, int64_t j, zdp_error *err);
+
 /* ---- safetensors -------------------------------------------------------- */
 
 typedef enum zdp_dtype {

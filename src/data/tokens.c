@@ -1,0 +1,300 @@
+/*
+ * tokens.c -- token files and the generated default corpus.
+ *
+ * Formats (zdp.h, "token data"):
+ *   - llm.c token shards: 256 little-endian int32 {20240520, 1, n_tokens,
+ *     0...}, then n_tokens little-endian uint16.  The reader trusts nothing:
+ *     magic, version and the token count are checked against the file
+ *     length before anything is allocated, and each message names the file,
+ *     the field, what was seen and what was expected, with the fix.  The
+ *     writer writes a temporary file, fsyncs it and renames it into place.
+ *   - raw bytes: every byte of any file is one token (vocab 256).
+ *   - the arithmetic corpus: "a+b=c\n" lines from splitmix64, specified
+ *     exactly in zdp.h so a Python script can regenerate the same bytes.
+ *
+ * Tokens are int32 in memory.  Not here: tokenisers (BPE), multi-shard
+ * globs, memory-mapping.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "data.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SHARD_HEADER_INTS 256
+#define SHARD_HEADER_BYTES (SHARD_HEADER_INTS * 4)
+
+/* ---- helpers --------------------------------------------------------------- */
+
+static int32_t tok_le32_(const unsigned char *p) {
+    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                     (uint32_t)p[3] << 24);
+}
+
+static void tok_put_le32_(unsigned char *p, uint32_t v) {
+    for (int b = 0; b < 4; b++) p[b] = (unsigned char)(v >> (8 * b));
+}
+
+void zdp_tokens_free(int32_t *tokens) {
+    free(tokens);
+}
+
+/* ---- readers --------------------------------------------------------------- */
+
+static zdp_status tok_read_shard_(const char *path, FILE *f, int64_t file_bytes,
+                                  int32_t **tokens, int64_t *n_tokens, zdp_error *err) {
+    unsigned char hd[SHARD_HEADER_BYTES];
+    if (file_bytes < SHARD_HEADER_BYTES)
+        return zdp_err_set(err, ZDP_ERR_FORMAT,
+                           "%s: %" PRId64 " bytes, shorter than an llm.c token shard's "
+                           "1024-byte header; the file is truncated or not a shard (use the "
+                           "bytes format for a text file)", path, file_bytes);
+    if (fread(hd, 1, sizeof hd, f) != sizeof hd)
+        return zdp_err_set(err, ZDP_ERR_IO, "%s: reading the header: %s", path,
+                           ferror(f) ? strerror(errno) : "unexpected end of file");
+    int32_t magic = tok_le32_(hd), version = tok_le32_(hd + 4), n = tok_le32_(hd + 8);
+    if (magic != ZDP_SHARD_MAGIC)
+        return zdp_err_set(err, ZDP_ERR_FORMAT,
+                           "%s: header magic %" PRId32 ", expected %d (llm.c token shard)%s",
+                           path, magic, ZDP_SHARD_MAGIC,
+                           magic == 20240326 ? "; this is an llm.c model checkpoint, not "
+                                               "tokens"
+                                             : "; not a token shard (for a text file use the "
+                                               "bytes format)");
+    if (version != ZDP_SHARD_VERSION)
+        return zdp_err_set(err, ZDP_ERR_FORMAT,
+                           "%s: shard version %" PRId32 ", zdp reads version %d (uint16 "
+                           "tokens); re-create it with llm.c's dev/data scripts", path, version,
+                           ZDP_SHARD_VERSION);
+    if (n < 0)
+        return zdp_err_set(err, ZDP_ERR_FORMAT,
+                           "%s: header token count %" PRId32 " is negative; the file is "
+                           "corrupt", path, n);
+    int64_t want = SHARD_HEADER_BYTES + 2 * (int64_t)n;
+    if (file_bytes != want)
+        return zdp_err_set(err, ZDP_ERR_FORMAT,
+                           "%s: header says %" PRId32 " tokens (1024 + 2 x %" PRId32 " = %"
+                           PRId64 " bytes) but the file has %" PRId64 " bytes; it is %s",
+                           path, n, n, want, file_bytes,
+                           file_bytes < want ? "truncated" : "corrupt (extra bytes)");
+    int32_t *out = malloc((size_t)(n > 0 ? n : 1) * sizeof *out);
+    uint16_t *raw = malloc((size_t)(n > 0 ? n : 1) * sizeof *raw);
+    if (out == NULL || raw == NULL) {
+        free(out);
+        free(raw);
+        return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for %" PRId32 " tokens",
+                           path, n);
+    }
+    if (fread(raw, 2, (size_t)n, f) != (size_t)n) {
+        free(out);
+        free(raw);
+        return zdp_err_set(err, ZDP_ERR_IO, "%s: reading %" PRId32 " tokens: %s", path, n,
+                           ferror(f) ? strerror(errno) : "unexpected end of file (was the "
+                           "file changed while it was read?)");
+    }
+    const unsigned char *p = (const unsigned char *)raw;
+    for (int32_t i = 0; i < n; i++) out[i] = (int32_t)(p[2 * i] | (p[2 * i + 1] << 8));
+    free(raw);
+    *tokens = out;
+    *n_tokens = n;
+    return ZDP_OK;
+}
+
+static zdp_status tok_read_bytes_(const char *path, FILE *f, int64_t file_bytes,
+                                  int32_t **tokens, int64_t *n_tokens, zdp_error *err) {
+    if (file_bytes == 0)
+        return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: the file is empty, so it has no tokens",
+                           path);
+    if ((uint64_t)file_bytes > SIZE_MAX / sizeof(int32_t))
+        return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: %" PRId64 " bytes is too large", path,
+                           file_bytes);
+    int32_t *out = malloc((size_t)file_bytes * sizeof *out);
+    if (out == NULL)
+        return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for %" PRId64 " tokens",
+                           path, file_bytes);
+    unsigned char buf[65536];
+    int64_t done = 0;
+    while (done < file_bytes) {
+        size_t want = file_bytes - done < (int64_t)sizeof buf ? (size_t)(file_bytes - done)
+                                                              : sizeof buf;
+        size_t got = fread(buf, 1, want, f);
+        if (got != want) {
+            free(out);
+            return zdp_err_set(err, ZDP_ERR_IO, "%s: reading byte %" PRId64 ": %s", path,
+                               done + (int64_t)got,
+                               ferror(f) ? strerror(errno) : "unexpected end of file (was the "
+                               "file changed while it was read?)");
+        }
+        for (size_t i = 0; i < got; i++) out[done + (int64_t)i] = buf[i];
+        done += (int64_t)got;
+    }
+    *tokens = out;
+    *n_tokens = file_bytes;
+    return ZDP_OK;
+}
+
+zdp_status zdp_tokens_read(const char *path, zdp_token_format format, int32_t **tokens,
+                           int64_t *n_tokens, zdp_error *err) {
+    if (tokens != NULL) *tokens = NULL;
+    if (n_tokens != NULL) *n_tokens = 0;
+    if (path == NULL || tokens == NULL || n_tokens == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "zdp_tokens_read: path, tokens and n_tokens must not be NULL");
+    if (format != ZDP_TOKENS_SHARD && format != ZDP_TOKENS_BYTES)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: token format %d is not ZDP_TOKENS_SHARD or ZDP_TOKENS_BYTES",
+                           path, (int)format);
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return zdp_err_set(err, ZDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    zdp_status s;
+    if (fstat(fileno(f), &sb) != 0)
+        s = zdp_err_set(err, ZDP_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+    else if (!S_ISREG(sb.st_mode))
+        s = zdp_err_set(err, ZDP_ERR_IO, "%s: not a regular file", path);
+    else if (format == ZDP_TOKENS_SHARD)
+        s = tok_read_shard_(path, f, (int64_t)sb.st_size, tokens, n_tokens, err);
+    else
+        s = tok_read_bytes_(path, f, (int64_t)sb.st_size, tokens, n_tokens, err);
+    fclose(f);
+    return s;
+}
+
+/* ---- shard writer ---------------------------------------------------------- */
+
+zdp_status zdp_tokens_write_shard(const char *path, const int32_t *tokens, int64_t n,
+                                  zdp_error *err) {
+    if (path == NULL || path[0] == '\0' || (tokens == NULL && n > 0))
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "zdp_tokens_write_shard: path is empty or tokens is NULL");
+    if (n < 0 || n > INT32_MAX)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: %" PRId64 " tokens; a shard holds 0..%d (the header's count "
+                           "is an int32): split the tokens over several shards", path, n,
+                           INT32_MAX);
+    for (int64_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] > 65535)
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: tokens[%" PRId64 "] = %" PRId32 ", but a shard stores "
+                               "uint16 tokens (0..65535)", path, i, tokens[i]);
+    }
+    size_t tmp_cap = strlen(path) + 32;
+    char *tmp = malloc(tmp_cap);
+    unsigned char *buf = malloc(65536);
+    if (tmp == NULL || buf == NULL) {
+        free(tmp);
+        free(buf);
+        return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory", path);
+    }
+    snprintf(tmp, tmp_cap, "%s.tmp.%ld", path, (long)getpid());
+    zdp_status s = ZDP_OK;
+    FILE *f = fopen(tmp, "wb");
+    if (f == NULL) {
+        s = zdp_err_set(err, ZDP_ERR_IO, "%s: cannot create the temporary file %s: %s", path,
+                        tmp, strerror(errno));
+        goto done;
+    }
+    unsigned char hd[SHARD_HEADER_BYTES] = {0};
+    tok_put_le32_(hd, ZDP_SHARD_MAGIC);
+    tok_put_le32_(hd + 4, ZDP_SHARD_VERSION);
+    tok_put_le32_(hd + 8, (uint32_t)n);
+    bool ok = fwrite(hd, 1, sizeof hd, f) == sizeof hd;
+    for (int64_t i = 0; ok && i < n;) {
+        size_t k = 0;
+        for (; k < 65536 / 2 && i < n; k++, i++) {
+            buf[2 * k] = (unsigned char)(tokens[i] & 0xff);
+            buf[2 * k + 1] = (unsigned char)(tokens[i] >> 8);
+        }
+        ok = fwrite(buf, 2, k, f) == k;
+    }
+    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    int saved = errno;
+    if (fclose(f) != 0 && ok) {
+        ok = false;
+        saved = errno;
+    }
+    if (!ok) {
+        s = zdp_err_set(err, ZDP_ERR_IO, "%s: writing %s: %s", path, tmp, strerror(saved));
+        unlink(tmp);
+        goto done;
+    }
+    if (rename(tmp, path) != 0) {
+        s = zdp_err_set(err, ZDP_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp,
+                        strerror(errno));
+        unlink(tmp);
+    }
+done:
+    free(tmp);
+    free(buf);
+    return s;
+}
+
+/* ---- the arithmetic corpus ------------------------------------------------- */
+
+/* splitmix64 (Steele, Lea, Flood 2014), as specified in zdp.h. */
+static uint64_t tok_splitmix64_(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Decimal digits of v (no leading zeros, "0" for 0) into p; returns count. */
+static int tok_put_decimal_(int32_t *p, uint64_t v) {
+    char d[24];
+    int n = 0;
+    do {
+        d[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v > 0);
+    for (int i = 0; i < n; i++) p[i] = d[n - 1 - i];
+    return n;
+}
+
+zdp_status zdp_corpus_arith(uint64_t seed, int64_t n_lines, int64_t max_operand,
+                            int32_t **tokens, int64_t *n_tokens, zdp_error *err) {
+    if (tokens != NULL) *tokens = NULL;
+    if (n_tokens != NULL) *n_tokens = 0;
+    if (tokens == NULL || n_tokens == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "zdp_corpus_arith: tokens and n_tokens must not be NULL");
+    if (max_operand < 0 || max_operand > 1000000000)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "arith corpus: max_operand = %" PRId64 ", expected 0..1000000000 "
+                           "(e.g. 99 for two-digit sums)", max_operand);
+    /* Longest line: d + 1 + d + 1 + (d + 1) + 1 bytes for d-digit operands. */
+    int max_digits = 1;
+    for (int64_t v = max_operand; v >= 10; v /= 10) max_digits++;
+    int64_t max_line = 3 * (int64_t)max_digits + 4;
+    if (n_lines < 1 || n_lines > (int64_t)(SIZE_MAX / sizeof(int32_t)) / max_line / 2)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "arith corpus: n_lines = %" PRId64 ", expected >= 1 (and small "
+                           "enough to fit in memory)", n_lines);
+    int32_t *out = malloc((size_t)(n_lines * max_line) * sizeof *out);
+    if (out == NULL)
+        return zdp_err_set(err, ZDP_ERR_NOMEM,
+                           "arith corpus: out of memory for %" PRId64 " lines", n_lines);
+    uint64_t state = seed, m = (uint64_t)max_operand + 1;
+    int64_t k = 0;
+    for (int64_t line = 0; line < n_lines; line++) {
+        uint64_t a = tok_splitmix64_(&state) % m;
+        uint64_t b = tok_splitmix64_(&state) % m;
+        k += tok_put_decimal_(out + k, a);
+        out[k++] = '+';
+        k += tok_put_decimal_(out + k, b);
+        out[k++] = '=';
+        k += tok_put_decimal_(out + k, a + b);
+        out[k++] = '\n';
+    }
+    int32_t *shrunk = realloc(out, (size_t)k * sizeof *out);
+    *tokens = shrunk != NULL ? shrunk : out;
+    *n_tokens = k;
+    return ZDP_OK;
+}

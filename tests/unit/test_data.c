@@ -1,0 +1,469 @@
+/*
+ * test_data.c -- unit tests for src/data (token files, the arithmetic
+ * corpus, zdp_dataset).
+ *
+ * Covered: llm.c shard write/read round trips and every corrupt header
+ * (magic, version, count against file length, short files), byte tokens
+ * from a text file, the arithmetic corpus (golden lines computed in Python
+ * from zdp.h's specification, determinism, well-formed sums), and the
+ * dataset: the micro-batch window arithmetic exactly as zdp.h states it for
+ * W = 1..4 (disjoint across ranks within a step, wrap-around modulo the
+ * window count), the train/val split, the cursor, and the errors.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <dirent.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "zdp/zdp.h"
+
+/* ---- fixtures -------------------------------------------------------------- */
+
+static char g_dir[256];
+
+static int group_setup(void **state) {
+    (void)state;
+    snprintf(g_dir, sizeof g_dir, "/tmp/zdp_test_data_XXXXXX");
+    return mkdtemp(g_dir) == NULL ? -1 : 0;
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    DIR *d = opendir(g_dir);
+    if (d == NULL) return -1;
+    struct dirent *e;
+    char p[512];
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        snprintf(p, sizeof p, "%s/%s", g_dir, e->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    return rmdir(g_dir);
+}
+
+static const char *path_in(const char *name) {
+    static char ring[4][512];
+    static int next;
+    char *p = ring[next++ % 4];
+    snprintf(p, 512, "%s/%s", g_dir, name);
+    return p;
+}
+
+static void write_bytes(const char *path, const void *buf, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(buf, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+#define ASSERT_MSG_HAS(e, s)                                                        \
+    do {                                                                            \
+        if (strstr((e).msg, (s)) == NULL)                                           \
+            fail_msg("message lacks \"%s\":\n  %s", (s), (e).msg);                  \
+    } while (0)
+
+/* A shard's bytes by hand: header {magic, version, count}, then tokens. */
+static unsigned char *shard_bytes(int32_t magic, int32_t version, int32_t count,
+                                  const uint16_t *tok, int n, size_t *len) {
+    *len = 1024 + 2 * (size_t)n;
+    unsigned char *b = calloc(1, *len);
+    int32_t hd[3] = {magic, version, count};
+    memcpy(b, hd, sizeof hd);
+    memcpy(b + 1024, tok, 2 * (size_t)n);
+    return b;
+}
+
+/* ---- shards ---------------------------------------------------------------- */
+
+static void test_shard_round_trip(void **state) {
+    (void)state;
+    enum { N = 70000 };
+    int32_t *tok = malloc(N * sizeof *tok);
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)((i * 7919u) % 65536u);
+    tok[0] = 0;
+    tok[1] = 65535;
+    const char *p = path_in("rt.bin");
+    zdp_error e = {0};
+    assert_int_equal(zdp_tokens_write_shard(p, tok, N, &e), ZDP_OK);
+
+    /* Byte-exact llm.c layout. */
+    FILE *f = fopen(p, "rb");
+    int32_t hd[256];
+    assert_int_equal(fread(hd, 4, 256, f), 256);
+    assert_int_equal(hd[0], 20240520);
+    assert_int_equal(hd[1], 1);
+    assert_int_equal(hd[2], N);
+    for (int i = 3; i < 256; i++) assert_int_equal(hd[i], 0);
+    uint16_t t2[2];
+    assert_int_equal(fread(t2, 2, 2, f), 2);
+    assert_int_equal(t2[0], 0);
+    assert_int_equal(t2[1], 65535);
+    fseek(f, 0, SEEK_END);
+    assert_int_equal(ftell(f), 1024 + 2 * N);
+    fclose(f);
+
+    int32_t *back;
+    int64_t n;
+    assert_int_equal(zdp_tokens_read(p, ZDP_TOKENS_SHARD, &back, &n, &e), ZDP_OK);
+    assert_int_equal(n, N);
+    assert_memory_equal(back, tok, N * sizeof *tok);
+    zdp_tokens_free(back);
+
+    /* An empty shard is valid. */
+    assert_int_equal(zdp_tokens_write_shard(p, NULL, 0, &e), ZDP_OK);
+    assert_int_equal(zdp_tokens_read(p, ZDP_TOKENS_SHARD, &back, &n, &e), ZDP_OK);
+    assert_int_equal(n, 0);
+    zdp_tokens_free(back);
+
+    /* Tokens out of uint16 range are refused, naming the index; no file. */
+    tok[5] = 65536;
+    const char *q = path_in("never.bin");
+    assert_int_equal(zdp_tokens_write_shard(q, tok, N, &e), ZDP_ERR_INVALID_ARG);
+    ASSERT_MSG_HAS(e, "tokens[5] = 65536");
+    tok[5] = -1;
+    assert_int_equal(zdp_tokens_write_shard(q, tok, N, &e), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(access(q, F_OK), -1);
+    assert_int_equal(zdp_tokens_write_shard(path_in("no/dir.bin"), tok, 3, &e), ZDP_ERR_IO);
+    free(tok);
+}
+
+static void test_shard_corrupt_headers(void **state) {
+    (void)state;
+    uint16_t tok[4] = {1, 2, 3, 4};
+    static const struct {
+        int32_t magic, version, count;
+        int n;
+        const char *has[2];
+    } cases[] = {
+        {12345, 1, 4, 4, {"magic 12345", "20240520"}},
+        {20240326, 1, 4, 4, {"magic 20240326", "model checkpoint"}},
+        {20240520, 2, 4, 4, {"version 2", "version 1"}},
+        {20240520, 1, 5, 4, {"5 tokens", "truncated"}},
+        {20240520, 1, 3, 4, {"3 tokens", "extra bytes"}},
+        {20240520, 1, -2, 4, {"-2", "negative"}},
+    };
+    const char *p = path_in("bad.bin");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t len;
+        unsigned char *b = shard_bytes(cases[i].magic, cases[i].version, cases[i].count, tok,
+                                       cases[i].n, &len);
+        write_bytes(p, b, len);
+        free(b);
+        zdp_error e = {0};
+        int32_t dummy, *t = &dummy; /* must be reset to NULL */
+        int64_t n = 99;
+        assert_int_equal(zdp_tokens_read(p, ZDP_TOKENS_SHARD, &t, &n, &e), ZDP_ERR_FORMAT);
+        assert_null(t);
+        assert_int_equal(n, 0);
+        ASSERT_MSG_HAS(e, p);
+        for (int k = 0; k < 2; k++) ASSERT_MSG_HAS(e, cases[i].has[k]);
+    }
+    /* Shorter than the header. */
+    write_bytes(p, "\x58\xd8\x34\x01", 4);
+    zdp_error e = {0};
+    int32_t *t;
+    int64_t n;
+    assert_int_equal(zdp_tokens_read(p, ZDP_TOKENS_SHARD, &t, &n, &e), ZDP_ERR_FORMAT);
+    ASSERT_MSG_HAS(e, "1024-byte header");
+    assert_int_equal(zdp_tokens_read(path_in("missing.bin"), ZDP_TOKENS_SHARD, &t, &n, &e),
+                     ZDP_ERR_IO);
+    ASSERT_MSG_HAS(e, "missing.bin");
+    assert_int_equal(zdp_tokens_read(p, (zdp_token_format)7, &t, &n, &e), ZDP_ERR_INVALID_ARG);
+}
+
+static void test_bytes_from_text(void **state) {
+    (void)state;
+    const char text[] = "hi there\n\xff\x00z";
+    const char *p = path_in("text.txt");
+    write_bytes(p, text, sizeof text - 1);
+    int32_t *t;
+    int64_t n;
+    zdp_error e = {0};
+    assert_int_equal(zdp_tokens_read(p, ZDP_TOKENS_BYTES, &t, &n, &e), ZDP_OK);
+    assert_int_equal(n, sizeof text - 1);
+    for (int64_t i = 0; i < n; i++) assert_int_equal(t[i], (unsigned char)text[i]);
+    zdp_tokens_free(t);
+
+    zdp_dataset *ds;
+    assert_int_equal(zdp_dataset_open(p, ZDP_TOKENS_BYTES, 0.0, &ds, &e), ZDP_OK);
+    assert_int_equal(zdp_dataset_max_token(ds), 255);
+    assert_int_equal(zdp_dataset_n_tokens(ds, ZDP_SPLIT_TRAIN), n);
+    zdp_dataset_destroy(ds);
+
+    write_bytes(p, "", 0);
+    assert_int_equal(zdp_tokens_read(p, ZDP_TOKENS_BYTES, &t, &n, &e), ZDP_ERR_FORMAT);
+    ASSERT_MSG_HAS(e, "empty");
+    assert_int_equal(zdp_dataset_open(p, ZDP_TOKENS_BYTES, 0.0, &ds, &e), ZDP_ERR_FORMAT);
+    assert_null(ds);
+}
+
+/* ---- the arithmetic corpus ------------------------------------------------- */
+
+static char *as_text(const int32_t *t, int64_t n) {
+    char *s = malloc((size_t)n + 1);
+    for (int64_t i = 0; i < n; i++) s[i] = (char)t[i];
+    s[n] = '\0';
+    return s;
+}
+
+static void test_corpus_arith(void **state) {
+    (void)state;
+    zdp_error e = {0};
+    int32_t *t, *u;
+    int64_t n, m;
+    /* Golden output, computed in Python from zdp.h's specification. */
+    assert_int_equal(zdp_corpus_arith(1234, 4, 99, &t, &n, &e), ZDP_OK);
+    char *s = as_text(t, n);
+    assert_string_equal(s, "95+64=159\n46+79=125\n89+29=118\n30+83=113\n");
+    free(s);
+    zdp_tokens_free(t);
+    assert_int_equal(zdp_corpus_arith(0, 3, 999, &t, &n, &e), ZDP_OK);
+    s = as_text(t, n);
+    assert_string_equal(s, "535+700=1235\n679+444=1123\n747+90=837\n");
+    free(s);
+    zdp_tokens_free(t);
+
+    /* Deterministic per seed; another seed differs; every line is right. */
+    assert_int_equal(zdp_corpus_arith(42, 5000, 99, &t, &n, &e), ZDP_OK);
+    assert_int_equal(zdp_corpus_arith(42, 5000, 99, &u, &m, &e), ZDP_OK);
+    assert_int_equal(n, m);
+    assert_memory_equal(t, u, (size_t)n * sizeof *t);
+    zdp_tokens_free(u);
+    assert_int_equal(zdp_corpus_arith(43, 5000, 99, &u, &m, &e), ZDP_OK);
+    assert_true(n != m || memcmp(t, u, (size_t)n * sizeof *t) != 0);
+    zdp_tokens_free(u);
+    s = as_text(t, n);
+    int lines = 0;
+    for (char *line = s; *line != '\0'; lines++) {
+        char *nl = strchr(line, '\n');
+        assert_non_null(nl);
+        *nl = '\0';
+        int a, b, c;
+        char tail;
+        assert_int_equal(sscanf(line, "%d+%d=%d%c", &a, &b, &c, &tail), 3);
+        assert_true(a >= 0 && a <= 99 && b >= 0 && b <= 99);
+        assert_int_equal(c, a + b);
+        line = nl + 1;
+    }
+    assert_int_equal(lines, 5000);
+    free(s);
+    zdp_tokens_free(t);
+
+    /* max_operand 0: "0+0=0\n" only. */
+    assert_int_equal(zdp_corpus_arith(7, 2, 0, &t, &n, &e), ZDP_OK);
+    s = as_text(t, n);
+    assert_string_equal(s, "0+0=0\n0+0=0\n");
+    free(s);
+    zdp_tokens_free(t);
+
+    assert_int_equal(zdp_corpus_arith(1, 0, 99, &t, &n, &e), ZDP_ERR_INVALID_ARG);
+    assert_null(t);
+    assert_int_equal(zdp_corpus_arith(1, 10, -1, &t, &n, &e), ZDP_ERR_INVALID_ARG);
+    ASSERT_MSG_HAS(e, "max_operand");
+
+    /* The dataset over it is the same bytes. */
+    zdp_dataset *ds;
+    assert_int_equal(zdp_dataset_create_arith(1234, 4, 99, 0.25, &ds, &e), ZDP_OK);
+    assert_int_equal(zdp_dataset_n_tokens(ds, ZDP_SPLIT_TRAIN) +
+                         zdp_dataset_n_tokens(ds, ZDP_SPLIT_VAL), 40);
+    assert_int_equal(zdp_dataset_tokens(ds, ZDP_SPLIT_TRAIN)[0], '9');
+    assert_int_equal(zdp_dataset_max_token(ds), '=');
+    zdp_dataset_destroy(ds);
+}
+
+/* ---- windows and micro-batches --------------------------------------------- */
+
+/* Dataset whose token i is i, so an input row names its window. */
+static zdp_dataset *iota_dataset(int64_t n, double val_fraction) {
+    int32_t *t = malloc((size_t)n * sizeof *t);
+    for (int64_t i = 0; i < n; i++) t[i] = (int32_t)i;
+    zdp_dataset *ds;
+    zdp_error e = {0};
+    assert_int_equal(zdp_dataset_create(t, n, val_fraction, &ds, &e), ZDP_OK);
+    free(t);
+    return ds;
+}
+
+static void test_window_contract(void **state) {
+    (void)state;
+    enum { T = 6, NTOK = 200 }; /* N = (200 - 1) / 6 = 33 windows */
+    zdp_dataset *ds = iota_dataset(NTOK, 0.0);
+    const int64_t N = 33;
+    assert_int_equal(zdp_dataset_n_windows(ds, ZDP_SPLIT_TRAIN, T), N);
+    zdp_error e = {0};
+    for (int W = 1; W <= 4; W++) {
+        for (int b = 1; b <= 3; b++) {
+            int32_t in[3 * T], tg[3 * T];
+            /* j up to 40 wraps the 33 windows several times for every W, b. */
+            for (int64_t j = 0; j < 40; j++) {
+                bool seen[33] = {false};
+                for (int r = 0; r < W; r++) {
+                    assert_int_equal(zdp_dataset_batch(ds, ZDP_SPLIT_TRAIN, j, r, W, b, T, in,
+                                                       tg, &e), ZDP_OK);
+                    for (int k = 0; k < b; k++) {
+                        int64_t w = ((j * W + r) * b + k) % N;
+                        for (int t = 0; t < T; t++) {
+                            assert_int_equal(in[k * T + t], w * T + t);
+                            assert_int_equal(tg[k * T + t], w * T + t + 1);
+                        }
+                        /* W*b <= 12 < N: no window twice in one step. */
+                        assert_false(seen[w]);
+                        seen[w] = true;
+                    }
+                }
+            }
+        }
+    }
+    /* The last window ends on the last usable token: [32*6, 32*6+6] = [192, 198]. */
+    int32_t in[T], tg[T];
+    assert_int_equal(zdp_dataset_batch(ds, ZDP_SPLIT_TRAIN, 32, 0, 1, 1, T, in, tg, &e), ZDP_OK);
+    assert_int_equal(in[0], 192);
+    assert_int_equal(tg[T - 1], 198);
+    /* Wrap: window 33 is window 0. */
+    assert_int_equal(zdp_dataset_batch(ds, ZDP_SPLIT_TRAIN, 33, 0, 1, 1, T, in, tg, &e), ZDP_OK);
+    assert_int_equal(in[0], 0);
+    /* Exactly T+1 tokens: one window. */
+    zdp_dataset *one = iota_dataset(T + 1, 0.0);
+    assert_int_equal(zdp_dataset_n_windows(one, ZDP_SPLIT_TRAIN, T), 1);
+    assert_int_equal(zdp_dataset_batch(one, ZDP_SPLIT_TRAIN, 5, 1, 2, 1, T, in, tg, &e), ZDP_OK);
+    assert_int_equal(tg[T - 1], T);
+    assert_int_equal(zdp_dataset_n_windows(one, ZDP_SPLIT_TRAIN, T + 1), 0);
+    assert_int_equal(zdp_dataset_batch(one, ZDP_SPLIT_TRAIN, 0, 0, 1, 1, T + 1, in, tg, &e),
+                     ZDP_ERR_CONFIG);
+    ASSERT_MSG_HAS(e, "train split has 7 tokens");
+    ASSERT_MSG_HAS(e, "T + 1 = 8");
+    zdp_dataset_destroy(one);
+    zdp_dataset_destroy(ds);
+}
+
+static void test_split(void **state) {
+    (void)state;
+    zdp_dataset *ds = iota_dataset(1000, 0.1);
+    assert_int_equal(zdp_dataset_n_tokens(ds, ZDP_SPLIT_TRAIN), 900);
+    assert_int_equal(zdp_dataset_n_tokens(ds, ZDP_SPLIT_VAL), 100);
+    assert_int_equal(zdp_dataset_tokens(ds, ZDP_SPLIT_VAL)[0], 900);
+    assert_int_equal(zdp_dataset_max_token(ds), 999);
+    /* Windows of T = 8: train (900-1)/8 = 112, val (100-1)/8 = 12. */
+    assert_int_equal(zdp_dataset_n_windows(ds, ZDP_SPLIT_TRAIN, 8), 112);
+    assert_int_equal(zdp_dataset_n_windows(ds, ZDP_SPLIT_VAL, 8), 12);
+    zdp_error e = {0};
+    int32_t in[4 * 8], tg[4 * 8];
+    /* No train window reads a val token and no val window a train token. */
+    for (int64_t j = 0; j < 60; j++) {
+        for (int r = 0; r < 2; r++) {
+            assert_int_equal(zdp_dataset_batch(ds, ZDP_SPLIT_TRAIN, j, r, 2, 4, 8, in, tg, &e),
+                             ZDP_OK);
+            for (int i = 0; i < 32; i++) assert_true(in[i] < 900 && tg[i] < 900);
+            assert_int_equal(zdp_dataset_batch(ds, ZDP_SPLIT_VAL, j, r, 2, 4, 8, in, tg, &e),
+                             ZDP_OK);
+            for (int i = 0; i < 32; i++) assert_true(in[i] >= 900 && tg[i] < 1000);
+        }
+    }
+    /* Val window w is val tokens [w*T, w*T+T]. */
+    assert_int_equal(zdp_dataset_batch(ds, ZDP_SPLIT_VAL, 1, 1, 2, 1, 8, in, tg, &e), ZDP_OK);
+    assert_int_equal(in[0], 900 + 3 * 8);
+    /* The split is by tokens: it does not depend on T. */
+    assert_int_equal(zdp_dataset_n_tokens(ds, ZDP_SPLIT_VAL), 100);
+    zdp_dataset_destroy(ds);
+
+    /* val_fraction 0: no val split, and asking for it says so. */
+    ds = iota_dataset(50, 0.0);
+    assert_int_equal(zdp_dataset_n_tokens(ds, ZDP_SPLIT_VAL), 0);
+    assert_null(zdp_dataset_tokens(ds, ZDP_SPLIT_VAL));
+    assert_int_equal(zdp_dataset_batch(ds, ZDP_SPLIT_VAL, 0, 0, 1, 1, 8, in, tg, &e),
+                     ZDP_ERR_CONFIG);
+    ASSERT_MSG_HAS(e, "val split has 0 tokens");
+    ASSERT_MSG_HAS(e, "larger val_fraction");
+    zdp_dataset_destroy(ds);
+
+    /* Bad fractions and tokens. */
+    int32_t t[3] = {1, -4, 2};
+    assert_int_equal(zdp_dataset_create(t, 3, 1.0, &ds, &e), ZDP_ERR_INVALID_ARG);
+    assert_null(ds);
+    ASSERT_MSG_HAS(e, "val_fraction = 1");
+    assert_int_equal(zdp_dataset_create(t, 3, -0.1, &ds, &e), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_dataset_create(t, 3, NAN, &ds, &e), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_dataset_create(t, 3, 0.1, &ds, &e), ZDP_ERR_INVALID_ARG);
+    ASSERT_MSG_HAS(e, "token 1 is -4");
+}
+
+static void test_cursor_and_args(void **state) {
+    (void)state;
+    zdp_dataset *ds = iota_dataset(500, 0.0);
+    zdp_error e = {0};
+    int32_t a[2 * 5], at[2 * 5], b[2 * 5], bt[2 * 5];
+    assert_int_equal(zdp_dataset_cursor(ds), 0);
+    for (int64_t j = 0; j < 5; j++) {
+        assert_int_equal(zdp_dataset_next(ds, 1, 3, 2, 5, a, at, &e), ZDP_OK);
+        assert_int_equal(zdp_dataset_batch(ds, ZDP_SPLIT_TRAIN, j, 1, 3, 2, 5, b, bt, &e),
+                         ZDP_OK);
+        assert_memory_equal(a, b, sizeof a);
+        assert_memory_equal(at, bt, sizeof at);
+    }
+    assert_int_equal(zdp_dataset_cursor(ds), 5);
+    /* Resume: set the cursor and get the same micro-batch. */
+    assert_int_equal(zdp_dataset_set_cursor(ds, 77, &e), ZDP_OK);
+    assert_int_equal(zdp_dataset_next(ds, 2, 3, 2, 5, a, at, &e), ZDP_OK);
+    assert_int_equal(zdp_dataset_batch(ds, ZDP_SPLIT_TRAIN, 77, 2, 3, 2, 5, b, bt, &e), ZDP_OK);
+    assert_memory_equal(a, b, sizeof a);
+    assert_int_equal(zdp_dataset_cursor(ds), 78);
+    /* Errors leave the cursor alone. */
+    assert_int_equal(zdp_dataset_next(ds, 3, 3, 2, 5, a, at, &e), ZDP_ERR_INVALID_ARG);
+    ASSERT_MSG_HAS(e, "rank = 3");
+    assert_int_equal(zdp_dataset_cursor(ds), 78);
+    assert_int_equal(zdp_dataset_set_cursor(ds, -1, &e), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_dataset_cursor(ds), 78);
+
+    assert_int_equal(zdp_dataset_batch(ds, ZDP_SPLIT_TRAIN, -1, 0, 1, 1, 5, a, at, &e),
+                     ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_dataset_batch(ds, ZDP_SPLIT_TRAIN, 0, 0, 1, 0, 5, a, at, &e),
+                     ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_dataset_batch(ds, ZDP_SPLIT_TRAIN, 0, 0, 1, 1, 0, a, at, &e),
+                     ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_dataset_batch(ds, (zdp_split)5, 0, 0, 1, 1, 5, a, at, &e),
+                     ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_dataset_batch(ds, ZDP_SPLIT_TRAIN, INT64_MAX / 2, 0, 4, 2, 5, a, at,
+                                       &e), ZDP_ERR_INVALID_ARG);
+    ASSERT_MSG_HAS(e, "overflows");
+    /* Near the limit still works and wraps. */
+    int64_t j = (INT64_MAX - 8) / 8 - 1;
+    assert_int_equal(zdp_dataset_batch(ds, ZDP_SPLIT_TRAIN, j, 3, 4, 2, 5, a, at, &e), ZDP_OK);
+    assert_int_equal(a[0], ((j * 4 + 3) * 2) % 99 * 5);
+    zdp_dataset_destroy(ds);
+    zdp_dataset_destroy(NULL);
+    assert_int_equal(zdp_dataset_n_windows(NULL, ZDP_SPLIT_TRAIN, 5), 0);
+
+    /* A shard through zdp_dataset_open. */
+    int32_t tok[10] = {5, 4, 3, 2, 1, 0, 9, 8, 7, 6};
+    const char *p = path_in("ds.bin");
+    assert_int_equal(zdp_tokens_write_shard(p, tok, 10, &e), ZDP_OK);
+    assert_int_equal(zdp_dataset_open(p, ZDP_TOKENS_SHARD, 0.2, &ds, &e), ZDP_OK);
+    assert_int_equal(zdp_dataset_n_tokens(ds, ZDP_SPLIT_TRAIN), 8);
+    assert_int_equal(zdp_dataset_tokens(ds, ZDP_SPLIT_VAL)[1], 6);
+    assert_int_equal(zdp_dataset_max_token(ds), 9);
+    zdp_dataset_destroy(ds);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shard_round_trip),
+        cmocka_unit_test(test_shard_corrupt_headers),
+        cmocka_unit_test(test_bytes_from_text),
+        cmocka_unit_test(test_corpus_arith),
+        cmocka_unit_test(test_window_contract),
+        cmocka_unit_test(test_split),
+        cmocka_unit_test(test_cursor_and_args),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
