@@ -2,6 +2,7 @@
  * nn.h -- internal: layer kernels as plain forward/backward functions.
  *
  * Legend: N = rows (batch), C = input channels, OC = output channels.
+ * linear / crossentropy: nn.c; the GPT-2 kernels: nn_transformer.c.
  * Kernels allocate nothing, hold no state and never talk to MPI.  Backward
  * kernels ADD (+=) into parameter gradients, which come from the grad sink,
  * and either overwrite or add into input gradients as their comment says.
@@ -33,5 +34,93 @@ double zdp_nn_crossentropy_forward(float *probs, const float *logits, const int6
 /* dlogits (N,V) = dloss * (probs - onehot(targets)) / N  (overwrites). */
 void zdp_nn_crossentropy_backward(float *dlogits, const float *probs, const int64_t *targets,
                                   float dloss, int64_t N, int64_t V);
+
+/* ---- transformer (GPT-2) kernels: nn_transformer.c -------------------------
+ *
+ * Legend: B = batch, T = sequence length, C = channels, NH = heads,
+ * hs = C / NH (head size), V = vocabulary, N = B * T rows, OC = output
+ * channels.  All tensors are row-major and contiguous.  Parameter gradients
+ * are always ADDED into (+=); each kernel says whether it overwrites or adds
+ * into its input gradient. */
+
+/* out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]   (GPT-2's token + position embedding)
+ * out (B,T,C), inp (B,T) ids in [0,V) (not checked here), wte (V,C), wpe (>=T,C). */
+void zdp_nn_embedding_forward(float *out, const int32_t *inp, const float *wte, const float *wpe,
+                              int64_t B, int64_t T, int64_t C);
+/* dwte (V,C) += scatter of dout by token id; dwpe (>=T,C) += dout summed over b.
+ * Either gradient may be NULL (skipped).  dout (B,T,C), inp (B,T). */
+void zdp_nn_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp,
+                               int64_t B, int64_t T, int64_t C);
+
+/* out = (inp - mean) * rstd * weight + bias per row, rstd = 1/sqrt(var + 1e-5)
+ * with the biased variance (torch.nn.LayerNorm, eps 1e-5).
+ * out (N,C), mean (N), rstd (N) (kept for backward), inp (N,C), weight (C), bias (C). */
+void zdp_nn_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int64_t N, int64_t C);
+/* dinp (N,C) += ..., dweight (C) += ..., dbias (C) += ...  (all ADD).
+ * dout (N,C), inp (N,C), weight (C), mean (N), rstd (N) from the forward. */
+void zdp_nn_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int64_t N, int64_t C);
+
+/* out = inp @ weight + bias   (Hugging Face Conv1D: weight is [in, out])
+ * out (N,OC) (overwritten), inp (N,C), weight (C,OC), bias (OC) or NULL. */
+void zdp_nn_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                           int64_t N, int64_t C, int64_t OC);
+/* dinp (N,C) = dout @ weight^T       (OVERWRITES; skipped when NULL)
+ * dweight (C,OC) += inp^T @ dout     (skipped when NULL)
+ * dbias (OC) += column sums of dout  (skipped when NULL)
+ * dout (N,OC), inp (N,C), weight (C,OC). */
+void zdp_nn_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int64_t N, int64_t C,
+                            int64_t OC);
+
+/* Row blocks of the causal attention: a block of query rows [r0, r1) only
+ * meets keys [0, r1), so the products skip most of the masked triangle. */
+#define ZDP_NN_ATTN_BLOCK 64
+
+/* Causal multi-head self-attention on the fused projection
+ * qkv[b,t,:] = [q (C) | k (C) | v (C)], head h at channels h*hs..(h+1)*hs:
+ *   att[b,h,t,s] = softmax_{s<=t}(q_t . k_s / sqrt(hs)), 0 for s > t
+ *   out[b,t,h*hs:(h+1)*hs] = sum_s att[b,h,t,s] v_s
+ * out (B,T,C) (overwritten), att (B,NH,T,T) (the probabilities, kept for
+ * backward; above the diagonal only the entries inside each row's block of
+ * ZDP_NN_ATTN_BLOCK rows are written, as zeros), qkv (B,T,3C). */
+void zdp_nn_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T,
+                              int64_t C, int64_t NH);
+/* dqkv (B,T,3C) = d/dqkv   (OVERWRITES).  scratch (T,T) is workspace.
+ * dout (B,T,C), qkv (B,T,3C), att (B,NH,T,T) from the forward. */
+void zdp_nn_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                               const float *att, int64_t B, int64_t T, int64_t C, int64_t NH);
+
+/* out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  (GELU, approximate="tanh")
+ * out (N), inp (N); out may alias inp. */
+void zdp_nn_gelu_forward(float *out, const float *inp, int64_t N);
+/* dinp (N) = dout * gelu'(inp)  (OVERWRITES; dinp may alias dout).  inp (N). */
+void zdp_nn_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t N);
+
+/* out = a + b   out, a, b (N); out may alias a or b. */
+void zdp_nn_residual_forward(float *out, const float *a, const float *b, int64_t N);
+/* da (N) += dout, db (N) += dout  (ADD; either may be NULL). */
+void zdp_nn_residual_backward(float *da, float *db, const float *dout, int64_t N);
+
+/* logits = inp @ wte^T   (GPT-2's lm_head, tied to the token embedding)
+ * logits (N,V) (overwritten), inp (N,C), wte (V,C). */
+void zdp_nn_lmhead_forward(float *logits, const float *inp, const float *wte, int64_t N,
+                           int64_t C, int64_t V);
+/* dinp (N,C) = dlogits @ wte     (OVERWRITES; skipped when NULL)
+ * dwte (V,C) += dlogits^T @ inp  (skipped when NULL) */
+void zdp_nn_lmhead_backward(float *dinp, float *dwte, const float *dlogits, const float *inp,
+                            const float *wte, int64_t N, int64_t C, int64_t V);
+
+/* Mean cross-entropy of logits (N,V) against targets (N) in [0,V) (int32):
+ * returns mean_n [logsumexp(logits_n) - logits_n[target_n]] (F.cross_entropy).
+ * probs (N,V) receives softmax(logits); probs may alias logits. */
+double zdp_nn_softmax_crossentropy_forward(float *probs, const float *logits,
+                                           const int32_t *targets, int64_t N, int64_t V);
+/* dlogits (N,V) = dloss * (probs - onehot(targets)) / N  (OVERWRITES; may alias probs). */
+void zdp_nn_softmax_crossentropy_backward(float *dlogits, const float *probs,
+                                          const int32_t *targets, float dloss, int64_t N,
+                                          int64_t V);
 
 #endif /* ZDP_NN_H */

@@ -95,7 +95,7 @@ expect_error 3 "Gradient accumulation steps: 0 has to be greater than 0" train -
 sed 's/"train_micro_batch_size_per_gpu": 16/"train_micro_batch_size_per_gpu": 4/' "$T/b32.json" >"$T/b32b4.json"
 expect_error 3 "32 != 4 * 2 * 3" train --model mlp --config "$T/b32b4.json"
 expect_error 2 "unknown option --bogus" train --model mlp --config "$T/b32.json" --bogus 1
-expect_error 2 "--model gpt: unknown model" train --model gpt --config "$T/b32.json"
+expect_error 2 "--model bert: unknown model" train --model bert --config "$T/b32.json"
 printf 'not a safetensors file' >"$T/junk.safetensors"
 expect_error 2 "junk.safetensors" train --model mlp --hidden 8 --layers 3 \
   --config "$T/managed.json" --data "$T/junk.safetensors"

@@ -26,26 +26,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
+#include "sample.h"
 #include "zdp/zdp.h"
 
-/* ---- options ---------------------------------------------------------------- */
+int cmd_train_gpt(int argc, char **argv); /* train_gpt.c */
 
-#define MAX_SCHEDULE 1024
+/* ---- options ---------------------------------------------------------------- */
 
 typedef struct train_opts {
     const char *model, *config, *init, *data, *save_weights;
     int hidden, layers;
     int64_t steps, samples;
     uint64_t seed;
-    int64_t schedule[MAX_SCHEDULE];
-    int n_schedule;
+    cli_schedule schedule;
 } train_opts;
 
 static void usage_(FILE *f) {
     fprintf(f,
             "usage: mpirun -np W zdp train --model mlp --config CFG.json [options]\n"
             "\n"
-            "  --model mlp               DeepSpeed's SimpleModel (the only model so far)\n"
+            "  --model mlp               DeepSpeed's SimpleModel\n"
+            "                            (--model gpt: see zdp train --model gpt --help)\n"
             "  --hidden H                hidden size = number of classes (default 64)\n"
             "  --layers L                number of Linear(H,H) layers (default 4)\n"
             "  --config CFG.json         DeepSpeed ds_config (required)\n"
@@ -65,48 +67,6 @@ static void usage_(FILE *f) {
             "  zdp --version             print the version\n");
 }
 
-/* Rank 0 prints; every rank leaves with the same code (arguments and
- * configs are the same on every rank, so every rank reaches the same error). */
-static int fail_(const char *fmt, ...) {
-    if (zdp_dist_rank() == 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        fprintf(stderr, "zdp: error: ");
-        vfprintf(stderr, fmt, ap);
-        fprintf(stderr, "\n");
-        va_end(ap);
-    }
-    return 2;
-}
-
-static bool parse_i64_(const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    char *end = NULL;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) return false;
-    *out = v;
-    return true;
-}
-
-static int parse_schedule_(const char *s, train_opts *o) {
-    char buf[8192];
-    if (strlen(s) >= sizeof buf) return fail_("--schedule: list too long (at most %d entries)", MAX_SCHEDULE);
-    strcpy(buf, s);
-    o->n_schedule = 0;
-    for (char *tok = strtok(buf, ","); tok != NULL; tok = strtok(NULL, ",")) {
-        if (o->n_schedule == MAX_SCHEDULE)
-            return fail_("--schedule: more than %d entries", MAX_SCHEDULE);
-        int64_t v;
-        if (!parse_i64_(tok, 1, 1 << 20, &v))
-            return fail_("--schedule: entry %d = \"%s\": each entry is a micro-batch count >= 1 "
-                         "(for example --schedule 2,5,3)",
-                         o->n_schedule + 1, tok);
-        o->schedule[o->n_schedule++] = v;
-    }
-    if (o->n_schedule == 0) return fail_("--schedule: empty; give counts like 2,5,3");
-    return 0;
-}
-
 static int parse_train_args_(int argc, char **argv, train_opts *o) {
     *o = (train_opts){.hidden = 64, .layers = 4, .steps = 20, .samples = 4096, .seed = 42};
     for (int i = 0; i < argc; i++) {
@@ -116,7 +76,7 @@ static int parse_train_args_(int argc, char **argv, train_opts *o) {
             return 1;
         }
         if (strncmp(a, "--", 2) != 0 || i + 1 >= argc)
-            return fail_("%s: expected an option with a value (see zdp train --help)", a);
+            return cli_fail("%s: expected an option with a value (see zdp train --help)", a);
         const char *v = argv[++i];
         int64_t n;
         if (strcmp(a, "--model") == 0) o->model = v;
@@ -125,29 +85,29 @@ static int parse_train_args_(int argc, char **argv, train_opts *o) {
         else if (strcmp(a, "--data") == 0) o->data = v;
         else if (strcmp(a, "--save-weights") == 0) o->save_weights = v;
         else if (strcmp(a, "--schedule") == 0) {
-            int rc = parse_schedule_(v, o);
+            int rc = cli_parse_schedule(v, &o->schedule);
             if (rc) return rc;
         } else if (strcmp(a, "--hidden") == 0) {
-            if (!parse_i64_(v, 1, 65536, &n)) return fail_("--hidden %s: need an integer in 1..65536", v);
+            if (!cli_parse_i64(v, 1, 65536, &n)) return cli_fail("--hidden %s: need an integer in 1..65536", v);
             o->hidden = (int)n;
         } else if (strcmp(a, "--layers") == 0) {
-            if (!parse_i64_(v, 1, 1024, &n)) return fail_("--layers %s: need an integer in 1..1024", v);
+            if (!cli_parse_i64(v, 1, 1024, &n)) return cli_fail("--layers %s: need an integer in 1..1024", v);
             o->layers = (int)n;
         } else if (strcmp(a, "--steps") == 0) {
-            if (!parse_i64_(v, 0, INT64_MAX / 2, &o->steps)) return fail_("--steps %s: need an integer >= 0", v);
+            if (!cli_parse_i64(v, 0, INT64_MAX / 2, &o->steps)) return cli_fail("--steps %s: need an integer >= 0", v);
         } else if (strcmp(a, "--samples") == 0) {
-            if (!parse_i64_(v, 1, (int64_t)1 << 26, &o->samples))
-                return fail_("--samples %s: need an integer in 1..67108864", v);
+            if (!cli_parse_i64(v, 1, (int64_t)1 << 26, &o->samples))
+                return cli_fail("--samples %s: need an integer in 1..67108864", v);
         } else if (strcmp(a, "--seed") == 0) {
-            if (!parse_i64_(v, 0, INT64_MAX, &n)) return fail_("--seed %s: need an integer >= 0", v);
+            if (!cli_parse_i64(v, 0, INT64_MAX, &n)) return cli_fail("--seed %s: need an integer >= 0", v);
             o->seed = (uint64_t)n;
         } else
-            return fail_("unknown option %s (see zdp train --help)", a);
+            return cli_fail("unknown option %s (see zdp train --help)", a);
     }
-    if (o->model == NULL) return fail_("--model is required (--model mlp)");
+    if (o->model == NULL) return cli_fail("--model is required (--model mlp)");
     if (strcmp(o->model, "mlp") != 0)
-        return fail_("--model %s: unknown model; available: mlp", o->model);
-    if (o->config == NULL) return fail_("--config CFG.json is required");
+        return cli_fail("--model %s: unknown model; available: mlp, gpt", o->model);
+    if (o->config == NULL) return cli_fail("--config CFG.json is required");
     return 0;
 }
 
@@ -181,7 +141,7 @@ static int generate_data_(dataset *d, int H, int64_t N, uint64_t seed) {
     float *teacher = malloc((size_t)H * (size_t)H * sizeof(float));
     if (d->x == NULL || d->y == NULL || teacher == NULL) {
         free(teacher);
-        return fail_("generated data: out of memory for %lld rows", (long long)N);
+        return cli_fail("generated data: out of memory for %lld rows", (long long)N);
     }
     uint64_t s = seed ^ 0x5eedda7aULL;
     for (int64_t i = 0; i < (int64_t)H * H; i++) teacher[i] = (float)normal_(&s);
@@ -201,42 +161,42 @@ static int generate_data_(dataset *d, int H, int64_t N, uint64_t seed) {
     return 0;
 }
 
-static int tensor_fail_(const char *path, const char *name, const zdp_tensor *t, const char *want) {
+static int tensor_cli_fail(const char *path, const char *name, const zdp_tensor *t, const char *want) {
     char shape[128] = "";
     for (int d = 0; t != NULL && d < t->ndim; d++) {
         char part[32];
         snprintf(part, sizeof part, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
         strncat(shape, part, sizeof shape - strlen(shape) - 1);
     }
-    if (t == NULL) return fail_("%s: tensor \"%s\" is missing; expected %s", path, name, want);
-    return fail_("%s: tensor \"%s\" is %s [%s]; expected %s", path, name, zdp_dtype_name(t->dtype),
+    if (t == NULL) return cli_fail("%s: tensor \"%s\" is missing; expected %s", path, name, want);
+    return cli_fail("%s: tensor \"%s\" is %s [%s]; expected %s", path, name, zdp_dtype_name(t->dtype),
                  shape, want);
 }
 
 static int load_data_(dataset *d, const char *path, int H) {
     zdp_safetensors st;
     zdp_error err;
-    if (zdp_safetensors_read(path, &st, &err) != ZDP_OK) return fail_("--data %s", err.msg);
+    if (zdp_safetensors_read(path, &st, &err) != ZDP_OK) return cli_fail("--data %s", err.msg);
     int rc = 0;
     const zdp_tensor *x = zdp_safetensors_find(&st, "x"), *y = zdp_safetensors_find(&st, "y");
     char want[96];
     snprintf(want, sizeof want, "F32 [N, %d] (rows of the hidden size)", H);
     if (x == NULL || x->dtype != ZDP_DTYPE_F32 || x->ndim != 2 || x->shape[1] != H || x->shape[0] < 1) {
-        rc = tensor_fail_(path, "x", x, want);
+        rc = tensor_cli_fail(path, "x", x, want);
         goto done;
     }
     int64_t N = x->shape[0];
     snprintf(want, sizeof want, "I64 or I32 [%lld] (one label per row of x)", (long long)N);
     if (y == NULL || (y->dtype != ZDP_DTYPE_I64 && y->dtype != ZDP_DTYPE_I32) || y->ndim != 1 ||
         y->shape[0] != N) {
-        rc = tensor_fail_(path, "y", y, want);
+        rc = tensor_cli_fail(path, "y", y, want);
         goto done;
     }
     d->N = N;
     d->x = malloc((size_t)N * (size_t)H * sizeof(float));
     d->y = malloc((size_t)N * sizeof(int64_t));
     if (d->x == NULL || d->y == NULL) {
-        rc = fail_("%s: out of memory for %lld rows", path, (long long)N);
+        rc = cli_fail("%s: out of memory for %lld rows", path, (long long)N);
         goto done;
     }
     memcpy(d->x, x->data, (size_t)N * (size_t)H * sizeof(float));
@@ -244,7 +204,7 @@ static int load_data_(dataset *d, const char *path, int H) {
         int64_t v = y->dtype == ZDP_DTYPE_I64 ? ((const int64_t *)y->data)[n]
                                               : ((const int32_t *)y->data)[n];
         if (v < 0 || v >= H) {
-            rc = fail_("%s: y[%lld] = %lld: labels must be in [0, %d) (the hidden size is the "
+            rc = cli_fail("%s: y[%lld] = %lld: labels must be in [0, %d) (the hidden size is the "
                        "number of classes)",
                        path, (long long)n, (long long)v, H);
             goto done;
@@ -260,7 +220,7 @@ done:
 static int load_init_(zdp_engine *eng, const zdp_model *model, const char *path) {
     zdp_safetensors st;
     zdp_error err;
-    if (zdp_safetensors_read(path, &st, &err) != ZDP_OK) return fail_("--init %s", err.msg);
+    if (zdp_safetensors_read(path, &st, &err) != ZDP_OK) return cli_fail("--init %s", err.msg);
     int rc = 0;
     for (int i = 0; i < model->n_params && rc == 0; i++) {
         const zdp_param_info *p = &model->params[i];
@@ -273,7 +233,7 @@ static int load_init_(zdp_engine *eng, const zdp_model *model, const char *path)
                 snprintf(want, sizeof want, "F32 [%lld, %lld]", (long long)p->shape[0], (long long)p->shape[1]);
             else
                 snprintf(want, sizeof want, "F32 [%lld]", (long long)p->shape[0]);
-            rc = tensor_fail_(path, p->name, t, want);
+            rc = tensor_cli_fail(path, p->name, t, want);
         } else {
             memcpy(zdp_engine_param_data(eng, i), t->data, t->nbytes);
         }
@@ -284,7 +244,7 @@ static int load_init_(zdp_engine *eng, const zdp_model *model, const char *path)
         for (int i = 0; i < model->n_params && !known; i++)
             known = strcmp(st.tensors[k].name, model->params[i].name) == 0;
         if (!known)
-            rc = fail_("%s: tensor \"%s\" is not a parameter of this model (--layers %d); check "
+            rc = cli_fail("%s: tensor \"%s\" is not a parameter of this model (--layers %d); check "
                        "--hidden/--layers against the file",
                        path, st.tensors[k].name, model->n_params / 2);
     }
@@ -294,7 +254,7 @@ static int load_init_(zdp_engine *eng, const zdp_model *model, const char *path)
 
 static int save_weights_(zdp_engine *eng, const zdp_model *model, const char *path) {
     zdp_tensor *ts = calloc((size_t)model->n_params, sizeof *ts);
-    if (ts == NULL) return fail_("--save-weights: out of memory");
+    if (ts == NULL) return cli_fail("--save-weights: out of memory");
     for (int i = 0; i < model->n_params; i++) {
         const zdp_param_info *p = &model->params[i];
         int64_t n = 1;
@@ -316,12 +276,6 @@ static int save_weights_(zdp_engine *eng, const zdp_model *model, const char *pa
 
 /* ---- training ------------------------------------------------------------------ */
 
-static void die_(const char *what, const zdp_error *err) {
-    char msg[ZDP_ERROR_MSG_MAX + 128];
-    snprintf(msg, sizeof msg, "%s: %s", what, err->msg);
-    zdp_dist_abort(1, msg);
-}
-
 static void train_loop_(zdp_engine *eng, const train_opts *o, const dataset *d) {
     const zdp_config *cfg = zdp_engine_config(eng);
     const int W = zdp_dist_world_size(), r = zdp_dist_rank();
@@ -333,7 +287,7 @@ static void train_loop_(zdp_engine *eng, const train_opts *o, const dataset *d) 
     zdp_error err;
     int64_t j = 0; /* this rank's micro-batch counter across all steps */
     for (int64_t s = 0; s < o->steps; s++) {
-        int64_t n = managed ? G : (o->n_schedule > 0 ? o->schedule[s % o->n_schedule] : G);
+        int64_t n = cli_window(&o->schedule, managed, G, s);
         double loss_sum = 0.0;
         for (int64_t k = 0; k < n; k++, j++) {
             for (int64_t i = 0; i < b; i++) {
@@ -343,14 +297,14 @@ static void train_loop_(zdp_engine *eng, const train_opts *o, const dataset *d) 
             }
             zdp_mlp_batch batch = {.x = xb, .y = yb, .n = b};
             float loss;
-            if (zdp_engine_forward(eng, &batch, &loss, &err) != ZDP_OK) die_("forward", &err);
+            if (zdp_engine_forward(eng, &batch, &loss, &err) != ZDP_OK) cli_die("forward", &err);
             loss_sum += loss;
             bool ok = managed ? zdp_engine_backward(eng, true, 1.0f, &err) == ZDP_OK
                               : zdp_engine_backward(eng, false, 1.0f / (float)n, &err) == ZDP_OK;
-            if (!ok) die_("backward", &err);
-            if (managed && zdp_engine_step(eng, &err) != ZDP_OK) die_("step", &err);
+            if (!ok) cli_die("backward", &err);
+            if (managed && zdp_engine_step(eng, &err) != ZDP_OK) cli_die("step", &err);
         }
-        if (!managed && zdp_engine_step(eng, &err) != ZDP_OK) die_("step", &err);
+        if (!managed && zdp_engine_step(eng, &err) != ZDP_OK) cli_die("step", &err);
         double mean_loss = zdp_dist_mean(loss_sum / (double)n);
         if (r == 0) {
             printf("step %lld | loss %.6f | global_samples %lld | grad_norm %.6f%s\n",
@@ -372,24 +326,24 @@ static int cmd_train_(int argc, char **argv) {
     zdp_error err;
     zdp_config cfg;
     const int W = zdp_dist_world_size();
-    if (zdp_config_load_file(o.config, W, &cfg, &err) != ZDP_OK) return fail_("%s", err.msg);
-    if (o.n_schedule > 0 && cfg.managed_gradient_accumulation)
-        return fail_("--schedule needs unmanaged accumulation: set "
+    if (zdp_config_load_file(o.config, W, &cfg, &err) != ZDP_OK) return cli_fail("%s", err.msg);
+    if (o.schedule.len > 0 && cfg.managed_gradient_accumulation)
+        return cli_fail("--schedule needs unmanaged accumulation: set "
                      "\"managed_gradient_accumulation\": false in %s, or drop --schedule",
                      o.config);
     if (cfg.micro_batch_size > ((int64_t)1 << 20))
-        return fail_("train_micro_batch_size_per_gpu = %lld: the MLP trainer takes at most "
+        return cli_fail("train_micro_batch_size_per_gpu = %lld: the MLP trainer takes at most "
                      "1048576 rows per micro-batch",
                      (long long)cfg.micro_batch_size);
 
     zdp_model model;
     if (zdp_mlp_create(o.hidden, o.layers, cfg.micro_batch_size, &model, &err) != ZDP_OK)
-        return fail_("%s", err.msg);
+        return cli_fail("%s", err.msg);
     zdp_engine *eng = NULL;
     dataset data = {0};
     rc = 0;
     if (zdp_engine_create(&cfg, &model, &eng, &err) != ZDP_OK) {
-        rc = fail_("%s", err.msg);
+        rc = cli_fail("%s", err.msg);
         goto done;
     }
     /* Every rank reads the same files; agree before training so that a
@@ -408,7 +362,7 @@ static int cmd_train_(int argc, char **argv) {
         if (rc == 0) rc = 2; /* another rank failed and said why */
         goto done;
     }
-    if (zdp_engine_sync_params(eng, &err) != ZDP_OK) die_("sync params", &err);
+    if (zdp_engine_sync_params(eng, &err) != ZDP_OK) cli_die("sync params", &err);
     if (zdp_dist_rank() == 0)
         printf("zdp train: mlp hidden %d layers %d | %d rank(s) | ZeRO stage %d | %s accumulation "
                "| B %lld = b %lld x G %lld x W %d | %lld samples\n",
@@ -436,21 +390,21 @@ static int cmd_gen_data_(int argc, char **argv) {
     int64_t H = 0, N = 4096, seed = 42;
     const char *out = NULL;
     for (int i = 0; i < argc; i += 2) {
-        if (i + 1 >= argc) return fail_("%s: missing value (see zdp --help)", argv[i]);
+        if (i + 1 >= argc) return cli_fail("%s: missing value (see zdp --help)", argv[i]);
         const char *a = argv[i], *v = argv[i + 1];
         if (strcmp(a, "--hidden") == 0) {
-            if (!parse_i64_(v, 1, 65536, &H)) return fail_("--hidden %s: need an integer in 1..65536", v);
+            if (!cli_parse_i64(v, 1, 65536, &H)) return cli_fail("--hidden %s: need an integer in 1..65536", v);
         } else if (strcmp(a, "--samples") == 0) {
-            if (!parse_i64_(v, 1, (int64_t)1 << 26, &N)) return fail_("--samples %s: need 1..67108864", v);
+            if (!cli_parse_i64(v, 1, (int64_t)1 << 26, &N)) return cli_fail("--samples %s: need 1..67108864", v);
         } else if (strcmp(a, "--seed") == 0) {
-            if (!parse_i64_(v, 0, INT64_MAX, &seed)) return fail_("--seed %s: need an integer >= 0", v);
+            if (!cli_parse_i64(v, 0, INT64_MAX, &seed)) return cli_fail("--seed %s: need an integer >= 0", v);
         } else if (strcmp(a, "--out") == 0) {
             out = v;
         } else {
-            return fail_("unknown option %s for gen-data (see zdp --help)", a);
+            return cli_fail("unknown option %s for gen-data (see zdp --help)", a);
         }
     }
-    if (H == 0 || out == NULL) return fail_("gen-data needs --hidden H and --out FILE");
+    if (H == 0 || out == NULL) return cli_fail("gen-data needs --hidden H and --out FILE");
     if (zdp_dist_rank() != 0) return 0;
     dataset d = {0};
     int rc = generate_data_(&d, (int)H, N, (uint64_t)seed);
@@ -462,7 +416,7 @@ static int cmd_gen_data_(int argc, char **argv) {
              .nbytes = (size_t)N * sizeof(int64_t)},
         };
         zdp_error err;
-        if (zdp_safetensors_write(out, ts, 2, &err) != ZDP_OK) rc = fail_("gen-data: %s", err.msg);
+        if (zdp_safetensors_write(out, ts, 2, &err) != ZDP_OK) rc = cli_fail("gen-data: %s", err.msg);
     }
     free(d.x);
     free(d.y);
@@ -485,12 +439,20 @@ int main(int argc, char **argv) {
         return 1;
     }
     int rc;
-    if (strcmp(argv[1], "train") == 0)
+    /* --model picks the trainer; the GPT trainer parses its own options. */
+    bool gpt = false;
+    for (int i = 2; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--model") == 0 && strcmp(argv[i + 1], "gpt") == 0) gpt = true;
+    if (strcmp(argv[1], "train") == 0 && gpt)
+        rc = cmd_train_gpt(argc - 2, argv + 2);
+    else if (strcmp(argv[1], "train") == 0)
         rc = cmd_train_(argc - 2, argv + 2);
+    else if (strcmp(argv[1], "sample") == 0)
+        rc = cmd_sample(argc - 2, argv + 2);
     else if (strcmp(argv[1], "gen-data") == 0)
         rc = cmd_gen_data_(argc - 2, argv + 2);
     else
-        rc = fail_("unknown command \"%s\"; available: train, gen-data (see zdp --help)", argv[1]);
+        rc = cli_fail("unknown command \"%s\"; available: train, sample, gen-data (see zdp --help)", argv[1]);
     zdp_dist_finalize();
     return rc;
 }

@@ -1,0 +1,474 @@
+/*
+ * gpt.c -- GPT-2 (zdp.h's GPT-2 section) on the nn/ kernels.
+ *
+ *   x = wte[inputs] + wpe[0..T)
+ *   per layer:  x = x + c_proj(attn(c_attn(ln_1(x))))
+ *               x = x + mlp.c_proj(gelu(mlp.c_fc(ln_2(x))))
+ *   logits = ln_f(x) @ wte^T;  loss = mean cross-entropy over all B*T positions
+ *
+ * Parameters are registered in zdp.h's order with Hugging Face names and
+ * Conv1D [in, out] layouts.  Activations for max_batch x block_size tokens
+ * are allocated once at create (one block, owned here, not counted by the
+ * engine); forward keeps every layer's activations for backward.
+ *
+ * Backward and the grad sink: tensors are acquired when they first get a
+ * gradient and released as soon as they get no more, in backward order: ln_f,
+ * layer L-1 down to 0 (each layer's twelve tensors last to first, which is the
+ * order their gradients complete), wpe, and wte last.  wte is tied: it gets
+ * the lm_head's contribution first and the token embedding's at the very end,
+ * so it stays acquired through the whole backward.  Since the engine plans
+ * buckets from the last registered tensor to the first, buckets complete in
+ * order.  Not here: any parallelism or communication (the engine's job).
+ */
+#include <limits.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/core.h"
+#include "../nn/nn.h"
+
+/* Offsets of one layer's tensors from its first (registration order). */
+enum {
+    LN1_W, LN1_B, ATTN_W, ATTN_B, APROJ_W, APROJ_B,
+    LN2_W, LN2_B, FC_W, FC_B, FPROJ_W, FPROJ_B, PER_LAYER
+};
+#define WTE_ 0
+#define WPE_ 1
+#define LAYER0_ 2
+#define NAME_MAX_ 64
+
+typedef struct gpt {
+    zdp_gpt_config cfg;
+    int max_batch;
+    int B, T;          /* shape of the last forward */
+    bool have_forward; /* backward may run (forward's activations are intact) */
+    int32_t *inputs;   /* (max_batch, block_size) copies of the last batch */
+    int32_t *targets;
+
+    /* Activations: one allocation, sliced below.  Per-layer arrays hold L
+     * slices of max_batch*block_size rows; a forward with B, T uses the first
+     * B*T rows of each slice. */
+    float *mem;
+    float *encoded;              /* (BT, C) the embedding: layer 0's input */
+    float *ln1, *ln2;            /* (L, BT, C) */
+    float *ln1_mean, *ln1_rstd;  /* (L, BT) */
+    float *ln2_mean, *ln2_rstd;  /* (L, BT) */
+    float *qkv;                  /* (L, BT, 3C) */
+    float *att;                  /* (L, B, NH, T, T) attention probabilities */
+    float *atty;                 /* (L, BT, C) attention output, before c_proj */
+    float *res_mid;              /* (L, BT, C) x + attention */
+    float *fch, *fch_gelu;       /* (L, BT, 4C) */
+    float *res_out;              /* (L, BT, C) the layer's output */
+    float *lnf;                  /* (BT, C) */
+    float *lnf_mean, *lnf_rstd;  /* (BT) */
+    float *probs;                /* (BT, V) softmax; backward turns it into dlogits */
+    float *proj;                 /* (BT, C) scratch: c_proj outputs before the residual add */
+    /* Backward scratch. */
+    float *dres;                 /* (BT, C) gradient of the residual stream */
+    float *dbuf;                 /* (BT, C) gradient of an ln output / attention output */
+    float *dqkv;                 /* (BT, 3C) */
+    float *dfch;                 /* (BT, 4C) */
+    float *datt;                 /* (T, T) attention scratch */
+
+    char *names;          /* n_params * NAME_MAX_ */
+    zdp_param_info *info; /* (n_params) */
+} gpt;
+
+static const zdp_model_ops gpt_ops_;
+
+static gpt *gpt_of_(const zdp_model *model) {
+    return model != NULL && model->ops == &gpt_ops_ ? model->self : NULL;
+}
+
+/* ---- forward ------------------------------------------------------------------------ */
+
+/* Embedding and every block on inputs (B,T); returns the last residual (B*T, C). */
+static const float *trunk_forward_(gpt *m, const float *const *P, const int32_t *inputs, int B,
+                                   int T) {
+    const int64_t C = m->cfg.n_embd, NH = m->cfg.n_head, N = (int64_t)B * T;
+    const int64_t rows = (int64_t)m->max_batch * m->cfg.block_size;
+    const int64_t att_slice = (int64_t)m->max_batch * NH * m->cfg.block_size * m->cfg.block_size;
+    zdp_nn_embedding_forward(m->encoded, inputs, P[WTE_], P[WPE_], B, T, C);
+    const float *x = m->encoded;
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        const float *const *lp = P + LAYER0_ + PER_LAYER * l;
+        const int64_t r = l * rows;
+        float *ln1 = m->ln1 + r * C, *qkv = m->qkv + r * 3 * C, *atty = m->atty + r * C;
+        float *res_mid = m->res_mid + r * C, *ln2 = m->ln2 + r * C;
+        float *fch = m->fch + r * 4 * C, *fch_gelu = m->fch_gelu + r * 4 * C;
+        float *res_out = m->res_out + r * C;
+        zdp_nn_layernorm_forward(ln1, m->ln1_mean + r, m->ln1_rstd + r, x, lp[LN1_W], lp[LN1_B],
+                                 N, C);
+        zdp_nn_matmul_forward(qkv, ln1, lp[ATTN_W], lp[ATTN_B], N, C, 3 * C);
+        zdp_nn_attention_forward(atty, m->att + l * att_slice, qkv, B, T, C, NH);
+        zdp_nn_matmul_forward(m->proj, atty, lp[APROJ_W], lp[APROJ_B], N, C, C);
+        zdp_nn_residual_forward(res_mid, x, m->proj, N * C);
+        zdp_nn_layernorm_forward(ln2, m->ln2_mean + r, m->ln2_rstd + r, res_mid, lp[LN2_W],
+                                 lp[LN2_B], N, C);
+        zdp_nn_matmul_forward(fch, ln2, lp[FC_W], lp[FC_B], N, C, 4 * C);
+        zdp_nn_gelu_forward(fch_gelu, fch, N * 4 * C);
+        zdp_nn_matmul_forward(m->proj, fch_gelu, lp[FPROJ_W], lp[FPROJ_B], N, 4 * C, C);
+        zdp_nn_residual_forward(res_out, res_mid, m->proj, N * C);
+        x = res_out;
+    }
+    return x;
+}
+
+/* Token ids (B,T) must lie in [0, V): the first bad one is named. */
+static zdp_status check_ids_(const gpt *m, const int32_t *ids, int B, int T, const char *what,
+                             const char *fn, zdp_error *err) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            int32_t v = ids[(int64_t)b * T + t];
+            if (v < 0 || v >= m->cfg.vocab_size)
+                return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                                   "%s: %s[%d][%d] = %d: token ids must be in [0, %d) "
+                                   "(vocab_size)",
+                                   fn, what, b, t, (int)v, m->cfg.vocab_size);
+        }
+    return ZDP_OK;
+}
+
+static zdp_status gpt_forward_(void *self, const float *const *params, const void *batch_v,
+                               float *loss, zdp_error *err) {
+    gpt *m = self;
+    const zdp_gpt_batch *batch = batch_v;
+    const char *fn = "gpt forward";
+    m->have_forward = false;
+    if (batch == NULL || batch->inputs == NULL || batch->targets == NULL || loss == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: batch, batch->inputs, batch->targets and loss must be set", fn);
+    if (batch->B < 1 || batch->B > m->max_batch)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: batch->B = %d: must be 1..%d (the max_batch the model was "
+                           "created with)",
+                           fn, batch->B, m->max_batch);
+    if (batch->T < 1 || batch->T > m->cfg.block_size)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: batch->T = %d: must be 1..%d (block_size)",
+                           fn, batch->T, m->cfg.block_size);
+    const int B = batch->B, T = batch->T;
+    zdp_status st = check_ids_(m, batch->inputs, B, T, "inputs", fn, err);
+    if (st == ZDP_OK) st = check_ids_(m, batch->targets, B, T, "targets", fn, err);
+    if (st != ZDP_OK) return st;
+
+    const int64_t C = m->cfg.n_embd, V = m->cfg.vocab_size, N = (int64_t)B * T;
+    memcpy(m->inputs, batch->inputs, (size_t)N * sizeof(int32_t));
+    memcpy(m->targets, batch->targets, (size_t)N * sizeof(int32_t));
+    const float *x = trunk_forward_(m, params, m->inputs, B, T);
+    const int lnf = LAYER0_ + PER_LAYER * m->cfg.n_layer;
+    zdp_nn_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, x, params[lnf], params[lnf + 1], N,
+                             C);
+    zdp_nn_lmhead_forward(m->probs, m->lnf, params[WTE_], N, C, V);
+    *loss = (float)zdp_nn_softmax_crossentropy_forward(m->probs, m->probs, m->targets, N, V);
+    m->B = B;
+    m->T = T;
+    m->have_forward = true;
+    return ZDP_OK;
+}
+
+/* ---- backward ------------------------------------------------------------------------ */
+
+/* Acquires the gradient buffers of tensors i and j (j < 0: only i). */
+static zdp_status acquire_(zdp_grad_sink *sink, const gpt *m, int i, float **gi, int j,
+                           float **gj, zdp_error *err) {
+    *gi = zdp_grad_acquire(sink, i);
+    if (j >= 0) *gj = zdp_grad_acquire(sink, j);
+    if (*gi == NULL || (j >= 0 && *gj == NULL))
+        return zdp_err_set(err, ZDP_ERR_INTERNAL,
+                           "gpt backward: the grad sink refused %s (index %d)",
+                           *gi == NULL ? m->info[i].name : m->info[j].name, *gi == NULL ? i : j);
+    return ZDP_OK;
+}
+
+static zdp_status gpt_backward_(void *self, const float *const *params, float dloss,
+                                zdp_grad_sink *sink, zdp_error *err) {
+    gpt *m = self;
+    if (!m->have_forward)
+        return zdp_err_set(err, ZDP_ERR_STATE,
+                           "gpt backward: no forward to differentiate (run forward on the "
+                           "micro-batch first; backward consumes it)");
+    /* Backward turns probs into dlogits in place: one backward per forward. */
+    m->have_forward = false;
+    const int B = m->B, T = m->T, L = m->cfg.n_layer;
+    const int64_t C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size;
+    const int64_t N = (int64_t)B * T;
+    const int64_t rows = (int64_t)m->max_batch * m->cfg.block_size;
+    const int64_t att_slice = (int64_t)m->max_batch * NH * m->cfg.block_size * m->cfg.block_size;
+    const int lnf = LAYER0_ + PER_LAYER * L;
+    float *dw = NULL, *db = NULL, *dwte = NULL, *dwpe = NULL;
+    zdp_status st;
+
+    /* Loss and lm_head: wte's first contribution (it stays acquired). */
+    zdp_nn_softmax_crossentropy_backward(m->probs, m->probs, m->targets, dloss, N, V);
+    if ((st = acquire_(sink, m, WTE_, &dwte, -1, NULL, err)) != ZDP_OK) return st;
+    zdp_nn_lmhead_backward(m->dbuf, dwte, m->probs, m->lnf, params[WTE_], N, C, V);
+
+    /* ln_f: the residual stream's gradient starts here. */
+    const float *x_last = m->res_out + (int64_t)(L - 1) * rows * C; /* L >= 1 */
+    if ((st = acquire_(sink, m, lnf, &dw, lnf + 1, &db, err)) != ZDP_OK) return st;
+    memset(m->dres, 0, (size_t)(N * C) * sizeof(float));
+    zdp_nn_layernorm_backward(m->dres, dw, db, m->dbuf, x_last, params[lnf], m->lnf_mean,
+                              m->lnf_rstd, N, C);
+    zdp_grad_release(sink, lnf + 1);
+    zdp_grad_release(sink, lnf);
+
+    /* Blocks, last first.  The residual adds pass dres through unchanged
+     * (their backward is the identity), so one buffer carries the residual
+     * stream's gradient and the ln backwards add into it. */
+    for (int l = L - 1; l >= 0; l--) {
+        const int p0 = LAYER0_ + PER_LAYER * l;
+        const float *const *lp = params + p0;
+        const int64_t r = l * rows;
+        const float *x_in = l > 0 ? m->res_out + (r - rows) * C : m->encoded;
+
+        if ((st = acquire_(sink, m, p0 + FPROJ_W, &dw, p0 + FPROJ_B, &db, err)) != ZDP_OK) return st;
+        zdp_nn_matmul_backward(m->dfch, dw, db, m->dres, m->fch_gelu + r * 4 * C, lp[FPROJ_W], N,
+                               4 * C, C);
+        zdp_grad_release(sink, p0 + FPROJ_B);
+        zdp_grad_release(sink, p0 + FPROJ_W);
+        zdp_nn_gelu_backward(m->dfch, m->fch + r * 4 * C, m->dfch, N * 4 * C);
+
+        if ((st = acquire_(sink, m, p0 + FC_W, &dw, p0 + FC_B, &db, err)) != ZDP_OK) return st;
+        zdp_nn_matmul_backward(m->dbuf, dw, db, m->dfch, m->ln2 + r * C, lp[FC_W], N, C, 4 * C);
+        zdp_grad_release(sink, p0 + FC_B);
+        zdp_grad_release(sink, p0 + FC_W);
+
+        if ((st = acquire_(sink, m, p0 + LN2_W, &dw, p0 + LN2_B, &db, err)) != ZDP_OK) return st;
+        zdp_nn_layernorm_backward(m->dres, dw, db, m->dbuf, m->res_mid + r * C, lp[LN2_W],
+                                  m->ln2_mean + r, m->ln2_rstd + r, N, C);
+        zdp_grad_release(sink, p0 + LN2_B);
+        zdp_grad_release(sink, p0 + LN2_W);
+
+        if ((st = acquire_(sink, m, p0 + APROJ_W, &dw, p0 + APROJ_B, &db, err)) != ZDP_OK) return st;
+        zdp_nn_matmul_backward(m->dbuf, dw, db, m->dres, m->atty + r * C, lp[APROJ_W], N, C, C);
+        zdp_grad_release(sink, p0 + APROJ_B);
+        zdp_grad_release(sink, p0 + APROJ_W);
+
+        zdp_nn_attention_backward(m->dqkv, m->datt, m->dbuf, m->qkv + r * 3 * C,
+                                  m->att + l * att_slice, B, T, C, NH);
+
+        if ((st = acquire_(sink, m, p0 + ATTN_W, &dw, p0 + ATTN_B, &db, err)) != ZDP_OK) return st;
+        zdp_nn_matmul_backward(m->dbuf, dw, db, m->dqkv, m->ln1 + r * C, lp[ATTN_W], N, C, 3 * C);
+        zdp_grad_release(sink, p0 + ATTN_B);
+        zdp_grad_release(sink, p0 + ATTN_W);
+
+        if ((st = acquire_(sink, m, p0 + LN1_W, &dw, p0 + LN1_B, &db, err)) != ZDP_OK) return st;
+        zdp_nn_layernorm_backward(m->dres, dw, db, m->dbuf, x_in, lp[LN1_W], m->ln1_mean + r,
+                                  m->ln1_rstd + r, N, C);
+        zdp_grad_release(sink, p0 + LN1_B);
+        zdp_grad_release(sink, p0 + LN1_W);
+    }
+
+    /* Embeddings: wpe, then wte's second contribution, and wte is done. */
+    if ((st = acquire_(sink, m, WPE_, &dwpe, WTE_, &dwte, err)) != ZDP_OK) return st;
+    zdp_nn_embedding_backward(dwte, dwpe, m->dres, m->inputs, B, T, C);
+    zdp_grad_release(sink, WPE_);
+    zdp_grad_release(sink, WTE_);
+    return ZDP_OK;
+}
+
+static const zdp_model_ops gpt_ops_ = {.forward = gpt_forward_, .backward = gpt_backward_};
+
+/* ---- create / destroy ------------------------------------------------------------------ */
+
+static zdp_status check_config_(const zdp_gpt_config *c, int max_batch, zdp_error *err) {
+    const char *fn = "gpt create";
+    if (c->n_layer < 1 || c->n_layer > 1024)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: n_layer = %d: must be 1..1024", fn,
+                           c->n_layer);
+    if (c->n_embd < 1 || c->n_embd > 65536)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: n_embd = %d: must be 1..65536", fn,
+                           c->n_embd);
+    if (c->n_head < 1 || c->n_head > c->n_embd || c->n_embd % c->n_head != 0)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: n_head = %d: must be at least 1 and divide n_embd = %d (head "
+                           "size n_embd / n_head)",
+                           fn, c->n_head, c->n_embd);
+    if (c->vocab_size < 1 || c->vocab_size > (1 << 24))
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: vocab_size = %d: must be 1..16777216",
+                           fn, c->vocab_size);
+    if (c->block_size < 1 || c->block_size > 65536)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: block_size = %d: must be 1..65536", fn,
+                           c->block_size);
+    if (max_batch < 1 || (int64_t)max_batch * c->block_size > INT_MAX / 4)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: max_batch = %d: must be at least 1, with max_batch * block_size "
+                           "(%d) at most %d tokens",
+                           fn, max_batch, c->block_size, INT_MAX / 4);
+    return ZDP_OK;
+}
+
+/* Names and shapes in zdp.h's registration order. */
+static void register_params_(gpt *m) {
+    const int64_t C = m->cfg.n_embd;
+    int k = 0;
+#define ADD_(shape0, shape1, ...)                                                    \
+    do {                                                                             \
+        char *nm = m->names + (size_t)k * NAME_MAX_;                                 \
+        snprintf(nm, NAME_MAX_, __VA_ARGS__);                                        \
+        m->info[k] = (zdp_param_info){.name = nm, .ndim = (shape1) > 0 ? 2 : 1,      \
+                                      .shape = {(shape0), (shape1) > 0 ? (shape1) : 0}}; \
+        k++;                                                                         \
+    } while (0)
+    ADD_(m->cfg.vocab_size, C, "transformer.wte.weight");
+    ADD_(m->cfg.block_size, C, "transformer.wpe.weight");
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        ADD_(C, 0, "transformer.h.%d.ln_1.weight", l);
+        ADD_(C, 0, "transformer.h.%d.ln_1.bias", l);
+        ADD_(C, 3 * C, "transformer.h.%d.attn.c_attn.weight", l);
+        ADD_(3 * C, 0, "transformer.h.%d.attn.c_attn.bias", l);
+        ADD_(C, C, "transformer.h.%d.attn.c_proj.weight", l);
+        ADD_(C, 0, "transformer.h.%d.attn.c_proj.bias", l);
+        ADD_(C, 0, "transformer.h.%d.ln_2.weight", l);
+        ADD_(C, 0, "transformer.h.%d.ln_2.bias", l);
+        ADD_(C, 4 * C, "transformer.h.%d.mlp.c_fc.weight", l);
+        ADD_(4 * C, 0, "transformer.h.%d.mlp.c_fc.bias", l);
+        ADD_(4 * C, C, "transformer.h.%d.mlp.c_proj.weight", l);
+        ADD_(C, 0, "transformer.h.%d.mlp.c_proj.bias", l);
+    }
+    ADD_(C, 0, "transformer.ln_f.weight");
+    ADD_(C, 0, "transformer.ln_f.bias");
+#undef ADD_
+}
+
+zdp_status zdp_gpt_create(const zdp_gpt_config *cfg, int max_batch, zdp_model *out,
+                          zdp_error *err) {
+    if (out == NULL || cfg == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_gpt_create: cfg and out must be set");
+    memset(out, 0, sizeof *out);
+    zdp_status st = check_config_(cfg, max_batch, err);
+    if (st != ZDP_OK) return st;
+    gpt *m = calloc(1, sizeof *m);
+    if (m == NULL) goto nomem;
+    m->cfg = *cfg;
+    m->max_batch = max_batch;
+    const int64_t L = cfg->n_layer, C = cfg->n_embd, NH = cfg->n_head, V = cfg->vocab_size;
+    const int64_t Tm = cfg->block_size, BT = (int64_t)max_batch * Tm;
+    const int n_params = 2 + PER_LAYER * cfg->n_layer + 2;
+
+    /* Slice one block; each slice starts on a 64-byte boundary. */
+    struct { float **p; int64_t n; } slices[] = {
+        {&m->encoded, BT * C},      {&m->ln1, L * BT * C},         {&m->ln2, L * BT * C},
+        {&m->ln1_mean, L * BT},     {&m->ln1_rstd, L * BT},        {&m->ln2_mean, L * BT},
+        {&m->ln2_rstd, L * BT},     {&m->qkv, L * BT * 3 * C},     {&m->att, L * BT * NH * Tm},
+        {&m->atty, L * BT * C},     {&m->res_mid, L * BT * C},     {&m->fch, L * BT * 4 * C},
+        {&m->fch_gelu, L * BT * 4 * C}, {&m->res_out, L * BT * C}, {&m->lnf, BT * C},
+        {&m->lnf_mean, BT},         {&m->lnf_rstd, BT},            {&m->probs, BT * V},
+        {&m->proj, BT * C},         {&m->dres, BT * C},            {&m->dbuf, BT * C},
+        {&m->dqkv, BT * 3 * C},     {&m->dfch, BT * 4 * C},        {&m->datt, Tm * Tm},
+    };
+    const int nslices = (int)(sizeof slices / sizeof slices[0]);
+    int64_t total = 0;
+    for (int i = 0; i < nslices; i++) total += (slices[i].n + 15) / 16 * 16;
+    if ((uint64_t)total > SIZE_MAX / sizeof(float) / 2) goto nomem;
+    m->mem = aligned_alloc(64, (size_t)total * sizeof(float));
+    if (m->mem == NULL) goto nomem;
+    memset(m->mem, 0, (size_t)total * sizeof(float));
+    int64_t off = 0;
+    for (int i = 0; i < nslices; i++) {
+        *slices[i].p = m->mem + off;
+        off += (slices[i].n + 15) / 16 * 16;
+    }
+    m->inputs = calloc((size_t)BT, sizeof(int32_t));
+    m->targets = calloc((size_t)BT, sizeof(int32_t));
+    m->names = calloc((size_t)n_params, NAME_MAX_);
+    m->info = calloc((size_t)n_params, sizeof *m->info);
+    if (!m->inputs || !m->targets || !m->names || !m->info) goto nomem;
+    register_params_(m);
+    *out = (zdp_model){.self = m, .ops = &gpt_ops_, .n_params = n_params, .params = m->info};
+    return ZDP_OK;
+nomem:
+    out->self = m;
+    out->ops = &gpt_ops_;
+    zdp_gpt_destroy(out);
+    memset(out, 0, sizeof *out); /* also when m itself could not be allocated */
+    return zdp_err_set(err, ZDP_ERR_NOMEM,
+                       "gpt create: out of memory for the activations of n_layer %d, n_embd %d, "
+                       "vocab_size %d, block_size %d, max_batch %d; lower max_batch or "
+                       "block_size",
+                       cfg->n_layer, cfg->n_embd, cfg->vocab_size, cfg->block_size, max_batch);
+}
+
+void zdp_gpt_destroy(zdp_model *model) {
+    gpt *m = gpt_of_(model);
+    if (m == NULL) return;
+    free(m->mem);
+    free(m->inputs);
+    free(m->targets);
+    free(m->names);
+    free(m->info);
+    free(m);
+    memset(model, 0, sizeof *model);
+}
+
+const zdp_gpt_config *zdp_gpt_config_of(const zdp_model *model) {
+    const gpt *m = gpt_of_(model);
+    return m != NULL ? &m->cfg : NULL;
+}
+
+/* ---- initialisation ------------------------------------------------------------------ */
+
+/* splitmix64: a small, well-mixed, reproducible generator. */
+static uint64_t splitmix64_(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* N(0, 1) by Box-Muller from two uniforms, u1 in (0, 1], u2 in [0, 1). */
+static double normal_(uint64_t *s) {
+    const double u1 = (double)((splitmix64_(s) >> 11) + 1) * 0x1.0p-53;
+    const double u2 = (double)(splitmix64_(s) >> 11) * 0x1.0p-53;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+void zdp_gpt_init_params(const zdp_model *model, float *const *params, uint64_t seed) {
+    const gpt *m = gpt_of_(model);
+    if (m == NULL || params == NULL) return;
+    const double std = 0.02, std_res = 0.02 / sqrt(2.0 * m->cfg.n_layer);
+    uint64_t s = seed;
+    for (int i = 0; i < model->n_params; i++) {
+        const zdp_param_info *p = &model->params[i];
+        const int64_t n = p->ndim == 2 ? p->shape[0] * p->shape[1] : p->shape[0];
+        const int kind = i >= LAYER0_ && i < model->n_params - 2 ? (i - LAYER0_) % PER_LAYER : -1;
+        const bool is_lnf_w = i == model->n_params - 2;
+        if (kind == LN1_W || kind == LN2_W || is_lnf_w) {
+            for (int64_t k = 0; k < n; k++) params[i][k] = 1.0f;
+        } else if (p->ndim == 1) { /* biases */
+            memset(params[i], 0, (size_t)n * sizeof(float));
+        } else {
+            const double sd = kind == APROJ_W || kind == FPROJ_W ? std_res : std;
+            for (int64_t k = 0; k < n; k++) params[i][k] = (float)(sd * normal_(&s));
+        }
+    }
+}
+
+/* ---- inference ---------------------------------------------------------------------- */
+
+zdp_status zdp_gpt_next_logits(const zdp_model *model, const float *const *params,
+                               const int32_t *tokens, int T, float *logits, zdp_error *err) {
+    gpt *m = gpt_of_(model);
+    const char *fn = "zdp_gpt_next_logits";
+    if (m == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: model is not a GPT (zdp_gpt_create)", fn);
+    if (params == NULL || tokens == NULL || logits == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: params, tokens and logits must be set",
+                           fn);
+    if (T < 1 || T > m->cfg.block_size)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: T = %d: must be 1..%d (block_size)", fn,
+                           T, m->cfg.block_size);
+    zdp_status st = check_ids_(m, tokens, 1, T, "tokens", fn, err);
+    if (st != ZDP_OK) return st;
+    m->have_forward = false; /* the activations are about to change */
+    const int64_t C = m->cfg.n_embd, V = m->cfg.vocab_size;
+    const int lnf = LAYER0_ + PER_LAYER * m->cfg.n_layer;
+    const float *x = trunk_forward_(m, params, tokens, 1, T);
+    zdp_nn_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, x + (int64_t)(T - 1) * C,
+                             params[lnf], params[lnf + 1], 1, C);
+    zdp_nn_lmhead_forward(logits, m->lnf, params[WTE_], 1, C, V);
+    return ZDP_OK;
+}

@@ -1,0 +1,385 @@
+/*
+ * nn_transformer.c -- the GPT-2 layer kernels (see nn.h for the contracts).
+ *
+ * Every matrix product goes through cblas_sgemm on row-major data, attention
+ * included (per batch row and head: QK^T, att @ V and their backward).  The
+ * element-wise loops (softmax, GELU, LayerNorm) are written so that GCC can
+ * vectorise them at -O3 without -ffast-math: exp is a polynomial with an
+ * exponent-bit scale instead of a libm call, and float sums keep eight partial
+ * sums.  Not here: allocation, threads, anything about parameters' storage.
+ */
+#include "nn.h"
+
+#include <math.h>
+#include <string.h>
+
+#include <cblas.h>
+
+/* ---- vectorisable helpers ---------------------------------------------------- */
+
+/* e^x to 2.4e-7 relative for |x| <= 87 (|x| > 88 is taken as +-88, so
+ * e^x saturates at 1.65e38 and flushes to 0 below about -87.7; NaN stays NaN):
+ * e^x = 2^k e^r with k = round(x / ln 2), |r| <= ln2 / 2, e^r by its degree-6
+ * Taylor polynomial, 2^k built in the exponent bits.  GCC will not
+ * if-convert float comparisons without -fno-trapping-math, so the clamps and
+ * the NaN test are integer masks on the bits: loops calling exp_ vectorise. */
+static inline float exp_(float x) {
+    uint32_t xb;
+    memcpy(&xb, &x, sizeof xb);
+    const int32_t ax = (int32_t)(xb & 0x7FFFFFFFu); /* |x| as bits: monotonic */
+    const uint32_t big = 0u - (uint32_t)(ax > 0x42B00000); /* |x| > 88 (or NaN) */
+    const uint32_t cb = (((xb & 0x80000000u) | 0x42B00000u) & big) | (xb & ~big);
+    float xc;
+    memcpy(&xc, &cb, sizeof xc);
+    /* Adding 1.5 * 2^23 rounds to an integer, which lands in the low
+     * mantissa bits of t: k as a float and as bits without a conversion. */
+    const float magic = 12582912.0f;
+    const float t = xc * 1.44269504088896341f + magic;
+    const float k = t - magic;
+    uint32_t tb;
+    memcpy(&tb, &t, sizeof tb);
+    float r = xc - k * 0.693145751953125f; /* ln 2, high part (exact product) */
+    r -= k * 1.428606765330187e-06f;       /* ln 2, low part */
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const uint32_t sb = (tb - 0x4B400000u + 127u) << 23; /* 2^k, k in [-127, 127] */
+    float scale;
+    memcpy(&scale, &sb, sizeof scale);
+    const float y = p * scale;
+    uint32_t yb;
+    memcpy(&yb, &y, sizeof yb);
+    const uint32_t nan = 0u - (uint32_t)(ax > 0x7F800000);
+    yb = (xb & nan) | (yb & ~nan);
+    float out;
+    memcpy(&out, &yb, sizeof out);
+    return out;
+}
+
+/* Sum of x[0..n) with eight partial sums (GCC vectorises this without
+ * -fassociative-math, which a single running sum would need). */
+static inline float sum_(const float *x, int64_t n) {
+    float acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += x[i + j];
+    float s = 0.0f;
+    for (; i < n; i++) s += x[i];
+    for (int j = 0; j < 8; j++) s += acc[j];
+    return s;
+}
+
+static inline float dot_(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+    float s = 0.0f;
+    for (; i < n; i++) s += a[i] * b[i];
+    for (int j = 0; j < 8; j++) s += acc[j];
+    return s;
+}
+
+static inline float max_(const float *x, int64_t n) {
+    float m = x[0];
+    for (int64_t i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+/* In place: x[0..n) = softmax(x[0..n)); returns the sum of exponentials
+ * (before normalisation) and the max in *maxv. */
+static inline float softmax_inplace_(float *x, int64_t n, float *maxv) {
+    const float m = max_(x, n);
+    for (int64_t i = 0; i < n; i++) x[i] = exp_(x[i] - m);
+    const float s = sum_(x, n);
+    const float inv = 1.0f / s;
+    for (int64_t i = 0; i < n; i++) x[i] *= inv;
+    *maxv = m;
+    return s;
+}
+
+/* ---- embedding ---------------------------------------------------------------- */
+
+void zdp_nn_embedding_forward(float *out, const int32_t *inp, const float *wte, const float *wpe,
+                              int64_t B, int64_t T, int64_t C) {
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            float *o = out + (b * T + t) * C;
+            const float *e = wte + (int64_t)inp[b * T + t] * C, *p = wpe + t * C;
+            for (int64_t c = 0; c < C; c++) o[c] = e[c] + p[c];
+        }
+}
+
+void zdp_nn_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp,
+                               int64_t B, int64_t T, int64_t C) {
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            const float *d = dout + (b * T + t) * C;
+            if (dwte != NULL) {
+                float *e = dwte + (int64_t)inp[b * T + t] * C;
+                for (int64_t c = 0; c < C; c++) e[c] += d[c];
+            }
+            if (dwpe != NULL) {
+                float *p = dwpe + t * C;
+                for (int64_t c = 0; c < C; c++) p[c] += d[c];
+            }
+        }
+}
+
+/* ---- layernorm (torch.nn.LayerNorm, eps 1e-5) ------------------------------------ */
+
+void zdp_nn_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int64_t N, int64_t C) {
+    for (int64_t n = 0; n < N; n++) {
+        const float *x = inp + n * C;
+        float *o = out + n * C;
+        const float m = sum_(x, C) / (float)C;
+        float acc[8] = {0}, v = 0.0f;
+        int64_t i = 0;
+        for (; i + 8 <= C; i += 8)
+            for (int j = 0; j < 8; j++) acc[j] += (x[i + j] - m) * (x[i + j] - m);
+        for (; i < C; i++) v += (x[i] - m) * (x[i] - m);
+        for (int j = 0; j < 8; j++) v += acc[j];
+        const float s = 1.0f / sqrtf(v / (float)C + 1e-5f);
+        for (int64_t c = 0; c < C; c++) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+/* With xhat = (x - mean) rstd and g = dout * weight:
+ *   dx = rstd (g - mean(g) - xhat mean(g xhat)),  dweight += dout xhat,  dbias += dout. */
+void zdp_nn_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int64_t N, int64_t C) {
+    for (int64_t n = 0; n < N; n++) {
+        const float *x = inp + n * C, *d = dout + n * C;
+        float *dx = dinp + n * C;
+        const float m = mean[n], s = rstd[n];
+        float a1[8] = {0}, a2[8] = {0}, g1 = 0.0f, g2 = 0.0f;
+        int64_t i = 0;
+        for (; i + 8 <= C; i += 8)
+            for (int j = 0; j < 8; j++) {
+                float g = d[i + j] * weight[i + j];
+                a1[j] += g;
+                a2[j] += g * (x[i + j] - m) * s;
+            }
+        for (; i < C; i++) {
+            float g = d[i] * weight[i];
+            g1 += g;
+            g2 += g * (x[i] - m) * s;
+        }
+        for (int j = 0; j < 8; j++) {
+            g1 += a1[j];
+            g2 += a2[j];
+        }
+        g1 /= (float)C;
+        g2 /= (float)C;
+        for (int64_t c = 0; c < C; c++) {
+            const float xhat = (x[c] - m) * s;
+            dx[c] += s * (d[c] * weight[c] - g1 - xhat * g2);
+            dweight[c] += d[c] * xhat;
+            dbias[c] += d[c];
+        }
+    }
+}
+
+/* ---- matmul (Hugging Face Conv1D: weight [in, out]) ---------------------------- */
+
+void zdp_nn_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                           int64_t N, int64_t C, int64_t OC) {
+    /* Writing the bias first and letting sgemm add (beta = 1) saves a pass. */
+    if (bias != NULL)
+        for (int64_t n = 0; n < N; n++) memcpy(out + n * OC, bias, (size_t)OC * sizeof(float));
+    /* out (N,OC) [+]= inp (N,C) @ weight (C,OC) */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)OC, (int)C, 1.0f, inp,
+                (int)C, weight, (int)OC, bias != NULL ? 1.0f : 0.0f, out, (int)OC);
+}
+
+void zdp_nn_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int64_t N, int64_t C,
+                            int64_t OC) {
+    if (dinp != NULL) /* dinp (N,C) = dout (N,OC) @ weight^T (OC,C) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)C, (int)OC, 1.0f, dout,
+                    (int)OC, weight, (int)OC, 0.0f, dinp, (int)C);
+    if (dweight != NULL) /* dweight (C,OC) += inp^T (C,N) @ dout (N,OC) */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)C, (int)OC, (int)N, 1.0f, inp,
+                    (int)C, dout, (int)OC, 1.0f, dweight, (int)OC);
+    if (dbias != NULL)
+        for (int64_t n = 0; n < N; n++) {
+            const float *d = dout + n * OC;
+            for (int64_t o = 0; o < OC; o++) dbias[o] += d[o];
+        }
+}
+
+/* ---- causal self-attention ----------------------------------------------------------
+ *
+ * For one (b, h): Q, K, V are (T, hs) views into qkv with row stride 3C, the
+ * output a (T, hs) view into out with row stride C, and A = att[b,h] (T, T).
+ * Query rows are processed in blocks [r0, r1) of ZDP_NN_ATTN_BLOCK: such a
+ * block needs keys [0, r1) only (causality), so each product runs on a
+ * (r1-r0, r1) slice of A and the fully masked part is never computed.
+ *   S = Q K^T / sqrt(hs);  A = softmax over s <= t;  out = A V
+ *   dA = dout V^T;  dS = A * (dA - rowsum(A * dA)) / sqrt(hs)
+ *   dQ = dS K;  dK = dS^T Q;  dV = A^T dout */
+
+void zdp_nn_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T,
+                              int64_t C, int64_t NH) {
+    const int64_t hs = C / NH, ld = 3 * C;
+    const float scale = 1.0f / sqrtf((float)hs);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < NH; h++) {
+            const float *q = qkv + b * T * ld + h * hs, *k = q + C, *v = q + 2 * C;
+            float *A = att + (b * NH + h) * T * T;
+            float *o = out + b * T * C + h * hs;
+            for (int64_t r0 = 0; r0 < T; r0 += ZDP_NN_ATTN_BLOCK) {
+                const int64_t r1 = r0 + ZDP_NN_ATTN_BLOCK < T ? r0 + ZDP_NN_ATTN_BLOCK : T;
+                /* A[r0:r1, 0:r1] = scale * Q[r0:r1] @ K[0:r1]^T */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)r1,
+                            (int)hs, scale, q + r0 * ld, (int)ld, k, (int)ld, 0.0f, A + r0 * T,
+                            (int)T);
+                for (int64_t t = r0; t < r1; t++) {
+                    float *row = A + t * T, m;
+                    softmax_inplace_(row, t + 1, &m);
+                    for (int64_t s = t + 1; s < r1; s++) row[s] = 0.0f;
+                }
+                /* out[r0:r1] = A[r0:r1, 0:r1] @ V[0:r1] */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)hs,
+                            (int)r1, 1.0f, A + r0 * T, (int)T, v, (int)ld, 0.0f, o + r0 * C,
+                            (int)C);
+            }
+        }
+}
+
+void zdp_nn_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                               const float *att, int64_t B, int64_t T, int64_t C, int64_t NH) {
+    const int64_t hs = C / NH, ld = 3 * C;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const int64_t nblocks = (T + ZDP_NN_ATTN_BLOCK - 1) / ZDP_NN_ATTN_BLOCK;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < NH; h++) {
+            const float *q = qkv + b * T * ld + h * hs, *k = q + C, *v = q + 2 * C;
+            float *dq = dqkv + b * T * ld + h * hs, *dk = dq + C, *dv = dq + 2 * C;
+            const float *A = att + (b * NH + h) * T * T;
+            const float *dO = dout + b * T * C + h * hs;
+            float *dA = scratch;
+            /* The last block meets every key, so it writes dK and dV whole
+             * (beta 0) and the earlier blocks add into their first rows. */
+            for (int64_t blk = nblocks - 1; blk >= 0; blk--) {
+                const int64_t r0 = blk * ZDP_NN_ATTN_BLOCK;
+                const int64_t r1 = r0 + ZDP_NN_ATTN_BLOCK < T ? r0 + ZDP_NN_ATTN_BLOCK : T;
+                const float beta = blk == nblocks - 1 ? 0.0f : 1.0f;
+                /* dA[r0:r1, 0:r1] = dO[r0:r1] @ V[0:r1]^T */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)r1,
+                            (int)hs, 1.0f, dO + r0 * C, (int)C, v, (int)ld, 0.0f, dA + r0 * T,
+                            (int)T);
+                /* dV[0:r1] (+)= A[r0:r1, 0:r1]^T @ dO[r0:r1] */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hs,
+                            (int)(r1 - r0), 1.0f, A + r0 * T, (int)T, dO + r0 * C, (int)C, beta,
+                            dv, (int)ld);
+                /* Softmax backward, scale folded in: dA becomes dS. */
+                for (int64_t t = r0; t < r1; t++) {
+                    const float *p = A + t * T;
+                    float *d = dA + t * T;
+                    const float rs = dot_(p, d, t + 1);
+                    for (int64_t s = 0; s <= t; s++) d[s] = scale * p[s] * (d[s] - rs);
+                    for (int64_t s = t + 1; s < r1; s++) d[s] = 0.0f;
+                }
+                /* dQ[r0:r1] = dS[r0:r1, 0:r1] @ K[0:r1] */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)hs,
+                            (int)r1, 1.0f, dA + r0 * T, (int)T, k, (int)ld, 0.0f, dq + r0 * ld,
+                            (int)ld);
+                /* dK[0:r1] (+)= dS[r0:r1, 0:r1]^T @ Q[r0:r1] */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hs,
+                            (int)(r1 - r0), 1.0f, dA + r0 * T, (int)T, q + r0 * ld, (int)ld, beta,
+                            dk, (int)ld);
+            }
+        }
+}
+
+/* ---- GELU, tanh approximation ---------------------------------------------------------
+ * 0.5 (1 + tanh(u)) = sigmoid(2u), so gelu(x) = x sigmoid(2u) with
+ * u = sqrt(2/pi) (x + 0.044715 x^3); with s = sigmoid(2u),
+ * gelu'(x) = s + 2 x s (1 - s) u'(x),  u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2). */
+
+#define GELU_K_ 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_A_ 0.044715f
+
+void zdp_nn_gelu_forward(float *out, const float *inp, int64_t N) {
+    for (int64_t i = 0; i < N; i++) {
+        const float x = inp[i];
+        const float u = GELU_K_ * (x + GELU_A_ * x * x * x);
+        out[i] = x / (1.0f + exp_(-2.0f * u));
+    }
+}
+
+void zdp_nn_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t N) {
+    for (int64_t i = 0; i < N; i++) {
+        const float x = inp[i];
+        const float u = GELU_K_ * (x + GELU_A_ * x * x * x);
+        const float s = 1.0f / (1.0f + exp_(-2.0f * u));
+        const float du = GELU_K_ * (1.0f + 3.0f * GELU_A_ * x * x);
+        dinp[i] = dout[i] * (s + 2.0f * x * s * (1.0f - s) * du);
+    }
+}
+
+/* ---- residual ------------------------------------------------------------------------ */
+
+void zdp_nn_residual_forward(float *out, const float *a, const float *b, int64_t N) {
+    for (int64_t i = 0; i < N; i++) out[i] = a[i] + b[i];
+}
+
+void zdp_nn_residual_backward(float *da, float *db, const float *dout, int64_t N) {
+    if (da != NULL)
+        for (int64_t i = 0; i < N; i++) da[i] += dout[i];
+    if (db != NULL)
+        for (int64_t i = 0; i < N; i++) db[i] += dout[i];
+}
+
+/* ---- lm_head (tied) and cross-entropy -------------------------------------------------- */
+
+void zdp_nn_lmhead_forward(float *logits, const float *inp, const float *wte, int64_t N,
+                           int64_t C, int64_t V) {
+    /* logits (N,V) = inp (N,C) @ wte^T (C,V) */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)V, (int)C, 1.0f, inp,
+                (int)C, wte, (int)C, 0.0f, logits, (int)V);
+}
+
+void zdp_nn_lmhead_backward(float *dinp, float *dwte, const float *dlogits, const float *inp,
+                            const float *wte, int64_t N, int64_t C, int64_t V) {
+    if (dinp != NULL) /* dinp (N,C) = dlogits (N,V) @ wte (V,C) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)C, (int)V, 1.0f,
+                    dlogits, (int)V, wte, (int)C, 0.0f, dinp, (int)C);
+    if (dwte != NULL) /* dwte (V,C) += dlogits^T (V,N) @ inp (N,C) */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)V, (int)C, (int)N, 1.0f,
+                    dlogits, (int)V, inp, (int)C, 1.0f, dwte, (int)C);
+}
+
+double zdp_nn_softmax_crossentropy_forward(float *probs, const float *logits,
+                                           const int32_t *targets, int64_t N, int64_t V) {
+    double total = 0.0;
+    for (int64_t n = 0; n < N; n++) {
+        const float *row = logits + n * V;
+        float *p = probs + n * V;
+        const float zt = row[targets[n]]; /* read before probs (maybe aliased) is written */
+        if (p != row) memcpy(p, row, (size_t)V * sizeof(float));
+        float m;
+        const float s = softmax_inplace_(p, V, &m);
+        total += log((double)s) + (double)m - (double)zt;
+    }
+    return N > 0 ? total / (double)N : 0.0;
+}
+
+void zdp_nn_softmax_crossentropy_backward(float *dlogits, const float *probs,
+                                          const int32_t *targets, float dloss, int64_t N,
+                                          int64_t V) {
+    const float s = N > 0 ? dloss / (float)N : 0.0f;
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t v = 0; v < V; v++) dlogits[n * V + v] = s * probs[n * V + v];
+        dlogits[n * V + targets[n]] -= s;
+    }
+}

@@ -1,0 +1,89 @@
+/*
+ * cli.c -- helpers shared by the zdp commands (see cli.h).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int cli_fail(const char *fmt, ...) {
+    if (zdp_dist_rank() == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        fprintf(stderr, "zdp: error: ");
+        vfprintf(stderr, fmt, ap);
+        fprintf(stderr, "\n");
+        va_end(ap);
+    }
+    return 2;
+}
+
+void cli_die(const char *what, const zdp_error *err) {
+    char msg[ZDP_ERROR_MSG_MAX + 128];
+    snprintf(msg, sizeof msg, "%s: %s", what, err->msg);
+    zdp_dist_abort(1, msg);
+    abort(); /* not reached */
+}
+
+bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+bool cli_parse_double(const char *s, double lo, double hi, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno != 0 || end == s || *end != '\0' || !(v >= lo && v <= hi)) return false;
+    *out = v;
+    return true;
+}
+
+int cli_parse_schedule(const char *s, cli_schedule *out) {
+    char buf[8192];
+    if (strlen(s) >= sizeof buf)
+        return cli_fail("--schedule: list too long (at most %d entries)", CLI_MAX_SCHEDULE);
+    strcpy(buf, s);
+    out->len = 0;
+    for (char *tok = strtok(buf, ","); tok != NULL; tok = strtok(NULL, ",")) {
+        if (out->len == CLI_MAX_SCHEDULE)
+            return cli_fail("--schedule: more than %d entries", CLI_MAX_SCHEDULE);
+        int64_t v;
+        if (!cli_parse_i64(tok, 1, 1 << 20, &v))
+            return cli_fail("--schedule: entry %d = \"%s\": each entry is a micro-batch count "
+                            ">= 1 (for example --schedule 2,5,3)",
+                            out->len + 1, tok);
+        out->n[out->len++] = v;
+    }
+    if (out->len == 0) return cli_fail("--schedule: empty; give counts like 2,5,3");
+    return 0;
+}
+
+int64_t cli_window(const cli_schedule *sch, bool managed, int64_t G, int64_t s) {
+    if (managed || sch->len == 0) return G;
+    return sch->n[s % sch->len];
+}
+
+double cli_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void cli_format_eta(double seconds, char *out, int n) {
+    if (!isfinite(seconds) || seconds < 0) seconds = 0;
+    long s = (long)(seconds + 0.5);
+    if (s >= 3600) snprintf(out, (size_t)n, "%ldh%02ldm", s / 3600, (s % 3600) / 60);
+    else if (s >= 60) snprintf(out, (size_t)n, "%ldm%02lds", s / 60, s % 60);
+    else snprintf(out, (size_t)n, "%lds", s);
+}

@@ -1,0 +1,40 @@
+/*
+ * cli.h -- what the zdp commands share: error exits, number parsing, the
+ * unmanaged --schedule list, the per-step line, the progress line.
+ */
+#ifndef ZDP_TOOL_CLI_H
+#define ZDP_TOOL_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "zdp/zdp.h"
+
+#define CLI_MAX_SCHEDULE 1024
+
+typedef struct cli_schedule {
+    int64_t n[CLI_MAX_SCHEDULE];
+    int len; /* 0: no --schedule */
+} cli_schedule;
+
+/* Rank 0 prints "zdp: error: ..." to stderr; returns 2 (the exit code for bad
+ * input).  Arguments and files are the same on every rank, so every rank
+ * reaches the same error and leaves with the same code. */
+int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A failure after training started: the message, then MPI_Abort (no rank
+ * may be left waiting in a collective). */
+void cli_die(const char *what, const zdp_error *err) __attribute__((noreturn));
+
+bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
+bool cli_parse_double(const char *s, double lo, double hi, double *out);
+/* "2,5,3" -> counts >= 1; returns 0 or cli_fail's code. */
+int cli_parse_schedule(const char *s, cli_schedule *out);
+/* Micro-batches of optimizer step s: the schedule's entry, or G. */
+int64_t cli_window(const cli_schedule *sch, bool managed, int64_t G, int64_t s);
+
+/* Seconds on a monotonic clock. */
+double cli_now(void);
+/* "1h02m", "3m05s", "12s" */
+void cli_format_eta(double seconds, char *out, int n);
+
+#endif /* ZDP_TOOL_CLI_H */

@@ -1,0 +1,231 @@
+/*
+ * sample.c -- generation with temperature and top-k (see sample.h).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "sample.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static uint64_t splitmix_(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+int sample_next(const zdp_model *model, const float *const *params, const int32_t *tokens,
+                int n, double temperature, int top_k, uint64_t *rng, float *logits) {
+    const zdp_gpt_config *c = zdp_gpt_config_of(model);
+    const int V = c->vocab_size;
+    /* The model sees at most block_size tokens: keep the most recent. */
+    int start = n > c->block_size ? n - c->block_size : 0;
+    zdp_error err;
+    if (zdp_gpt_next_logits(model, params, tokens + start, n - start, logits, &err) != ZDP_OK) {
+        fprintf(stderr, "zdp: error: sampling: %s\n", err.msg);
+        return -1;
+    }
+    int best = 0;
+    for (int v = 1; v < V; v++)
+        if (logits[v] > logits[best]) best = v;
+    if (temperature <= 0) return best;
+    /* Top-k: the k-th largest logit is the cut-off (ties kept). */
+    float cut = -INFINITY;
+    if (top_k > 0 && top_k < V) {
+        float *tmp = malloc((size_t)V * sizeof *tmp);
+        if (tmp == NULL) return best;
+        memcpy(tmp, logits, (size_t)V * sizeof *tmp);
+        for (int k = 0; k < top_k; k++) { /* partial selection: k small */
+            int m = k;
+            for (int v = k + 1; v < V; v++)
+                if (tmp[v] > tmp[m]) m = v;
+            float t = tmp[k];
+            tmp[k] = tmp[m];
+            tmp[m] = t;
+        }
+        cut = tmp[top_k - 1];
+        free(tmp);
+    }
+    double sum = 0;
+    for (int v = 0; v < V; v++)
+        sum += logits[v] >= cut ? exp((logits[v] - logits[best]) / temperature) : 0.0;
+    double u = (double)(splitmix_(rng) >> 11) * 0x1.0p-53 * sum, acc = 0;
+    for (int v = 0; v < V; v++) {
+        if (logits[v] < cut) continue;
+        acc += exp((logits[v] - logits[best]) / temperature);
+        if (acc >= u) return v;
+    }
+    return best;
+}
+
+void sample_print(const zdp_model *model, const float *const *params, const char *prompt,
+                  int max_tokens, double temperature, int top_k, uint64_t seed) {
+    const zdp_gpt_config *c = zdp_gpt_config_of(model);
+    int n = (int)strlen(prompt);
+    int32_t *tok = malloc((size_t)(n + max_tokens + 1) * sizeof *tok);
+    float *logits = malloc((size_t)c->vocab_size * sizeof *logits);
+    if (tok == NULL || logits == NULL) goto out;
+    for (int i = 0; i < n; i++) tok[i] = (unsigned char)prompt[i];
+    if (n == 0) tok[n++] = '\n';
+    uint64_t rng = seed;
+    printf("--- sample (temperature %.2f, top-k %d) ---\n%s", temperature, top_k, prompt);
+    for (int i = 0; i < max_tokens; i++) {
+        int t = sample_next(model, params, tok, n, temperature, top_k, &rng, logits);
+        if (t < 0) break;
+        tok[n++] = t;
+        putchar(t < 256 ? t : '?');
+    }
+    printf("\n---\n");
+out:
+    free(tok);
+    free(logits);
+}
+
+void sample_arith_report(const zdp_model *model, const float *const *params,
+                         const zdp_dataset *ds, int n_problems) {
+    const int32_t *val = zdp_dataset_tokens(ds, ZDP_SPLIT_VAL);
+    int64_t nv = zdp_dataset_n_tokens(ds, ZDP_SPLIT_VAL);
+    const zdp_gpt_config *c = zdp_gpt_config_of(model);
+    float *logits = malloc((size_t)c->vocab_size * sizeof *logits);
+    int32_t ctx[64];
+    int tried = 0, right = 0;
+    uint64_t rng = 0;
+    /* Skip the first (possibly partial) line of the split. */
+    int64_t i = 0;
+    while (i < nv && val[i] != '\n') i++;
+    printf("--- held-out arithmetic problems, greedy answers ---\n");
+    while (logits != NULL && i < nv && tried < n_problems) {
+        int64_t line = ++i; /* after '\n' */
+        int64_t eq = line;
+        while (eq < nv && val[eq] != '=' && val[eq] != '\n') eq++;
+        int64_t end = eq;
+        while (end < nv && val[end] != '\n') end++;
+        if (end >= nv || val[eq] != '=' || eq - line > 40 || end - eq > 20) break;
+        int n = 0;
+        ctx[n++] = '\n';
+        for (int64_t k = line; k <= eq; k++) ctx[n++] = val[k];
+        char got[24];
+        int g = 0;
+        while (g < 12) {
+            int t = sample_next(model, params, ctx, n, 0.0, 0, &rng, logits);
+            if (t < 0 || t == '\n') break;
+            got[g++] = (char)t;
+            if (n < 63) ctx[n++] = t;
+        }
+        got[g] = '\0';
+        char want[24];
+        int w = 0;
+        for (int64_t k = eq + 1; k < end && w < 23; k++) want[w++] = (char)val[k];
+        want[w] = '\0';
+        bool ok = strcmp(got, want) == 0;
+        right += ok;
+        if (tried < 8) {
+            printf("  ");
+            for (int64_t k = line; k <= eq; k++) putchar((char)val[k]);
+            printf("%s  %s\n", got, ok ? "(right)" : "(wrong)");
+        }
+        tried++;
+        i = end;
+    }
+    if (tried > 0)
+        printf("accuracy on %d held-out problems: %d/%d = %.0f%%\n", tried, right, tried,
+               100.0 * right / tried);
+    free(logits);
+}
+
+/* ---- zdp sample --------------------------------------------------------------- */
+
+/* The config from the weight file's shapes; n_head from the flag or C/64
+ * (GPT-2's head size).  Reads "transformer."-prefixed or bare names. */
+static int infer_config_(const zdp_safetensors *st, int n_head, zdp_gpt_config *c) {
+    const zdp_tensor *wte = zdp_safetensors_find(st, "transformer.wte.weight");
+    const zdp_tensor *wpe = zdp_safetensors_find(st, "transformer.wpe.weight");
+    const char *pre = "transformer.";
+    if (wte == NULL) {
+        wte = zdp_safetensors_find(st, "wte.weight");
+        wpe = zdp_safetensors_find(st, "wpe.weight");
+        pre = "";
+    }
+    if (wte == NULL || wpe == NULL || wte->ndim != 2 || wpe->ndim != 2)
+        return cli_fail("--weights: no [V, C] wte.weight and [T, C] wpe.weight: not a GPT-2 "
+                        "safetensors file");
+    int L = 0;
+    for (;; L++) {
+        char name[96];
+        snprintf(name, sizeof name, "%sh.%d.ln_1.weight", pre, L);
+        if (zdp_safetensors_find(st, name) == NULL) break;
+    }
+    *c = (zdp_gpt_config){.n_layer = L, .n_embd = (int)wte->shape[1],
+                          .vocab_size = (int)wte->shape[0], .block_size = (int)wpe->shape[0]};
+    c->n_head = n_head > 0 ? n_head : (c->n_embd % 64 == 0 ? c->n_embd / 64 : 0);
+    if (c->n_head == 0)
+        return cli_fail("--weights: n_embd %d is not a multiple of 64, so the head count cannot "
+                        "be guessed; give --n-head", c->n_embd);
+    return 0;
+}
+
+int cmd_sample(int argc, char **argv) {
+    const char *weights = NULL, *prompt = "\n";
+    int64_t n_head = 0, max_tokens = 200, top_k = 40, seed = 1;
+    double temperature = 0.8;
+    for (int i = 0; i < argc; i += 2) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: zdp sample --weights W.safetensors [--prompt TEXT] [--max-tokens N (200)]\n"
+                   "                  [--temperature T (0.8; 0 = greedy)] [--top-k K (40; 0 = all)]\n"
+                   "                  [--seed N] [--n-head H (default n_embd/64)]\n"
+                   "Byte-level models (vocab 256) only: the prompt is read as bytes.\n");
+            return 0;
+        }
+        if (i + 1 >= argc) return cli_fail("%s: missing value (see zdp sample --help)", a);
+        const char *v = argv[i + 1];
+        if (!strcmp(a, "--weights")) weights = v;
+        else if (!strcmp(a, "--prompt")) prompt = v;
+        else if (!strcmp(a, "--n-head")) {
+            if (!cli_parse_i64(v, 1, 4096, &n_head)) return cli_fail("--n-head %s: need 1..4096", v);
+        } else if (!strcmp(a, "--max-tokens")) {
+            if (!cli_parse_i64(v, 0, 1 << 20, &max_tokens)) return cli_fail("--max-tokens %s: need 0..1048576", v);
+        } else if (!strcmp(a, "--top-k")) {
+            if (!cli_parse_i64(v, 0, 1 << 24, &top_k)) return cli_fail("--top-k %s: need an integer >= 0", v);
+        } else if (!strcmp(a, "--seed")) {
+            if (!cli_parse_i64(v, 0, INT64_MAX, &seed)) return cli_fail("--seed %s: need an integer >= 0", v);
+        } else if (!strcmp(a, "--temperature")) {
+            if (!cli_parse_double(v, 0.0, 100.0, &temperature)) return cli_fail("--temperature %s: need a number in [0, 100]", v);
+        } else {
+            return cli_fail("unknown option %s (see zdp sample --help)", a);
+        }
+    }
+    if (weights == NULL) return cli_fail("--weights W.safetensors is required");
+    zdp_safetensors st;
+    zdp_error err;
+    if (zdp_safetensors_read(weights, &st, &err) != ZDP_OK) return cli_fail("--weights %s", err.msg);
+    zdp_gpt_config c;
+    int rc = infer_config_(&st, (int)n_head, &c);
+    zdp_safetensors_free(&st);
+    if (rc) return rc;
+    if (c.vocab_size != 256)
+        return cli_fail("--weights: vocab_size %d: zdp sample reads prompts as bytes and needs a "
+                        "byte-level model (vocab 256); zdp has no BPE tokenizer", c.vocab_size);
+    zdp_model model;
+    if (zdp_gpt_create(&c, 1, &model, &err) != ZDP_OK) return cli_fail("%s", err.msg);
+    float **views = calloc((size_t)model.n_params, sizeof *views);
+    rc = views == NULL ? cli_fail("out of memory") : 0;
+    for (int i = 0; rc == 0 && i < model.n_params; i++) {
+        int64_t n = 1;
+        for (int d = 0; d < model.params[i].ndim; d++) n *= model.params[i].shape[d];
+        if ((views[i] = malloc((size_t)n * sizeof(float))) == NULL) rc = cli_fail("out of memory");
+    }
+    if (rc == 0 && zdp_gpt_weights_load(weights, &c, model.params, model.n_params, views, &err) != ZDP_OK)
+        rc = cli_fail("--weights %s", err.msg);
+    if (rc == 0)
+        sample_print(&model, (const float *const *)views, prompt, (int)max_tokens, temperature,
+                     (int)top_k, (uint64_t)seed);
+    for (int i = 0; views != NULL && i < model.n_params; i++) free(views[i]);
+    free(views);
+    zdp_gpt_destroy(&model);
+    return rc;
+}

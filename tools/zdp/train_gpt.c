@@ -1,0 +1,375 @@
+/*
+ * train_gpt.c -- `zdp train --model gpt`: a GPT-2 family model trained on
+ * text, token shards or zdp's own arithmetic corpus.
+ *
+ *   mpirun -np W zdp train --model gpt --n-layer L --n-head H --n-embd C
+ *       --vocab-size V --block-size T --config CFG.json [--init INIT.safetensors]
+ *       [--data FILE] [--data-order sequential] [--steps S] [--schedule n1,...]
+ *       [--save-weights OUT.safetensors] [--val-every N] [--val-batches K]
+ *       [--val-fraction F] [--out-dir DIR] [--seed N]
+ *
+ * Contract (stable; see docs/training.md): INIT/OUT use GPT2LMHeadModel
+ * names and layouts; --data is an llm.c token shard or any file read as
+ * bytes; with --data-order sequential (the only order), window w is tokens
+ * [w*T, w*T+T] and rank r's j-th micro-batch holds windows (j*W + r)*b + k;
+ * managed and unmanaged stepping and the printed lines are the MLP's.
+ *
+ * Output: on rank 0 one line per optimizer step ("step N | loss X |
+ * global_samples M | grad_norm G | lr ... | tok/s ... | ms/step ..."), or
+ * with --progress on a progress line rewritten in place (step, loss, lr,
+ * tokens/s, ms/step, ETA) and a plain line every steps_per_print steps.  Val loss every --val-every steps.  DIR/metrics.csv
+ * (DeepSpeed's monitor keys) and DIR/loss.svg.  At the end a sample, and for
+ * the arithmetic corpus the accuracy of greedy answers on held-out problems.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "report.h"
+#include "sample.h"
+#include "zdp/zdp.h"
+
+typedef struct gpt_opts {
+    zdp_gpt_config model;
+    const char *config, *init, *data, *save_weights, *out_dir;
+    int64_t steps, val_every, val_batches, arith_lines;
+    double val_fraction; /* < 0: the default for the data kind */
+    int progress;        /* -1 auto, 0 plain lines, 1 progress line */
+    uint64_t seed;
+    cli_schedule schedule;
+} gpt_opts;
+
+static void usage_(void) {
+    printf("usage: mpirun -np W zdp train --model gpt --config CFG.json [options]\n"
+           "\n"
+           "model (defaults: the demo model on the arithmetic corpus):\n"
+           "  --n-layer L (4)  --n-head H (4)  --n-embd C (128)  --vocab-size V (256)\n"
+           "  --block-size T (64)\n"
+           "data:\n"
+           "  --data FILE               an llm.c token shard (magic 20240520) or any file,\n"
+           "                            read as bytes (vocab 256); default: zdp's generated\n"
+           "                            arithmetic corpus (lines \"a+b=c\")\n"
+           "  --data-order sequential   the only order (window w = tokens [wT, wT+T])\n"
+           "  --val-fraction F          tokens at the end kept for val loss (default 0.1;\n"
+           "                            0 for token shards, whose val data is another file)\n"
+           "training:\n"
+           "  --steps S (200)  --schedule n1,n2,... (unmanaged)  --seed N (42)\n"
+           "  --init FILE                GPT2LMHeadModel safetensors or llm.c .bin weights\n"
+           "  --save-weights FILE        GPT2LMHeadModel safetensors (rank 0)\n"
+           "  --val-every N (50)  --val-batches K (8, per rank)\n"
+           "  --out-dir DIR (zdp-out)    metrics.csv and loss.svg\n"
+           "  --progress on|off|auto     a progress line rewritten in place (on), or one plain\n"
+           "                            line per step (off).  auto: on when stdout is a\n"
+           "                            terminal and zdp was not started by mpirun (Open MPI\n"
+           "                            gives every rank a pseudo-terminal, so under mpirun\n"
+           "                            zdp cannot tell; say on)\n");
+}
+
+static int parse_(int argc, char **argv, gpt_opts *o) {
+    *o = (gpt_opts){.model = {.n_layer = 4, .n_head = 4, .n_embd = 128, .vocab_size = 256,
+                              .block_size = 64},
+                    .steps = 200, .val_every = 50, .val_batches = 8, .arith_lines = 200000,
+                    .val_fraction = -1, .seed = 42, .out_dir = "zdp-out", .progress = -1};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            if (zdp_dist_rank() == 0) usage_();
+            return 1;
+        }
+        if (strncmp(a, "--", 2) != 0 || i + 1 >= argc)
+            return cli_fail("%s: expected an option with a value (see zdp train --model gpt --help)", a);
+        const char *v = argv[++i];
+        int64_t n;
+        int *dims[5] = {&o->model.n_layer, &o->model.n_head, &o->model.n_embd,
+                        &o->model.vocab_size, &o->model.block_size};
+        const char *dim_names[5] = {"--n-layer", "--n-head", "--n-embd", "--vocab-size",
+                                    "--block-size"};
+        int d = -1;
+        for (int k = 0; k < 5; k++)
+            if (!strcmp(a, dim_names[k])) d = k;
+        if (d >= 0) {
+            if (!cli_parse_i64(v, 1, 1 << 24, &n)) return cli_fail("%s %s: need a positive integer", a, v);
+            *dims[d] = (int)n;
+        } else if (!strcmp(a, "--model")) {
+            /* already dispatched on */
+        } else if (!strcmp(a, "--config")) o->config = v;
+        else if (!strcmp(a, "--init")) o->init = v;
+        else if (!strcmp(a, "--data")) o->data = v;
+        else if (!strcmp(a, "--save-weights")) o->save_weights = v;
+        else if (!strcmp(a, "--out-dir")) o->out_dir = v;
+        else if (!strcmp(a, "--data-order")) {
+            if (strcmp(v, "sequential") != 0)
+                return cli_fail("--data-order %s: only \"sequential\" exists (window w = tokens "
+                                "[w*T, w*T+T], rank r's j-th micro-batch = windows (j*W+r)*b+k)", v);
+        } else if (!strcmp(a, "--schedule")) {
+            int rc = cli_parse_schedule(v, &o->schedule);
+            if (rc) return rc;
+        } else if (!strcmp(a, "--steps")) {
+            if (!cli_parse_i64(v, 0, INT64_MAX / 4, &o->steps)) return cli_fail("--steps %s: need an integer >= 0", v);
+        } else if (!strcmp(a, "--val-every")) {
+            if (!cli_parse_i64(v, 0, INT64_MAX / 4, &o->val_every)) return cli_fail("--val-every %s: need an integer >= 0 (0: never)", v);
+        } else if (!strcmp(a, "--val-batches")) {
+            if (!cli_parse_i64(v, 1, 1 << 20, &o->val_batches)) return cli_fail("--val-batches %s: need an integer >= 1", v);
+        } else if (!strcmp(a, "--val-fraction")) {
+            if (!cli_parse_double(v, 0.0, 0.5, &o->val_fraction)) return cli_fail("--val-fraction %s: need a number in [0, 0.5]", v);
+        } else if (!strcmp(a, "--seed")) {
+            if (!cli_parse_i64(v, 0, INT64_MAX, &n)) return cli_fail("--seed %s: need an integer >= 0", v);
+            o->seed = (uint64_t)n;
+        } else if (!strcmp(a, "--progress")) {
+            if (!strcmp(v, "on")) o->progress = 1;
+            else if (!strcmp(v, "off")) o->progress = 0;
+            else if (!strcmp(v, "auto")) o->progress = -1;
+            else return cli_fail("--progress %s: on, off or auto", v);
+        } else {
+            return cli_fail("unknown option %s (see zdp train --model gpt --help)", a);
+        }
+    }
+    if (o->config == NULL) return cli_fail("--config CFG.json is required");
+    return 0;
+}
+
+/* Shards start with llm.c's magic; anything else is read as bytes. */
+static zdp_token_format sniff_format_(const char *path) {
+    FILE *f = fopen(path, "rb");
+    int32_t magic = 0;
+    if (f != NULL) {
+        if (fread(&magic, sizeof magic, 1, f) != 1) magic = 0;
+        fclose(f);
+    }
+    return magic == 20240520 ? ZDP_TOKENS_SHARD : ZDP_TOKENS_BYTES;
+}
+
+typedef struct run_state {
+    zdp_engine *eng;
+    zdp_model model;
+    zdp_dataset *ds;
+    int32_t *inputs, *targets; /* (b, T) */
+    int W, R;
+    int b, T;
+} run_state;
+
+/* Mean val loss over val_batches micro-batches per rank, all ranks. */
+static double val_loss_(run_state *st, int64_t val_batches) {
+    if (zdp_dataset_n_windows(st->ds, ZDP_SPLIT_VAL, st->T) == 0) return NAN;
+    zdp_error err;
+    double sum = 0;
+    for (int64_t j = 0; j < val_batches; j++) {
+        if (zdp_dataset_batch(st->ds, ZDP_SPLIT_VAL, j, st->R, st->W, st->b, st->T, st->inputs,
+                              st->targets, &err) != ZDP_OK)
+            cli_die("val batch", &err);
+        zdp_gpt_batch batch = {.inputs = st->inputs, .targets = st->targets, .B = st->b, .T = st->T};
+        float loss;
+        if (zdp_engine_forward(st->eng, &batch, &loss, &err) != ZDP_OK) cli_die("val forward", &err);
+        sum += loss;
+    }
+    return zdp_dist_mean(sum / (double)val_batches);
+}
+
+int cmd_train_gpt(int argc, char **argv) {
+    gpt_opts o;
+    int rc = parse_(argc, argv, &o);
+    if (rc) return rc == 1 ? 0 : rc;
+
+    zdp_error err;
+    zdp_config cfg;
+    run_state st = {.W = zdp_dist_world_size(), .R = zdp_dist_rank()};
+    if (zdp_config_load_file(o.config, st.W, &cfg, &err) != ZDP_OK) return cli_fail("%s", err.msg);
+    if (o.schedule.len > 0 && cfg.managed_gradient_accumulation)
+        return cli_fail("--schedule needs unmanaged accumulation: set "
+                        "\"managed_gradient_accumulation\": false in %s, or drop --schedule",
+                        o.config);
+    if (cfg.micro_batch_size > 4096)
+        return cli_fail("train_micro_batch_size_per_gpu = %lld: the GPT trainer takes at most "
+                        "4096 sequences per micro-batch", (long long)cfg.micro_batch_size);
+    st.b = (int)cfg.micro_batch_size;
+    st.T = o.model.block_size;
+
+    /* Data first: its vocabulary must fit the model. */
+    bool arith = o.data == NULL;
+    zdp_token_format fmt = arith ? ZDP_TOKENS_BYTES : sniff_format_(o.data);
+    double vf = o.val_fraction >= 0 ? o.val_fraction : (fmt == ZDP_TOKENS_SHARD ? 0.0 : 0.1);
+    zdp_status s = arith ? zdp_dataset_create_arith(o.seed, o.arith_lines, 99, vf, &st.ds, &err)
+                         : zdp_dataset_open(o.data, fmt, vf, &st.ds, &err);
+    if (s != ZDP_OK) return cli_fail("--data: %s", err.msg);
+    rc = 0;
+    if (zdp_dataset_max_token(st.ds) >= o.model.vocab_size) {
+        rc = cli_fail("--data %s: token %d is outside the vocabulary (--vocab-size %d); fix: "
+                      "raise --vocab-size%s", arith ? "(generated)" : o.data,
+                      zdp_dataset_max_token(st.ds), o.model.vocab_size,
+                      fmt == ZDP_TOKENS_BYTES ? " to 256 for byte-level text" : "");
+        goto done;
+    }
+    if (zdp_dataset_n_windows(st.ds, ZDP_SPLIT_TRAIN, st.T) == 0) {
+        rc = cli_fail("--data %s: the train split has %lld tokens, fewer than --block-size + 1 = "
+                      "%d; fix: more data or a smaller --block-size",
+                      arith ? "(generated)" : o.data,
+                      (long long)zdp_dataset_n_tokens(st.ds, ZDP_SPLIT_TRAIN), st.T + 1);
+        goto done;
+    }
+    if (zdp_gpt_create(&o.model, st.b, &st.model, &err) != ZDP_OK) {
+        rc = cli_fail("%s", err.msg);
+        goto done;
+    }
+    if (zdp_engine_create(&cfg, &st.model, &st.eng, &err) != ZDP_OK) {
+        rc = cli_fail("%s", err.msg);
+        goto done;
+    }
+    {
+        float **views = malloc((size_t)st.model.n_params * sizeof *views);
+        if (views == NULL) {
+            rc = cli_fail("out of memory");
+            goto done;
+        }
+        for (int i = 0; i < st.model.n_params; i++) views[i] = zdp_engine_param_data(st.eng, i);
+        if (o.init != NULL) {
+            if (zdp_gpt_weights_load(o.init, &o.model, st.model.params, st.model.n_params, views,
+                                     &err) != ZDP_OK)
+                rc = cli_fail("--init %s", err.msg);
+        } else {
+            zdp_gpt_init_params(&st.model, views, o.seed);
+        }
+        free(views);
+    }
+    /* Every rank read the same files; agree before the first collective. */
+    if (!zdp_dist_all_ok(rc == 0)) {
+        if (rc == 0) rc = 2;
+        goto done;
+    }
+    if (zdp_engine_sync_params(st.eng, &err) != ZDP_OK) cli_die("sync params", &err);
+    st.inputs = malloc((size_t)st.b * (size_t)st.T * sizeof(int32_t));
+    st.targets = malloc((size_t)st.b * (size_t)st.T * sizeof(int32_t));
+    if (st.inputs == NULL || st.targets == NULL) cli_die("micro-batch buffers", &(zdp_error){.msg = "out of memory"});
+
+    const bool managed = cfg.managed_gradient_accumulation;
+    const bool tty = o.progress == 1 ||
+                     (o.progress == -1 && isatty(STDOUT_FILENO) &&
+                      getenv("OMPI_COMM_WORLD_SIZE") == NULL && getenv("PMI_SIZE") == NULL);
+    const int64_t G = cfg.gradient_accumulation_steps;
+    metrics_log log = {0};
+    char csv_path[4096], svg_path[4096];
+    snprintf(csv_path, sizeof csv_path, "%s/metrics.csv", o.out_dir);
+    snprintf(svg_path, sizeof svg_path, "%s/loss.svg", o.out_dir);
+    if (st.R == 0) {
+        if (metrics_open(&log, csv_path) != 0)
+            fprintf(stderr, "zdp: warning: cannot write %s (%s); metrics go only to stdout\n",
+                    csv_path, strerror(errno));
+        printf("zdp train: gpt L=%d H=%d C=%d V=%d T=%d | %d rank(s) | ZeRO stage %d | %s "
+               "accumulation | B %lld = b %d x G %lld x W %d | data %s: %lld train tokens, %lld val\n",
+               o.model.n_layer, o.model.n_head, o.model.n_embd, o.model.vocab_size, st.T, st.W,
+               cfg.zero.stage, managed ? "managed" : "unmanaged", (long long)cfg.train_batch_size,
+               st.b, (long long)G, st.W, arith ? "arithmetic corpus" : o.data,
+               (long long)zdp_dataset_n_tokens(st.ds, ZDP_SPLIT_TRAIN),
+               (long long)zdp_dataset_n_tokens(st.ds, ZDP_SPLIT_VAL));
+        fflush(stdout);
+    }
+
+    const double t_start = cli_now();
+    for (int64_t step = 0; step < o.steps; step++) {
+        const int64_t n = cli_window(&o.schedule, managed, G, step);
+        const double t0 = cli_now();
+        double loss_sum = 0;
+        for (int64_t k = 0; k < n; k++) {
+            if (zdp_dataset_next(st.ds, st.R, st.W, st.b, st.T, st.inputs, st.targets, &err) != ZDP_OK)
+                cli_die("data", &err);
+            zdp_gpt_batch batch = {.inputs = st.inputs, .targets = st.targets, .B = st.b, .T = st.T};
+            float loss;
+            if (zdp_engine_forward(st.eng, &batch, &loss, &err) != ZDP_OK) cli_die("forward", &err);
+            loss_sum += loss;
+            zdp_status bs = managed ? zdp_engine_backward(st.eng, true, 1.0f, &err)
+                                    : zdp_engine_backward(st.eng, false, 1.0f / (float)n, &err);
+            if (bs != ZDP_OK) cli_die("backward", &err);
+            if (managed && zdp_engine_step(st.eng, &err) != ZDP_OK) cli_die("step", &err);
+        }
+        if (!managed && zdp_engine_step(st.eng, &err) != ZDP_OK) cli_die("step", &err);
+        const double mean_loss = zdp_dist_mean(loss_sum / (double)n);
+        const double dt = cli_now() - t0;
+        const int64_t gstep = zdp_engine_global_steps(st.eng);
+        double val = NAN;
+        if (o.val_every > 0 && (gstep % o.val_every == 0 || step + 1 == o.steps))
+            val = val_loss_(&st, o.val_batches);
+        if (st.R != 0) continue;
+        const double tokens = (double)n * st.b * st.T * st.W;
+        zdp_step_timing t;
+        zdp_engine_step_timing(st.eng, &t);
+        metrics_row row = {.step = gstep, .samples = zdp_engine_global_samples(st.eng),
+                           .tokens = zdp_engine_global_samples(st.eng) * st.T,
+                           .train_loss = mean_loss, .val_loss = val, .lr = zdp_engine_last_lr(st.eng),
+                           .grad_norm = zdp_engine_last_grad_norm(st.eng),
+                           .tokens_per_s = tokens / dt, .skipped = !zdp_engine_was_step_applied(st.eng),
+                           .fwd_ms = 1e3 * t.forward_s, .bwd_ms = 1e3 * t.backward_s,
+                           .comm_wait_ms = 1e3 * t.comm_wait_s, .opt_ms = 1e3 * t.optimizer_s,
+                           .step_ms = 1e3 * dt};
+        metrics_add(&log, &row);
+        char eta[32];
+        cli_format_eta((cli_now() - t_start) / (double)(step + 1) * (double)(o.steps - step - 1), eta, sizeof eta);
+        char line[512];
+        int len = snprintf(line, sizeof line,
+                           "step %lld | loss %.6f | global_samples %lld | grad_norm %.4f | lr %.3e "
+                           "| tok/s %.0f | ms/step %.1f",
+                           (long long)gstep, mean_loss, (long long)row.samples, row.grad_norm,
+                           row.lr, row.tokens_per_s, row.step_ms);
+        if (!isnan(val)) len += snprintf(line + len, sizeof line - (size_t)len, " | val_loss %.4f", val);
+        if (row.skipped) snprintf(line + len, sizeof line - (size_t)len, " | SKIPPED: non-finite gradient");
+        if (!tty) {
+            printf("%s\n", line);
+        } else {
+            bool plain = cfg.steps_per_print > 0 && gstep % cfg.steps_per_print == 0;
+            if (plain || !isnan(val) || row.skipped)
+                printf("\r\033[K%s\n", line);
+            printf("\r\033[Kstep %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | %.0f ms/step | ETA %s",
+                   (long long)gstep, (long long)o.steps, mean_loss, row.lr, row.tokens_per_s,
+                   row.step_ms, eta);
+        }
+        fflush(stdout);
+    }
+    if (st.R == 0 && tty) printf("\n");
+
+    if (st.R == 0) {
+        char title[160];
+        snprintf(title, sizeof title, "zdp gpt L=%d C=%d T=%d, %d rank(s), ZeRO-%d", o.model.n_layer,
+                 o.model.n_embd, st.T, st.W, cfg.zero.stage);
+        if (log.n > 0 && metrics_plot_svg(&log, svg_path, title) == 0)
+            printf("metrics: %s, loss curve: %s\n", csv_path, svg_path);
+        metrics_close(&log);
+        /* What the model learned, in words. */
+        float **views = malloc((size_t)st.model.n_params * sizeof *views);
+        if (views != NULL) {
+            for (int i = 0; i < st.model.n_params; i++) views[i] = zdp_engine_param_data(st.eng, i);
+            if (arith)
+                sample_arith_report(&st.model, (const float *const *)views, st.ds, 40);
+            else if (o.model.vocab_size == 256)
+                sample_print(&st.model, (const float *const *)views, "\n", 200, 0.8, 40, o.seed);
+            free(views);
+        }
+        fflush(stdout);
+    }
+    if (o.save_weights != NULL) {
+        int mine = 0;
+        if (st.R == 0) {
+            float **views = malloc((size_t)st.model.n_params * sizeof *views);
+            if (views == NULL) mine = 1;
+            for (int i = 0; views != NULL && i < st.model.n_params; i++)
+                views[i] = zdp_engine_param_data(st.eng, i);
+            if (views != NULL &&
+                zdp_gpt_weights_save(o.save_weights, st.model.params, st.model.n_params,
+                                     (const float *const *)views, &err) != ZDP_OK) {
+                fprintf(stderr, "zdp: error: --save-weights %s\n", err.msg);
+                mine = 1;
+            }
+            free(views);
+        }
+        if (!zdp_dist_all_ok(mine == 0)) rc = 1;
+    }
+done:
+    free(st.inputs);
+    free(st.targets);
+    zdp_engine_destroy(st.eng);
+    zdp_gpt_destroy(&st.model);
+    zdp_dataset_destroy(st.ds);
+    return rc;
+}
