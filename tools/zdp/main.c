@@ -61,8 +61,13 @@ static void usage_(FILE *f) {
             "\n"
             "\n"
             "usage: zdp gen-data --hidden H --out DATA.safetensors [--samples N] [--seed N]\n"
-            "  writes the generated dataset (x F32 [N,H], y I64 [N]) that train uses\n"
+            "  writes the generated MLP dataset (x F32 [N,H], y I64 [N]) that train uses\n"
             "  when --data is not given\n"
+            "       zdp gen-data --corpus arith --out TOKENS.bin [--lines N] [--seed N]\n"
+            "  writes the GPT trainer's arithmetic corpus (\"a+b=c\\n\" lines, bytes) as an\n"
+            "  llm.c token shard\n"
+            "\n"
+            "usage: zdp sample --weights W.safetensors --prompt TEXT   (see zdp sample --help)\n"
             "\n"
             "  zdp --version             print the version\n");
 }
@@ -385,9 +390,24 @@ done:
     return rc;
 }
 
+/* zdp gen-data --corpus arith: the GPT trainer's default corpus as an llm.c
+ * token shard, so other programs (PyTorch) can train on the same bytes. */
+static int gen_arith_(int64_t lines, int64_t seed, const char *out) {
+    if (zdp_dist_rank() != 0) return 0;
+    int32_t *tokens = NULL;
+    int64_t n = 0;
+    zdp_error err;
+    int rc = 0;
+    if (zdp_corpus_arith((uint64_t)seed, lines, 99, &tokens, &n, &err) != ZDP_OK ||
+        zdp_tokens_write_shard(out, tokens, n, &err) != ZDP_OK)
+        rc = cli_fail("gen-data: %s", err.msg);
+    zdp_tokens_free(tokens);
+    return rc;
+}
+
 /* zdp gen-data: the generated dataset as a file, for --data. */
 static int cmd_gen_data_(int argc, char **argv) {
-    int64_t H = 0, N = 4096, seed = 42;
+    int64_t H = 0, N = 4096, seed = 42, lines = 0;
     const char *out = NULL;
     for (int i = 0; i < argc; i += 2) {
         if (i + 1 >= argc) return cli_fail("%s: missing value (see zdp --help)", argv[i]);
@@ -400,11 +420,18 @@ static int cmd_gen_data_(int argc, char **argv) {
             if (!cli_parse_i64(v, 0, INT64_MAX, &seed)) return cli_fail("--seed %s: need an integer >= 0", v);
         } else if (strcmp(a, "--out") == 0) {
             out = v;
+        } else if (strcmp(a, "--corpus") == 0) {
+            if (strcmp(v, "arith") != 0) return cli_fail("--corpus %s: the only corpus is arith", v);
+            if (lines == 0) lines = 200000;
+        } else if (strcmp(a, "--lines") == 0) {
+            if (!cli_parse_i64(v, 1, (int64_t)1 << 28, &lines)) return cli_fail("--lines %s: need 1..268435456", v);
         } else {
             return cli_fail("unknown option %s for gen-data (see zdp --help)", a);
         }
     }
-    if (H == 0 || out == NULL) return cli_fail("gen-data needs --hidden H and --out FILE");
+    if (out == NULL) return cli_fail("gen-data needs --out FILE");
+    if (lines > 0) return gen_arith_(lines, seed, out);
+    if (H == 0) return cli_fail("gen-data needs --hidden H (MLP data) or --corpus arith (GPT tokens)");
     if (zdp_dist_rank() != 0) return 0;
     dataset d = {0};
     int rc = generate_data_(&d, (int)H, N, (uint64_t)seed);

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# `zdp train --model gpt` through its command-line contract: managed ==
+# unmanaged, --init/--save-weights round trip, world sizes 1..3, the
+# unmanaged schedule's global_samples, metrics CSV and SVG, zdp sample, and
+# bad input (one message on rank 0, non-zero exit, never a hang).
+# usage: test_train_gpt.sh ZDP_BINARY MPIEXEC
+set -u
+ZDP=$1
+MPIEXEC=$2
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+run() {
+  local np=$1; shift
+  timeout 180 "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" "$@" >"$T/out" 2>&1
+  rc=$?
+  if [ $rc -eq 124 ]; then fail "timed out (hang): zdp $*"; fi
+}
+expect_ok() { run "$@"; if [ $rc -ne 0 ]; then fail "exit $rc: zdp ${*:2}"; cat "$T/out"; fi; }
+expect_error() {
+  local np=$1 sub=$2; shift 2
+  run "$np" "$@"
+  if [ $rc -eq 0 ]; then fail "exit 0, wanted an error: zdp $*"; return; fi
+  if ! grep -qF -- "$sub" "$T/out"; then fail "message lacks '$sub': zdp $*"; cat "$T/out"; fi
+  local n; n=$(grep -c "zdp: error:" "$T/out")
+  if [ "$n" -ne 1 ]; then fail "wanted one error line, got $n: zdp $*"; cat "$T/out"; fi
+}
+
+MODEL=(--n-layer 2 --n-head 2 --n-embd 16 --vocab-size 256 --block-size 16)
+cat >"$T/managed.json" <<'JSON'
+{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3,
+ "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
+ "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 3, "warmup_type": "linear"}},
+ "zero_optimization": {"stage": 2, "reduce_bucket_size": 200}}
+JSON
+sed 's/"gradient_accumulation_steps": 3,/"gradient_accumulation_steps": 3, "managed_gradient_accumulation": false,/' \
+  "$T/managed.json" >"$T/unmanaged.json"
+
+expect_ok 1 gen-data --corpus arith --lines 400 --seed 5 --out "$T/tokens.bin"
+expect_ok 1 train --model gpt "${MODEL[@]}" --config "$T/managed.json" --steps 0 \
+  --data "$T/tokens.bin" --save-weights "$T/init.safetensors"
+expect_ok 2 train --model gpt "${MODEL[@]}" --config "$T/managed.json" --steps 0 \
+  --data "$T/tokens.bin" --init "$T/init.safetensors" --save-weights "$T/same.safetensors"
+cmp -s "$T/init.safetensors" "$T/same.safetensors" || fail "--init/--save-weights round trip differs"
+
+for np in 1 2 3; do
+  expect_ok $np train --model gpt "${MODEL[@]}" --config "$T/managed.json" --steps 3 \
+    --data "$T/tokens.bin" --data-order sequential --init "$T/init.safetensors" \
+    --save-weights "$T/m$np.safetensors" --out-dir "$T/run$np"
+  grep -q "^step 3 | loss .* | global_samples $((3 * 2 * 3 * np)) " "$T/out" || { fail "np=$np: step 3 line"; cat "$T/out"; }
+  [ "$(grep -c '^step ' "$T/out")" -eq 3 ] || fail "np=$np: wanted 3 step lines"
+  [ "$(wc -l <"$T/run$np/metrics.csv")" -eq 4 ] || fail "np=$np: metrics.csv rows"
+  head -1 "$T/run$np/metrics.csv" | grep -q "Train/Samples/train_loss" || fail "metrics.csv header"
+  grep -q "<svg" "$T/run$np/loss.svg" || fail "np=$np: loss.svg"
+  expect_ok $np train --model gpt "${MODEL[@]}" --config "$T/unmanaged.json" --steps 3 \
+    --data "$T/tokens.bin" --init "$T/init.safetensors" --save-weights "$T/u$np.safetensors" \
+    --out-dir "$T/runu$np"
+  cmp -s "$T/m$np.safetensors" "$T/u$np.safetensors" || fail "np=$np: unmanaged differs from managed"
+  cmp -s "$T/init.safetensors" "$T/m$np.safetensors" && fail "np=$np: weights did not change"
+done
+
+# Unmanaged schedule: global_samples = b * W * sum(n) = 2 * 2 * (1+4+2).
+expect_ok 2 train --model gpt "${MODEL[@]}" --config "$T/unmanaged.json" --steps 3 \
+  --schedule 1,4,2 --data "$T/tokens.bin" --out-dir "$T/runs"
+grep -q "^step 3 | loss .* | global_samples 28 " "$T/out" || { fail "schedule: global_samples"; cat "$T/out"; }
+
+# Sampling from the saved weights (byte-level).
+expect_ok 1 sample --weights "$T/m2.safetensors" --n-head 2 --prompt "1+1=" --max-tokens 5 --temperature 0
+grep -q "^1+1=" "$T/out" || { fail "sample: prompt not echoed"; cat "$T/out"; }
+
+# Bad input.
+expect_error 2 "no-such.bin" train --model gpt "${MODEL[@]}" --config "$T/managed.json" --data "$T/no-such.bin"
+expect_error 2 "--data-order random" train --model gpt "${MODEL[@]}" --config "$T/managed.json" --data-order random
+expect_error 2 "outside the vocabulary" train --model gpt --n-layer 2 --n-head 2 --n-embd 16 \
+  --vocab-size 50 --block-size 16 --config "$T/managed.json" --data "$T/tokens.bin"
+expect_error 2 "transformer.wpe.weight" train --model gpt --n-layer 2 --n-head 2 --n-embd 16 \
+  --vocab-size 256 --block-size 8 --config "$T/managed.json" --data "$T/tokens.bin" --init "$T/init.safetensors"
+expect_error 2 "n_head" train --model gpt --n-layer 2 --n-head 3 --n-embd 16 --vocab-size 256 \
+  --block-size 16 --config "$T/managed.json" --data "$T/tokens.bin"
+expect_error 2 "--schedule needs unmanaged accumulation" train --model gpt "${MODEL[@]}" \
+  --config "$T/managed.json" --data "$T/tokens.bin" --schedule 2,3
+printf '0123' >"$T/tiny.txt"
+expect_error 2 "fewer than --block-size + 1" train --model gpt "${MODEL[@]}" --config "$T/managed.json" --data "$T/tiny.txt"
+
+if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
+echo "test_train_gpt: all checks passed"
