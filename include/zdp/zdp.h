@@ -393,6 +393,56 @@ ZDP_API int64_t zdp_engine_padded_numel(const zdp_engine *eng);
 ZDP_API int64_t zdp_engine_partition_numel(const zdp_engine *eng);
 ZDP_API int64_t zdp_engine_param_offset(const zdp_engine *eng, int i);
 
+/* ---- checkpoints ----------------------------------------------------------- */
+
+/* COLLECTIVE.  Saves everything the engine needs to continue exactly, under
+ * dir/tag/ (docs/checkpoints.md has the format):
+ *   meta.json                  (rank 0) format version, zdp version, world
+ *                              size, ZeRO stage, layout, counters
+ *                              (global_steps, global_samples, micro_steps,
+ *                              skipped_steps, pending backwards, optimizer
+ *                              step, LR scheduler iteration), the config's
+ *                              training keys, client_json, and the size and
+ *                              FNV-1a 64 checksum of every file
+ *   model.safetensors          (rank 0) the full fp32 weights by parameter
+ *                              name (for the GPT: a GPT2LMHeadModel file)
+ *   optim_rank{r}.safetensors  (every rank) its slice of the optimizer state
+ *                              (Adam exp_avg/exp_avg_sq, SGD momentum) and,
+ *                              between backward() and step(), the window's
+ *                              accumulated gradients
+ * Files are written into dir/tag.tmp/ and fsynced; only when every rank's
+ * files are complete does rank 0 rename the directory into place and then
+ * replace dir/latest (a one-line file naming the tag) atomically.  A crash at
+ * any point leaves the previous checkpoint and `latest` intact.
+ * client_json: a JSON object (the caller's own state, e.g. the data cursor)
+ * stored as is; NULL for none.  tag: a file name (no '/'). */
+ZDP_API zdp_status zdp_engine_save_checkpoint(zdp_engine *eng, const char *dir, const char *tag,
+                                              const char *client_json, zdp_error *err);
+
+/* COLLECTIVE.  Loads dir/tag (tag NULL: the one dir/latest names) into an
+ * engine built for the same model: parameters, optimizer state, counters
+ * and the LR schedule's position.  The world size and ZeRO stage may differ
+ * from the saving job's (the optimizer state is re-cut from the flat fp32
+ * state), except for a checkpoint taken mid-window, which holds rank-local
+ * gradients and needs the same world size and stage.  Every file is checked
+ * against its size and checksum, and every tensor against the model, before
+ * anything in the engine changes: on error the engine is as it was, and the
+ * message names the file and what is wrong.  *client_json (may be NULL)
+ * receives the saved client JSON (free() it); "{}" when none was saved. */
+ZDP_API zdp_status zdp_engine_load_checkpoint(zdp_engine *eng, const char *dir, const char *tag,
+                                              char **client_json, zdp_error *err);
+
+/* Not collective.  A description of dir/tag (tag NULL: latest) in words:
+ * what it holds, its counters and layout, whether its files check out.
+ * *text is malloc'd (free() it). */
+ZDP_API zdp_status zdp_checkpoint_inspect(const char *dir, const char *tag, char **text,
+                                          zdp_error *err);
+/* Not collective.  Writes the checkpoint's full fp32 weights (whatever the
+ * ZeRO stage and world size that saved it) to out_path as safetensors,
+ * after checking the file's checksum (DeepSpeed's zero_to_fp32). */
+ZDP_API zdp_status zdp_checkpoint_export(const char *dir, const char *tag, const char *out_path,
+                                         zdp_error *err);
+
 /* ---- the MLP (DeepSpeed's test SimpleModel) ---------------------------- */
 
 /* nlayers Linear(hidden, hidden) with bias.  forward: for i in 0..L-1:
@@ -639,6 +689,13 @@ ZDP_API zdp_status zdp_dataset_batch(const zdp_dataset *ds, zdp_split split, int
                                      int rank, int world, int b, int T,
                                      int32_t *inputs /* OUT (b, T) */,
                                      int32_t *targets /* OUT (b, T) */, zdp_error *err);
+/* Fills windows first, first+1, ..., first+b-1 (mod N) of the split: the
+ * same rows as zdp_dataset_batch with first = (j*W + r)*b, for trainers that
+ * count consumed windows (a sample cursor that survives a change of world
+ * size: rank r's j-th micro-batch of a step starts at cursor + (j*W + r)*b). */
+ZDP_API zdp_status zdp_dataset_windows(const zdp_dataset *ds, zdp_split split, int64_t first,
+                                       int b, int T, int32_t *inputs /* OUT (b, T) */,
+                                       int32_t *targets /* OUT (b, T) */, zdp_error *err);
 /* zdp_dataset_batch(ds, ZDP_SPLIT_TRAIN, cursor, ...), then cursor++ on
  * success.  The cursor does not move on error. */
 ZDP_API zdp_status zdp_dataset_next(zdp_dataset *ds, int rank, int world, int b, int T,

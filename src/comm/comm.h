@@ -18,6 +18,8 @@ zdp_status zdp_comm_allreduce_sum_f32(float *buf, int64_t n, zdp_comm_report *st
                                       zdp_error *err);
 zdp_status zdp_comm_allreduce_sum_f64(double *buf, int64_t n, zdp_comm_report *stats,
                                       zdp_error *err);
+zdp_status zdp_comm_allreduce_sum_i64(int64_t *buf, int64_t n, zdp_comm_report *stats,
+                                      zdp_error *err);
 /* SUM reduce-scatter with uneven counts (MPI_Reduce_scatter): rank r
  * receives recv_counts[r] floats, the r-th consecutive piece of send. */
 zdp_status zdp_comm_reduce_scatter_f32(const float *send, float *recv, const int *recv_counts,

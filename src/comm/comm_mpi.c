@@ -175,6 +175,11 @@ zdp_status zdp_comm_allreduce_sum_f64(double *buf, int64_t n, zdp_comm_report *s
     return allreduce_(buf, n, sizeof *buf, MPI_DOUBLE, stats, "MPI_Allreduce(double)", err);
 }
 
+zdp_status zdp_comm_allreduce_sum_i64(int64_t *buf, int64_t n, zdp_comm_report *stats,
+                                      zdp_error *err) {
+    return allreduce_(buf, n, sizeof *buf, MPI_INT64_T, stats, "MPI_Allreduce(int64)", err);
+}
+
 zdp_status zdp_comm_reduce_scatter_f32(const float *send, float *recv, const int *recv_counts,
                                        zdp_comm_report *stats, zdp_error *err) {
     if (!mpi_ready_()) return not_ready_("MPI_Reduce_scatter", err);

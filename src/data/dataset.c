@@ -138,21 +138,19 @@ int64_t zdp_dataset_n_windows(const zdp_dataset *ds, zdp_split split, int T) {
 
 /* ---- batches --------------------------------------------------------------- */
 
-zdp_status zdp_dataset_batch(const zdp_dataset *ds, zdp_split split, int64_t j, int rank,
-                             int world, int b, int T, int32_t *inputs, int32_t *targets,
-                             zdp_error *err) {
+zdp_status zdp_dataset_windows(const zdp_dataset *ds, zdp_split split, int64_t first, int b,
+                               int T, int32_t *inputs, int32_t *targets, zdp_error *err) {
     if (ds == NULL || inputs == NULL || targets == NULL)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
-                           "zdp_dataset_batch: ds, inputs and targets must not be NULL");
+                           "zdp_dataset_windows: ds, inputs and targets must not be NULL");
     if (split != ZDP_SPLIT_TRAIN && split != ZDP_SPLIT_VAL)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
                            "dataset: split %d is not ZDP_SPLIT_TRAIN or ZDP_SPLIT_VAL",
                            (int)split);
-    if (world < 1 || rank < 0 || rank >= world || b < 1 || T < 1 || j < 0)
+    if (first < 0 || b < 1 || T < 1 || first > INT64_MAX - b)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
-                           "dataset: micro-batch j = %" PRId64 ", rank = %d, world = %d, b = "
-                           "%d, T = %d; expected j >= 0, 0 <= rank < world, b >= 1, T >= 1",
-                           j, rank, world, b, T);
+                           "dataset: first window %" PRId64 ", b = %d, T = %d; expected first "
+                           ">= 0, b >= 1, T >= 1", first, b, T);
     const char *name = split == ZDP_SPLIT_TRAIN ? "train" : "val";
     int64_t m = zdp_dataset_n_tokens(ds, split);
     int64_t N = zdp_dataset_n_windows(ds, split, T);
@@ -164,13 +162,6 @@ zdp_status zdp_dataset_batch(const zdp_dataset *ds, zdp_split split, int64_t j, 
                            ds->val_fraction, (int64_t)T + 1,
                            split == ZDP_SPLIT_VAL ? " or a larger val_fraction"
                                                   : " or a smaller val_fraction");
-    /* First window index (j*W + r)*b; the last one read is (j*W + W)*b - 1. */
-    int64_t Wb = (int64_t)world * b;
-    if (j > (INT64_MAX - Wb) / Wb)
-        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
-                           "dataset: micro-batch j = %" PRId64 " with world = %d, b = %d "
-                           "overflows the window index (int64)", j, world, b);
-    int64_t first = (j * world + rank) * (int64_t)b;
     const int32_t *tok = zdp_dataset_tokens(ds, split);
     for (int k = 0; k < b; k++) {
         int64_t w = (first + k) % N;
@@ -179,6 +170,24 @@ zdp_status zdp_dataset_batch(const zdp_dataset *ds, zdp_split split, int64_t j, 
         memcpy(targets + (int64_t)k * T, src + 1, (size_t)T * sizeof *src);
     }
     return ZDP_OK;
+}
+
+zdp_status zdp_dataset_batch(const zdp_dataset *ds, zdp_split split, int64_t j, int rank,
+                             int world, int b, int T, int32_t *inputs, int32_t *targets,
+                             zdp_error *err) {
+    if (world < 1 || rank < 0 || rank >= world || b < 1 || T < 1 || j < 0)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "dataset: micro-batch j = %" PRId64 ", rank = %d, world = %d, b = "
+                           "%d, T = %d; expected j >= 0, 0 <= rank < world, b >= 1, T >= 1",
+                           j, rank, world, b, T);
+    /* First window index (j*W + r)*b; the last one read is (j*W + W)*b - 1. */
+    int64_t Wb = (int64_t)world * b;
+    if (j > (INT64_MAX - Wb) / Wb)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "dataset: micro-batch j = %" PRId64 " with world = %d, b = %d "
+                           "overflows the window index (int64)", j, world, b);
+    return zdp_dataset_windows(ds, split, (j * world + rank) * (int64_t)b, b, T, inputs,
+                               targets, err);
 }
 
 zdp_status zdp_dataset_next(zdp_dataset *ds, int rank, int world, int b, int T,

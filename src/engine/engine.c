@@ -37,76 +37,7 @@
 #include <string.h>
 
 #include "../comm/comm.h"
-#include "../comm/stream.h"
-#include "../core/core.h"
-#include "../optim/optim.h"
-#include "../zero/zero.h"
-#include "engine.h"
-
-/* Per-tensor state inside one backward. */
-enum { SINK_IDLE = 0, SINK_ACQUIRED, SINK_RELEASED };
-
-struct zdp_grad_sink {
-    zdp_engine *eng;      /* NULL for a dense sink */
-    float *const *dense;  /* dense sink: caller-owned buffers per tensor */
-    int n_dense;
-    unsigned char *state; /* (n_tensors) SINK_* */
-    int misuse_tensor;    /* first tensor misused this backward, -1 if none */
-    const char *misuse;   /* what went wrong with it */
-    zdp_status comm_status; /* first reduction failure in this backward */
-    zdp_error comm_err;
-};
-
-struct zdp_engine {
-    zdp_config cfg;
-    const zdp_model *model;
-    int rank, world;
-    zdp_mem_counter mem;
-    zdp_layout lay;
-
-    float *params;       /* (padded) */
-    float **param_ptrs;  /* (n_tensors) views into params */
-    float *grads;        /* (padded) stages 0/1, else NULL */
-    float *grad_part;    /* (P) stages 1/2, else NULL */
-
-    /* Reduce buckets (stages 1/2). */
-    zdp_bucket *buckets;
-    int n_buckets;
-    int *tensor_bucket;  /* (n_tensors) */
-    int *bucket_pending; /* (n_buckets) tensors not yet released this backward */
-    float **bucket_buf;  /* (n_buckets) buffer a bucket holds, or NULL */
-    float **pool;        /* stage 2: free bucket buffers */
-    int pool_free, pool_total, pool_cap;
-    int64_t bucket_elems; /* elements per bucket buffer */
-    float *rs_scratch;   /* stages 1/2: reduce-scatter scratch / landing area */
-    int64_t rs_scratch_elems;
-    int *rs_counts;      /* (W) used on the stream thread only */
-    int *ag_counts, *ag_displs; /* (W) all-gather shards, stream thread only */
-
-    /* The comm stream and stage 2's buckets in flight on it (FIFO). */
-    zdp_stream *stream;
-    bool ring_reduce_scatter; /* zdp's ring, else MPI_Reduce_scatter */
-    float **inflight_buf;     /* (n_buckets) */
-    uint64_t *inflight_event; /* (n_buckets) */
-    int inflight_head, inflight_count;
-
-    /* Accounting: comm_total is written on the stream thread and read here
-     * only after waiting for the stream. */
-    zdp_comm_report comm_total, comm_at_last_step, comm_last_step;
-    zdp_step_timing timing_window, timing_last;
-
-    zdp_grad_sink sink;
-    zdp_optim optim;
-
-    /* DeepSpeed's engine state (SEMANTICS.md 2.1). */
-    int64_t micro_steps, global_steps, global_samples, skipped_steps;
-    int64_t window_backwards; /* backward() calls since the last model step */
-    bool step_applied, running_step, have_forward;
-    int boundary_override;    /* -1 unset, else 0/1 (sticky, managed only) */
-    double last_grad_norm;
-    int64_t sched_iter;       /* the LR scheduler's n: -1, +1 per applied update */
-    double last_lr;           /* lr of the last applied update, -1 before */
-};
+#include "engine_impl.h"
 
 /* ---- grad sink ---------------------------------------------------------- */
 
@@ -124,6 +55,7 @@ typedef enum op_kind {
     OP_REDUCE_BUCKET,     /* stages 1/2: average + reduce-scatter one bucket */
     OP_ALLGATHER_PARAMS,  /* stages 1/2: all-gather the updated partitions */
     OP_BCAST_PARAMS,      /* rank 0's parameters to everyone */
+    OP_ALLREDUCE_I64,     /* SUM all-reduce of `bucket` int64s (checkpoint agreement) */
 } op_kind;
 
 typedef struct engine_op {
@@ -216,6 +148,8 @@ static zdp_status run_op_(void *arg, zdp_error *err) {
     case OP_BCAST_PARAMS:
         return zdp_comm_bcast_bytes(e->params, e->lay.numel * (int64_t)sizeof(float),
                                     &e->comm_total, err);
+    case OP_ALLREDUCE_I64:
+        return zdp_comm_allreduce_sum_i64(op->buf, op->bucket, &e->comm_total, err);
     }
     return zdp_err_set(err, ZDP_ERR_INTERNAL, "comm stream: unknown operation %d", (int)op->kind);
 }
@@ -235,6 +169,10 @@ static zdp_status wait_(zdp_engine *e, uint64_t event, zdp_error *err) {
 
 static zdp_status run_sync_(zdp_engine *e, op_kind kind, void *buf, zdp_error *err) {
     return wait_(e, enqueue_(e, kind, buf, -1), err);
+}
+
+zdp_status zdp_engine_allreduce_i64_(zdp_engine *e, int64_t *buf, int n, zdp_error *err) {
+    return wait_(e, enqueue_(e, OP_ALLREDUCE_I64, buf, n), err);
 }
 
 /* ---- stage 2 bucket buffers ------------------------------------------------- */
@@ -262,6 +200,8 @@ static zdp_status reclaim_all_(zdp_engine *e, zdp_error *err) {
  * waits for the oldest: one in flight while the next bucket fills is
  * DeepSpeed's double buffering. */
 #define MAX_INFLIGHT_ 1
+
+zdp_status zdp_engine_drain_(zdp_engine *e, zdp_error *err) { return reclaim_all_(e, err); }
 
 static float *bucket_take_buffer_(zdp_engine *e, int b) {
     /* Reductions that already finished give their buffers back for free. */

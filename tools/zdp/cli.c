@@ -12,6 +12,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <jansson.h>
+
 int cli_fail(const char *fmt, ...) {
     if (zdp_dist_rank() == 0) {
         va_list ap;
@@ -86,4 +88,59 @@ void cli_format_eta(double seconds, char *out, int n) {
     if (s >= 3600) snprintf(out, (size_t)n, "%ldh%02ldm", s / 3600, (s % 3600) / 60);
     else if (s >= 60) snprintf(out, (size_t)n, "%ldm%02lds", s / 60, s % 60);
     else snprintf(out, (size_t)n, "%lds", s);
+}
+
+/* ---- checkpoints ---------------------------------------------------------------- */
+
+int cli_ckpt_option(const char *a, const char *v, cli_ckpt *c) {
+    if (strcmp(a, "--save-dir") == 0) {
+        c->save_dir = v;
+    } else if (strcmp(a, "--resume") == 0) {
+        c->resume = v;
+    } else if (strcmp(a, "--save-every") == 0) {
+        if (!cli_parse_i64(v, 1, INT64_MAX / 4, &c->save_every)) {
+            cli_fail("--save-every %s: need an integer >= 1 (optimizer steps)", v);
+            return 2;
+        }
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+int cli_ckpt_resume(zdp_engine *eng, const cli_ckpt *c, int64_t *cursor) {
+    *cursor = 0;
+    if (c->resume == NULL) return 0;
+    zdp_error err;
+    char *client = NULL;
+    if (zdp_engine_load_checkpoint(eng, c->resume, NULL, &client, &err) != ZDP_OK)
+        return cli_fail("--resume %s", err.msg);
+    json_error_t je;
+    json_t *j = json_loads(client, 0, &je);
+    json_t *v = json_object_get(j, "samples_consumed");
+    int rc = 0;
+    if (!json_is_integer(v) || json_integer_value(v) < 0)
+        rc = cli_fail("--resume %s: the checkpoint has no data position (\"samples_consumed\" "
+                      "in its client state); it was not written by zdp train", c->resume);
+    else
+        *cursor = (int64_t)json_integer_value(v);
+    json_decref(j);
+    free(client);
+    if (rc == 0 && zdp_dist_rank() == 0)
+        printf("resumed from %s: step %lld, %lld samples consumed\n", c->resume,
+               (long long)zdp_engine_global_steps(eng), (long long)*cursor);
+    return rc;
+}
+
+void cli_ckpt_after_step(zdp_engine *eng, const cli_ckpt *c, int64_t cursor, bool last) {
+    if (c->save_dir == NULL) return;
+    int64_t step = zdp_engine_global_steps(eng);
+    bool due = c->save_every > 0 && step % c->save_every == 0;
+    if (!due && !last) return;
+    char tag[64], client[96];
+    snprintf(tag, sizeof tag, "global_step%lld", (long long)step);
+    snprintf(client, sizeof client, "{\"samples_consumed\": %lld}", (long long)cursor);
+    zdp_error err;
+    if (zdp_engine_save_checkpoint(eng, c->save_dir, tag, client, &err) != ZDP_OK)
+        cli_die("checkpoint", &err);
 }

@@ -32,6 +32,24 @@ int cli_parse_schedule(const char *s, cli_schedule *out);
 /* Micro-batches of optimizer step s: the schedule's entry, or G. */
 int64_t cli_window(const cli_schedule *sch, bool managed, int64_t G, int64_t s);
 
+/* --save-dir DIR --save-every K --resume DIR (issue contract: every K
+ * optimizer steps DIR/global_step{N}/ and DIR/latest; --resume continues
+ * from DIR/latest; --steps counts resumed steps too). */
+typedef struct cli_ckpt {
+    const char *save_dir, *resume;
+    int64_t save_every;
+} cli_ckpt;
+
+/* Takes option a with value v if it is one of the three: 1 taken, 0 not
+ * ours, 2 bad value (cli_fail printed). */
+int cli_ckpt_option(const char *a, const char *v, cli_ckpt *c);
+/* COLLECTIVE.  With --resume: loads DIR/latest into eng and returns the
+ * saved sample cursor in *cursor; 0 or cli_fail's code. */
+int cli_ckpt_resume(zdp_engine *eng, const cli_ckpt *c, int64_t *cursor);
+/* COLLECTIVE.  After an optimizer step: saves when the step is a multiple of
+ * --save-every, or when `last` and --save-dir is set.  Failures end the job. */
+void cli_ckpt_after_step(zdp_engine *eng, const cli_ckpt *c, int64_t cursor, bool last);
+
 /* Seconds on a monotonic clock. */
 double cli_now(void);
 /* "1h02m", "3m05s", "12s" */

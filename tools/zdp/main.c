@@ -40,6 +40,7 @@ typedef struct train_opts {
     int64_t steps, samples;
     uint64_t seed;
     cli_schedule schedule;
+    cli_ckpt ckpt;
 } train_opts;
 
 static void usage_(FILE *f) {
@@ -58,6 +59,9 @@ static void usage_(FILE *f) {
             "  --schedule n1,n2,...      unmanaged mode: micro-batches per step, cycled\n"
             "  --save-weights OUT        write the final weights (rank 0)\n"
             "  --seed N                  seed for weights and generated data (default 42)\n"
+            "  --save-dir DIR            write checkpoints DIR/global_step{N}/ and DIR/latest\n"
+            "  --save-every K            ... every K optimizer steps (and after the last)\n"
+            "  --resume DIR              continue from DIR/latest (--steps counts all steps)\n"
             "\n"
             "\n"
             "usage: zdp gen-data --hidden H --out DATA.safetensors [--samples N] [--seed N]\n"
@@ -68,6 +72,8 @@ static void usage_(FILE *f) {
             "  llm.c token shard\n"
             "\n"
             "usage: zdp sample --weights W.safetensors --prompt TEXT   (see zdp sample --help)\n"
+            "usage: zdp ckpt inspect DIR [--tag T]      what a checkpoint holds, in words\n"
+            "       zdp ckpt export DIR --to OUT.safetensors [--tag T]   its full fp32 weights\n"
             "\n"
             "  zdp --version             print the version\n");
 }
@@ -84,6 +90,9 @@ static int parse_train_args_(int argc, char **argv, train_opts *o) {
             return cli_fail("%s: expected an option with a value (see zdp train --help)", a);
         const char *v = argv[++i];
         int64_t n;
+        int taken = cli_ckpt_option(a, v, &o->ckpt);
+        if (taken == 2) return 2;
+        if (taken == 1) continue;
         if (strcmp(a, "--model") == 0) o->model = v;
         else if (strcmp(a, "--config") == 0) o->config = v;
         else if (strcmp(a, "--init") == 0) o->init = v;
@@ -281,7 +290,12 @@ static int save_weights_(zdp_engine *eng, const zdp_model *model, const char *pa
 
 /* ---- training ------------------------------------------------------------------ */
 
-static void train_loop_(zdp_engine *eng, const train_opts *o, const dataset *d) {
+/* Samples are consumed in one global order: in a step, rank r's j-th
+ * micro-batch holds rows cursor + (j*W + r)*b + k (mod N), and the cursor
+ * (samples consumed so far) advances by W*b per micro-batch.  The cursor is
+ * saved in checkpoints, so a resumed run, at any world size, continues with
+ * the next unseen samples. */
+static void train_loop_(zdp_engine *eng, const train_opts *o, const dataset *d, int64_t cursor) {
     const zdp_config *cfg = zdp_engine_config(eng);
     const int W = zdp_dist_world_size(), r = zdp_dist_rank();
     const int64_t b = cfg->micro_batch_size, G = cfg->gradient_accumulation_steps;
@@ -290,13 +304,12 @@ static void train_loop_(zdp_engine *eng, const train_opts *o, const dataset *d) 
     int64_t *yb = malloc((size_t)b * sizeof(int64_t));
     if (xb == NULL || yb == NULL) zdp_dist_abort(1, "out of memory for a micro-batch");
     zdp_error err;
-    int64_t j = 0; /* this rank's micro-batch counter across all steps */
-    for (int64_t s = 0; s < o->steps; s++) {
+    for (int64_t s = zdp_engine_global_steps(eng); s < o->steps; s++) {
         int64_t n = cli_window(&o->schedule, managed, G, s);
         double loss_sum = 0.0;
-        for (int64_t k = 0; k < n; k++, j++) {
+        for (int64_t k = 0; k < n; k++, cursor += W * b) {
             for (int64_t i = 0; i < b; i++) {
-                int64_t row = ((j * W + r) * b + i) % d->N;
+                int64_t row = (cursor + (int64_t)r * b + i) % d->N;
                 memcpy(xb + i * o->hidden, d->x + row * o->hidden, (size_t)o->hidden * sizeof(float));
                 yb[i] = d->y[row];
             }
@@ -318,6 +331,7 @@ static void train_loop_(zdp_engine *eng, const train_opts *o, const dataset *d) 
                    zdp_engine_was_step_applied(eng) ? "" : " | SKIPPED: non-finite gradient");
             fflush(stdout);
         }
+        cli_ckpt_after_step(eng, &o->ckpt, cursor, s + 1 == o->steps);
     }
     free(xb);
     free(yb);
@@ -368,6 +382,8 @@ static int cmd_train_(int argc, char **argv) {
         goto done;
     }
     if (zdp_engine_sync_params(eng, &err) != ZDP_OK) cli_die("sync params", &err);
+    int64_t cursor = 0;
+    if ((rc = cli_ckpt_resume(eng, &o.ckpt, &cursor)) != 0) goto done;
     if (zdp_dist_rank() == 0)
         printf("zdp train: mlp hidden %d layers %d | %d rank(s) | ZeRO stage %d | %s accumulation "
                "| B %lld = b %lld x G %lld x W %d | %lld samples\n",
@@ -376,7 +392,7 @@ static int cmd_train_(int argc, char **argv) {
                (long long)cfg.train_batch_size, (long long)cfg.micro_batch_size,
                (long long)cfg.gradient_accumulation_steps, W, (long long)data.N);
 
-    train_loop_(eng, &o, &data);
+    train_loop_(eng, &o, &data, cursor);
 
     if (o.save_weights != NULL) {
         int mine = zdp_dist_rank() == 0 ? save_weights_(eng, &model, o.save_weights) : 0;
@@ -450,6 +466,34 @@ static int cmd_gen_data_(int argc, char **argv) {
     return rc;
 }
 
+/* zdp ckpt inspect DIR [--tag T] | zdp ckpt export DIR --to OUT [--tag T] */
+static int cmd_ckpt_(int argc, char **argv) {
+    if (argc < 2 || (strcmp(argv[0], "inspect") != 0 && strcmp(argv[0], "export") != 0))
+        return cli_fail("usage: zdp ckpt inspect DIR [--tag T] | zdp ckpt export DIR --to "
+                        "OUT.safetensors [--tag T]  (DIR is a --save-dir; the tag defaults to "
+                        "DIR/latest)");
+    const char *dir = argv[1], *tag = NULL, *to = NULL;
+    for (int i = 2; i < argc; i += 2) {
+        if (i + 1 >= argc) return cli_fail("%s: missing value", argv[i]);
+        if (strcmp(argv[i], "--tag") == 0) tag = argv[i + 1];
+        else if (strcmp(argv[i], "--to") == 0) to = argv[i + 1];
+        else return cli_fail("unknown option %s for zdp ckpt", argv[i]);
+    }
+    if (zdp_dist_rank() != 0) return 0;
+    zdp_error err;
+    if (strcmp(argv[0], "inspect") == 0) {
+        char *text = NULL;
+        if (zdp_checkpoint_inspect(dir, tag, &text, &err) != ZDP_OK) return cli_fail("%s", err.msg);
+        fputs(text, stdout);
+        free(text);
+        return 0;
+    }
+    if (to == NULL) return cli_fail("zdp ckpt export needs --to OUT.safetensors");
+    if (zdp_checkpoint_export(dir, tag, to, &err) != ZDP_OK) return cli_fail("%s", err.msg);
+    printf("wrote the full fp32 weights to %s\n", to);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     zdp_error err;
     if (argc >= 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0)) {
@@ -476,10 +520,12 @@ int main(int argc, char **argv) {
         rc = cmd_train_(argc - 2, argv + 2);
     else if (strcmp(argv[1], "sample") == 0)
         rc = cmd_sample(argc - 2, argv + 2);
+    else if (strcmp(argv[1], "ckpt") == 0)
+        rc = cmd_ckpt_(argc - 2, argv + 2);
     else if (strcmp(argv[1], "gen-data") == 0)
         rc = cmd_gen_data_(argc - 2, argv + 2);
     else
-        rc = cli_fail("unknown command \"%s\"; available: train, sample, gen-data (see zdp --help)", argv[1]);
+        rc = cli_fail("unknown command \"%s\"; available: train, sample, gen-data, ckpt (see zdp --help)", argv[1]);
     zdp_dist_finalize();
     return rc;
 }

@@ -40,6 +40,7 @@ typedef struct gpt_opts {
     int64_t steps, val_every, val_batches, arith_lines;
     double val_fraction; /* < 0: the default for the data kind */
     int progress;        /* -1 auto, 0 plain lines, 1 progress line */
+    cli_ckpt ckpt;
     uint64_t seed;
     cli_schedule schedule;
 } gpt_opts;
@@ -63,6 +64,8 @@ static void usage_(void) {
            "  --save-weights FILE        GPT2LMHeadModel safetensors (rank 0)\n"
            "  --val-every N (50)  --val-batches K (8, per rank)\n"
            "  --out-dir DIR (zdp-out)    metrics.csv and loss.svg\n"
+           "  --save-dir DIR --save-every K   checkpoints DIR/global_step{N}/, DIR/latest\n"
+           "  --resume DIR              continue from DIR/latest (--steps counts all steps)\n"
            "  --progress on|off|auto     a progress line rewritten in place (on), or one plain\n"
            "                            line per step (off).  auto: on when stdout is a\n"
            "                            terminal and zdp was not started by mpirun (Open MPI\n"
@@ -85,6 +88,9 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
             return cli_fail("%s: expected an option with a value (see zdp train --model gpt --help)", a);
         const char *v = argv[++i];
         int64_t n;
+        int taken = cli_ckpt_option(a, v, &o->ckpt);
+        if (taken == 2) return 2;
+        if (taken == 1) continue;
         int *dims[5] = {&o->model.n_layer, &o->model.n_head, &o->model.n_embd,
                         &o->model.vocab_size, &o->model.block_size};
         const char *dim_names[5] = {"--n-layer", "--n-head", "--n-embd", "--vocab-size",
@@ -241,6 +247,9 @@ int cmd_train_gpt(int argc, char **argv) {
         goto done;
     }
     if (zdp_engine_sync_params(st.eng, &err) != ZDP_OK) cli_die("sync params", &err);
+    /* Windows consumed so far, over all ranks (the checkpoint's data position). */
+    int64_t cursor = 0;
+    if ((rc = cli_ckpt_resume(st.eng, &o.ckpt, &cursor)) != 0) goto done;
     st.inputs = malloc((size_t)st.b * (size_t)st.T * sizeof(int32_t));
     st.targets = malloc((size_t)st.b * (size_t)st.T * sizeof(int32_t));
     if (st.inputs == NULL || st.targets == NULL) cli_die("micro-batch buffers", &(zdp_error){.msg = "out of memory"});
@@ -269,12 +278,15 @@ int cmd_train_gpt(int argc, char **argv) {
     }
 
     const double t_start = cli_now();
-    for (int64_t step = 0; step < o.steps; step++) {
+    const int64_t first_step = zdp_engine_global_steps(st.eng);
+    for (int64_t step = first_step; step < o.steps; step++) {
         const int64_t n = cli_window(&o.schedule, managed, G, step);
         const double t0 = cli_now();
         double loss_sum = 0;
-        for (int64_t k = 0; k < n; k++) {
-            if (zdp_dataset_next(st.ds, st.R, st.W, st.b, st.T, st.inputs, st.targets, &err) != ZDP_OK)
+        for (int64_t k = 0; k < n; k++, cursor += (int64_t)st.W * st.b) {
+            /* Rank r's j-th micro-batch of the step: windows cursor + (j*W + r)*b + k. */
+            if (zdp_dataset_windows(st.ds, ZDP_SPLIT_TRAIN, cursor + (int64_t)st.R * st.b, st.b,
+                                    st.T, st.inputs, st.targets, &err) != ZDP_OK)
                 cli_die("data", &err);
             zdp_gpt_batch batch = {.inputs = st.inputs, .targets = st.targets, .B = st.b, .T = st.T};
             float loss;
@@ -292,6 +304,7 @@ int cmd_train_gpt(int argc, char **argv) {
         double val = NAN;
         if (o.val_every > 0 && (gstep % o.val_every == 0 || step + 1 == o.steps))
             val = val_loss_(&st, o.val_batches);
+        cli_ckpt_after_step(st.eng, &o.ckpt, cursor, step + 1 == o.steps);
         if (st.R != 0) continue;
         const double tokens = (double)n * st.b * st.T * st.W;
         zdp_step_timing t;
@@ -306,7 +319,8 @@ int cmd_train_gpt(int argc, char **argv) {
                            .step_ms = 1e3 * dt};
         metrics_add(&log, &row);
         char eta[32];
-        cli_format_eta((cli_now() - t_start) / (double)(step + 1) * (double)(o.steps - step - 1), eta, sizeof eta);
+        cli_format_eta((cli_now() - t_start) / (double)(step + 1 - first_step) *
+                           (double)(o.steps - step - 1), eta, sizeof eta);
         char line[512];
         int len = snprintf(line, sizeof line,
                            "step %lld | loss %.6f | global_samples %lld | grad_norm %.4f | lr %.3e "
