@@ -1,0 +1,123 @@
+/*
+ * sgemm_peak.c -- the machine's fp32 matmul peak as zdp sees it: OpenBLAS
+ * cblas_sgemm on large square matrices, for the GPT benchmark's model FLOP
+ * utilisation (docs/benchmarks-gpt.md).
+ *
+ * usage: sgemm_peak [--threads N] [--procs P] [--sizes 1024,2048] [--seconds S]
+ *   --threads N  OpenBLAS threads per process (openblas_set_num_threads)
+ *   --procs P    P processes at once (fork), each with N threads: the peak
+ *                of P single-rank jobs side by side, as mpirun -np P runs
+ *   --seconds S  time per size per process (default 2)
+ * Prints, per size, the GFLOP/s of each process and their sum, and a last
+ * line "peak_gflops X" (the best size's sum).  Runs under the environment
+ * it is given: OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE etc. are left alone, so
+ * run it under the same environment as the benchmark.
+ *
+ * Build: cc -O2 bench/sgemm_peak.c -I/usr/include/x86_64-linux-gnu/openblas-pthread \
+ *           -lopenblas -o sgemm_peak      (bench/run_gpt_bench.sh does this)
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Best GFLOP/s of C = A B (n x n) over repeated calls for about `seconds`. */
+static double time_sgemm_(int n, double seconds) {
+    size_t nn = (size_t)n * (size_t)n;
+    float *a = malloc(nn * sizeof(float)), *b = malloc(nn * sizeof(float)),
+          *c = malloc(nn * sizeof(float));
+    if (a == NULL || b == NULL || c == NULL) {
+        fprintf(stderr, "sgemm_peak: out of memory for n = %d\n", n);
+        exit(1);
+    }
+    for (size_t i = 0; i < nn; i++) {
+        a[i] = (float)((i * 7919u) % 1000u) * 1e-3f - 0.5f;
+        b[i] = (float)((i * 104729u) % 1000u) * 1e-3f - 0.5f;
+        c[i] = 0.0f;
+    }
+    /* Warm-up (thread start, page faults). */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    double best = 0.0, t_end = now_() + seconds;
+    do {
+        double t0 = now_();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f,
+                    c, n);
+        double dt = now_() - t0;
+        double g = 2.0 * (double)n * (double)n * (double)n / dt * 1e-9;
+        if (g > best) best = g;
+    } while (now_() < t_end);
+    free(a);
+    free(b);
+    free(c);
+    return best;
+}
+
+int main(int argc, char **argv) {
+    int threads = 1, procs = 1;
+    double seconds = 2.0;
+    char sizes_buf[256] = "1024,2048";
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--threads") == 0) threads = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--procs") == 0) procs = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--seconds") == 0) seconds = atof(argv[i + 1]);
+        else if (strcmp(argv[i], "--sizes") == 0) snprintf(sizes_buf, sizeof sizes_buf, "%s", argv[i + 1]);
+        else {
+            fprintf(stderr, "usage: sgemm_peak [--threads N] [--procs P] [--sizes a,b] [--seconds S]\n");
+            return 2;
+        }
+    }
+    if (threads < 1 || procs < 1 || procs > 64) {
+        fprintf(stderr, "sgemm_peak: --threads and --procs must be >= 1 (procs <= 64)\n");
+        return 2;
+    }
+    const char *ct = getenv("OPENBLAS_CORETYPE"), *l2 = getenv("OPENBLAS_L2_SIZE");
+    printf("sgemm_peak: %d process(es) x %d thread(s); OPENBLAS_CORETYPE=%s OPENBLAS_L2_SIZE=%s; "
+           "OpenBLAS %s (core %s)\n",
+           procs, threads, ct ? ct : "(unset)", l2 ? l2 : "(unset)", openblas_get_config(),
+           openblas_get_corename());
+    double peak = 0.0;
+    char *save = NULL;
+    for (char *tok = strtok_r(sizes_buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+        int n = atoi(tok);
+        if (n < 16) continue;
+        int fds[64][2];
+        pid_t pids[64];
+        for (int p = 0; p < procs; p++) {
+            if (pipe(fds[p]) != 0) return 1;
+            fflush(stdout);
+            pids[p] = fork();
+            if (pids[p] < 0) return 1;
+            if (pids[p] == 0) {
+                openblas_set_num_threads(threads);
+                double g = time_sgemm_(n, seconds);
+                if (write(fds[p][1], &g, sizeof g) != (ssize_t)sizeof g) _exit(1);
+                _exit(0);
+            }
+            close(fds[p][1]);
+        }
+        double sum = 0.0;
+        printf("n %5d:", n);
+        for (int p = 0; p < procs; p++) {
+            double g = 0.0;
+            if (read(fds[p][0], &g, sizeof g) != (ssize_t)sizeof g) g = 0.0;
+            close(fds[p][0]);
+            waitpid(pids[p], NULL, 0);
+            printf(" %.1f", g);
+            sum += g;
+        }
+        printf("  sum %.1f GFLOP/s\n", sum);
+        if (sum > peak) peak = sum;
+    }
+    printf("peak_gflops %.2f\n", peak);
+    return 0;
+}
