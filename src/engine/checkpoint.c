@@ -506,25 +506,28 @@ static zdp_status view_open_(const char *dir, const char *tag, ckpt_view *v, zdp
         snprintf(fpath, sizeof fpath, "%s/%s", v->dir, name);
         const char *want = json_string_value(json_object_get(info, "fnv1a64"));
         json_t *bytes = json_object_get(info, "bytes");
-        uint64_t h;
-        int64_t size;
-        if (strchr(name, '/') != NULL || want == NULL || !json_is_integer(bytes)) {
+        uint64_t h = 0;
+        int64_t size = 0;
+        /* Messages first: name, want and bytes live in v->meta. */
+        zdp_status bad = ZDP_OK;
+        if (strchr(name, '/') != NULL || want == NULL || !json_is_integer(bytes))
+            bad = zdp_err_set(err, ZDP_ERR_FORMAT, "%s: bad entry for file \"%s\"", path, name);
+        else if (file_digest_(fpath, &h, &size) != 0)
+            bad = zdp_err_set(err, ZDP_ERR_IO, "%s: cannot read (%s); the checkpoint is "
+                                               "incomplete", fpath, strerror(errno));
+        if (bad != ZDP_OK) {
             view_free_(v);
-            return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: bad entry for file \"%s\"", path, name);
-        }
-        if (file_digest_(fpath, &h, &size) != 0) {
-            view_free_(v);
-            return zdp_err_set(err, ZDP_ERR_IO, "%s: cannot read (%s); the checkpoint is "
-                                                "incomplete", fpath, strerror(errno));
+            return bad;
         }
         char got[32];
         snprintf(got, sizeof got, "%016llx", (unsigned long long)h);
         if (size != (int64_t)json_integer_value(bytes) || strcmp(got, want) != 0) {
+            bad = zdp_err_set(err, ZDP_ERR_FORMAT,
+                              "%s: %lld bytes, checksum %s; meta.json says %lld bytes, %s: the "
+                              "file is truncated or corrupted", fpath, (long long)size, got,
+                              (long long)json_integer_value(bytes), want);
             view_free_(v);
-            return zdp_err_set(err, ZDP_ERR_FORMAT,
-                               "%s: %lld bytes, checksum %s; meta.json says %lld bytes, %s: the "
-                               "file is truncated or corrupted", fpath, (long long)size, got,
-                               (long long)json_integer_value(bytes), want);
+            return bad;
         }
     }
     return ZDP_OK;
