@@ -87,6 +87,12 @@ ZDP_API const char *zdp_status_str(zdp_status s);  /* "invalid configuration" */
 typedef void (*zdp_log_fn)(int level, const char *msg, void *user);
 ZDP_API void zdp_set_log(zdp_log_fn fn, void *user);
 
+/* splitmix64 (Steele, Lea, Flood 2014): the small reproducible generator
+ * behind zdp's seeded initialisers and generated data.  Adds
+ * 0x9E3779B97F4A7C15 to *state, then mixes: the same numbers on every
+ * machine, so another program can reproduce zdp's data. */
+ZDP_API uint64_t zdp_splitmix64(uint64_t *state);
+
 /* ---- distributed runtime ---------------------------------------------- */
 
 /* COLLECTIVE.  Initialises MPI (if the caller has not) and pins BLAS threads

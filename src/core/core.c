@@ -50,6 +50,13 @@ const char *zdp_collective_name(zdp_collective c) {
     return "unknown";
 }
 
+uint64_t zdp_splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
 /* ---- logging ---- */
 
 static void log_stderr_(int level, const char *msg, void *user) {

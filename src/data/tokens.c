@@ -238,14 +238,6 @@ done:
 
 /* ---- the arithmetic corpus ------------------------------------------------- */
 
-/* splitmix64 (Steele, Lea, Flood 2014), as specified in zdp.h. */
-static uint64_t tok_splitmix64_(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* Decimal digits of v (no leading zeros, "0" for 0) into p; returns count. */
 static int tok_put_decimal_(int32_t *p, uint64_t v) {
     char d[24];
@@ -284,8 +276,8 @@ zdp_status zdp_corpus_arith(uint64_t seed, int64_t n_lines, int64_t max_operand,
     uint64_t state = seed, m = (uint64_t)max_operand + 1;
     int64_t k = 0;
     for (int64_t line = 0; line < n_lines; line++) {
-        uint64_t a = tok_splitmix64_(&state) % m;
-        uint64_t b = tok_splitmix64_(&state) % m;
+        uint64_t a = zdp_splitmix64(&state) % m;
+        uint64_t b = zdp_splitmix64(&state) % m;
         k += tok_put_decimal_(out + k, a);
         out[k++] = '+';
         k += tok_put_decimal_(out + k, b);

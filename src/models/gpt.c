@@ -411,18 +411,10 @@ const zdp_gpt_config *zdp_gpt_config_of(const zdp_model *model) {
 
 /* ---- initialisation ------------------------------------------------------------------ */
 
-/* splitmix64: a small, well-mixed, reproducible generator. */
-static uint64_t splitmix64_(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 /* N(0, 1) by Box-Muller from two uniforms, u1 in (0, 1], u2 in [0, 1). */
 static double normal_(uint64_t *s) {
-    const double u1 = (double)((splitmix64_(s) >> 11) + 1) * 0x1.0p-53;
-    const double u2 = (double)(splitmix64_(s) >> 11) * 0x1.0p-53;
+    const double u1 = (double)((zdp_splitmix64(s) >> 11) + 1) * 0x1.0p-53;
+    const double u2 = (double)(zdp_splitmix64(s) >> 11) * 0x1.0p-53;
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 

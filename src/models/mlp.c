@@ -153,14 +153,6 @@ void zdp_mlp_destroy(zdp_model *model) {
     memset(model, 0, sizeof *model);
 }
 
-/* splitmix64: a small, well-mixed, reproducible generator. */
-static uint64_t splitmix64_(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 void zdp_mlp_init_params(const zdp_model *model, float *const *params, uint64_t seed) {
     const mlp *m = model->self;
     const double bound = 1.0 / sqrt((double)m->H);
@@ -168,7 +160,7 @@ void zdp_mlp_init_params(const zdp_model *model, float *const *params, uint64_t 
     for (int t = 0; t < model->n_params; t++) {
         int64_t n = t % 2 == 0 ? (int64_t)m->H * m->H : m->H;
         for (int64_t k = 0; k < n; k++) {
-            double u = (double)(splitmix64_(&s) >> 11) * 0x1.0p-53; /* [0,1) */
+            double u = (double)(zdp_splitmix64(&s) >> 11) * 0x1.0p-53; /* [0,1) */
             params[t][k] = (float)((2.0 * u - 1.0) * bound);
         }
     }

@@ -133,14 +133,7 @@ typedef struct dataset {
     int64_t N;
 } dataset;
 
-static uint64_t splitmix64_(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-static double uniform_(uint64_t *s) { return ((double)(splitmix64_(s) >> 11) + 0.5) * 0x1.0p-53; }
+static double uniform_(uint64_t *s) { return ((double)(zdp_splitmix64(s) >> 11) + 0.5) * 0x1.0p-53; }
 
 static double normal_(uint64_t *s) {
     return sqrt(-2.0 * log(uniform_(s))) * cos(6.283185307179586 * uniform_(s));

@@ -11,13 +11,6 @@
 
 #include "cli.h"
 
-static uint64_t splitmix_(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 int sample_next(const zdp_model *model, const float *const *params, const int32_t *tokens,
                 int n, double temperature, int top_k, uint64_t *rng, float *logits) {
     const zdp_gpt_config *c = zdp_gpt_config_of(model);
@@ -53,7 +46,7 @@ int sample_next(const zdp_model *model, const float *const *params, const int32_
     double sum = 0;
     for (int v = 0; v < V; v++)
         sum += logits[v] >= cut ? exp((logits[v] - logits[best]) / temperature) : 0.0;
-    double u = (double)(splitmix_(rng) >> 11) * 0x1.0p-53 * sum, acc = 0;
+    double u = (double)(zdp_splitmix64(rng) >> 11) * 0x1.0p-53 * sum, acc = 0;
     for (int v = 0; v < V; v++) {
         if (logits[v] < cut) continue;
         acc += exp((logits[v] - logits[best]) / temperature);
