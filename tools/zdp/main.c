@@ -31,6 +31,7 @@
 #include "zdp/zdp.h"
 
 int cmd_train_gpt(int argc, char **argv); /* train_gpt.c */
+int cmd_serve(int argc, char **argv);     /* serve.c */
 
 /* ---- options ---------------------------------------------------------------- */
 
@@ -72,6 +73,8 @@ static void usage_(FILE *f) {
             "  llm.c token shard\n"
             "\n"
             "usage: zdp sample --weights W.safetensors --prompt TEXT   (see zdp sample --help)\n"
+            "usage: mpirun -np W zdp serve --config CFG.json --model gpt [--port P] ...\n"
+            "  a training server: forward_backward / optim_step over HTTP (docs/server.md)\n"
             "usage: zdp ckpt inspect DIR [--tag T]      what a checkpoint holds, in words\n"
             "       zdp ckpt export DIR --to OUT.safetensors [--tag T]   its full fp32 weights\n"
             "\n"
@@ -517,8 +520,11 @@ int main(int argc, char **argv) {
         rc = cmd_ckpt_(argc - 2, argv + 2);
     else if (strcmp(argv[1], "gen-data") == 0)
         rc = cmd_gen_data_(argc - 2, argv + 2);
+    else if (strcmp(argv[1], "serve") == 0)
+        rc = cmd_serve(argc - 2, argv + 2);
     else
-        rc = cli_fail("unknown command \"%s\"; available: train, sample, gen-data, ckpt (see zdp --help)", argv[1]);
+        rc = cli_fail("unknown command \"%s\"; available: train, sample, serve, gen-data, ckpt "
+                      "(see zdp --help)", argv[1]);
     zdp_dist_finalize();
     return rc;
 }

@@ -1,0 +1,402 @@
+#!/usr/bin/env python3
+"""serve_check.py -- drives a running `zdp serve` for tests/cli/test_serve.sh.
+
+Standard library only (urllib, socket, struct, json).
+
+  serve_check.py gen-data OUT_DIR             data.json, windows.json, windows.bin
+  serve_check.py scenario URL OUT_DIR DATA.json [WINDOWS.json]
+        splits, bad input, 409, state round trip; writes OUT_DIR/*.safetensors
+  serve_check.py fdcheck URL DATA.json        the applied gradient is d(loss:sum)/dθ
+  serve_check.py compare A.safetensors B.safetensors [--exact]
+
+Every check that fails prints "FAIL: ..."; the exit status is the failure count
+(capped at 100).
+"""
+import json
+import os
+import random
+import socket
+import struct
+import sys
+import urllib.error
+import urllib.request
+from array import array
+
+FAILURES = 0
+V, T = 64, 16
+SPLITS = [[9], [4, 5], [2, 6, 1], [1, 2, 1, 1, 2, 1, 1]]
+
+
+def fail(msg):
+    global FAILURES
+    FAILURES += 1
+    print("FAIL: " + msg, flush=True)
+
+
+def datum(tokens, targets, weights=None, tensor=False):
+    lfi = {"target_tokens": targets}
+    if tensor:
+        lfi["target_tokens"] = {"data": targets, "dtype": "int64", "shape": [len(targets)]}
+    if weights is not None:
+        lfi["weights"] = {"data": weights, "dtype": "float32", "shape": [len(weights)]}
+    return {"model_input": {"chunks": [{"type": "encoded_text", "tokens": tokens}]},
+            "loss_fn_inputs": lfi}
+
+
+# ---- HTTP ----------------------------------------------------------------------
+
+def req(url, method, path, body=None, raw=None):
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    r = urllib.request.Request(url + path, data=data, method=method,
+                               headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(r, timeout=60) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as e:
+        text = e.read()
+        try:
+            return e.code, json.loads(text)
+        except ValueError:
+            return e.code, {"raw": text.decode(errors="replace")}
+
+
+def post(url, path, body):
+    return req(url, "POST", path, body)
+
+
+def ok(url, path, body=None, method="POST"):
+    st, js = req(url, method, path, body)
+    if st != 200:
+        fail("%s %s -> %d %s" % (method, path, st, js))
+    return js
+
+
+def raw_http(url, payload):
+    """Sends raw bytes on a new connection; returns the status code (0: none)."""
+    host, port = url.split("//")[1].split(":")
+    s = socket.create_connection((host, int(port)), timeout=30)
+    try:
+        s.sendall(payload)
+        s.shutdown(socket.SHUT_WR)
+        resp = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            resp += chunk
+    except OSError:
+        return 0, b""
+    finally:
+        s.close()
+    if not resp.startswith(b"HTTP/1."):
+        return 0, resp
+    return int(resp.split(b" ")[1]), resp
+
+
+# ---- safetensors -----------------------------------------------------------------
+
+def read_st(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        blob = f.read()
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] != "F32":
+            raise ValueError("%s: %s is %s, wanted F32" % (path, name, info["dtype"]))
+        a, b = info["data_offsets"]
+        out[name] = array("f", blob[a:b])
+    return out
+
+
+def compare(pa, pb, exact=False, rtol=1e-5, atol=1e-7):
+    a, b = read_st(pa), read_st(pb)
+    if sorted(a) != sorted(b):
+        fail("%s and %s hold different tensors" % (pa, pb))
+        return
+    worst, where = 0.0, None
+    for name in a:
+        x, y = a[name], b[name]
+        if len(x) != len(y):
+            fail("%s: %s has %d values vs %d" % (pb, name, len(x), len(y)))
+            return
+        if exact:
+            if x.tobytes() != y.tobytes():
+                i = next(i for i in range(len(x)) if x[i] != y[i] or x[i:i+1].tobytes() != y[i:i+1].tobytes())
+                fail("%s vs %s: %s[%d] = %r vs %r (wanted bitwise equal)" % (pa, pb, name, i, x[i], y[i]))
+                return
+            continue
+        for i in range(len(x)):
+            d = abs(x[i] - y[i])
+            lim = atol + rtol * max(abs(x[i]), abs(y[i]))
+            if d > lim and d / lim > worst:
+                worst, where = d / lim, (name, i, x[i], y[i])
+    if where is not None:
+        fail("%s vs %s: %s[%d] = %r vs %r (%.1fx the tolerance)" % (pa, pb, *where, worst))
+
+
+# ---- data ----------------------------------------------------------------------
+
+def gen_data(out):
+    rng = random.Random(7)
+    lens = [16, 3, 9, 1, 12, 16, 5, 7, 14]
+    data = []
+    for n in lens:
+        tok = [rng.randrange(V) for _ in range(n)]
+        tgt = [rng.randrange(V) for _ in range(n)]
+        data.append(datum(tok, tgt, [1.0] * n if n % 2 else None, tensor=n > 10))
+    with open(os.path.join(out, "data.json"), "w") as f:
+        json.dump(data, f)
+    # 8 windows of T+1 tokens as an llm.c shard, and the same windows as datums.
+    toks = [rng.randrange(V) for _ in range(8 * T + 1)]
+    with open(os.path.join(out, "windows.bin"), "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253)))
+        f.write(struct.pack("<%dH" % len(toks), *toks))
+    wins = [datum(toks[w * T:w * T + T], toks[w * T + 1:w * T + T + 1]) for w in range(8)]
+    with open(os.path.join(out, "windows.json"), "w") as f:
+        json.dump(wins, f)
+
+
+# ---- checks ---------------------------------------------------------------------
+
+def check_fb(js, chunk, what):
+    outs = js.get("loss_fn_outputs", [])
+    if len(outs) != len(chunk):
+        fail("%s: %d loss_fn_outputs for %d datums" % (what, len(outs), len(chunk)))
+        return 0.0
+    total = 0.0
+    for o, d in zip(outs, chunk):
+        n = sum(len(c["tokens"]) for c in d["model_input"]["chunks"])
+        lp = o["logprobs"]
+        if lp["dtype"] != "float32" or lp["shape"] != [n] or len(lp["data"]) != n:
+            fail("%s: logprobs %s for a datum of %d tokens" % (what, lp, n))
+        if any(x > 0 for x in lp["data"]):
+            fail("%s: a positive logprob: %s" % (what, lp["data"]))
+        total -= sum(lp["data"])
+    ls = js["metrics"]["loss:sum"]
+    if abs(ls - total) > 1e-4 * abs(total):
+        fail("%s: loss:sum %r but -sum(logprobs) = %r" % (what, ls, total))
+    return ls
+
+
+def fwd_bwd(url, chunk, what):
+    st, js = post(url, "/forward_backward", {"data": chunk, "loss_fn": "cross_entropy"})
+    if st != 200:
+        fail("%s: forward_backward -> %d %s" % (what, st, js))
+        return 0.0
+    return check_fb(js, chunk, what)
+
+
+def counters(url):
+    st, js = req(url, "GET", "/info")
+    if st != 200:
+        fail("GET /info -> %d" % st)
+        return None
+    return {k: js[k] for k in ("step", "global_samples", "micro_steps", "pending_backwards",
+                                 "skipped_steps", "lr")}
+
+
+def bad_requests(url, data, big):
+    """(description, method, path, body dict or raw bytes, wanted status, field substring)."""
+    good = data[0]
+    toolong = datum(list(range(T + 1)), list(range(T + 1)))
+    return [
+        ("malformed JSON", "POST", "/forward_backward", b'{"data": [', 400, "body"),
+        ("not an object", "POST", "/forward_backward", b'[1, 2]', 400, "body"),
+        ("data not an array", "POST", "/forward_backward", {"data": "x", "loss_fn": "cross_entropy"}, 400, "data"),
+        ("empty data", "POST", "/forward_backward", {"data": [], "loss_fn": "cross_entropy"}, 400, "data"),
+        ("unknown top-level field", "POST", "/forward_backward",
+         {"data": [good], "loss_fn": "cross_entropy", "bogus": 1}, 400, "bogus"),
+        ("unknown loss_fn_inputs key", "POST", "/forward_backward",
+         {"data": [datum([1, 2], [2, 3]) | {"loss_fn_inputs": {"target_tokens": [2, 3], "mask": [1, 1]}}],
+          "loss_fn": "cross_entropy"}, 400, "data[0].loss_fn_inputs.mask"),
+        ("unsupported loss", "POST", "/forward_backward", {"data": [good], "loss_fn": "ppo"}, 400, "loss_fn"),
+        ("missing loss_fn", "POST", "/forward_backward", {"data": [good]}, 400, "loss_fn"),
+        ("token outside vocab (last datum)", "POST", "/forward_backward",
+         {"data": [good, good, datum([1, V, 2], [1, 2, 3])], "loss_fn": "cross_entropy"}, 400,
+         "data[2].model_input.chunks[0].tokens[1]"),
+        ("negative token", "POST", "/forward", {"data": [datum([-1], [1])]}, 400,
+         "data[0].model_input.chunks[0].tokens[0]"),
+        ("float token", "POST", "/forward_backward",
+         {"data": [datum([1.5, 2], [1, 2])], "loss_fn": "cross_entropy"}, 400, "tokens[0]"),
+        ("target outside vocab (TensorData)", "POST", "/forward_backward",
+         {"data": [datum([1, 2], [3, 999], tensor=True)], "loss_fn": "cross_entropy"}, 400,
+         "data[0].loss_fn_inputs.target_tokens.data[1]"),
+        ("sequence longer than block_size", "POST", "/forward_backward",
+         {"data": [good, toolong], "loss_fn": "cross_entropy"}, 400, "data[1].model_input"),
+        ("target/input length mismatch", "POST", "/forward_backward",
+         {"data": [datum([1, 2, 3], [1, 2])], "loss_fn": "cross_entropy"}, 400,
+         "data[0].loss_fn_inputs.target_tokens"),
+        ("weights length mismatch", "POST", "/forward_backward",
+         {"data": [datum([1, 2, 3], [1, 2, 3], [1.0, 1.0])], "loss_fn": "cross_entropy"}, 400,
+         "data[0].loss_fn_inputs.weights"),
+        ("weight other than 1", "POST", "/forward_backward",
+         {"data": [good, datum([1, 2], [1, 2], [0.0, 1.0])], "loss_fn": "cross_entropy"}, 400,
+         "data[1].loss_fn_inputs.weights.data[0]"),
+        ("bad TensorData shape", "POST", "/forward_backward",
+         {"data": [datum([1, 2], [1, 2]) | {"loss_fn_inputs": {"target_tokens":
+                                                                 {"data": [1, 2], "dtype": "int64", "shape": [1, 2]}}}],
+          "loss_fn": "cross_entropy"}, 400, "target_tokens.shape"),
+        ("image chunk", "POST", "/forward_backward",
+         {"data": [{"model_input": {"chunks": [{"type": "image", "data": "", "format": "png"}]},
+                    "loss_fn_inputs": {"target_tokens": []}}], "loss_fn": "cross_entropy"}, 400,
+         "chunks[0].type"),
+        ("adam_params wrong type", "POST", "/optim_step", {"adam_params": {"learning_rate": "x"}}, 400,
+         "adam_params.learning_rate"),
+        ("adam_params unknown key", "POST", "/optim_step", {"adam_params": {"lr": 1e-3}}, 400,
+         "adam_params.lr"),
+        ("save_weights without path", "POST", "/save_weights", {}, 400, "path"),
+        ("save_weights path wrong type", "POST", "/save_weights", {"path": 3}, 400, "path"),
+        ("load_state of a missing checkpoint", "POST", "/load_state", {"path": "/nonexistent/zdp/ckpt"}, 400,
+         "path"),
+        ("unknown path", "POST", "/train", {}, 404, "url"),
+        ("wrong method", "GET", "/optim_step", None, 405, "method"),
+        ("oversized body", "POST", "/forward_backward", b'{"data": [' + b' ' * big + b']}', 413, "body"),
+    ]
+
+
+def run_bad(url, cases):
+    for what, method, path, body, want, field in cases:
+        if isinstance(body, bytes):
+            st, js = req(url, method, path, raw=body)
+        else:
+            st, js = req(url, method, path, body)
+        err = js.get("error", {}) if isinstance(js, dict) else {}
+        if st != want:
+            fail("bad input '%s': HTTP %d, wanted %d: %s" % (what, st, want, js))
+        elif field not in (err.get("field") or "") or not err.get("message"):
+            fail("bad input '%s': error %s does not name the field %s" % (what, err, field))
+
+
+def disconnect_mid_request(url, data, big):
+    body = json.dumps({"data": data, "loss_fn": "cross_entropy"}).encode()
+    head = ("POST /forward_backward HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Content-Length: %d\r\n\r\n" % len(body)).encode()
+    raw_http(url, head + body[: len(body) // 2])  # half the body, then close
+    # A chunked body over --max-body (no Content-Length to refuse it early).
+    chunk = b' ' * 60000
+    n = big // len(chunk) + 2
+    payload = (b"POST /forward_backward HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
+               (b"%x\r\n" % len(chunk) + chunk + b"\r\n") * n + b"0\r\n\r\n")
+    st, resp = raw_http(url, payload)
+    if st != 413:
+        fail("chunked body over --max-body: HTTP %d, wanted 413: %r" % (st, resp[:200]))
+
+
+def scenario(url, out, data, windows, big):
+    if req(url, "GET", "/healthz") != (200, {"status": "ok"}):
+        fail("GET /healthz")
+    s0 = os.path.join(out, "ckpt", "s0")
+    ok(url, "/save_state", {"path": s0})
+    c0 = counters(url)
+    st, js = post(url, "/optim_step", {})
+    if st != 409 or "error" not in js:
+        fail("optim_step with no forward_backward: HTTP %d %s, wanted 409" % (st, js))
+    if counters(url) != c0:
+        fail("a refused optim_step changed the counters: %s -> %s" % (c0, counters(url)))
+
+    full_loss = None
+    for k, split in enumerate(SPLITS):
+        ok(url, "/load_state", {"path": s0})
+        pos, loss = 0, 0.0
+        for n in split:
+            loss += fwd_bwd(url, data[pos:pos + n], "split %s" % split)
+            pos += n
+        if full_loss is None:
+            full_loss = loss
+        elif abs(loss - full_loss) > 1e-5 * abs(full_loss):
+            fail("split %s: total loss:sum %r, one request gave %r" % (split, loss, full_loss))
+        js = ok(url, "/optim_step", {"adam_params": {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95,
+                                                      "eps": 1e-12, "weight_decay": 0.0}})
+        if js.get("step") != 1 or not js.get("step_applied"):
+            fail("split %s: optim_step answered %s" % (split, js))
+        ok(url, "/save_weights", {"path": os.path.join(out, "split%d.safetensors" % k)})
+
+    # The 3-request split again, with every kind of bad input in between.
+    ok(url, "/load_state", {"path": s0})
+    before = counters(url)
+    cases = bad_requests(url, data, big)
+    run_bad(url, cases)
+    disconnect_mid_request(url, data[:2], big)
+    if counters(url) != before:
+        fail("bad requests changed the counters: %s -> %s" % (before, counters(url)))
+    fwd_bwd(url, data[0:2], "with bad input")
+    mid = counters(url)
+    run_bad(url, cases)
+    st, js = post(url, "/forward", {"data": data})  # no gradient
+    if st != 200:
+        fail("forward -> %d %s" % (st, js))
+    else:
+        check_fb(js, data, "forward")
+    if counters(url) != mid:
+        fail("bad requests or /forward changed the counters: %s -> %s" % (mid, counters(url)))
+    fwd_bwd(url, data[2:8], "with bad input")
+    disconnect_mid_request(url, data[:3], big)
+    fwd_bwd(url, data[8:9], "with bad input")
+    ok(url, "/optim_step", {})
+    ok(url, "/save_weights", {"path": os.path.join(out, "bad.safetensors")})
+    compare(os.path.join(out, "split2.safetensors"), os.path.join(out, "bad.safetensors"), exact=True)
+    for k in range(1, len(SPLITS)):
+        compare(os.path.join(out, "split0.safetensors"), os.path.join(out, "split%d.safetensors" % k))
+
+    # Mid-window state: save with gradients pending, step, reload, step again.
+    ok(url, "/load_state", {"path": s0})
+    fwd_bwd(url, data[:4], "mid-window")
+    ok(url, "/save_state", {"path": os.path.join(out, "ckpt", "mid")})
+    fwd_bwd(url, data[4:], "mid-window")
+    ok(url, "/optim_step", {})
+    ok(url, "/save_weights", {"path": os.path.join(out, "mid_a.safetensors")})
+    ok(url, "/load_state", {"path": os.path.join(out, "ckpt", "mid")})
+    if counters(url)["pending_backwards"] == 0:
+        fail("a mid-window checkpoint came back with no pending backwards")
+    fwd_bwd(url, data[4:], "mid-window")
+    ok(url, "/optim_step", {})
+    ok(url, "/save_weights", {"path": os.path.join(out, "mid_b.safetensors")})
+    compare(os.path.join(out, "mid_a.safetensors"), os.path.join(out, "mid_b.safetensors"), exact=True)
+
+    if windows is not None:
+        ok(url, "/load_state", {"path": s0})
+        fwd_bwd(url, windows, "windows")
+        ok(url, "/optim_step", {})
+        ok(url, "/save_weights", {"path": os.path.join(out, "windows.safetensors")})
+
+
+def fdcheck(url, data):
+    """SGD: one step moves θ by -lr*g, so loss:sum drops by lr*|g|^2 to first
+    order, where |g| is the norm the step reports.  A gradient scaled by c
+    would give c*|∇L| as the norm and a drop of lr*|g|^2/c."""
+    lr = req(url, "GET", "/info")[1]["optimizer"]["lr"]
+    l0 = post(url, "/forward", {"data": data})[1]["metrics"]["loss:sum"]
+    fwd_bwd(url, data, "fdcheck")
+    g = ok(url, "/optim_step", {})["metrics"]["grad_norm:mean"]
+    l1 = post(url, "/forward", {"data": data})[1]["metrics"]["loss:sum"]
+    want = lr * g * g
+    print("fdcheck: loss %.6f -> %.6f, drop %.6g, lr*|g|^2 = %.6g" % (l0, l1, l0 - l1, want))
+    if abs((l0 - l1) - want) > 0.05 * want:
+        fail("fdcheck: the loss dropped by %g, a gradient of the summed loss predicts %g" % (l0 - l1, want))
+
+
+def main(argv):
+    cmd = argv[1]
+    if cmd == "gen-data":
+        gen_data(argv[2])
+    elif cmd == "scenario":
+        url, out = argv[2], argv[3]
+        data = json.load(open(argv[4]))
+        windows = json.load(open(argv[5])) if len(argv) > 5 and argv[5] else None
+        big = int(argv[6]) if len(argv) > 6 else 100000
+        scenario(url, out, data, windows, big)
+    elif cmd == "fdcheck":
+        fdcheck(argv[2], json.load(open(argv[3])))
+    elif cmd == "compare":
+        compare(argv[2], argv[3], exact="--exact" in argv)
+    else:
+        print(__doc__)
+        return 2
+    return min(FAILURES, 100)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,1257 @@
+/*
+ * serve.c -- `zdp serve`: a training server for the GPT, speaking JSON over
+ * HTTP with Tinker's data shapes (docs/server.md).
+ *
+ *   mpirun -np W zdp serve --config CFG.json --model gpt [--n-layer L ...]
+ *       [--init W.safetensors] [--port P] [--bind ADDR] [--max-body BYTES]
+ *
+ * How it works.  Rank 0 runs libmicrohttpd (one thread per connection).  A
+ * connection thread reads the whole body, parses and validates it completely
+ * (so a bad request never reaches the engine and never changes its state),
+ * serialises it and puts it on a FIFO queue, then waits for its answer.  The
+ * main thread of rank 0 takes one request at a time, broadcasts it to every
+ * rank over a private duplicate of MPI_COMM_WORLD, and all ranks execute it
+ * together: the engine is in unmanaged mode and every request is a few
+ * forward/backward calls or one step().
+ *
+ * Loss and gradient.  Tinker's cross_entropy is L = sum_i w_i * (-log p_i)
+ * with no normalisation, so gradients add across requests.  The GPT's loss is
+ * the mean over the micro-batch's B*T positions and the engine averages the
+ * gradient over the W ranks, so a datum of N tokens (one micro-batch, B = 1)
+ * is back-propagated with loss scale N * W:
+ *   step gradient = (1/W) sum_ranks sum_datums N*W * d(mean_N)/dθ
+ *                 = sum_datums d(sum_N)/dθ = dL/dθ.
+ * Datum i goes to rank i mod W.  Every rank makes ceil(n/W) backward() calls
+ * per request; a rank with fewer datums runs a one-token micro-batch with
+ * loss scale 0, so the stage-2 reductions stay aligned.  Per-token weights
+ * other than 1 are rejected: the model API has no way to weight positions.
+ *
+ * What it does not do: Tinker's session/futures protocol (/api/v1/...),
+ * losses other than cross_entropy, per-token weights, per-step optimizer
+ * hyperparameters (the engine takes them from the config).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <arpa/inet.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <mpi.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "zdp/zdp.h"
+
+int cmd_serve(int argc, char **argv);
+
+/* ---- options ------------------------------------------------------------------ */
+
+typedef struct serve_opts {
+    zdp_gpt_config model;
+    const char *config, *init, *bind;
+    int port;
+    int64_t max_body;
+    uint64_t seed;
+} serve_opts;
+
+static void usage_(void) {
+    printf("usage: mpirun -np W zdp serve --config CFG.json --model gpt [options]\n"
+           "\n"
+           "A training server: rank 0 answers HTTP (JSON, Tinker's data shapes), every rank\n"
+           "trains.  Endpoints: POST /forward_backward /forward /optim_step /save_weights\n"
+           "/save_state /load_state, GET /info /healthz (docs/server.md).\n"
+           "\n"
+           "  --config CFG.json          ds_config with \"managed_gradient_accumulation\": false\n"
+           "  --model gpt                the only model served\n"
+           "  --n-layer L (4)  --n-head H (4)  --n-embd C (128)  --vocab-size V (256)\n"
+           "  --block-size T (64)\n"
+           "  --init FILE                GPT2LMHeadModel safetensors or llm.c .bin weights\n"
+           "                             (default: GPT-2's seeded initialisation, --seed)\n"
+           "  --seed N (42)\n"
+           "  --port P (8000)            0: any free port (the listening line says which)\n"
+           "  --bind ADDR (127.0.0.1)    the address to listen on (IPv4 or IPv6)\n"
+           "  --max-body BYTES (16777216) larger request bodies get 413\n");
+}
+
+static int parse_(int argc, char **argv, serve_opts *o) {
+    *o = (serve_opts){.model = {.n_layer = 4, .n_head = 4, .n_embd = 128, .vocab_size = 256,
+                                .block_size = 64},
+                      .bind = "127.0.0.1", .port = 8000, .max_body = 16 << 20, .seed = 42};
+    const char *model = NULL;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            if (zdp_dist_rank() == 0) usage_();
+            return 1;
+        }
+        if (strncmp(a, "--", 2) != 0 || i + 1 >= argc)
+            return cli_fail("%s: expected an option with a value (see zdp serve --help)", a);
+        const char *v = argv[++i];
+        int64_t n;
+        int *dims[5] = {&o->model.n_layer, &o->model.n_head, &o->model.n_embd,
+                        &o->model.vocab_size, &o->model.block_size};
+        const char *dim_names[5] = {"--n-layer", "--n-head", "--n-embd", "--vocab-size",
+                                    "--block-size"};
+        int d = -1;
+        for (int k = 0; k < 5; k++)
+            if (!strcmp(a, dim_names[k])) d = k;
+        if (d >= 0) {
+            if (!cli_parse_i64(v, 1, 1 << 24, &n)) return cli_fail("%s %s: need a positive integer", a, v);
+            *dims[d] = (int)n;
+        } else if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--config")) o->config = v;
+        else if (!strcmp(a, "--init")) o->init = v;
+        else if (!strcmp(a, "--bind")) o->bind = v;
+        else if (!strcmp(a, "--port")) {
+            if (!cli_parse_i64(v, 0, 65535, &n)) return cli_fail("--port %s: need an integer in [0, 65535]", v);
+            o->port = (int)n;
+        } else if (!strcmp(a, "--max-body")) {
+            if (!cli_parse_i64(v, 2, (int64_t)1 << 34, &o->max_body))
+                return cli_fail("--max-body %s: need a byte count in [2, 2^34]", v);
+        } else if (!strcmp(a, "--seed")) {
+            if (!cli_parse_i64(v, 0, INT64_MAX, &n)) return cli_fail("--seed %s: need an integer >= 0", v);
+            o->seed = (uint64_t)n;
+        } else {
+            return cli_fail("unknown option %s (see zdp serve --help)", a);
+        }
+    }
+    if (model == NULL || strcmp(model, "gpt") != 0)
+        return cli_fail("--model %s: zdp serve serves only --model gpt", model ? model : "(missing)");
+    if (o->config == NULL) return cli_fail("--config CFG.json is required");
+    return 0;
+}
+
+/* ---- requests and the queue ------------------------------------------------- */
+
+enum {
+    OP_QUIT = 0,
+    OP_FWDBWD = 1,
+    OP_FORWARD = 2,
+    OP_OPTIM = 3,
+    OP_SAVE_WEIGHTS = 4,
+    OP_SAVE_STATE = 5,
+    OP_LOAD_STATE = 6,
+    OP_INFO = 7,
+};
+
+/* Adam hyperparameters a client sent (rank 0 only; compared with the config). */
+#define N_ADAM 6
+static const char *const adam_keys_[N_ADAM] = {"learning_rate", "beta1", "beta2", "eps",
+                                               "weight_decay", "grad_clip_norm"};
+
+/* One validated request.  payload is what every rank receives:
+ *   fwd ops:  int64 n, int32 len[n], int32 tokens[total], int32 targets[total],
+ *             float weights[total]
+ *   path ops: the path, NUL-terminated
+ *   others:   nothing. */
+typedef struct job {
+    int op;
+    unsigned char *payload;
+    int64_t nbytes;
+    bool has_adam[N_ADAM];
+    double adam[N_ADAM];
+    /* The answer, filled by the main thread. */
+    int status;
+    char *body;
+    bool done;
+    struct job *next;
+} job;
+
+typedef struct server {
+    serve_opts opt;
+    zdp_config cfg;
+    zdp_model model;
+    zdp_engine *eng;
+    MPI_Comm comm;
+    int W, R;
+    /* rank 0: the queue */
+    pthread_mutex_t mu;
+    pthread_cond_t cv_job, cv_done;
+    job *head, *tail;
+    bool closed;
+} server;
+
+static volatile sig_atomic_t g_stop = 0;
+static void on_signal_(int sig) {
+    (void)sig;
+    g_stop = 1;
+}
+
+static void job_free_(job *j) {
+    if (j == NULL) return;
+    free(j->payload);
+    free(j->body);
+    free(j);
+}
+
+/* ---- JSON helpers -------------------------------------------------------------- */
+
+static char *dump_(json_t *o) {
+    char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    json_decref(o);
+    return s;
+}
+
+/* jansson refuses NaN and Inf: they become null. */
+static json_t *jreal_(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+static char *error_body_(const char *field, const char *msg) {
+    return dump_(json_pack("{s:{s:s,s:s?}}", "error", "message", msg, "field", field));
+}
+
+/* A validation failure: HTTP status, the JSON path of the field, the message. */
+typedef struct verr {
+    int status;
+    char field[256];
+    char msg[1024];
+} verr;
+
+static bool bad_(verr *e, int status, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static bool bad_(verr *e, int status, const char *field, const char *fmt, ...) {
+    e->status = status;
+    snprintf(e->field, sizeof e->field, "%s", field);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+static const char *jtype_(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+/* Every key of object o must be in keys[0..n). */
+static bool only_keys_(const json_t *o, const char *where, const char *const *keys, int n,
+                       verr *e) {
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)o, k, v) {
+        bool known = false;
+        for (int i = 0; i < n && !known; i++) known = strcmp(k, keys[i]) == 0;
+        if (!known) {
+            char field[512], list[256] = "";
+            snprintf(field, sizeof field, "%s%s%s", where, where[0] ? "." : "", k);
+            for (int i = 0; i < n; i++)
+                snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", keys[i]);
+            return bad_(e, 400, field, "%s: unknown field; the fields here are: %s", field, list);
+        }
+    }
+    return true;
+}
+
+/* ---- validation ---------------------------------------------------------------- */
+
+/* A growable byte buffer for the payload. */
+typedef struct bytes {
+    unsigned char *p;
+    size_t len, cap;
+} bytes;
+
+static bool put_(bytes *b, const void *src, size_t n) {
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n) cap *= 2;
+        unsigned char *p = realloc(b->p, cap);
+        if (p == NULL) return false;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, src, n);
+    b->len += n;
+    return true;
+}
+
+/* Reads a loss_fn_inputs tensor: a plain JSON array, or Tinker's TensorData
+ * {data, dtype, shape}.  Integer tensors go to ints[0..N), float ones to
+ * floats[0..N).  N is the datum's model_input length. */
+static bool parse_tensor_(const json_t *v, const char *path, bool integer, int64_t N, int V,
+                          int32_t *ints, float *floats, verr *e) {
+    char field[384];
+    const json_t *arr = v;
+    char data_path[320];
+    snprintf(data_path, sizeof data_path, "%s", path);
+    if (json_is_object(v)) {
+        static const char *const keys[] = {"data", "dtype", "shape", "sparse_crow_indices",
+                                           "sparse_col_indices"};
+        if (!only_keys_(v, path, keys, 5, e)) return false;
+        if (json_object_get(v, "sparse_crow_indices") || json_object_get(v, "sparse_col_indices")) {
+            snprintf(field, sizeof field, "%s.sparse_crow_indices", path);
+            return bad_(e, 400, field, "%s: sparse CSR tensors are not supported; send dense 1-D data", path);
+        }
+        arr = json_object_get(v, "data");
+        snprintf(data_path, sizeof data_path, "%s.data", path);
+        if (arr == NULL) return bad_(e, 400, data_path, "%s: missing (TensorData needs data)", data_path);
+        const json_t *dt = json_object_get(v, "dtype");
+        snprintf(field, sizeof field, "%s.dtype", path);
+        if (dt != NULL) {
+            if (!json_is_string(dt))
+                return bad_(e, 400, field, "%s: must be a string, got %s", field, jtype_(dt));
+            const char *s = json_string_value(dt);
+            bool ok = integer ? (!strcmp(s, "int64") || !strcmp(s, "int32"))
+                              : (!strcmp(s, "float32") || !strcmp(s, "float64") ||
+                                 !strcmp(s, "int64") || !strcmp(s, "int32"));
+            if (!ok)
+                return bad_(e, 400, field, "%s = \"%s\": expected %s", field, s,
+                            integer ? "\"int64\" (or \"int32\")" : "\"float32\"");
+        }
+        const json_t *sh = json_object_get(v, "shape");
+        snprintf(field, sizeof field, "%s.shape", path);
+        if (sh != NULL && !json_is_null(sh)) {
+            if (!json_is_array(sh) || json_array_size(sh) != 1 ||
+                !json_is_integer(json_array_get(sh, 0)))
+                return bad_(e, 400, field, "%s: must be [N] (1-D tensors only), got %s", field,
+                            json_is_array(sh) ? "another shape" : jtype_(sh));
+            if (json_integer_value(json_array_get(sh, 0)) != N)
+                return bad_(e, 400, field, "%s = [%lld]: must be [%lld], the model_input length", field,
+                            (long long)json_integer_value(json_array_get(sh, 0)), (long long)N);
+        }
+    }
+    if (!json_is_array(arr))
+        return bad_(e, 400, data_path, "%s: must be an array of numbers or TensorData, got %s",
+                    data_path, jtype_(arr));
+    if ((int64_t)json_array_size(arr) != N)
+        return bad_(e, 400, data_path, "%s: has %zu values; the model_input has %lld tokens (position i "
+                    "of the input predicts element i: the server does not shift)",
+                    data_path, json_array_size(arr), (long long)N);
+    for (int64_t i = 0; i < N; i++) {
+        const json_t *x = json_array_get(arr, (size_t)i);
+        snprintf(field, sizeof field, "%s[%lld]", data_path, (long long)i);
+        if (integer) {
+            if (!json_is_integer(x))
+                return bad_(e, 400, field, "%s: must be an integer token id, got %s", field, jtype_(x));
+            json_int_t t = json_integer_value(x);
+            if (t < 0 || t >= V)
+                return bad_(e, 400, field, "%s = %lld: outside the vocabulary [0, %d)", field, (long long)t, V);
+            ints[i] = (int32_t)t;
+        } else {
+            if (!json_is_number(x))
+                return bad_(e, 400, field, "%s: must be a number, got %s", field, jtype_(x));
+            double w = json_number_value(x);
+            if (w != 1.0)
+                return bad_(e, 400, field, "%s = %g: per-token weights other than 1 are not supported "
+                            "yet (the GPT's loss weights every position 1); send 1 or leave weights out",
+                            field, w);
+            floats[i] = (float)w;
+        }
+    }
+    return true;
+}
+
+/* POST /forward_backward and /forward: {data: [Datum...], loss_fn, loss_fn_config}. */
+static bool parse_fwd_(const json_t *root, const zdp_gpt_config *mc, job *j, verr *e) {
+    static const char *const keys[] = {"data", "loss_fn", "loss_fn_config"};
+    if (!only_keys_(root, "", keys, 3, e)) return false;
+    const json_t *lf = json_object_get(root, "loss_fn");
+    if (lf == NULL && j->op == OP_FWDBWD)
+        return bad_(e, 400, "loss_fn", "loss_fn: missing; send \"cross_entropy\"");
+    if (lf != NULL && !json_is_string(lf))
+        return bad_(e, 400, "loss_fn", "loss_fn: must be a string, got %s", jtype_(lf));
+    if (lf != NULL && strcmp(json_string_value(lf), "cross_entropy") != 0)
+        return bad_(e, 400, "loss_fn", "loss_fn = \"%s\": not supported yet; the supported loss is "
+                    "\"cross_entropy\"", json_string_value(lf));
+    const json_t *lc = json_object_get(root, "loss_fn_config");
+    if (lc != NULL && !json_is_null(lc) && !(json_is_object(lc) && json_object_size(lc) == 0))
+        return bad_(e, 400, "loss_fn_config", "loss_fn_config: cross_entropy takes no options; "
+                    "leave it out or send {}");
+    const json_t *data = json_object_get(root, "data");
+    if (data == NULL) return bad_(e, 400, "data", "data: missing (an array of datums)");
+    if (!json_is_array(data)) return bad_(e, 400, "data", "data: must be an array, got %s", jtype_(data));
+    const size_t n = json_array_size(data);
+    if (n == 0) return bad_(e, 400, "data", "data: empty; send at least one datum");
+    if (n > (1u << 24)) return bad_(e, 400, "data", "data: %zu datums is too many", n);
+
+    const int T = mc->block_size, V = mc->vocab_size;
+    int32_t *len = calloc(n, sizeof *len);
+    int32_t *tok = malloc(n * (size_t)T * sizeof *tok), *tgt = malloc(n * (size_t)T * sizeof *tgt);
+    float *w = malloc(n * (size_t)T * sizeof *w);
+    bool ok = len != NULL && tok != NULL && tgt != NULL && w != NULL;
+    if (!ok) bad_(e, 500, "data", "out of memory for %zu datums", n);
+    int64_t total = 0;
+    char path[64], field[256];
+    for (size_t i = 0; ok && i < n; i++) {
+        const json_t *d = json_array_get(data, i);
+        snprintf(path, sizeof path, "data[%zu]", i);
+        if (!json_is_object(d)) {
+            ok = bad_(e, 400, path, "%s: must be an object {model_input, loss_fn_inputs}, got %s", path, jtype_(d));
+            break;
+        }
+        static const char *const dkeys[] = {"model_input", "loss_fn_inputs"};
+        if (!(ok = only_keys_(d, path, dkeys, 2, e))) break;
+        const json_t *mi = json_object_get(d, "model_input");
+        snprintf(field, sizeof field, "%s.model_input", path);
+        if (!json_is_object(mi)) {
+            ok = bad_(e, 400, field, "%s: %s; must be {\"chunks\": [...]}", field,
+                      mi ? "not an object" : "missing");
+            break;
+        }
+        static const char *const mkeys[] = {"chunks"};
+        if (!(ok = only_keys_(mi, field, mkeys, 1, e))) break;
+        const json_t *chunks = json_object_get(mi, "chunks");
+        snprintf(field, sizeof field, "%s.model_input.chunks", path);
+        if (!json_is_array(chunks) || json_array_size(chunks) == 0) {
+            ok = bad_(e, 400, field, "%s: must be a non-empty array of chunks", field);
+            break;
+        }
+        int64_t N = 0;
+        int32_t *dst = tok + total;
+        for (size_t c = 0; ok && c < json_array_size(chunks); c++) {
+            const json_t *ch = json_array_get(chunks, c);
+            char cpath[128];
+            snprintf(cpath, sizeof cpath, "%s.model_input.chunks[%zu]", path, c);
+            if (!json_is_object(ch)) {
+                ok = bad_(e, 400, cpath, "%s: must be an object, got %s", cpath, jtype_(ch));
+                break;
+            }
+            static const char *const ckeys[] = {"type", "tokens"};
+            const json_t *ty = json_object_get(ch, "type");
+            if (ty != NULL && (!json_is_string(ty) || strcmp(json_string_value(ty), "encoded_text") != 0)) {
+                snprintf(field, sizeof field, "%s.type", cpath);
+                ok = bad_(e, 400, field, "%s: only \"encoded_text\" chunks are supported (got %s%s%s)",
+                          field, json_is_string(ty) ? "\"" : "",
+                          json_is_string(ty) ? json_string_value(ty) : jtype_(ty),
+                          json_is_string(ty) ? "\"" : "");
+                break;
+            }
+            if (!(ok = only_keys_(ch, cpath, ckeys, 2, e))) break;
+            const json_t *tk = json_object_get(ch, "tokens");
+            snprintf(field, sizeof field, "%s.tokens", cpath);
+            if (!json_is_array(tk)) {
+                ok = bad_(e, 400, field, "%s: must be an array of token ids, got %s", field,
+                          tk ? jtype_(tk) : "nothing");
+                break;
+            }
+            for (size_t k = 0; k < json_array_size(tk); k++) {
+                const json_t *x = json_array_get(tk, k);
+                snprintf(field, sizeof field, "%s.tokens[%zu]", cpath, k);
+                if (!json_is_integer(x)) {
+                    ok = bad_(e, 400, field, "%s: must be an integer token id, got %s", field, jtype_(x));
+                    break;
+                }
+                json_int_t t = json_integer_value(x);
+                if (t < 0 || t >= V) {
+                    ok = bad_(e, 400, field, "%s = %lld: outside the vocabulary [0, %d)", field,
+                              (long long)t, V);
+                    break;
+                }
+                if (N >= T) {
+                    snprintf(field, sizeof field, "%s.model_input", path);
+                    ok = bad_(e, 400, field, "%s: more than %d tokens (block_size); send at most %d",
+                              field, T, T);
+                    break;
+                }
+                dst[N++] = (int32_t)t;
+            }
+        }
+        if (!ok) break;
+        if (N == 0) {
+            snprintf(field, sizeof field, "%s.model_input", path);
+            ok = bad_(e, 400, field, "%s: no tokens; a datum needs at least one", field);
+            break;
+        }
+        const json_t *li = json_object_get(d, "loss_fn_inputs");
+        snprintf(field, sizeof field, "%s.loss_fn_inputs", path);
+        if (!json_is_object(li)) {
+            ok = bad_(e, 400, field, "%s: %s; must be {\"target_tokens\": ..., \"weights\": ...}", field,
+                      li ? "not an object" : "missing");
+            break;
+        }
+        static const char *const lkeys[] = {"target_tokens", "weights"};
+        if (!(ok = only_keys_(li, field, lkeys, 2, e))) break;
+        const json_t *tt = json_object_get(li, "target_tokens");
+        snprintf(field, sizeof field, "%s.loss_fn_inputs.target_tokens", path);
+        if (tt == NULL) {
+            ok = bad_(e, 400, field, "%s: missing (cross_entropy needs it)", field);
+            break;
+        }
+        if (!(ok = parse_tensor_(tt, field, true, N, V, tgt + total, NULL, e))) break;
+        const json_t *wt = json_object_get(li, "weights");
+        snprintf(field, sizeof field, "%s.loss_fn_inputs.weights", path);
+        if (wt != NULL && !json_is_null(wt)) {
+            if (!(ok = parse_tensor_(wt, field, false, N, V, NULL, w + total, e))) break;
+        } else {
+            for (int64_t k = 0; k < N; k++) w[total + k] = 1.0f;
+        }
+        len[i] = (int32_t)N;
+        total += N;
+    }
+    if (ok) {
+        bytes b = {0};
+        int64_t n64 = (int64_t)n;
+        ok = put_(&b, &n64, sizeof n64) && put_(&b, len, n * sizeof *len) &&
+             put_(&b, tok, (size_t)total * sizeof *tok) && put_(&b, tgt, (size_t)total * sizeof *tgt) &&
+             put_(&b, w, (size_t)total * sizeof *w);
+        if (!ok) {
+            free(b.p);
+            bad_(e, 500, "data", "out of memory");
+        } else {
+            j->payload = b.p;
+            j->nbytes = (int64_t)b.len;
+        }
+    }
+    free(len);
+    free(tok);
+    free(tgt);
+    free(w);
+    return ok;
+}
+
+static bool parse_optim_(const json_t *root, job *j, verr *e) {
+    static const char *const keys[] = {"adam_params"};
+    if (!only_keys_(root, "", keys, 1, e)) return false;
+    const json_t *ap = json_object_get(root, "adam_params");
+    if (ap == NULL || json_is_null(ap)) return true;
+    if (!json_is_object(ap))
+        return bad_(e, 400, "adam_params", "adam_params: must be an object, got %s", jtype_(ap));
+    if (!only_keys_(ap, "adam_params", adam_keys_, N_ADAM, e)) return false;
+    for (int k = 0; k < N_ADAM; k++) {
+        const json_t *v = json_object_get(ap, adam_keys_[k]);
+        if (v == NULL || json_is_null(v)) continue;
+        char field[64];
+        snprintf(field, sizeof field, "adam_params.%s", adam_keys_[k]);
+        if (!json_is_number(v)) return bad_(e, 400, field, "%s: must be a number, got %s", field, jtype_(v));
+        double x = json_number_value(v);
+        bool beta = k == 1 || k == 2;
+        if (!isfinite(x) || x < 0 || (beta && x >= 1))
+            return bad_(e, 400, field, "%s = %g: must be %s", field, x, beta ? "in [0, 1)" : ">= 0");
+        j->has_adam[k] = true;
+        j->adam[k] = x;
+    }
+    return true;
+}
+
+static bool parse_path_(const json_t *root, job *j, verr *e) {
+    static const char *const keys[] = {"path"};
+    if (!only_keys_(root, "", keys, 1, e)) return false;
+    const json_t *p = json_object_get(root, "path");
+    if (p == NULL) return bad_(e, 400, "path", "path: missing (a file or directory path on the server)");
+    if (!json_is_string(p)) return bad_(e, 400, "path", "path: must be a string, got %s", jtype_(p));
+    size_t n = json_string_length(p);
+    const char *s = json_string_value(p);
+    if (n == 0 || strlen(s) != n) return bad_(e, 400, "path", "path: must be a non-empty string without NUL");
+    if (n > 4000) return bad_(e, 400, "path", "path: longer than 4000 bytes");
+    if (j->op != OP_SAVE_WEIGHTS) {
+        /* dir/tag: the tag is the last component. */
+        size_t m = n;
+        while (m > 0 && s[m - 1] == '/') m--;
+        if (m == 0) return bad_(e, 400, "path", "path = \"%s\": needs a directory name (DIR/TAG)", s);
+    }
+    j->payload = malloc(n + 1);
+    if (j->payload == NULL) return bad_(e, 500, "path", "out of memory");
+    memcpy(j->payload, s, n + 1);
+    j->nbytes = (int64_t)n + 1;
+    return true;
+}
+
+/* ---- execution (every rank) ---------------------------------------------------- */
+
+static void engine_die_(const char *what, const zdp_error *err) { cli_die(what, err); }
+
+static float **views_(server *s) {
+    float **v = malloc((size_t)s->model.n_params * sizeof *v);
+    if (v == NULL) return NULL;
+    for (int i = 0; i < s->model.n_params; i++) v[i] = zdp_engine_param_data(s->eng, i);
+    return v;
+}
+
+/* log p(tgt[t] | tok[0..t]) for t < N, from the model's next-token logits. */
+static void logprobs_(server *s, const float *const *params, const int32_t *tok, const int32_t *tgt,
+                      int N, float *logits, float *out) {
+    const int V = s->opt.model.vocab_size;
+    zdp_error err;
+    for (int t = 0; t < N; t++) {
+        if (zdp_gpt_next_logits(&s->model, params, tok, t + 1, logits, &err) != ZDP_OK)
+            engine_die_("logprobs", &err);
+        double mx = logits[0];
+        for (int v = 1; v < V; v++) mx = logits[v] > mx ? logits[v] : mx;
+        double sum = 0;
+        for (int v = 0; v < V; v++) sum += exp((double)logits[v] - mx);
+        out[t] = (float)((double)logits[tgt[t]] - mx - log(sum));
+    }
+}
+
+static char *exec_fwd_(server *s, const job *j, int *status) {
+    const unsigned char *p = j->payload;
+    int64_t n;
+    memcpy(&n, p, sizeof n);
+    const int32_t *len = (const int32_t *)(p + sizeof n);
+    int64_t total = 0;
+    for (int64_t i = 0; i < n; i++) total += len[i];
+    const int32_t *tok = len + n, *tgt = tok + total;
+    const float *w = (const float *)(tgt + total);
+    int64_t *off = malloc((size_t)(n + 1) * sizeof *off);
+    float *lp = calloc((size_t)total + 1, sizeof *lp);
+    float *logits = malloc((size_t)s->opt.model.vocab_size * sizeof *logits);
+    float **params = views_(s);
+    if (off == NULL || lp == NULL || logits == NULL || params == NULL)
+        engine_die_("forward_backward", &(zdp_error){.msg = "out of memory"});
+    off[0] = 0;
+    for (int64_t i = 0; i < n; i++) off[i + 1] = off[i] + len[i];
+
+    const bool bwd = j->op == OP_FWDBWD;
+    const int64_t rounds = (n + s->W - 1) / s->W;
+    static const int32_t pad = 0;
+    zdp_error err;
+    for (int64_t r = 0; r < rounds; r++) {
+        const int64_t i = r * s->W + s->R;
+        if (i < n) {
+            if (bwd) {
+                zdp_gpt_batch b = {.inputs = tok + off[i], .targets = tgt + off[i], .B = 1, .T = len[i]};
+                float loss;
+                if (zdp_engine_forward(s->eng, &b, &loss, &err) != ZDP_OK) engine_die_("forward", &err);
+                /* d(sum over the N tokens)/dθ, times W against the engine's mean over ranks. */
+                if (zdp_engine_backward(s->eng, false, (float)len[i] * (float)s->W, &err) != ZDP_OK)
+                    engine_die_("backward", &err);
+            }
+            logprobs_(s, (const float *const *)params, tok + off[i], tgt + off[i], len[i], logits,
+                      lp + off[i]);
+        } else if (bwd) {
+            /* No datum left for this rank: a zero-weight micro-batch keeps the
+             * backward() count, and stage 2's reductions, equal on all ranks. */
+            zdp_gpt_batch b = {.inputs = &pad, .targets = &pad, .B = 1, .T = 1};
+            float loss;
+            if (zdp_engine_forward(s->eng, &b, &loss, &err) != ZDP_OK) engine_die_("forward", &err);
+            if (zdp_engine_backward(s->eng, false, 0.0f, &err) != ZDP_OK) engine_die_("backward", &err);
+        }
+    }
+    /* Each position was filled by exactly one rank, the others hold 0: a sum
+     * gathers them exactly. */
+    if (s->W > 1) {
+        if (s->R == 0)
+            MPI_Reduce(MPI_IN_PLACE, lp, (int)total, MPI_FLOAT, MPI_SUM, 0, s->comm);
+        else
+            MPI_Reduce(lp, NULL, (int)total, MPI_FLOAT, MPI_SUM, 0, s->comm);
+    }
+    char *body = NULL;
+    if (s->R == 0) {
+        json_t *outs = json_array();
+        double loss_sum = 0, wsum = 0;
+        for (int64_t i = 0; i < n; i++) {
+            json_t *lpa = json_array(), *ela = json_array();
+            for (int64_t k = off[i]; k < off[i + 1]; k++) {
+                double el = -(double)w[k] * (double)lp[k];
+                loss_sum += el;
+                wsum += w[k];
+                json_array_append_new(lpa, jreal_(lp[k]));
+                json_array_append_new(ela, jreal_(el));
+            }
+            json_array_append_new(
+                outs, json_pack("{s:{s:o,s:s,s:[I]},s:{s:o,s:s,s:[I]}}", "logprobs", "data", lpa, "dtype",
+                                "float32", "shape", (json_int_t)len[i], "elementwise_loss", "data", ela,
+                                "dtype", "float32", "shape", (json_int_t)len[i]));
+        }
+        json_t *metrics = json_pack("{s:o}", "loss:sum", jreal_(loss_sum));
+        (void)wsum;
+        body = dump_(json_pack("{s:s,s:o,s:o}", "loss_fn_output_type", "ArrayRecord", "loss_fn_outputs",
+                               outs, "metrics", metrics));
+        *status = 200;
+    }
+    free(off);
+    free(lp);
+    free(logits);
+    free(params);
+    return body;
+}
+
+static char *exec_optim_(server *s, const job *j, int *status) {
+    zdp_error err;
+    /* Rank 0: what the client asked for against what the engine will apply
+     * (read before the step: the scheduler's lr for this update). */
+    json_t *warnings = s->R == 0 ? json_array() : NULL;
+    if (s->R == 0) {
+        const zdp_optimizer_config *oc = &s->cfg.optimizer;
+        bool adam = oc->type != ZDP_OPTIMIZER_SGD;
+        bool any = false;
+        for (int k = 0; k < N_ADAM; k++) any = any || j->has_adam[k];
+        if (any && !adam)
+            json_array_append_new(warnings, json_string(
+                "the engine's optimizer is SGD (from --config): adam_params are ignored"));
+        double mine[N_ADAM] = {zdp_engine_lr(s->eng), oc->beta1, oc->beta2, oc->eps, oc->weight_decay,
+                               s->cfg.gradient_clipping};
+        for (int k = 0; adam && k < N_ADAM; k++) {
+            if (!j->has_adam[k]) continue;
+            double a = j->adam[k], b = mine[k];
+            if (fabs(a - b) <= 1e-12 * fmax(fabs(a), fabs(b))) continue;
+            char msg[320];
+            snprintf(msg, sizeof msg,
+                     "adam_params.%s = %g differs from the engine's %g (from --config); the engine "
+                     "applied %g: zdp cannot change optimizer hyperparameters per step yet",
+                     adam_keys_[k], a, b, b);
+            json_array_append_new(warnings, json_string(msg));
+        }
+    }
+    zdp_status st = zdp_engine_step(s->eng, &err);
+    if (st == ZDP_ERR_STATE) {
+        json_decref(warnings);
+        if (s->R != 0) return NULL;
+        *status = 409;
+        return error_body_(NULL,
+                           "optim_step: no forward_backward since the last optim_step, so there is no "
+                           "gradient to apply; nothing changed");
+    }
+    if (st != ZDP_OK) engine_die_("optim_step", &err);
+    if (s->R != 0) return NULL;
+    *status = 200;
+    return dump_(json_pack("{s:{s:o,s:f},s:I,s:I,s:b,s:o}", "metrics", "grad_norm:mean",
+                           jreal_(zdp_engine_last_grad_norm(s->eng)), "learning_rate:mean",
+                           zdp_engine_last_lr(s->eng), "step", (json_int_t)zdp_engine_global_steps(s->eng),
+                           "global_samples", (json_int_t)zdp_engine_global_samples(s->eng),
+                           "step_applied", zdp_engine_was_step_applied(s->eng), "warnings", warnings));
+}
+
+static int status_of_(zdp_status st) {
+    return st == ZDP_ERR_NOMEM || st == ZDP_ERR_COMM || st == ZDP_ERR_INTERNAL ? 500 : 400;
+}
+
+static char *exec_save_weights_(server *s, const job *j, int *status) {
+    if (s->R != 0) return NULL;
+    const char *path = (const char *)j->payload;
+    zdp_error err;
+    float **v = views_(s);
+    if (v == NULL) {
+        *status = 500;
+        return error_body_("path", "out of memory");
+    }
+    zdp_status st = zdp_gpt_weights_save(path, s->model.params, s->model.n_params,
+                                         (const float *const *)v, &err);
+    free(v);
+    if (st != ZDP_OK) {
+        *status = status_of_(st);
+        return error_body_("path", err.msg);
+    }
+    *status = 200;
+    return dump_(json_pack("{s:s,s:I}", "path", path, "step", (json_int_t)zdp_engine_global_steps(s->eng)));
+}
+
+/* path "A/B/TAG" -> dir "A/B", tag "TAG"; "TAG" -> ".", "TAG". */
+static void split_path_(const char *path, char *dir, char *tag, size_t cap) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    size_t n = strlen(buf);
+    while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
+    char *slash = strrchr(buf, '/');
+    if (slash == NULL) {
+        snprintf(dir, cap, ".");
+        snprintf(tag, cap, "%s", buf);
+    } else {
+        snprintf(tag, cap, "%s", slash + 1);
+        if (slash == buf) snprintf(dir, cap, "/");
+        else {
+            *slash = '\0';
+            snprintf(dir, cap, "%s", buf);
+        }
+    }
+}
+
+static char *exec_state_(server *s, const job *j, int *status) {
+    const char *path = (const char *)j->payload;
+    char dir[4096], tag[4096];
+    split_path_(path, dir, tag, sizeof dir);
+    zdp_error err = {0};
+    zdp_status st;
+    if (j->op == OP_SAVE_STATE) {
+        st = zdp_engine_save_checkpoint(s->eng, dir, tag, "{\"writer\": \"zdp serve\"}", &err);
+    } else {
+        char *client = NULL;
+        st = zdp_engine_load_checkpoint(s->eng, dir, tag, &client, &err);
+        free(client);
+    }
+    bool all = zdp_dist_all_ok(st == ZDP_OK);
+    /* A load that succeeded on some ranks only would leave them apart. */
+    if (!all && st == ZDP_OK && j->op == OP_LOAD_STATE)
+        engine_die_("load_state", &(zdp_error){.msg = "another rank failed to load the checkpoint"});
+    if (s->R != 0) return NULL;
+    if (!all) {
+        *status = st == ZDP_OK ? 500 : status_of_(st);
+        return error_body_("path", st == ZDP_OK ? "another rank failed; see the server's log" : err.msg);
+    }
+    *status = 200;
+    return dump_(json_pack("{s:s,s:I,s:I,s:I}", "path", path, "step",
+                           (json_int_t)zdp_engine_global_steps(s->eng), "global_samples",
+                           (json_int_t)zdp_engine_global_samples(s->eng), "pending_backwards",
+                           (json_int_t)zdp_engine_pending_backwards(s->eng)));
+}
+
+static char *exec_info_(server *s, int *status) {
+    zdp_memory_report m;
+    zdp_engine_memory_report(s->eng, &m);
+    int64_t mine[8] = {m.params_bytes, m.grads_bytes, m.grad_partition_bytes, m.bucket_bytes,
+                       m.optimizer_bytes, m.master_bytes, m.other_bytes, m.total_bytes};
+    int64_t *all = s->R == 0 ? malloc((size_t)s->W * sizeof mine) : NULL;
+    if (s->R == 0 && all == NULL) engine_die_("info", &(zdp_error){.msg = "out of memory"});
+    MPI_Gather(mine, 8, MPI_INT64_T, all, 8, MPI_INT64_T, 0, s->comm);
+    if (s->R != 0) return NULL;
+    json_t *mem = json_array();
+    for (int r = 0; r < s->W; r++) {
+        int64_t *x = all + 8 * r;
+        json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", r,
+                                             "params_bytes", (json_int_t)x[0], "grads_bytes", (json_int_t)x[1],
+                                             "grad_partition_bytes", (json_int_t)x[2], "bucket_bytes",
+                                             (json_int_t)x[3], "optimizer_bytes", (json_int_t)x[4],
+                                             "master_bytes", (json_int_t)x[5], "other_bytes",
+                                             (json_int_t)x[6], "total_bytes", (json_int_t)x[7]));
+    }
+    free(all);
+    const zdp_gpt_config *mc = &s->opt.model;
+    const zdp_optimizer_config *oc = &s->cfg.optimizer;
+    const char *opt = oc->type == ZDP_OPTIMIZER_SGD ? "SGD" : oc->type == ZDP_OPTIMIZER_ADAMW ? "AdamW" : "Adam";
+    json_t *o = json_pack(
+        "{s:{s:s,s:i,s:i,s:i,s:i,s:i,s:I},s:i,s:i,s:I,s:I,s:I,s:I,s:I,s:o,s:o,"
+        "s:{s:s,s:f,s:f,s:f,s:f,s:f,s:f},s:o,s:I}",
+        "model", "arch", "gpt2", "n_layer", mc->n_layer, "n_head", mc->n_head, "n_embd", mc->n_embd,
+        "vocab_size", mc->vocab_size, "block_size", mc->block_size, "n_params",
+        (json_int_t)zdp_engine_numel(s->eng), "world_size", s->W, "zero_stage", s->cfg.zero.stage, "step",
+        (json_int_t)zdp_engine_global_steps(s->eng), "global_samples",
+        (json_int_t)zdp_engine_global_samples(s->eng), "micro_steps",
+        (json_int_t)zdp_engine_micro_steps(s->eng), "skipped_steps",
+        (json_int_t)zdp_engine_skipped_steps(s->eng), "pending_backwards",
+        (json_int_t)zdp_engine_pending_backwards(s->eng), "lr", jreal_(zdp_engine_lr(s->eng)),
+        "last_grad_norm", jreal_(zdp_engine_last_grad_norm(s->eng)), "optimizer", "type", opt, "lr",
+        oc->lr, "beta1", oc->beta1, "beta2", oc->beta2, "eps", oc->eps, "weight_decay", oc->weight_decay,
+        "gradient_clipping", s->cfg.gradient_clipping, "memory", mem, "max_body_bytes",
+        (json_int_t)s->opt.max_body);
+    *status = 200;
+    return dump_(o);
+}
+
+/* Every rank: runs one request; rank 0 gets the answer. */
+static char *exec_(server *s, const job *j, int *status) {
+    switch (j->op) {
+    case OP_FWDBWD:
+    case OP_FORWARD: return exec_fwd_(s, j, status);
+    case OP_OPTIM: return exec_optim_(s, j, status);
+    case OP_SAVE_WEIGHTS: return exec_save_weights_(s, j, status);
+    case OP_SAVE_STATE:
+    case OP_LOAD_STATE: return exec_state_(s, j, status);
+    case OP_INFO: return exec_info_(s, status);
+    default:
+        engine_die_("serve", &(zdp_error){.msg = "unknown request type from rank 0 (a bug in zdp)"});
+    }
+    return NULL;
+}
+
+/* ---- the request loop ------------------------------------------------------------ */
+
+/* Waits for a nonblocking collective without spinning a core: idle ranks
+ * sit here between requests. */
+static void wait_idle_(MPI_Request *req) {
+    int done = 0;
+    struct timespec ts = {0, 200000}; /* 0.2 ms */
+    for (;;) {
+        MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (done) return;
+        nanosleep(&ts, NULL);
+        if (ts.tv_nsec < 2000000) ts.tv_nsec += 100000;
+    }
+}
+
+static void bcast_job_(server *s, int64_t hdr[2], unsigned char **payload) {
+    MPI_Request req;
+    MPI_Ibcast(hdr, 2, MPI_INT64_T, 0, s->comm, &req);
+    wait_idle_(&req);
+    if (hdr[0] == OP_QUIT || hdr[1] == 0) return;
+    if (s->R != 0) {
+        *payload = malloc((size_t)hdr[1]);
+        if (*payload == NULL) engine_die_("serve", &(zdp_error){.msg = "out of memory for a request"});
+    }
+    /* Large requests go in pieces: MPI counts are int. */
+    for (int64_t o = 0; o < hdr[1]; o += 1 << 30) {
+        int64_t m = hdr[1] - o < (1 << 30) ? hdr[1] - o : (1 << 30);
+        MPI_Ibcast(*payload + o, (int)m, MPI_BYTE, 0, s->comm, &req);
+        MPI_Wait(&req, MPI_STATUS_IGNORE);
+    }
+}
+
+static void worker_loop_(server *s) {
+    for (;;) {
+        int64_t hdr[2] = {0, 0};
+        job j = {0};
+        bcast_job_(s, hdr, &j.payload);
+        if (hdr[0] == OP_QUIT) return;
+        j.op = (int)hdr[0];
+        j.nbytes = hdr[1];
+        int status = 0;
+        char *body = exec_(s, &j, &status);
+        free(body);
+        free(j.payload);
+    }
+}
+
+static bool needs_all_(int op) { return op != OP_SAVE_WEIGHTS; }
+
+static void leader_loop_(server *s) {
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (s->head == NULL && !g_stop) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 200000000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&s->cv_job, &s->mu, &ts);
+        }
+        if (g_stop) {
+            /* Refuse what is queued and what comes, then tell the ranks. */
+            s->closed = true;
+            for (job *q = s->head; q != NULL; q = q->next) {
+                q->status = 503;
+                q->body = error_body_(NULL, "the server is shutting down");
+                q->done = true;
+            }
+            s->head = s->tail = NULL;
+            pthread_cond_broadcast(&s->cv_done);
+            pthread_mutex_unlock(&s->mu);
+            int64_t hdr[2] = {OP_QUIT, 0};
+            if (s->W > 1) bcast_job_(s, hdr, NULL);
+            return;
+        }
+        job *j = s->head;
+        s->head = j->next;
+        if (s->head == NULL) s->tail = NULL;
+        pthread_mutex_unlock(&s->mu);
+
+        if (needs_all_(j->op) && s->W > 1) {
+            int64_t hdr[2] = {j->op, j->nbytes};
+            bcast_job_(s, hdr, &j->payload);
+        }
+        int status = 500;
+        char *body = exec_(s, j, &status);
+        pthread_mutex_lock(&s->mu);
+        j->status = status;
+        j->body = body;
+        j->done = true;
+        pthread_cond_broadcast(&s->cv_done);
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+/* ---- HTTP (rank 0) ----------------------------------------------------------------- */
+
+typedef struct conn_ctx {
+    char *buf;
+    size_t len, cap;
+    bool too_big;
+} conn_ctx;
+
+static enum MHD_Result reply_(struct MHD_Connection *c, int status, char *body) {
+    if (body == NULL) {
+        body = strdup("{\"error\": {\"message\": \"out of memory\", \"field\": null}}");
+        status = 500;
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (r == NULL) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result reply_error_(struct MHD_Connection *c, int status, const char *field,
+                                    const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static enum MHD_Result reply_error_(struct MHD_Connection *c, int status, const char *field,
+                                    const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return reply_(c, status, error_body_(field, msg));
+}
+
+typedef struct route {
+    const char *path, *method;
+    int op;
+} route;
+
+static const route routes_[] = {
+    {"/forward_backward", "POST", OP_FWDBWD}, {"/forward", "POST", OP_FORWARD},
+    {"/optim_step", "POST", OP_OPTIM},        {"/save_weights", "POST", OP_SAVE_WEIGHTS},
+    {"/save_state", "POST", OP_SAVE_STATE},   {"/load_state", "POST", OP_LOAD_STATE},
+    {"/info", "GET", OP_INFO},                {"/healthz", "GET", -1},
+};
+#define N_ROUTES ((int)(sizeof routes_ / sizeof routes_[0]))
+
+/* Queues the job and waits for its answer (requests run one at a time, in
+ * the order they were queued). */
+static enum MHD_Result run_job_(server *s, struct MHD_Connection *c, job *j) {
+    pthread_mutex_lock(&s->mu);
+    if (s->closed || g_stop) {
+        pthread_mutex_unlock(&s->mu);
+        job_free_(j);
+        return reply_error_(c, 503, NULL, "the server is shutting down");
+    }
+    if (s->tail) s->tail->next = j;
+    else s->head = j;
+    s->tail = j;
+    pthread_cond_signal(&s->cv_job);
+    while (!j->done) pthread_cond_wait(&s->cv_done, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    char *body = j->body;
+    int status = j->status;
+    j->body = NULL;
+    job_free_(j);
+    return reply_(c, status, body);
+}
+
+static enum MHD_Result handle_(server *s, struct MHD_Connection *c, const char *url,
+                               const char *method, conn_ctx *cx) {
+    const route *rt = NULL;
+    bool path_known = false;
+    for (int i = 0; i < N_ROUTES; i++) {
+        if (strcmp(url, routes_[i].path) != 0) continue;
+        path_known = true;
+        if (strcmp(method, routes_[i].method) == 0) rt = &routes_[i];
+    }
+    if (rt == NULL && !path_known)
+        return reply_error_(c, 404, "url", "%s %s: no such endpoint; POST /forward_backward /forward "
+                            "/optim_step /save_weights /save_state /load_state, GET /info /healthz",
+                            method, url);
+    if (rt == NULL) {
+        const char *want = "POST";
+        for (int i = 0; i < N_ROUTES; i++)
+            if (strcmp(url, routes_[i].path) == 0) want = routes_[i].method;
+        return reply_error_(c, 405, "method", "%s %s: method not allowed; use %s", method, url, want);
+    }
+    if (rt->op < 0) return reply_(c, 200, strdup("{\"status\": \"ok\"}"));
+    job *j = calloc(1, sizeof *j);
+    if (j == NULL) return reply_error_(c, 500, NULL, "out of memory");
+    j->op = rt->op;
+    if (rt->op == OP_INFO) return run_job_(s, c, j);
+
+    /* Parse and validate everything before the engine sees anything. */
+    json_error_t jerr;
+    json_t *root = cx->len == 0 ? json_object()
+                                : json_loadb(cx->buf, cx->len, JSON_REJECT_DUPLICATES, &jerr);
+    if (root == NULL) {
+        job_free_(j);
+        return reply_error_(c, 400, "body", "the body is not valid JSON: %s (line %d, column %d)",
+                            jerr.text, jerr.line, jerr.column);
+    }
+    verr e = {0};
+    bool ok;
+    if (!json_is_object(root)) {
+        ok = bad_(&e, 400, "body", "the body must be a JSON object, got %s", jtype_(root));
+    } else if (rt->op == OP_FWDBWD || rt->op == OP_FORWARD) {
+        ok = parse_fwd_(root, &s->opt.model, j, &e);
+    } else if (rt->op == OP_OPTIM) {
+        ok = parse_optim_(root, j, &e);
+    } else {
+        ok = parse_path_(root, j, &e);
+    }
+    json_decref(root);
+    if (!ok) {
+        job_free_(j);
+        return reply_(c, e.status, error_body_(e.field, e.msg));
+    }
+    return run_job_(s, c, j);
+}
+
+static enum MHD_Result access_(void *cls, struct MHD_Connection *c, const char *url,
+                               const char *method, const char *version, const char *upload_data,
+                               size_t *upload_data_size, void **con_cls) {
+    (void)version;
+    server *s = cls;
+    conn_ctx *cx = *con_cls;
+    if (cx == NULL) {
+        cx = calloc(1, sizeof *cx);
+        if (cx == NULL) return MHD_NO;
+        *con_cls = cx;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl != NULL) {
+            char *end;
+            errno = 0;
+            unsigned long long n = strtoull(cl, &end, 10);
+            if (errno == 0 && end != cl && (long long)n > s->opt.max_body) {
+                cx->too_big = true;
+                return reply_error_(c, 413, "body", "the body has %llu bytes, more than --max-body %lld",
+                                    n, (long long)s->opt.max_body);
+            }
+        }
+        return MHD_YES;
+    }
+    if (*upload_data_size > 0) {
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (cx->too_big) return MHD_YES;
+        if ((long long)(cx->len + n) > s->opt.max_body) {
+            cx->too_big = true;
+            free(cx->buf);
+            cx->buf = NULL;
+            cx->len = cx->cap = 0;
+            return MHD_YES;
+        }
+        if (cx->len + n > cx->cap) {
+            size_t cap = cx->cap ? cx->cap : 4096;
+            while (cap < cx->len + n) cap *= 2;
+            char *p = realloc(cx->buf, cap);
+            if (p == NULL) return MHD_NO;
+            cx->buf = p;
+            cx->cap = cap;
+        }
+        memcpy(cx->buf + cx->len, upload_data, n);
+        cx->len += n;
+        return MHD_YES;
+    }
+    if (cx->too_big)
+        return reply_error_(c, 413, "body", "the body is larger than --max-body %lld bytes",
+                            (long long)s->opt.max_body);
+    return handle_(s, c, url, method, cx);
+}
+
+static void completed_(void *cls, struct MHD_Connection *c, void **con_cls,
+                       enum MHD_RequestTerminationCode toe) {
+    (void)cls;
+    (void)c;
+    (void)toe;
+    conn_ctx *cx = *con_cls;
+    if (cx != NULL) {
+        free(cx->buf);
+        free(cx);
+        *con_cls = NULL;
+    }
+}
+
+static struct MHD_Daemon *start_http_(server *s, char *why, size_t cap, int *port) {
+    struct sockaddr_in a4;
+    struct sockaddr_in6 a6;
+    struct sockaddr *sa;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    memset(&a4, 0, sizeof a4);
+    memset(&a6, 0, sizeof a6);
+    if (inet_pton(AF_INET, s->opt.bind, &a4.sin_addr) == 1) {
+        a4.sin_family = AF_INET;
+        a4.sin_port = htons((uint16_t)s->opt.port);
+        sa = (struct sockaddr *)&a4;
+    } else if (inet_pton(AF_INET6, s->opt.bind, &a6.sin6_addr) == 1) {
+        a6.sin6_family = AF_INET6;
+        a6.sin6_port = htons((uint16_t)s->opt.port);
+        sa = (struct sockaddr *)&a6;
+        flags |= MHD_USE_IPv6;
+    } else {
+        snprintf(why, cap, "--bind %s: not an IPv4 or IPv6 address (for example 127.0.0.1 or ::1)",
+                 s->opt.bind);
+        return NULL;
+    }
+    struct MHD_Daemon *d = MHD_start_daemon(
+        flags, (uint16_t)s->opt.port, NULL, NULL, access_, s, MHD_OPTION_SOCK_ADDR, sa,
+        MHD_OPTION_NOTIFY_COMPLETED, completed_, s, MHD_OPTION_CONNECTION_LIMIT, 64u,
+        MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_END);
+    if (d == NULL) {
+        snprintf(why, cap, "cannot listen on %s port %d (in use, or not an address of this machine)",
+                 s->opt.bind, s->opt.port);
+        return NULL;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    *port = info != NULL ? info->port : s->opt.port;
+    return d;
+}
+
+/* ---- the command ------------------------------------------------------------------- */
+
+int cmd_serve(int argc, char **argv) {
+    server s = {.W = zdp_dist_world_size(), .R = zdp_dist_rank()};
+    int rc = parse_(argc, argv, &s.opt);
+    if (rc) return rc == 1 ? 0 : rc;
+
+    zdp_error err;
+    if (zdp_config_load_file(s.opt.config, s.W, &s.cfg, &err) != ZDP_OK) return cli_fail("%s", err.msg);
+    if (s.cfg.managed_gradient_accumulation)
+        return cli_fail("%s: zdp serve needs unmanaged gradient accumulation (each optim_step request "
+                        "is the optimizer step); set \"managed_gradient_accumulation\": false",
+                        s.opt.config);
+    /* One datum per micro-batch: activation memory for one sequence. */
+    if (zdp_gpt_create(&s.opt.model, 1, &s.model, &err) != ZDP_OK) return cli_fail("%s", err.msg);
+    if (zdp_engine_create(&s.cfg, &s.model, &s.eng, &err) != ZDP_OK) {
+        rc = cli_fail("%s", err.msg);
+        goto done;
+    }
+    {
+        float **v = views_(&s);
+        if (v == NULL) rc = cli_fail("out of memory");
+        else if (s.opt.init != NULL) {
+            if (zdp_gpt_weights_load(s.opt.init, &s.opt.model, s.model.params, s.model.n_params, v,
+                                     &err) != ZDP_OK)
+                rc = cli_fail("--init %s", err.msg);
+        } else {
+            zdp_gpt_init_params(&s.model, v, s.opt.seed);
+        }
+        free(v);
+    }
+    if (!zdp_dist_all_ok(rc == 0)) {
+        if (rc == 0) rc = 2;
+        goto done;
+    }
+    if (zdp_engine_sync_params(s.eng, &err) != ZDP_OK) cli_die("sync params", &err);
+    MPI_Comm_dup(MPI_COMM_WORLD, &s.comm);
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal_;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct MHD_Daemon *d = NULL;
+    int port = 0;
+    if (s.R == 0) {
+        pthread_mutex_init(&s.mu, NULL);
+        pthread_cond_init(&s.cv_job, NULL);
+        pthread_cond_init(&s.cv_done, NULL);
+        char why[512];
+        d = start_http_(&s, why, sizeof why, &port);
+        if (d == NULL) rc = cli_fail("%s", why);
+    }
+    if (!zdp_dist_all_ok(rc == 0)) {
+        if (rc == 0) rc = 2;
+        MPI_Comm_free(&s.comm);
+        goto done;
+    }
+    if (s.R == 0) {
+        /* The pid: SIGTERM or SIGINT to rank 0 stops every rank cleanly
+         * (a signal to mpirun makes it kill the ranks instead). */
+        printf("zdp serve: listening on http://%s%s%s:%d | gpt L=%d H=%d C=%d V=%d T=%d | %d rank(s) | "
+               "ZeRO stage %d | rank 0 pid %ld\n",
+               strchr(s.opt.bind, ':') ? "[" : "", s.opt.bind, strchr(s.opt.bind, ':') ? "]" : "", port,
+               s.opt.model.n_layer, s.opt.model.n_head, s.opt.model.n_embd, s.opt.model.vocab_size,
+               s.opt.model.block_size, s.W, s.cfg.zero.stage, (long)getpid());
+        fflush(stdout);
+        leader_loop_(&s);
+        MHD_stop_daemon(d);
+        pthread_mutex_destroy(&s.mu);
+        pthread_cond_destroy(&s.cv_job);
+        pthread_cond_destroy(&s.cv_done);
+        printf("zdp serve: stopped at step %lld\n", (long long)zdp_engine_global_steps(s.eng));
+        fflush(stdout);
+    } else {
+        worker_loop_(&s);
+    }
+    MPI_Comm_free(&s.comm);
+done:
+    zdp_engine_destroy(s.eng);
+    zdp_gpt_destroy(&s.model);
+    return rc;
+}
