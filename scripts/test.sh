@@ -18,4 +18,28 @@ cmake --build build-asan -j"$jobs"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DZDP_SANITIZE=thread -DZDP_BUILD_BENCH=OFF >/dev/null
 cmake --build build-tsan -j"$jobs" --target test_stream
 (cd build-tsan && ctest --output-on-failure -R unit.test_stream)
-echo "all tests passed (release, ASan+UBSan, TSan for the comm stream)"
+# Fuzz targets (tests/fuzz): their seed corpora already ran above, in both
+# builds, as the tests unit.fuzz_*_corpus.  With clang: the libFuzzer builds
+# run the corpora too, then fuzz each target for ZDP_FUZZ_SECONDS (default 0:
+# corpora only).  New crash inputs land in build-fuzz/crash-*.
+if command -v clang >/dev/null 2>&1; then
+  CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DZDP_SANITIZE="address;undefined" -DZDP_FUZZ=ON -DZDP_BUILD_BENCH=OFF >/dev/null
+  cmake --build build-fuzz -j"$jobs" --target fuzz_safetensors fuzz_ckpt_meta
+  fuzz_s=${ZDP_FUZZ_SECONDS:-0}
+  for t in safetensors:safetensors ckpt_meta:meta; do
+    name=${t%%:*} corpus=tests/fuzz/corpus/${t##*:}
+    dict=tests/fuzz/${t##*:}.dict
+    if [ "$fuzz_s" -gt 0 ]; then
+      new=$(mktemp -d)
+      ASAN_OPTIONS=detect_leaks=1 build-fuzz/tests/fuzz/fuzz_$name -max_total_time="$fuzz_s" \
+        -max_len=16384 -dict="$dict" -artifact_prefix=build-fuzz/ "$new" "$corpus"
+      rm -rf "$new"
+    else
+      ASAN_OPTIONS=detect_leaks=1 build-fuzz/tests/fuzz/fuzz_$name -runs=0 \
+        -artifact_prefix=build-fuzz/ "$corpus"
+    fi
+  done
+  echo "fuzz corpora passed under libFuzzer (clang, ASan+UBSan); fuzzed ${fuzz_s}s per target"
+fi
+echo "all tests passed (release, ASan+UBSan, TSan for the comm stream, fuzz corpora)"

@@ -483,9 +483,12 @@ static zdp_status view_open_(const char *dir, const char *tag, ckpt_view *v, zdp
     for (size_t k = 0; k < sizeof counters / sizeof counters[0]; k++)
         (void)get_int_(v->meta, "counters", counters[k], &ok);
     json_t *files = json_object_get(v->meta, "files");
-    if (!ok || v->world < 1 || v->numel < 1 || !json_is_object(files)) {
+    int64_t world = get_int_(v->meta, "world_size", NULL, &ok);
+    int64_t stage = get_int_(v->meta, "zero_stage", NULL, &ok);
+    if (!ok || world < 1 || world > (1 << 20) || stage < 0 || stage > 3 || v->numel < 1 ||
+        !json_is_object(files)) {
         view_free_(v);
-        return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: a required field is missing or has the "
+        return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: a required field is missing, out of range or has the "
                                                 "wrong type (world_size, zero_stage, layout, "
                                                 "counters, files)", path);
     }
@@ -747,6 +750,12 @@ zdp_status zdp_engine_load_checkpoint(zdp_engine *e, const char *dir, const char
 
 /* ---- inspect and export ----------------------------------------------------------------- */
 
+/* A string field or "?" (the text is for people; a missing field is shown). */
+static const char *str_or_(json_t *v) {
+    const char *s = json_string_value(v);
+    return s != NULL ? s : "?";
+}
+
 zdp_status zdp_checkpoint_inspect(const char *dir, const char *tag, char **text, zdp_error *err) {
     *text = NULL;
     ckpt_view v;
@@ -754,46 +763,52 @@ zdp_status zdp_checkpoint_inspect(const char *dir, const char *tag, char **text,
     if (st != ZDP_OK) return st;
     json_t *c = json_object_get(v.meta, "counters"), *cfg = json_object_get(v.meta, "config");
     bool ok = true;
-    size_t cap = 8192;
-    char *out = malloc(cap);
-    if (out == NULL) {
+    /* A growing buffer: fields of any length fit. */
+    char *out = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&out, &len);
+    if (f == NULL) {
         view_free_(&v);
         return zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory");
     }
-    int len = snprintf(out, cap,
-        "checkpoint %s (zdp %s, format %d)\n"
-        "  saved by %d rank(s) at ZeRO stage %d, %s accumulation\n"
-        "  model: %lld parameters in %zu tensors (padded to %lld, partition %lld)\n"
-        "  progress: %lld optimizer steps (%lld skipped), %lld samples, %lld micro-steps, "
-        "optimizer step %lld, LR schedule at %lld (last lr %g)\n"
-        "  window: %s\n"
-        "  optimizer %s, lr %g, micro-batch %lld x %lld accumulation steps = batch %lld\n"
-        "  files: model.safetensors (full fp32 weights) and %d optimizer slice(s); sizes and "
-        "checksums verified\n"
-        "  client state: ",
-        v.dir, json_string_value(json_object_get(v.meta, "zdp_version")), FORMAT_VERSION_,
-        v.world, v.stage,
-        json_is_true(json_object_get(v.meta, "managed_gradient_accumulation")) ? "managed" : "unmanaged",
-        (long long)v.numel, json_array_size(json_object_get(v.meta, "tensors")),
-        (long long)get_int_(v.meta, "layout", "padded", &ok),
-        (long long)get_int_(v.meta, "layout", "partition", &ok),
-        (long long)get_int_(c, "global_steps", NULL, &ok), (long long)get_int_(c, "skipped_steps", NULL, &ok),
-        (long long)get_int_(c, "global_samples", NULL, &ok), (long long)get_int_(c, "micro_steps", NULL, &ok),
-        (long long)get_int_(c, "optimizer_step", NULL, &ok),
-        (long long)get_int_(c, "scheduler_iteration", NULL, &ok),
-        json_number_value(json_object_get(c, "last_lr")),
-        v.pending > 0 ? "open: gradients of pending backward calls saved (resume at the same "
-                        "world size and stage)"
-                      : "closed (saved at a step boundary; resumes at any world size and stage)",
-        json_string_value(json_object_get(cfg, "optimizer")),
-        json_number_value(json_object_get(cfg, "lr")),
-        (long long)get_int_(cfg, "train_micro_batch_size_per_gpu", NULL, &ok),
-        (long long)get_int_(cfg, "gradient_accumulation_steps", NULL, &ok),
-        (long long)get_int_(cfg, "train_batch_size", NULL, &ok), v.world);
+    fprintf(f, "checkpoint %s (zdp %s, format %d)\n", v.dir,
+            str_or_(json_object_get(v.meta, "zdp_version")), FORMAT_VERSION_);
+    fprintf(f, "  saved by %d rank(s) at ZeRO stage %d, %s accumulation\n", v.world, v.stage,
+            json_is_true(json_object_get(v.meta, "managed_gradient_accumulation")) ? "managed"
+                                                                                     : "unmanaged");
+    fprintf(f, "  model: %lld parameters in %zu tensors (padded to %lld, partition %lld)\n",
+            (long long)v.numel, json_array_size(json_object_get(v.meta, "tensors")),
+            (long long)get_int_(v.meta, "layout", "padded", &ok),
+            (long long)get_int_(v.meta, "layout", "partition", &ok));
+    fprintf(f, "  progress: %lld optimizer steps (%lld skipped), %lld samples, %lld micro-steps, "
+               "optimizer step %lld, LR schedule at %lld (last lr %g)\n",
+            (long long)get_int_(c, "global_steps", NULL, &ok),
+            (long long)get_int_(c, "skipped_steps", NULL, &ok),
+            (long long)get_int_(c, "global_samples", NULL, &ok),
+            (long long)get_int_(c, "micro_steps", NULL, &ok),
+            (long long)get_int_(c, "optimizer_step", NULL, &ok),
+            (long long)get_int_(c, "scheduler_iteration", NULL, &ok),
+            json_number_value(json_object_get(c, "last_lr")));
+    fprintf(f, "  window: %s\n",
+            v.pending > 0 ? "open: gradients of pending backward calls saved (resume at the "
+                            "same world size and stage)"
+                          : "closed (saved at a step boundary; resumes at any world size and "
+                            "stage)");
+    fprintf(f, "  optimizer %s, lr %g, micro-batch %lld x %lld accumulation steps = batch %lld\n",
+            str_or_(json_object_get(cfg, "optimizer")), json_number_value(json_object_get(cfg, "lr")),
+            (long long)get_int_(cfg, "train_micro_batch_size_per_gpu", NULL, &ok),
+            (long long)get_int_(cfg, "gradient_accumulation_steps", NULL, &ok),
+            (long long)get_int_(cfg, "train_batch_size", NULL, &ok));
+    fprintf(f, "  files: model.safetensors (full fp32 weights) and %d optimizer slice(s); sizes "
+               "and checksums verified\n", v.world);
     char *client = json_dumps(json_object_get(v.meta, "client"), JSON_COMPACT);
-    snprintf(out + len, cap - (size_t)len, "%s\n", client ? client : "{}");
+    fprintf(f, "  client state: %s\n", client ? client : "{}");
     free(client);
     view_free_(&v);
+    if (fclose(f) != 0) {
+        free(out);
+        return zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory");
+    }
     *text = out;
     return ZDP_OK;
 }
