@@ -304,7 +304,7 @@ static const key_spec scheduler_param_keys_[] = {
            "write the total number of optimizer steps of the run, an integer >= 1"),
     K_NUM_("warmup_min_ratio", SCHED_(warmup_min_ratio), 0, 1),
     K_NUM_("cos_min_ratio", SCHED_(cos_min_ratio), 0, 1),
-    /* Where a resumed schedule starts: the checkpoint issue will restore it. */
+    /* Where a resumed schedule starts: zdp checkpoints restore it themselves. */
     K_UNUSED_("last_batch_iteration"),
 };
 

@@ -26,8 +26,11 @@
  * Every collective is an operation queued on the engine's comm stream (one
  * worker thread, FIFO), so every rank issues them in the same order.  Stage
  * 2 with overlap_comm queues a finished bucket and lets backward go on with
- * a second bucket buffer; without it, backward waits for each bucket.  The
- * operations and their order are the same either way, so are the bits.
+ * another bucket buffer; reductions still running when backward returns go
+ * on behind the next forward/backward, and step() (or a checkpoint) waits
+ * for them before reading grad_part.  Without overlap_comm, backward waits
+ * for each bucket.  The operations and their order are the same either way,
+ * so are the bits.
  * Not here: MPI (src/comm), update formulas (src/optim), layout (src/zero).
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */

@@ -45,7 +45,7 @@ struct zdp_engine {
     int *bucket_pending; /* (n_buckets) tensors not yet released this backward */
     float **bucket_buf;  /* (n_buckets) buffer a bucket holds, or NULL */
     float **pool;        /* stage 2: free bucket buffers */
-    int pool_free, pool_total, pool_cap;
+    int pool_free, pool_total, pool_cap; /* free now, allocated, most allowed */
     int64_t bucket_elems; /* elements per bucket buffer */
     float *rs_scratch;   /* stages 1/2: reduce-scatter scratch / landing area */
     int64_t rs_scratch_elems;
@@ -55,8 +55,8 @@ struct zdp_engine {
     /* The comm stream and stage 2's buckets in flight on it (FIFO). */
     zdp_stream *stream;
     bool ring_reduce_scatter; /* zdp's ring, else MPI_Reduce_scatter */
-    float **inflight_buf;     /* (n_buckets) */
-    uint64_t *inflight_event; /* (n_buckets) */
+    float **inflight_buf;     /* (pool_cap) ring of buffers whose reduction is queued */
+    uint64_t *inflight_event; /* (pool_cap) their stream events */
     int inflight_head, inflight_count;
 
     /* Accounting: comm_total is written on the stream thread and read here

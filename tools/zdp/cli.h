@@ -12,6 +12,12 @@
 
 #define CLI_MAX_SCHEDULE 1024
 
+/* The generated arithmetic corpus: "a+b=c" with a, b in [0, 99] and this
+ * many lines; the GPT trainer's default data and `zdp gen-data --corpus arith`
+ * produce the same bytes for the same seed. */
+#define CLI_ARITH_MAX_OPERAND 99
+#define CLI_ARITH_LINES 200000
+
 typedef struct cli_schedule {
     int64_t n[CLI_MAX_SCHEDULE];
     int len; /* 0: no --schedule */

@@ -410,7 +410,7 @@ static int gen_arith_(int64_t lines, int64_t seed, const char *out) {
     int64_t n = 0;
     zdp_error err;
     int rc = 0;
-    if (zdp_corpus_arith((uint64_t)seed, lines, 99, &tokens, &n, &err) != ZDP_OK ||
+    if (zdp_corpus_arith((uint64_t)seed, lines, CLI_ARITH_MAX_OPERAND, &tokens, &n, &err) != ZDP_OK ||
         zdp_tokens_write_shard(out, tokens, n, &err) != ZDP_OK)
         rc = cli_fail("gen-data: %s", err.msg);
     zdp_tokens_free(tokens);
@@ -434,7 +434,7 @@ static int cmd_gen_data_(int argc, char **argv) {
             out = v;
         } else if (strcmp(a, "--corpus") == 0) {
             if (strcmp(v, "arith") != 0) return cli_fail("--corpus %s: the only corpus is arith", v);
-            if (lines == 0) lines = 200000;
+            if (lines == 0) lines = CLI_ARITH_LINES;
         } else if (strcmp(a, "--lines") == 0) {
             if (!cli_parse_i64(v, 1, (int64_t)1 << 28, &lines)) return cli_fail("--lines %s: need 1..268435456", v);
         } else {

@@ -76,7 +76,7 @@ static void usage_(void) {
 static int parse_(int argc, char **argv, gpt_opts *o) {
     *o = (gpt_opts){.model = {.n_layer = 4, .n_head = 4, .n_embd = 128, .vocab_size = 256,
                               .block_size = 64},
-                    .steps = 200, .val_every = 50, .val_batches = 8, .arith_lines = 200000,
+                    .steps = 200, .val_every = 50, .val_batches = 8, .arith_lines = CLI_ARITH_LINES,
                     .val_fraction = -1, .seed = 42, .out_dir = "zdp-out", .progress = -1};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -199,7 +199,7 @@ int cmd_train_gpt(int argc, char **argv) {
     bool arith = o.data == NULL;
     zdp_token_format fmt = arith ? ZDP_TOKENS_BYTES : sniff_format_(o.data);
     double vf = o.val_fraction >= 0 ? o.val_fraction : (fmt == ZDP_TOKENS_SHARD ? 0.0 : 0.1);
-    zdp_status s = arith ? zdp_dataset_create_arith(o.seed, o.arith_lines, 99, vf, &st.ds, &err)
+    zdp_status s = arith ? zdp_dataset_create_arith(o.seed, o.arith_lines, CLI_ARITH_MAX_OPERAND, vf, &st.ds, &err)
                          : zdp_dataset_open(o.data, fmt, vf, &st.ds, &err);
     if (s != ZDP_OK) return cli_fail("--data: %s", err.msg);
     rc = 0;
