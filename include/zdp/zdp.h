@@ -571,9 +571,8 @@ ZDP_API zdp_status zdp_gpt_weights_load(const char *path, const zdp_gpt_config *
  * model's params this is a GPT2LMHeadModel state dict without
  * lm_head.weight, the way save_pretrained stores tied weights.  With a
  * config.json next to it, transformers' from_pretrained loads it and
- * zdp_gpt_weights_load reads it back.  No "__metadata__" is written (the
- * safetensors writer has no way to write it).  Recent transformers accept
- * that: they default to format "pt".  Status: ZDP_ERR_INVALID_ARG (NULL,
+ * zdp_gpt_weights_load reads it back.  The header carries
+ * {"__metadata__": {"format": "pt"}}, as save_pretrained writes it.  Status: ZDP_ERR_INVALID_ARG (NULL,
  * n_params < 1, a bad shape), ZDP_ERR_IO, ZDP_ERR_NOMEM. */
 ZDP_API zdp_status zdp_gpt_weights_save(const char *path, const zdp_param_info *params,
                                         int n_params, const float *const *src,
@@ -752,6 +751,11 @@ ZDP_API void zdp_safetensors_free(zdp_safetensors *st);
  * (temporary file + rename). */
 ZDP_API zdp_status zdp_safetensors_write(const char *path, const zdp_tensor *tensors,
                                          int n, zdp_error *err);
+/* The same, with a "__metadata__" object of n_meta string pairs
+ * meta[2k] -> meta[2k+1] (Hugging Face files carry {"format": "pt"}). */
+ZDP_API zdp_status zdp_safetensors_write_meta(const char *path, const zdp_tensor *tensors, int n,
+                                              const char *const *meta, int n_meta,
+                                              zdp_error *err);
 ZDP_API const char *zdp_dtype_name(zdp_dtype t); /* "F32" */
 ZDP_API size_t zdp_dtype_size(zdp_dtype t);
 

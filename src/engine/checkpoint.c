@@ -187,7 +187,9 @@ static zdp_status write_model_file_(zdp_engine *e, const char *path, zdp_error *
                             .nbytes = (size_t)e->lay.numels[i] * sizeof(float)};
         memcpy(t[i].shape, m->params[i].shape, sizeof t[i].shape);
     }
-    zdp_status st = zdp_safetensors_write(path, t, m->n_params, err);
+    /* A weights file like the ones people load: {"format": "pt"}. */
+    static const char *const meta[] = {"format", "pt"};
+    zdp_status st = zdp_safetensors_write_meta(path, t, m->n_params, meta, 1, err);
     free(t);
     return st;
 }
@@ -824,7 +826,8 @@ zdp_status zdp_checkpoint_export(const char *dir, const char *tag, const char *o
     /* Re-written rather than copied: the output is validated and atomic. */
     zdp_safetensors sf;
     if ((st = zdp_safetensors_read(path, &sf, err)) != ZDP_OK) return st;
-    st = zdp_safetensors_write(out_path, sf.tensors, sf.n, err);
+    static const char *const meta[] = {"format", "pt"};
+    st = zdp_safetensors_write_meta(out_path, sf.tensors, sf.n, meta, 1, err);
     zdp_safetensors_free(&sf);
     return st;
 }

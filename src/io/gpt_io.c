@@ -742,7 +742,8 @@ zdp_status zdp_gpt_weights_save(const char *path, const zdp_param_info *params, 
             }
         }
     }
-    zdp_status s = zdp_safetensors_write(path, t, n_params, err);
+    static const char *const meta[] = {"format", "pt"};
+    zdp_status s = zdp_safetensors_write_meta(path, t, n_params, meta, 1, err);
     free(t);
     return s;
 }

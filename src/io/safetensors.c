@@ -629,6 +629,11 @@ static void st_fsync_parent_(const char *path) {
 
 zdp_status zdp_safetensors_write(const char *path, const zdp_tensor *tensors, int n,
                                  zdp_error *err) {
+    return zdp_safetensors_write_meta(path, tensors, n, NULL, 0, err);
+}
+
+zdp_status zdp_safetensors_write_meta(const char *path, const zdp_tensor *tensors, int n,
+                                      const char *const *meta, int n_meta, zdp_error *err) {
     if (path == NULL || path[0] == '\0')
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_safetensors_write: path is empty");
     if (n < 0 || (n > 0 && tensors == NULL))
@@ -643,6 +648,22 @@ zdp_status zdp_safetensors_write(const char *path, const zdp_tensor *tensors, in
     json_t *root = json_object();
     if (root == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory", path);
 
+    /* "__metadata__" first, as Python's safetensors writes it. */
+    if (n_meta > 0) {
+        json_t *md = json_object();
+        bool ok = md != NULL && meta != NULL;
+        for (int k = 0; ok && k < n_meta; k++) {
+            json_t *val = meta[2 * k] && meta[2 * k + 1] ? json_string(meta[2 * k + 1]) : NULL;
+            ok = val != NULL && json_object_set_new(md, meta[2 * k], val) == 0;
+        }
+        if (!ok || json_object_set_new(root, ST_METADATA_KEY, md) != 0) {
+            if (!ok) json_decref(md);
+            s = zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                            "%s: metadata: every key and value must be a non-NULL UTF-8 string",
+                            path);
+            goto done;
+        }
+    }
     uint64_t offset = 0;
     for (int i = 0; i < n; i++) {
         s = st_add_entry_(root, tensors, i, &offset, path, err);

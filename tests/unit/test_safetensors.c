@@ -714,8 +714,39 @@ static void test_writer_leaves_no_temp(void **state) {
     free(t.data);
 }
 
+/* Metadata: written first, as {"__metadata__":{"format":"pt"}}, ignored on read. */
+static void test_write_metadata(void **state) {
+    (void)state;
+    char path[] = "/tmp/zdp_st_meta_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    float v[2] = {1.0f, -2.0f};
+    zdp_tensor t = {.name = "w", .dtype = ZDP_DTYPE_F32, .ndim = 1, .shape = {2}, .data = v,
+                    .nbytes = sizeof v};
+    const char *meta[] = {"format", "pt"};
+    zdp_error err;
+    assert_int_equal(zdp_safetensors_write_meta(path, &t, 1, meta, 1, &err), ZDP_OK);
+    FILE *f = fopen(path, "rb");
+    char buf[256] = {0};
+    size_t got = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    assert_true(got > 8);
+    assert_non_null(strstr(buf + 8, "{\"__metadata__\":{\"format\":\"pt\"},\"w\":"));
+    zdp_safetensors st;
+    assert_int_equal(zdp_safetensors_read(path, &st, &err), ZDP_OK);
+    assert_int_equal(st.n, 1);
+    assert_memory_equal(st.tensors[0].data, v, sizeof v);
+    zdp_safetensors_free(&st);
+    const char *bad[] = {"format", NULL};
+    assert_int_equal(zdp_safetensors_write_meta(path, &t, 1, bad, 1, &err), ZDP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "metadata"));
+    unlink(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_write_metadata),
         cmocka_unit_test(test_roundtrip_dtypes),
         cmocka_unit_test(test_roundtrip_empty_set_and_overwrite),
         cmocka_unit_test(test_find),

@@ -275,7 +275,8 @@ static int save_weights_(zdp_engine *eng, const zdp_model *model, const char *pa
         memcpy(ts[i].shape, p->shape, sizeof p->shape);
     }
     zdp_error err;
-    zdp_status st = zdp_safetensors_write(path, ts, model->n_params, &err);
+    static const char *const meta[] = {"format", "pt"};
+    zdp_status st = zdp_safetensors_write_meta(path, ts, model->n_params, meta, 1, &err);
     free(ts);
     if (st != ZDP_OK) {
         fprintf(stderr, "zdp: error: --save-weights %s\n", err.msg);
