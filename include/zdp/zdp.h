@@ -496,10 +496,16 @@ typedef struct zdp_gpt_config {
     int block_size; /* maximum sequence length T, e.g. 1024 */
 } zdp_gpt_config;
 
-/* One micro-batch: B sequences of T tokens (T <= block_size). */
+/* One micro-batch: B sequences of T tokens (T <= block_size).  The loss is
+ * (1/(B*T)) sum_{b,t} w[b][t] * (-log p(targets[b][t])): the mean
+ * cross-entropy when weights is NULL (all 1); with weights, a weight 0 masks
+ * a position (Tinker's loss_fn_inputs.weights; scale the loss by B*T to get
+ * their plain sum). */
 typedef struct zdp_gpt_batch {
     const int32_t *inputs;  /* (B, T) token ids in [0, V) */
     const int32_t *targets; /* (B, T) next-token ids in [0, V) */
+    const float *weights;   /* (B, T) finite per-position loss weights, or NULL */
+    float *logprobs;        /* OUT (B, T) log p(targets) filled by forward, or NULL */
     int B, T;
 } zdp_gpt_batch;
 

@@ -47,6 +47,8 @@ typedef struct gpt {
     bool have_forward; /* backward may run (forward's activations are intact) */
     int32_t *inputs;   /* (max_batch, block_size) copies of the last batch */
     int32_t *targets;
+    float *weights;       /* (max_batch*T) per-position loss weights of the last forward */
+    bool weighted;        /* the last forward had weights */
 
     /* Activations: one allocation, sliced below.  Per-layer arrays hold L
      * slices of max_batch*block_size rows; a forward with B, T uses the first
@@ -157,12 +159,24 @@ static zdp_status gpt_forward_(void *self, const float *const *params, const voi
     const int64_t C = m->cfg.n_embd, V = m->cfg.vocab_size, N = (int64_t)B * T;
     memcpy(m->inputs, batch->inputs, (size_t)N * sizeof(int32_t));
     memcpy(m->targets, batch->targets, (size_t)N * sizeof(int32_t));
+    m->weighted = batch->weights != NULL;
+    if (m->weighted) {
+        for (int64_t n = 0; n < N; n++)
+            if (!isfinite(batch->weights[n]))
+                return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                                   "%s: weights[%lld][%lld] = %g: weights must be finite", fn,
+                                   (long long)(n / T), (long long)(n % T),
+                                   (double)batch->weights[n]);
+        memcpy(m->weights, batch->weights, (size_t)N * sizeof(float));
+    }
     const float *x = trunk_forward_(m, params, m->inputs, B, T);
     const int lnf = LAYER0_ + PER_LAYER * m->cfg.n_layer;
     zdp_nn_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, x, params[lnf], params[lnf + 1], N,
                              C);
     zdp_nn_lmhead_forward(m->probs, m->lnf, params[WTE_], N, C, V);
-    *loss = (float)zdp_nn_softmax_crossentropy_forward(m->probs, m->probs, m->targets, N, V);
+    *loss = (float)zdp_nn_softmax_crossentropy_forward(m->probs, m->probs, m->targets,
+                                                       m->weighted ? m->weights : NULL,
+                                                       batch->logprobs, N, V);
     m->B = B;
     m->T = T;
     m->have_forward = true;
@@ -202,7 +216,8 @@ static zdp_status gpt_backward_(void *self, const float *const *params, float dl
     zdp_status st;
 
     /* Loss and lm_head: wte's first contribution (it stays acquired). */
-    zdp_nn_softmax_crossentropy_backward(m->probs, m->probs, m->targets, dloss, N, V);
+    zdp_nn_softmax_crossentropy_backward(m->probs, m->probs, m->targets,
+                                         m->weighted ? m->weights : NULL, dloss, N, V);
     if ((st = acquire_(sink, m, WTE_, &dwte, -1, NULL, err)) != ZDP_OK) return st;
     zdp_nn_lmhead_backward(m->dbuf, dwte, m->probs, m->lnf, params[WTE_], N, C, V);
 
@@ -374,9 +389,10 @@ zdp_status zdp_gpt_create(const zdp_gpt_config *cfg, int max_batch, zdp_model *o
     }
     m->inputs = calloc((size_t)BT, sizeof(int32_t));
     m->targets = calloc((size_t)BT, sizeof(int32_t));
+    m->weights = calloc((size_t)BT, sizeof(float));
     m->names = calloc((size_t)n_params, NAME_MAX_);
     m->info = calloc((size_t)n_params, sizeof *m->info);
-    if (!m->inputs || !m->targets || !m->names || !m->info) goto nomem;
+    if (!m->inputs || !m->targets || !m->weights || !m->names || !m->info) goto nomem;
     register_params_(m);
     *out = (zdp_model){.self = m, .ops = &gpt_ops_, .n_params = n_params, .params = m->info};
     return ZDP_OK;
@@ -398,6 +414,7 @@ void zdp_gpt_destroy(zdp_model *model) {
     free(m->mem);
     free(m->inputs);
     free(m->targets);
+    free(m->weights);
     free(m->names);
     free(m->info);
     free(m);

@@ -113,14 +113,18 @@ void zdp_nn_lmhead_forward(float *logits, const float *inp, const float *wte, in
 void zdp_nn_lmhead_backward(float *dinp, float *dwte, const float *dlogits, const float *inp,
                             const float *wte, int64_t N, int64_t C, int64_t V);
 
-/* Mean cross-entropy of logits (N,V) against targets (N) in [0,V) (int32):
- * returns mean_n [logsumexp(logits_n) - logits_n[target_n]] (F.cross_entropy).
- * probs (N,V) receives softmax(logits); probs may alias logits. */
+/* Weighted mean cross-entropy of logits (N,V) against targets (N) in [0,V)
+ * (int32): returns (1/N) sum_n w_n [logsumexp(logits_n) - logits_n[target_n]]
+ * (F.cross_entropy when weights is NULL, i.e. all w_n = 1).  probs (N,V)
+ * receives softmax(logits) and may alias logits; logprobs (N), when not
+ * NULL, receives log p(target_n). */
 double zdp_nn_softmax_crossentropy_forward(float *probs, const float *logits,
-                                           const int32_t *targets, int64_t N, int64_t V);
-/* dlogits (N,V) = dloss * (probs - onehot(targets)) / N  (OVERWRITES; may alias probs). */
+                                           const int32_t *targets, const float *weights,
+                                           float *logprobs, int64_t N, int64_t V);
+/* dlogits (N,V) = dloss * w_n * (probs - onehot(targets)) / N  (OVERWRITES;
+ * may alias probs; weights NULL = all 1). */
 void zdp_nn_softmax_crossentropy_backward(float *dlogits, const float *probs,
-                                          const int32_t *targets, float dloss, int64_t N,
-                                          int64_t V);
+                                          const int32_t *targets, const float *weights,
+                                          float dloss, int64_t N, int64_t V);
 
 #endif /* ZDP_NN_H */

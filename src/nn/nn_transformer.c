@@ -360,7 +360,8 @@ void zdp_nn_lmhead_backward(float *dinp, float *dwte, const float *dlogits, cons
 }
 
 double zdp_nn_softmax_crossentropy_forward(float *probs, const float *logits,
-                                           const int32_t *targets, int64_t N, int64_t V) {
+                                           const int32_t *targets, const float *weights,
+                                           float *logprobs, int64_t N, int64_t V) {
     double total = 0.0;
     for (int64_t n = 0; n < N; n++) {
         const float *row = logits + n * V;
@@ -369,16 +370,19 @@ double zdp_nn_softmax_crossentropy_forward(float *probs, const float *logits,
         if (p != row) memcpy(p, row, (size_t)V * sizeof(float));
         float m;
         const float s = softmax_inplace_(p, V, &m);
-        total += log((double)s) + (double)m - (double)zt;
+        const double ce = log((double)s) + (double)m - (double)zt;
+        if (logprobs != NULL) logprobs[n] = (float)-ce;
+        total += weights != NULL ? (double)weights[n] * ce : ce;
     }
     return N > 0 ? total / (double)N : 0.0;
 }
 
 void zdp_nn_softmax_crossentropy_backward(float *dlogits, const float *probs,
-                                          const int32_t *targets, float dloss, int64_t N,
-                                          int64_t V) {
-    const float s = N > 0 ? dloss / (float)N : 0.0f;
+                                          const int32_t *targets, const float *weights,
+                                          float dloss, int64_t N, int64_t V) {
+    const float s0 = N > 0 ? dloss / (float)N : 0.0f;
     for (int64_t n = 0; n < N; n++) {
+        const float s = weights != NULL ? s0 * weights[n] : s0;
         for (int64_t v = 0; v < V; v++) dlogits[n * V + v] = s * probs[n * V + v];
         dlogits[n * V + targets[n]] -= s;
     }

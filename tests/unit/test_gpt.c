@@ -374,28 +374,30 @@ typedef struct ce_ctx {
     int64_t N, C, V;
     float dloss;
     const int32_t *targets;
+    const float *weights; /* NULL: all 1 */
     float *x, *wte, *probs;
 } ce_ctx;
 
 static double ce_obj_(void *v) {
     ce_ctx *c = v;
     zdp_nn_lmhead_forward(c->probs, c->x, c->wte, c->N, c->C, c->V);
-    return c->dloss * zdp_nn_softmax_crossentropy_forward(c->probs, c->probs, c->targets, c->N, c->V);
+    return c->dloss * zdp_nn_softmax_crossentropy_forward(c->probs, c->probs, c->targets,
+                                                          c->weights, NULL, c->N, c->V);
 }
 
-static void test_lmhead_crossentropy(void **state) {
-    (void)state;
+/* weights NULL, or per-position weights (a 0 masks its position). */
+static void check_lmhead_crossentropy_(const float *weights) {
     uint64_t s = 7;
     enum { N = 6, C = 5, V = 11 };
     const int32_t targets[N] = {0, 10, 3, 3, 7, 1};
-    ce_ctx c = {.N = N, .C = C, .V = V, .dloss = 0.7f, .targets = targets};
+    ce_ctx c = {.N = N, .C = C, .V = V, .dloss = 0.7f, .targets = targets, .weights = weights};
     c.x = rand_vec_(N * C, 1.0f, &s);
     c.wte = rand_vec_(V * C, 1.0f, &s);
     c.probs = malloc(N * V * sizeof(float));
     /* Loss against double precision, and the logits kernel against a loop. */
     float logits[N * V];
     zdp_nn_lmhead_forward(logits, c.x, c.wte, N, C, V);
-    double want = 0.0;
+    double want = 0.0, row_ce[N];
     for (int n = 0; n < N; n++) {
         double z[V], mx = -INFINITY, se = 0.0;
         for (int v = 0; v < V; v++) {
@@ -405,23 +407,32 @@ static void test_lmhead_crossentropy(void **state) {
             mx = fmax(mx, z[v]);
         }
         for (int v = 0; v < V; v++) se += exp(z[v] - mx);
-        want += log(se) + mx - z[targets[n]];
+        row_ce[n] = log(se) + mx - z[targets[n]];
+        want += (weights ? weights[n] : 1.0) * row_ce[n];
     }
     want /= N;
     assert_true(fabs(ce_obj_(&c) / c.dloss - want) < 1e-6);
-    /* Separate probs buffer gives the same as in place. */
-    float probs2[N * V];
-    zdp_nn_softmax_crossentropy_forward(probs2, logits, targets, N, V);
+    /* Separate probs buffer gives the same as in place; log p(target) per row. */
+    float probs2[N * V], lp[N];
+    zdp_nn_softmax_crossentropy_forward(probs2, logits, targets, weights, lp, N, V);
     assert_memory_equal(probs2, c.probs, sizeof probs2);
+    for (int n = 0; n < N; n++) assert_true(fabs(lp[n] + row_ce[n]) < 1e-5);
 
     float *dx = garbage_(N * C, &s), *dwte0 = garbage_(V * C, &s), dwte[V * C];
     memcpy(dwte, dwte0, sizeof dwte);
-    zdp_nn_softmax_crossentropy_backward(c.probs, c.probs, targets, c.dloss, N, V);
+    zdp_nn_softmax_crossentropy_backward(c.probs, c.probs, targets, weights, c.dloss, N, V);
     zdp_nn_lmhead_backward(dx, dwte, c.probs, c.x, c.wte, N, C, V);
     sub_(dwte, dwte0, V * C);
     fd_check_("lm_head+CE dinp", c.x, dx, N * C, ce_obj_, &c, 1e-2f, 2e-3, 1e-5, 0);
     fd_check_("lm_head+CE dwte", c.wte, dwte, V * C, ce_obj_, &c, 1e-2f, 2e-3, 1e-5, 0);
     free(c.x), free(c.wte), free(c.probs), free(dx), free(dwte0);
+}
+
+static void test_lmhead_crossentropy(void **state) {
+    (void)state;
+    check_lmhead_crossentropy_(NULL);
+    const float weights[6] = {1.0f, 0.0f, 2.5f, 0.5f, 1.0f, 3.0f};
+    check_lmhead_crossentropy_(weights);
 }
 
 /* ---- the whole model --------------------------------------------------------------------------- */
@@ -782,8 +793,42 @@ static void test_init_params(void **state) {
     fx_free_(&b);
 }
 
+/* Per-position weights and log-probabilities through the whole model. */
+static void test_weights_and_logprobs(void **state) {
+    (void)state;
+    zdp_gpt_config cfg = {.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab_size = 13, .block_size = 6};
+    zdp_model m;
+    assert_int_equal(zdp_gpt_create(&cfg, 2, &m, NULL), ZDP_OK);
+    float *p[64];
+    for (int i = 0; i < m.n_params; i++) p[i] = malloc((size_t)numel_(&m.params[i]) * sizeof(float));
+    zdp_gpt_init_params(&m, p, 3);
+    int32_t in[12], tg[12];
+    float ones[12], twos[12], lp[12];
+    for (int i = 0; i < 12; i++) in[i] = (i * 5) % 13, tg[i] = (i * 7 + 1) % 13, ones[i] = 1, twos[i] = 2;
+    zdp_gpt_batch b = {.inputs = in, .targets = tg, .B = 2, .T = 6, .logprobs = lp};
+    float plain, w1, w2;
+    const float *const *pp = (const float *const *)p;
+    assert_int_equal(m.ops->forward(m.self, pp, &b, &plain, NULL), ZDP_OK);
+    double mean_lp = 0;
+    for (int i = 0; i < 12; i++) mean_lp += lp[i] / 12.0;
+    assert_true(fabs(plain + mean_lp) < 1e-5);
+    b.weights = ones;
+    assert_int_equal(m.ops->forward(m.self, pp, &b, &w1, NULL), ZDP_OK);
+    assert_true(w1 == plain);
+    b.weights = twos;
+    assert_int_equal(m.ops->forward(m.self, pp, &b, &w2, NULL), ZDP_OK);
+    assert_true(fabs(w2 - 2 * plain) < 1e-6);
+    twos[3] = NAN;
+    zdp_error err;
+    assert_int_equal(m.ops->forward(m.self, pp, &b, &w2, &err), ZDP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "weights[0][3]"));
+    for (int i = 0; i < m.n_params; i++) free(p[i]);
+    zdp_gpt_destroy(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_weights_and_logprobs),
         cmocka_unit_test(test_layernorm),        cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_attention_one_block), cmocka_unit_test(test_attention_blocks),
         cmocka_unit_test(test_gelu),             cmocka_unit_test(test_embedding),

@@ -24,10 +24,11 @@
  * Datum i goes to rank i mod W.  Every rank makes ceil(n/W) backward() calls
  * per request; a rank with fewer datums runs a one-token micro-batch with
  * loss scale 0, so the stage-2 reductions stay aligned.  Per-token weights
- * other than 1 are rejected: the model API has no way to weight positions.
+ * go into the model's weighted loss (zdp_gpt_batch.weights) and log p(target)
+ * comes back from the same forward (zdp_gpt_batch.logprobs).
  *
  * What it does not do: Tinker's session/futures protocol (/api/v1/...),
- * losses other than cross_entropy, per-token weights, per-step optimizer
+ * losses other than cross_entropy, per-step optimizer
  * hyperparameters (the engine takes them from the config).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -346,10 +347,8 @@ static bool parse_tensor_(const json_t *v, const char *path, bool integer, int64
             if (!json_is_number(x))
                 return bad_(e, 400, field, "%s: must be a number, got %s", field, jtype_(x));
             double w = json_number_value(x);
-            if (w != 1.0)
-                return bad_(e, 400, field, "%s = %g: per-token weights other than 1 are not supported "
-                            "yet (the GPT's loss weights every position 1); send 1 or leave weights out",
-                            field, w);
+            if (!isfinite(w) || fabs(w) > 3.0e38)
+                return bad_(e, 400, field, "%s = %g: a weight must be a finite float32 number", field, w);
             floats[i] = (float)w;
         }
     }
@@ -572,22 +571,6 @@ static float **views_(server *s) {
     return v;
 }
 
-/* log p(tgt[t] | tok[0..t]) for t < N, from the model's next-token logits. */
-static void logprobs_(server *s, const float *const *params, const int32_t *tok, const int32_t *tgt,
-                      int N, float *logits, float *out) {
-    const int V = s->opt.model.vocab_size;
-    zdp_error err;
-    for (int t = 0; t < N; t++) {
-        if (zdp_gpt_next_logits(&s->model, params, tok, t + 1, logits, &err) != ZDP_OK)
-            engine_die_("logprobs", &err);
-        double mx = logits[0];
-        for (int v = 1; v < V; v++) mx = logits[v] > mx ? logits[v] : mx;
-        double sum = 0;
-        for (int v = 0; v < V; v++) sum += exp((double)logits[v] - mx);
-        out[t] = (float)((double)logits[tgt[t]] - mx - log(sum));
-    }
-}
-
 static char *exec_fwd_(server *s, const job *j, int *status) {
     const unsigned char *p = j->payload;
     int64_t n;
@@ -599,9 +582,7 @@ static char *exec_fwd_(server *s, const job *j, int *status) {
     const float *w = (const float *)(tgt + total);
     int64_t *off = malloc((size_t)(n + 1) * sizeof *off);
     float *lp = calloc((size_t)total + 1, sizeof *lp);
-    float *logits = malloc((size_t)s->opt.model.vocab_size * sizeof *logits);
-    float **params = views_(s);
-    if (off == NULL || lp == NULL || logits == NULL || params == NULL)
+    if (off == NULL || lp == NULL)
         engine_die_("forward_backward", &(zdp_error){.msg = "out of memory"});
     off[0] = 0;
     for (int64_t i = 0; i < n; i++) off[i + 1] = off[i] + len[i];
@@ -613,16 +594,15 @@ static char *exec_fwd_(server *s, const job *j, int *status) {
     for (int64_t r = 0; r < rounds; r++) {
         const int64_t i = r * s->W + s->R;
         if (i < n) {
-            if (bwd) {
-                zdp_gpt_batch b = {.inputs = tok + off[i], .targets = tgt + off[i], .B = 1, .T = len[i]};
-                float loss;
-                if (zdp_engine_forward(s->eng, &b, &loss, &err) != ZDP_OK) engine_die_("forward", &err);
-                /* d(sum over the N tokens)/dθ, times W against the engine's mean over ranks. */
-                if (zdp_engine_backward(s->eng, false, (float)len[i] * (float)s->W, &err) != ZDP_OK)
-                    engine_die_("backward", &err);
-            }
-            logprobs_(s, (const float *const *)params, tok + off[i], tgt + off[i], len[i], logits,
-                      lp + off[i]);
+            /* The model's loss is (1/N) sum_t w_t * CE_t and fills log p(target) per token. */
+            zdp_gpt_batch b = {.inputs = tok + off[i], .targets = tgt + off[i], .weights = w + off[i],
+                               .logprobs = lp + off[i], .B = 1, .T = len[i]};
+            float loss;
+            if (zdp_engine_forward(s->eng, &b, &loss, &err) != ZDP_OK) engine_die_("forward", &err);
+            /* d(sum_t w_t CE_t)/dθ: times N against the mean over positions, times W
+             * against the engine's mean over ranks. */
+            if (bwd && zdp_engine_backward(s->eng, false, (float)len[i] * (float)s->W, &err) != ZDP_OK)
+                engine_die_("backward", &err);
         } else if (bwd) {
             /* No datum left for this rank: a zero-weight micro-batch keeps the
              * backward() count, and stage 2's reductions, equal on all ranks. */
@@ -666,8 +646,6 @@ static char *exec_fwd_(server *s, const job *j, int *status) {
     }
     free(off);
     free(lp);
-    free(logits);
-    free(params);
     return body;
 }
 
