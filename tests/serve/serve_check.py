@@ -367,6 +367,32 @@ def scenario(url, out, data, windows, big):
         ok(url, "/save_weights", {"path": os.path.join(out, "windows.safetensors")})
 
 
+def sample_check(url):
+    """POST /sample: greedy is deterministic, the length is max_tokens, tokens are in the
+    vocabulary, the counters do not move, bad input is a 400 naming the field."""
+    before = counters(url)
+    body = {"prompt": [1, 2, 3], "max_tokens": 5, "temperature": 0}
+    a, b = ok(url, "/sample", body), ok(url, "/sample", body)
+    ta, tb = a["sequences"][0]["tokens"], b["sequences"][0]["tokens"]
+    if ta != tb or len(ta) != 5 or any(not 0 <= t < V for t in ta):
+        fail("sample: greedy tokens %s and %s" % (ta, tb))
+    c = ok(url, "/sample", {"prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
+                            "max_tokens": 20, "temperature": 1.0, "top_k": 5, "seed": 9})
+    d = ok(url, "/sample", {"prompt": [1, 2, 3], "max_tokens": 20, "temperature": 1.0, "top_k": 5,
+                            "seed": 9})
+    if c["sequences"][0]["tokens"] != d["sequences"][0]["tokens"] or len(d["sequences"][0]["tokens"]) != 20:
+        fail("sample: the same seed gave %s and %s" % (c, d))
+    if counters(url) != before:
+        fail("sample changed the counters: %s -> %s" % (before, counters(url)))
+    run_bad(url, [
+        ("sample token outside the vocabulary", "POST", "/sample", {"prompt": [1, V]}, 400, "prompt[1]"),
+        ("sample negative temperature", "POST", "/sample", {"prompt": [1], "temperature": -1}, 400,
+         "temperature"),
+        ("sample empty prompt", "POST", "/sample", {"prompt": []}, 400, "prompt"),
+        ("sample unknown field", "POST", "/sample", {"prompt": [1], "n": 2}, 400, "n"),
+    ])
+
+
 def fdcheck(url, data):
     """SGD: one step moves θ by -lr*g, so loss:sum drops by lr*|g|^2 to first
     order, where |g| is the norm the step reports.  A gradient scaled by c
@@ -394,6 +420,7 @@ def main(argv):
         scenario(url, out, data, windows, big)
     elif cmd == "fdcheck":
         fdcheck(argv[2], json.load(open(argv[3])))
+        sample_check(argv[2])
     elif cmd == "compare":
         compare(argv[2], argv[3], exact="--exact" in argv)
     else:

@@ -49,6 +49,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "sample.h"
 #include "zdp/zdp.h"
 
 int cmd_serve(int argc, char **argv);
@@ -68,7 +69,7 @@ static void usage_(void) {
            "\n"
            "A training server: rank 0 answers HTTP (JSON, Tinker's data shapes), every rank\n"
            "trains.  Endpoints: POST /forward_backward /forward /optim_step /save_weights\n"
-           "/save_state /load_state, GET /info /healthz (docs/server.md).\n"
+           "/save_state /load_state /sample, GET /info /healthz (docs/server.md).\n"
            "\n"
            "  --config CFG.json          ds_config with \"managed_gradient_accumulation\": false\n"
            "  --model gpt                the only model served\n"
@@ -141,6 +142,7 @@ enum {
     OP_SAVE_STATE = 5,
     OP_LOAD_STATE = 6,
     OP_INFO = 7,
+    OP_SAMPLE = 8,
 };
 
 /* Adam hyperparameters a client sent (rank 0 only; compared with the config). */
@@ -699,6 +701,94 @@ static int status_of_(zdp_status st) {
     return st == ZDP_ERR_NOMEM || st == ZDP_ERR_COMM || st == ZDP_ERR_INTERNAL ? 500 : 400;
 }
 
+/* POST /sample {prompt: [tokens] | {chunks: [...]}, max_tokens, temperature,
+ * top_k, seed}: payload int64 n, max_tokens, top_k, seed; double temperature;
+ * int32 tokens[n]. */
+typedef struct sample_req {
+    int64_t n, max_tokens, top_k, seed;
+    double temperature;
+} sample_req;
+
+static bool parse_sample_(const json_t *root, const zdp_gpt_config *mc, job *j, verr *e) {
+    static const char *const keys[] = {"prompt", "max_tokens", "temperature", "top_k", "seed"};
+    if (!only_keys_(root, "", keys, 5, e)) return false;
+    const json_t *p = json_object_get(root, "prompt");
+    /* A plain token list, or a Tinker ModelInput {chunks: [{tokens: [...]}]}. */
+    if (json_is_object(p)) {
+        const json_t *chunks = json_object_get(p, "chunks");
+        if (!json_is_array(chunks) || json_array_size(chunks) != 1 ||
+            !json_is_array(json_object_get(json_array_get(chunks, 0), "tokens")))
+            return bad_(e, 400, "prompt.chunks",
+                        "prompt.chunks: must hold one encoded_text chunk with \"tokens\"");
+        p = json_object_get(json_array_get(chunks, 0), "tokens");
+    }
+    if (!json_is_array(p) || json_array_size(p) < 1 || json_array_size(p) > 1000000)
+        return bad_(e, 400, "prompt", "prompt: must be a non-empty array of token ids (or a "
+                                      "ModelInput with one chunk)");
+    sample_req r = {.n = (int64_t)json_array_size(p), .max_tokens = 16, .temperature = 1.0};
+    const char *names[3] = {"max_tokens", "top_k", "seed"};
+    int64_t *dst[3] = {&r.max_tokens, &r.top_k, &r.seed};
+    const int64_t hi[3] = {4096, 1 << 24, INT64_MAX};
+    for (int k = 0; k < 3; k++) {
+        const json_t *v = json_object_get(root, names[k]);
+        if (v == NULL) continue;
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > hi[k])
+            return bad_(e, 400, names[k], "%s: must be an integer in [0, %lld]", names[k],
+                        (long long)hi[k]);
+        *dst[k] = (int64_t)json_integer_value(v);
+    }
+    const json_t *t = json_object_get(root, "temperature");
+    if (t != NULL && (!json_is_number(t) || !(json_number_value(t) >= 0) || json_number_value(t) > 100))
+        return bad_(e, 400, "temperature", "temperature: must be a number in [0, 100] (0 = greedy)");
+    if (t != NULL) r.temperature = json_number_value(t);
+    j->nbytes = (int64_t)sizeof r + r.n * (int64_t)sizeof(int32_t);
+    j->payload = malloc((size_t)j->nbytes);
+    if (j->payload == NULL) return bad_(e, 500, "prompt", "out of memory");
+    memcpy(j->payload, &r, sizeof r);
+    int32_t *tok = (int32_t *)(j->payload + sizeof r);
+    for (int64_t i = 0; i < r.n; i++) {
+        const json_t *x = json_array_get(p, (size_t)i);
+        char field[48];
+        snprintf(field, sizeof field, "prompt[%lld]", (long long)i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= mc->vocab_size)
+            return bad_(e, 400, field, "%s: must be a token id in [0, %d)", field, mc->vocab_size);
+        tok[i] = (int32_t)json_integer_value(x);
+    }
+    return true;
+}
+
+/* Rank 0 alone: generation reads the parameters every rank already holds.
+ * Only the last block_size tokens are seen at each step. */
+static char *exec_sample_(server *s, const job *j, int *status) {
+    if (s->R != 0) return NULL;
+    sample_req r;
+    memcpy(&r, j->payload, sizeof r);
+    const int32_t *prompt = (const int32_t *)(j->payload + sizeof r);
+    int32_t *tok = malloc((size_t)(r.n + r.max_tokens) * sizeof *tok);
+    float *logits = malloc((size_t)s->opt.model.vocab_size * sizeof *logits);
+    float **v = views_(s);
+    if (tok == NULL || logits == NULL || v == NULL) {
+        free(tok), free(logits), free(v);
+        *status = 500;
+        return error_body_(NULL, "out of memory");
+    }
+    memcpy(tok, prompt, (size_t)r.n * sizeof *tok);
+    uint64_t rng = (uint64_t)r.seed;
+    json_t *out = json_array();
+    int64_t n = r.n;
+    for (int64_t k = 0; k < r.max_tokens; k++) {
+        int t = sample_next(&s->model, (const float *const *)v, tok, (int)n, r.temperature,
+                            (int)r.top_k, &rng, logits);
+        if (t < 0) break;
+        tok[n++] = t;
+        json_array_append_new(out, json_integer(t));
+    }
+    free(tok), free(logits), free(v);
+    *status = 200;
+    return dump_(json_pack("{s:[{s:o,s:s}],s:I}", "sequences", "tokens", out, "stop_reason",
+                           "length", "prompt_length", (json_int_t)r.n));
+}
+
 static char *exec_save_weights_(server *s, const job *j, int *status) {
     if (s->R != 0) return NULL;
     const char *path = (const char *)j->payload;
@@ -820,6 +910,7 @@ static char *exec_(server *s, const job *j, int *status) {
     case OP_SAVE_STATE:
     case OP_LOAD_STATE: return exec_state_(s, j, status);
     case OP_INFO: return exec_info_(s, status);
+    case OP_SAMPLE: return exec_sample_(s, j, status);
     default:
         engine_die_("serve", &(zdp_error){.msg = "unknown request type from rank 0 (a bug in zdp)"});
     }
@@ -873,7 +964,7 @@ static void worker_loop_(server *s) {
     }
 }
 
-static bool needs_all_(int op) { return op != OP_SAVE_WEIGHTS; }
+static bool needs_all_(int op) { return op != OP_SAVE_WEIGHTS && op != OP_SAMPLE; }
 
 static void leader_loop_(server *s) {
     for (;;) {
@@ -969,6 +1060,7 @@ static const route routes_[] = {
     {"/optim_step", "POST", OP_OPTIM},        {"/save_weights", "POST", OP_SAVE_WEIGHTS},
     {"/save_state", "POST", OP_SAVE_STATE},   {"/load_state", "POST", OP_LOAD_STATE},
     {"/info", "GET", OP_INFO},                {"/healthz", "GET", -1},
+    {"/sample", "POST", OP_SAMPLE},
 };
 #define N_ROUTES ((int)(sizeof routes_ / sizeof routes_[0]))
 
@@ -1005,7 +1097,7 @@ static enum MHD_Result handle_(server *s, struct MHD_Connection *c, const char *
     }
     if (rt == NULL && !path_known)
         return reply_error_(c, 404, "url", "%s %s: no such endpoint; POST /forward_backward /forward "
-                            "/optim_step /save_weights /save_state /load_state, GET /info /healthz",
+                            "/optim_step /save_weights /save_state /load_state /sample, GET /info /healthz",
                             method, url);
     if (rt == NULL) {
         const char *want = "POST";
@@ -1036,6 +1128,8 @@ static enum MHD_Result handle_(server *s, struct MHD_Connection *c, const char *
         ok = parse_fwd_(root, &s->opt.model, j, &e);
     } else if (rt->op == OP_OPTIM) {
         ok = parse_optim_(root, j, &e);
+    } else if (rt->op == OP_SAMPLE) {
+        ok = parse_sample_(root, &s->opt.model, j, &e);
     } else {
         ok = parse_path_(root, j, &e);
     }
