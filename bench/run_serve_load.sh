@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Load benchmark and soak run for `zdp serve` (docs/server.md, "Load and soak
+# (measured)"): a tiny GPT (L2 H2 C64 V256 T64) at -np 2, ZeRO stage 2,
+# unmanaged SGD, on loopback.  First the engine alone: `zdp train` with the
+# same model, config and micro-batch shape (B=1, T=64) at 1 and 4
+# micro-batches per step, for the per-micro-batch time.  Then the server, and
+# bench/serve_load.py drives it: idle latencies, fixed-shape requests against
+# the engine time, C concurrent clients, a soak with rank 0's RSS and exact
+# request accounting, and a SIGTERM stop.  About 2.5 minutes with the defaults.
+#
+# usage: bench/run_serve_load.sh
+# env:   CS=1,4,16 LOAD_S=20 SOAK_S=60 BUILD=build JSON=out.json
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+ZDP=$(cd "$BUILD" && pwd)/bin/zdp
+CS=${CS:-1,4,16}
+LOAD_S=${LOAD_S:-20}
+SOAK_S=${SOAK_S:-60}
+PY=${PYTHON:-/usr/bin/python3}
+source scripts/env.sh
+[ -x "$ZDP" ] || { echo "run_serve_load: no $ZDP; build first" >&2; exit 1; }
+
+T=$(mktemp -d)
+SERVER_PID=""
+RANK0_PID=""
+cleanup() {
+  if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    [ -n "$RANK0_PID" ] && kill -TERM "$RANK0_PID" 2>/dev/null
+    for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -TERM "$SERVER_PID" 2>/dev/null || true
+  fi
+  rm -rf "$T"
+}
+trap cleanup EXIT
+
+MODEL=(--model gpt --n-layer 2 --n-head 2 --n-embd 64 --vocab-size 256 --block-size 64)
+cat >"$T/cfg.json" <<'JSON'
+{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+ "managed_gradient_accumulation": false, "gradient_clipping": 1.0,
+ "zero_allow_untested_optimizer": true,
+ "optimizer": {"type": "SGD", "params": {"lr": 1e-3}},
+ "zero_optimization": {"stage": 2}}
+JSON
+
+echo "machine: $(nproc) CPU(s), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+timeout 60 mpirun -np 1 "$ZDP" train "${MODEL[@]}" --config "$T/cfg.json" --steps 0 --val-every 0 \
+  --out-dir "$T/o" --save-weights "$T/init.safetensors" >"$T/init.log" 2>&1 ||
+  { cat "$T/init.log"; exit 1; }
+
+# The engine alone: median ms/step (after 5 warm-up steps) of 40 steps of
+# 1 and of 4 micro-batches (B=1, T=64) per rank, alternating, 3 times each;
+# the median of the 3 medians.
+median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+engine_ms() {
+  timeout 60 mpirun -np 2 "$ZDP" train "${MODEL[@]}" --config "$T/cfg.json" --init "$T/init.safetensors" \
+    --steps 40 --schedule "$1" --val-every 0 --progress off --out-dir "$T/o" 2>&1 |
+    grep -o 'ms/step [0-9.]*' | awk '{print $2}' | tail -n +6 | median
+}
+: >"$T/e1"; : >"$T/e4"
+for _ in 1 2 3; do engine_ms 1 >>"$T/e1"; engine_ms 4 >>"$T/e4"; done
+E1=$(median <"$T/e1"); E4=$(median <"$T/e4")
+echo "engine alone (zdp train -np 2, B=1 T=64): $E1 ms/step at 1 micro-batch/rank, $E4 at 4" \
+  "(runs: $(tr '\n' ' ' <"$T/e1")/ $(tr '\n' ' ' <"$T/e4"))"
+
+mpirun -np 2 "$ZDP" serve "${MODEL[@]}" --config "$T/cfg.json" --init "$T/init.safetensors" \
+  --port 0 >"$T/server.log" 2>&1 &
+SERVER_PID=$!
+URL=""
+for _ in $(seq 300); do
+  URL=$(grep -o 'listening on http://[0-9.]*:[0-9]*' "$T/server.log" | sed 's/listening on //' || true)
+  RANK0_PID=$(grep -o 'rank 0 pid [0-9]*' "$T/server.log" | sed 's/rank 0 pid //' || true)
+  [ -n "$URL" ] && [ -n "$RANK0_PID" ] && break
+  kill -0 "$SERVER_PID" 2>/dev/null || break
+  sleep 0.1
+done
+[ -n "$URL" ] || { echo "run_serve_load: the server did not start" >&2; cat "$T/server.log"; exit 1; }
+grep 'listening on' "$T/server.log"
+
+rc=0
+timeout 240 "$PY" bench/serve_load.py --url "$URL" --pid "$RANK0_PID" --log "$T/server.log" \
+  --cs "$CS" --load-s "$LOAD_S" --soak-s "$SOAK_S" --engine-ms1 "$E1" --engine-ms4 "$E4" \
+  ${JSON:+--json "$JSON"} || rc=$?
+for _ in $(seq 100); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+src=0
+wait "$SERVER_PID" || src=$?
+SERVER_PID=""
+echo "server: mpirun exit $src; $(grep -c . "$T/server.log") log line(s); last: $(tail -1 "$T/server.log")"
+if [ $src -ne 0 ] || grep -q "MPI_ABORT\|zdp: error" "$T/server.log"; then
+  echo "run_serve_load: the server did not stop cleanly" >&2; cat "$T/server.log"; rc=$((rc + 1))
+fi
+exit $rc
