@@ -376,7 +376,8 @@ typedef struct zdp_comm_report {
 /* last_step: the window of the last model step (from the end of the
  * previous model step to the end of this one: its backwards' reductions,
  * the step's reductions, norm and all-gather); otherwise everything since
- * create. */
+ * create.  Read it after step() returns: with overlap_comm, reductions of an
+ * open window are still being counted on the comm stream thread. */
 ZDP_API void zdp_engine_comm_report(const zdp_engine *eng, bool last_step, zdp_comm_report *out);
 
 /* Where the last model step's window spent its time, in seconds, on this
