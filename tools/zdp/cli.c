@@ -90,6 +90,23 @@ void cli_format_eta(double seconds, char *out, int n) {
     else snprintf(out, (size_t)n, "%lds", s);
 }
 
+int cli_gpt_option(const char *a, const char *v, zdp_gpt_config *c) {
+    int *dims[5] = {&c->n_layer, &c->n_head, &c->n_embd, &c->vocab_size, &c->block_size};
+    static const char *const names[5] = {"--n-layer", "--n-head", "--n-embd", "--vocab-size",
+                                         "--block-size"};
+    for (int k = 0; k < 5; k++) {
+        if (strcmp(a, names[k]) != 0) continue;
+        int64_t n;
+        if (!cli_parse_i64(v, 1, 1 << 24, &n)) {
+            cli_fail("%s %s: need a positive integer", a, v);
+            return 2;
+        }
+        *dims[k] = (int)n;
+        return 1;
+    }
+    return 0;
+}
+
 /* ---- checkpoints ---------------------------------------------------------------- */
 
 int cli_ckpt_option(const char *a, const char *v, cli_ckpt *c) {

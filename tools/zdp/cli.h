@@ -56,6 +56,13 @@ int cli_ckpt_resume(zdp_engine *eng, const cli_ckpt *c, int64_t *cursor);
  * --save-every, or when `last` and --save-dir is set.  Failures end the job. */
 void cli_ckpt_after_step(zdp_engine *eng, const cli_ckpt *c, int64_t cursor, bool last);
 
+/* The GPT's shape flags, shared by train --model gpt and serve:
+ * --n-layer --n-head --n-embd --vocab-size --block-size. */
+#define CLI_GPT_DEFAULT {.n_layer = 4, .n_head = 4, .n_embd = 128, .vocab_size = 256, .block_size = 64}
+/* Takes option a with value v if it is one of them: 1 taken, 0 not ours,
+ * 2 bad value (cli_fail printed). */
+int cli_gpt_option(const char *a, const char *v, zdp_gpt_config *c);
+
 /* Seconds on a monotonic clock. */
 double cli_now(void);
 /* "1h02m", "3m05s", "12s" */

@@ -84,8 +84,7 @@ static void usage_(void) {
 }
 
 static int parse_(int argc, char **argv, serve_opts *o) {
-    *o = (serve_opts){.model = {.n_layer = 4, .n_head = 4, .n_embd = 128, .vocab_size = 256,
-                                .block_size = 64},
+    *o = (serve_opts){.model = CLI_GPT_DEFAULT,
                       .bind = "127.0.0.1", .port = 8000, .max_body = 16 << 20, .seed = 42};
     const char *model = NULL;
     for (int i = 0; i < argc; i++) {
@@ -98,17 +97,10 @@ static int parse_(int argc, char **argv, serve_opts *o) {
             return cli_fail("%s: expected an option with a value (see zdp serve --help)", a);
         const char *v = argv[++i];
         int64_t n;
-        int *dims[5] = {&o->model.n_layer, &o->model.n_head, &o->model.n_embd,
-                        &o->model.vocab_size, &o->model.block_size};
-        const char *dim_names[5] = {"--n-layer", "--n-head", "--n-embd", "--vocab-size",
-                                    "--block-size"};
-        int d = -1;
-        for (int k = 0; k < 5; k++)
-            if (!strcmp(a, dim_names[k])) d = k;
-        if (d >= 0) {
-            if (!cli_parse_i64(v, 1, 1 << 24, &n)) return cli_fail("%s %s: need a positive integer", a, v);
-            *dims[d] = (int)n;
-        } else if (!strcmp(a, "--model")) model = v;
+        int shape = cli_gpt_option(a, v, &o->model);
+        if (shape == 2) return 2;
+        if (shape == 1) continue;
+        if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--config")) o->config = v;
         else if (!strcmp(a, "--init")) o->init = v;
         else if (!strcmp(a, "--bind")) o->bind = v;

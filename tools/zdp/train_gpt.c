@@ -74,8 +74,7 @@ static void usage_(void) {
 }
 
 static int parse_(int argc, char **argv, gpt_opts *o) {
-    *o = (gpt_opts){.model = {.n_layer = 4, .n_head = 4, .n_embd = 128, .vocab_size = 256,
-                              .block_size = 64},
+    *o = (gpt_opts){.model = CLI_GPT_DEFAULT,
                     .steps = 200, .val_every = 50, .val_batches = 8, .arith_lines = CLI_ARITH_LINES,
                     .val_fraction = -1, .seed = 42, .out_dir = "zdp-out", .progress = -1};
     for (int i = 0; i < argc; i++) {
@@ -91,17 +90,10 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
         int taken = cli_ckpt_option(a, v, &o->ckpt);
         if (taken == 2) return 2;
         if (taken == 1) continue;
-        int *dims[5] = {&o->model.n_layer, &o->model.n_head, &o->model.n_embd,
-                        &o->model.vocab_size, &o->model.block_size};
-        const char *dim_names[5] = {"--n-layer", "--n-head", "--n-embd", "--vocab-size",
-                                    "--block-size"};
-        int d = -1;
-        for (int k = 0; k < 5; k++)
-            if (!strcmp(a, dim_names[k])) d = k;
-        if (d >= 0) {
-            if (!cli_parse_i64(v, 1, 1 << 24, &n)) return cli_fail("%s %s: need a positive integer", a, v);
-            *dims[d] = (int)n;
-        } else if (!strcmp(a, "--model")) {
+        int shape = cli_gpt_option(a, v, &o->model);
+        if (shape == 2) return 2;
+        if (shape == 1) continue;
+        if (!strcmp(a, "--model")) {
             /* already dispatched on */
         } else if (!strcmp(a, "--config")) o->config = v;
         else if (!strcmp(a, "--init")) o->init = v;
