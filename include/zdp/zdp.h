@@ -337,6 +337,28 @@ ZDP_API bool zdp_engine_was_step_applied(const zdp_engine *eng);
  * current value), and the one the last applied update used (-1 before). */
 ZDP_API double zdp_engine_lr(const zdp_engine *eng);
 ZDP_API double zdp_engine_last_lr(const zdp_engine *eng);
+/* Optimizer hyperparameters a caller may change between steps (the Tinker
+ * protocol sends them with every optim_step). */
+typedef struct zdp_hparams {
+    double lr;                /* the learning rate of the next update */
+    double beta1, beta2, eps; /* Adam/AdamW (stored, unused by SGD) */
+    double weight_decay;      /* AdamW: decoupled; SGD/L2 Adam: coupled */
+    double gradient_clipping; /* max global norm; 0 = off */
+} zdp_hparams;
+/* The values the next update would use (lr: the scheduler's or the set one). */
+ZDP_API void zdp_engine_get_hparams(const zdp_engine *eng, zdp_hparams *out);
+/* Sets every field for all later updates, until set again (like writing a
+ * torch param_group); a set lr replaces the config's scheduler from then on.
+ * Local, not collective: every rank must set the same values before the same
+ * step().  Invalid values (lr < 0, a beta outside [0, 1), eps <= 0, decay or
+ * clipping < 0, NaN) are ZDP_ERR_INVALID_ARG naming the field, and nothing
+ * changes.  Not saved in checkpoints: a loaded engine uses its config again. */
+ZDP_API zdp_status zdp_engine_set_hparams(zdp_engine *eng, const zdp_hparams *h,
+                                          zdp_error *err);
+/* Zeroes the optimizer state (Adam moments, SGD momentum, Adam's step count
+ * for bias correction) as a freshly created engine has it; parameters,
+ * counters and the open window's gradients are untouched. */
+ZDP_API void zdp_engine_reset_optimizer_state(zdp_engine *eng);
 ZDP_API int64_t zdp_engine_global_steps(const zdp_engine *eng);
 ZDP_API int64_t zdp_engine_global_samples(const zdp_engine *eng);
 ZDP_API int64_t zdp_engine_micro_steps(const zdp_engine *eng);
@@ -516,6 +538,15 @@ typedef struct zdp_gpt_batch {
 ZDP_API zdp_status zdp_gpt_create(const zdp_gpt_config *cfg, int max_batch, zdp_model *out,
                                   zdp_error *err);
 ZDP_API void zdp_gpt_destroy(zdp_model *model);
+/* Replaces the per-position loss weights of the last forward before its
+ * backward: w holds B*T finite values (the last forward's B and T).  Every
+ * Tinker policy loss (importance sampling, PPO, CISPO, DRO) has a gradient
+ * -sum_t c_t * d(log p_t) whose coefficients c_t depend on the forward's own
+ * log-probabilities, so it is back-propagated as this weighted cross-entropy
+ * with w = c.  ZDP_ERR_STATE before any forward, ZDP_ERR_INVALID_ARG for a
+ * wrong n or a non-finite weight (nothing changes then). */
+ZDP_API zdp_status zdp_gpt_set_loss_weights(zdp_model *model, const float *w, int64_t n,
+                                            zdp_error *err);
 ZDP_API const zdp_gpt_config *zdp_gpt_config_of(const zdp_model *model);
 /* GPT-2's initialisation, seeded: weights N(0, 0.02), the two residual
  * projections (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L)), biases 0,
