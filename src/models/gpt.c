@@ -421,6 +421,42 @@ void zdp_gpt_destroy(zdp_model *model) {
     memset(model, 0, sizeof *model);
 }
 
+/* Overwrites the last forward's weights (and makes it weighted) for its
+ * backward.  The loss that forward returned is not recomputed: it stays the
+ * loss under the forward's own weights. */
+zdp_status zdp_gpt_set_loss_weights(zdp_model *model, const float *w, int64_t n,
+                                    zdp_error *err) {
+    const char *fn = "zdp_gpt_set_loss_weights";
+    gpt *m = gpt_of_(model);
+    if (m == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: model is not a GPT (zdp_gpt_create)",
+                           fn);
+    if (!m->have_forward)
+        return zdp_err_set(err, ZDP_ERR_STATE,
+                           "%s: no forward to reweight (run forward on the micro-batch first; "
+                           "a backward, a failed forward or zdp_gpt_next_logits uses it up)",
+                           fn);
+    const int64_t N = (int64_t)m->B * m->T;
+    if (n != N)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: n = %lld: must be B*T = %lld of the last forward (B = %d, T = "
+                           "%d): one weight per position",
+                           fn, (long long)n, (long long)N, m->B, m->T);
+    if (w == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: w is NULL: pass %lld weights", fn,
+                           (long long)N);
+    for (int64_t i = 0; i < N; i++)
+        if (!isfinite(w[i]))
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: w[%lld] (position [%lld][%lld]) = %g: weights must be "
+                               "finite; check the inputs they were computed from",
+                               fn, (long long)i, (long long)(i / m->T), (long long)(i % m->T),
+                               (double)w[i]);
+    memcpy(m->weights, w, (size_t)N * sizeof(float));
+    m->weighted = true;
+    return ZDP_OK;
+}
+
 const zdp_gpt_config *zdp_gpt_config_of(const zdp_model *model) {
     const gpt *m = gpt_of_(model);
     return m != NULL ? &m->cfg : NULL;
