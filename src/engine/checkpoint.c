@@ -706,6 +706,10 @@ static void commit_(zdp_engine *e, const ckpt_view *v, staged *s) {
     e->sched_iter = get_int_(c, "scheduler_iteration", NULL, &ok);
     json_t *lr = json_object_get(c, "last_lr");
     e->last_lr = json_is_number(lr) ? json_number_value(lr) : -1.0;
+    /* Hyperparameters set with zdp_engine_set_hparams are not in the
+     * checkpoint (zdp.h): the loaded engine is the one a fresh job gets from
+     * its config and this checkpoint, whatever was set on it before. */
+    zdp_engine_hparams_from_config_(e);
     /* Gradients: cleared, then the window's when one was open. */
     if (e->grads != NULL) memset(e->grads, 0, (size_t)e->lay.padded * sizeof(float));
     if (e->grad_part != NULL) memset(e->grad_part, 0, (size_t)P * sizeof(float));

@@ -497,6 +497,7 @@ zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model, zdp_
     }
     int64_t opt_n = stage == 0 ? e->lay.padded : e->lay.part;
     if ((st = zdp_optim_init(&e->optim, &cfg->optimizer, opt_n, &e->mem, err))) goto fail;
+    zdp_engine_hparams_from_config_(e);
     /* Deep enough for every bucket of one backward plus the step's work. */
     int depth = e->n_buckets + e->pool_cap + 8;
     if ((st = zdp_stream_create(&e->stream, depth, &e->mem, err)) != ZDP_OK) goto fail;
@@ -691,7 +692,7 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
 
     if (!overflow) {
         float scale = 1.0f;
-        double clip = e->cfg.gradient_clipping;
+        double clip = e->clip;
         if (clip > 0.0) {
             double c = (norm + 1e-6) / clip;
             if (c > 1.0) scale = (float)(1.0 / c);
@@ -789,10 +790,82 @@ zdp_status zdp_engine_coalesce_grad_reduction(zdp_engine *e, zdp_error *err) {
                        "managed_gradient_accumulation=false to control the boundary");
 }
 
+/* ---- per-step hyperparameters ------------------------------------------------- */
+
+void zdp_engine_hparams_from_config_(zdp_engine *e) {
+    const zdp_optimizer_config *c = &e->cfg.optimizer;
+    e->optim.cfg.beta1 = c->beta1;
+    e->optim.cfg.beta2 = c->beta2;
+    e->optim.cfg.eps = c->eps;
+    e->optim.cfg.weight_decay = c->weight_decay;
+    e->clip = e->cfg.gradient_clipping;
+    e->lr_set = false;
+    e->lr_override = 0.0;
+}
+
+void zdp_engine_get_hparams(const zdp_engine *e, zdp_hparams *out) {
+    if (e == NULL || out == NULL) return;
+    const zdp_optimizer_config *c = &e->optim.cfg;
+    *out = (zdp_hparams){.lr = zdp_engine_lr(e), .beta1 = c->beta1, .beta2 = c->beta2,
+                         .eps = c->eps, .weight_decay = c->weight_decay,
+                         .gradient_clipping = e->clip};
+}
+
+/* One field against its range: finite, lo <= v (lo < v when lo_open) and
+ * v < hi.  NaN fails every comparison, so it is rejected with the rest. */
+static zdp_status check_hparam_(const char *name, double v, double lo, bool lo_open, double hi,
+                                const char *range, zdp_error *err) {
+    if (isfinite(v) && (lo_open ? v > lo : v >= lo) && v < hi) return ZDP_OK;
+    return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                       "zdp_engine_set_hparams: %s = %.12g: must be %s; nothing was changed", name,
+                       v, range);
+}
+
+zdp_status zdp_engine_set_hparams(zdp_engine *e, const zdp_hparams *h, zdp_error *err) {
+    if (e == NULL || h == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "zdp_engine_set_hparams: engine and hparams must not be NULL");
+    /* Every field first: an update must never run with half a new set. */
+    zdp_status st;
+    if ((st = check_hparam_("lr", h->lr, 0.0, false, HUGE_VAL, "finite and >= 0", err)) ||
+        (st = check_hparam_("beta1", h->beta1, 0.0, false, 1.0, "in [0, 1)", err)) ||
+        (st = check_hparam_("beta2", h->beta2, 0.0, false, 1.0, "in [0, 1)", err)) ||
+        (st = check_hparam_("eps", h->eps, 0.0, true, HUGE_VAL, "finite and > 0", err)) ||
+        (st = check_hparam_("weight_decay", h->weight_decay, 0.0, false, HUGE_VAL,
+                            "finite and >= 0", err)) ||
+        (st = check_hparam_("gradient_clipping", h->gradient_clipping, 0.0, false, HUGE_VAL,
+                            "finite and >= 0 (0 turns clipping off)", err)))
+        return st;
+    zdp_optimizer_config *c = &e->optim.cfg;
+    c->beta1 = h->beta1;
+    c->beta2 = h->beta2;
+    c->eps = h->eps;
+    c->weight_decay = h->weight_decay;
+    e->clip = h->gradient_clipping;
+    e->lr_override = h->lr;
+    e->lr_set = true;
+    return ZDP_OK;
+}
+
+void zdp_engine_reset_optimizer_state(zdp_engine *e) {
+    if (e == NULL) return;
+    /* The whole range the optimizer owns, padding included, as zdp_optim_init
+     * leaves it; step_count 0 restarts Adam's bias correction and makes the
+     * next SGD update the "first" one that copies the gradient into the
+     * momentum buffer. */
+    zdp_optim *o = &e->optim;
+    if (o->m != NULL) memset(o->m, 0, (size_t)o->n * sizeof(float));
+    if (o->v != NULL) memset(o->v, 0, (size_t)o->n * sizeof(float));
+    o->step_count = 0;
+}
+
 /* ---- accessors -------------------------------------------------------------- */
 
 bool zdp_engine_was_step_applied(const zdp_engine *e) { return e->step_applied; }
 double zdp_engine_lr(const zdp_engine *e) {
+    /* A set lr replaces the schedule, so last_lr and the step log report
+     * the lr the update really used. */
+    if (e->lr_set) return e->lr_override;
     return zdp_scheduler_lr(&e->cfg.scheduler, e->cfg.optimizer.lr, e->sched_iter);
 }
 double zdp_engine_last_lr(const zdp_engine *e) { return e->last_lr; }

@@ -75,7 +75,19 @@ struct zdp_engine {
     double last_grad_norm;
     int64_t sched_iter;       /* the LR scheduler's n: -1, +1 per applied update */
     double last_lr;           /* lr of the last applied update, -1 before */
+
+    /* Per-step hyperparameters (zdp_engine_set_hparams).  beta1, beta2, eps
+     * and weight_decay live in optim.cfg, which the update reads; cfg keeps
+     * the values the engine was created with, so a checkpoint load can go
+     * back to them. */
+    double clip;              /* the max global norm model_step_ clips to; 0 = off */
+    bool lr_set;              /* true: lr_override replaces the scheduler */
+    double lr_override;
 };
+
+/* Puts the per-step hyperparameters back to the config's (create, and
+ * checkpoint load: they are not saved). */
+void zdp_engine_hparams_from_config_(zdp_engine *e);
 
 /* Queues an all-reduce (SUM) of n int64 on the engine's comm stream and
  * waits for it: checkpoint.c's agreement between ranks. */

@@ -2,7 +2,8 @@
  * test_checkpoint.c -- checkpoints at the engine level (CTest runs it at -np
  * 1, 2, 3, 4): exact (bitwise) resume for ZeRO stages 0/1/2, managed and
  * unmanaged, at a step boundary and in the middle of a window; loading into
- * another stage; a failed load leaves the engine unchanged; a mid-window
+ * another stage; set hyperparameters are not saved and a reset optimizer
+ * state round-trips; a failed load leaves the engine unchanged; a mid-window
  * checkpoint refuses another stage.  The command-line side (other world
  * sizes, crashes during save, corrupt files) is tests/cli/test_checkpoint.sh.
  */
@@ -184,6 +185,56 @@ static void test_other_stage(void) {
     }
 }
 
+/* Hyperparameters set with zdp_engine_set_hparams are not saved: a loaded
+ * engine uses its config's again (and the schedule's lr at the loaded
+ * iteration), whatever was set on it before the load.  An optimizer state
+ * reset before the save (zeros, step count 0) round-trips: the loaded engine
+ * takes the same next step as the saving one given the same values. */
+static void test_hparams_and_reset(int stage) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/hparams_s%d", root_, stage);
+    const zdp_hparams x = {3e-3, 0.7, 0.95, 1e-5, 0.2, 0.1}, y = {0.5, 0.1, 0.2, 1e-2, 0.0, 0.0};
+    run a, b;
+    int64_t ja = 0;
+    run_init_(&a, stage, false);
+    train_(&a, false, 0, 2, &ja, -1);
+    CHECK_OK(zdp_engine_set_hparams(a.eng, &x, &e_));
+    train_(&a, false, 2, 3, &ja, -1);
+    zdp_engine_reset_optimizer_state(a.eng);
+    CHECK_OK(zdp_engine_save_checkpoint(a.eng, dir, "t", NULL, &e_));
+
+    run_init_(&b, stage, false);
+    CHECK_OK(zdp_engine_set_hparams(b.eng, &y, &e_));
+    CHECK_OK(zdp_engine_load_checkpoint(b.eng, dir, "t", NULL, &e_));
+    const zdp_config *cfg = &b.cfg;
+    zdp_hparams h;
+    zdp_engine_get_hparams(b.eng, &h);
+    /* Three applied updates: the schedule's iteration is 2. */
+    CHECK(h.lr == zdp_scheduler_lr(&cfg->scheduler, cfg->optimizer.lr, 2));
+    CHECK(h.beta1 == cfg->optimizer.beta1 && h.beta2 == cfg->optimizer.beta2);
+    CHECK(h.eps == cfg->optimizer.eps && h.weight_decay == cfg->optimizer.weight_decay);
+    CHECK(h.gradient_clipping == cfg->gradient_clipping);
+    CHECK(zdp_engine_last_lr(b.eng) == x.lr);
+
+    /* One more step on both, with the same values. */
+    CHECK_OK(zdp_engine_set_hparams(a.eng, &h, &e_));
+    int64_t jb = ja;
+    train_(&a, false, 3, 4, &ja, -1);
+    train_(&b, false, 3, 4, &jb, -1);
+    float *pa = params_(&a), *pb = params_(&b);
+    if (memcmp(pa, pb, (size_t)zdp_engine_numel(a.eng) * sizeof(float)) != 0)
+        CHECK_FAIL_("stage %d: the step after loading a reset optimizer state differs", stage);
+    CHECK_EQ_I64(zdp_engine_global_steps(b.eng), 4);
+    CHECK_EQ_I64(zdp_engine_global_samples(b.eng), zdp_engine_global_samples(a.eng));
+    /* B follows the schedule again; A keeps its set lr. */
+    CHECK(zdp_engine_lr(b.eng) == zdp_scheduler_lr(&cfg->scheduler, cfg->optimizer.lr, 3));
+    CHECK(zdp_engine_lr(a.eng) == h.lr);
+    free(pa);
+    free(pb);
+    run_free_(&a);
+    run_free_(&b);
+}
+
 /* Errors leave the engine as it was, on every rank. */
 static void test_failures_change_nothing(void) {
     char dir[512];
@@ -261,6 +312,7 @@ int main(int argc, char **argv) {
             test_exact_resume(stage, managed, -1), n++;
             test_exact_resume(stage, managed, 1), n++; /* mid-window */
         }
+    for (int stage = 0; stage < 3; stage++) test_hparams_and_reset(stage), n++;
     test_other_stage(), n++;
     test_failures_change_nothing(), n++;
     MPI_Barrier(MPI_COMM_WORLD);

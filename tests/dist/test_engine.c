@@ -5,8 +5,10 @@
  * stages 0, 1 and 2, the managed trace and counters (2.8, 3.3), stage
  * 0 == 1 == 2 at every world size against an independent double-precision
  * reference of SimpleModel + AdamW + clipping (parameter counts that do not
- * divide by W, buckets smaller than one tensor), NaN/Inf skipping, the
- * partition layout table (4.2), the memory report, and call-time rejections.
+ * divide by W, buckets smaller than one tensor), per-step hyperparameters
+ * (zdp_engine_set_hparams against the same reference, get, rejections) and
+ * optimizer state reset, NaN/Inf skipping, the partition layout table (4.2),
+ * the memory report, and call-time rejections.
  */
 #include <math.h>
 #include <stdint.h>
@@ -388,6 +390,334 @@ static void test_stages_match_reference(int H, int L, int64_t bucket, bool manag
     data_free_(&d);
 }
 
+/* ---- per-step hyperparameters and optimizer reset ------------------------------------ */
+
+/* One hyperparameter set per step of test_hparams_match_reference; set = false
+ * keeps whatever the engine has (the config's, or the last set). */
+typedef struct hp_step {
+    bool set;
+    int after_backward; /* set after this many of the window's backwards */
+    zdp_hparams h;
+} hp_step;
+
+#define HP_LR0 1e-3 /* warmup_min_lr */
+#define HP_LR1 1e-2 /* warmup_max_lr */
+
+/* The WarmupLR config's lr at scheduler iteration n (linear, 4 steps),
+ * computed here rather than by zdp_scheduler_lr. */
+static double hp_sched_lr_(int64_t n) {
+    if (n < 0) return HP_LR0;
+    return n < 4 ? HP_LR0 + (HP_LR1 - HP_LR0) * (double)n / 4.0 : HP_LR1;
+}
+
+static bool hp_same_(const zdp_hparams *a, const zdp_hparams *b) {
+    return a->lr == b->lr && a->beta1 == b->beta1 && a->beta2 == b->beta2 && a->eps == b->eps &&
+           a->weight_decay == b->weight_decay && a->gradient_clipping == b->gradient_clipping;
+}
+
+static void check_hp_(const zdp_hparams *got, const zdp_hparams *want, const char *what) {
+    if (!hp_same_(got, want))
+        CHECK_FAIL_("%s: get_hparams = {lr %.17g, betas %.17g %.17g, eps %.17g, wd %.17g, clip "
+                    "%.17g}, want {%.17g, %.17g %.17g, %.17g, %.17g, %.17g}",
+                    what, got->lr, got->beta1, got->beta2, got->eps, got->weight_decay,
+                    got->gradient_clipping, want->lr, want->beta1, want->beta2, want->eps,
+                    want->weight_decay, want->gradient_clipping);
+}
+
+/* zdp_engine_set_hparams between steps (and once in the middle of a
+ * window) changes lr, betas, eps, weight decay and clipping of the later
+ * updates, sticky until set again, and a set lr replaces the WarmupLR
+ * schedule: stages 0, 1, 2 against a double-precision Adam computed here
+ * with each step's values, for decoupled (AdamW) and L2 (Adam with
+ * adam_w_mode false) decay.  Clipping triggers under the config's value and
+ * under a set one; a later clip of 0 must really turn it off. */
+static void test_hparams_match_reference(bool decoupled) {
+    const int H = 5, L = 3, G = 2, steps = 6, global_b = 12;
+    const int64_t b = global_b / W;
+    const double clip0 = 0.3;
+    const hp_step plan[6] = {
+        {.set = false},
+        {.set = false},
+        {.set = true, .after_backward = 1, .h = {2e-2, 0.8, 0.99, 1e-6, 0.05, 0.05}},
+        {.set = true, .after_backward = 0, .h = {5e-3, 0.95, 0.9, 1e-3, 0.0, 0.0}},
+        {.set = false},
+        {.set = true, .after_backward = 0, .h = {1e-2, 0.0, 0.5, 1e-8, 0.1, 1e3}},
+    };
+    data d = data_make_(H, (int64_t)steps * G * global_b, 77);
+    const int64_t n = (int64_t)L * (H * H + H);
+    double *p = malloc((size_t)n * sizeof(double)), *g = calloc((size_t)n, sizeof(double));
+    double *m1 = calloc((size_t)n, sizeof(double)), *v1 = calloc((size_t)n, sizeof(double));
+    {
+        run tmp;
+        run_init_(&tmp, stage_json_(0, 1, true, ""), H, L, 1, 9);
+        for (int64_t i = 0; i < n; i++) p[i] = zdp_engine_param_data(tmp.eng, 0)[i];
+        run_free_(&tmp);
+    }
+    /* The reference, and what each update must have used. */
+    zdp_hparams used[6];
+    zdp_hparams cur = {HP_LR0, 0.9, 0.999, 1e-8, 0.01, clip0};
+    bool clipped[6];
+    double norms[6];
+    for (int s = 0; s < steps; s++) {
+        /* Nothing set yet: the config's values and the schedule's lr; after
+         * a set, its values stay (step 4 keeps step 3's). */
+        if (plan[s].set) cur = plan[s].h;
+        else if (s < 2) cur.lr = hp_sched_lr_(s - 1);
+        used[s] = cur;
+        memset(g, 0, (size_t)n * sizeof(double));
+        for (int k = 0; k < G; k++) {
+            int64_t row = ((int64_t)s * G + k) * global_b;
+            ref_grad_(p, H, L, d.x + row * H, d.y + row, global_b, 1.0 / G, g);
+        }
+        double sq = 0.0;
+        for (int64_t i = 0; i < n; i++) sq += g[i] * g[i];
+        norms[s] = sqrt(sq);
+        double scale = 1.0;
+        if (cur.gradient_clipping > 0.0) {
+            double c = (norms[s] + 1e-6) / cur.gradient_clipping;
+            if (c > 1.0) scale = 1.0 / c;
+        }
+        clipped[s] = scale < 1.0;
+        const double b1 = cur.beta1, b2 = cur.beta2, wd = cur.weight_decay;
+        const double bc1 = 1.0 - pow(b1, s + 1), bc2 = 1.0 - pow(b2, s + 1);
+        for (int64_t i = 0; i < n; i++) {
+            double gi = g[i] * scale + (decoupled ? 0.0 : wd * p[i]);
+            m1[i] = b1 * m1[i] + (1.0 - b1) * gi;
+            v1[i] = b2 * v1[i] + (1.0 - b2) * gi * gi;
+            double u = (m1[i] / bc1) / (sqrt(v1[i] / bc2) + cur.eps);
+            if (decoupled) u += wd * p[i];
+            p[i] -= cur.lr * u;
+        }
+    }
+    /* The scenario must exercise what it claims: the config's clipping and a
+     * set one both trigger, and step 3's clip 0 would have clipped at 0.05. */
+    CHECK(clipped[0] || clipped[1]);
+    CHECK(clipped[2]);
+    CHECK(!clipped[3] && norms[3] > 0.05 + 1e-6);
+    float *ref = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) ref[i] = (float)p[i];
+
+    float *got[3];
+    for (int stage = 0; stage < 3; stage++) {
+        char json[1024];
+        snprintf(json, sizeof json,
+                 "{\"train_batch_size\": %d, \"train_micro_batch_size_per_gpu\": %lld, "
+                 "\"gradient_clipping\": %g, \"managed_gradient_accumulation\": false, "
+                 "\"optimizer\": {\"type\": \"%s\", \"params\": {\"lr\": 0.5, "
+                 "\"betas\": [0.9, 0.999], \"eps\": 1e-8, \"weight_decay\": 0.01, "
+                 "\"adam_w_mode\": %s}}, "
+                 "\"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_min_lr\": %g, "
+                 "\"warmup_max_lr\": %g, \"warmup_num_steps\": 4, \"warmup_type\": \"linear\"}}, "
+                 "\"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": 7, "
+                 "\"allgather_bucket_size\": 10}}",
+                 global_b * G, (long long)b, clip0, decoupled ? "AdamW" : "Adam",
+                 decoupled ? "true" : "false", HP_LR0, HP_LR1, stage);
+        run rn;
+        run_init_(&rn, json, H, L, b, 9);
+        zdp_hparams h;
+        zdp_engine_get_hparams(rn.eng, &h);
+        check_hp_(&h, &used[0], "before any set: the config and the schedule");
+        for (int s = 0; s < steps; s++) {
+            for (int k = 0; k < G; k++) {
+                if (plan[s].set && plan[s].after_backward == k)
+                    CHECK_OK(zdp_engine_set_hparams(rn.eng, &plan[s].h, &e_));
+                zdp_mlp_batch mb = batch_(&d, (int64_t)s * G + k, b);
+                fwd_(&rn, &mb);
+                CHECK_OK(zdp_engine_backward(rn.eng, false, 1.0f / G, &e_));
+            }
+            zdp_engine_get_hparams(rn.eng, &h);
+            check_hp_(&h, &used[s], "before the step");
+            CHECK(zdp_engine_lr(rn.eng) == used[s].lr);
+            CHECK_OK(zdp_engine_step(rn.eng, &e_));
+            CHECK(zdp_engine_was_step_applied(rn.eng));
+            CHECK(zdp_engine_last_lr(rn.eng) == used[s].lr);
+            if (fabs(zdp_engine_last_grad_norm(rn.eng) - norms[s]) > 1e-5 * norms[s])
+                CHECK_FAIL_("step %d: grad norm %.9g, reference %.9g", s,
+                            zdp_engine_last_grad_norm(rn.eng), norms[s]);
+        }
+        /* Set values stay after the last update; the config is untouched. */
+        zdp_engine_get_hparams(rn.eng, &h);
+        check_hp_(&h, &plan[5].h, "after the last step");
+        CHECK(zdp_engine_config(rn.eng)->gradient_clipping == clip0);
+        CHECK(zdp_engine_config(rn.eng)->optimizer.beta2 == 0.999);
+        got[stage] = params_copy_(&rn);
+        run_free_(&rn);
+    }
+    for (int stage = 0; stage < 3; stage++)
+        CHECK_CLOSE(got[stage], ref, n, 1e-4, 2e-5, "set_hparams: stage vs double reference");
+    CHECK_CLOSE(got[1], got[0], n, 1e-5, 1e-6, "set_hparams: stage 1 vs stage 0");
+    CHECK_CLOSE(got[2], got[0], n, 1e-5, 1e-6, "set_hparams: stage 2 vs stage 0");
+    for (int stage = 0; stage < 3; stage++) free(got[stage]);
+    free(ref);
+    free(p);
+    free(g);
+    free(m1);
+    free(v1);
+    data_free_(&d);
+}
+
+/* get_hparams follows the schedule until a set; every invalid field is
+ * ZDP_ERR_INVALID_ARG naming the field, its value and the range, and
+ * changes nothing (before a set: the lr still follows the schedule). */
+static void test_hparams_rejections(int stage) {
+    char json[768];
+    snprintf(json, sizeof json,
+             "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": 1, "
+             "\"managed_gradient_accumulation\": false, \"gradient_clipping\": 0.25, "
+             "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.5, "
+             "\"betas\": [0.8, 0.99], \"eps\": 1e-7, \"weight_decay\": 0.02}}, "
+             "\"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_min_lr\": %g, "
+             "\"warmup_max_lr\": %g, \"warmup_num_steps\": 4, \"warmup_type\": \"linear\"}}, "
+             "\"zero_optimization\": {\"stage\": %d}}", HP_LR0, HP_LR1, stage);
+    run rn;
+    run_init_(&rn, json, 4, 2, 1, 42);
+    data d = data_make_(4, 8 * W, 3);
+    const zdp_hparams good = {HP_LR0, 0.8, 0.99, 1e-7, 0.02, 0.25};
+    const struct {
+        const char *field, *range;
+        zdp_hparams h;
+    } bad[] = {
+        {"lr = -0.001", ">= 0", {-1e-3, 0.9, 0.999, 1e-8, 0.0, 1.0}},
+        {"lr = nan", ">= 0", {NAN, 0.9, 0.999, 1e-8, 0.0, 1.0}},
+        {"lr = inf", ">= 0", {INFINITY, 0.9, 0.999, 1e-8, 0.0, 1.0}},
+        {"beta1 = -0.5", "[0, 1)", {1e-3, -0.5, 0.999, 1e-8, 0.0, 1.0}},
+        {"beta1 = 1:", "[0, 1)", {1e-3, 1.0, 0.999, 1e-8, 0.0, 1.0}},
+        {"beta1 = nan", "[0, 1)", {1e-3, NAN, 0.999, 1e-8, 0.0, 1.0}},
+        {"beta2 = 1:", "[0, 1)", {1e-3, 0.9, 1.0, 1e-8, 0.0, 1.0}},
+        {"beta2 = -1e-09", "[0, 1)", {1e-3, 0.9, -1e-9, 1e-8, 0.0, 1.0}},
+        {"beta2 = nan", "[0, 1)", {1e-3, 0.9, NAN, 1e-8, 0.0, 1.0}},
+        {"eps = 0:", "> 0", {1e-3, 0.9, 0.999, 0.0, 0.0, 1.0}},
+        {"eps = -1e-08", "> 0", {1e-3, 0.9, 0.999, -1e-8, 0.0, 1.0}},
+        {"eps = inf", "> 0", {1e-3, 0.9, 0.999, INFINITY, 0.0, 1.0}},
+        {"eps = nan", "> 0", {1e-3, 0.9, 0.999, NAN, 0.0, 1.0}},
+        {"weight_decay = -0.01", ">= 0", {1e-3, 0.9, 0.999, 1e-8, -0.01, 1.0}},
+        {"weight_decay = nan", ">= 0", {1e-3, 0.9, 0.999, 1e-8, NAN, 1.0}},
+        {"weight_decay = inf", ">= 0", {1e-3, 0.9, 0.999, 1e-8, INFINITY, 1.0}},
+        {"gradient_clipping = -1", ">= 0", {1e-3, 0.9, 0.999, 1e-8, 0.0, -1.0}},
+        {"gradient_clipping = nan", ">= 0", {1e-3, 0.9, 0.999, 1e-8, 0.0, NAN}},
+        {"gradient_clipping = inf", ">= 0", {1e-3, 0.9, 0.999, 1e-8, 0.0, INFINITY}},
+    };
+    const int nbad = (int)(sizeof bad / sizeof bad[0]);
+    zdp_hparams h, set = {7e-3, 0.5, 0.75, 1e-4, 0.3, 2.0};
+    for (int phase = 0; phase < 2; phase++) {
+        /* phase 0: nothing set yet; phase 1: after a valid set. */
+        const zdp_hparams *want = phase == 0 ? &good : &set;
+        for (int i = 0; i < nbad; i++) {
+            zdp_error err = {0};
+            CHECK_ERR(zdp_engine_set_hparams(rn.eng, &bad[i].h, &err), ZDP_ERR_INVALID_ARG, err,
+                      bad[i].field);
+            if (strstr(err.msg, bad[i].range) == NULL)
+                CHECK_FAIL_("message \"%s\" lacks the range \"%s\"", err.msg, bad[i].range);
+            zdp_engine_get_hparams(rn.eng, &h);
+            check_hp_(&h, want, bad[i].field);
+        }
+        zdp_error err = {0};
+        CHECK_ERR(zdp_engine_set_hparams(rn.eng, NULL, &err), ZDP_ERR_INVALID_ARG, err, "NULL");
+        zdp_engine_get_hparams(NULL, &h); /* a no-op, not a crash */
+        /* Two steps: a rejected set must not have pinned the lr. */
+        for (int s = 0; s < 2; s++) {
+            zdp_mlp_batch mb = batch_(&d, phase * 2 + s, 1);
+            fwd_(&rn, &mb);
+            CHECK_OK(zdp_engine_backward(rn.eng, false, 1.0f, &e_));
+            CHECK_OK(zdp_engine_step(rn.eng, &e_));
+        }
+        zdp_engine_get_hparams(rn.eng, &h);
+        if (phase == 0) {
+            zdp_hparams after = good;
+            after.lr = hp_sched_lr_(1);
+            CHECK(after.lr != HP_LR0);
+            check_hp_(&h, &after, "two steps after the rejections, nothing set");
+            CHECK_OK(zdp_engine_set_hparams(rn.eng, &set, &e_));
+            zdp_engine_get_hparams(rn.eng, &h);
+            check_hp_(&h, &set, "right after a set");
+            CHECK(zdp_engine_lr(rn.eng) == set.lr);
+        } else {
+            check_hp_(&h, &set, "two steps after the rejections, set values");
+            CHECK(zdp_engine_last_lr(rn.eng) == set.lr);
+        }
+    }
+    data_free_(&d);
+    run_free_(&rn);
+}
+
+/* After some steps, reset_optimizer_state with a window open, then one more
+ * step, equals (bitwise) a fresh engine with the same parameters,
+ * hyperparameters and gradient.  SGD's dampening 0.3 makes its first update
+ * (buf = d) differ from a later one (buf = mom*buf + 0.7 d), so the step
+ * count must restart as well as the buffers. */
+static void test_reset_optimizer_state(int stage, bool sgd) {
+    char json[768];
+    snprintf(json, sizeof json,
+             "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": 1, "
+             "\"managed_gradient_accumulation\": false, \"gradient_clipping\": 0.5, "
+             "\"zero_allow_untested_optimizer\": true, \"optimizer\": %s, "
+             "\"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_min_lr\": 1e-3, "
+             "\"warmup_max_lr\": 1e-2, \"warmup_num_steps\": 3}}, "
+             "\"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": 7}}",
+             sgd ? "{\"type\": \"SGD\", \"params\": {\"lr\": 0.05, \"momentum\": 0.9, "
+                   "\"dampening\": 0.3, \"weight_decay\": 0.01}}"
+                 : "{\"type\": \"AdamW\", \"params\": {\"lr\": 1e-2, \"weight_decay\": 0.01}}",
+             stage);
+    run a, fresh;
+    run_init_(&a, json, 5, 3, 1, 42);
+    data d = data_make_(5, 8 * W, 19);
+    for (int s = 0; s < 3; s++) {
+        if (s == 1) { /* a set lr too, so both engines must agree on it */
+            zdp_hparams h;
+            zdp_engine_get_hparams(a.eng, &h);
+            h.lr = 2e-2;
+            h.beta2 = 0.99;
+            CHECK_OK(zdp_engine_set_hparams(a.eng, &h, &e_));
+        }
+        zdp_mlp_batch mb = batch_(&d, s, 1);
+        fwd_(&a, &mb);
+        CHECK_OK(zdp_engine_backward(a.eng, false, 1.0f, &e_));
+        CHECK_OK(zdp_engine_step(a.eng, &e_));
+    }
+    /* The window of the step after the reset is open while it resets. */
+    zdp_mlp_batch mb = batch_(&d, 3, 1);
+    fwd_(&a, &mb);
+    CHECK_OK(zdp_engine_backward(a.eng, false, 1.0f, &e_));
+    float *before = params_copy_(&a);
+    zdp_hparams ha, hb;
+    zdp_engine_get_hparams(a.eng, &ha);
+    zdp_engine_reset_optimizer_state(a.eng);
+    zdp_engine_get_hparams(a.eng, &hb);
+    check_hp_(&hb, &ha, "reset keeps the hyperparameters");
+    float *after = params_copy_(&a);
+    CHECK(memcmp(before, after, (size_t)zdp_engine_numel(a.eng) * sizeof(float)) == 0);
+    CHECK_EQ_I64(zdp_engine_global_steps(a.eng), 3);
+    CHECK_EQ_I64(zdp_engine_micro_steps(a.eng), 3);
+    CHECK_EQ_I64(zdp_engine_pending_backwards(a.eng), 1);
+    CHECK(zdp_engine_last_lr(a.eng) == 2e-2);
+    CHECK_OK(zdp_engine_step(a.eng, &e_));
+    CHECK(zdp_engine_was_step_applied(a.eng));
+
+    /* A fresh engine from the same config, given A's parameters and
+     * hyperparameters from before that step, and the same micro-batch. */
+    run_init_(&fresh, json, 5, 3, 1, 42);
+    memcpy(zdp_engine_param_data(fresh.eng, 0), before,
+           (size_t)zdp_engine_numel(fresh.eng) * sizeof(float));
+    CHECK_OK(zdp_engine_sync_params(fresh.eng, &e_));
+    CHECK_OK(zdp_engine_set_hparams(fresh.eng, &ha, &e_));
+    fwd_(&fresh, &mb);
+    CHECK_OK(zdp_engine_backward(fresh.eng, false, 1.0f, &e_));
+    CHECK_OK(zdp_engine_step(fresh.eng, &e_));
+    float *pa = params_copy_(&a), *pf = params_copy_(&fresh);
+    const int64_t n = zdp_engine_numel(a.eng);
+    if (memcmp(pa, pf, (size_t)n * sizeof(float)) != 0)
+        CHECK_CLOSE(pa, pf, n, 0.0, 1e-6, sgd ? "SGD: reset vs fresh" : "AdamW: reset vs fresh");
+    /* The step actually moved the parameters (the comparison means something). */
+    CHECK(memcmp(pa, before, (size_t)n * sizeof(float)) != 0);
+    free(before);
+    free(after);
+    free(pa);
+    free(pf);
+    data_free_(&d);
+    run_free_(&a);
+    run_free_(&fresh);
+}
+
 /* SEMANTICS.md 8.4 item 8: the result does not depend on reduce_bucket_size,
  * contiguous_gradients, reduce_scatter or overlap_comm; overlap_comm only
  * changes scheduling, so with it on and off the bits are the same.  Also
@@ -701,7 +1031,7 @@ static void test_grad_norm_is_global(int stage) {
     run rn;
     run_init_(&rn, json, H, L, b, 3);
     const int64_t n = zdp_engine_numel(rn.eng);
-    double *p = malloc((size_t)n * sizeof(double)), *g = calloc((size_t)n, sizeof(double));
+    double *p = calloc((size_t)n, sizeof(double)), *g = calloc((size_t)n, sizeof(double));
     for (int64_t i = 0; i < n; i++) p[i] = zdp_engine_param_data(rn.eng, 0)[i];
     ref_grad_(p, H, L, d.x, d.y, 12, 1.0, g);
     double sq = 0.0;
@@ -770,6 +1100,9 @@ int main(int argc, char **argv) {
         test_grad_norm_is_global(stage), n++;
         test_averaging_invariance(stage, true), n++;
         test_scheduler_cadence(stage), n++;
+        test_hparams_rejections(stage), n++;
+        test_reset_optimizer_state(stage, false), n++;
+        test_reset_optimizer_state(stage, true), n++;
         test_averaging_invariance(stage, false), n++;
         for (int managed = 0; managed < 2; managed++) {
             test_nonfinite_skips_everywhere(stage, managed, NAN), n++;
@@ -780,6 +1113,8 @@ int main(int argc, char **argv) {
         test_stages_match_reference(5, 3, 7, managed), n++;       /* 90 params, bucket < tensor */
         test_stages_match_reference(7, 2, 1 << 20, managed), n++; /* 112 params, one bucket */
     }
+    test_hparams_match_reference(true), n++;  /* AdamW: decoupled decay */
+    test_hparams_match_reference(false), n++; /* Adam, adam_w_mode false: L2 decay */
     for (int managed = 0; managed < 2; managed++) {
         test_overlap_comm_bitwise(managed, 5), n++;       /* smaller than one tensor */
         test_overlap_comm_bitwise(managed, 40), n++;      /* a few tensors per bucket */
