@@ -40,18 +40,19 @@ zdp_status zdp_loss_kind_from_name(const char *name, zdp_loss_kind *out, zdp_err
                        name != NULL ? name : "(null)");
 }
 
-/* r = exp(lp - q) with the exponent clamped at ZDP_LOSS_MAX_LOG_RATIO.
- * lp and q are log-probabilities (<= 0), so lp - q > 80 means the sampler
- * gave the token it sampled a probability e^80 times smaller than the
- * learner does: a mismatched or corrupt q, not an importance weight anyone
- * means.  Unclamped, exp() reaches inf in float from lp - q > 88.7 (and in
- * double from > 709), and an inf or NaN weight would poison the whole
- * gradient (zdp_gpt_set_loss_weights refuses it).  e^80 = 5.5e34 still fits a
- * float with four decades to spare for |A|, and the clipped kinds stay exact:
- * cispo's clip(r) and ppo's clipped branch never see r beyond hi.  Past the
- * clamp r, el and c use r = e^80 (constant in lp there), so they are no
- * longer each other's derivative; such a token's gradient is dominated by the
- * bad input anyway.  The lower side needs no clamp: exp() underflows to 0. */
+/* r = exp(lp - q) with the exponent clamped at ZDP_LOSS_MAX_LOG_RATIO (20).
+ * lp and q are log-probabilities (<= 0), so lp - q > 20 means the sampler
+ * gave the token it sampled a probability e^20 = 4.9e8 times smaller than
+ * the learner does: a mismatched or corrupt q, not an importance weight
+ * anyone means.  Unclamped, exp() reaches inf in float from lp - q > 88.7
+ * (and in double from > 709), and an inf or NaN weight would poison the
+ * whole gradient (zdp_gpt_set_loss_weights refuses it).  At 20, r * A stays
+ * a float for any |A| <= 1e29, so the server's input bound (|A| <= 1e20)
+ * can never overflow a coefficient; the clipped kinds stay exact: cispo's
+ * clip(r) and ppo's clipped branch never see r beyond hi.  Past the clamp
+ * r, el and c use r = e^20 (constant in lp there), so they are no longer
+ * each other's derivative; such a token's gradient is dominated by the bad
+ * input anyway.  The lower side needs no clamp: exp() underflows to 0. */
 static double ratio_(double lp, double q) {
     double d = lp - q;
     if (d > ZDP_LOSS_MAX_LOG_RATIO) d = ZDP_LOSS_MAX_LOG_RATIO;

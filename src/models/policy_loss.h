@@ -58,7 +58,7 @@ typedef struct zdp_loss_config {
     ((zdp_loss_config){.clip_low = 0.8, .clip_high = 1.2, .beta = NAN})
 
 /* The exponent lp - q is clamped at this before exp() (see policy_loss.c). */
-#define ZDP_LOSS_MAX_LOG_RATIO 80.0
+#define ZDP_LOSS_MAX_LOG_RATIO 20.0
 
 /* Tinker's name of a kind ("cross_entropy", "importance_sampling", "ppo",
  * "cispo", "dro"); "?" for a value outside the enum. */

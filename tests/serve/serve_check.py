@@ -216,7 +216,18 @@ def bad_requests(url, data, big):
         ("unknown loss_fn_inputs key", "POST", "/forward_backward",
          {"data": [datum([1, 2], [2, 3]) | {"loss_fn_inputs": {"target_tokens": [2, 3], "mask": [1, 1]}}],
           "loss_fn": "cross_entropy"}, 400, "data[0].loss_fn_inputs.mask"),
-        ("unsupported loss", "POST", "/forward_backward", {"data": [good], "loss_fn": "ppo"}, 400, "loss_fn"),
+        ("unknown loss", "POST", "/forward_backward", {"data": [good], "loss_fn": "kl"}, 400, "loss_fn"),
+        ("ppo without its inputs", "POST", "/forward_backward", {"data": [good], "loss_fn": "ppo"}, 400,
+         "data[0].loss_fn_inputs."),
+        ("dro without beta", "POST", "/forward_backward",
+         {"data": [datum([1, 2], [2, 3]) | {"loss_fn_inputs": {
+             "target_tokens": [2, 3], "logprobs": [-1.0, -2.0], "advantages": [1.0, -1.0]}}],
+          "loss_fn": "dro"}, 400, "loss_fn_config"),
+        ("advantage out of range", "POST", "/forward_backward",
+         {"data": [datum([1, 2], [2, 3]) | {"loss_fn_inputs": {
+             "target_tokens": [2, 3], "logprobs": [-1.0, -2.0], "advantages": [1.0, 1e30]}}],
+          "loss_fn": "importance_sampling"}, 400, "data[0].loss_fn_inputs.advantages[1]"),
+        ("eps = 0", "POST", "/optim_step", {"adam_params": {"eps": 0}}, 400, "adam_params.eps"),
         ("missing loss_fn", "POST", "/forward_backward", {"data": [good]}, 400, "loss_fn"),
         ("token outside vocab (last datum)", "POST", "/forward_backward",
          {"data": [good, good, datum([1, V, 2], [1, 2, 3])], "loss_fn": "cross_entropy"}, 400,
@@ -312,7 +323,9 @@ def scenario(url, out, data, windows, big):
             full_loss = loss
         elif abs(loss - full_loss) > 1e-5 * abs(full_loss):
             fail("split %s: total loss:sum %r, one request gave %r" % (split, loss, full_loss))
-        js = ok(url, "/optim_step", {"adam_params": {"learning_rate": 1e-4, "beta1": 0.9, "beta2": 0.95,
+        # The engine is SGD: of adam_params only learning_rate and weight_decay
+        # act; these are the config's values, so {} below means the same.
+        js = ok(url, "/optim_step", {"adam_params": {"learning_rate": 0.05, "beta1": 0.9, "beta2": 0.95,
                                                       "eps": 1e-12, "weight_decay": 0.0}})
         if js.get("step") != 1 or not js.get("step_applied"):
             fail("split %s: optim_step answered %s" % (split, js))
@@ -406,6 +419,14 @@ def fdcheck(url, data):
     print("fdcheck: loss %.6f -> %.6f, drop %.6g, lr*|g|^2 = %.6g" % (l0, l1, l0 - l1, want))
     if abs((l0 - l1) - want) > 0.05 * want:
         fail("fdcheck: the loss dropped by %g, a gradient of the summed loss predicts %g" % (l0 - l1, want))
+    # adam_params.learning_rate is applied (to SGD too): twice the lr, twice the drop.
+    fwd_bwd(url, data, "fdcheck lr")
+    g = ok(url, "/optim_step", {"adam_params": {"learning_rate": 2 * lr}})["metrics"]["grad_norm:mean"]
+    l2 = post(url, "/forward", {"data": data})[1]["metrics"]["loss:sum"]
+    want = 2 * lr * g * g
+    print("fdcheck: learning_rate %g: loss %.6f -> %.6f, drop %.6g, lr*|g|^2 = %.6g" % (2 * lr, l1, l2, l1 - l2, want))
+    if abs((l1 - l2) - want) > 0.05 * want:
+        fail("fdcheck: with adam_params.learning_rate = %g the loss dropped by %g, wanted %g" % (2 * lr, l1 - l2, want))
 
 
 def main(argv):

@@ -27,9 +27,11 @@
  * go into the model's weighted loss (zdp_gpt_batch.weights) and log p(target)
  * comes back from the same forward (zdp_gpt_batch.logprobs).
  *
- * What it does not do: Tinker's session/futures protocol (/api/v1/...),
- * losses other than cross_entropy, per-step optimizer
- * hyperparameters (the engine takes them from the config).
+ * The Tinker SDK's own protocol (/api/v1/..., futures, seq_id ordering) is
+ * in serve_tinker.c; it validates with the same parsers and feeds the same
+ * queue.  Losses other than cross_entropy are weighted cross-entropies whose
+ * weights come from the forward's own log-probabilities
+ * (zdp_gpt_set_loss_weights, src/models/policy_loss.c).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
@@ -50,26 +52,20 @@
 
 #include "cli.h"
 #include "sample.h"
+#include "serve.h"
 #include "zdp/zdp.h"
 
 int cmd_serve(int argc, char **argv);
 
 /* ---- options ------------------------------------------------------------------ */
 
-typedef struct serve_opts {
-    zdp_gpt_config model;
-    const char *config, *init, *bind;
-    int port;
-    int64_t max_body;
-    uint64_t seed;
-} serve_opts;
-
 static void usage_(void) {
     printf("usage: mpirun -np W zdp serve --config CFG.json --model gpt [options]\n"
            "\n"
            "A training server: rank 0 answers HTTP (JSON, Tinker's data shapes), every rank\n"
            "trains.  Endpoints: POST /forward_backward /forward /optim_step /save_weights\n"
-           "/save_state /load_state /sample, GET /info /healthz (docs/server.md).\n"
+           "/save_state /load_state /sample, GET /info /healthz, and the Tinker SDK's\n"
+           "/api/v1/... (docs/server.md).\n"
            "\n"
            "  --config CFG.json          ds_config with \"managed_gradient_accumulation\": false\n"
            "  --model gpt                the only model served\n"
@@ -80,12 +76,20 @@ static void usage_(void) {
            "  --seed N (42)\n"
            "  --port P (8000)            0: any free port (the listening line says which)\n"
            "  --bind ADDR (127.0.0.1)    the address to listen on (IPv4 or IPv6)\n"
-           "  --max-body BYTES (16777216) larger request bodies get 413\n");
+           "  --max-body BYTES (16777216) larger request bodies get 413\n"
+           "\n"
+           "The Tinker SDK's protocol (/api/v1/..., SDK 0.18-0.24, JSON):\n"
+           "  --model-name NAME (zdp-gpt)  the base_model clients create_model with\n"
+           "  --checkpoint-dir DIR (zdp-serve-checkpoints)  where save_weights writes\n"
+           "  --long-poll-seconds S (30)   retrieve_future holds a pending request this long\n"
+           "  --seq-gap-seconds S (30)     a missing seq_id is given up after this long\n");
 }
 
 static int parse_(int argc, char **argv, serve_opts *o) {
     *o = (serve_opts){.model = CLI_GPT_DEFAULT,
-                      .bind = "127.0.0.1", .port = 8000, .max_body = 16 << 20, .seed = 42};
+                      .bind = "127.0.0.1", .port = 8000, .max_body = 16 << 20, .seed = 42,
+                      .model_name = "zdp-gpt", .checkpoint_dir = "zdp-serve-checkpoints",
+                      .long_poll_s = 30, .seq_gap_s = 30};
     const char *model = NULL;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -110,6 +114,19 @@ static int parse_(int argc, char **argv, serve_opts *o) {
         } else if (!strcmp(a, "--max-body")) {
             if (!cli_parse_i64(v, 2, (int64_t)1 << 34, &o->max_body))
                 return cli_fail("--max-body %s: need a byte count in [2, 2^34]", v);
+        } else if (!strcmp(a, "--model-name")) {
+            if (v[0] == '\0') return cli_fail("--model-name: must not be empty");
+            o->model_name = v;
+        } else if (!strcmp(a, "--checkpoint-dir")) {
+            if (v[0] == '\0') return cli_fail("--checkpoint-dir: must not be empty");
+            o->checkpoint_dir = v;
+        } else if (!strcmp(a, "--long-poll-seconds") || !strcmp(a, "--seq-gap-seconds")) {
+            char *end;
+            double x = strtod(v, &end);
+            if (end == v || *end != '\0' || !(x >= 0.01 && x <= 3600))
+                return cli_fail("%s %s: need seconds in [0.01, 3600]", a, v);
+            if (!strcmp(a, "--long-poll-seconds")) o->long_poll_s = x;
+            else o->seq_gap_s = x;
         } else if (!strcmp(a, "--seed")) {
             if (!cli_parse_i64(v, 0, INT64_MAX, &n)) return cli_fail("--seed %s: need an integer >= 0", v);
             o->seed = (uint64_t)n;
@@ -125,54 +142,8 @@ static int parse_(int argc, char **argv, serve_opts *o) {
 
 /* ---- requests and the queue ------------------------------------------------- */
 
-enum {
-    OP_QUIT = 0,
-    OP_FWDBWD = 1,
-    OP_FORWARD = 2,
-    OP_OPTIM = 3,
-    OP_SAVE_WEIGHTS = 4,
-    OP_SAVE_STATE = 5,
-    OP_LOAD_STATE = 6,
-    OP_INFO = 7,
-    OP_SAMPLE = 8,
-};
-
-/* Adam hyperparameters a client sent (rank 0 only; compared with the config). */
-#define N_ADAM 6
-static const char *const adam_keys_[N_ADAM] = {"learning_rate", "beta1", "beta2", "eps",
-                                               "weight_decay", "grad_clip_norm"};
-
-/* One validated request.  payload is what every rank receives:
- *   fwd ops:  int64 n, int32 len[n], int32 tokens[total], int32 targets[total],
- *             float weights[total]
- *   path ops: the path, NUL-terminated
- *   others:   nothing. */
-typedef struct job {
-    int op;
-    unsigned char *payload;
-    int64_t nbytes;
-    bool has_adam[N_ADAM];
-    double adam[N_ADAM];
-    /* The answer, filled by the main thread. */
-    int status;
-    char *body;
-    bool done;
-    struct job *next;
-} job;
-
-typedef struct server {
-    serve_opts opt;
-    zdp_config cfg;
-    zdp_model model;
-    zdp_engine *eng;
-    MPI_Comm comm;
-    int W, R;
-    /* rank 0: the queue */
-    pthread_mutex_t mu;
-    pthread_cond_t cv_job, cv_done;
-    job *head, *tail;
-    bool closed;
-} server;
+const char *const serve_adam_keys[N_ADAM] = {"learning_rate", "beta1", "beta2", "eps",
+                                             "weight_decay", "grad_clip_norm"};
 
 static volatile sig_atomic_t g_stop = 0;
 static void on_signal_(int sig) {
@@ -180,38 +151,36 @@ static void on_signal_(int sig) {
     g_stop = 1;
 }
 
-static void job_free_(job *j) {
+void serve_job_free(job *j) {
     if (j == NULL) return;
     free(j->payload);
     free(j->body);
+    free(j->tinker_path);
     free(j);
+}
+
+double serve_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* ---- JSON helpers -------------------------------------------------------------- */
 
-static char *dump_(json_t *o) {
+char *serve_dump(json_t *o) {
     char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
     json_decref(o);
     return s;
 }
 
 /* jansson refuses NaN and Inf: they become null. */
-static json_t *jreal_(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+json_t *serve_jreal(double x) { return isfinite(x) ? json_real(x) : json_null(); }
 
-static char *error_body_(const char *field, const char *msg) {
-    return dump_(json_pack("{s:{s:s,s:s?}}", "error", "message", msg, "field", field));
+char *serve_error_body(const char *field, const char *msg) {
+    return serve_dump(json_pack("{s:{s:s,s:s?}}", "error", "message", msg, "field", field));
 }
 
-/* A validation failure: HTTP status, the JSON path of the field, the message. */
-typedef struct verr {
-    int status;
-    char field[256];
-    char msg[1024];
-} verr;
-
-static bool bad_(verr *e, int status, const char *field, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static bool bad_(verr *e, int status, const char *field, const char *fmt, ...) {
+bool serve_bad(verr *e, int status, const char *field, const char *fmt, ...) {
     e->status = status;
     snprintf(e->field, sizeof e->field, "%s", field);
     va_list ap;
@@ -221,7 +190,7 @@ static bool bad_(verr *e, int status, const char *field, const char *fmt, ...) {
     return false;
 }
 
-static const char *jtype_(const json_t *v) {
+const char *serve_jtype(const json_t *v) {
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
     case JSON_ARRAY: return "an array";
@@ -235,7 +204,7 @@ static const char *jtype_(const json_t *v) {
 }
 
 /* Every key of object o must be in keys[0..n). */
-static bool only_keys_(const json_t *o, const char *where, const char *const *keys, int n,
+bool serve_only_keys(const json_t *o, const char *where, const char *const *keys, int n,
                        verr *e) {
     const char *k;
     json_t *v;
@@ -247,7 +216,7 @@ static bool only_keys_(const json_t *o, const char *where, const char *const *ke
             snprintf(field, sizeof field, "%s%s%s", where, where[0] ? "." : "", k);
             for (int i = 0; i < n; i++)
                 snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", keys[i]);
-            return bad_(e, 400, field, "%s: unknown field; the fields here are: %s", field, list);
+            return serve_bad(e, 400, field, "%s: unknown field; the fields here are: %s", field, list);
         }
     }
     return true;
@@ -278,7 +247,7 @@ static bool put_(bytes *b, const void *src, size_t n) {
 /* Reads a loss_fn_inputs tensor: a plain JSON array, or Tinker's TensorData
  * {data, dtype, shape}.  Integer tensors go to ints[0..N), float ones to
  * floats[0..N).  N is the datum's model_input length. */
-static bool parse_tensor_(const json_t *v, const char *path, bool integer, int64_t N, int V,
+static bool parse_tensor_(const json_t *v, const char *path, bool integer, int64_t N, int V, double limit,
                           int32_t *ints, float *floats, verr *e) {
     char field[384];
     const json_t *arr = v;
@@ -287,25 +256,25 @@ static bool parse_tensor_(const json_t *v, const char *path, bool integer, int64
     if (json_is_object(v)) {
         static const char *const keys[] = {"data", "dtype", "shape", "sparse_crow_indices",
                                            "sparse_col_indices"};
-        if (!only_keys_(v, path, keys, 5, e)) return false;
+        if (!serve_only_keys(v, path, keys, 5, e)) return false;
         if (json_object_get(v, "sparse_crow_indices") || json_object_get(v, "sparse_col_indices")) {
             snprintf(field, sizeof field, "%s.sparse_crow_indices", path);
-            return bad_(e, 400, field, "%s: sparse CSR tensors are not supported; send dense 1-D data", path);
+            return serve_bad(e, 400, field, "%s: sparse CSR tensors are not supported; send dense 1-D data", path);
         }
         arr = json_object_get(v, "data");
         snprintf(data_path, sizeof data_path, "%s.data", path);
-        if (arr == NULL) return bad_(e, 400, data_path, "%s: missing (TensorData needs data)", data_path);
+        if (arr == NULL) return serve_bad(e, 400, data_path, "%s: missing (TensorData needs data)", data_path);
         const json_t *dt = json_object_get(v, "dtype");
         snprintf(field, sizeof field, "%s.dtype", path);
         if (dt != NULL) {
             if (!json_is_string(dt))
-                return bad_(e, 400, field, "%s: must be a string, got %s", field, jtype_(dt));
+                return serve_bad(e, 400, field, "%s: must be a string, got %s", field, serve_jtype(dt));
             const char *s = json_string_value(dt);
             bool ok = integer ? (!strcmp(s, "int64") || !strcmp(s, "int32"))
                               : (!strcmp(s, "float32") || !strcmp(s, "float64") ||
                                  !strcmp(s, "int64") || !strcmp(s, "int32"));
             if (!ok)
-                return bad_(e, 400, field, "%s = \"%s\": expected %s", field, s,
+                return serve_bad(e, 400, field, "%s = \"%s\": expected %s", field, s,
                             integer ? "\"int64\" (or \"int32\")" : "\"float32\"");
         }
         const json_t *sh = json_object_get(v, "shape");
@@ -313,18 +282,18 @@ static bool parse_tensor_(const json_t *v, const char *path, bool integer, int64
         if (sh != NULL && !json_is_null(sh)) {
             if (!json_is_array(sh) || json_array_size(sh) != 1 ||
                 !json_is_integer(json_array_get(sh, 0)))
-                return bad_(e, 400, field, "%s: must be [N] (1-D tensors only), got %s", field,
-                            json_is_array(sh) ? "another shape" : jtype_(sh));
+                return serve_bad(e, 400, field, "%s: must be [N] (1-D tensors only), got %s", field,
+                            json_is_array(sh) ? "another shape" : serve_jtype(sh));
             if (json_integer_value(json_array_get(sh, 0)) != N)
-                return bad_(e, 400, field, "%s = [%lld]: must be [%lld], the model_input length", field,
+                return serve_bad(e, 400, field, "%s = [%lld]: must be [%lld], the model_input length", field,
                             (long long)json_integer_value(json_array_get(sh, 0)), (long long)N);
         }
     }
     if (!json_is_array(arr))
-        return bad_(e, 400, data_path, "%s: must be an array of numbers or TensorData, got %s",
-                    data_path, jtype_(arr));
+        return serve_bad(e, 400, data_path, "%s: must be an array of numbers or TensorData, got %s",
+                    data_path, serve_jtype(arr));
     if ((int64_t)json_array_size(arr) != N)
-        return bad_(e, 400, data_path, "%s: has %zu values; the model_input has %lld tokens (position i "
+        return serve_bad(e, 400, data_path, "%s: has %zu values; the model_input has %lld tokens (position i "
                     "of the input predicts element i: the server does not shift)",
                     data_path, json_array_size(arr), (long long)N);
     for (int64_t i = 0; i < N; i++) {
@@ -332,123 +301,205 @@ static bool parse_tensor_(const json_t *v, const char *path, bool integer, int64
         snprintf(field, sizeof field, "%s[%lld]", data_path, (long long)i);
         if (integer) {
             if (!json_is_integer(x))
-                return bad_(e, 400, field, "%s: must be an integer token id, got %s", field, jtype_(x));
+                return serve_bad(e, 400, field, "%s: must be an integer token id, got %s", field, serve_jtype(x));
             json_int_t t = json_integer_value(x);
             if (t < 0 || t >= V)
-                return bad_(e, 400, field, "%s = %lld: outside the vocabulary [0, %d)", field, (long long)t, V);
+                return serve_bad(e, 400, field, "%s = %lld: outside the vocabulary [0, %d)", field, (long long)t, V);
             ints[i] = (int32_t)t;
         } else {
             if (!json_is_number(x))
-                return bad_(e, 400, field, "%s: must be a number, got %s", field, jtype_(x));
+                return serve_bad(e, 400, field, "%s: must be a number, got %s", field, serve_jtype(x));
             double w = json_number_value(x);
-            if (!isfinite(w) || fabs(w) > 3.0e38)
-                return bad_(e, 400, field, "%s = %g: a weight must be a finite float32 number", field, w);
+            if (!isfinite(w))
+                return serve_bad(e, 400, field, "%s = %g: must be a finite number", field, w);
+            if (fabs(w) > limit)
+                return serve_bad(e, 400, field, "%s = %g: |value| must be <= %g", field, w, limit);
             floats[i] = (float)w;
         }
     }
     return true;
 }
 
-/* POST /forward_backward and /forward: {data: [Datum...], loss_fn, loss_fn_config}. */
-static bool parse_fwd_(const json_t *root, const zdp_gpt_config *mc, job *j, verr *e) {
+/* The loss of a forward/forward_backward: Tinker's names, the loss_fn_inputs
+ * each one reads, and its loss_fn_config keys (TINKER.md §2). */
+typedef struct loss_spec {
+    const char *name;
+    const char *inputs[3]; /* [0] is always target_tokens */
+    int n_inputs;
+    bool optional_last;    /* cross_entropy: weights may be left out (all 1) */
+    const char *config[2];
+    int n_config;
+} loss_spec;
+
+static const loss_spec losses_[N_LOSSES] = {
+    [ZDP_LOSS_CROSS_ENTROPY] = {"cross_entropy", {"target_tokens", "weights"}, 2, true, {0}, 0},
+    [ZDP_LOSS_IMPORTANCE_SAMPLING] = {"importance_sampling", {"target_tokens", "logprobs", "advantages"},
+                                  3, false, {0}, 0},
+    [ZDP_LOSS_PPO] = {"ppo", {"target_tokens", "logprobs", "advantages"}, 3, false,
+                  {"clip_low_threshold", "clip_high_threshold"}, 2},
+    [ZDP_LOSS_CISPO] = {"cispo", {"target_tokens", "logprobs", "advantages"}, 3, false,
+                    {"clip_low_threshold", "clip_high_threshold"}, 2},
+    [ZDP_LOSS_DRO] = {"dro", {"target_tokens", "logprobs", "advantages"}, 3, false, {"beta"}, 1},
+};
+
+/* Where a float input goes in the payload (weights, logprobs, advantages). */
+static int float_slot_(const char *input) {
+    return !strcmp(input, "weights") ? 0 : !strcmp(input, "logprobs") ? 1 : 2;
+}
+
+/* "where.rest", or "rest" when where is empty. */
+static const char *at_(char *buf, size_t cap, const char *where, const char *rest) {
+    snprintf(buf, cap, "%s%s%s", where, where[0] ? "." : "", rest);
+    return buf;
+}
+
+/* forward_backward / forward input: {data: [Datum...], loss_fn, loss_fn_config}.
+ * payload: fwd_header, int32 len[n], int32 tokens[total], int32 targets[total],
+ * then float weights[total], logprobs[total] (the sampler's), advantages[total]
+ * (the inputs a loss does not read are 0). */
+bool serve_parse_fwd(const json_t *root, const char *where, const zdp_gpt_config *mc, job *j,
+                     verr *e) {
+    char lf_path[320], lc_path[320], data_path[320];
+    at_(lf_path, sizeof lf_path, where, "loss_fn");
+    at_(lc_path, sizeof lc_path, where, "loss_fn_config");
+    at_(data_path, sizeof data_path, where, "data");
     static const char *const keys[] = {"data", "loss_fn", "loss_fn_config"};
-    if (!only_keys_(root, "", keys, 3, e)) return false;
+    if (!serve_only_keys(root, where, keys, 3, e)) return false;
+
+    fwd_header h = {.loss = ZDP_LOSS_CROSS_ENTROPY, .clip_low = 0.8, .clip_high = 1.2, .beta = NAN};
     const json_t *lf = json_object_get(root, "loss_fn");
     if (lf == NULL && j->op == OP_FWDBWD)
-        return bad_(e, 400, "loss_fn", "loss_fn: missing; send \"cross_entropy\"");
+        return serve_bad(e, 400, lf_path, "%s: missing; send \"cross_entropy\" (or importance_sampling, "
+                         "ppo, cispo, dro)", lf_path);
     if (lf != NULL && !json_is_string(lf))
-        return bad_(e, 400, "loss_fn", "loss_fn: must be a string, got %s", jtype_(lf));
-    if (lf != NULL && strcmp(json_string_value(lf), "cross_entropy") != 0)
-        return bad_(e, 400, "loss_fn", "loss_fn = \"%s\": not supported yet; the supported loss is "
-                    "\"cross_entropy\"", json_string_value(lf));
+        return serve_bad(e, 400, lf_path, "%s: must be a string, got %s", lf_path, serve_jtype(lf));
+    if (lf != NULL) {
+        h.loss = -1;
+        for (int k = 0; k < N_LOSSES; k++)
+            if (!strcmp(json_string_value(lf), losses_[k].name)) h.loss = k;
+        if (h.loss < 0)
+            return serve_bad(e, 400, lf_path, "%s = \"%s\": unknown loss; the losses are cross_entropy, "
+                             "importance_sampling, ppo, cispo, dro", lf_path, json_string_value(lf));
+    }
+    const loss_spec *ls = &losses_[h.loss];
     const json_t *lc = json_object_get(root, "loss_fn_config");
-    if (lc != NULL && !json_is_null(lc) && !(json_is_object(lc) && json_object_size(lc) == 0))
-        return bad_(e, 400, "loss_fn_config", "loss_fn_config: cross_entropy takes no options; "
-                    "leave it out or send {}");
+    if (lc != NULL && !json_is_null(lc)) {
+        if (!json_is_object(lc))
+            return serve_bad(e, 400, lc_path, "%s: must be an object, got %s", lc_path, serve_jtype(lc));
+        if (ls->n_config == 0 && json_object_size(lc) > 0)
+            return serve_bad(e, 400, lc_path, "%s: %s takes no options; leave it out or send {}", lc_path,
+                             ls->name);
+        if (!serve_only_keys(lc, lc_path, ls->config, ls->n_config, e)) return false;
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)lc, k, v) {
+            char f[400];
+            snprintf(f, sizeof f, "%s.%s", lc_path, k);
+            if (!json_is_number(v) || !isfinite(json_number_value(v)) || json_number_value(v) < 0)
+                return serve_bad(e, 400, f, "%s: must be a finite number >= 0", f);
+            double x = json_number_value(v);
+            if (x > 1e6) return serve_bad(e, 400, f, "%s = %g: must be <= 1e6", f, x);
+            if (!strcmp(k, "clip_low_threshold")) h.clip_low = x;
+            else if (!strcmp(k, "clip_high_threshold")) h.clip_high = x;
+            else h.beta = x;
+        }
+    }
+    if (h.loss == ZDP_LOSS_DRO && (lc == NULL || json_object_get(lc, "beta") == NULL))
+        return serve_bad(e, 400, lc_path, "%s.beta: missing; dro needs beta (the weight of "
+                         "0.5 * (logprob - sampler logprob)^2)", lc_path);
+    if (h.clip_low > 1.0 || h.clip_high < 1.0)
+        return serve_bad(e, 400, lc_path, "%s: clip_low_threshold = %g and clip_high_threshold = %g "
+                         "are ratio bounds and must satisfy low <= 1 <= high (defaults 0.8, 1.2)",
+                         lc_path, h.clip_low, h.clip_high);
+
     const json_t *data = json_object_get(root, "data");
-    if (data == NULL) return bad_(e, 400, "data", "data: missing (an array of datums)");
-    if (!json_is_array(data)) return bad_(e, 400, "data", "data: must be an array, got %s", jtype_(data));
+    if (data == NULL) return serve_bad(e, 400, data_path, "%s: missing (an array of datums)", data_path);
+    if (!json_is_array(data))
+        return serve_bad(e, 400, data_path, "%s: must be an array, got %s", data_path, serve_jtype(data));
     const size_t n = json_array_size(data);
-    if (n == 0) return bad_(e, 400, "data", "data: empty; send at least one datum");
-    if (n > (1u << 24)) return bad_(e, 400, "data", "data: %zu datums is too many", n);
+    if (n == 0) return serve_bad(e, 400, data_path, "%s: empty; send at least one datum", data_path);
+    if (n > (1u << 24)) return serve_bad(e, 400, data_path, "%s: %zu datums is too many", data_path, n);
 
     const int T = mc->block_size, V = mc->vocab_size;
+    const size_t cap = n * (size_t)T;
     int32_t *len = calloc(n, sizeof *len);
-    int32_t *tok = malloc(n * (size_t)T * sizeof *tok), *tgt = malloc(n * (size_t)T * sizeof *tgt);
-    float *w = malloc(n * (size_t)T * sizeof *w);
-    bool ok = len != NULL && tok != NULL && tgt != NULL && w != NULL;
-    if (!ok) bad_(e, 500, "data", "out of memory for %zu datums", n);
+    int32_t *tok = malloc(cap * sizeof *tok), *tgt = malloc(cap * sizeof *tgt);
+    float *fl = calloc(3 * cap, sizeof *fl); /* weights, logprobs, advantages */
+    bool ok = len != NULL && tok != NULL && tgt != NULL && fl != NULL;
+    if (!ok) serve_bad(e, 500, data_path, "out of memory for %zu datums", n);
     int64_t total = 0;
-    char path[64], field[256];
+    char path[384], field[512];
     for (size_t i = 0; ok && i < n; i++) {
         const json_t *d = json_array_get(data, i);
-        snprintf(path, sizeof path, "data[%zu]", i);
+        snprintf(path, sizeof path, "%s[%zu]", data_path, i);
         if (!json_is_object(d)) {
-            ok = bad_(e, 400, path, "%s: must be an object {model_input, loss_fn_inputs}, got %s", path, jtype_(d));
+            ok = serve_bad(e, 400, path, "%s: must be an object {model_input, loss_fn_inputs}, got %s", path,
+                           serve_jtype(d));
             break;
         }
         static const char *const dkeys[] = {"model_input", "loss_fn_inputs"};
-        if (!(ok = only_keys_(d, path, dkeys, 2, e))) break;
+        if (!(ok = serve_only_keys(d, path, dkeys, 2, e))) break;
         const json_t *mi = json_object_get(d, "model_input");
         snprintf(field, sizeof field, "%s.model_input", path);
         if (!json_is_object(mi)) {
-            ok = bad_(e, 400, field, "%s: %s; must be {\"chunks\": [...]}", field,
-                      mi ? "not an object" : "missing");
+            ok = serve_bad(e, 400, field, "%s: %s; must be {\"chunks\": [...]}", field,
+                           mi ? "not an object" : "missing");
             break;
         }
         static const char *const mkeys[] = {"chunks"};
-        if (!(ok = only_keys_(mi, field, mkeys, 1, e))) break;
+        if (!(ok = serve_only_keys(mi, field, mkeys, 1, e))) break;
         const json_t *chunks = json_object_get(mi, "chunks");
         snprintf(field, sizeof field, "%s.model_input.chunks", path);
         if (!json_is_array(chunks) || json_array_size(chunks) == 0) {
-            ok = bad_(e, 400, field, "%s: must be a non-empty array of chunks", field);
+            ok = serve_bad(e, 400, field, "%s: must be a non-empty array of chunks", field);
             break;
         }
         int64_t N = 0;
         int32_t *dst = tok + total;
         for (size_t c = 0; ok && c < json_array_size(chunks); c++) {
             const json_t *ch = json_array_get(chunks, c);
-            char cpath[128];
+            char cpath[448];
             snprintf(cpath, sizeof cpath, "%s.model_input.chunks[%zu]", path, c);
             if (!json_is_object(ch)) {
-                ok = bad_(e, 400, cpath, "%s: must be an object, got %s", cpath, jtype_(ch));
+                ok = serve_bad(e, 400, cpath, "%s: must be an object, got %s", cpath, serve_jtype(ch));
                 break;
             }
             static const char *const ckeys[] = {"type", "tokens"};
             const json_t *ty = json_object_get(ch, "type");
             if (ty != NULL && (!json_is_string(ty) || strcmp(json_string_value(ty), "encoded_text") != 0)) {
                 snprintf(field, sizeof field, "%s.type", cpath);
-                ok = bad_(e, 400, field, "%s: only \"encoded_text\" chunks are supported (got %s%s%s)",
-                          field, json_is_string(ty) ? "\"" : "",
-                          json_is_string(ty) ? json_string_value(ty) : jtype_(ty),
-                          json_is_string(ty) ? "\"" : "");
+                ok = serve_bad(e, 400, field, "%s: only \"encoded_text\" chunks are supported (got %s%s%s)",
+                               field, json_is_string(ty) ? "\"" : "",
+                               json_is_string(ty) ? json_string_value(ty) : serve_jtype(ty),
+                               json_is_string(ty) ? "\"" : "");
                 break;
             }
-            if (!(ok = only_keys_(ch, cpath, ckeys, 2, e))) break;
+            if (!(ok = serve_only_keys(ch, cpath, ckeys, 2, e))) break;
             const json_t *tk = json_object_get(ch, "tokens");
             snprintf(field, sizeof field, "%s.tokens", cpath);
             if (!json_is_array(tk)) {
-                ok = bad_(e, 400, field, "%s: must be an array of token ids, got %s", field,
-                          tk ? jtype_(tk) : "nothing");
+                ok = serve_bad(e, 400, field, "%s: must be an array of token ids, got %s", field,
+                               tk ? serve_jtype(tk) : "nothing");
                 break;
             }
             for (size_t k = 0; k < json_array_size(tk); k++) {
                 const json_t *x = json_array_get(tk, k);
                 snprintf(field, sizeof field, "%s.tokens[%zu]", cpath, k);
                 if (!json_is_integer(x)) {
-                    ok = bad_(e, 400, field, "%s: must be an integer token id, got %s", field, jtype_(x));
+                    ok = serve_bad(e, 400, field, "%s: must be an integer token id, got %s", field,
+                                   serve_jtype(x));
                     break;
                 }
                 json_int_t t = json_integer_value(x);
                 if (t < 0 || t >= V) {
-                    ok = bad_(e, 400, field, "%s = %lld: outside the vocabulary [0, %d)", field,
-                              (long long)t, V);
+                    ok = serve_bad(e, 400, field, "%s = %lld: outside the vocabulary [0, %d)", field,
+                                   (long long)t, V);
                     break;
                 }
                 if (N >= T) {
                     snprintf(field, sizeof field, "%s.model_input", path);
-                    ok = bad_(e, 400, field, "%s: more than %d tokens (block_size); send at most %d",
-                              field, T, T);
+                    ok = serve_bad(e, 400, field, "%s: more than %d tokens (block_size); send at most %d",
+                                   field, T, T);
                     break;
                 }
                 dst[N++] = (int32_t)t;
@@ -457,44 +508,50 @@ static bool parse_fwd_(const json_t *root, const zdp_gpt_config *mc, job *j, ver
         if (!ok) break;
         if (N == 0) {
             snprintf(field, sizeof field, "%s.model_input", path);
-            ok = bad_(e, 400, field, "%s: no tokens; a datum needs at least one", field);
+            ok = serve_bad(e, 400, field, "%s: no tokens; a datum needs at least one", field);
             break;
         }
         const json_t *li = json_object_get(d, "loss_fn_inputs");
         snprintf(field, sizeof field, "%s.loss_fn_inputs", path);
         if (!json_is_object(li)) {
-            ok = bad_(e, 400, field, "%s: %s; must be {\"target_tokens\": ..., \"weights\": ...}", field,
-                      li ? "not an object" : "missing");
+            ok = serve_bad(e, 400, field, "%s: %s; %s needs %s%s%s%s", field, li ? "not an object" : "missing",
+                           ls->name, ls->inputs[0], ls->n_inputs > 1 ? ", " : "",
+                           ls->n_inputs > 1 ? ls->inputs[1] : "", ls->n_inputs > 2 ? ", advantages" : "");
             break;
         }
-        static const char *const lkeys[] = {"target_tokens", "weights"};
-        if (!(ok = only_keys_(li, field, lkeys, 2, e))) break;
-        const json_t *tt = json_object_get(li, "target_tokens");
-        snprintf(field, sizeof field, "%s.loss_fn_inputs.target_tokens", path);
-        if (tt == NULL) {
-            ok = bad_(e, 400, field, "%s: missing (cross_entropy needs it)", field);
-            break;
+        if (!(ok = serve_only_keys(li, field, ls->inputs, ls->n_inputs, e))) break;
+        for (int k = 0; ok && k < ls->n_inputs; k++) {
+            const json_t *tv = json_object_get(li, ls->inputs[k]);
+            char tpath[576];
+            snprintf(tpath, sizeof tpath, "%s.loss_fn_inputs.%s", path, ls->inputs[k]);
+            float *dstf = fl + (size_t)float_slot_(ls->inputs[k]) * cap + total;
+            if (tv == NULL || json_is_null(tv)) {
+                if (k == ls->n_inputs - 1 && ls->optional_last) {
+                    for (int64_t t = 0; t < N; t++) dstf[t] = 1.0f; /* no weights: all 1 */
+                    continue;
+                }
+                ok = serve_bad(e, 400, tpath, "%s: missing (%s needs it)", tpath, ls->name);
+                break;
+            }
+            /* Bounds that keep every loss coefficient within float range:
+             * the ratio exp(lp - q) is clamped at exp(ZDP_LOSS_MAX_LOG_RATIO). */
+            const double limit = !strcmp(ls->inputs[k], "logprobs") ? 1e4 : 1e20;
+            ok = k == 0 ? parse_tensor_(tv, tpath, true, N, V, 0, tgt + total, NULL, e)
+                        : parse_tensor_(tv, tpath, false, N, V, limit, NULL, dstf, e);
         }
-        if (!(ok = parse_tensor_(tt, field, true, N, V, tgt + total, NULL, e))) break;
-        const json_t *wt = json_object_get(li, "weights");
-        snprintf(field, sizeof field, "%s.loss_fn_inputs.weights", path);
-        if (wt != NULL && !json_is_null(wt)) {
-            if (!(ok = parse_tensor_(wt, field, false, N, V, NULL, w + total, e))) break;
-        } else {
-            for (int64_t k = 0; k < N; k++) w[total + k] = 1.0f;
-        }
+        if (!ok) break;
         len[i] = (int32_t)N;
         total += N;
     }
     if (ok) {
         bytes b = {0};
-        int64_t n64 = (int64_t)n;
-        ok = put_(&b, &n64, sizeof n64) && put_(&b, len, n * sizeof *len) &&
-             put_(&b, tok, (size_t)total * sizeof *tok) && put_(&b, tgt, (size_t)total * sizeof *tgt) &&
-             put_(&b, w, (size_t)total * sizeof *w);
+        h.n = (int64_t)n;
+        ok = put_(&b, &h, sizeof h) && put_(&b, len, n * sizeof *len) &&
+             put_(&b, tok, (size_t)total * sizeof *tok) && put_(&b, tgt, (size_t)total * sizeof *tgt);
+        for (int k = 0; ok && k < 3; k++) ok = put_(&b, fl + (size_t)k * cap, (size_t)total * sizeof *fl);
         if (!ok) {
             free(b.p);
-            bad_(e, 500, "data", "out of memory");
+            serve_bad(e, 500, data_path, "out of memory");
         } else {
             j->payload = b.p;
             j->nbytes = (int64_t)b.len;
@@ -503,55 +560,75 @@ static bool parse_fwd_(const json_t *root, const zdp_gpt_config *mc, job *j, ver
     free(len);
     free(tok);
     free(tgt);
-    free(w);
+    free(fl);
     return ok;
 }
 
-static bool parse_optim_(const json_t *root, job *j, verr *e) {
-    static const char *const keys[] = {"adam_params"};
-    if (!only_keys_(root, "", keys, 1, e)) return false;
-    const json_t *ap = json_object_get(root, "adam_params");
-    if (ap == NULL || json_is_null(ap)) return true;
-    if (!json_is_object(ap))
-        return bad_(e, 400, "adam_params", "adam_params: must be an object, got %s", jtype_(ap));
-    if (!only_keys_(ap, "adam_params", adam_keys_, N_ADAM, e)) return false;
-    for (int k = 0; k < N_ADAM; k++) {
-        const json_t *v = json_object_get(ap, adam_keys_[k]);
-        if (v == NULL || json_is_null(v)) continue;
-        char field[64];
-        snprintf(field, sizeof field, "adam_params.%s", adam_keys_[k]);
-        if (!json_is_number(v)) return bad_(e, 400, field, "%s: must be a number, got %s", field, jtype_(v));
-        double x = json_number_value(v);
-        bool beta = k == 1 || k == 2;
-        if (!isfinite(x) || x < 0 || (beta && x >= 1))
-            return bad_(e, 400, field, "%s = %g: must be %s", field, x, beta ? "in [0, 1)" : ">= 0");
-        j->has_adam[k] = true;
-        j->adam[k] = x;
+/* adam_params (Tinker's AdamParams) -> payload: optim_payload.  A field
+ * left out keeps the engine's current value, or with tinker_defaults takes
+ * AdamParams' default (TINKER.md §1.4: older SDKs leave the last two out). */
+bool serve_parse_optim(const json_t *ap, const char *where, bool tinker_defaults, job *j, verr *e) {
+    static const double tinker_default[N_ADAM] = {1e-4, 0.9, 0.95, 1e-12, 0.0, 0.0};
+    optim_payload p = {0};
+    for (int k = 0; k < N_ADAM && tinker_defaults; k++) {
+        p.has[k] = 1;
+        p.value[k] = tinker_default[k];
     }
+    if (ap != NULL && !json_is_null(ap)) {
+        if (!json_is_object(ap))
+            return serve_bad(e, 400, where, "%s: must be an object, got %s", where, serve_jtype(ap));
+        if (!serve_only_keys(ap, where, serve_adam_keys, N_ADAM, e)) return false;
+        for (int k = 0; k < N_ADAM; k++) {
+            const json_t *v = json_object_get(ap, serve_adam_keys[k]);
+            if (v == NULL || json_is_null(v)) continue;
+            char field[320];
+            snprintf(field, sizeof field, "%s.%s", where, serve_adam_keys[k]);
+            if (!json_is_number(v))
+                return serve_bad(e, 400, field, "%s: must be a number, got %s", field, serve_jtype(v));
+            double x = json_number_value(v);
+            /* The ranges zdp_engine_set_hparams accepts. */
+            bool beta = k == 1 || k == 2, eps = k == 3;
+            if (!isfinite(x) || x < 0 || (beta && x >= 1) || (eps && x <= 0))
+                return serve_bad(e, 400, field, "%s = %g: must be %s", field, x,
+                                 beta ? "in [0, 1)" : eps ? "> 0" : ">= 0");
+            p.has[k] = 1;
+            p.value[k] = x;
+        }
+    }
+    j->payload = malloc(sizeof p);
+    if (j->payload == NULL) return serve_bad(e, 500, where, "out of memory");
+    memcpy(j->payload, &p, sizeof p);
+    j->nbytes = (int64_t)sizeof p;
+    return true;
+}
+
+/* The payload of a path op: the path, NUL-terminated. */
+bool serve_set_path(job *j, const char *path, verr *e) {
+    size_t n = strlen(path);
+    j->payload = malloc(n + 1);
+    if (j->payload == NULL) return serve_bad(e, 500, "path", "out of memory");
+    memcpy(j->payload, path, n + 1);
+    j->nbytes = (int64_t)n + 1;
     return true;
 }
 
 static bool parse_path_(const json_t *root, job *j, verr *e) {
     static const char *const keys[] = {"path"};
-    if (!only_keys_(root, "", keys, 1, e)) return false;
+    if (!serve_only_keys(root, "", keys, 1, e)) return false;
     const json_t *p = json_object_get(root, "path");
-    if (p == NULL) return bad_(e, 400, "path", "path: missing (a file or directory path on the server)");
-    if (!json_is_string(p)) return bad_(e, 400, "path", "path: must be a string, got %s", jtype_(p));
+    if (p == NULL) return serve_bad(e, 400, "path", "path: missing (a file or directory path on the server)");
+    if (!json_is_string(p)) return serve_bad(e, 400, "path", "path: must be a string, got %s", serve_jtype(p));
     size_t n = json_string_length(p);
     const char *s = json_string_value(p);
-    if (n == 0 || strlen(s) != n) return bad_(e, 400, "path", "path: must be a non-empty string without NUL");
-    if (n > 4000) return bad_(e, 400, "path", "path: longer than 4000 bytes");
+    if (n == 0 || strlen(s) != n) return serve_bad(e, 400, "path", "path: must be a non-empty string without NUL");
+    if (n > 4000) return serve_bad(e, 400, "path", "path: longer than 4000 bytes");
     if (j->op != OP_SAVE_WEIGHTS) {
         /* dir/tag: the tag is the last component. */
         size_t m = n;
         while (m > 0 && s[m - 1] == '/') m--;
-        if (m == 0) return bad_(e, 400, "path", "path = \"%s\": needs a directory name (DIR/TAG)", s);
+        if (m == 0) return serve_bad(e, 400, "path", "path = \"%s\": needs a directory name (DIR/TAG)", s);
     }
-    j->payload = malloc(n + 1);
-    if (j->payload == NULL) return bad_(e, 500, "path", "out of memory");
-    memcpy(j->payload, s, n + 1);
-    j->nbytes = (int64_t)n + 1;
-    return true;
+    return serve_set_path(j, s, e);
 }
 
 /* ---- execution (every rank) ---------------------------------------------------- */
@@ -565,18 +642,38 @@ static float **views_(server *s) {
     return v;
 }
 
+/* Per-token coefficients and losses of datum i: c_t (the weight its
+ * log-probability's gradient gets) and the summand of L at t. */
+static void datum_loss_(const fwd_header *h, int64_t N, const float *lp, const float *w,
+                        const float *q, const float *adv, float *coef, float *el, double *sum) {
+    const zdp_loss_config lc = {.clip_low = h->clip_low, .clip_high = h->clip_high, .beta = h->beta};
+    zdp_error err;
+    if (zdp_policy_loss((zdp_loss_kind)h->loss, &lc, N, lp, q, adv, w, coef, el, sum, &err) != ZDP_OK) {
+        /* Validation bounds every input (|x| <= 1e20, sampler logprobs within
+         * 1e4), so only a model whose own log-probabilities have left float
+         * range gets here.  This datum then adds no gradient, rather than
+         * leaving the ranks' backward calls out of step. */
+        fprintf(stderr, "zdp serve: rank %d: datum dropped from the gradient: %s\n", zdp_dist_rank(), err.msg);
+        for (int64_t t = 0; t < N; t++) coef[t] = 0.0f, el[t] = NAN;
+        *sum = NAN;
+    }
+}
+
 static char *exec_fwd_(server *s, const job *j, int *status) {
     const unsigned char *p = j->payload;
-    int64_t n;
-    memcpy(&n, p, sizeof n);
-    const int32_t *len = (const int32_t *)(p + sizeof n);
+    fwd_header h;
+    memcpy(&h, p, sizeof h);
+    const int64_t n = h.n;
+    const int32_t *len = (const int32_t *)(p + sizeof h);
     int64_t total = 0;
     for (int64_t i = 0; i < n; i++) total += len[i];
     const int32_t *tok = len + n, *tgt = tok + total;
-    const float *w = (const float *)(tgt + total);
+    const float *w = (const float *)(tgt + total), *q = w + total, *adv = q + total;
     int64_t *off = malloc((size_t)(n + 1) * sizeof *off);
     float *lp = calloc((size_t)total + 1, sizeof *lp);
-    if (off == NULL || lp == NULL)
+    float *coef = malloc(((size_t)total + 1) * sizeof *coef);
+    float *el = malloc(((size_t)total + 1) * sizeof *el);
+    if (off == NULL || lp == NULL || coef == NULL || el == NULL)
         engine_die_("forward_backward", &(zdp_error){.msg = "out of memory"});
     off[0] = 0;
     for (int64_t i = 0; i < n; i++) off[i + 1] = off[i] + len[i];
@@ -588,14 +685,24 @@ static char *exec_fwd_(server *s, const job *j, int *status) {
     for (int64_t r = 0; r < rounds; r++) {
         const int64_t i = r * s->W + s->R;
         if (i < n) {
+            const int64_t o = off[i];
             /* The model's loss is (1/N) sum_t w_t * CE_t and fills log p(target) per token. */
-            zdp_gpt_batch b = {.inputs = tok + off[i], .targets = tgt + off[i], .weights = w + off[i],
-                               .logprobs = lp + off[i], .B = 1, .T = len[i]};
+            zdp_gpt_batch b = {.inputs = tok + o, .targets = tgt + o, .weights = w + o,
+                               .logprobs = lp + o, .B = 1, .T = len[i]};
             float loss;
             if (zdp_engine_forward(s->eng, &b, &loss, &err) != ZDP_OK) engine_die_("forward", &err);
-            /* d(sum_t w_t CE_t)/dθ: times N against the mean over positions, times W
+            if (!bwd) continue;
+            if (h.loss != ZDP_LOSS_CROSS_ENTROPY) {
+                /* A policy loss: its gradient is the weighted cross-entropy's with
+                 * weights computed from this forward's log-probabilities. */
+                double unused;
+                datum_loss_(&h, len[i], lp + o, w + o, q + o, adv + o, coef + o, el + o, &unused);
+                if (zdp_gpt_set_loss_weights(&s->model, coef + o, len[i], &err) != ZDP_OK)
+                    engine_die_("forward_backward", &err);
+            }
+            /* d(sum_t c_t CE_t)/dθ: times N against the mean over positions, times W
              * against the engine's mean over ranks. */
-            if (bwd && zdp_engine_backward(s->eng, false, (float)len[i] * (float)s->W, &err) != ZDP_OK)
+            if (zdp_engine_backward(s->eng, false, (float)len[i] * (float)s->W, &err) != ZDP_OK)
                 engine_die_("backward", &err);
         } else if (bwd) {
             /* No datum left for this rank: a zero-weight micro-batch keeps the
@@ -617,76 +724,76 @@ static char *exec_fwd_(server *s, const job *j, int *status) {
     char *body = NULL;
     if (s->R == 0) {
         json_t *outs = json_array();
-        double loss_sum = 0, wsum = 0;
+        double loss_sum = 0;
         for (int64_t i = 0; i < n; i++) {
+            const int64_t o = off[i];
+            double sum;
+            datum_loss_(&h, len[i], lp + o, w + o, q + o, adv + o, coef + o, el + o, &sum);
+            loss_sum += sum;
             json_t *lpa = json_array(), *ela = json_array();
-            for (int64_t k = off[i]; k < off[i + 1]; k++) {
-                double el = -(double)w[k] * (double)lp[k];
-                loss_sum += el;
-                wsum += w[k];
-                json_array_append_new(lpa, jreal_(lp[k]));
-                json_array_append_new(ela, jreal_(el));
+            for (int64_t k = o; k < off[i + 1]; k++) {
+                json_array_append_new(lpa, serve_jreal(lp[k]));
+                json_array_append_new(ela, serve_jreal(el[k]));
             }
             json_array_append_new(
                 outs, json_pack("{s:{s:o,s:s,s:[I]},s:{s:o,s:s,s:[I]}}", "logprobs", "data", lpa, "dtype",
                                 "float32", "shape", (json_int_t)len[i], "elementwise_loss", "data", ela,
                                 "dtype", "float32", "shape", (json_int_t)len[i]));
         }
-        json_t *metrics = json_pack("{s:o}", "loss:sum", jreal_(loss_sum));
-        (void)wsum;
-        body = dump_(json_pack("{s:s,s:o,s:o}", "loss_fn_output_type", "ArrayRecord", "loss_fn_outputs",
-                               outs, "metrics", metrics));
+        json_t *metrics = json_pack("{s:o}", "loss:sum", serve_jreal(loss_sum));
+        body = serve_dump(json_pack("{s:s,s:o,s:o}", "loss_fn_output_type", "ArrayRecord",
+                                    "loss_fn_outputs", outs, "metrics", metrics));
         *status = 200;
     }
     free(off);
     free(lp);
+    free(coef);
+    free(el);
     return body;
 }
 
+/* optim_step: the request's hyperparameters (the rest keep their values),
+ * then the engine's step. */
 static char *exec_optim_(server *s, const job *j, int *status) {
-    zdp_error err;
-    /* Rank 0: what the client asked for against what the engine will apply
-     * (read before the step: the scheduler's lr for this update). */
-    json_t *warnings = s->R == 0 ? json_array() : NULL;
-    if (s->R == 0) {
-        const zdp_optimizer_config *oc = &s->cfg.optimizer;
-        bool adam = oc->type != ZDP_OPTIMIZER_SGD;
-        bool any = false;
-        for (int k = 0; k < N_ADAM; k++) any = any || j->has_adam[k];
-        if (any && !adam)
-            json_array_append_new(warnings, json_string(
-                "the engine's optimizer is SGD (from --config): adam_params are ignored"));
-        double mine[N_ADAM] = {zdp_engine_lr(s->eng), oc->beta1, oc->beta2, oc->eps, oc->weight_decay,
-                               s->cfg.gradient_clipping};
-        for (int k = 0; adam && k < N_ADAM; k++) {
-            if (!j->has_adam[k]) continue;
-            double a = j->adam[k], b = mine[k];
-            if (fabs(a - b) <= 1e-12 * fmax(fabs(a), fabs(b))) continue;
-            char msg[320];
-            snprintf(msg, sizeof msg,
-                     "adam_params.%s = %g differs from the engine's %g (from --config); the engine "
-                     "applied %g: zdp cannot change optimizer hyperparameters per step yet",
-                     adam_keys_[k], a, b, b);
-            json_array_append_new(warnings, json_string(msg));
+    optim_payload p;
+    memcpy(&p, j->payload, sizeof p);
+    zdp_hparams h;
+    zdp_engine_get_hparams(s->eng, &h);
+    double *dst[N_ADAM] = {&h.lr, &h.beta1, &h.beta2, &h.eps, &h.weight_decay, &h.gradient_clipping};
+    bool any = false;
+    for (int k = 0; k < N_ADAM; k++)
+        if (p.has[k]) {
+            *dst[k] = p.value[k];
+            any = true;
         }
+    zdp_error err;
+    json_t *warnings = s->R == 0 ? json_array() : NULL;
+    if (any) {
+        /* Validated on rank 0 already; every rank sets the same values. */
+        if (zdp_engine_set_hparams(s->eng, &h, &err) != ZDP_OK) engine_die_("optim_step", &err);
+        if (s->R == 0 && s->cfg.optimizer.type == ZDP_OPTIMIZER_SGD && (p.has[1] || p.has[2] || p.has[3]))
+            json_array_append_new(warnings, json_string("the engine's optimizer is SGD (from --config): "
+                                                        "adam_params beta1, beta2 and eps have no effect"));
     }
     zdp_status st = zdp_engine_step(s->eng, &err);
     if (st == ZDP_ERR_STATE) {
         json_decref(warnings);
         if (s->R != 0) return NULL;
         *status = 409;
-        return error_body_(NULL,
-                           "optim_step: no forward_backward since the last optim_step, so there is no "
-                           "gradient to apply; nothing changed");
+        return serve_error_body(NULL,
+                                "optim_step: no forward_backward since the last optim_step, so there is no "
+                                "gradient to apply; nothing changed");
     }
     if (st != ZDP_OK) engine_die_("optim_step", &err);
     if (s->R != 0) return NULL;
     *status = 200;
-    return dump_(json_pack("{s:{s:o,s:f},s:I,s:I,s:b,s:o}", "metrics", "grad_norm:mean",
-                           jreal_(zdp_engine_last_grad_norm(s->eng)), "learning_rate:mean",
-                           zdp_engine_last_lr(s->eng), "step", (json_int_t)zdp_engine_global_steps(s->eng),
-                           "global_samples", (json_int_t)zdp_engine_global_samples(s->eng),
-                           "step_applied", zdp_engine_was_step_applied(s->eng), "warnings", warnings));
+    /* Metric keys have exactly one ':' (Tinker's rule). */
+    return serve_dump(json_pack("{s:{s:o,s:o},s:I,s:I,s:b,s:o}", "metrics", "grad_norm:mean",
+                                serve_jreal(zdp_engine_last_grad_norm(s->eng)), "learning_rate:mean",
+                                serve_jreal(zdp_engine_last_lr(s->eng)), "step",
+                                (json_int_t)zdp_engine_global_steps(s->eng), "global_samples",
+                                (json_int_t)zdp_engine_global_samples(s->eng), "step_applied",
+                                zdp_engine_was_step_applied(s->eng), "warnings", warnings));
 }
 
 static int status_of_(zdp_status st) {
@@ -703,19 +810,19 @@ typedef struct sample_req {
 
 static bool parse_sample_(const json_t *root, const zdp_gpt_config *mc, job *j, verr *e) {
     static const char *const keys[] = {"prompt", "max_tokens", "temperature", "top_k", "seed"};
-    if (!only_keys_(root, "", keys, 5, e)) return false;
+    if (!serve_only_keys(root, "", keys, 5, e)) return false;
     const json_t *p = json_object_get(root, "prompt");
     /* A plain token list, or a Tinker ModelInput {chunks: [{tokens: [...]}]}. */
     if (json_is_object(p)) {
         const json_t *chunks = json_object_get(p, "chunks");
         if (!json_is_array(chunks) || json_array_size(chunks) != 1 ||
             !json_is_array(json_object_get(json_array_get(chunks, 0), "tokens")))
-            return bad_(e, 400, "prompt.chunks",
+            return serve_bad(e, 400, "prompt.chunks",
                         "prompt.chunks: must hold one encoded_text chunk with \"tokens\"");
         p = json_object_get(json_array_get(chunks, 0), "tokens");
     }
     if (!json_is_array(p) || json_array_size(p) < 1 || json_array_size(p) > 1000000)
-        return bad_(e, 400, "prompt", "prompt: must be a non-empty array of token ids (or a "
+        return serve_bad(e, 400, "prompt", "prompt: must be a non-empty array of token ids (or a "
                                       "ModelInput with one chunk)");
     sample_req r = {.n = (int64_t)json_array_size(p), .max_tokens = 16, .temperature = 1.0};
     const char *names[3] = {"max_tokens", "top_k", "seed"};
@@ -725,17 +832,17 @@ static bool parse_sample_(const json_t *root, const zdp_gpt_config *mc, job *j, 
         const json_t *v = json_object_get(root, names[k]);
         if (v == NULL) continue;
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > hi[k])
-            return bad_(e, 400, names[k], "%s: must be an integer in [0, %lld]", names[k],
+            return serve_bad(e, 400, names[k], "%s: must be an integer in [0, %lld]", names[k],
                         (long long)hi[k]);
         *dst[k] = (int64_t)json_integer_value(v);
     }
     const json_t *t = json_object_get(root, "temperature");
     if (t != NULL && (!json_is_number(t) || !(json_number_value(t) >= 0) || json_number_value(t) > 100))
-        return bad_(e, 400, "temperature", "temperature: must be a number in [0, 100] (0 = greedy)");
+        return serve_bad(e, 400, "temperature", "temperature: must be a number in [0, 100] (0 = greedy)");
     if (t != NULL) r.temperature = json_number_value(t);
     j->nbytes = (int64_t)sizeof r + r.n * (int64_t)sizeof(int32_t);
     j->payload = malloc((size_t)j->nbytes);
-    if (j->payload == NULL) return bad_(e, 500, "prompt", "out of memory");
+    if (j->payload == NULL) return serve_bad(e, 500, "prompt", "out of memory");
     memcpy(j->payload, &r, sizeof r);
     int32_t *tok = (int32_t *)(j->payload + sizeof r);
     for (int64_t i = 0; i < r.n; i++) {
@@ -743,7 +850,7 @@ static bool parse_sample_(const json_t *root, const zdp_gpt_config *mc, job *j, 
         char field[48];
         snprintf(field, sizeof field, "prompt[%lld]", (long long)i);
         if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= mc->vocab_size)
-            return bad_(e, 400, field, "%s: must be a token id in [0, %d)", field, mc->vocab_size);
+            return serve_bad(e, 400, field, "%s: must be a token id in [0, %d)", field, mc->vocab_size);
         tok[i] = (int32_t)json_integer_value(x);
     }
     return true;
@@ -762,7 +869,7 @@ static char *exec_sample_(server *s, const job *j, int *status) {
     if (tok == NULL || logits == NULL || v == NULL) {
         free(tok), free(logits), free(v);
         *status = 500;
-        return error_body_(NULL, "out of memory");
+        return serve_error_body(NULL, "out of memory");
     }
     memcpy(tok, prompt, (size_t)r.n * sizeof *tok);
     uint64_t rng = (uint64_t)r.seed;
@@ -777,7 +884,7 @@ static char *exec_sample_(server *s, const job *j, int *status) {
     }
     free(tok), free(logits), free(v);
     *status = 200;
-    return dump_(json_pack("{s:[{s:o,s:s}],s:I}", "sequences", "tokens", out, "stop_reason",
+    return serve_dump(json_pack("{s:[{s:o,s:s}],s:I}", "sequences", "tokens", out, "stop_reason",
                            "length", "prompt_length", (json_int_t)r.n));
 }
 
@@ -788,17 +895,17 @@ static char *exec_save_weights_(server *s, const job *j, int *status) {
     float **v = views_(s);
     if (v == NULL) {
         *status = 500;
-        return error_body_("path", "out of memory");
+        return serve_error_body("path", "out of memory");
     }
     zdp_status st = zdp_gpt_weights_save(path, s->model.params, s->model.n_params,
                                          (const float *const *)v, &err);
     free(v);
     if (st != ZDP_OK) {
         *status = status_of_(st);
-        return error_body_("path", err.msg);
+        return serve_error_body("path", err.msg);
     }
     *status = 200;
-    return dump_(json_pack("{s:s,s:I}", "path", path, "step", (json_int_t)zdp_engine_global_steps(s->eng)));
+    return serve_dump(json_pack("{s:s,s:I}", "path", path, "step", (json_int_t)zdp_engine_global_steps(s->eng)));
 }
 
 /* path "A/B/TAG" -> dir "A/B", tag "TAG"; "TAG" -> ".", "TAG". */
@@ -841,13 +948,58 @@ static char *exec_state_(server *s, const job *j, int *status) {
     if (s->R != 0) return NULL;
     if (!all) {
         *status = st == ZDP_OK ? 500 : status_of_(st);
-        return error_body_("path", st == ZDP_OK ? "another rank failed; see the server's log" : err.msg);
+        return serve_error_body("path", st == ZDP_OK ? "another rank failed; see the server's log" : err.msg);
     }
     *status = 200;
-    return dump_(json_pack("{s:s,s:I,s:I,s:I}", "path", path, "step",
+    return serve_dump(json_pack("{s:s,s:I,s:I,s:I}", "path", path, "step",
                            (json_int_t)zdp_engine_global_steps(s->eng), "global_samples",
                            (json_int_t)zdp_engine_global_samples(s->eng), "pending_backwards",
                            (json_int_t)zdp_engine_pending_backwards(s->eng)));
+}
+
+static int64_t numel_(const zdp_param_info *p) {
+    int64_t n = 1;
+    for (int d = 0; d < p->ndim; d++) n *= p->shape[d];
+    return n;
+}
+
+/* Tinker's load_weights without the optimizer: the weights of a checkpoint
+ * (its model.safetensors) and a fresh optimizer state.  Rank 0 reads into
+ * scratch memory, so a failed read changes nothing; sync_params then gives
+ * every rank the new weights. */
+static char *exec_load_weights_(server *s, const job *j, int *status) {
+    const char *path = (const char *)j->payload;
+    zdp_error err = {0};
+    zdp_status st = ZDP_OK;
+    if (s->R == 0) {
+        const int np = s->model.n_params;
+        float **tmp = calloc((size_t)np, sizeof *tmp);
+        st = tmp == NULL ? ZDP_ERR_NOMEM : ZDP_OK;
+        for (int i = 0; st == ZDP_OK && i < np; i++) {
+            tmp[i] = malloc((size_t)numel_(&s->model.params[i]) * sizeof(float));
+            if (tmp[i] == NULL) st = ZDP_ERR_NOMEM;
+        }
+        if (st == ZDP_ERR_NOMEM) snprintf(err.msg, sizeof err.msg, "out of memory for the weights");
+        if (st == ZDP_OK)
+            st = zdp_gpt_weights_load(path, &s->opt.model, s->model.params, np, tmp, &err);
+        for (int i = 0; st == ZDP_OK && i < np; i++)
+            memcpy(zdp_engine_param_data(s->eng, i), tmp[i], (size_t)numel_(&s->model.params[i]) * sizeof(float));
+        for (int i = 0; tmp != NULL && i < np; i++) free(tmp[i]);
+        free(tmp);
+    }
+    int ok = st == ZDP_OK;
+    MPI_Bcast(&ok, 1, MPI_INT, 0, s->comm);
+    if (ok) {
+        if (zdp_engine_sync_params(s->eng, &err) != ZDP_OK) engine_die_("load_weights", &err);
+        zdp_engine_reset_optimizer_state(s->eng);
+    }
+    if (s->R != 0) return NULL;
+    if (!ok) {
+        *status = status_of_(st);
+        return serve_error_body("path", err.msg);
+    }
+    *status = 200;
+    return serve_dump(json_pack("{s:s,s:I}", "path", path, "step", (json_int_t)zdp_engine_global_steps(s->eng)));
 }
 
 static char *exec_info_(server *s, int *status) {
@@ -872,6 +1024,10 @@ static char *exec_info_(server *s, int *status) {
     free(all);
     const zdp_gpt_config *mc = &s->opt.model;
     const zdp_optimizer_config *oc = &s->cfg.optimizer;
+    /* What the next update uses: the config's values until an optim_step's
+     * adam_params set others. */
+    zdp_hparams hp;
+    zdp_engine_get_hparams(s->eng, &hp);
     const char *opt = oc->type == ZDP_OPTIMIZER_SGD ? "SGD" : oc->type == ZDP_OPTIMIZER_ADAMW ? "AdamW" : "Adam";
     json_t *o = json_pack(
         "{s:{s:s,s:i,s:i,s:i,s:i,s:i,s:I},s:i,s:i,s:I,s:I,s:I,s:I,s:I,s:o,s:o,"
@@ -883,13 +1039,13 @@ static char *exec_info_(server *s, int *status) {
         (json_int_t)zdp_engine_global_samples(s->eng), "micro_steps",
         (json_int_t)zdp_engine_micro_steps(s->eng), "skipped_steps",
         (json_int_t)zdp_engine_skipped_steps(s->eng), "pending_backwards",
-        (json_int_t)zdp_engine_pending_backwards(s->eng), "lr", jreal_(zdp_engine_lr(s->eng)),
-        "last_grad_norm", jreal_(zdp_engine_last_grad_norm(s->eng)), "optimizer", "type", opt, "lr",
-        oc->lr, "beta1", oc->beta1, "beta2", oc->beta2, "eps", oc->eps, "weight_decay", oc->weight_decay,
-        "gradient_clipping", s->cfg.gradient_clipping, "memory", mem, "max_body_bytes",
+        (json_int_t)zdp_engine_pending_backwards(s->eng), "lr", serve_jreal(zdp_engine_lr(s->eng)),
+        "last_grad_norm", serve_jreal(zdp_engine_last_grad_norm(s->eng)), "optimizer", "type", opt, "lr",
+        hp.lr, "beta1", hp.beta1, "beta2", hp.beta2, "eps", hp.eps, "weight_decay", hp.weight_decay,
+        "gradient_clipping", hp.gradient_clipping, "memory", mem, "max_body_bytes",
         (json_int_t)s->opt.max_body);
     *status = 200;
-    return dump_(o);
+    return serve_dump(o);
 }
 
 /* Every rank: runs one request; rank 0 gets the answer. */
@@ -903,6 +1059,7 @@ static char *exec_(server *s, const job *j, int *status) {
     case OP_LOAD_STATE: return exec_state_(s, j, status);
     case OP_INFO: return exec_info_(s, status);
     case OP_SAMPLE: return exec_sample_(s, j, status);
+    case OP_LOAD_WEIGHTS: return exec_load_weights_(s, j, status);
     default:
         engine_die_("serve", &(zdp_error){.msg = "unknown request type from rank 0 (a bug in zdp)"});
     }
@@ -961,6 +1118,7 @@ static bool needs_all_(int op) { return op != OP_SAVE_WEIGHTS && op != OP_SAMPLE
 static void leader_loop_(server *s) {
     for (;;) {
         pthread_mutex_lock(&s->mu);
+        tinker_tick_locked(s);
         while (s->head == NULL && !g_stop) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
@@ -970,15 +1128,23 @@ static void leader_loop_(server *s) {
                 ts.tv_nsec -= 1000000000;
             }
             pthread_cond_timedwait(&s->cv_job, &s->mu, &ts);
+            /* Tinker requests held back for a missing seq_id may be due. */
+            tinker_tick_locked(s);
         }
         if (g_stop) {
             /* Refuse what is queued and what comes, then tell the ranks. */
             s->closed = true;
-            for (job *q = s->head; q != NULL; q = q->next) {
+            for (job *q = s->head, *next; q != NULL; q = next) {
+                next = q->next;
+                if (q->fut != NULL) {
+                    tinker_finish_locked(s, q, 503, serve_error_body(NULL, "the server is shutting down"));
+                    continue;
+                }
                 q->status = 503;
-                q->body = error_body_(NULL, "the server is shutting down");
+                q->body = serve_error_body(NULL, "the server is shutting down");
                 q->done = true;
             }
+            tinker_shutdown_locked(s);
             s->head = s->tail = NULL;
             pthread_cond_broadcast(&s->cv_done);
             pthread_mutex_unlock(&s->mu);
@@ -998,9 +1164,13 @@ static void leader_loop_(server *s) {
         int status = 500;
         char *body = exec_(s, j, &status);
         pthread_mutex_lock(&s->mu);
-        j->status = status;
-        j->body = body;
-        j->done = true;
+        if (j->fut != NULL) {
+            tinker_finish_locked(s, j, status, body);
+        } else {
+            j->status = status;
+            j->body = body;
+            j->done = true;
+        }
         pthread_cond_broadcast(&s->cv_done);
         pthread_mutex_unlock(&s->mu);
     }
@@ -1014,7 +1184,7 @@ typedef struct conn_ctx {
     bool too_big;
 } conn_ctx;
 
-static enum MHD_Result reply_(struct MHD_Connection *c, int status, char *body) {
+enum MHD_Result serve_reply(struct MHD_Connection *c, int status, char *body) {
     if (body == NULL) {
         body = strdup("{\"error\": {\"message\": \"out of memory\", \"field\": null}}");
         status = 500;
@@ -1039,7 +1209,7 @@ static enum MHD_Result reply_error_(struct MHD_Connection *c, int status, const 
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return reply_(c, status, error_body_(field, msg));
+    return serve_reply(c, status, serve_error_body(field, msg));
 }
 
 typedef struct route {
@@ -1056,30 +1226,37 @@ static const route routes_[] = {
 };
 #define N_ROUTES ((int)(sizeof routes_ / sizeof routes_[0]))
 
+void serve_enqueue_locked(server *s, job *j) {
+    j->next = NULL;
+    if (s->tail) s->tail->next = j;
+    else s->head = j;
+    s->tail = j;
+    pthread_cond_signal(&s->cv_job);
+}
+
 /* Queues the job and waits for its answer (requests run one at a time, in
  * the order they were queued). */
 static enum MHD_Result run_job_(server *s, struct MHD_Connection *c, job *j) {
     pthread_mutex_lock(&s->mu);
     if (s->closed || g_stop) {
         pthread_mutex_unlock(&s->mu);
-        job_free_(j);
+        serve_job_free(j);
         return reply_error_(c, 503, NULL, "the server is shutting down");
     }
-    if (s->tail) s->tail->next = j;
-    else s->head = j;
-    s->tail = j;
-    pthread_cond_signal(&s->cv_job);
+    serve_enqueue_locked(s, j);
     while (!j->done) pthread_cond_wait(&s->cv_done, &s->mu);
     pthread_mutex_unlock(&s->mu);
     char *body = j->body;
     int status = j->status;
     j->body = NULL;
-    job_free_(j);
-    return reply_(c, status, body);
+    serve_job_free(j);
+    return serve_reply(c, status, body);
 }
 
 static enum MHD_Result handle_(server *s, struct MHD_Connection *c, const char *url,
                                const char *method, conn_ctx *cx) {
+    if (strncmp(url, "/api/v1/", 8) == 0)
+        return tinker_handle(s, c, url + 8, method, cx->buf, cx->len);
     const route *rt = NULL;
     bool path_known = false;
     for (int i = 0; i < N_ROUTES; i++) {
@@ -1089,7 +1266,8 @@ static enum MHD_Result handle_(server *s, struct MHD_Connection *c, const char *
     }
     if (rt == NULL && !path_known)
         return reply_error_(c, 404, "url", "%s %s: no such endpoint; POST /forward_backward /forward "
-                            "/optim_step /save_weights /save_state /load_state /sample, GET /info /healthz",
+                            "/optim_step /save_weights /save_state /load_state /sample, GET /info /healthz, and the "
+                            "Tinker SDK's /api/v1/...",
                             method, url);
     if (rt == NULL) {
         const char *want = "POST";
@@ -1097,7 +1275,7 @@ static enum MHD_Result handle_(server *s, struct MHD_Connection *c, const char *
             if (strcmp(url, routes_[i].path) == 0) want = routes_[i].method;
         return reply_error_(c, 405, "method", "%s %s: method not allowed; use %s", method, url, want);
     }
-    if (rt->op < 0) return reply_(c, 200, strdup("{\"status\": \"ok\"}"));
+    if (rt->op < 0) return serve_reply(c, 200, strdup("{\"status\": \"ok\"}"));
     job *j = calloc(1, sizeof *j);
     if (j == NULL) return reply_error_(c, 500, NULL, "out of memory");
     j->op = rt->op;
@@ -1108,18 +1286,20 @@ static enum MHD_Result handle_(server *s, struct MHD_Connection *c, const char *
     json_t *root = cx->len == 0 ? json_object()
                                 : json_loadb(cx->buf, cx->len, JSON_REJECT_DUPLICATES, &jerr);
     if (root == NULL) {
-        job_free_(j);
+        serve_job_free(j);
         return reply_error_(c, 400, "body", "the body is not valid JSON: %s (line %d, column %d)",
                             jerr.text, jerr.line, jerr.column);
     }
     verr e = {0};
     bool ok;
     if (!json_is_object(root)) {
-        ok = bad_(&e, 400, "body", "the body must be a JSON object, got %s", jtype_(root));
+        ok = serve_bad(&e, 400, "body", "the body must be a JSON object, got %s", serve_jtype(root));
     } else if (rt->op == OP_FWDBWD || rt->op == OP_FORWARD) {
-        ok = parse_fwd_(root, &s->opt.model, j, &e);
+        ok = serve_parse_fwd(root, "", &s->opt.model, j, &e);
     } else if (rt->op == OP_OPTIM) {
-        ok = parse_optim_(root, j, &e);
+        static const char *const keys[] = {"adam_params"};
+        ok = serve_only_keys(root, "", keys, 1, &e) &&
+             serve_parse_optim(json_object_get(root, "adam_params"), "adam_params", false, j, &e);
     } else if (rt->op == OP_SAMPLE) {
         ok = parse_sample_(root, &s->opt.model, j, &e);
     } else {
@@ -1127,8 +1307,8 @@ static enum MHD_Result handle_(server *s, struct MHD_Connection *c, const char *
     }
     json_decref(root);
     if (!ok) {
-        job_free_(j);
-        return reply_(c, e.status, error_body_(e.field, e.msg));
+        serve_job_free(j);
+        return serve_reply(c, e.status, serve_error_body(e.field, e.msg));
     }
     return run_job_(s, c, j);
 }
@@ -1221,7 +1401,7 @@ static struct MHD_Daemon *start_http_(server *s, char *why, size_t cap, int *por
     }
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, (uint16_t)s->opt.port, NULL, NULL, access_, s, MHD_OPTION_SOCK_ADDR, sa,
-        MHD_OPTION_NOTIFY_COMPLETED, completed_, s, MHD_OPTION_CONNECTION_LIMIT, 64u,
+        MHD_OPTION_NOTIFY_COMPLETED, completed_, s, MHD_OPTION_CONNECTION_LIMIT, 256u,
         MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_END);
     if (d == NULL) {
         snprintf(why, cap, "cannot listen on %s port %d (in use, or not an address of this machine)",
@@ -1285,12 +1465,15 @@ int cmd_serve(int argc, char **argv) {
         pthread_mutex_init(&s.mu, NULL);
         pthread_cond_init(&s.cv_job, NULL);
         pthread_cond_init(&s.cv_done, NULL);
+        s.tinker = tinker_create();
         char why[512];
-        d = start_http_(&s, why, sizeof why, &port);
-        if (d == NULL) rc = cli_fail("%s", why);
+        if (s.tinker == NULL) rc = cli_fail("out of memory");
+        else if ((d = start_http_(&s, why, sizeof why, &port)) == NULL) rc = cli_fail("%s", why);
     }
     if (!zdp_dist_all_ok(rc == 0)) {
         if (rc == 0) rc = 2;
+        if (d != NULL) MHD_stop_daemon(d);
+        tinker_destroy(s.tinker);
         MPI_Comm_free(&s.comm);
         goto done;
     }
@@ -1308,6 +1491,7 @@ int cmd_serve(int argc, char **argv) {
         pthread_mutex_destroy(&s.mu);
         pthread_cond_destroy(&s.cv_job);
         pthread_cond_destroy(&s.cv_done);
+        tinker_destroy(s.tinker);
         printf("zdp serve: stopped at step %lld\n", (long long)zdp_engine_global_steps(s.eng));
         fflush(stdout);
     } else {

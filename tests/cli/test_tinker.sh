@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# `zdp serve` through the Tinker SDK's wire protocol (/api/v1, futures,
+# seq_id ordering), at -np 1, 2 and 3 (ZeRO stages 0, 1, 2), driven by
+# tests/serve/tinker_check.py with a client that sends what the SDK sends:
+# bootstrap, create_model (LoRA ignored, one model), chunks posted in
+# parallel with the first last, lost responses retried with the same
+# idempotency key, held-open retrieve_future, seq_id gaps, every loss,
+# save/load_weights.  Each update is compared with the server's plain
+# endpoints (themselves checked against `zdp train` by test_serve.sh).
+# usage: test_tinker.sh ZDP_BINARY MPIEXEC
+set -u
+ZDP=$1
+MPIEXEC=$2
+HERE=$(cd "$(dirname "$0")" && pwd)
+CHECK="$HERE/../serve/tinker_check.py"
+PY=${PYTHON:-python3}
+T=$(mktemp -d)
+SERVER_PID=""
+RANK0_PID=""
+SERVER_RC=0
+stop_server() {
+  if [ -n "$SERVER_PID" ]; then
+    [ -n "$RANK0_PID" ] && kill -TERM "$RANK0_PID" 2>/dev/null
+    for _ in $(seq 100); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$SERVER_PID" 2>/dev/null
+    wait "$SERVER_PID" 2>/dev/null
+    SERVER_RC=$?
+    SERVER_PID=""
+  fi
+}
+trap 'stop_server; rm -rf "$T"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+MODEL=(--model gpt --n-layer 2 --n-head 2 --n-embd 16 --vocab-size 64 --block-size 16)
+config() {
+  cat <<JSON
+{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+ "managed_gradient_accumulation": false, "gradient_clipping": 0,
+ "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-12}},
+ "zero_optimization": {"stage": $1, "reduce_bucket_size": 500}}
+JSON
+}
+
+for np in ${NPS:-1 2 3}; do
+  stage=$((np - 1))
+  config $stage >"$T/cfg$np.json"
+  mkdir -p "$T/np$np"
+  log="$T/server$np.log"
+  timeout 300 "$MPIEXEC" -np $np --oversubscribe "$ZDP" serve "${MODEL[@]}" --config "$T/cfg$np.json" \
+    --port 0 --checkpoint-dir "$T/ck$np" --long-poll-seconds 1 --seq-gap-seconds 3 >"$log" 2>&1 &
+  SERVER_PID=$!
+  URL=""
+  for _ in $(seq 300); do
+    URL=$(grep -o 'listening on http://[0-9.]*:[0-9]*' "$log" | sed 's/listening on //')
+    RANK0_PID=$(grep -o 'rank 0 pid [0-9]*' "$log" | sed 's/rank 0 pid //')
+    [ -n "$URL" ] && break
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [ -z "$URL" ]; then fail "server at -np $np did not start"; cat "$log"; stop_server; continue; fi
+  timeout 240 $PY "$CHECK" "$URL" "$T/np$np" $np "$T/ck$np" || fail "tinker_check at -np $np (ZeRO stage $stage)"
+  stop_server
+  if [ $SERVER_RC -ne 0 ] || ! grep -q "zdp serve: stopped" "$log"; then
+    fail "-np $np: no clean stop on SIGTERM (exit $SERVER_RC)"; tail -20 "$log"
+  fi
+  grep -q "lora_config is ignored" "$log" || fail "-np $np: the server did not log that LoRA is ignored"
+  if grep -q "MPI_ABORT\|zdp: error" "$log"; then fail "-np $np: server log has errors"; cat "$log"; fi
+done
+
+if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
+echo "test_tinker: all checks passed"

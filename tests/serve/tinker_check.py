@@ -1,0 +1,347 @@
+#!/usr/bin/env python3
+"""tinker_check.py -- drives a running `zdp serve` through the Tinker SDK's wire
+protocol (tests/serve/tinker_sdk.py, a client written from TINKER.md that sends
+what the SDK sends), for tests/cli/test_tinker.sh.
+
+  tinker_check.py URL OUT_DIR WORLD_SIZE CHECKPOINT_DIR
+
+The server must run with --long-poll-seconds 1 --seq-gap-seconds 3 and
+--checkpoint-dir CHECKPOINT_DIR.  Reference updates come from the server's plain
+endpoints (/forward_backward, /optim_step), which tests/cli/test_serve.sh checks
+against `zdp train`.  Every failed check prints "FAIL: ..."; the exit status is
+the failure count (capped at 100).
+"""
+import json
+import os
+import random
+import sys
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_check as S  # noqa: E402
+import tinker_sdk as T  # noqa: E402
+
+# Adam with a large eps: an update near-linear in the gradient, so a float
+# rounding difference cannot flip the sign of a near-zero gradient's update.
+ADAM = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-3, "weight_decay": 0.01,
+        "grad_clip_norm": 0.0}
+
+
+def fail(msg):
+    S.fail(msg)
+
+
+def expect_failure(fn, what, needle, category="user"):
+    """fn() must raise RequestFailedError of category whose message holds needle."""
+    try:
+        fn()
+    except T.RequestFailedError as e:
+        if e.category != category or needle not in str(e):
+            fail("%s: RequestFailedError(%r, %s), wanted %s mentioning %r" % (what, str(e), e.category,
+                                                                                category, needle))
+        return str(e)
+    except Exception as e:  # noqa: BLE001
+        fail("%s: raised %r, wanted RequestFailedError" % (what, e))
+        return None
+    fail("%s: succeeded, wanted a %s error mentioning %r" % (what, category, needle))
+    return None
+
+
+def as_datum(d, **inputs):
+    """serve_check's plain datum -> the SDK's Datum with TensorData inputs."""
+    tokens = d["model_input"]["chunks"][0]["tokens"]
+    targets = d["loss_fn_inputs"]["target_tokens"]
+    if isinstance(targets, dict):
+        targets = targets["data"]
+    if inputs:
+        return T.datum(tokens, targets, **{k: T.tensor(v, "float32") for k, v in inputs.items()})
+    w = d["loss_fn_inputs"].get("weights")
+    return T.datum(tokens, targets, (w["data"] if isinstance(w, dict) else w) if w is not None else None)
+
+
+class Check:
+    def __init__(self, url, out, W, ckdir):
+        self.url, self.out, self.W, self.ckdir = url, out, W, ckdir
+        S.gen_data(out)
+        self.plain = json.load(open(os.path.join(out, "data.json")))
+        self.data = [as_datum(d) for d in self.plain]
+        self.s0 = os.path.join(out, "s0")
+
+    # -- helpers --
+
+    def reset(self):
+        """The initial weights and optimizer state, nothing pending."""
+        S.ok(self.url, "/load_state", {"path": self.s0})
+
+    def sampler_file(self, tc, name):
+        res = tc.save_weights_for_sampler(name).result()
+        want = "tinker://%s/sampler_weights/%s" % (tc.model_id, name)
+        if res.get("path") != want:
+            fail("save_weights_for_sampler answered %s, wanted path %s" % (res, want))
+        return os.path.join(self.ckdir, tc.model_id.replace(":", "_"), "sampler_weights", name + ".safetensors")
+
+    def native_update(self, name, data, loss_fn="cross_entropy", adam=ADAM):
+        """The same update through the plain endpoints, as one request."""
+        self.reset()
+        js = S.ok(self.url, "/forward_backward", {"data": data, "loss_fn": loss_fn})
+        S.ok(self.url, "/optim_step", {"adam_params": adam})
+        path = os.path.join(self.out, name + ".safetensors")
+        S.ok(self.url, "/save_weights", {"path": path})
+        return path, js["metrics"]["loss:sum"]
+
+    def info(self):
+        return S.req(self.url, "GET", "/info")[1]
+
+    # -- the checks --
+
+    def bootstrap(self):
+        self.sc = T.ServiceClient(self.url, heartbeat_interval=0.3, backoff_base=0.02, outer_backoff_unit=0.05,
+                                  client_config_overrides={"fwdbwd_max_chunk_len": 2 * self.W})
+        cfg = self.sc.server_client_config
+        if cfg.get("parallel_fwdbwd_chunks") is not True or cfg.get("proto_write_fwdbwd") is not False:
+            fail("client/config: %s (wanted parallel chunks, no protobuf)" % cfg)
+        if not any("lora_config is ignored" in w for w in self.sc.warnings):
+            fail("create_session carried no warning about LoRA: %s" % self.sc.warnings)
+        caps = self.sc.get_server_capabilities()
+        self.name = caps["supported_models"][0]["model_name"]
+        expect_failure(lambda: self.sc.create_lora_training_client("gpt2"), "create_model of another base_model",
+                       self.name)
+        self.tc = self.sc.create_lora_training_client(self.name, rank=32)
+        info = self.tc.get_info()
+        if info.get("model_id") != self.tc.model_id or info.get("is_lora") is not False:
+            fail("get_info: %s" % info)
+        # One model per server: a second live session cannot take it.
+        other = T.ServiceClient(self.url, heartbeat_interval=0.3, backoff_base=0.02, outer_backoff_unit=0.05)
+        expect_failure(lambda: other.create_lora_training_client(self.name), "a second create_model", "live session")
+        other.close()
+        S.ok(self.url, "/save_state", {"path": self.s0})
+
+    def exact_update(self):
+        """Chunks of 2W datums, posted in parallel with the first chunk last,
+        then optim_step: bitwise the update of one plain request (chunks of a
+        multiple of W datums give each rank the same datums in the same order)."""
+        ref, ref_loss = self.native_update("ref", self.plain)
+        self.reset()
+        fb = self.tc.forward_backward(self.data, "cross_entropy")
+        res = fb.result()
+        order = [seq for seq, path in self.tc.sent if path.endswith("forward_backward")][-len(fb.chunks):]
+        if len(fb.chunks) > 1 and order[-1] != fb.chunks[0][0]:
+            fail("the client did not send the first chunk last: %s" % order)
+        if len(res["loss_fn_outputs"]) != len(self.data):
+            fail("forward_backward merged %d outputs for %d datums" % (len(res["loss_fn_outputs"]), len(self.data)))
+        for d, o in zip(self.plain, res["loss_fn_outputs"]):
+            n = len(d["model_input"]["chunks"][0]["tokens"])
+            if len(o["logprobs"]["data"]) != n:
+                fail("logprobs length %d for a datum of %d tokens" % (len(o["logprobs"]["data"]), n))
+        loss = res["metrics"]["loss:sum"]
+        if abs(loss - ref_loss) > 1e-5 * abs(ref_loss):
+            fail("loss:sum over %d chunks %r, one plain request %r" % (len(fb.chunks), loss, ref_loss))
+        m = self.tc.optim_step(ADAM).result()
+        if set(m.get("metrics", {})) != {"grad_norm:mean", "learning_rate:mean"} or \
+                abs(m["metrics"]["learning_rate:mean"] - ADAM["learning_rate"]) > 1e-12:
+            fail("optim_step result %s" % m)
+        S.compare(ref, self.sampler_file(self.tc, "exact"), exact=True)
+        self.ref = ref
+        return len(fb.chunks)
+
+    def retries(self):
+        """Lost responses make the client retry with the same idempotency key;
+        a late chunk arrives after the ones behind it.  Each runs once."""
+        self.reset()
+        nxt = self.tc._next_request_id + 1  # the seq_id the next request gets
+        faults = T.Faults()
+        n_chunks = -(-len(self.data) // (2 * self.W))
+        faults.drop_response("forward_backward", seq_id=nxt + 1)        # the second chunk
+        faults.delay("forward_backward", 0.4, seq_id=nxt + n_chunks - 1)  # the last comes late
+        faults.drop_response("optim_step")
+        faults.drop_response("retrieve_future", nth=self.sc.http.count("/api/v1/retrieve_future") + 2)
+        self.sc.http.fault = faults
+        before = {p: self.sc.http.count(p, "lost") for p in ("/api/v1/forward_backward", "/api/v1/optim_step")}
+        self.tc.forward_backward(self.data, "cross_entropy").result()
+        self.tc.optim_step(ADAM).result()
+        self.sc.http.fault = None
+        if faults.pending():
+            fail("fault rules that never fired: %s" % faults.pending())
+        for p, n in before.items():
+            if self.sc.http.count(p, "lost") <= n:
+                fail("%s: no response was lost, so the retry path was not exercised" % p)
+        info = self.info()
+        if info["step"] != 1 or info["pending_backwards"] != 0:
+            fail("after retried requests: step %s, pending %s (wanted 1, 0)" % (info["step"], info["pending_backwards"]))
+        S.compare(self.ref, self.sampler_file(self.tc, "retried"), exact=True)
+
+    def refused_chunk(self):
+        """A bad datum fails its chunk's future with the field's name; its
+        seq_id is used up, so the next requests run without waiting."""
+        self.reset()
+        bad = list(self.data)
+        bad[2 * self.W + 1] = T.datum([1, 2, 999], [1, 2, 3])
+        fb = self.tc.forward_backward(bad, "cross_entropy")
+        expect_failure(fb.result, "forward_backward with a token outside the vocabulary",
+                       "forward_backward_input.data[1].model_input.chunks[0].tokens[2]")
+        t0 = time.time()
+        self.reset()
+        self.tc.forward_backward(self.data, "cross_entropy").result()
+        self.tc.optim_step(ADAM).result()
+        if time.time() - t0 > 2.5:
+            fail("requests after a refused chunk waited %.1f s (the refused seq_id was not counted)" % (time.time() - t0))
+        S.compare(self.ref, self.sampler_file(self.tc, "after_refused"), exact=True)
+        expect_failure(lambda: self.tc.optim_step({"learning_rate": -1.0}).result(), "a negative learning_rate",
+                       "adam_params.learning_rate")
+        expect_failure(lambda: self.tc.forward_backward(self.data, "kl").result(), "an unknown loss",
+                       "forward_backward_input.loss_fn")
+
+    def losses(self):
+        """Every policy loss back-propagates sum_t c_t * (-logprob_t).  With the
+        sampler's logprobs equal to the model's, r = 1 and each loss's update
+        equals cross_entropy with weights = advantages, bit for bit; with
+        r = e, PPO clips the positive advantages away."""
+        self.reset()
+        rng = random.Random(3)
+        lp = [o["logprobs"]["data"] for o in self.tc.forward(self.data, "cross_entropy").result()["loss_fn_outputs"]]
+        adv = [[round(rng.uniform(-1, 1), 3) for _ in x] for x in lp]
+        ref, ref_loss = self.native_update("ce_adv", [d | {"loss_fn_inputs": d["loss_fn_inputs"] | {"weights": a}}
+                                                      for d, a in zip(self.plain, adv)])
+        for loss_fn, cfg in (("importance_sampling", None), ("ppo", None), ("cispo", None), ("dro", {"beta": 0.5})):
+            self.reset()
+            data = [as_datum(d, logprobs=q, advantages=a) for d, q, a in zip(self.plain, lp, adv)]
+            res = self.tc.forward_backward(data, loss_fn, cfg).result()
+            # r = 1: importance_sampling and ppo are -sum A; cispo and dro -sum lp*A.
+            if loss_fn in ("importance_sampling", "ppo"):
+                want = -sum(x for a in adv for x in a)
+            else:
+                want = -sum(l * x for q, a in zip(lp, adv) for l, x in zip(q, a))
+            if abs(res["metrics"]["loss:sum"] - want) > 1e-4 * max(1.0, abs(want)):
+                fail("%s at r = 1: loss:sum %r, wanted %r" % (loss_fn, res["metrics"]["loss:sum"], want))
+            self.tc.optim_step(ADAM).result()
+            S.compare(ref, self.sampler_file(self.tc, loss_fn), exact=True)
+        # PPO with q = lp - 1: r = e > 1.2 clips A > 0 (no gradient) and keeps r*A for A < 0.
+        e = 2.718281828459045
+        self.reset()
+        data = [as_datum(d, logprobs=[x - 1.0 for x in q], advantages=a) for d, q, a in zip(self.plain, lp, adv)]
+        res = self.tc.forward_backward(data, "ppo").result()
+        want = -sum(min(e * x, 1.2 * x) for a in adv for x in a)
+        if abs(res["metrics"]["loss:sum"] - want) > 1e-4 * max(1.0, abs(want)):
+            fail("ppo at r = e: loss:sum %r, wanted %r" % (res["metrics"]["loss:sum"], want))
+        self.tc.optim_step(ADAM).result()
+        clipped = [d | {"loss_fn_inputs": d["loss_fn_inputs"] | {"weights": [e * x if x < 0 else 0.0 for x in a]}}
+                   for d, a in zip(self.plain, adv)]
+        ref2, _ = self.native_update("ppo_clipped_ref", clipped)
+        S.compare(ref2, self.sampler_file(self.tc, "ppo_clipped"), rtol=1e-4, atol=1e-6)
+
+    def save_load(self):
+        """save_weights is the full state; load_weights with the optimizer
+        continues bitwise; without it, the weights come back and Adam starts over."""
+        self.reset()
+        self.tc.forward_backward(self.data, "cross_entropy").result()
+        self.tc.optim_step(ADAM).result()
+        ck = self.tc.save_state("ck1").result()
+        want = "tinker://%s/weights/ck1" % self.tc.model_id
+        if ck.get("path") != want:
+            fail("save_weights answered %s, wanted path %s" % (ck, want))
+        after1 = self.sampler_file(self.tc, "after1")
+        self.tc.forward_backward(self.data, "cross_entropy").result()
+        self.tc.optim_step(ADAM).result()
+        after2 = self.sampler_file(self.tc, "after2")
+        self.tc.load_state_with_optimizer(want).result()
+        self.tc.forward_backward(self.data, "cross_entropy").result()
+        self.tc.optim_step(ADAM).result()
+        S.compare(after2, self.sampler_file(self.tc, "after2_again"), exact=True)
+        self.tc.load_state(want, optimizer=False).result()
+        S.compare(after1, self.sampler_file(self.tc, "weights_only"), exact=True)
+        self.tc.forward_backward(self.data, "cross_entropy").result()
+        self.tc.optim_step(ADAM).result()
+        a, b = S.read_st(after2), S.read_st(self.sampler_file(self.tc, "fresh_adam"))
+        if all(a[k].tobytes() == b[k].tobytes() for k in a):
+            fail("load_weights without the optimizer kept Adam's moments (the next step equals the continued one)")
+        expect_failure(lambda: self.tc.load_state("tinker://%s/weights/nope" % self.tc.model_id).result(),
+                       "load_weights of a missing checkpoint", "nope")
+        expect_failure(lambda: self.tc.save_state("../escape").result(), "save_weights with a path", "path")
+
+    def held_open_poll_and_gaps(self):
+        """Raw wire: a seq_id posted past a missing one waits; retrieve_future
+        holds the poll about --long-poll-seconds, then says try_again; after
+        --seq-gap-seconds the server goes on; the missing one, when it comes,
+        is refused rather than applied out of order."""
+        self.reset()
+        http = self.sc.http
+        nxt = self.tc._next_request_id + 1
+        body = {"forward_backward_input": {"data": self.data[:2], "loss_fn": "cross_entropy"},
+                "model_id": self.tc.model_id, "seq_id": nxt + 1}
+        fut = http.post("/api/v1/forward_backward", body).json()
+        if not isinstance(fut.get("request_id"), str):
+            fail("forward_backward future %s: request_id must be a string" % fut)
+            return
+        # The same (model_id, seq_id) under a new idempotency key: the same future.
+        again = http.post("/api/v1/forward_backward", body,
+                          extra_headers={"X-Idempotency-Key": "stainless-python-retry-%s" % uuid.uuid4()}).json()
+        if again.get("request_id") != fut["request_id"]:
+            fail("a retried seq_id got request_id %s, the first %s" % (again, fut))
+        t0 = time.time()
+        r = http.post("/api/v1/retrieve_future", {"request_id": fut["request_id"], "allow_metadata_only": False}).json()
+        waited = time.time() - t0
+        if r.get("type") != "try_again" or not 0.8 <= waited <= 2.5:
+            fail("retrieve_future of a held request: %s after %.2f s (wanted try_again after ~1 s)" % (r, waited))
+        deadline = time.time() + 10
+        while r.get("type") == "try_again" and time.time() < deadline:
+            r = http.post("/api/v1/retrieve_future", {"request_id": fut["request_id"]}).json()
+        if "loss_fn_outputs" not in r:
+            fail("the request after a missing seq_id never ran: %s" % r)
+        late = dict(body, seq_id=nxt)
+        fut = http.post("/api/v1/forward_backward", late).json()
+        r = http.post("/api/v1/retrieve_future", {"request_id": fut["request_id"]}).json()
+        if r.get("category") != "user" or "arrived after" not in r.get("error", ""):
+            fail("a seq_id that came after its successors ran: %s (wanted a user error)" % r)
+        # The two seq_ids used here behind the client's back: its counter and turn move on.
+        with self.tc._id_lock:
+            self.tc._next_request_id += 2
+        with self.tc._turn:
+            self.tc._turn_counter += 2
+            self.tc._turn.notify_all()
+        info = self.info()
+        if info["pending_backwards"] != -(-2 // self.W):
+            fail("pending backwards %s after one 2-datum request" % info["pending_backwards"])
+        r = http.post("/api/v1/retrieve_future", {"request_id": "zdp-999999"}).json()
+        if r.get("category") != "user":
+            fail("retrieve_future of an unknown id: %s" % r)
+
+    def unload(self):
+        hb = self.sc.counters.get("heartbeat_ok", 0)
+        if hb < 1:
+            fail("no session_heartbeat was accepted (%s)" % self.sc.counters)
+        mid = self.tc.model_id
+        self.tc.unload().result()
+        expect_failure(lambda: self.tc.optim_step(ADAM).result(), "optim_step after unload_model", "no model")
+        sc2 = T.ServiceClient(self.url, heartbeat_interval=0.3, backoff_base=0.02, outer_backoff_unit=0.05)
+        tc2 = sc2.create_lora_training_client(self.name, rank=0)
+        if tc2.model_id == mid:
+            fail("a new model got the old model_id %s" % mid)
+        tc2.forward(self.data[:1], "cross_entropy").result()
+        sc2.close()
+        self.sc.close()
+
+
+def main(argv):
+    if len(argv) != 5:
+        print(__doc__)
+        return 2
+    url, out, W, ckdir = argv[1], argv[2], int(argv[3]), argv[4]
+    c = Check(url, out, W, ckdir)
+    c.bootstrap()
+    chunks = c.exact_update()
+    print("tinker_check: %d chunks in parallel (first last) == one plain request, bitwise" % chunks, flush=True)
+    c.retries()
+    print("tinker_check: lost responses and a late chunk: each request ran once", flush=True)
+    c.refused_chunk()
+    c.losses()
+    print("tinker_check: importance_sampling, ppo, cispo, dro checked", flush=True)
+    c.save_load()
+    c.held_open_poll_and_gaps()
+    c.unload()
+    print("tinker_check: %d failure(s)" % S.FAILURES, flush=True)
+    return min(S.FAILURES, 100)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,149 @@
+/*
+ * serve.h -- internal to `zdp serve`: what serve.c (the server, the plain
+ * JSON endpoints, execution on every rank) shares with serve_tinker.c (the
+ * Tinker SDK's /api/v1 protocol: sessions, futures, seq_id ordering).
+ */
+#ifndef ZDP_SERVE_H
+#define ZDP_SERVE_H
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <mpi.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "zdp/zdp.h"
+#include "../../src/models/policy_loss.h"
+
+typedef struct serve_opts {
+    zdp_gpt_config model;
+    const char *config, *init, *bind;
+    const char *model_name;     /* the base_model name Tinker clients ask for */
+    const char *checkpoint_dir; /* where Tinker's save_weights writes */
+    int port;
+    int64_t max_body;
+    uint64_t seed;
+    double long_poll_s;   /* retrieve_future holds a pending future this long */
+    double seq_gap_s;     /* a missing seq_id is given up after this long */
+} serve_opts;
+
+enum {
+    OP_QUIT = 0,
+    OP_FWDBWD = 1,
+    OP_FORWARD = 2,
+    OP_OPTIM = 3,
+    OP_SAVE_WEIGHTS = 4,
+    OP_SAVE_STATE = 5,
+    OP_LOAD_STATE = 6,
+    OP_INFO = 7,
+    OP_SAMPLE = 8,
+    OP_LOAD_WEIGHTS = 9, /* weights only, fresh optimizer state (Tinker load_weights) */
+    OP_NOOP = 10,        /* a Tinker request refused before the engine: only its seq_id counts */
+};
+
+/* Optimizer hyperparameters of an optim_step, in zdp_hparams' order. */
+#define N_ADAM 6
+extern const char *const serve_adam_keys[N_ADAM];
+
+/* Losses (TINKER.md §2): zdp_loss_kind, ZDP_LOSS_CROSS_ENTROPY .. ZDP_LOSS_DRO. */
+#define N_LOSSES 5
+
+/* The head of a forward/forward_backward payload. */
+typedef struct fwd_header {
+    int64_t n;    /* datums */
+    int32_t loss; /* zdp_loss_kind */
+    int32_t unused;
+    double clip_low, clip_high, beta; /* loss_fn_config */
+} fwd_header;
+
+/* An optim_step payload: has[k] says adam_params[k] was given (or defaulted). */
+typedef struct optim_payload {
+    int32_t has[N_ADAM];
+    double value[N_ADAM];
+} optim_payload;
+
+struct future;
+
+/* One validated request.  payload is what every rank receives (serve.c
+ * documents each op's layout). */
+typedef struct job {
+    int op;
+    unsigned char *payload;
+    int64_t nbytes;
+    /* A Tinker request: its result goes to this future, nobody waits on the
+     * job; tinker_path is the tinker:// name a save/load answers with. */
+    struct future *fut;
+    int64_t seq_id;
+    char *tinker_path;
+    double arrived;
+    /* The answer, filled by the main thread (plain endpoints). */
+    int status;
+    char *body;
+    bool done;
+    struct job *next;
+} job;
+
+typedef struct tinker_state tinker_state;
+
+typedef struct server {
+    serve_opts opt;
+    zdp_config cfg;
+    zdp_model model;
+    zdp_engine *eng;
+    MPI_Comm comm;
+    int W, R;
+    /* rank 0: the queue; mu also guards the Tinker state */
+    pthread_mutex_t mu;
+    pthread_cond_t cv_job, cv_done;
+    job *head, *tail;
+    bool closed;
+    tinker_state *tinker;
+} server;
+
+/* A validation failure: HTTP status, the JSON path of the field, the message. */
+typedef struct verr {
+    int status;
+    char field[256];
+    char msg[1024];
+} verr;
+
+bool serve_bad(verr *e, int status, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+const char *serve_jtype(const json_t *v);
+bool serve_only_keys(const json_t *o, const char *where, const char *const *keys, int n, verr *e);
+char *serve_dump(json_t *o); /* takes the reference */
+json_t *serve_jreal(double x);
+char *serve_error_body(const char *field, const char *msg);
+void serve_job_free(job *j);
+double serve_now(void);
+
+/* Request parsers.  where: the JSON path prefix of obj ("" for a whole
+ * body).  tinker_defaults: missing adam_params fields take Tinker's
+ * AdamParams defaults instead of the engine's current values. */
+bool serve_parse_fwd(const json_t *obj, const char *where, const zdp_gpt_config *mc, job *j,
+                     verr *e);
+bool serve_parse_optim(const json_t *ap, const char *where, bool tinker_defaults, job *j, verr *e);
+bool serve_set_path(job *j, const char *path, verr *e);
+
+/* Appends j to the FIFO the main thread runs (s->mu held). */
+void serve_enqueue_locked(server *s, job *j);
+
+/* serve_tinker.c */
+tinker_state *tinker_create(void);
+void tinker_destroy(tinker_state *t);
+/* The handler for every path under /api/v1/ (sub: the rest of the path). */
+enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *sub,
+                              const char *method, const char *body, size_t len);
+/* Main thread, s->mu held: a Tinker job finished with (status, body); the
+ * job is freed here. */
+void tinker_finish_locked(server *s, job *j, int status, char *body);
+/* Main thread, s->mu held: releases seq_ids held back longer than the gap
+ * timeout; returns true if it queued anything. */
+bool tinker_tick_locked(server *s);
+/* s->mu held: fails every held request (shutdown). */
+void tinker_shutdown_locked(server *s);
+
+enum MHD_Result serve_reply(struct MHD_Connection *c, int status, char *body);
+
+#endif /* ZDP_SERVE_H */

@@ -1,0 +1,730 @@
+/*
+ * serve_tinker.c -- the Tinker SDK's JSON wire protocol (SDK 0.18-0.24, as
+ * /work/shared/TINKER.md lays it out) on top of `zdp serve`.
+ *
+ * Everything here runs on rank 0 under s->mu, in the HTTP connection threads
+ * (and in the main thread for tinker_finish_locked / tinker_tick_locked).
+ *
+ * Futures.  Every training verb answers its POST at once with
+ * {"request_id": "zdp-N"}; the work runs later on the server's one FIFO queue
+ * and its result is kept on the future (an hour, not deleted on first read:
+ * a client may poll again after a lost response).  retrieve_future holds the
+ * connection until the future is done or --long-poll-seconds pass, then
+ * answers {"type": "try_again"}: the SDK re-polls at once, so an immediate
+ * try_again would spin.
+ *
+ * Order.  One model; its requests carry seq_id 1, 2, 3, ...  The SDK posts the
+ * chunks of one forward_backward in parallel with the first chunk last, so
+ * they arrive out of order: a request waits in `held` until every smaller
+ * seq_id has been queued.  A request refused before the engine (a validation
+ * error) still uses up its seq_id, as the client's counter moves on; a
+ * seq_id that never arrives is given up after --seq-gap-seconds.
+ *
+ * Retries.  The SDK retries a POST whose answer it did not get, with the same
+ * X-Idempotency-Key inside one call and a new one across its outer retry
+ * loop.  Either key, or the same (model_id, seq_id), gets the first request's
+ * request_id back and nothing runs twice.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "serve.h"
+
+/* A session is alive while it sends heartbeats (every 10 s from the SDK). */
+#define SESSION_TIMEOUT_S 30.0
+/* Finished results are kept this long, and at most MAX_FUTURES of them. */
+#define FUTURE_TTL_S 3600.0
+#define MAX_FUTURES 10000
+
+typedef struct future {
+    char id[32];
+    char idem[160];      /* X-Idempotency-Key of the POST that made it, or "" */
+    char model_id[160];  /* "" for requests without one */
+    int64_t seq_id;      /* 0: none */
+    bool done;
+    char *result;        /* the JSON retrieve_future answers with, once done */
+    double done_at;
+    struct future *next; /* newest first */
+} future;
+
+typedef struct session {
+    char id[32];
+    double seen; /* last heartbeat or request */
+    struct session *next;
+} session;
+
+struct tinker_state {
+    int64_t n_requests, n_sessions;
+    future *futures;
+    int64_t n_futures;
+    session *sessions;
+    /* The one model. */
+    bool live;
+    char model_id[160];
+    char model_session[32];
+    int64_t next_seq; /* the next seq_id to queue */
+    job *held;        /* arrived early, sorted by seq_id */
+};
+
+tinker_state *tinker_create(void) { return calloc(1, sizeof(tinker_state)); }
+
+void tinker_destroy(tinker_state *t) {
+    if (t == NULL) return;
+    for (future *f = t->futures, *n; f != NULL; f = n) {
+        n = f->next;
+        free(f->result);
+        free(f);
+    }
+    for (session *x = t->sessions, *n; x != NULL; x = n) {
+        n = x->next;
+        free(x);
+    }
+    for (job *j = t->held, *n; j != NULL; j = n) {
+        n = j->next;
+        serve_job_free(j);
+    }
+    free(t);
+}
+
+/* ---- replies ------------------------------------------------------------------ */
+
+static enum MHD_Result reply_json_(struct MHD_Connection *c, int status, json_t *o) {
+    return serve_reply(c, status, serve_dump(o));
+}
+
+/* A direct error: the SDK raises it with the body (other 4xx than 408/409/429
+ * are not retried). */
+static enum MHD_Result reply_err_(struct MHD_Connection *c, int status, const char *field,
+                                  const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static enum MHD_Result reply_err_(struct MHD_Connection *c, int status, const char *field,
+                                  const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return reply_json_(c, status, json_pack("{s:s,s:s,s:s*}", "error", msg, "category",
+                                            status >= 500 ? "server" : "user", "field", field));
+}
+
+/* A failed future's result: the SDK raises RequestFailedError(error, category). */
+static char *failure_(const char *category, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static char *failure_(const char *category, const char *fmt, ...) {
+    char msg[1200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return serve_dump(json_pack("{s:s,s:s}", "error", msg, "category", category));
+}
+
+/* ---- futures and sessions (s->mu held) ---------------------------------------------- */
+
+static void prune_(tinker_state *t) {
+    const double now = serve_now();
+    future **pp = &t->futures;
+    int64_t kept = 0;
+    while (*pp != NULL) {
+        future *f = *pp;
+        bool old = f->done && now - f->done_at > FUTURE_TTL_S;
+        /* Past the cap, drop finished ones that have had a minute to be read. */
+        bool surplus = kept >= MAX_FUTURES && f->done && now - f->done_at > 60.0;
+        if (old || surplus) {
+            *pp = f->next;
+            free(f->result);
+            free(f);
+            t->n_futures--;
+        } else {
+            kept++;
+            pp = &f->next;
+        }
+    }
+}
+
+static future *new_future_(tinker_state *t, const char *idem, const char *model_id, int64_t seq) {
+    prune_(t);
+    future *f = calloc(1, sizeof *f);
+    if (f == NULL) return NULL;
+    snprintf(f->id, sizeof f->id, "zdp-%lld", (long long)++t->n_requests);
+    snprintf(f->idem, sizeof f->idem, "%s", idem ? idem : "");
+    snprintf(f->model_id, sizeof f->model_id, "%s", model_id ? model_id : "");
+    f->seq_id = seq;
+    f->next = t->futures;
+    t->futures = f;
+    t->n_futures++;
+    return f;
+}
+
+static void complete_(future *f, char *result) {
+    f->result = result;
+    f->done = true;
+    f->done_at = serve_now();
+}
+
+/* The future a retried POST already made: same idempotency key, or the same
+ * (model_id, seq_id). */
+static future *find_retry_(tinker_state *t, const char *idem, const char *model_id, int64_t seq) {
+    for (future *f = t->futures; f != NULL; f = f->next) {
+        if (idem != NULL && idem[0] && !strcmp(f->idem, idem)) return f;
+        if (seq > 0 && f->seq_id == seq && !strcmp(f->model_id, model_id)) return f;
+    }
+    return NULL;
+}
+
+static future *find_future_(tinker_state *t, const char *id) {
+    for (future *f = t->futures; f != NULL; f = f->next)
+        if (!strcmp(f->id, id)) return f;
+    return NULL;
+}
+
+static session *find_session_(tinker_state *t, const char *id) {
+    for (session *x = t->sessions; x != NULL; x = x->next)
+        if (!strcmp(x->id, id)) return x;
+    return NULL;
+}
+
+static void touch_model_session_(tinker_state *t) {
+    session *x = find_session_(t, t->model_session);
+    if (x != NULL) x->seen = serve_now();
+}
+
+static enum MHD_Result reply_future_(struct MHD_Connection *c, const future *f) {
+    return reply_json_(c, 200, json_pack("{s:s,s:s*}", "request_id", f->id, "model_id",
+                                         f->model_id[0] ? f->model_id : NULL));
+}
+
+/* ---- seq_id order (s->mu held) ------------------------------------------------------ */
+
+/* Queues held requests while the next one is the seq_id due. */
+static bool release_(server *s) {
+    tinker_state *t = s->tinker;
+    bool queued = false;
+    while (t->held != NULL && t->held->seq_id <= t->next_seq) {
+        job *j = t->held;
+        t->held = j->next;
+        t->next_seq = j->seq_id + 1;
+        if (j->op == OP_NOOP) {
+            serve_job_free(j); /* refused before the engine; its future is answered */
+        } else {
+            serve_enqueue_locked(s, j);
+            queued = true;
+        }
+    }
+    return queued;
+}
+
+static void hold_(server *s, job *j) {
+    job **pp = &s->tinker->held;
+    while (*pp != NULL && (*pp)->seq_id < j->seq_id) pp = &(*pp)->next;
+    j->next = *pp;
+    *pp = j;
+    release_(s);
+}
+
+bool tinker_tick_locked(server *s) {
+    tinker_state *t = s->tinker;
+    if (t == NULL || t->held == NULL) return false;
+    double oldest = t->held->arrived;
+    for (job *j = t->held; j != NULL; j = j->next)
+        if (j->arrived < oldest) oldest = j->arrived;
+    if (serve_now() - oldest < s->opt.seq_gap_s) return false;
+    fprintf(stderr,
+            "zdp serve: warning: model %s: seq_id %lld..%lld never arrived within %g s "
+            "(--seq-gap-seconds); running seq_id %lld and later without them\n",
+            t->model_id, (long long)t->next_seq, (long long)t->held->seq_id - 1, s->opt.seq_gap_s,
+            (long long)t->held->seq_id);
+    t->next_seq = t->held->seq_id;
+    return release_(s);
+}
+
+/* Fails every held request with msg (shutdown, a replaced or unloaded model). */
+static void fail_held_(server *s, const char *category, const char *msg) {
+    tinker_state *t = s->tinker;
+    for (job *j = t->held, *n; j != NULL; j = n) {
+        n = j->next;
+        if (j->op != OP_NOOP) complete_(j->fut, failure_(category, "%s", msg));
+        serve_job_free(j);
+    }
+    t->held = NULL;
+    pthread_cond_broadcast(&s->cv_done);
+}
+
+void tinker_shutdown_locked(server *s) {
+    if (s->tinker != NULL) fail_held_(s, "server", "the server is shutting down");
+}
+
+/* A job's (status, body) -> its future's result, in the SDK's shapes. */
+void tinker_finish_locked(server *s, job *j, int status, char *body) {
+    (void)s;
+    char *result = NULL;
+    if (status != 200) {
+        json_t *o = body ? json_loads(body, 0, NULL) : NULL;
+        const char *msg = json_string_value(json_object_get(json_object_get(o, "error"), "message"));
+        result = failure_(status >= 500 ? "server" : "user", "%s", msg ? msg : "request failed");
+        json_decref(o);
+    } else if (j->op == OP_FWDBWD || j->op == OP_FORWARD) {
+        result = body; /* already a ForwardBackwardOutput */
+        body = NULL;
+    } else if (j->op == OP_OPTIM) {
+        /* OptimStepResponse is {"metrics": {...}}: drop zdp's extra fields. */
+        json_t *o = json_loads(body, 0, NULL);
+        json_t *m = json_object_get(o, "metrics");
+        result = serve_dump(json_pack("{s:O}", "metrics", m ? m : json_object()));
+        json_decref(o);
+    } else {
+        const char *type = j->op == OP_SAVE_STATE     ? "save_weights"
+                           : j->op == OP_SAVE_WEIGHTS ? "save_weights_for_sampler"
+                                                      : "load_weights";
+        result = serve_dump(json_pack("{s:s,s:s}", "path", j->tinker_path, "type", type));
+    }
+    free(body);
+    if (result == NULL) result = failure_("server", "out of memory");
+    complete_(j->fut, result);
+    j->fut = NULL;
+    serve_job_free(j);
+}
+
+/* ---- names on disk ------------------------------------------------------------------- */
+
+/* A checkpoint name from a client: one path component. */
+static bool good_name_(const char *n) {
+    size_t len = strlen(n);
+    if (len == 0 || len > 200 || n[0] == '.') return false;
+    for (size_t i = 0; i < len; i++) {
+        char ch = n[i];
+        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                  ch == '.' || ch == '_' || ch == '-';
+        if (!ok) return false;
+    }
+    return true;
+}
+
+/* model_id "s1:train:0" -> directory name "s1_train_0". */
+static void model_dir_(const char *model_id, char *out, size_t cap) {
+    size_t k = 0;
+    for (const char *p = model_id; *p && k + 1 < cap; p++) {
+        char ch = *p;
+        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                  ch == '.' || ch == '-';
+        out[k++] = ok ? ch : '_';
+    }
+    out[k] = '\0';
+}
+
+static int mkdirs_(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(buf, 0777) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* ---- request parsing ------------------------------------------------------------------- */
+
+/* model_id (a string) and seq_id (an integer >= 1) of a training verb. */
+static bool envelope_(const json_t *root, const char **model_id, int64_t *seq, bool need_seq, verr *e) {
+    const json_t *m = json_object_get(root, "model_id");
+    if (!json_is_string(m) || json_string_length(m) == 0 || json_string_length(m) >= 160)
+        return serve_bad(e, 400, "model_id", "model_id: %s; send the model_id create_model returned",
+                         m ? "must be a non-empty string" : "missing");
+    *model_id = json_string_value(m);
+    *seq = 0;
+    const json_t *q = json_object_get(root, "seq_id");
+    if (!need_seq) return true;
+    if (!json_is_integer(q) || json_integer_value(q) < 1)
+        return serve_bad(e, 400, "seq_id", "seq_id: %s; the SDK numbers a model's requests 1, 2, 3, ...",
+                         q ? "must be an integer >= 1" : "missing");
+    *seq = (int64_t)json_integer_value(q);
+    return true;
+}
+
+/* Builds the job of a training verb from its body; false with e set when the
+ * request is refused (its seq_id is still used up). */
+static bool build_job_(server *s, const char *verb, const json_t *root, const char *model_id, job *j,
+                       verr *e) {
+    char dir[4096], path[4400], mdir[160];
+    if (!strcmp(verb, "forward_backward") || !strcmp(verb, "forward")) {
+        const bool bwd = !strcmp(verb, "forward_backward");
+        const char *key = bwd ? "forward_backward_input" : "forward_input";
+        j->op = bwd ? OP_FWDBWD : OP_FORWARD;
+        const json_t *in = json_object_get(root, key);
+        if (!json_is_object(in))
+            return serve_bad(e, 400, key, "%s: %s; must be {data, loss_fn, loss_fn_config}", key,
+                             in ? "not an object" : "missing");
+        return serve_parse_fwd(in, key, &s->opt.model, j, e);
+    }
+    if (!strcmp(verb, "optim_step")) {
+        j->op = OP_OPTIM;
+        const json_t *ap = json_object_get(root, "adam_params");
+        if (!json_is_object(ap))
+            return serve_bad(e, 400, "adam_params", "adam_params: %s; must be {learning_rate, beta1, beta2, "
+                             "eps, weight_decay, grad_clip_norm}", ap ? "not an object" : "missing");
+        return serve_parse_optim(ap, "adam_params", true, j, e);
+    }
+    model_dir_(model_id, mdir, sizeof mdir);
+    const json_t *p = json_object_get(root, "path");
+    if (!strcmp(verb, "save_weights") || !strcmp(verb, "save_weights_for_sampler")) {
+        const bool sampler = !strcmp(verb, "save_weights_for_sampler");
+        if (sampler && (p == NULL || json_is_null(p)))
+            return serve_bad(e, 400, "path", "path: missing; zdp serve does not run sampling sessions over "
+                             "/api/v1 (save_weights_and_get_sampling_client): name the weights, or sample "
+                             "with POST /sample");
+        if (!json_is_string(p) || !good_name_(json_string_value(p)))
+            return serve_bad(e, 400, "path", "path: must be a name of letters, digits, '.', '_' or '-' "
+                             "(not starting with '.'), got %s", p ? serve_jtype(p) : "nothing");
+        const char *name = json_string_value(p);
+        snprintf(dir, sizeof dir, "%s/%s%s", s->opt.checkpoint_dir, mdir, sampler ? "/sampler_weights" : "");
+        if (mkdirs_(dir) != 0)
+            return serve_bad(e, 500, "path", "cannot create %s: %s (--checkpoint-dir)", dir, strerror(errno));
+        j->op = sampler ? OP_SAVE_WEIGHTS : OP_SAVE_STATE;
+        snprintf(path, sizeof path, sampler ? "%s/%s.safetensors" : "%s/%s", dir, name);
+        char tp[600];
+        snprintf(tp, sizeof tp, "tinker://%s/%s/%s", model_id, sampler ? "sampler_weights" : "weights", name);
+        if ((j->tinker_path = strdup(tp)) == NULL) return serve_bad(e, 500, "path", "out of memory");
+        return serve_set_path(j, path, e);
+    }
+    if (!strcmp(verb, "load_weights")) {
+        /* tinker://MODEL_ID/weights/NAME, as save_weights answered. */
+        const char *pre = "tinker://";
+        if (!json_is_string(p) || strncmp(json_string_value(p), pre, strlen(pre)) != 0)
+            return serve_bad(e, 400, "path", "path: must be a tinker://MODEL_ID/weights/NAME path that "
+                             "save_weights returned");
+        const char *v = json_string_value(p) + strlen(pre);
+        const char *mark = strstr(v, "/weights/");
+        if (mark == NULL || mark == v || !good_name_(mark + 9) || (size_t)(mark - v) >= 160)
+            return serve_bad(e, 400, "path", "path = \"%s\": must be tinker://MODEL_ID/weights/NAME "
+                             "(sampler weights cannot be loaded for training)", json_string_value(p));
+        char owner[160], odir[160];
+        snprintf(owner, sizeof owner, "%.*s", (int)(mark - v), v);
+        model_dir_(owner, odir, sizeof odir);
+        const json_t *opt = json_object_get(root, "optimizer");
+        if (opt != NULL && !json_is_boolean(opt))
+            return serve_bad(e, 400, "optimizer", "optimizer: must be a boolean, got %s", serve_jtype(opt));
+        const bool with_opt = opt == NULL || json_is_true(opt);
+        j->op = with_opt ? OP_LOAD_STATE : OP_LOAD_WEIGHTS;
+        snprintf(path, sizeof path, "%s/%s/%s%s", s->opt.checkpoint_dir, odir, mark + 9,
+                 with_opt ? "" : "/model.safetensors");
+        if ((j->tinker_path = strdup(json_string_value(p))) == NULL)
+            return serve_bad(e, 500, "path", "out of memory");
+        return serve_set_path(j, path, e);
+    }
+    return serve_bad(e, 404, "url", "%s: not a training verb (a bug in zdp)", verb);
+}
+
+/* POST forward_backward, forward, optim_step, save_weights,
+ * save_weights_for_sampler, load_weights: answered with a future. */
+static enum MHD_Result submit_(server *s, struct MHD_Connection *c, const char *verb, const json_t *root,
+                               const char *idem) {
+    const char *model_id;
+    int64_t seq;
+    verr e = {0};
+    if (!envelope_(root, &model_id, &seq, true, &e)) return reply_err_(c, e.status, e.field, "%s", e.msg);
+
+    /* Validate outside the lock: parsing a large body must not stall others. */
+    job *j = calloc(1, sizeof *j);
+    if (j == NULL) return reply_err_(c, 500, NULL, "out of memory");
+    const bool valid = build_job_(s, verb, root, model_id, j, &e);
+
+    tinker_state *t = s->tinker;
+    pthread_mutex_lock(&s->mu);
+    future *f = find_retry_(t, idem, model_id, seq);
+    if (f != NULL) { /* a retry: the first one's answer */
+        enum MHD_Result r = reply_future_(c, f);
+        pthread_mutex_unlock(&s->mu);
+        serve_job_free(j);
+        return r;
+    }
+    if (s->closed) {
+        pthread_mutex_unlock(&s->mu);
+        serve_job_free(j);
+        return reply_err_(c, 503, NULL, "the server is shutting down");
+    }
+    f = new_future_(t, idem, model_id, seq);
+    if (f == NULL) {
+        pthread_mutex_unlock(&s->mu);
+        serve_job_free(j);
+        return reply_err_(c, 500, NULL, "out of memory");
+    }
+    const bool mine = t->live && !strcmp(model_id, t->model_id);
+    if (!mine) {
+        complete_(f, failure_("user", "model_id \"%s\": %s", model_id,
+                              t->live ? "not the model this server is training (another create_model "
+                                        "replaced it, or it never existed)"
+                                      : "no model is loaded; call create_model first"));
+        serve_job_free(j);
+    } else if (seq < t->next_seq) {
+        complete_(f, failure_("user", "seq_id %lld of model %s arrived after seq_id %lld had run "
+                              "(it was missing for more than --seq-gap-seconds = %g s); it was not applied",
+                              (long long)seq, model_id, (long long)t->next_seq - 1, s->opt.seq_gap_s));
+        serve_job_free(j);
+    } else {
+        touch_model_session_(t);
+        if (!valid) {
+            /* Refused, but it keeps its place: later seq_ids wait for it. */
+            complete_(f, failure_(e.status >= 500 ? "server" : "user", "%s", e.msg));
+            free(j->payload);
+            j->payload = NULL;
+            j->nbytes = 0;
+            j->op = OP_NOOP;
+        } else {
+            j->fut = f;
+        }
+        j->seq_id = seq;
+        j->arrived = serve_now();
+        hold_(s, j);
+    }
+    pthread_cond_broadcast(&s->cv_done);
+    enum MHD_Result r = reply_future_(c, f);
+    pthread_mutex_unlock(&s->mu);
+    return r;
+}
+
+/* POST create_model: one model; it attaches to the server's training state. */
+static enum MHD_Result create_model_(server *s, struct MHD_Connection *c, const json_t *root,
+                                     const char *idem) {
+    tinker_state *t = s->tinker;
+    const json_t *sid = json_object_get(root, "session_id");
+    const json_t *seq = json_object_get(root, "model_seq_id");
+    const json_t *base = json_object_get(root, "base_model");
+    const json_t *lora = json_object_get(root, "lora_config");
+    if (!json_is_string(sid)) return reply_err_(c, 400, "session_id", "session_id: missing or not a string");
+    if (seq != NULL && !json_is_integer(seq))
+        return reply_err_(c, 400, "model_seq_id", "model_seq_id: must be an integer");
+    if (lora != NULL && !json_is_null(lora) && !json_is_object(lora))
+        return reply_err_(c, 400, "lora_config", "lora_config: must be an object");
+    pthread_mutex_lock(&s->mu);
+    future *f = find_retry_(t, idem, "", 0);
+    if (f != NULL) {
+        enum MHD_Result r = reply_future_(c, f);
+        pthread_mutex_unlock(&s->mu);
+        return r;
+    }
+    char model_id[160];
+    snprintf(model_id, sizeof model_id, "%s:train:%lld", json_string_value(sid),
+             seq ? (long long)json_integer_value(seq) : 0LL);
+    f = new_future_(t, idem, "", 0);
+    if (f == NULL) {
+        pthread_mutex_unlock(&s->mu);
+        return reply_err_(c, 500, NULL, "out of memory");
+    }
+    session *x = find_session_(t, json_string_value(sid));
+    const session *owner = t->live ? find_session_(t, t->model_session) : NULL;
+    const double now = serve_now();
+    if (x == NULL) {
+        complete_(f, failure_("user", "session_id \"%s\": unknown; call create_session first",
+                              json_string_value(sid)));
+    } else if (!json_is_string(base) || strcmp(json_string_value(base), s->opt.model_name) != 0) {
+        complete_(f, failure_("user", "base_model %s%s%s: this server trains \"%s\" (--model-name)",
+                              json_is_string(base) ? "\"" : "", json_is_string(base) ? json_string_value(base)
+                                                                                     : "(missing)",
+                              json_is_string(base) ? "\"" : "", s->opt.model_name));
+    } else if (t->live && strcmp(t->model_id, model_id) != 0 && owner != NULL &&
+               now - owner->seen < SESSION_TIMEOUT_S) {
+        complete_(f, failure_("user", "model %s of a live session is training on this server, which holds "
+                              "one model; unload_model it, or end that session (a session without "
+                              "heartbeats for %g s ends)", t->model_id, SESSION_TIMEOUT_S));
+    } else {
+        x->seen = now;
+        if (t->live && strcmp(t->model_id, model_id) != 0) {
+            fprintf(stderr, "zdp serve: model %s (its session went silent) is replaced by %s\n", t->model_id,
+                    model_id);
+            fail_held_(s, "user", "the model was replaced by a newer create_model");
+        }
+        if (!t->live || strcmp(t->model_id, model_id) != 0) {
+            snprintf(t->model_id, sizeof t->model_id, "%s", model_id);
+            snprintf(t->model_session, sizeof t->model_session, "%s", json_string_value(sid));
+            t->next_seq = 1;
+            t->live = true;
+        }
+        const json_t *rank = json_object_get(lora, "rank");
+        fprintf(stderr,
+                "zdp serve: create_model -> %s: every parameter trains (full fine-tuning)%s; it continues "
+                "from the server's current weights and optimizer state (step %lld, %lld backward passes "
+                "pending)\n",
+                model_id, json_integer_value(rank) > 0 ? "; lora_config is ignored" : "",
+                (long long)zdp_engine_global_steps(s->eng), (long long)zdp_engine_pending_backwards(s->eng));
+        complete_(f, serve_dump(json_pack("{s:s,s:s}", "model_id", model_id, "type", "create_model")));
+    }
+    enum MHD_Result r = reply_future_(c, f);
+    pthread_mutex_unlock(&s->mu);
+    return r;
+}
+
+/* POST retrieve_future: the result, or try_again after the long poll. */
+static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json_t *root) {
+    const json_t *id = json_object_get(root, "request_id");
+    if (!json_is_string(id)) return reply_err_(c, 400, "request_id", "request_id: missing or not a string");
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    double secs = floor(s->opt.long_poll_s);
+    until.tv_sec += (time_t)secs;
+    until.tv_nsec += (long)((s->opt.long_poll_s - secs) * 1e9);
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&s->mu);
+    future *f = find_future_(s->tinker, json_string_value(id));
+    if (f == NULL) {
+        pthread_mutex_unlock(&s->mu);
+        return reply_json_(c, 200, json_pack("{s:s,s:s}", "error",
+                                             "request_id is unknown to this server (results are kept for an "
+                                             "hour, and not across restarts)", "category", "user"));
+    }
+    int rc = 0;
+    while (!f->done && !s->closed && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&s->cv_done, &s->mu, &until);
+    char *body = f->done ? strdup(f->result) : NULL;
+    const bool closed = s->closed;
+    pthread_mutex_unlock(&s->mu);
+    if (body != NULL) return serve_reply(c, 200, body);
+    if (closed) return reply_err_(c, 503, NULL, "the server is shutting down");
+    return reply_json_(c, 200, json_pack("{s:s,s:s,s:s}", "type", "try_again", "request_id",
+                                         json_string_value(id), "queue_state", "active"));
+}
+
+/* ---- the router ---------------------------------------------------------------------- */
+
+enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *sub, const char *method,
+                              const char *body, size_t len) {
+    tinker_state *t = s->tinker;
+    if (!strcmp(method, "GET")) {
+        if (!strcmp(sub, "healthz")) return reply_json_(c, 200, json_pack("{s:s}", "status", "ok"));
+        if (!strcmp(sub, "get_server_capabilities"))
+            return reply_json_(c, 200, json_pack("{s:[{s:s,s:i}]}", "supported_models", "model_name",
+                                                 s->opt.model_name, "max_context_length",
+                                                 s->opt.model.block_size));
+        return reply_err_(c, 404, "url", "GET /api/v1/%s: no such endpoint (GET healthz, "
+                          "get_server_capabilities; everything else is POST)", sub);
+    }
+    if (strcmp(method, "POST") != 0)
+        return reply_err_(c, 405, "method", "%s /api/v1/%s: method not allowed; use POST", method, sub);
+
+    json_error_t jerr;
+    json_t *root = len == 0 ? json_object() : json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (root == NULL)
+        return reply_err_(c, 400, "body", "the body is not valid JSON: %s (line %d, column %d)", jerr.text,
+                          jerr.line, jerr.column);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return reply_err_(c, 400, "body", "the body must be a JSON object");
+    }
+    const char *idem = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Idempotency-Key");
+    enum MHD_Result r;
+    static const char *const training[] = {"forward_backward", "forward", "optim_step", "save_weights",
+                                           "save_weights_for_sampler", "load_weights"};
+    bool is_training = false;
+    for (size_t i = 0; i < sizeof training / sizeof *training; i++)
+        is_training = is_training || !strcmp(sub, training[i]);
+
+    if (is_training) {
+        r = submit_(s, c, sub, root, idem);
+    } else if (!strcmp(sub, "retrieve_future")) {
+        r = retrieve_(s, c, root);
+    } else if (!strcmp(sub, "client/config")) {
+        /* Chunks of one forward_backward may come in parallel: held requests
+         * put them back in seq_id order.  No protobuf, no JWT, plain httpx. */
+        r = reply_json_(c, 200, json_pack("{s:b,s:i,s:i,s:b,s:b,s:b,s:b,s:b}", "parallel_fwdbwd_chunks", 1,
+                                          "fwdbwd_max_chunk_len", 1024, "fwdbwd_max_chunk_bytes_count",
+                                          5000000, "proto_write_fwdbwd", 0, "proto_compress_fwdbwd", 0,
+                                          "use_pyqwest_transport", 0, "pjwt_auth_enabled", 0,
+                                          "create_model_via_load_weights", 0));
+    } else if (!strcmp(sub, "client/dynamic_config")) {
+        r = reply_json_(c, 200, json_pack("{s:i}", "refresh_interval_sec", 300));
+    } else if (!strcmp(sub, "create_session")) {
+        pthread_mutex_lock(&s->mu);
+        session *x = calloc(1, sizeof *x);
+        if (x != NULL) {
+            snprintf(x->id, sizeof x->id, "s%lld", (long long)++t->n_sessions);
+            x->seen = serve_now();
+            x->next = t->sessions;
+            t->sessions = x;
+        }
+        char id[32];
+        snprintf(id, sizeof id, "%s", x ? x->id : "");
+        pthread_mutex_unlock(&s->mu);
+        if (x == NULL) r = reply_err_(c, 500, NULL, "out of memory");
+        else {
+            char warn[512];
+            snprintf(warn, sizeof warn,
+                     "zdp serve trains every parameter of one model (\"%s\", full fine-tuning): lora_config "
+                     "is ignored, and a new create_model continues from the current weights and optimizer "
+                     "state", s->opt.model_name);
+            r = reply_json_(c, 200, json_pack("{s:s,s:s,s:s}", "session_id", id, "type", "create_session",
+                                              "warning_message", warn));
+        }
+    } else if (!strcmp(sub, "session_heartbeat")) {
+        const char *id = json_string_value(json_object_get(root, "session_id"));
+        pthread_mutex_lock(&s->mu);
+        session *x = id ? find_session_(t, id) : NULL;
+        if (x != NULL) x->seen = serve_now();
+        pthread_mutex_unlock(&s->mu);
+        r = x ? reply_json_(c, 200, json_pack("{s:s}", "type", "session_heartbeat"))
+              : reply_err_(c, 404, "session_id", "session_id %s: unknown session", id ? id : "(missing)");
+    } else if (!strcmp(sub, "telemetry")) {
+        r = reply_json_(c, 200, json_pack("{s:s}", "status", "accepted")); /* dropped */
+    } else if (!strcmp(sub, "create_model")) {
+        r = create_model_(s, c, root, idem);
+    } else if (!strcmp(sub, "get_info") || !strcmp(sub, "unload_model")) {
+        const char *mid;
+        int64_t unused;
+        verr e = {0};
+        if (!envelope_(root, &mid, &unused, false, &e)) {
+            r = reply_err_(c, e.status, e.field, "%s", e.msg);
+        } else {
+            pthread_mutex_lock(&s->mu);
+            const bool mine = t->live && !strcmp(mid, t->model_id);
+            future *f = NULL;
+            if (mine && sub[0] == 'u') {
+                f = find_retry_(t, idem, "", 0);
+                if (f == NULL && (f = new_future_(t, idem, "", 0)) != NULL) {
+                    t->live = false;
+                    fail_held_(s, "user", "the model was unloaded");
+                    complete_(f, serve_dump(json_pack("{s:s,s:s}", "model_id", mid, "type", "unload_model")));
+                }
+            } else if (mine) {
+                touch_model_session_(t);
+            }
+            pthread_mutex_unlock(&s->mu);
+            if (!mine) {
+                r = reply_err_(c, 400, "model_id", "model_id \"%s\": not the model this server is training%s",
+                               mid, t->live ? "" : " (no model is loaded; call create_model)");
+            } else if (sub[0] == 'u') {
+                r = f ? reply_future_(c, f) : reply_err_(c, 500, NULL, "out of memory");
+            } else {
+                const zdp_gpt_config *mc = &s->opt.model;
+                /* GPT-2's tokenizer only fits GPT-2's vocabulary; otherwise the
+                 * client brings its own (get_tokenizer would load the wrong one). */
+                const bool gpt2_vocab = mc->vocab_size == 50257;
+                r = reply_json_(c, 200, json_pack("{s:s,s:{s:s,s:s,s:s*},s:b,s:n,s:s,s:s}", "model_id", mid,
+                                                  "model_data", "arch", "gpt2", "model_name", s->opt.model_name,
+                                                  "tokenizer_id", gpt2_vocab ? "gpt2" : NULL, "is_lora", 0,
+                                                  "lora_rank", "model_name", s->opt.model_name, "type",
+                                                  "get_info"));
+            }
+        }
+    } else if (!strcmp(sub, "weights_info")) {
+        r = reply_json_(c, 200, json_pack("{s:s,s:b,s:i}", "base_model", s->opt.model_name, "is_lora", 0,
+                                          "lora_rank", 0));
+    } else if (!strcmp(sub, "create_sampling_session") || !strcmp(sub, "asample")) {
+        r = reply_err_(c, 400, NULL, "%s: zdp serve does not run Tinker sampling sessions; sample with POST "
+                       "/sample {prompt, max_tokens, temperature, top_k, seed}", sub);
+    } else {
+        r = reply_err_(c, 404, "url", "POST /api/v1/%s: not an endpoint of zdp serve (the Tinker SDK's "
+                       "training protocol: client/config, create_session, session_heartbeat, telemetry, "
+                       "create_model, get_info, forward_backward, forward, optim_step, retrieve_future, "
+                       "save_weights, save_weights_for_sampler, load_weights, unload_model, weights_info)", sub);
+    }
+    json_decref(root);
+    return r;
+}
