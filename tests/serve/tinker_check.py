@@ -258,6 +258,9 @@ class Check:
         expect_failure(lambda: self.tc.load_state("tinker://%s/weights/nope" % self.tc.model_id).result(),
                        "load_weights of a missing checkpoint", "nope")
         expect_failure(lambda: self.tc.save_state("../escape").result(), "save_weights with a path", "path")
+        # A model_id of ".." cannot leave --checkpoint-dir: it becomes "__".
+        expect_failure(lambda: self.tc.load_state("tinker://../weights/ck1").result(),
+                       "load_weights of tinker://../weights/ck1", "__/ck1")
 
     def held_open_poll_and_gaps(self):
         """Raw wire: a seq_id posted past a missing one waits; retrieve_future

@@ -39,8 +39,12 @@
 
 /* A session is alive while it sends heartbeats (every 10 s from the SDK). */
 #define SESSION_TIMEOUT_S 30.0
-/* Finished results are kept this long, and at most MAX_FUTURES of them. */
+/* A finished result is kept an hour, or a minute after it was first read
+ * (long enough for a client whose answer got lost to poll again), and past
+ * MAX_FUTURES the oldest read ones go first: memory stays bounded for a
+ * client that reads its results. */
 #define FUTURE_TTL_S 3600.0
+#define FUTURE_READ_TTL_S 60.0
 #define MAX_FUTURES 10000
 
 typedef struct future {
@@ -51,6 +55,7 @@ typedef struct future {
     bool done;
     char *result;        /* the JSON retrieve_future answers with, once done */
     double done_at;
+    double read_at;      /* first retrieve_future that got the result, 0 before */
     struct future *next; /* newest first */
 } future;
 
@@ -133,9 +138,10 @@ static void prune_(tinker_state *t) {
     int64_t kept = 0;
     while (*pp != NULL) {
         future *f = *pp;
-        bool old = f->done && now - f->done_at > FUTURE_TTL_S;
+        bool old = f->done && (now - f->done_at > FUTURE_TTL_S ||
+                               (f->read_at > 0 && now - f->read_at > FUTURE_READ_TTL_S));
         /* Past the cap, drop finished ones that have had a minute to be read. */
-        bool surplus = kept >= MAX_FUTURES && f->done && now - f->done_at > 60.0;
+        bool surplus = kept >= MAX_FUTURES && f->done && now - f->done_at > FUTURE_READ_TTL_S;
         if (old || surplus) {
             *pp = f->next;
             free(f->result);
@@ -144,6 +150,20 @@ static void prune_(tinker_state *t) {
         } else {
             kept++;
             pp = &f->next;
+        }
+    }
+}
+
+/* Sessions silent for an hour are forgotten (the model's own is kept). */
+static void prune_sessions_(tinker_state *t) {
+    const double now = serve_now();
+    for (session **pp = &t->sessions; *pp != NULL;) {
+        session *x = *pp;
+        if (now - x->seen > FUTURE_TTL_S && !(t->live && !strcmp(x->id, t->model_session))) {
+            *pp = x->next;
+            free(x);
+        } else {
+            pp = &x->next;
         }
     }
 }
@@ -306,13 +326,15 @@ static bool good_name_(const char *n) {
     return true;
 }
 
-/* model_id "s1:train:0" -> directory name "s1_train_0". */
+/* model_id "s1:train:0" -> directory name "s1_train_0".  Only letters,
+ * digits and '-' survive, so no model_id (a client's string in load_weights)
+ * can name "..". */
 static void model_dir_(const char *model_id, char *out, size_t cap) {
     size_t k = 0;
     for (const char *p = model_id; *p && k + 1 < cap; p++) {
         char ch = *p;
         bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-                  ch == '.' || ch == '-';
+                  ch == '-';
         out[k++] = ok ? ch : '_';
     }
     out[k] = '\0';
@@ -585,6 +607,7 @@ static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json
     int rc = 0;
     while (!f->done && !s->closed && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&s->cv_done, &s->mu, &until);
     char *body = f->done ? strdup(f->result) : NULL;
+    if (f->done && f->read_at == 0) f->read_at = serve_now();
     const bool closed = s->closed;
     pthread_mutex_unlock(&s->mu);
     if (body != NULL) return serve_reply(c, 200, body);
@@ -643,6 +666,7 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
         r = reply_json_(c, 200, json_pack("{s:i}", "refresh_interval_sec", 300));
     } else if (!strcmp(sub, "create_session")) {
         pthread_mutex_lock(&s->mu);
+        prune_sessions_(t);
         session *x = calloc(1, sizeof *x);
         if (x != NULL) {
             snprintf(x->id, sizeof x->id, "s%lld", (long long)++t->n_sessions);
