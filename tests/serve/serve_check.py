@@ -427,6 +427,13 @@ def fdcheck(url, data):
     print("fdcheck: learning_rate %g: loss %.6f -> %.6f, drop %.6g, lr*|g|^2 = %.6g" % (2 * lr, l1, l2, l1 - l2, want))
     if abs((l1 - l2) - want) > 0.05 * want:
         fail("fdcheck: with adam_params.learning_rate = %g the loss dropped by %g, wanted %g" % (2 * lr, l1 - l2, want))
+    # Server-side timing counts every request this fresh server ran.
+    reqs = req(url, "GET", "/info")[1]["requests"]
+    counts = {k: v["count"] for k, v in reqs.items()}
+    if counts != {"info": 1, "forward": 3, "forward_backward": 2, "optim_step": 2}:
+        fail("fdcheck: /info requests counts %s, wanted info 1, forward 3, forward_backward 2, optim_step 2" % counts)
+    if any(not (v["mean_exec_ms"] > 0 and v["max_exec_ms"] >= v["mean_exec_ms"]) for v in reqs.values()):
+        fail("fdcheck: /info requests timing %s" % reqs)
 
 
 def main(argv):

@@ -1044,6 +1044,23 @@ static char *exec_info_(server *s, int *status) {
         hp.lr, "beta1", hp.beta1, "beta2", hp.beta2, "eps", hp.eps, "weight_decay", hp.weight_decay,
         "gradient_clipping", hp.gradient_clipping, "memory", mem, "max_body_bytes",
         (json_int_t)s->opt.max_body);
+    /* Server-side timing by request kind (the one being answered not yet
+     * counted): how long requests waited in the FIFO and ran on the ranks. */
+    static const char *const names[OP_NOOP + 1] = {
+        [OP_FWDBWD] = "forward_backward", [OP_FORWARD] = "forward", [OP_OPTIM] = "optim_step",
+        [OP_SAVE_WEIGHTS] = "save_weights", [OP_SAVE_STATE] = "save_state", [OP_LOAD_STATE] = "load_state",
+        [OP_INFO] = "info", [OP_SAMPLE] = "sample", [OP_LOAD_WEIGHTS] = "load_weights"};
+    json_t *req = json_object();
+    for (int op = 0; op <= OP_NOOP; op++) {
+        if (names[op] == NULL || s->stats[op].count == 0) continue;
+        const double n = (double)s->stats[op].count;
+        json_object_set_new(req, names[op],
+                            json_pack("{s:I,s:f,s:f,s:f}", "count", (json_int_t)s->stats[op].count,
+                                      "mean_queue_ms", 1e3 * s->stats[op].queue_s / n, "mean_exec_ms",
+                                      1e3 * s->stats[op].exec_s / n, "max_exec_ms",
+                                      1e3 * s->stats[op].exec_max_s));
+    }
+    json_object_set_new(o, "requests", req);
     *status = 200;
     return serve_dump(o);
 }
@@ -1162,7 +1179,13 @@ static void leader_loop_(server *s) {
             bcast_job_(s, hdr, &j->payload);
         }
         int status = 500;
+        const double t0 = serve_now();
         char *body = exec_(s, j, &status);
+        const double t1 = serve_now();
+        s->stats[j->op].count++;
+        s->stats[j->op].queue_s += t0 - j->queued_at;
+        s->stats[j->op].exec_s += t1 - t0;
+        if (t1 - t0 > s->stats[j->op].exec_max_s) s->stats[j->op].exec_max_s = t1 - t0;
         pthread_mutex_lock(&s->mu);
         if (j->fut != NULL) {
             tinker_finish_locked(s, j, status, body);
@@ -1227,6 +1250,7 @@ static const route routes_[] = {
 #define N_ROUTES ((int)(sizeof routes_ / sizeof routes_[0]))
 
 void serve_enqueue_locked(server *s, job *j) {
+    j->queued_at = serve_now();
     j->next = NULL;
     if (s->tail) s->tail->next = j;
     else s->head = j;

@@ -77,6 +77,7 @@ typedef struct job {
     int64_t seq_id;
     char *tinker_path;
     double arrived;
+    double queued_at; /* when it entered the FIFO (serve_now) */
     /* The answer, filled by the main thread (plain endpoints). */
     int status;
     char *body;
@@ -99,6 +100,12 @@ typedef struct server {
     job *head, *tail;
     bool closed;
     tinker_state *tinker;
+    /* rank 0, main thread only: per op, requests run, seconds waiting in the
+     * FIFO and seconds executing (GET /info "requests"). */
+    struct {
+        int64_t count;
+        double queue_s, exec_s, exec_max_s;
+    } stats[OP_NOOP + 1];
 } server;
 
 /* A validation failure: HTTP status, the JSON path of the field, the message. */
