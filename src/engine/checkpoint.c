@@ -21,7 +21,7 @@
  * SIGKILL at that point of a save (after the rank files, after meta.json,
  * before latest), to prove the previous checkpoint survives.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* renameat2 */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -356,10 +356,23 @@ zdp_status zdp_engine_save_checkpoint(zdp_engine *e, const char *dir, const char
         } else {
             fsync_dir_(tmpdir);
             crash_point_("meta");
-            /* Replacing an older checkpoint of the same tag: move it aside first. */
+            /* Replacing an older checkpoint of the same tag: swap the two
+             * directories in one step (Linux RENAME_EXCHANGE), so a crash
+             * leaves either the old checkpoint or the new one under the tag,
+             * never neither; then remove the old one.  Where the file system
+             * cannot swap, move the old one aside first (a crash between the
+             * two renames leaves the tag missing, its files in TAG.old.PID). */
             struct stat sb;
-            bool had_old = stat(final, &sb) == 0 && rename(final, old) == 0;
-            if (rename(tmpdir, final) != 0) {
+            bool exists = stat(final, &sb) == 0, swapped = false, had_old = false;
+#ifdef RENAME_EXCHANGE
+            if (exists && renameat2(AT_FDCWD, tmpdir, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
+                swapped = true;
+                crash_point_("replace");
+                rmdir_files_(tmpdir); /* now the old checkpoint */
+            }
+#endif
+            if (!swapped) had_old = exists && rename(final, old) == 0;
+            if (!swapped && rename(tmpdir, final) != 0) {
                 zdp_err_set(&local, ZDP_ERR_IO, "save_checkpoint: cannot rename %s to %s: %s",
                             tmpdir, final, strerror(errno));
                 if (had_old) rename(old, final);

@@ -175,6 +175,23 @@ for point in files meta latest; do
     expect_ok 1 ckpt inspect "$D" --tag $tag
   done
 done
+# Re-saving a tag that exists: killed right after the new directory took the
+# tag's place (one atomic swap), the tag holds the complete new checkpoint and
+# the old one waits in TAG.tmp; the next save clears it.
+D="$T/c-latest"   # global_step1..3 complete, latest global_step3
+printf 'global_step1\n' >"$D/latest"
+ZDP_TEST_CKPT_CRASH=replace timeout 120 "$MPIEXEC" -np 2 --oversubscribe -x ZDP_TEST_CKPT_CRASH \
+  "$ZDP" train "${MLP[@]}" "${mlp_data[@]}" --config "$T/s2m.json" --resume "$D" --steps 3 \
+  --save-dir "$D" --save-every 1 >"$T/out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then fail "crash replace: exit $rc, wanted rank 0 killed"; cat "$T/out"; fi
+[ -f "$D/global_step2/meta.json" ] || fail "crash replace: the tag global_step2 is missing after the swap"
+expect_ok 1 ckpt inspect "$D" --tag global_step2
+grep -aq "checksums verified" "$T/out" || fail "crash replace: global_step2 does not verify"
+expect_ok 2 train "${MLP[@]}" "${mlp_data[@]}" --config "$T/s2m.json" --resume "$D" --steps 3 \
+  --save-dir "$D" --save-every 1 --save-weights "$T/c-replace.safetensors"
+cmp -s "$T/c-ref.safetensors" "$T/c-replace.safetensors" || fail "crash replace: weights differ from an uninterrupted run"
+ls -d "$D"/*.tmp "$D"/*.old.* >/dev/null 2>&1 && fail "crash replace: leftovers after a successful save: $(ls "$D")"
 
 # ---- d. corrupt and mismatched checkpoints ------------------------------------------
 G="$T/good"
