@@ -1,5 +1,5 @@
 /*
- * sample.c -- generation with temperature and top-k (see sample.h).
+ * sample.c -- generation with temperature, top-k and top-p (see sample.h).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "sample.h"
@@ -11,8 +11,42 @@
 
 #include "cli.h"
 
-int sample_next(const zdp_model *model, const float *const *params, const int32_t *tokens,
-                int n, double temperature, int top_k, uint64_t *rng, float *logits) {
+static const float *g_sort_logits; /* qsort has no context argument */
+static int by_logit_desc_(const void *a, const void *b) {
+    float x = g_sort_logits[*(const int *)a], y = g_sort_logits[*(const int *)b];
+    return x > y ? -1 : x < y ? 1 : 0;
+}
+
+/* The smallest logit kept by nucleus sampling: the most likely tokens (of
+ * those at or above cut) whose probabilities at this temperature first reach
+ * top_p.  Ties with the last one are kept, as top-k keeps them. */
+static float top_p_cut_(const float *logits, int V, float cut, int best, double temperature,
+                        double top_p) {
+    int *idx = malloc((size_t)V * sizeof *idx);
+    if (idx == NULL) return cut;
+    int m = 0;
+    double sum = 0;
+    for (int v = 0; v < V; v++)
+        if (logits[v] >= cut) {
+            idx[m++] = v;
+            sum += exp((logits[v] - logits[best]) / temperature);
+        }
+    g_sort_logits = logits;
+    qsort(idx, (size_t)m, sizeof *idx, by_logit_desc_);
+    double acc = 0;
+    float out = cut;
+    for (int k = 0; k < m; k++) {
+        acc += exp((logits[idx[k]] - logits[best]) / temperature);
+        out = logits[idx[k]];
+        if (acc >= top_p * sum) break;
+    }
+    free(idx);
+    return out;
+}
+
+int sample_next_p(const zdp_model *model, const float *const *params, const int32_t *tokens, int n,
+                  double temperature, int top_k, double top_p, uint64_t *rng, float *logits,
+                  float *logprob) {
     const zdp_gpt_config *c = zdp_gpt_config_of(model);
     const int V = c->vocab_size;
     /* The model sees at most block_size tokens: keep the most recent. */
@@ -25,34 +59,50 @@ int sample_next(const zdp_model *model, const float *const *params, const int32_
     int best = 0;
     for (int v = 1; v < V; v++)
         if (logits[v] > logits[best]) best = v;
-    if (temperature <= 0) return best;
-    /* Top-k: the k-th largest logit is the cut-off (ties kept). */
-    float cut = -INFINITY;
-    if (top_k > 0 && top_k < V) {
-        float *tmp = malloc((size_t)V * sizeof *tmp);
-        if (tmp == NULL) return best;
-        memcpy(tmp, logits, (size_t)V * sizeof *tmp);
-        for (int k = 0; k < top_k; k++) { /* partial selection: k small */
-            int m = k;
-            for (int v = k + 1; v < V; v++)
-                if (tmp[v] > tmp[m]) m = v;
-            float t = tmp[k];
-            tmp[k] = tmp[m];
-            tmp[m] = t;
+    int t = best;
+    if (temperature > 0) {
+        /* Top-k: the k-th largest logit is the cut-off (ties kept). */
+        float cut = -INFINITY;
+        if (top_k > 0 && top_k < V) {
+            float *tmp = malloc((size_t)V * sizeof *tmp);
+            if (tmp == NULL) return best;
+            memcpy(tmp, logits, (size_t)V * sizeof *tmp);
+            for (int k = 0; k < top_k; k++) { /* partial selection: k small */
+                int m = k;
+                for (int v = k + 1; v < V; v++)
+                    if (tmp[v] > tmp[m]) m = v;
+                float x = tmp[k];
+                tmp[k] = tmp[m];
+                tmp[m] = x;
+            }
+            cut = tmp[top_k - 1];
+            free(tmp);
         }
-        cut = tmp[top_k - 1];
-        free(tmp);
+        if (top_p < 1.0) cut = top_p_cut_(logits, V, cut, best, temperature, top_p);
+        double sum = 0;
+        for (int v = 0; v < V; v++)
+            sum += logits[v] >= cut ? exp((logits[v] - logits[best]) / temperature) : 0.0;
+        double u = (double)(zdp_splitmix64(rng) >> 11) * 0x1.0p-53 * sum, acc = 0;
+        for (int v = 0; v < V; v++) {
+            if (logits[v] < cut) continue;
+            acc += exp((logits[v] - logits[best]) / temperature);
+            t = v;
+            if (acc >= u) break;
+        }
     }
-    double sum = 0;
-    for (int v = 0; v < V; v++)
-        sum += logits[v] >= cut ? exp((logits[v] - logits[best]) / temperature) : 0.0;
-    double u = (double)(zdp_splitmix64(rng) >> 11) * 0x1.0p-53 * sum, acc = 0;
-    for (int v = 0; v < V; v++) {
-        if (logits[v] < cut) continue;
-        acc += exp((logits[v] - logits[best]) / temperature);
-        if (acc >= u) return v;
+    if (logprob != NULL) {
+        /* The model's own log-probability (temperature 1, no top-k/top-p): what
+         * a learner computes for the same token, so the two agree at equal weights. */
+        double z = 0;
+        for (int v = 0; v < V; v++) z += exp((double)logits[v] - logits[best]);
+        *logprob = (float)((double)logits[t] - logits[best] - log(z));
     }
-    return best;
+    return t;
+}
+
+int sample_next(const zdp_model *model, const float *const *params, const int32_t *tokens,
+                int n, double temperature, int top_k, uint64_t *rng, float *logits) {
+    return sample_next_p(model, params, tokens, n, temperature, top_k, 1.0, rng, logits, NULL);
 }
 
 void sample_print(const zdp_model *model, const float *const *params, const char *prompt,

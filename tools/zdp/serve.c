@@ -888,6 +888,96 @@ static char *exec_sample_(server *s, const job *j, int *status) {
                            "length", "prompt_length", (json_int_t)r.n));
 }
 
+static int64_t numel_(const zdp_param_info *p) {
+    int64_t n = 1;
+    for (int d = 0; d < p->ndim; d++) n *= p->shape[d];
+    return n;
+}
+
+static void free_snapshot_(server *s) {
+    for (int i = 0; s->snap != NULL && i < s->model.n_params; i++) free(s->snap[i]);
+    free(s->snap);
+    free(s->snap_path);
+    s->snap = NULL;
+    s->snap_path = NULL;
+}
+
+/* Tinker's asample (rank 0 alone): num_samples continuations of the prompt
+ * from the weights in a sampler file (save_weights_for_sampler), not from the
+ * live ones, so training between save and sample changes nothing.  The file
+ * read last stays in memory.  Each token comes with the model's log p (what
+ * importance-sampling losses take as the sampler's logprobs). */
+static char *exec_sample_file_(server *s, const job *j, int *status) {
+    if (s->R != 0) return NULL;
+    sample_file_header h;
+    memcpy(&h, j->payload, sizeof h);
+    const int32_t *prompt = (const int32_t *)(j->payload + sizeof h);
+    const int32_t *stop = prompt + h.n_prompt;
+    const char *path = (const char *)(stop + h.n_stop);
+    zdp_error err = {0};
+    const int np = s->model.n_params;
+    if (s->snap_path == NULL || strcmp(s->snap_path, path) != 0) {
+        free_snapshot_(s);
+        s->snap = calloc((size_t)np, sizeof *s->snap);
+        s->snap_path = strdup(path);
+        bool ok = s->snap != NULL && s->snap_path != NULL;
+        for (int i = 0; ok && i < np; i++)
+            ok = (s->snap[i] = malloc((size_t)numel_(&s->model.params[i]) * sizeof(float))) != NULL;
+        zdp_status st = ok ? zdp_gpt_weights_load(path, &s->opt.model, s->model.params, np, s->snap, &err)
+                           : ZDP_ERR_NOMEM;
+        if (st != ZDP_OK) {
+            free_snapshot_(s);
+            *status = status_of_(st);
+            return serve_error_body("model_path", ok ? err.msg : "out of memory for the sampler weights");
+        }
+    }
+    const int64_t cap = h.n_prompt + h.max_tokens;
+    int32_t *tok = malloc((size_t)cap * sizeof *tok);
+    float *logits = malloc((size_t)s->opt.model.vocab_size * sizeof *logits);
+    if (tok == NULL || logits == NULL) {
+        free(tok), free(logits);
+        *status = 500;
+        return serve_error_body(NULL, "out of memory");
+    }
+    json_t *seqs = json_array();
+    bool failed = false;
+    for (int64_t k = 0; k < h.num_samples && !failed; k++) {
+        memcpy(tok, prompt, (size_t)h.n_prompt * sizeof *tok);
+        int64_t n = h.n_prompt;
+        uint64_t rng = h.seed + 0x9E3779B97F4A7C15ull * (uint64_t)k;
+        json_t *out = json_array(), *lps = json_array();
+        const char *reason = "length";
+        for (int64_t m = 0; m < h.max_tokens; m++) {
+            float lp;
+            int t = sample_next_p(&s->model, (const float *const *)s->snap, tok, (int)n, h.temperature,
+                                  (int)h.top_k, h.top_p, &rng, logits, &lp);
+            if (t < 0) {
+                failed = true;
+                break;
+            }
+            tok[n++] = t;
+            json_array_append_new(out, json_integer(t));
+            json_array_append_new(lps, serve_jreal(lp));
+            bool stopped = false;
+            for (int64_t q = 0; q < h.n_stop && !stopped; q++) stopped = stop[q] == t;
+            if (stopped) {
+                reason = "stop";
+                break;
+            }
+        }
+        json_array_append_new(seqs, json_pack("{s:o,s:o,s:s}", "tokens", out, "logprobs", lps, "stop_reason",
+                                              reason));
+    }
+    free(tok), free(logits);
+    if (failed) {
+        json_decref(seqs);
+        *status = 500;
+        return serve_error_body(NULL, "sampling failed: see the server's log");
+    }
+    *status = 200;
+    return serve_dump(json_pack("{s:o,s:s}", "sequences", seqs, "type", "sample"));
+}
+
 static char *exec_save_weights_(server *s, const job *j, int *status) {
     if (s->R != 0) return NULL;
     const char *path = (const char *)j->payload;
@@ -955,12 +1045,6 @@ static char *exec_state_(server *s, const job *j, int *status) {
                            (json_int_t)zdp_engine_global_steps(s->eng), "global_samples",
                            (json_int_t)zdp_engine_global_samples(s->eng), "pending_backwards",
                            (json_int_t)zdp_engine_pending_backwards(s->eng)));
-}
-
-static int64_t numel_(const zdp_param_info *p) {
-    int64_t n = 1;
-    for (int d = 0; d < p->ndim; d++) n *= p->shape[d];
-    return n;
 }
 
 /* Tinker's load_weights without the optimizer: the weights of a checkpoint
@@ -1046,12 +1130,13 @@ static char *exec_info_(server *s, int *status) {
         (json_int_t)s->opt.max_body);
     /* Server-side timing by request kind (the one being answered not yet
      * counted): how long requests waited in the FIFO and ran on the ranks. */
-    static const char *const names[OP_NOOP + 1] = {
+    static const char *const names[OP_SAMPLE_FILE + 1] = {
         [OP_FWDBWD] = "forward_backward", [OP_FORWARD] = "forward", [OP_OPTIM] = "optim_step",
         [OP_SAVE_WEIGHTS] = "save_weights", [OP_SAVE_STATE] = "save_state", [OP_LOAD_STATE] = "load_state",
-        [OP_INFO] = "info", [OP_SAMPLE] = "sample", [OP_LOAD_WEIGHTS] = "load_weights"};
+        [OP_INFO] = "info", [OP_SAMPLE] = "sample", [OP_LOAD_WEIGHTS] = "load_weights",
+        [OP_SAMPLE_FILE] = "asample"};
     json_t *req = json_object();
-    for (int op = 0; op <= OP_NOOP; op++) {
+    for (int op = 0; op <= OP_SAMPLE_FILE; op++) {
         if (names[op] == NULL || s->stats[op].count == 0) continue;
         const double n = (double)s->stats[op].count;
         json_object_set_new(req, names[op],
@@ -1077,6 +1162,7 @@ static char *exec_(server *s, const job *j, int *status) {
     case OP_INFO: return exec_info_(s, status);
     case OP_SAMPLE: return exec_sample_(s, j, status);
     case OP_LOAD_WEIGHTS: return exec_load_weights_(s, j, status);
+    case OP_SAMPLE_FILE: return exec_sample_file_(s, j, status);
     default:
         engine_die_("serve", &(zdp_error){.msg = "unknown request type from rank 0 (a bug in zdp)"});
     }
@@ -1130,7 +1216,7 @@ static void worker_loop_(server *s) {
     }
 }
 
-static bool needs_all_(int op) { return op != OP_SAVE_WEIGHTS && op != OP_SAMPLE; }
+static bool needs_all_(int op) { return op != OP_SAVE_WEIGHTS && op != OP_SAMPLE && op != OP_SAMPLE_FILE; }
 
 static void leader_loop_(server *s) {
     for (;;) {
@@ -1516,6 +1602,7 @@ int cmd_serve(int argc, char **argv) {
         pthread_cond_destroy(&s.cv_job);
         pthread_cond_destroy(&s.cv_done);
         tinker_destroy(s.tinker);
+        free_snapshot_(&s);
         printf("zdp serve: stopped at step %lld\n", (long long)zdp_engine_global_steps(s.eng));
         fflush(stdout);
     } else {

@@ -40,7 +40,16 @@ enum {
     OP_SAMPLE = 8,
     OP_LOAD_WEIGHTS = 9, /* weights only, fresh optimizer state (Tinker load_weights) */
     OP_NOOP = 10,        /* a Tinker request refused before the engine: only its seq_id counts */
+    OP_SAMPLE_FILE = 11, /* Tinker asample: rank 0 samples from saved sampler weights */
 };
+
+/* The head of an OP_SAMPLE_FILE payload; then int32 prompt[n_prompt],
+ * int32 stop[n_stop], and the weights file's path, NUL-terminated. */
+typedef struct sample_file_header {
+    int64_t n_prompt, max_tokens, top_k, num_samples, n_stop;
+    uint64_t seed;
+    double temperature, top_p;
+} sample_file_header;
 
 /* Optimizer hyperparameters of an optim_step, in zdp_hparams' order. */
 #define N_ADAM 6
@@ -105,7 +114,10 @@ typedef struct server {
     struct {
         int64_t count;
         double queue_s, exec_s, exec_max_s;
-    } stats[OP_NOOP + 1];
+    } stats[OP_SAMPLE_FILE + 1];
+    /* rank 0, main thread only: the sampler weights asample last read. */
+    char *snap_path;
+    float **snap;
 } server;
 
 /* A validation failure: HTTP status, the JSON path of the field, the message. */
