@@ -142,3 +142,80 @@ edit("empty", lambda m: "")
 edit("long_zdp_version", setp(["zdp_version"], "v" * 8000))
 edit("long_optimizer", setp(["config", "optimizer"], "o" * 8000))
 edit("long_client", setp(["client"], {"k": "c" * 2000}))
+
+# ---- zdp serve's protobuf ForwardBackwardRequest (SDK 0.25) -----------------
+# Requests as tests/serve/tinker_sdk.py encodes them (what the SDK's
+# request_conv writes), and hand-made edges: each malformed case of
+# tests/serve/tinker_check.py, unknown fields newer SDKs add, unpacked
+# repeated fields, every DType, image/dmel chunks, sparse tensors.
+import sys  # noqa: E402
+
+sys.path.insert(0, os.path.join(HERE, "..", "serve"))
+import tinker_sdk as T  # noqa: E402
+
+PB = os.path.join(HERE, "corpus", "serve_proto")
+os.makedirs(PB, exist_ok=True)
+L, K, V = T._pb_len, T._pb_key, T._pb_uvarint
+d1 = T.datum([1, 2, 3], [2, 3, 4], [0.0, 1.0, 1.0])
+d2 = T.datum([5, 6], [6, 7], logprobs=[-1.0, -2.5], advantages=[0.5, -0.5])
+image = T.datum([1], [2, 3])
+image["model_input"]["chunks"].append({"type": "image", "data": "iVBORw0KGgo=", "format": "png",
+                                       "expected_tokens": 1})
+sparse = T.datum([1, 2, 3], [2, 3, 4])
+sparse["loss_fn_inputs"]["weights"] = {"data": [1.0], "dtype": "float32", "shape": [1, 3],
+                                       "sparse_crow_indices": [0, 1], "sparse_col_indices": [2]}
+enc = T.encode_forward_backward_request_proto
+
+
+def tensor_pb(dense, dtype, shape=None, packed=True):
+    out = L(1, dense) + K(3, 0) + V(dtype)
+    if shape:
+        out += L(4, T._pb_packed(shape)) if packed else b"".join(K(4, 0) + V(s) for s in shape)
+    return out
+
+
+def datum_pb(tokens_bytes, inputs):
+    out = L(1, L(1, L(1, tokens_bytes)))
+    for name, t in inputs:
+        out += L(2, L(1, name) + L(2, t))
+    return out
+
+
+tok3 = T._pb_le("i", [1, 2, 3])
+pb_seeds = {
+    "sdk_cross_entropy": enc("s1:train:0", 1, [d1, d1], "cross_entropy"),
+    "sdk_ppo_config": enc("s1:train:0", 2, [d2], "ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}),
+    "sdk_forward_only": enc("s1:train:0", 3, [d1], "cross_entropy", forward_only=True),
+    "sdk_image_chunk": enc("m", 4, [image], "cross_entropy"),
+    "sdk_sparse": enc("m", 5, [sparse], "cross_entropy"),
+    "empty": b"",
+    "negative_seq": L(1, b"m") + K(2, 0) + V(-5),
+    "unknown_fields": enc("m", 6, [d1], "cross_entropy") + L(7, L(1, b"beta") + L(2, K(1, 1) + b"\0" * 8))
+    + K(99, 5) + b"\1\2\3\4" + K(1000, 1) + b"\0" * 8,
+    "datum_spans": L(1, b"m") + K(2, 0) + V(1) + L(3, datum_pb(tok3, [(b"target_tokens", tensor_pb(
+        T._pb_le("q", [2, 3, 4]), 2, [3]))]) + L(3, L(1, L(3, b"s") + K(2, 0) + V(3)))),
+    "unpacked_shape": L(3, datum_pb(tok3, [(b"target_tokens", tensor_pb(T._pb_le("q", [2, 3, 4]), 2, [3],
+                                                                        packed=False))])),
+    "dtypes": L(3, datum_pb(tok3, [(b"a", tensor_pb(T._pb_le("i", [1, 2, 3]), 3)),
+                                   (b"b", tensor_pb(b"\x80\x3f" * 3, 4)),
+                                   (b"c", tensor_pb(b"\0" * 12, 0)),
+                                   (b"d", tensor_pb(b"\0" * 12, 9)),
+                                   (b"e", tensor_pb(T._pb_le("f", [float("nan"), float("inf"), 1.0]), 1))])),
+    "dmel_and_empty_chunk": L(3, L(1, L(3, L(1, b"\0\1"))) + L(1, b"")),
+    "map_entry_value_first": L(3, L(1, L(1, L(1, tok3))) + L(2, L(2, tensor_pb(T._pb_le("q", [1, 2, 3]), 2))
+                                                             + L(1, b"target_tokens"))),
+    "config_nan": L(5, L(1, b"beta") + K(2, 1) + struct.pack("<d", float("nan"))),
+    "truncated_varint": b"\x0a\x01m\x10\xff\xff",
+    "length_past_end": enc("m", 1, [d1], "cross_entropy") + b"\x1a\x40\x0a\x02",
+    "wrong_wire_type": b"\x0d\x01\x02\x03\x04",
+    "varint_too_long": b"\x10" + b"\xff" * 10 + b"\x01",
+    "group": b"\x1b",
+    "field_zero": b"\x02\x00",
+    "tokens_odd": L(3, L(1, L(1, L(1, b"\1\0\0\0\2\0")))),
+    "dense_odd": L(3, L(2, L(1, b"target_tokens") + L(2, tensor_pb(b"\0" * 7, 2)))),
+    "bad_utf8": L(1, b"\xc3\x28") + L(4, b"cross_entropy"),
+    "nul_in_key": L(5, L(1, b"a\0b") + K(2, 1) + b"\0" * 8),
+    "shape_too_long": L(3, L(2, L(1, b"x") + L(2, L(4, b"\1" * 65)))),
+}
+for name, content in pb_seeds.items():
+    put(PB, name + ".pb", content)

@@ -6,14 +6,18 @@ what the SDK sends), for tests/cli/test_tinker.sh.
   tinker_check.py URL OUT_DIR WORLD_SIZE CHECKPOINT_DIR
 
 The server must run with --long-poll-seconds 1 --seq-gap-seconds 3 and
---checkpoint-dir CHECKPOINT_DIR.  Reference updates come from the server's plain
+--checkpoint-dir CHECKPOINT_DIR.  The model is driven as SDK 0.24 does (JSON);
+after unload_model a second client drives a new model as SDK 0.25 does
+(protobuf forward_backward and results, sdk025()).  Reference updates come from the server's plain
 endpoints (/forward_backward, /optim_step), which tests/cli/test_serve.sh checks
 against `zdp train`.  Every failed check prints "FAIL: ..."; the exit status is
 the failure count (capped at 100).
 """
+import array
 import json
 import os
 import random
+import struct
 import sys
 import time
 import uuid
@@ -46,6 +50,26 @@ def expect_failure(fn, what, needle, category="user"):
         return None
     fail("%s: succeeded, wanted a %s error mentioning %r" % (what, category, needle))
     return None
+
+
+def f32(values):
+    """The float32 bits of a list of numbers (a JSON number printed with 9
+    digits and a protobuf float32 are the same float32)."""
+    return array.array("f", [float("nan") if v is None else v for v in values]).tobytes()
+
+
+def same_outputs(a, b):
+    """Two lists of loss_fn_outputs hold the same float32 tensors."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if set(x) != set(y):
+            return False
+        for k in x:
+            if x[k]["dtype"] != y[k]["dtype"] or f32(x[k]["data"]) != f32(y[k]["data"]) or \
+                    list(x[k].get("shape") or [len(x[k]["data"])]) != list(y[k].get("shape") or [len(y[k]["data"])]):
+                return False
+    return True
 
 
 def as_datum(d, **inputs):
@@ -142,7 +166,7 @@ class Check:
                 abs(m["metrics"]["learning_rate:mean"] - ADAM["learning_rate"]) > 1e-12:
             fail("optim_step result %s" % m)
         S.compare(ref, self.sampler_file(self.tc, "exact"), exact=True)
-        self.ref = ref
+        self.ref, self.ref_loss = ref, ref_loss
         return len(fb.chunks)
 
     def retries(self):
@@ -191,6 +215,12 @@ class Check:
                        "adam_params.learning_rate")
         expect_failure(lambda: self.tc.forward_backward(self.data, "kl").result(), "an unknown loss",
                        "forward_backward_input.loss_fn")
+        # A long non-ASCII field name: the message, cut at its size limit, must stay valid
+        # UTF-8 for its future to be answered (it once made retrieve_future crash the server).
+        odd = T.datum([1, 2, 3], [2, 3, 4])
+        odd["loss_fn_inputs"]["\u00e9" * 300] = T.tensor([1.0, 1.0, 1.0])
+        expect_failure(lambda: self.tc.forward_backward([odd], "cross_entropy").result(),
+                       "a 300-character non-ASCII loss_fn_inputs name", "unknown field")
 
     def losses(self):
         """Every policy loss back-propagates sum_t c_t * (-logprob_t).  With the
@@ -200,6 +230,7 @@ class Check:
         self.reset()
         rng = random.Random(3)
         lp = [o["logprobs"]["data"] for o in self.tc.forward(self.data, "cross_entropy").result()["loss_fn_outputs"]]
+        self.lp0 = lp  # the initial weights' logprobs (JSON), for sdk025
         adv = [[round(rng.uniform(-1, 1), 3) for _ in x] for x in lp]
         ref, ref_loss = self.native_update("ce_adv", [d | {"loss_fn_inputs": d["loss_fn_inputs"] | {"weights": a}}
                                                       for d, a in zip(self.plain, adv)])
@@ -207,6 +238,8 @@ class Check:
             self.reset()
             data = [as_datum(d, logprobs=q, advantages=a) for d, q, a in zip(self.plain, lp, adv)]
             res = self.tc.forward_backward(data, loss_fn, cfg).result()
+            if loss_fn == "dro":
+                self.dro = (data, cfg, res)  # for sdk025
             # r = 1: importance_sampling and ppo are -sum A; cispo and dro -sum lp*A.
             if loss_fn in ("importance_sampling", "ppo"):
                 want = -sum(x for a in adv for x in a)
@@ -310,19 +343,151 @@ class Check:
             fail("retrieve_future of an unknown id: %s" % r)
 
     def unload(self):
+        """unload_model; then a new model, driven by an SDK 0.25 client (sdk025)."""
         hb = self.sc.counters.get("heartbeat_ok", 0)
         if hb < 1:
             fail("no session_heartbeat was accepted (%s)" % self.sc.counters)
+        # SDK 0.24 sends Accept: application/x-protobuf too; a JSON request is answered in JSON.
+        if not self.sc.accept_proto or self.sc.counters.get("result_proto", 0) != 0:
+            fail("the JSON client got %s protobuf results (accept_proto %s); a JSON request must get JSON"
+                 % (self.sc.counters.get("result_proto", 0), self.sc.accept_proto))
         mid = self.tc.model_id
         self.tc.unload().result()
         expect_failure(lambda: self.tc.optim_step(ADAM).result(), "optim_step after unload_model", "no model")
-        sc2 = T.ServiceClient(self.url, heartbeat_interval=0.3, backoff_base=0.02, outer_backoff_unit=0.05)
+        sc2 = T.ServiceClient(self.url, sdk_version="0.25.0", heartbeat_interval=0.3, backoff_base=0.02,
+                              outer_backoff_unit=0.05, client_config_overrides={"fwdbwd_max_chunk_len": 2 * self.W})
         tc2 = sc2.create_lora_training_client(self.name, rank=0)
         if tc2.model_id == mid:
             fail("a new model got the old model_id %s" % mid)
-        tc2.forward(self.data[:1], "cross_entropy").result()
+        self.sdk025(sc2, tc2)
         sc2.close()
         self.sc.close()
+
+    def sdk025(self, sc, tc):
+        """SDK 0.25: forward_backward as protobuf, forward as forward_backward
+        with forward_only, results as protobuf.  The same data gives bitwise
+        the JSON path's logprobs, update and loss outputs; a refused datum
+        names its field as on the JSON path; a malformed body is a 400 naming
+        the protobuf field, never a crash."""
+        http = sc.http
+        # forward: forward_only on /forward_backward; the JSON forward's logprobs; no gradient.
+        self.reset()
+        fwd = tc.forward(self.data, "cross_entropy")
+        res = fwd.result()
+        lp = [o["logprobs"]["data"] for o in res["loss_fn_outputs"]]
+        if [f32(x) for x in lp] != [f32(x) for x in self.lp0]:
+            fail("0.25 forward (protobuf) logprobs differ from the JSON forward's")
+        if {p for _, p in tc.sent} != {"/api/v1/forward_backward"}:
+            fail("the 0.25 client posted to %s (forward is forward_backward with forward_only)"
+                 % sorted({p for _, p in tc.sent}))
+        if self.info()["pending_backwards"] != 0:
+            fail("a forward_only request left %s backward passes pending" % self.info()["pending_backwards"])
+        if sc.counters.get("result_proto", 0) != len(fwd.chunks) or sc.counters.get("result_json", 0) != 1:
+            fail("0.25 forward: future counters %s (wanted a protobuf result per chunk, %d)"
+                 % (sc.counters, len(fwd.chunks)))
+        # The same future polled again: protobuf only when Accept asks for it.
+        rid = fwd.futures[0].request_id
+        plain = http.post(T.API + "retrieve_future", {"request_id": rid, "allow_metadata_only": False},
+                          max_retries=0)
+        pb = http.post(T.API + "retrieve_future", {"request_id": rid, "allow_metadata_only": False},
+                       max_retries=0, extra_headers={"Accept": T.PROTO_CONTENT_TYPE + ", application/json"})
+        if "application/json" not in plain.content_type or T.PROTO_CONTENT_TYPE not in pb.content_type:
+            fail("retrieve_future of a protobuf request: %r without Accept protobuf, %r with it"
+                 % (plain.content_type, pb.content_type))
+        else:
+            a, b = plain.json(), T.decode_forward_backward_output_proto(pb.body)
+            if not same_outputs(a["loss_fn_outputs"], b["loss_fn_outputs"]) or \
+                    abs(a["metrics"]["loss:sum"] - b["metrics"]["loss:sum"]) > 1e-6 * abs(a["metrics"]["loss:sum"]):
+                fail("one result, as JSON and as protobuf, differs: %s / %s" % (a["metrics"], b["metrics"]))
+        # forward_backward in chunks of 2W (the first posted last), then optim_step: the JSON path's update.
+        self.reset()
+        fb = tc.forward_backward(self.data, "cross_entropy")
+        res = fb.result()
+        order = [seq for seq, path in tc.sent][-len(fb.chunks):]
+        if len(fb.chunks) > 1 and order[-1] != fb.chunks[0][0]:
+            fail("the 0.25 client did not send the first chunk last: %s" % order)
+        if len(res["loss_fn_outputs"]) != len(self.data):
+            fail("0.25 forward_backward merged %d outputs for %d datums" % (len(res["loss_fn_outputs"]), len(self.data)))
+        if abs(res["metrics"]["loss:sum"] - self.ref_loss) > 1e-5 * abs(self.ref_loss):
+            fail("0.25 loss:sum %r, the plain request's %r" % (res["metrics"]["loss:sum"], self.ref_loss))
+        tc.optim_step(ADAM).result()
+        S.compare(self.ref, self.sampler_file(tc, "proto_exact"), exact=True)
+        # loss_fn_config through the protobuf map: dro (beta) as on the JSON path.
+        data, cfg, want = self.dro
+        self.reset()
+        got = tc.forward_backward(data, "dro", cfg).result()
+        if not same_outputs(got["loss_fn_outputs"], want["loss_fn_outputs"]) or \
+                abs(got["metrics"]["loss:sum"] - want["metrics"]["loss:sum"]) > 1e-6 * abs(want["metrics"]["loss:sum"]):
+            fail("dro through protobuf: loss:sum %r and outputs, the JSON path %r"
+                 % (got["metrics"]["loss:sum"], want["metrics"]["loss:sum"]))
+        # Refusals: the request reaches the JSON validation, which names the field.
+        bad = list(self.data)
+        bad[1] = T.datum([1, 2, 999], [1, 2, 3])
+        expect_failure(tc.forward_backward(bad, "cross_entropy").result, "0.25: a token outside the vocabulary",
+                       "forward_backward_input.data[1].model_input.chunks[0].tokens[2]")
+        image = T.datum([1, 2], [2, 3, 4])
+        image["model_input"]["chunks"].append({"type": "image", "data": "iVBORw0KGgo=", "format": "png"})
+        expect_failure(tc.forward_backward([image], "cross_entropy").result, "0.25: an image chunk",
+                       'chunks[1].type: only "encoded_text" chunks are supported (got "image")')
+        sparse = T.datum([1, 2, 3], [2, 3, 4])
+        sparse["loss_fn_inputs"]["weights"] = {"data": [1.0], "dtype": "float32", "shape": [1, 3],
+                                               "sparse_crow_indices": [0, 1], "sparse_col_indices": [2]}
+        expect_failure(tc.forward([sparse], "cross_entropy").result, "0.25: a sparse tensor",
+                       "forward_input.data[0].loss_fn_inputs.weights: sparse CSR")
+        # Malformed protobuf: a 400 at once that names the field.
+        one = T.encode_forward_backward_request_proto(tc.model_id, 99, self.data[:1], "cross_entropy")
+        tokens = T._pb_len(1, T._pb_len(1, b"\x01\x00\x00\x00\x02\x00"))       # 6 bytes of int32
+        target = T._pb_len(1, b"\x00" * 7) + T._pb_key(3, 0) + T._pb_uvarint(2)  # 7 bytes of int64
+        entry = T._pb_len(1, b"target_tokens") + T._pb_len(2, target)
+        cases = [
+            ("a truncated varint", b"\x0a\x01m\x10\xff\xff", "seq_id: truncated varint"),
+            ("a length past the end", one + b"\x1a\x40\x0a\x02", "data: length 64 runs past the end"),
+            ("a wrong wire type", b"\x0d\x01\x02\x03\x04" + one, "model_id: wire type 5 (32-bit), expected 2"),
+            ("a varint longer than 64 bits", b"\x10" + b"\xff" * 10 + b"\x01", "seq_id: varint longer than 64 bits"),
+            ("a group", b"\x1b", "wire type 3 (start-group)"),
+            ("int32 tokens cut short", T._pb_len(3, T._pb_len(1, tokens)),
+             "data[0].model_input[0].encoded_text.tokens: 6 bytes is not a whole number of int32 tokens"),
+            ("a dense tensor cut short", T._pb_len(3, T._pb_len(2, entry)),
+             "data[0].loss_fn_inputs.target_tokens.dense: 7 bytes is not a whole number of 8-byte int64"),
+        ]
+        for what, body, needle in cases:
+            self.expect_400(http, body, what, needle)
+        self.expect_400(http, one, "a zstd body", "proto_compress_fwdbwd", {"Content-Encoding": "zstd"})
+        self.expect_400(http, one, "protobuf to optim_step", "only forward_backward", path="optim_step", status=415)
+        # Every prefix and 300 random corruptions of a request (for another model_id, so that
+        # nothing runs): a 400 or a future, never a crash.
+        whole = T.encode_forward_backward_request_proto("nobody", 1, self.data[:2], "ppo",
+                                                        {"clip_low_threshold": 0.9}, True)
+        rng = random.Random(7)
+        bodies = [whole[:k] for k in range(len(whole))]
+        for _ in range(300):
+            b = bytearray(whole)
+            for _ in range(rng.randint(1, 4)):
+                b[rng.randrange(len(b))] = rng.randrange(256)
+            bodies.append(bytes(b))
+        statuses = {}
+        for b in bodies:
+            try:
+                r = http.post(T.API + "forward_backward", T.ProtoBody(b, {}), max_retries=0)
+                statuses[r.status] = statuses.get(r.status, 0) + 1
+            except T.APIStatusError as e:
+                statuses[e.status] = statuses.get(e.status, 0) + 1
+        if set(statuses) - {200, 400}:
+            fail("corrupted protobuf bodies: HTTP statuses %s (wanted only 200 and 400)" % statuses)
+        if sc.healthz().get("status") != "ok":
+            fail("the server is not healthy after corrupted protobuf bodies")
+        print("tinker_check: SDK 0.25 protobuf: forward, update and dro bitwise as JSON; %d corrupted bodies: %s"
+              % (len(bodies), statuses), flush=True)
+
+    def expect_400(self, http, body, what, needle, headers=None, path="forward_backward", status=400):
+        try:
+            http.post(T.API + path, T.ProtoBody(body, {}), max_retries=0, extra_headers=headers)
+        except T.APIStatusError as e:
+            msg = (e.json or {}).get("error", "")
+            if e.status != status or needle not in msg:
+                fail("protobuf with %s: HTTP %d %r, wanted %d mentioning %r" % (what, e.status, msg, status, needle))
+            return
+        fail("protobuf with %s: accepted, wanted HTTP %d" % (what, status))
 
 
 def main(argv):

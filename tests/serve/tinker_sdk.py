@@ -1,6 +1,12 @@
 #!/usr/bin/env python3
 """tinker_sdk.py -- a standard-library re-implementation of what the Tinker
-Python SDK (versions 0.18 - 0.24, JSON path) sends over the wire.
+Python SDK sends over the wire: versions 0.18 - 0.24 (JSON), and with
+sdk_version >= "0.25" what 0.25 does differently (§0, §1.6): forward_backward
+-- and forward, as forward_backward with forward_only -- POSTed as a protobuf
+ForwardBackwardRequest (Content-Type: application/x-protobuf), chunks sized by
+0.25's estimate (§3), and ForwardBackwardOutput results read only as protobuf
+(a JSON one raises ProtocolError, as 0.25 raises "Server returned a JSON
+payload ... only supports as proto").
 
 It exists so that `zdp serve` can be tested against a client that behaves like
 the real SDK (which is not installed here).  Every behaviour is taken from
@@ -43,6 +49,10 @@ Public API (see the class docstrings for details):
       .unload()                                             -> APIFuture
   datum(tokens, targets, weights=None, **extra_tensors), tensor(data, dtype=None, shape=None)
   combine_fwd_bwd_results(results)       the SDK's chunk-merge (§1.4, §1.5)
+  encode_forward_backward_request_proto(model_id, seq_id, data, loss_fn, loss_fn_config=None,
+      forward_only=False) -> bytes        0.25's request encoding (§1.6)
+  decode_forward_backward_output_proto(raw) -> dict   0.25's result decoding (§1.6)
+  ProtoBody(payload, message)            a protobuf POST body for HttpClient
   Faults()  .drop_response(...), .delay(...), .fired
   Exceptions: APIStatusError, APIConnectionError, APITimeoutError, ResponseLost,
               RequestFailedError, RetryableException, ProtocolError
@@ -55,6 +65,7 @@ Standard library only.
 """
 import argparse
 import array
+import base64
 import email.utils
 import http.client
 import json
@@ -174,13 +185,29 @@ class ProtocolError(APIError, ValueError):
     """A response the SDK's strict validation would reject (§1.3, §1.4)."""
 
 
+# ---- request bodies -------------------------------------------------------------
+
+class ProtoBody:
+    """A protobuf POST body (SDK 0.25's forward_backward, §1.6): `payload` is
+    what goes on the wire with Content-Type: application/x-protobuf;
+    `message` is the same request as a dict (model_id, seq_id, forward_only,
+    ...), for http_log, fault rules and `sent`."""
+
+    def __init__(self, payload, message):
+        self.payload = payload
+        self.message = message
+
+    def get(self, key, default=None):
+        return self.message.get(key, default)
+
+
 # ---- fault injection ----------------------------------------------------------
 
 class FaultContext:
     """What a fault callable is told about one HTTP attempt.
 
     path            "/api/v1/forward_backward", ... (without the base URL prefix)
-    body            the JSON body (dict) or None
+    body            the JSON body (dict), a protobuf body's message (dict), or None
     seq_id          body["seq_id"] if present, else None
     attempt         0 for the first attempt of a call, 1.. for the HTTP layer's retries
     nth             1-based index of this attempt among all attempts to `path`
@@ -517,7 +544,10 @@ class HttpClient:
         max_retries = self.max_retries if max_retries is None else max_retries
         timeout = self.timeout if timeout is None else timeout
         payload = None
-        if body is not None:
+        content_type = "application/json"
+        if isinstance(body, ProtoBody):
+            payload, body, content_type = body.payload, body.message, PROTO_CONTENT_TYPE
+        elif body is not None:
             payload = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
         idempotency_key = None
         if method != "GET":
@@ -529,6 +559,7 @@ class HttpClient:
             if method == "GET":
                 headers.pop("Content-Type")
             else:
+                headers["Content-Type"] = content_type
                 headers["X-Idempotency-Key"] = idempotency_key
             headers["x-stainless-retry-count"] = str(retries_taken)
             headers["x-stainless-read-timeout"] = str(timeout)
@@ -660,6 +691,110 @@ def parse_save_weights_for_sampler_response(obj):
     _require(isinstance(obj.get("path"), str) or isinstance(obj.get("sampling_session_id"), str),
              "SaveWeightsForSamplerResponse needs path or sampling_session_id", obj)
     return obj
+
+
+# ---- protobuf ForwardBackwardRequest (§1.6, SDK 0.25) ------------------------------
+#
+# What the SDK's request_conv.forward_backward_request_to_proto builds and
+# protobuf's SerializeToString writes: fields in number order, proto3 scalars
+# left out at their default (model_id "", seq_id 0, loss_fn "", dtype 0,
+# forward_only false), a oneof member always written once set, map entries
+# {1 key, 2 value} with both written, repeated int64 packed.
+
+def _pb_uvarint(v):
+    v &= (1 << 64) - 1          # a negative int goes out as its 64-bit two's complement
+    out = bytearray()
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        if v:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _pb_key(number, wire):
+    return _pb_uvarint(number << 3 | wire)
+
+
+def _pb_len(number, payload):
+    return _pb_key(number, 2) + _pb_uvarint(len(payload)) + payload
+
+
+def _pb_packed(values):
+    return b"".join(_pb_uvarint(int(v)) for v in values)
+
+
+def _pb_le(code, values):
+    a = array.array(code, values)
+    if sys.byteorder != "little":
+        a.byteswap()
+    return a.tobytes()
+
+
+# TensorData dtype -> (DType, array code); the SDK writes only these two.
+_PB_WRITE_DTYPES = {"float32": (1, "f"), "int64": (2, "q")}
+
+
+def _pb_tensor(td):
+    """TensorData {data, dtype, shape?, sparse_*?} -> Tensor bytes."""
+    if td.get("dtype") not in _PB_WRITE_DTYPES:
+        raise ValueError("Unsupported TensorData dtype for proto write: %r" % td.get("dtype"))
+    dtype, code = _PB_WRITE_DTYPES[td["dtype"]]
+    values = [float(x) for x in td["data"]] if code == "f" else [int(x) for x in td["data"]]
+    if td.get("sparse_crow_indices") is not None:
+        sparse = (_pb_len(1, _pb_le(code, values))
+                  + _pb_len(2, _pb_le("q", td["sparse_crow_indices"]))
+                  + _pb_len(3, _pb_le("q", td.get("sparse_col_indices") or [])))
+        out = _pb_len(2, sparse)
+    else:
+        out = _pb_len(1, _pb_le(code, values))
+    out += _pb_key(3, 0) + _pb_uvarint(dtype)
+    if td.get("shape"):
+        out += _pb_len(4, _pb_packed(td["shape"]))
+    return out
+
+
+def _pb_chunk(chunk):
+    """A ModelInput chunk -> Chunk bytes (encoded_text: int32 tokens; image:
+    raw bytes, format, expected_tokens?)."""
+    kind = chunk.get("type", "encoded_text")
+    if kind == "encoded_text":
+        return _pb_len(1, _pb_len(1, _pb_le("i", [int(t) for t in chunk["tokens"]])))
+    if kind == "image":
+        image = _pb_len(1, base64.b64decode(chunk.get("data", ""))) \
+            + _pb_len(2, chunk.get("format", "png").encode("utf-8"))
+        if chunk.get("expected_tokens") is not None:
+            image += _pb_key(3, 0) + _pb_uvarint(int(chunk["expected_tokens"]))
+        return _pb_len(2, image)
+    raise ValueError("Unsupported model input chunk type: %r" % kind)
+
+
+def encode_forward_backward_request_proto(model_id, seq_id, data, loss_fn, loss_fn_config=None,
+                                          forward_only=False):
+    """The protobuf ForwardBackwardRequest SDK 0.25 posts (§1.6): 1 model_id,
+    2 seq_id, 3 data (Datum: 1 model_input chunks, 2 loss_fn_inputs map), 4
+    loss_fn, 5 loss_fn_config map<string,double>, 6 forward_only."""
+    out = b""
+    if model_id:
+        out += _pb_len(1, model_id.encode("utf-8"))
+    if seq_id:
+        out += _pb_key(2, 0) + _pb_uvarint(int(seq_id))
+    for d in data:
+        body = b"".join(_pb_len(1, _pb_chunk(c)) for c in d["model_input"]["chunks"])
+        for name, td in d["loss_fn_inputs"].items():
+            if not isinstance(td, dict):
+                td = tensor(td)
+            body += _pb_len(2, _pb_len(1, name.encode("utf-8")) + _pb_len(2, _pb_tensor(td)))
+        out += _pb_len(3, body)
+    if loss_fn:
+        out += _pb_len(4, loss_fn.encode("utf-8"))
+    for key, value in (loss_fn_config or {}).items():
+        out += _pb_len(5, _pb_len(1, key.encode("utf-8")) + _pb_key(2, 1) + struct.pack("<d", float(value)))
+    if forward_only:
+        out += _pb_key(6, 0) + b"\x01"
+    return out
 
 
 # ---- protobuf ForwardBackwardOutput (§1.6) ---------------------------------------
@@ -938,6 +1073,9 @@ class APIFuture(_FutureBase):
                     category = "unknown"
                 raise RequestFailedError(obj["error"], category, self.request_id)
             h._bump("result_json")
+            if h.proto_results_only and self.request_type in ("ForwardBackward", "Forward"):
+                raise ProtocolError("Server returned a JSON payload for ForwardBackwardOutput, which this "
+                                    "SDK version only supports as proto (SDK %s)" % h.sdk_version)
             return self.parse(obj)
 
 
@@ -1054,14 +1192,21 @@ def estimate_bytes_count(d):
     return 10 * model_input_length(d) + sum(10 * len(t["data"]) for t in d["loss_fn_inputs"].values())
 
 
-def chunk_data(data, max_len, max_bytes):
+def estimate_bytes_count_025(d):
+    """0.25's size estimate (§3): 4 per token plus each loss tensor's raw bytes."""
+    width = {"int64": 8, "float32": 4}
+    return 4 * model_input_length(d) + sum(width.get(t.get("dtype"), 4) * len(t["data"])
+                                           for t in d["loss_fn_inputs"].values())
+
+
+def chunk_data(data, max_len, max_bytes, estimate=estimate_bytes_count):
     """Cut data into consecutive chunks (§3): a chunk closes when it holds
     max_len datums, or when adding the next datum would push the estimated size
     past max_bytes.  A single datum is never split (a chunk always takes at
     least one datum)."""
     chunks, current, current_bytes = [], [], 0
     for d in data:
-        size = estimate_bytes_count(d)
+        size = estimate(d)
         if (current and current_bytes + size > max_bytes) or len(current) == max_len:
             chunks.append(current)
             current, current_bytes = [], 0
@@ -1132,7 +1277,7 @@ class TrainingClient:
         self._wait_turn(request_id if turn_min is None else turn_min, turn_max)
         try:
             with self._id_lock:
-                self.sent.append((body.get("seq_id"), path))
+                self.sent.append((body.get("seq_id"), path))   # a ProtoBody has .get too
             untyped = self.holder.execute_with_retries(path, body, parse_untyped_future)
             return APIFuture(self.holder, untyped, request_type, parse, start_time)
         finally:
@@ -1140,7 +1285,13 @@ class TrainingClient:
 
     # -- forward / forward_backward (§1.4, §1.5, §3) --
 
-    def _fwd_body(self, path, seq_id, data, loss_fn, loss_fn_config):
+    def _fwd_body(self, path, seq_id, data, loss_fn, loss_fn_config, forward_only=False):
+        if self.holder.proto_fwdbwd:
+            # 0.25 (§1.6): always /forward_backward, forward_only for forward.
+            payload = encode_forward_backward_request_proto(self.model_id, seq_id, data, loss_fn,
+                                                            loss_fn_config, forward_only)
+            return ProtoBody(payload, {"model_id": self.model_id, "seq_id": seq_id, "n_datums": len(data),
+                                       "loss_fn": loss_fn, "forward_only": forward_only})
         inner = {"data": data, "loss_fn": loss_fn}
         if loss_fn_config is not None:           # exclude_none (§1.1)
             inner["loss_fn_config"] = loss_fn_config
@@ -1158,13 +1309,15 @@ class TrainingClient:
 
     def forward(self, data, loss_fn, loss_fn_config=None):
         """POST /api/v1/forward (≤0.24), body {"forward_input": {...}, "model_id",
-        "seq_id"}; chunked like forward_backward but always one turn per chunk."""
-        return self._run_chunks(API + "forward", "Forward", data, loss_fn, loss_fn_config,
-                                parallel=False)
+        "seq_id"}; chunked like forward_backward but always one turn per chunk.
+        0.25: POST /api/v1/forward_backward, protobuf with forward_only = true."""
+        path = API + ("forward_backward" if self.holder.proto_fwdbwd else "forward")
+        return self._run_chunks(path, "Forward", data, loss_fn, loss_fn_config, parallel=False)
 
     def _run_chunks(self, path, request_type, data, loss_fn, loss_fn_config, parallel):
         cfg = self.holder.client_config
-        pieces = chunk_data(data, cfg["fwdbwd_max_chunk_len"], cfg["fwdbwd_max_chunk_bytes_count"])
+        pieces = chunk_data(data, cfg["fwdbwd_max_chunk_len"], cfg["fwdbwd_max_chunk_bytes_count"],
+                            estimate_bytes_count_025 if self.holder.proto_fwdbwd else estimate_bytes_count)
         if not pieces:
             raise ValueError("No data provided")
         requests = [(self._get_request_id(), piece) for piece in pieces]
@@ -1173,7 +1326,8 @@ class TrainingClient:
         start_time = time.time()
 
         def submit(rid, piece, parallel_turns):
-            body = self._fwd_body(path, rid + 1, piece, loss_fn, loss_fn_config)
+            body = self._fwd_body(path, rid + 1, piece, loss_fn, loss_fn_config,
+                                  forward_only=request_type == "Forward")
             if parallel_turns:
                 return self._submit(rid, path, body, request_type, parse_forward_backward_output,
                                     start_time, turn_min=min_rid, turn_max=max_rid)
@@ -1361,6 +1515,10 @@ class ServiceClient:
       accept_proto        send "Accept: application/x-protobuf, application/json"
                           when polling ForwardBackward/Forward futures, as SDKs
                           >= 0.18.1 do (§0); None (default) = by sdk_version
+    sdk_version >= "0.25" (§0, §1.6): forward_backward and forward are POSTed as
+      protobuf (proto_write_fwdbwd is not read), chunks are sized by 0.25's
+      estimate, and a ForwardBackwardOutput that comes back as JSON raises
+      ProtocolError (attributes proto_fwdbwd, proto_results_only).
       retrieve_timeout    client timeout of one retrieve_future call (45 s)
       require_telemetry   see step 4
       keep_alive          reuse HTTP connections (httpx does)
@@ -1390,6 +1548,7 @@ class ServiceClient:
         self.allow_metadata_only = allow_metadata_only
         self.accept_proto = (_version_tuple(sdk_version) >= (0, 18, 1)
                              if accept_proto is None else accept_proto)
+        self.proto_fwdbwd = self.proto_results_only = _version_tuple(sdk_version) >= (0, 25)
         self.retrieve_timeout = retrieve_timeout
         self.heartbeat_interval = heartbeat_interval
         self.closed = False
@@ -1419,9 +1578,12 @@ class ServiceClient:
         for key in ("fwdbwd_max_chunk_len", "fwdbwd_max_chunk_bytes_count"):
             _require(isinstance(config[key], int) and not isinstance(config[key], bool)
                      and config[key] > 0, "client/config %s must be a positive int" % key, config)
-        if config["proto_write_fwdbwd"]:
+        if config["proto_compress_fwdbwd"] and self.proto_fwdbwd:
+            raise ProtocolError("client/config asks for zstd-compressed protobuf (proto_compress_fwdbwd); "
+                                "this standard-library client cannot compress")
+        if config["proto_write_fwdbwd"] and not self.proto_fwdbwd:
             logger.warning("server asks for protobuf forward_backward requests "
-                           "(proto_write_fwdbwd); this client only sends JSON")
+                           "(proto_write_fwdbwd); this client sends JSON below SDK 0.25")
         self.client_config = config
 
         # 2. create_session (§1.2).
@@ -1583,7 +1745,8 @@ class ServiceClient:
 # ---- smoke mode ---------------------------------------------------------------------
 
 def _smoke(argv=None):
-    p = argparse.ArgumentParser(description="Drive a Tinker-protocol server the way SDK 0.24 does.")
+    p = argparse.ArgumentParser(description="Drive a Tinker-protocol server the way SDK 0.24 does "
+                                            "(--sdk-version 0.25.0: the way 0.25 does, protobuf).")
     p.add_argument("--base-url", required=True)
     p.add_argument("--base-model", help="default: the first of get_server_capabilities, else gpt2")
     p.add_argument("--api-key", default="tml-smoke")

@@ -1,6 +1,7 @@
 /*
- * serve_tinker.c -- the Tinker SDK's JSON wire protocol (SDK 0.18-0.24, as
- * /work/shared/TINKER.md lays it out) on top of `zdp serve`.
+ * serve_tinker.c -- the Tinker SDK's wire protocol (/work/shared/TINKER.md)
+ * on top of `zdp serve`: JSON for SDK 0.18-0.24, and for SDK 0.25 the
+ * protobuf forward_backward (serve_proto.c).
  *
  * Everything here runs on rank 0 under s->mu, in the HTTP connection threads
  * (and in the main thread for tinker_finish_locked / tinker_tick_locked).
@@ -24,6 +25,19 @@
  * X-Idempotency-Key inside one call and a new one across its outer retry
  * loop.  Either key, or the same (model_id, seq_id), gets the first request's
  * request_id back and nothing runs twice.
+ *
+ * Protobuf (SDK 0.25).  0.25 posts every forward_backward -- and forward, as
+ * forward_backward with forward_only = true -- as application/x-protobuf
+ * (client/config's proto_write_fwdbwd is no longer read), and takes the
+ * ForwardBackwardOutput only as protobuf.  The body is decoded into the JSON
+ * object the JSON path takes and goes the same way from there (one
+ * validation).  Its future remembers that it came as protobuf: retrieve_future
+ * answers it in protobuf when the poll's Accept names application/x-protobuf
+ * (errors and try_again stay JSON, which 0.25 reads).  A JSON request always
+ * gets JSON: 0.18-0.24 send JSON (proto_write_fwdbwd is false here), and
+ * some of them send Accept: application/x-protobuf for ForwardBackwardOutput
+ * too, but every one of them reads JSON.  A malformed protobuf body is
+ * answered 400 at once, like a body that is not JSON.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -32,10 +46,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 
 #include "serve.h"
+#include "serve_proto.h"
 
 /* A session is alive while it sends heartbeats (every 10 s from the SDK). */
 #define SESSION_TIMEOUT_S 30.0
@@ -53,6 +69,7 @@ typedef struct future {
     char model_id[160];  /* "" for requests without one */
     int64_t seq_id;      /* 0: none */
     bool done;
+    bool proto;          /* the request came as protobuf (SDK 0.25) */
     char *result;        /* the JSON retrieve_future answers with, once done */
     double done_at;
     double read_at;      /* first retrieve_future that got the result, 0 before */
@@ -100,6 +117,30 @@ void tinker_destroy(tinker_state *t) {
 
 /* ---- replies ------------------------------------------------------------------ */
 
+/* Makes s valid UTF-8 in place ('?' for each byte that is not part of a
+ * valid sequence): jansson refuses invalid strings, and a message cut at a
+ * fixed size by snprintf can end inside a character. */
+static void utf8_fix_(char *s) {
+    unsigned char *p = (unsigned char *)s;
+    while (*p) {
+        size_t k = *p < 0x80             ? 0
+                   : (*p & 0xe0) == 0xc0 ? 1
+                   : (*p & 0xf0) == 0xe0 ? 2
+                   : (*p & 0xf8) == 0xf0 ? 3
+                                         : 9; /* not a lead byte */
+        bool ok = k <= 3;
+        for (size_t j = 1; ok && j <= k; j++) ok = (p[j] & 0xc0) == 0x80;
+        if (ok && k == 1) ok = *p >= 0xc2;
+        if (ok && k == 2) ok = !(*p == 0xe0 && p[1] < 0xa0) && !(*p == 0xed && p[1] >= 0xa0);
+        if (ok && k == 3) ok = !(*p == 0xf0 && p[1] < 0x90) && (*p < 0xf4 || (*p == 0xf4 && p[1] < 0x90));
+        if (!ok) {
+            *p++ = '?';
+            continue;
+        }
+        p += k + 1;
+    }
+}
+
 static enum MHD_Result reply_json_(struct MHD_Connection *c, int status, json_t *o) {
     return serve_reply(c, status, serve_dump(o));
 }
@@ -110,11 +151,17 @@ static enum MHD_Result reply_err_(struct MHD_Connection *c, int status, const ch
                                   const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 static enum MHD_Result reply_err_(struct MHD_Connection *c, int status, const char *field,
                                   const char *fmt, ...) {
-    char msg[1024];
+    char msg[1024], fld[256];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    utf8_fix_(msg);
+    if (field != NULL) {
+        snprintf(fld, sizeof fld, "%s", field);
+        utf8_fix_(fld);
+        field = fld;
+    }
     return reply_json_(c, status, json_pack("{s:s,s:s,s:s*}", "error", msg, "category",
                                             status >= 500 ? "server" : "user", "field", field));
 }
@@ -127,6 +174,7 @@ static char *failure_(const char *category, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    utf8_fix_(msg);
     return serve_dump(json_pack("{s:s,s:s}", "error", msg, "category", category));
 }
 
@@ -183,6 +231,8 @@ static future *new_future_(tinker_state *t, const char *idem, const char *model_
 }
 
 static void complete_(future *f, char *result) {
+    if (result == NULL) /* out of memory: what the poll answers then */
+        result = strdup("{\"error\":\"out of memory\",\"category\":\"server\"}");
     f->result = result;
     f->done = true;
     f->done_at = serve_now();
@@ -447,7 +497,7 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
 /* POST forward_backward, forward, optim_step, save_weights,
  * save_weights_for_sampler, load_weights: answered with a future. */
 static enum MHD_Result submit_(server *s, struct MHD_Connection *c, const char *verb, const json_t *root,
-                               const char *idem) {
+                               const char *idem, bool proto) {
     const char *model_id;
     int64_t seq;
     verr e = {0};
@@ -478,6 +528,7 @@ static enum MHD_Result submit_(server *s, struct MHD_Connection *c, const char *
         serve_job_free(j);
         return reply_err_(c, 500, NULL, "out of memory");
     }
+    f->proto = proto;
     const bool mine = t->live && !strcmp(model_id, t->model_id);
     if (!mine) {
         complete_(f, failure_("user", "model_id \"%s\": %s", model_id,
@@ -583,6 +634,58 @@ static enum MHD_Result create_model_(server *s, struct MHD_Connection *c, const 
     return r;
 }
 
+/* A binary body (buf is malloc'd; taken). */
+static enum MHD_Result reply_bytes_(struct MHD_Connection *c, int status, unsigned char *buf, size_t len,
+                                    const char *content_type) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, buf, MHD_RESPMEM_MUST_FREE);
+    if (r == NULL) {
+        free(buf);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", content_type);
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* Case-insensitive: does the header value name the media type (as a whole
+ * item of a comma-separated list, parameters allowed)? */
+static bool names_type_(const char *value, const char *type) {
+    const size_t n = strlen(type);
+    for (const char *p = value; p != NULL && *p;) {
+        while (*p == ' ' || *p == '\t' || *p == ',') p++;
+        if (strncasecmp(p, type, n) == 0) {
+            const char *q = p + n;
+            while (*q == ' ' || *q == '\t') q++;
+            if (*q == '\0' || *q == ',' || *q == ';') return true;
+        }
+        p = strchr(p, ',');
+    }
+    return false;
+}
+
+/* A finished ForwardBackwardOutput -> its protobuf encoding; anything else
+ * (an error, another verb's result) stays JSON.  Takes body. */
+static enum MHD_Result reply_result_(struct MHD_Connection *c, char *body, bool proto) {
+    if (!proto) return serve_reply(c, 200, body);
+    json_t *o = json_loads(body, 0, NULL);
+    if (!json_is_array(json_object_get(o, "loss_fn_outputs"))) {
+        json_decref(o);
+        return serve_reply(c, 200, body);
+    }
+    char err[512];
+    size_t len;
+    unsigned char *pb = serve_proto_encode_fwdbwd_output(o, &len, err, sizeof err);
+    json_decref(o);
+    free(body);
+    if (pb == NULL) {
+        utf8_fix_(err);
+        return serve_reply(c, 200, failure_("server", "cannot encode the ForwardBackwardOutput as protobuf: %s",
+                                            err));
+    }
+    return reply_bytes_(c, 200, pb, len, SERVE_PROTO_CONTENT_TYPE);
+}
+
 /* POST retrieve_future: the result, or try_again after the long poll. */
 static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json_t *root) {
     const json_t *id = json_object_get(root, "request_id");
@@ -609,8 +712,14 @@ static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json
     char *body = f->done ? strdup(f->result) : NULL;
     if (f->done && f->read_at == 0) f->read_at = serve_now();
     const bool closed = s->closed;
+    /* Protobuf only for a request that came as protobuf (SDK 0.25) and a
+     * poll that asks for it. */
+    const char *accept = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Accept");
+    const bool proto = f->proto && accept != NULL && names_type_(accept, SERVE_PROTO_CONTENT_TYPE);
+    const bool done = f->done;
     pthread_mutex_unlock(&s->mu);
-    if (body != NULL) return serve_reply(c, 200, body);
+    if (done && body == NULL) return reply_err_(c, 500, NULL, "out of memory");
+    if (body != NULL) return reply_result_(c, body, proto);
     if (closed) return reply_err_(c, 503, NULL, "the server is shutting down");
     return reply_json_(c, 200, json_pack("{s:s,s:s,s:s}", "type", "try_again", "request_id",
                                          json_string_value(id), "queue_state", "active"));
@@ -633,6 +742,34 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
     if (strcmp(method, "POST") != 0)
         return reply_err_(c, 405, "method", "%s /api/v1/%s: method not allowed; use POST", method, sub);
 
+    const char *encoding = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Encoding");
+    if (encoding != NULL && encoding[0] && !names_type_(encoding, "identity"))
+        return reply_err_(c, 400, "Content-Encoding",
+                          "Content-Encoding: %s: this server takes uncompressed bodies only (its client/config "
+                          "says proto_compress_fwdbwd = false)", encoding);
+    const char *ctype = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
+    if (ctype != NULL && names_type_(ctype, SERVE_PROTO_CONTENT_TYPE)) {
+        /* SDK 0.25: forward_backward (forward_only = true for forward). */
+        if (strcmp(sub, "forward_backward") != 0 && strcmp(sub, "forward") != 0)
+            return reply_err_(c, 415, "Content-Type", "POST /api/v1/%s takes JSON; only forward_backward (and "
+                              "forward) take %s", sub, SERVE_PROTO_CONTENT_TYPE);
+        char err[600];
+        bool forward_only;
+        json_t *req = serve_proto_decode_fwdbwd((const unsigned char *)body, len, &forward_only, err, sizeof err);
+        if (req == NULL)
+            return reply_err_(c, 400, "body", "the body is not a valid protobuf ForwardBackwardRequest: %s", err);
+        const char *verb = forward_only ? "forward" : "forward_backward";
+        if (!forward_only && !strcmp(sub, "forward")) { /* posted to forward: a forward */
+            json_object_set(req, "forward_input", json_object_get(req, "forward_backward_input"));
+            json_object_del(req, "forward_backward_input");
+            verb = "forward";
+        }
+        const char *idem = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Idempotency-Key");
+        enum MHD_Result r = submit_(s, c, verb, req, idem, true);
+        json_decref(req);
+        return r;
+    }
+
     json_error_t jerr;
     json_t *root = len == 0 ? json_object() : json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
     if (root == NULL)
@@ -651,7 +788,7 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
         is_training = is_training || !strcmp(sub, training[i]);
 
     if (is_training) {
-        r = submit_(s, c, sub, root, idem);
+        r = submit_(s, c, sub, root, idem, false);
     } else if (!strcmp(sub, "retrieve_future")) {
         r = retrieve_(s, c, root);
     } else if (!strcmp(sub, "client/config")) {

@@ -1,0 +1,2 @@
+
+Ã("cross_entropy

@@ -1,0 +1,46 @@
+/*
+ * serve_proto.h -- the protobuf side of the Tinker SDK's wire protocol
+ * (SDK 0.25: forward_backward requests and ForwardBackwardOutput results as
+ * application/x-protobuf; /work/shared/TINKER.md §0, §1.6).
+ *
+ * A hand-written codec for the messages of tinker_public.proto that zdp serve
+ * needs, and nothing else.  The request is translated into the JSON object
+ * that the JSON path already takes, so every check of the request's content
+ * stays in one place (serve.c's serve_parse_fwd); the codec refuses only what
+ * is not well-formed protobuf.  Depends on jansson only (the fuzz target
+ * tests/fuzz/fuzz_serve_proto.c links it alone).
+ */
+#ifndef ZDP_SERVE_PROTO_H
+#define ZDP_SERVE_PROTO_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#define SERVE_PROTO_CONTENT_TYPE "application/x-protobuf"
+
+/* Decodes a ForwardBackwardRequest {1 model_id, 2 seq_id, 3 data, 4 loss_fn,
+ * 5 loss_fn_config, 6 forward_only} into
+ *   {"model_id", "seq_id", KEY: {"data": [Datum...], "loss_fn"?, "loss_fn_config"?}}
+ * with KEY "forward_input" when forward_only is set, else
+ * "forward_backward_input"; a Datum is {"model_input": {"chunks": [...]},
+ * "loss_fn_inputs": {name: {"data", "dtype", "shape"?}}}.  Image and dmel
+ * chunks, sparse tensors and dtypes other than int64/int32/float32 come out
+ * in a form the JSON validation refuses by name.  Unknown fields are skipped.
+ * Returns a new reference, or NULL with err set ("data[2].loss_fn_inputs.
+ * target_tokens.dense: ...": the field path, then what is wrong). */
+json_t *serve_proto_decode_fwdbwd(const unsigned char *buf, size_t len, bool *forward_only, char *err,
+                                  size_t errcap);
+
+/* Encodes the JSON ForwardBackwardOutput the server computes
+ * ({"loss_fn_output_type", "loss_fn_outputs": [{name: TensorData}...],
+ * "metrics": {name: number}}) as the protobuf ForwardBackwardOutput:
+ * 1 loss_fn_output_type, 2 loss_fn_outputs = ONE ArrayRecord for all datums
+ * (2 fields: name -> BatchedTensor {1 data: the datums' values concatenated,
+ * 2 offsets: n+1 int64 byte offsets, 3 dtype, 4 trailing_shape}, 3
+ * num_datums), 3 metrics.  A null value (a non-finite number in JSON) is NaN.
+ * Returns malloc'd bytes (*out_len of them; free()), or NULL with err set. */
+unsigned char *serve_proto_encode_fwdbwd_output(const json_t *result, size_t *out_len, char *err,
+                                                size_t errcap);
+
+#endif /* ZDP_SERVE_PROTO_H */
