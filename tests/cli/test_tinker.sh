@@ -5,7 +5,7 @@
 # bootstrap, create_model (LoRA ignored, one model), chunks posted in
 # parallel with the first last, lost responses retried with the same
 # idempotency key, held-open retrieve_future, seq_id gaps, every loss,
-# save/load_weights; then SDK 0.25's protobuf forward_backward/forward and
+# save/load_weights, sampling sessions on saved weights; then SDK 0.25's protobuf forward_backward/forward and
 # protobuf results (the same update, bitwise), malformed protobuf bodies.
 # Each update is compared with the server's plain endpoints (themselves
 # checked against `zdp train` by test_serve.sh).

@@ -295,6 +295,111 @@ class Check:
         expect_failure(lambda: self.tc.load_state("tinker://../weights/ck1").result(),
                        "load_weights of tinker://../weights/ck1", "__/ck1")
 
+    def reserve_seq(self):
+        """A seq_id used by a raw request: the client's counter and turn move past it."""
+        with self.tc._id_lock:
+            seq = self.tc._next_request_id + 1
+            self.tc._next_request_id += 1
+        with self.tc._turn:
+            self.tc._turn_counter += 1
+            self.tc._turn.notify_all()
+        return seq
+
+    def sample(self, body, accept_proto=False):
+        """asample by hand: the future, then retrieve_future (raw bytes when protobuf)."""
+        http = self.sc.http
+        fut = http.post("/api/v1/asample", dict(body, type="sample")).json()
+        if not isinstance(fut.get("request_id"), str):
+            fail("asample future %s" % fut)
+            return None
+        headers = {"Accept": "application/x-protobuf, application/json"} if accept_proto else None
+        while True:
+            resp = http.post("/api/v1/retrieve_future", {"request_id": fut["request_id"]}, extra_headers=headers)
+            if "protobuf" in (resp.content_type or ""):
+                return resp.body
+            r = resp.json()
+            if r.get("type") != "try_again":
+                if "sequences" in r and len(fut.get("sample_sequence_ids", [])) != len(r["sequences"]):
+                    fail("asample: %d sample_sequence_ids for %d sequences" % (len(fut.get("sample_sequence_ids", [])),
+                                                                               len(r["sequences"])))
+                return r
+
+    def sampling(self):
+        """Sampling sessions read saved sampler weights: greedy samples equal the
+        plain /sample at those weights, their logprobs are the model's (a forward
+        of the same tokens gives them), and training afterwards changes nothing
+        the session samples; stop tokens, seeds, protobuf, and refusals."""
+        self.reset()
+        path = self.tc.save_weights_for_sampler("for_sampling").result()["path"]
+        http = self.sc.http
+        sess = http.post("/api/v1/create_sampling_session", {"session_id": self.sc.session_id,
+                                                             "sampling_session_seq_id": 0, "model_path": path,
+                                                             "type": "create_sampling_session"}).json()
+        sid = sess.get("sampling_session_id")
+        prompt = [5, 9, 2, 7]
+        greedy = {"sampling_session_id": sid, "num_samples": 2, "prompt": {"chunks": [{"type": "encoded_text",
+                  "tokens": prompt}]}, "sampling_params": {"max_tokens": 6, "temperature": 0.0}}
+        r = self.sample(greedy)
+        if r is None or "sequences" not in r:
+            fail("asample (greedy) failed: %s" % r)
+            return
+        a, b = r["sequences"]
+        plain = S.ok(self.url, "/sample", {"prompt": prompt, "max_tokens": 6, "temperature": 0})
+        if a["tokens"] != b["tokens"] or a["tokens"] != plain["sequences"][0]["tokens"] or a["stop_reason"] != "length":
+            fail("greedy asample %s, plain /sample %s (wanted equal)" % (r, plain))
+        gen = a["tokens"]
+        toks = prompt + gen
+        fwd = self.tc.forward([T.datum(toks[:-1], toks[1:])], "cross_entropy").result()
+        lp = fwd["loss_fn_outputs"][0]["logprobs"]["data"][len(prompt) - 1:]
+        if any(abs(x - y) > 1e-5 * max(1.0, abs(x)) for x, y in zip(lp, a["logprobs"])):
+            fail("asample logprobs %s, forward of the same tokens %s" % (a["logprobs"], lp))
+        # Training after the save does not move what the session samples.
+        self.tc.forward_backward(self.data, "cross_entropy").result()
+        self.tc.optim_step(dict(ADAM, learning_rate=0.05)).result()
+        r2 = self.sample(greedy)
+        if r2 != r:
+            fail("a sampling session followed the live weights: %s then %s" % (r, r2))
+        # A stop token ends the sequence (and is kept).
+        r3 = self.sample(dict(greedy, num_samples=1, sampling_params={"max_tokens": 6, "temperature": 0,
+                                                                     "stop": [gen[2]]}))
+        want = gen[:gen.index(gen[2]) + 1]
+        if r3["sequences"][0]["tokens"] != want or r3["sequences"][0]["stop_reason"] != "stop":
+            fail("stop token %d: %s, wanted %s ending in stop" % (gen[2], r3["sequences"][0], want))
+        # Seeds: the same seed, the same samples; temperature 1, top-k, top-p.
+        seeded = dict(greedy, num_samples=3, sampling_params={"max_tokens": 8, "temperature": 1.0, "seed": 11,
+                                                              "top_k": 20, "top_p": 0.9})
+        r4, r5 = self.sample(seeded), self.sample(seeded)
+        if r4 != r5:
+            fail("the same seed gave different samples: %s vs %s" % (r4, r5))
+        # Protobuf SampleResponse when the poll asks for it (SDK >= 0.18.1).
+        raw = self.sample(greedy, accept_proto=True)
+        seqs = [{k: x for k, _, x in T._pb_fields(v)} for n, w, v in T._pb_fields(raw) if n == 1] if isinstance(raw, bytes) else []
+        import struct
+        got = [list(struct.unpack("<%di" % (len(q.get(2, b"")) // 4), q.get(2, b""))) for q in seqs]
+        if got != [a["tokens"], b["tokens"]] or any(q.get(1, 0) != 1 for q in seqs):
+            fail("protobuf SampleResponse: tokens %s (wanted %s, stop_reason LENGTH)" % (got, [a["tokens"], b["tokens"]]))
+        # save_weights_for_sampler without a name opens a session (save_weights_and_get_sampling_client).
+        seq = self.reserve_seq()
+        fut = http.post("/api/v1/save_weights_for_sampler", {"model_id": self.tc.model_id, "seq_id": seq,
+                                                             "type": "save_weights_for_sampler"}).json()
+        while True:
+            res = http.post("/api/v1/retrieve_future", {"request_id": fut["request_id"]}).json()
+            if res.get("type") != "try_again":
+                break
+        sid2 = res.get("sampling_session_id")
+        if not sid2 or not str(res.get("path", "")).startswith("tinker://"):
+            fail("save_weights_for_sampler without a name: %s" % res)
+        elif "sequences" not in (self.sample(dict(greedy, sampling_session_id=sid2)) or {}):
+            fail("asample on the session save_weights_for_sampler opened failed")
+        # Refusals name the field.
+        for body, field in ((dict(greedy, sampling_session_id="nope"), "sampling_session_id"),
+                            (dict(greedy, sampling_params={"stop": ["\n"]}), "sampling_params.stop"),
+                            (dict(greedy, prompt_logprobs=True), "prompt_logprobs"),
+                            (dict(greedy, prompt={"chunks": [{"type": "encoded_text", "tokens": [999]}]}), "prompt")):
+            r = self.sample(body)
+            if r is None or r.get("category") != "user" or field not in r.get("error", ""):
+                fail("asample with a bad %s: %s (wanted a user error naming it)" % (field, r))
+
     def held_open_poll_and_gaps(self):
         """Raw wire: a seq_id posted past a missing one waits; retrieve_future
         holds the poll about --long-poll-seconds, then says try_again; after
@@ -505,6 +610,8 @@ def main(argv):
     c.losses()
     print("tinker_check: importance_sampling, ppo, cispo, dro checked", flush=True)
     c.save_load()
+    c.sampling()
+    print("tinker_check: sampling sessions checked", flush=True)
     c.held_open_poll_and_gaps()
     c.unload()
     print("tinker_check: %d failure(s)" % S.FAILURES, flush=True)

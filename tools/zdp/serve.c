@@ -156,6 +156,7 @@ void serve_job_free(job *j) {
     free(j->payload);
     free(j->body);
     free(j->tinker_path);
+    free(j->sampling_session);
     free(j);
 }
 

@@ -85,6 +85,7 @@ typedef struct job {
     struct future *fut;
     int64_t seq_id;
     char *tinker_path;
+    char *sampling_session; /* save_weights_for_sampler without a name: the session it opens */
     double arrived;
     double queued_at; /* when it entered the FIFO (serve_now) */
     /* The answer, filled by the main thread (plain endpoints). */

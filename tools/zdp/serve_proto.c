@@ -814,3 +814,52 @@ unsigned char *serve_proto_encode_fwdbwd_output(const json_t *result, size_t *ou
     *out_len = b.len;
     return b.p;
 }
+
+unsigned char *serve_proto_encode_sample_response(const json_t *result, size_t *out_len, char *err,
+                                                  size_t errcap) {
+    if (errcap > 0) err[0] = '\0';
+    *out_len = 0;
+    const json_t *seqs = json_object_get(result, "sequences");
+    if (!json_is_array(seqs)) return efail_(err, errcap, "sequences: not an array"), NULL;
+    wbuf b = {0};
+    for (size_t i = 0; i < json_array_size(seqs); i++) {
+        const json_t *q = json_array_get(seqs, i);
+        const json_t *tok = json_object_get(q, "tokens"), *lp = json_object_get(q, "logprobs");
+        const char *reason = json_string_value(json_object_get(q, "stop_reason"));
+        if (!json_is_array(tok) || (lp != NULL && (!json_is_array(lp) || json_array_size(lp) != json_array_size(tok)))) {
+            free(b.p);
+            return efail_(err, errcap, "sequences[%zu]: tokens and logprobs must be arrays of one length", i), NULL;
+        }
+        wbuf sq = {0}, tb = {0}, lb = {0};
+        /* 1 stop_reason: STOP 0 (the default, so not written), LENGTH 1. */
+        if (reason != NULL && !strcmp(reason, "length")) {
+            w_tag_(&sq, 1, WT_VARINT);
+            w_varint_(&sq, 1);
+        }
+        for (size_t k = 0; k < json_array_size(tok); k++)
+            w_le_(&tb, (uint32_t)(int32_t)json_integer_value(json_array_get(tok, k)), 4);
+        w_bytes_(&sq, 2, tb.p ? tb.p : (void *)"", tb.len);
+        if (lp != NULL) {
+            for (size_t k = 0; k < json_array_size(lp); k++) {
+                const json_t *x = json_array_get(lp, k);
+                float f = json_is_number(x) ? (float)json_number_value(x) : NAN;
+                uint32_t bits;
+                memcpy(&bits, &f, sizeof bits);
+                w_le_(&lb, bits, 4);
+            }
+            w_bytes_(&sq, 3, lb.p ? lb.p : (void *)"", lb.len);
+        }
+        b.oom = b.oom || sq.oom || tb.oom || lb.oom;
+        free(tb.p);
+        free(lb.p);
+        w_msg_(&b, 1, &sq);
+    }
+    if (b.oom) {
+        free(b.p);
+        return efail_(err, errcap, "out of memory"), NULL;
+    }
+    if (b.p == NULL) b.p = malloc(1);
+    if (b.p == NULL) return efail_(err, errcap, "out of memory"), NULL;
+    *out_len = b.len;
+    return b.p;
+}

@@ -43,4 +43,11 @@ json_t *serve_proto_decode_fwdbwd(const unsigned char *buf, size_t len, bool *fo
 unsigned char *serve_proto_encode_fwdbwd_output(const json_t *result, size_t *out_len, char *err,
                                                 size_t errcap);
 
+/* Encodes a JSON SampleResponse ({"sequences": [{"tokens", "logprobs"?,
+ * "stop_reason": "stop"|"length"}]}) as the protobuf SampleResponse:
+ * 1 repeated SampledSequence {1 stop_reason (STOP 0, LENGTH 1), 2 tokens as
+ * int32 LE bytes, 3 logprobs as float32 LE bytes}.  Same contract as above. */
+unsigned char *serve_proto_encode_sample_response(const json_t *result, size_t *out_len, char *err,
+                                                  size_t errcap);
+
 #endif /* ZDP_SERVE_PROTO_H */

@@ -38,6 +38,12 @@
  * some of them send Accept: application/x-protobuf for ForwardBackwardOutput
  * too, but every one of them reads JSON.  A malformed protobuf body is
  * answered 400 at once, like a body that is not JSON.
+ *
+ * Sampling.  A sampling session (create_sampling_session, or
+ * save_weights_for_sampler without a name) names a saved weights file;
+ * asample runs on the same queue, on rank 0 only, reading that file (not the
+ * live weights), and its SampleResponse goes as protobuf whenever the poll
+ * asks (SDKs ask only for types they decode; sample requests are JSON).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -70,11 +76,20 @@ typedef struct future {
     int64_t seq_id;      /* 0: none */
     bool done;
     bool proto;          /* the request came as protobuf (SDK 0.25) */
+    bool sample;         /* an asample: its SampleResponse may go as protobuf */
     char *result;        /* the JSON retrieve_future answers with, once done */
     double done_at;
     double read_at;      /* first retrieve_future that got the result, 0 before */
     struct future *next; /* newest first */
 } future;
+
+/* A sampling session: the sampler weights file its asample requests read. */
+typedef struct sampling_session {
+    char id[128];
+    char *path;
+    struct sampling_session *next; /* newest first */
+} sampling_session;
+#define MAX_SAMPLERS 1000
 
 typedef struct session {
     char id[32];
@@ -93,6 +108,8 @@ struct tinker_state {
     char model_session[32];
     int64_t next_seq; /* the next seq_id to queue */
     job *held;        /* arrived early, sorted by seq_id */
+    sampling_session *samplers;
+    uint64_t n_samples; /* seeds for asample requests without one */
 };
 
 tinker_state *tinker_create(void) { return calloc(1, sizeof(tinker_state)); }
@@ -106,6 +123,11 @@ void tinker_destroy(tinker_state *t) {
     }
     for (session *x = t->sessions, *n; x != NULL; x = n) {
         n = x->next;
+        free(x);
+    }
+    for (sampling_session *x = t->samplers, *n; x != NULL; x = n) {
+        n = x->next;
+        free(x->path);
         free(x);
     }
     for (job *j = t->held, *n; j != NULL; j = n) {
@@ -330,6 +352,37 @@ void tinker_shutdown_locked(server *s) {
     if (s->tinker != NULL) fail_held_(s, "server", "the server is shutting down");
 }
 
+/* Registers (or re-points) sampling session id -> weights file. */
+static bool add_sampler_(tinker_state *t, const char *id, const char *path) {
+    sampling_session **pp = &t->samplers;
+    int n = 0;
+    for (; *pp != NULL; n++) {
+        sampling_session *x = *pp;
+        if (!strcmp(x->id, id) || n >= MAX_SAMPLERS - 1) { /* replaced, or the oldest past the cap */
+            *pp = x->next;
+            free(x->path);
+            free(x);
+        } else {
+            pp = &x->next;
+        }
+    }
+    sampling_session *x = calloc(1, sizeof *x);
+    if (x == NULL || (x->path = strdup(path)) == NULL) {
+        free(x);
+        return false;
+    }
+    snprintf(x->id, sizeof x->id, "%s", id);
+    x->next = t->samplers;
+    t->samplers = x;
+    return true;
+}
+
+static const sampling_session *find_sampler_(const tinker_state *t, const char *id) {
+    for (const sampling_session *x = t->samplers; x != NULL; x = x->next)
+        if (!strcmp(x->id, id)) return x;
+    return NULL;
+}
+
 /* A job's (status, body) -> its future's result, in the SDK's shapes. */
 void tinker_finish_locked(server *s, job *j, int status, char *body) {
     (void)s;
@@ -348,11 +401,20 @@ void tinker_finish_locked(server *s, job *j, int status, char *body) {
         json_t *m = json_object_get(o, "metrics");
         result = serve_dump(json_pack("{s:O}", "metrics", m ? m : json_object()));
         json_decref(o);
+    } else if (j->op == OP_SAMPLE_FILE) {
+        result = body; /* already a SampleResponse */
+        body = NULL;
     } else {
         const char *type = j->op == OP_SAVE_STATE     ? "save_weights"
                            : j->op == OP_SAVE_WEIGHTS ? "save_weights_for_sampler"
                                                       : "load_weights";
-        result = serve_dump(json_pack("{s:s,s:s}", "path", j->tinker_path, "type", type));
+        /* save_weights_for_sampler without a name opens a sampling session on
+         * the file (save_weights_and_get_sampling_client). */
+        if (j->sampling_session != NULL && !add_sampler_(s->tinker, j->sampling_session, (const char *)j->payload))
+            result = failure_("server", "out of memory");
+        else
+            result = serve_dump(json_pack("{s:s,s:s,s:s*}", "path", j->tinker_path, "type", type,
+                                          "sampling_session_id", j->sampling_session));
     }
     free(body);
     if (result == NULL) result = failure_("server", "out of memory");
@@ -448,14 +510,21 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
     const json_t *p = json_object_get(root, "path");
     if (!strcmp(verb, "save_weights") || !strcmp(verb, "save_weights_for_sampler")) {
         const bool sampler = !strcmp(verb, "save_weights_for_sampler");
-        if (sampler && (p == NULL || json_is_null(p)))
-            return serve_bad(e, 400, "path", "path: missing; zdp serve does not run sampling sessions over "
-                             "/api/v1 (save_weights_and_get_sampling_client): name the weights, or sample "
-                             "with POST /sample");
-        if (!json_is_string(p) || !good_name_(json_string_value(p)))
+        char auto_name[64];
+        if (sampler && (p == NULL || json_is_null(p))) {
+            /* save_weights_and_get_sampling_client: a name of ours, and a
+             * sampling session on the file once it is written. */
+            const long long seq = (long long)json_integer_value(json_object_get(root, "seq_id"));
+            snprintf(auto_name, sizeof auto_name, "sampler-%lld", seq);
+            char sid[256];
+            snprintf(sid, sizeof sid, "%s:sample:%lld", model_id, seq);
+            if ((j->sampling_session = strdup(sid)) == NULL) return serve_bad(e, 500, "path", "out of memory");
+            p = NULL;
+        }
+        if (j->sampling_session == NULL && (!json_is_string(p) || !good_name_(json_string_value(p))))
             return serve_bad(e, 400, "path", "path: must be a name of letters, digits, '.', '_' or '-' "
                              "(not starting with '.'), got %s", p ? serve_jtype(p) : "nothing");
-        const char *name = json_string_value(p);
+        const char *name = j->sampling_session != NULL ? auto_name : json_string_value(p);
         snprintf(dir, sizeof dir, "%s/%s%s", s->opt.checkpoint_dir, mdir, sampler ? "/sampler_weights" : "");
         if (mkdirs_(dir) != 0)
             return serve_bad(e, 500, "path", "cannot create %s: %s (--checkpoint-dir)", dir, strerror(errno));
@@ -664,18 +733,21 @@ static bool names_type_(const char *value, const char *type) {
     return false;
 }
 
-/* A finished ForwardBackwardOutput -> its protobuf encoding; anything else
- * (an error, another verb's result) stays JSON.  Takes body. */
+/* A finished ForwardBackwardOutput or SampleResponse -> its protobuf
+ * encoding; anything else (an error, another verb's result) stays JSON.
+ * Takes body. */
 static enum MHD_Result reply_result_(struct MHD_Connection *c, char *body, bool proto) {
     if (!proto) return serve_reply(c, 200, body);
     json_t *o = json_loads(body, 0, NULL);
-    if (!json_is_array(json_object_get(o, "loss_fn_outputs"))) {
+    const bool sample = json_is_array(json_object_get(o, "sequences"));
+    if (!sample && !json_is_array(json_object_get(o, "loss_fn_outputs"))) {
         json_decref(o);
         return serve_reply(c, 200, body);
     }
     char err[512];
     size_t len;
-    unsigned char *pb = serve_proto_encode_fwdbwd_output(o, &len, err, sizeof err);
+    unsigned char *pb = sample ? serve_proto_encode_sample_response(o, &len, err, sizeof err)
+                               : serve_proto_encode_fwdbwd_output(o, &len, err, sizeof err);
     json_decref(o);
     free(body);
     if (pb == NULL) {
@@ -715,7 +787,10 @@ static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json
     /* Protobuf only for a request that came as protobuf (SDK 0.25) and a
      * poll that asks for it. */
     const char *accept = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Accept");
-    const bool proto = f->proto && accept != NULL && names_type_(accept, SERVE_PROTO_CONTENT_TYPE);
+    /* A SampleResponse also when only the poll asks: SDKs ask for protobuf
+     * only for the result types they can decode (sample requests are JSON
+     * even in 0.25). */
+    const bool proto = (f->proto || f->sample) && accept != NULL && names_type_(accept, SERVE_PROTO_CONTENT_TYPE);
     const bool done = f->done;
     pthread_mutex_unlock(&s->mu);
     if (done && body == NULL) return reply_err_(c, 500, NULL, "out of memory");
@@ -723,6 +798,274 @@ static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json
     if (closed) return reply_err_(c, 503, NULL, "the server is shutting down");
     return reply_json_(c, 200, json_pack("{s:s,s:s,s:s}", "type", "try_again", "request_id",
                                          json_string_value(id), "queue_state", "active"));
+}
+
+/* A growable byte buffer. */
+typedef struct bytes_ {
+    unsigned char *p;
+    size_t len, cap;
+} bytes_;
+
+static bool bytes_put_(bytes_ *b, const void *src, size_t n) {
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n) cap *= 2;
+        unsigned char *p = realloc(b->p, cap);
+        if (p == NULL) return false;
+        b->p = p;
+        b->cap = cap;
+    }
+    if (n > 0) memcpy(b->p + b->len, src, n);
+    b->len += n;
+    return true;
+}
+
+/* ---- sampling (create_sampling_session, asample) --------------------------------------- */
+
+/* The weights file behind a tinker:// path: .../sampler_weights/NAME is a
+ * sampler file, .../weights/NAME a checkpoint's model.safetensors. */
+static bool weights_file_(const server *s, const char *tinker_path, char *out, size_t cap, verr *e,
+                          const char *field) {
+    const char *pre = "tinker://", *v = tinker_path + strlen(pre);
+    const char *kinds[2] = {"/sampler_weights/", "/weights/"};
+    if (strncmp(tinker_path, pre, strlen(pre)) != 0)
+        return serve_bad(e, 400, field, "%s = \"%s\": must be a tinker:// path that save_weights_for_sampler "
+                         "or save_weights returned", field, tinker_path);
+    for (int k = 0; k < 2; k++) {
+        const char *mark = strstr(v, kinds[k]);
+        if (mark == NULL || mark == v || (size_t)(mark - v) >= 160) continue;
+        const char *name = mark + strlen(kinds[k]);
+        if (!good_name_(name)) break;
+        char owner[160], odir[160];
+        snprintf(owner, sizeof owner, "%.*s", (int)(mark - v), v);
+        model_dir_(owner, odir, sizeof odir);
+        snprintf(out, cap, k == 0 ? "%s/%s/sampler_weights/%s.safetensors" : "%s/%s/%s/model.safetensors",
+                 s->opt.checkpoint_dir, odir, name);
+        struct stat sb;
+        if (stat(out, &sb) != 0)
+            return serve_bad(e, 400, field, "%s = \"%s\": no weights at %s", field, tinker_path, out);
+        return true;
+    }
+    return serve_bad(e, 400, field, "%s = \"%s\": must be tinker://MODEL_ID/sampler_weights/NAME or "
+                     "tinker://MODEL_ID/weights/NAME", field, tinker_path);
+}
+
+/* base_model: the weights the server started from (--init). */
+static bool base_file_(const server *s, const json_t *base, char *out, size_t cap, verr *e) {
+    if (!json_is_string(base) || strcmp(json_string_value(base), s->opt.model_name) != 0)
+        return serve_bad(e, 400, "base_model", "base_model: this server serves \"%s\" (--model-name)",
+                         s->opt.model_name);
+    if (s->opt.init == NULL)
+        return serve_bad(e, 400, "base_model", "base_model: the server started from a seeded initialisation, "
+                         "not a weights file (no --init), so there is nothing to sample from; save the "
+                         "weights with save_weights_for_sampler and sample from that path");
+    snprintf(out, cap, "%s", s->opt.init);
+    return true;
+}
+
+/* POST create_sampling_session {session_id, sampling_session_seq_id,
+ * model_path | base_model}: a direct answer. */
+static enum MHD_Result create_sampling_session_(server *s, struct MHD_Connection *c, const json_t *root) {
+    const json_t *sid = json_object_get(root, "session_id"), *seq = json_object_get(root, "sampling_session_seq_id");
+    const json_t *mp = json_object_get(root, "model_path"), *base = json_object_get(root, "base_model");
+    if (!json_is_string(sid)) return reply_err_(c, 400, "session_id", "session_id: missing or not a string");
+    if (seq != NULL && !json_is_integer(seq))
+        return reply_err_(c, 400, "sampling_session_seq_id", "sampling_session_seq_id: must be an integer");
+    char file[4400];
+    verr e = {0};
+    bool ok = json_is_string(mp) ? weights_file_(s, json_string_value(mp), file, sizeof file, &e, "model_path")
+                                 : base_file_(s, base, file, sizeof file, &e);
+    if (!ok) return reply_err_(c, e.status, e.field, "%s", e.msg);
+    char id[128];
+    snprintf(id, sizeof id, "%.60s:sample:%lld", json_string_value(sid), seq ? (long long)json_integer_value(seq) : 0LL);
+    pthread_mutex_lock(&s->mu);
+    ok = add_sampler_(s->tinker, id, file);
+    pthread_mutex_unlock(&s->mu);
+    if (!ok) return reply_err_(c, 500, NULL, "out of memory");
+    return reply_json_(c, 200, json_pack("{s:s,s:s}", "sampling_session_id", id, "type", "create_sampling_session"));
+}
+
+/* asample's body -> an OP_SAMPLE_FILE job (file: the weights to read). */
+static bool sample_job_(server *s, const json_t *root, const char *file, job *j, verr *e) {
+    const int V = s->opt.model.vocab_size;
+    sample_file_header h = {.max_tokens = s->opt.model.block_size, .num_samples = 1, .temperature = 1.0,
+                            .top_p = 1.0};
+    const json_t *ns = json_object_get(root, "num_samples");
+    if (ns != NULL && (!json_is_integer(ns) || json_integer_value(ns) < 1 || json_integer_value(ns) > 64))
+        return serve_bad(e, 400, "num_samples", "num_samples: must be an integer in [1, 64]");
+    if (ns != NULL) h.num_samples = json_integer_value(ns);
+    const json_t *pl = json_object_get(root, "prompt_logprobs");
+    if (json_is_true(pl))
+        return serve_bad(e, 400, "prompt_logprobs", "prompt_logprobs: not computed by zdp serve; get them "
+                         "with forward (its logprobs are the prompt's)");
+    static const char *const topk[] = {"topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"};
+    for (int k = 0; k < 3; k++) {
+        const json_t *v = json_object_get(root, topk[k]);
+        if (v != NULL && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 0))
+            return serve_bad(e, 400, topk[k], "%s: top-k log-probabilities are not offered; send 0", topk[k]);
+    }
+    /* The prompt: a ModelInput of encoded_text chunks. */
+    const json_t *chunks = json_object_get(json_object_get(root, "prompt"), "chunks");
+    if (!json_is_array(chunks) || json_array_size(chunks) == 0)
+        return serve_bad(e, 400, "prompt.chunks", "prompt.chunks: must be a non-empty array of encoded_text chunks");
+    bytes_ tokens = {0};
+    for (size_t i = 0; i < json_array_size(chunks); i++) {
+        const json_t *ch = json_array_get(chunks, i), *ty = json_object_get(ch, "type");
+        const json_t *tk = json_object_get(ch, "tokens");
+        char field[96];
+        snprintf(field, sizeof field, "prompt.chunks[%zu]", i);
+        if ((ty != NULL && (!json_is_string(ty) || strcmp(json_string_value(ty), "encoded_text") != 0)) ||
+            !json_is_array(tk)) {
+            free(tokens.p);
+            return serve_bad(e, 400, field, "%s: only encoded_text chunks with tokens are supported", field);
+        }
+        for (size_t k = 0; k < json_array_size(tk); k++) {
+            const json_t *x = json_array_get(tk, k);
+            if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= V ||
+                tokens.len >= (1u << 20) * sizeof(int32_t)) {
+                free(tokens.p);
+                return serve_bad(e, 400, field, "%s.tokens[%zu]: must be a token id in [0, %d) (and at most "
+                                 "2^20 tokens in all)", field, k, V);
+            }
+            int32_t t = (int32_t)json_integer_value(x);
+            if (!bytes_put_(&tokens, &t, sizeof t)) {
+                free(tokens.p);
+                return serve_bad(e, 500, field, "out of memory");
+            }
+        }
+    }
+    h.n_prompt = (int64_t)(tokens.len / sizeof(int32_t));
+    if (h.n_prompt == 0) return serve_bad(e, 400, "prompt", "prompt: no tokens");
+    /* sampling_params */
+    const json_t *sp = json_object_get(root, "sampling_params");
+    bytes_ stops = {0};
+    bool ok = true;
+    if (sp != NULL && !json_is_null(sp)) {
+        const json_t *v;
+        if (!json_is_object(sp)) ok = serve_bad(e, 400, "sampling_params", "sampling_params: must be an object");
+        if (ok && (v = json_object_get(sp, "max_tokens")) != NULL && !json_is_null(v)) {
+            if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 4096)
+                ok = serve_bad(e, 400, "sampling_params.max_tokens", "sampling_params.max_tokens: must be an "
+                               "integer in [1, 4096]");
+            else h.max_tokens = json_integer_value(v);
+        }
+        if (ok && (v = json_object_get(sp, "temperature")) != NULL && !json_is_null(v)) {
+            if (!json_is_number(v) || !(json_number_value(v) >= 0) || json_number_value(v) > 100)
+                ok = serve_bad(e, 400, "sampling_params.temperature", "sampling_params.temperature: must be a "
+                               "number in [0, 100] (0: greedy)");
+            else h.temperature = json_number_value(v);
+        }
+        if (ok && (v = json_object_get(sp, "top_k")) != NULL && !json_is_null(v)) {
+            if (!json_is_integer(v) || json_integer_value(v) < -1 || json_integer_value(v) > (1 << 24))
+                ok = serve_bad(e, 400, "sampling_params.top_k", "sampling_params.top_k: must be an integer >= -1 "
+                               "(-1 or 0: every token)");
+            else h.top_k = json_integer_value(v) < 0 ? 0 : json_integer_value(v);
+        }
+        if (ok && (v = json_object_get(sp, "top_p")) != NULL && !json_is_null(v)) {
+            if (!json_is_number(v) || !(json_number_value(v) > 0) || json_number_value(v) > 1)
+                ok = serve_bad(e, 400, "sampling_params.top_p", "sampling_params.top_p: must be in (0, 1]");
+            else h.top_p = json_number_value(v);
+        }
+        if (ok && (v = json_object_get(sp, "seed")) != NULL && !json_is_null(v)) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0)
+                ok = serve_bad(e, 400, "sampling_params.seed", "sampling_params.seed: must be an integer >= 0");
+            else h.seed = (uint64_t)json_integer_value(v) + 1; /* 0 below means "none given" */
+        }
+        if (ok && (v = json_object_get(sp, "stop")) != NULL && !json_is_null(v)) {
+            /* Token ids only: a string needs the tokenizer, which the server does not have. */
+            bool strings = json_is_string(v);
+            for (size_t k = 0; json_is_array(v) && k < json_array_size(v) && ok; k++) {
+                const json_t *x = json_array_get(v, k);
+                if (json_is_string(x)) strings = true;
+                else if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= V)
+                    ok = serve_bad(e, 400, "sampling_params.stop", "sampling_params.stop[%zu]: must be a token "
+                                   "id in [0, %d)", k, V);
+                else {
+                    int32_t t = (int32_t)json_integer_value(x);
+                    if (!bytes_put_(&stops, &t, sizeof t)) ok = serve_bad(e, 500, "sampling_params.stop", "out of memory");
+                }
+            }
+            if (ok && (strings || !json_is_array(v)))
+                ok = serve_bad(e, 400, "sampling_params.stop", "sampling_params.stop: only token ids are "
+                               "supported (the server has no tokenizer); send [id, ...]");
+        }
+    }
+    if (ok) {
+        h.n_stop = (int64_t)(stops.len / sizeof(int32_t));
+        bytes_ b = {0};
+        ok = bytes_put_(&b, &h, sizeof h) && bytes_put_(&b, tokens.p, tokens.len) &&
+             bytes_put_(&b, stops.p ? stops.p : (void *)"", stops.len) && bytes_put_(&b, file, strlen(file) + 1);
+        if (!ok) {
+            free(b.p);
+            serve_bad(e, 500, "prompt", "out of memory");
+        } else {
+            j->payload = b.p;
+            j->nbytes = (int64_t)b.len;
+            j->op = OP_SAMPLE_FILE;
+        }
+    }
+    free(tokens.p);
+    free(stops.p);
+    return ok;
+}
+
+/* POST asample: a future; runs on the shared queue in arrival order (its
+ * seq_id belongs to the sampling client, not to the model's order). */
+static enum MHD_Result asample_(server *s, struct MHD_Connection *c, const json_t *root, const char *idem) {
+    tinker_state *t = s->tinker;
+    const json_t *sid = json_object_get(root, "sampling_session_id"), *mp = json_object_get(root, "model_path");
+    char file[4400] = "";
+    verr e = {0};
+    bool ok = true;
+    if (json_is_string(sid)) {
+        pthread_mutex_lock(&s->mu);
+        const sampling_session *x = find_sampler_(t, json_string_value(sid));
+        if (x != NULL) snprintf(file, sizeof file, "%s", x->path);
+        pthread_mutex_unlock(&s->mu);
+        if (x == NULL)
+            ok = serve_bad(&e, 400, "sampling_session_id", "sampling_session_id \"%s\": unknown to this server "
+                           "(create_sampling_session or save_weights_for_sampler makes one)", json_string_value(sid));
+    } else if (json_is_string(mp)) {
+        ok = weights_file_(s, json_string_value(mp), file, sizeof file, &e, "model_path");
+    } else {
+        ok = base_file_(s, json_object_get(root, "base_model"), file, sizeof file, &e);
+    }
+    job *j = calloc(1, sizeof *j);
+    if (j == NULL) return reply_err_(c, 500, NULL, "out of memory");
+    if (ok) ok = sample_job_(s, root, file, j, &e);
+    pthread_mutex_lock(&s->mu);
+    future *f = find_retry_(t, idem, "", 0);
+    if (f != NULL || s->closed || (f = new_future_(t, idem, "", 0)) == NULL) {
+        const bool closed = s->closed;
+        enum MHD_Result r = f != NULL ? reply_future_(c, f)
+                                      : reply_err_(c, closed ? 503 : 500, NULL, "%s",
+                                                   closed ? "the server is shutting down" : "out of memory");
+        pthread_mutex_unlock(&s->mu);
+        serve_job_free(j);
+        return r;
+    }
+    f->sample = true;
+    if (!ok) {
+        utf8_fix_(e.msg);
+        complete_(f, failure_(e.status >= 500 ? "server" : "user", "%s", e.msg));
+        serve_job_free(j);
+    } else {
+        if (((sample_file_header *)j->payload)->seed == 0) /* none given: a fresh one per request */
+            ((sample_file_header *)j->payload)->seed = zdp_splitmix64(&(uint64_t){++t->n_samples ^ (uint64_t)(serve_now() * 1e6)});
+        j->fut = f;
+        serve_enqueue_locked(s, j);
+    }
+    /* One id per sample (newer SDKs attach them to the sequences). */
+    json_t *ids = json_array();
+    const int64_t n = ok ? ((sample_file_header *)j->payload)->num_samples : 0;
+    for (int64_t k = 0; k < n; k++) {
+        char id[64];
+        snprintf(id, sizeof id, "%s:%lld", f->id, (long long)k);
+        json_array_append_new(ids, json_string(id));
+    }
+    enum MHD_Result r = reply_json_(c, 200, json_pack("{s:s,s:o}", "request_id", f->id, "sample_sequence_ids", ids));
+    pthread_mutex_unlock(&s->mu);
+    return r;
 }
 
 /* ---- the router ---------------------------------------------------------------------- */
@@ -877,9 +1220,10 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
     } else if (!strcmp(sub, "weights_info")) {
         r = reply_json_(c, 200, json_pack("{s:s,s:b,s:i}", "base_model", s->opt.model_name, "is_lora", 0,
                                           "lora_rank", 0));
-    } else if (!strcmp(sub, "create_sampling_session") || !strcmp(sub, "asample")) {
-        r = reply_err_(c, 400, NULL, "%s: zdp serve does not run Tinker sampling sessions; sample with POST "
-                       "/sample {prompt, max_tokens, temperature, top_k, seed}", sub);
+    } else if (!strcmp(sub, "create_sampling_session")) {
+        r = create_sampling_session_(s, c, root);
+    } else if (!strcmp(sub, "asample")) {
+        r = asample_(s, c, root, idem);
     } else {
         r = reply_err_(c, 404, "url", "POST /api/v1/%s: not an endpoint of zdp serve (the Tinker SDK's "
                        "training protocol: client/config, create_session, session_heartbeat, telemetry, "
