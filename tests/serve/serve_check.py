@@ -217,6 +217,10 @@ def bad_requests(url, data, big):
          {"data": [datum([1, 2], [2, 3]) | {"loss_fn_inputs": {"target_tokens": [2, 3], "mask": [1, 1]}}],
           "loss_fn": "cross_entropy"}, 400, "data[0].loss_fn_inputs.mask"),
         ("unknown loss", "POST", "/forward_backward", {"data": [good], "loss_fn": "kl"}, 400, "loss_fn"),
+        # A message cut inside a UTF-8 character must still be a 400, not a 500.
+        ("long non-ASCII key", "POST", "/forward_backward",
+         {"data": [datum([1, 2], [2, 3]) | {"loss_fn_inputs": {"target_tokens": [2, 3], "x" + "\u00e9" * 700: [1, 1]}}],
+          "loss_fn": "cross_entropy"}, 400, "data[0].loss_fn_inputs."),
         ("ppo without its inputs", "POST", "/forward_backward", {"data": [good], "loss_fn": "ppo"}, 400,
          "data[0].loss_fn_inputs."),
         ("dro without beta", "POST", "/forward_backward",

@@ -177,8 +177,38 @@ char *serve_dump(json_t *o) {
 /* jansson refuses NaN and Inf: they become null. */
 json_t *serve_jreal(double x) { return isfinite(x) ? json_real(x) : json_null(); }
 
+void serve_utf8_fix(char *s) {
+    unsigned char *p = (unsigned char *)s;
+    while (*p) {
+        size_t k = *p < 0x80             ? 0
+                   : (*p & 0xe0) == 0xc0 ? 1
+                   : (*p & 0xf0) == 0xe0 ? 2
+                   : (*p & 0xf8) == 0xf0 ? 3
+                                         : 9; /* not a lead byte */
+        bool ok = k <= 3;
+        for (size_t j = 1; ok && j <= k; j++) ok = (p[j] & 0xc0) == 0x80;
+        if (ok && k == 1) ok = *p >= 0xc2;
+        if (ok && k == 2) ok = !(*p == 0xe0 && p[1] < 0xa0) && !(*p == 0xed && p[1] >= 0xa0);
+        if (ok && k == 3) ok = !(*p == 0xf0 && p[1] < 0x90) && (*p < 0xf4 || (*p == 0xf4 && p[1] < 0x90));
+        if (!ok) {
+            *p++ = '?';
+            continue;
+        }
+        p += k + 1;
+    }
+}
+
 char *serve_error_body(const char *field, const char *msg) {
-    return serve_dump(json_pack("{s:{s:s,s:s?}}", "error", "message", msg, "field", field));
+    /* A message cut at a fixed size may end inside a UTF-8 character, and
+     * jansson refuses a string that is not UTF-8. */
+    char m[1200], f[300];
+    snprintf(m, sizeof m, "%s", msg);
+    serve_utf8_fix(m);
+    if (field != NULL) {
+        snprintf(f, sizeof f, "%s", field);
+        serve_utf8_fix(f);
+    }
+    return serve_dump(json_pack("{s:{s:s,s:s?}}", "error", "message", m, "field", field ? f : NULL));
 }
 
 bool serve_bad(verr *e, int status, const char *field, const char *fmt, ...) {

@@ -135,6 +135,9 @@ bool serve_only_keys(const json_t *o, const char *where, const char *const *keys
 char *serve_dump(json_t *o); /* takes the reference */
 json_t *serve_jreal(double x);
 char *serve_error_body(const char *field, const char *msg);
+/* Replaces every byte that does not start a valid UTF-8 character with '?'
+ * (a message cut at a fixed size may end inside one; jansson refuses it). */
+void serve_utf8_fix(char *s);
 void serve_job_free(job *j);
 double serve_now(void);
 

@@ -139,30 +139,6 @@ void tinker_destroy(tinker_state *t) {
 
 /* ---- replies ------------------------------------------------------------------ */
 
-/* Makes s valid UTF-8 in place ('?' for each byte that is not part of a
- * valid sequence): jansson refuses invalid strings, and a message cut at a
- * fixed size by snprintf can end inside a character. */
-static void utf8_fix_(char *s) {
-    unsigned char *p = (unsigned char *)s;
-    while (*p) {
-        size_t k = *p < 0x80             ? 0
-                   : (*p & 0xe0) == 0xc0 ? 1
-                   : (*p & 0xf0) == 0xe0 ? 2
-                   : (*p & 0xf8) == 0xf0 ? 3
-                                         : 9; /* not a lead byte */
-        bool ok = k <= 3;
-        for (size_t j = 1; ok && j <= k; j++) ok = (p[j] & 0xc0) == 0x80;
-        if (ok && k == 1) ok = *p >= 0xc2;
-        if (ok && k == 2) ok = !(*p == 0xe0 && p[1] < 0xa0) && !(*p == 0xed && p[1] >= 0xa0);
-        if (ok && k == 3) ok = !(*p == 0xf0 && p[1] < 0x90) && (*p < 0xf4 || (*p == 0xf4 && p[1] < 0x90));
-        if (!ok) {
-            *p++ = '?';
-            continue;
-        }
-        p += k + 1;
-    }
-}
-
 static enum MHD_Result reply_json_(struct MHD_Connection *c, int status, json_t *o) {
     return serve_reply(c, status, serve_dump(o));
 }
@@ -178,10 +154,10 @@ static enum MHD_Result reply_err_(struct MHD_Connection *c, int status, const ch
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    utf8_fix_(msg);
+    serve_utf8_fix(msg);
     if (field != NULL) {
         snprintf(fld, sizeof fld, "%s", field);
-        utf8_fix_(fld);
+        serve_utf8_fix(fld);
         field = fld;
     }
     return reply_json_(c, status, json_pack("{s:s,s:s,s:s*}", "error", msg, "category",
@@ -196,7 +172,7 @@ static char *failure_(const char *category, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    utf8_fix_(msg);
+    serve_utf8_fix(msg);
     return serve_dump(json_pack("{s:s,s:s}", "error", msg, "category", category));
 }
 
@@ -751,7 +727,7 @@ static enum MHD_Result reply_result_(struct MHD_Connection *c, char *body, bool 
     json_decref(o);
     free(body);
     if (pb == NULL) {
-        utf8_fix_(err);
+        serve_utf8_fix(err);
         return serve_reply(c, 200, failure_("server", "cannot encode the ForwardBackwardOutput as protobuf: %s",
                                             err));
     }
@@ -1046,7 +1022,7 @@ static enum MHD_Result asample_(server *s, struct MHD_Connection *c, const json_
     }
     f->sample = true;
     if (!ok) {
-        utf8_fix_(e.msg);
+        serve_utf8_fix(e.msg);
         complete_(f, failure_(e.status >= 500 ? "server" : "user", "%s", e.msg));
         serve_job_free(j);
     } else {
