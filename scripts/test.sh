@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs every test twice: a normal build, then an
 # AddressSanitizer + UndefinedBehaviorSanitizer build; then the comm stream's
-# unit test under ThreadSanitizer.
+# unit test and the Tinker server scenario under ThreadSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -13,11 +13,14 @@ cmake --build build -j"$jobs"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DZDP_WERROR=ON -DZDP_SANITIZE="address;undefined" >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ctest --output-on-failure -j"$jobs")
-# The comm stream's thread under ThreadSanitizer (MPI itself is not TSan-clean,
-# so only the MPI-free stream test runs here).
+# Threads under ThreadSanitizer: the comm stream (MPI itself is not TSan-clean
+# across ranks, so its MPI-free test), and zdp serve's HTTP connection threads,
+# futures and main loop through the whole Tinker scenario at one rank (a race
+# report aborts the server, and the test fails on its exit status).
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DZDP_SANITIZE=thread -DZDP_BUILD_BENCH=OFF >/dev/null
-cmake --build build-tsan -j"$jobs" --target test_stream
+cmake --build build-tsan -j"$jobs" --target test_stream zdp_cli
 (cd build-tsan && ctest --output-on-failure -R unit.test_stream)
+NPS=1 TSAN_OPTIONS="halt_on_error=1" bash tests/cli/test_tinker.sh build-tsan/bin/zdp "$(command -v mpirun)"
 # Fuzz targets (tests/fuzz): their seed corpora already ran above, in both
 # builds, as the tests unit.fuzz_*_corpus.  With clang: the libFuzzer builds
 # run the corpora too, then fuzz each target for ZDP_FUZZ_SECONDS (default 0:
@@ -42,4 +45,4 @@ if command -v clang >/dev/null 2>&1; then
   done
   echo "fuzz corpora passed under libFuzzer (clang, ASan+UBSan); fuzzed ${fuzz_s}s per target"
 fi
-echo "all tests passed (release, ASan+UBSan, TSan for the comm stream, fuzz corpora)"
+echo "all tests passed (release, ASan+UBSan, TSan for the comm stream and the server, fuzz corpora)"

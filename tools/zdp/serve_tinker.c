@@ -1162,10 +1162,11 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
         if (!envelope_(root, &mid, &unused, false, &e)) {
             r = reply_err_(c, e.status, e.field, "%s", e.msg);
         } else {
+            const bool unload = !strcmp(sub, "unload_model");
             pthread_mutex_lock(&s->mu);
-            const bool mine = t->live && !strcmp(mid, t->model_id);
+            const bool live = t->live, mine = live && !strcmp(mid, t->model_id);
             future *f = NULL;
-            if (mine && sub[0] == 'u') {
+            if (mine && unload) {
                 f = find_retry_(t, idem, "", 0);
                 if (f == NULL && (f = new_future_(t, idem, "", 0)) != NULL) {
                     t->live = false;
@@ -1178,8 +1179,8 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
             pthread_mutex_unlock(&s->mu);
             if (!mine) {
                 r = reply_err_(c, 400, "model_id", "model_id \"%s\": not the model this server is training%s",
-                               mid, t->live ? "" : " (no model is loaded; call create_model)");
-            } else if (sub[0] == 'u') {
+                               mid, live ? "" : " (no model is loaded; call create_model)");
+            } else if (unload) {
                 r = f ? reply_future_(c, f) : reply_err_(c, 500, NULL, "out of memory");
             } else {
                 const zdp_gpt_config *mc = &s->opt.model;
