@@ -7,9 +7,18 @@
 # bench/serve_load.py drives it: idle latencies, fixed-shape requests against
 # the engine time, C concurrent clients, a soak with rank 0's RSS and exact
 # request accounting, and a SIGTERM stop.  About 2.5 minutes with the defaults.
+# With TINKER_SOAK_S > 0, a Tinker-protocol soak follows the plain one: one
+# Tinker TrainingClient (tests/serve/tinker_sdk.py) looping chunked
+# forward_backward + optim_step over /api/v1 while 2 threads hit GET /info and
+# POST /forward (docs/benchmarks-serve.md).
 #
 # usage: bench/run_serve_load.sh
-# env:   CS=1,4,16 LOAD_S=20 SOAK_S=60 BUILD=build JSON=out.json
+# env:   CS=1,4,16 LOAD_S=20 SOAK_S=60 TINKER_SOAK_S=0 BUILD=build JSON=out.json
+#        LOG=server.log (keep a copy of the server's log)
+#        TINKER_IDLE_S=0 (> 0: after the Tinker soak, idle this long, let the
+#        server drop old results, and measure rank 0 again)
+#        MALLOC_STATS=0 (1: gdb calls malloc_stats() in rank 0 around the
+#        Tinker soak, at idle moments; the numbers land in the server log)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -17,6 +26,9 @@ ZDP=$(cd "$BUILD" && pwd)/bin/zdp
 CS=${CS:-1,4,16}
 LOAD_S=${LOAD_S:-20}
 SOAK_S=${SOAK_S:-60}
+TINKER_SOAK_S=${TINKER_SOAK_S:-0}
+TINKER_IDLE_S=${TINKER_IDLE_S:-0}
+MALLOC_STATS=${MALLOC_STATS:-0}
 PY=${PYTHON:-/usr/bin/python3}
 source scripts/env.sh
 [ -x "$ZDP" ] || { echo "run_serve_load: no $ZDP; build first" >&2; exit 1; }
@@ -64,7 +76,7 @@ echo "engine alone (zdp train -np 2, B=1 T=64): $E1 ms/step at 1 micro-batch/ran
   "(runs: $(tr '\n' ' ' <"$T/e1")/ $(tr '\n' ' ' <"$T/e4"))"
 
 mpirun -np 2 "$ZDP" serve "${MODEL[@]}" --config "$T/cfg.json" --init "$T/init.safetensors" \
-  --port 0 >"$T/server.log" 2>&1 &
+  --port 0 --checkpoint-dir "$T/ck" --long-poll-seconds 30 --seq-gap-seconds 30 >"$T/server.log" 2>&1 &
 SERVER_PID=$!
 URL=""
 for _ in $(seq 300); do
@@ -78,14 +90,30 @@ done
 grep 'listening on' "$T/server.log"
 
 rc=0
-timeout 240 "$PY" bench/serve_load.py --url "$URL" --pid "$RANK0_PID" --log "$T/server.log" \
-  --cs "$CS" --load-s "$LOAD_S" --soak-s "$SOAK_S" --engine-ms1 "$E1" --engine-ms4 "$E4" \
-  ${JSON:+--json "$JSON"} || rc=$?
+# 240 s for everything but the timed phases, which take what they are told.
+LIMIT=$(awk -v cs="$CS" -v l="$LOAD_S" -v s="$SOAK_S" -v k="$TINKER_SOAK_S" -v i="$TINKER_IDLE_S" \
+  'BEGIN {print int(240 + split(cs, x, ",") * l + s + k + i + 0.999)}')
+EXTRA=()
+[ "$TINKER_IDLE_S" = 0 ] || EXTRA+=(--tinker-idle-s "$TINKER_IDLE_S")
+[ "$MALLOC_STATS" = 0 ] || EXTRA+=(--malloc-stats)
+timeout "$LIMIT" "$PY" bench/serve_load.py --url "$URL" --pid "$RANK0_PID" --log "$T/server.log" \
+  --cs "$CS" --load-s "$LOAD_S" --soak-s "$SOAK_S" --tinker-soak-s "$TINKER_SOAK_S" \
+  --engine-ms1 "$E1" --engine-ms4 "$E4" ${EXTRA[@]+"${EXTRA[@]}"} ${JSON:+--json "$JSON"} || rc=$?
 for _ in $(seq 100); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$SERVER_PID" 2>/dev/null; then
+  # serve_load.py ended before its SIGTERM (it failed or timed out): stop the server here.
+  echo "run_serve_load: the server is still running; SIGTERM to rank 0" >&2
+  kill -TERM "$RANK0_PID" 2>/dev/null || true
+  for _ in $(seq 300); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$SERVER_PID" 2>/dev/null && kill -TERM "$SERVER_PID" 2>/dev/null
+  rc=$((rc + 1))
+fi
 src=0
 wait "$SERVER_PID" || src=$?
 SERVER_PID=""
 echo "server: mpirun exit $src; $(grep -c . "$T/server.log") log line(s); last: $(tail -1 "$T/server.log")"
+grep -i "warning" "$T/server.log" | sed 's/^/server log: /' || true
+[ -z "${LOG:-}" ] || cp "$T/server.log" "$LOG"
 if [ $src -ne 0 ] || grep -q "MPI_ABORT\|zdp: error" "$T/server.log"; then
   echo "run_serve_load: the server did not stop cleanly" >&2; cat "$T/server.log"; rc=$((rc + 1))
 fi

@@ -7,6 +7,8 @@ the server and measures the engine alone with `zdp train`.
   serve_load.py --url http://127.0.0.1:PORT --pid RANK0_PID --log SERVER.log
                 [--cs 1,4,16] [--load-s 20] [--soak-s 60] [--soak-clients 4]
                 [--engine-ms1 X --engine-ms4 Y] [--json OUT.json]
+                [--tinker-soak-s S [--tinker-warm-s 30] [--tinker-chunk-len 3]
+                 [--tinker-idle-s 65] [--malloc-stats]]
 
 Phases:
   idle     GET /healthz (HTTP thread only) and GET /info (queue + broadcast to
@@ -18,6 +20,21 @@ Phases:
            optim_step from the driver.
   soak     --soak-clients threads looping (1-3 forward_backward, optim_step)
            for --soak-s seconds; rank 0's VmRSS sampled every 2 s.
+  tinker   (only with --tinker-soak-s S > 0) the Tinker SDK's /api/v1 protocol
+           through tests/serve/tinker_sdk.py: one TrainingClient loops for S
+           seconds forward_backward of 4-12 datums of 8-64 tokens, cut into
+           chunks of --tinker-chunk-len datums (posted in parallel, the first
+           last), then optim_step; meanwhile 2 threads loop GET /info and
+           POST /forward (no gradient) on the plain endpoints.  Rank 0's VmRSS
+           every 2 s; start = the first sample after --tinker-warm-s.
+           Accounting: optim_step futures that returned = /info step delta,
+           global_samples delta = b * W * sum over chunks of ceil(n / W),
+           one logprobs row per datum, pending_backwards 0 at the end.
+           Rank 0's heap / other anonymous memory / threads (/proc/PID/smaps)
+           before and after; with --tinker-idle-s, again after that long idle
+           and one more future (the server drops results read a minute ago
+           when it makes a new future); with --malloc-stats, glibc's own
+           in-use count at those idle points (gdb calls malloc_stats()).
 Accounting, after every phase: every request got exactly one answer, every
 forward_backward answer has one logprobs row per datum of the right length,
 /info's pending_backwards, global_samples and step equal what the 200 answers
@@ -49,25 +66,40 @@ def fail(msg):
 
 class Conn:
     """One keep-alive HTTP/1.1 connection.  A POST is never retried: a retry
-    could run a forward_backward twice, which is what the accounting checks."""
+    could run a forward_backward twice, which is what the accounting checks.
+    The server closes a connection that has been idle for 600 s
+    (MHD_OPTION_CONNECTION_TIMEOUT), so one idle for more than REOPEN_S is
+    replaced before the next request is sent, and a GET that finds its
+    reused connection closed is sent once more on a new one."""
+
+    REOPEN_S = 60.0
 
     def __init__(self, url):
         u = urllib.parse.urlparse(url)
         self.host, self.port = u.hostname, u.port
         self.c = None
+        self.last = 0.0
 
     def call(self, method, path, body=None):
         data = json.dumps(body).encode() if body is not None else None
+        if self.c is not None and time.monotonic() - self.last > self.REOPEN_S:
+            self.c.close()
+            self.c = None
+        reused = self.c is not None
         if self.c is None:
             self.c = http.client.HTTPConnection(self.host, self.port, timeout=120)
         try:
             self.c.request(method, path, body=data, headers={"Content-Type": "application/json"})
             r = self.c.getresponse()
             raw = r.read()
-        except (http.client.HTTPException, OSError):
+        except (http.client.HTTPException, OSError) as e:
             self.c.close()
             self.c = None
+            if method == "GET" and reused and isinstance(e, (http.client.RemoteDisconnected,
+                                                             ConnectionResetError, BrokenPipeError)):
+                return self.call(method, path, body)
             raise
+        self.last = time.monotonic()
         if r.getheader("Connection", "").lower() == "close":
             self.c.close()
             self.c = None
@@ -97,6 +129,122 @@ def rss_kb(pid):
     except OSError:
         pass
     return None
+
+
+def mem_detail(pid):
+    """Rank 0's memory by kind (/proc/PID/smaps, kB): the main heap, other
+    anonymous mappings (malloc's per-thread arenas, thread stacks, mmap'd
+    blocks), files; and the number of threads."""
+    out = {"heap_kb": 0, "anon_kb": 0, "file_kb": 0, "threads": None}
+    try:
+        kind = None
+        with open("/proc/%d/smaps" % pid) as f:
+            for line in f:
+                first = line.split(None, 1)[0]
+                if "-" in first and not first.endswith(":"):
+                    parts = line.split()
+                    name = parts[5] if len(parts) > 5 else ""
+                    kind = "heap_kb" if name == "[heap]" else "anon_kb" if name == "" or name.startswith("[") \
+                        else "file_kb"
+                elif first == "Rss:" and kind:
+                    out[kind] += int(line.split()[1])
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    out["threads"] = int(line.split()[1])
+    except OSError:
+        pass
+    return out
+
+
+def malloc_stats(pid, log):
+    """glibc's own count of rank 0's heap: gdb calls malloc_stats() in the
+    process, which prints to its stderr (the server log).  Returns
+    {"arenas", "system_bytes", "in_use_bytes"} (the "Total (incl. mmap)"
+    lines), or None.  Only call it while the server is idle: gdb stops every
+    thread, and one stopped inside malloc would deadlock the call."""
+    import subprocess
+    try:
+        size0 = os.path.getsize(log)
+        subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "call (void)malloc_stats()"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for _ in range(50):
+        with open(log, errors="replace") as f:
+            f.seek(size0)
+            txt = f.read()
+        if "max mmap bytes" in txt:
+            break
+        time.sleep(0.1)
+    else:
+        return None
+    tot = txt.split("Total (incl. mmap):", 1)
+    if len(tot) != 2:
+        return None
+    nums = [int(x.split("=")[1]) for x in tot[1].splitlines() if "bytes" in x and "=" in x][:2]
+    return {"arenas": txt.count("Arena "), "system_bytes": nums[0], "in_use_bytes": nums[1]}
+
+
+class RssMonitor:
+    """VmRSS of `pids` every `period` s, in a thread: samples = [(t, {pid: kB})]."""
+
+    def __init__(self, pids, period=2.0, detail_pid=None, detail_every=15):
+        self.pids, self.period = pids, period
+        self.detail_pid, self.detail_every = detail_pid, detail_every
+        self.detail = []       # [(t, mem_detail(detail_pid))] every detail_every samples
+        self.samples = []
+        self.stop_ev = threading.Event()
+        self.t0 = None
+        self.th = None
+
+    def _run(self):
+        while not self.stop_ev.is_set():
+            self.samples.append((time.perf_counter() - self.t0, {p: rss_kb(p) for p in self.pids}))
+            if self.detail_pid is not None and len(self.samples) % self.detail_every == 1:
+                self.detail.append((time.perf_counter() - self.t0, mem_detail(self.detail_pid)))
+            self.stop_ev.wait(self.period)
+
+    def start(self):
+        self.t0 = time.perf_counter()
+        self.th = threading.Thread(target=self._run, daemon=True)
+        self.th.start()
+        return self
+
+    def stop(self):
+        self.stop_ev.set()
+        self.th.join()
+        self.samples.append((time.perf_counter() - self.t0, {p: rss_kb(p) for p in self.pids}))
+        return self.samples
+
+
+def slope_kb_min(pts):
+    """Least-squares slope of [(t s, kB)] in kB/min (nan with < 3 points)."""
+    pts = [(t, v) for t, v in pts if v is not None]
+    if len(pts) < 3:
+        return float("nan")
+    mt = sum(t for t, _ in pts) / len(pts)
+    mv = sum(v for _, v in pts) / len(pts)
+    den = sum((t - mt) ** 2 for t, _ in pts)
+    return 60.0 * sum((t - mt) * (v - mv) for t, v in pts) / den if den > 0 else float("nan")
+
+
+def rss_summary(samples, pid, warm_s):
+    """start (the first sample at >= warm_s), middle, end, max, and slopes of
+    rank 0's RSS; the sum over all ranks at start and end."""
+    after = [x for x in samples if x[0] >= warm_s] or samples
+    t_end = samples[-1][0]
+    t_mid = (after[0][0] + t_end) / 2
+    mid = min(after, key=lambda x: abs(x[0] - t_mid))
+    pts = [(t, v.get(pid)) for t, v in after]
+    half = [(t, v) for t, v in pts if t >= t_mid]
+    return {"rss_start_t": after[0][0], "rss_start_kb": after[0][1].get(pid),
+            "rss_mid_t": mid[0], "rss_mid_kb": mid[1].get(pid),
+            "rss_end_t": t_end, "rss_end_kb": samples[-1][1].get(pid),
+            "rss_max_kb": max(x[1].get(pid) or 0 for x in samples),
+            "rss_slope_kb_min": slope_kb_min(pts), "rss_slope_2nd_half_kb_min": slope_kb_min(half),
+            "rss_all_ranks_start_kb": sum(v or 0 for v in after[0][1].values()),
+            "rss_all_ranks_end_kb": sum(v or 0 for v in samples[-1][1].values())}
 
 
 class Book:
@@ -238,14 +386,8 @@ def soak_phase(url, book, C, secs, V, pids, warm_s=5.0):
     lat_fb, lat_st = [], []
     lk = threading.Lock()
     deadline = time.perf_counter() + secs
-    samples = []          # (t, {pid: kB})
-    stop = threading.Event()
-    t0 = time.perf_counter()
-
-    def monitor():
-        while not stop.is_set():
-            samples.append((time.perf_counter() - t0, {p: rss_kb(p) for p in pids}))
-            stop.wait(2.0)
+    mon = RssMonitor(pids).start()
+    t0 = mon.t0
 
     def worker(k):
         rng = random.Random(777 + k)
@@ -262,23 +404,201 @@ def soak_phase(url, book, C, secs, V, pids, warm_s=5.0):
                 with lk:
                     lat_st.append(dt)
 
-    mon = threading.Thread(target=monitor)
-    mon.start()
     th = [threading.Thread(target=worker, args=(k,)) for k in range(C)]
     for t in th:
         t.start()
     for t in th:
         t.join()
     el = time.perf_counter() - t0
-    stop.set()
-    mon.join()
-    samples.append((el, {p: rss_kb(p) for p in pids}))
+    samples = mon.stop()
     return {"clients": C, "seconds": el, "fb": len(lat_fb), "steps": len(lat_st),
             "fb_per_s": len(lat_fb) / el, "fb_p50_ms": 1e3 * pct(lat_fb, 0.5),
             "fb_p99_ms": 1e3 * pct(lat_fb, 0.99), "step_p50_ms": 1e3 * pct(lat_st, 0.5),
             "step_p99_ms": 1e3 * pct(lat_st, 0.99),
             "max_ms": 1e3 * max(lat_fb + lat_st, default=float("nan")),
             "rss": samples, "warm_s": warm_s}
+
+
+def tinker_phase(url, secs, warm_s, chunk_len, V, W, b, pids, rank0, lr, clip, idle_s=0.0, log=None,
+                 mstats=False):
+    """One Tinker TrainingClient looping forward_backward + optim_step for
+    `secs` s, while 2 threads loop GET /info and POST /forward."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "serve"))
+    sys.dont_write_bytecode = True
+    import tinker_sdk as TS  # noqa: E402 -- the SDK-faithful stdlib client
+
+    conn = Conn(url)
+    sc = TS.ServiceClient(url, heartbeat_interval=10.0,
+                          client_config_overrides={"fwdbwd_max_chunk_len": chunk_len})
+    sc.http.log_bodies = False
+    model = sc.get_server_capabilities()["supported_models"][0]["model_name"]
+    tc = sc.create_lora_training_client(model)
+    before = info(conn)
+    if before.get("pending_backwards") != 0:
+        fail("tinker: pending_backwards = %s before the phase" % before.get("pending_backwards"))
+    mem = {"before": dict(mem_detail(rank0), rss_kb=rss_kb(rank0))}
+    if mstats:
+        mem["before"]["malloc"] = malloc_stats(rank0, log)
+    adam = {"learning_rate": lr, "grad_clip_norm": clip}
+    rng = random.Random(4242)
+    r = {"model_name": model, "model_id": tc.model_id, "chunk_len": chunk_len, "warm_s": warm_s,
+         "fb_calls": 0, "fb_ok": 0, "chunks": 0, "datums": 0, "backward_calls": 0,
+         "steps_sent": 0, "steps_ok": 0, "errors": 0}
+    lat_fb, at_fb, lat_st, lrs = [], [], [], []
+    stop = threading.Event()
+    plain = {"info": [], "forward": [], "info_bad": 0, "forward_bad": 0}
+    plk = threading.Lock()
+
+    def info_loop():
+        c = Conn(url)
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                st, js = c.call("GET", "/info")
+                ok = st == 200 and isinstance(js.get("step"), int)
+            except Exception as e:  # noqa: BLE001
+                ok, st = False, repr(e)
+            dt = time.perf_counter() - t0
+            with plk:
+                if ok:
+                    plain["info"].append(dt)
+                else:
+                    plain["info_bad"] += 1
+                    fail("tinker phase: GET /info -> %s" % st)
+
+    def forward_loop():
+        c = Conn(url)
+        prng = random.Random(99)
+        while not stop.is_set():
+            data = [datum(prng, V, prng.randint(8, 64)) for _ in range(prng.randint(1, 4))]
+            lens = [[len(d["model_input"]["chunks"][0]["tokens"])] for d in data]
+            t0 = time.perf_counter()
+            try:
+                st, js = c.call("POST", "/forward", {"data": data, "loss_fn": "cross_entropy"})
+                ok = st == 200 and [o["logprobs"]["shape"] for o in js["loss_fn_outputs"]] == lens
+            except Exception as e:  # noqa: BLE001
+                ok, st, js = False, repr(e), None
+            dt = time.perf_counter() - t0
+            with plk:
+                if ok:
+                    plain["forward"].append(dt)
+                else:
+                    plain["forward_bad"] += 1
+                    fail("tinker phase: POST /forward -> %s %s" % (st, str(js)[:200]))
+
+    mon = RssMonitor(pids, detail_pid=rank0).start()
+    t_start = mon.t0
+    deadline = t_start + secs
+    th = [threading.Thread(target=info_loop, daemon=True), threading.Thread(target=forward_loop, daemon=True)]
+    for t in th:
+        t.start()
+    while time.perf_counter() < deadline:
+        data = []
+        for _ in range(rng.randint(4, 12)):
+            L = rng.randint(8, 64)
+            data.append(TS.datum([rng.randrange(V) for _ in range(L)], [rng.randrange(V) for _ in range(L)],
+                                 [1.0] * L))
+        lens = [len(d["model_input"]["chunks"][0]["tokens"]) for d in data]
+        r["fb_calls"] += 1
+        t0 = time.perf_counter()
+        try:
+            fut = tc.forward_backward(data, "cross_entropy")
+            res = fut.result(timeout=180)
+        except Exception as e:  # noqa: BLE001 -- a failure or a hang ends the phase
+            r["errors"] += 1
+            fail("tinker forward_backward #%d (%d datums): %r" % (r["fb_calls"], len(data), e))
+            break
+        lat_fb.append(time.perf_counter() - t0)
+        at_fb.append(t0 - t_start)
+        shapes = [o.get("logprobs", {}).get("shape") for o in res["loss_fn_outputs"]]
+        if shapes != [[n] for n in lens] or any(len(o["logprobs"]["data"]) != n
+                                               for o, n in zip(res["loss_fn_outputs"], lens)):
+            r["errors"] += 1
+            fail("tinker forward_backward #%d: datums of %s tokens, logprobs shapes %s" %
+                 (r["fb_calls"], lens, shapes))
+        if "loss:sum" not in res["metrics"]:
+            r["errors"] += 1
+            fail("tinker forward_backward #%d: metrics %s lack loss:sum" % (r["fb_calls"], res["metrics"]))
+        r["fb_ok"] += 1
+        r["chunks"] += len(fut.chunks)
+        r["datums"] += len(data)
+        r["backward_calls"] += sum(math.ceil(n / W) for _, n in fut.chunks)
+        r["steps_sent"] += 1
+        t0 = time.perf_counter()
+        try:
+            out = tc.optim_step(adam).result(timeout=180)
+        except Exception as e:  # noqa: BLE001
+            r["errors"] += 1
+            fail("tinker optim_step #%d: %r" % (r["steps_sent"], e))
+            break
+        lat_st.append(time.perf_counter() - t0)
+        r["steps_ok"] += 1
+        lrs.append(out.get("metrics", {}).get("learning_rate:mean"))
+        if r["fb_calls"] % 50 == 0:   # the client's own logs would grow for the whole run
+            with sc.http._lock:
+                sc.http.http_log.clear()
+            with tc._id_lock:
+                tc.sent.clear()
+    el = time.perf_counter() - t_start
+    stop.set()
+    for t in th:
+        t.join(timeout=60)
+        if t.is_alive():
+            fail("tinker phase: a plain-endpoint thread did not finish")
+    samples = mon.stop()
+    after = info(conn)
+    mem["end"] = dict(mem_detail(rank0), rss_kb=rss_kb(rank0))
+    if mstats:
+        mem["end"]["malloc"] = malloc_stats(rank0, log)
+    if idle_s > 0:
+        # Idle past the minute a read result is kept, then one more future
+        # (a 1-datum forward: no gradient) makes the server drop the old ones.
+        time.sleep(idle_s)
+        mem["idle"] = dict(mem_detail(rank0), rss_kb=rss_kb(rank0))
+        try:
+            tc.forward([TS.datum([1, 2, 3], [2, 3, 4])], "cross_entropy").result(timeout=120)
+        except Exception as e:  # noqa: BLE001
+            fail("tinker: the forward after the idle wait: %r" % e)
+        time.sleep(2)
+        mem["pruned"] = dict(mem_detail(rank0), rss_kb=rss_kb(rank0))
+        if mstats:
+            mem["pruned"]["malloc"] = malloc_stats(rank0, log)
+    sc.close()
+    slow = sorted(zip(lat_fb, at_fb), reverse=True)[:5]
+    by_min = {}
+    for x, t in zip(lat_fb, at_fb):
+        by_min.setdefault(int(t // 60), []).append(x)
+    d_step = after.get("step", 0) - before.get("step", 0)
+    d_samples = after.get("global_samples", 0) - before.get("global_samples", 0)
+    if d_step != r["steps_ok"]:
+        fail("tinker: %d optim_step futures returned, /info step moved by %d" % (r["steps_ok"], d_step))
+    if d_samples != b * W * r["backward_calls"]:
+        fail("tinker: global_samples moved by %d, the chunks imply %d" % (d_samples, b * W * r["backward_calls"]))
+    if after.get("pending_backwards") != 0:
+        fail("tinker: pending_backwards = %s at the end" % after.get("pending_backwards"))
+    bad_lr = [x for x in lrs if x is None or abs(x - lr) > 1e-6 * lr]
+    if bad_lr:
+        fail("tinker: %d optim_step answers had learning_rate:mean != %g (e.g. %s)" % (len(bad_lr), lr, bad_lr[:3]))
+    r.update({"seconds": el, "steps_per_s": r["steps_ok"] / el,
+              "fb_p50_ms": 1e3 * pct(lat_fb, 0.5), "fb_p99_ms": 1e3 * pct(lat_fb, 0.99),
+              "fb_max_ms": 1e3 * max(lat_fb, default=float("nan")),
+              "step_p50_ms": 1e3 * pct(lat_st, 0.5), "step_p99_ms": 1e3 * pct(lat_st, 0.99),
+              "step_max_ms": 1e3 * max(lat_st, default=float("nan")),
+              "server_step_delta": d_step, "server_samples_delta": d_samples,
+              "server_pending_end": after.get("pending_backwards"),
+              "plain_info": len(plain["info"]), "plain_info_bad": plain["info_bad"],
+              "plain_info_p50_ms": 1e3 * pct(plain["info"], 0.5),
+              "plain_info_p99_ms": 1e3 * pct(plain["info"], 0.99),
+              "plain_forward": len(plain["forward"]), "plain_forward_bad": plain["forward_bad"],
+              "plain_forward_p50_ms": 1e3 * pct(plain["forward"], 0.5),
+              "plain_forward_p99_ms": 1e3 * pct(plain["forward"], 0.99),
+              "http_attempts": {k: {str(st): n for st, n in v.items()} for k, v in sc.stats.items()},
+              "future_counters": dict(sc.counters), "rss": samples, "mem": mem,
+              "fb_slowest": [{"ms": 1e3 * x, "at_s": t} for x, t in slow],
+              "fb_p50_ms_by_minute": [1e3 * pct(by_min[m], 0.5) for m in sorted(by_min)],
+              "detail": mon.detail})
+    r.update(rss_summary(samples, rank0, warm_s))
+    return r, after
 
 
 def sibling_pids(pid):
@@ -312,6 +632,18 @@ def main():
     ap.add_argument("--micro-batch", type=int, default=1, help="the config's train_micro_batch_size_per_gpu")
     ap.add_argument("--engine-ms1", type=float, help="zdp train ms/step, 1 micro-batch per rank per step")
     ap.add_argument("--engine-ms4", type=float, help="zdp train ms/step, 4 micro-batches per rank per step")
+    ap.add_argument("--tinker-soak-s", type=float, default=0,
+                    help="seconds of the Tinker /api/v1 phase (0: skipped)")
+    ap.add_argument("--tinker-warm-s", type=float, default=30,
+                    help="the Tinker phase's RSS start is the first sample after this")
+    ap.add_argument("--tinker-chunk-len", type=int, default=3, help="the client's fwdbwd_max_chunk_len")
+    ap.add_argument("--tinker-lr", type=float, default=1e-3, help="AdamParams.learning_rate")
+    ap.add_argument("--tinker-clip", type=float, default=1.0, help="AdamParams.grad_clip_norm")
+    ap.add_argument("--tinker-idle-s", type=float, default=0,
+                    help="after the Tinker phase, idle this long, send one more future (the server then "
+                         "drops results read over a minute ago) and measure rank 0 again")
+    ap.add_argument("--malloc-stats", action="store_true",
+                    help="around the Tinker phase, have gdb call malloc_stats() in rank 0 (idle moments only)")
     ap.add_argument("--json")
     a = ap.parse_args()
 
@@ -387,18 +719,20 @@ def main():
     if fin.get("pending_backwards") != 0:
         fail("pending_backwards = %s after the last optim_step" % fin.get("pending_backwards"))
     rs = s["rss"]
-    after_warm = [x for x in rs if x[0] >= s["warm_s"]] or rs
-    s["rss_start_kb"] = after_warm[0][1].get(a.pid)
-    s["rss_end_kb"] = rs[-1][1].get(a.pid)
-    s["rss_max_kb"] = max(x[1].get(a.pid) or 0 for x in rs)
-    s["rss_all_ranks_start_kb"] = sum(v or 0 for v in after_warm[0][1].values())
-    s["rss_all_ranks_end_kb"] = sum(v or 0 for v in rs[-1][1].values())
+    s.update(rss_summary(rs, a.pid, s["warm_s"]))
     res["soak"] = s
     res["totals"] = {"forward_backward_sent": book.fb_sent, "forward_backward_200": book.fb_ok,
                      "optim_step_200": book.steps, "optim_step_409": book.steps_409,
                      "failed": book.bad, "server_step": fin.get("step"),
                      "server_global_samples": fin.get("global_samples"),
                      "server_pending_backwards": fin.get("pending_backwards")}
+
+    last = fin
+    if a.tinker_soak_s > 0:
+        tk, last = tinker_phase(a.url, a.tinker_soak_s, a.tinker_warm_s, a.tinker_chunk_len, V, W,
+                                a.micro_batch, pids, a.pid, a.tinker_lr, a.tinker_clip, a.tinker_idle_s,
+                                a.log, a.malloc_stats)
+        res["tinker"] = tk
 
     # stop: SIGTERM to rank 0
     t0 = time.perf_counter()
@@ -419,8 +753,8 @@ def main():
             break
         time.sleep(0.1)
     res["stopped_at_step"] = stopped
-    if stopped != fin.get("step"):
-        fail("the log says stopped at step %s, /info said %s" % (stopped, fin.get("step")))
+    if stopped != last.get("step"):
+        fail("the log says stopped at step %s, /info said %s" % (stopped, last.get("step")))
 
     # table
     m = res["model"]
@@ -453,8 +787,10 @@ def main():
           "(p50 %.2f p99 %.2f ms), max latency %.1f ms" %
           (s["seconds"], s["clients"], s["fb"], s["fb_per_s"], s["fb_p50_ms"], s["fb_p99_ms"], s["steps"],
            s["step_p50_ms"], s["step_p99_ms"], s["max_ms"]))
-    print("rank 0 VmRSS: %s kB at %.0f s -> %s kB at the end (max %s kB); all %d ranks %d -> %d kB" %
-          (s["rss_start_kb"], s["warm_s"], s["rss_end_kb"], s["rss_max_kb"], len(pids),
+    print("rank 0 VmRSS: %s kB at %.0f s, %s kB at %.0f s, %s kB at the end (max %s kB); slope %.1f kB/min "
+          "(second half %.1f); all %d ranks %d -> %d kB" %
+          (s["rss_start_kb"], s["rss_start_t"], s["rss_mid_kb"], s["rss_mid_t"], s["rss_end_kb"],
+           s["rss_max_kb"], s["rss_slope_kb_min"], s["rss_slope_2nd_half_kb_min"], len(pids),
            s["rss_all_ranks_start_kb"], s["rss_all_ranks_end_kb"]))
     print("rank 0 VmRSS samples (s: kB): " + " ".join("%.0f:%s" % (t, v.get(a.pid)) for t, v in rs))
     tt = res["totals"]
@@ -463,6 +799,41 @@ def main():
           (tt["forward_backward_sent"], tt["forward_backward_200"], tt["failed"], tt["optim_step_200"],
            tt["optim_step_409"], tt["server_step"], tt["server_global_samples"],
            tt["server_pending_backwards"], stopped, res["stop_s"]))
+    if "tinker" in res:
+        k = res["tinker"]
+        print("tinker %.0f s (one TrainingClient, fwdbwd_max_chunk_len %d, + 2 plain threads): %d steps "
+              "(%.2f/s); forward_backward %d calls, %d chunks (%.2f/call), %d datums, p50 %.1f p99 %.1f "
+              "max %.1f ms; optim_step p50 %.1f p99 %.1f ms" %
+              (k["seconds"], k["chunk_len"], k["steps_ok"], k["steps_per_s"], k["fb_ok"], k["chunks"],
+               k["chunks"] / max(1, k["fb_ok"]), k["datums"], k["fb_p50_ms"], k["fb_p99_ms"], k["fb_max_ms"],
+               k["step_p50_ms"], k["step_p99_ms"]))
+        print("  plain during it: %d GET /info (p50 %.2f p99 %.2f ms, %d failed), %d POST /forward "
+              "(p50 %.2f p99 %.2f ms, %d failed)" %
+              (k["plain_info"], k["plain_info_p50_ms"], k["plain_info_p99_ms"], k["plain_info_bad"],
+               k["plain_forward"], k["plain_forward_p50_ms"], k["plain_forward_p99_ms"], k["plain_forward_bad"]))
+        print("  accounting: %d optim_step futures returned, /info step +%d; global_samples +%d for %d "
+              "backward calls; pending %s at the end" %
+              (k["steps_ok"], k["server_step_delta"], k["server_samples_delta"], k["backward_calls"],
+               k["server_pending_end"]))
+        print("  http attempts: %s" % json.dumps(k["http_attempts"], sort_keys=True))
+        print("  future counters: %s" % json.dumps(k["future_counters"], sort_keys=True))
+        print("  rank 0 VmRSS: %s kB at %.0f s, %s kB at %.0f s, %s kB at %.0f s (max %s kB); slope %.1f kB/min "
+              "from %.0f s, %.1f kB/min over the second half; all ranks %d -> %d kB" %
+              (k["rss_start_kb"], k["rss_start_t"], k["rss_mid_kb"], k["rss_mid_t"], k["rss_end_kb"],
+               k["rss_end_t"], k["rss_max_kb"], k["rss_slope_kb_min"], k["rss_start_t"],
+               k["rss_slope_2nd_half_kb_min"], k["rss_all_ranks_start_kb"], k["rss_all_ranks_end_kb"]))
+        print("  slowest forward_backward calls: " + ", ".join("%.0f ms at %.0f s" % (x["ms"], x["at_s"])
+                                                            for x in k["fb_slowest"]))
+        print("  forward_backward p50 by minute (ms): " + " ".join("%.1f" % x for x in k["fb_p50_ms_by_minute"]))
+        for name, m in k["mem"].items():
+            ml = m.get("malloc")
+            print("  rank 0 %-7s VmRSS %s kB: heap %d, other anon %d, files %d kB; %s threads%s" %
+                  (name, m["rss_kb"], m["heap_kb"], m["anon_kb"], m["file_kb"], m["threads"],
+                   "; malloc: %d arenas, %d kB from the system, %d kB in use" %
+                   (ml["arenas"], ml["system_bytes"] // 1024, ml["in_use_bytes"] // 1024) if ml else ""))
+        print("  rank 0 every 30 s (s: heap/other anon kB, threads): " +
+              " ".join("%.0f:%d/%d,%s" % (t, d["heap_kb"], d["anon_kb"], d["threads"]) for t, d in k["detail"]))
+        print("  rank 0 VmRSS samples (s: kB): " + " ".join("%.0f:%s" % (t, v.get(a.pid)) for t, v in k["rss"]))
     res["failures"] = FAILS
     if a.json:
         with open(a.json, "w") as f:
