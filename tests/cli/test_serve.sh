@@ -15,22 +15,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 CHECK="$HERE/../serve/serve_check.py"
 PY=${PYTHON:-python3}
 T=$(mktemp -d)
-SERVER_PID=""
-RANK0_PID=""
-SERVER_RC=0
-stop_server() {
-  if [ -n "$SERVER_PID" ]; then
-    # SIGTERM to rank 0 stops every rank cleanly; mpirun then exits.
-    [ -n "$RANK0_PID" ] && kill -TERM "$RANK0_PID" 2>/dev/null
-    for _ in $(seq 100); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -TERM "$SERVER_PID" 2>/dev/null
-    sleep 0.5
-    kill -KILL "$SERVER_PID" 2>/dev/null
-    wait "$SERVER_PID" 2>/dev/null
-    SERVER_RC=$?
-    SERVER_PID=""
-  fi
-}
+source "$HERE/serve_lib.sh"
 trap 'stop_server; rm -rf "$T"' EXIT
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
@@ -48,23 +33,9 @@ config() {
 JSON
 }
 
-# start_server NP CFG LOG: starts it in the background, sets URL.
-start_server() {
-  local np=$1 cfg=$2 log=$3
-  timeout 150 "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" serve "${MODEL[@]}" --config "$cfg" \
-    --init "$T/init.safetensors" --port 0 --max-body $MAX_BODY >"$log" 2>&1 &
-  SERVER_PID=$!
-  URL=""
-  for _ in $(seq 300); do
-    URL=$(grep -o 'listening on http://[0-9.]*:[0-9]*' "$log" | sed 's/listening on //')
-    RANK0_PID=$(grep -o 'rank 0 pid [0-9]*' "$log" | sed 's/rank 0 pid //')
-    [ -n "$URL" ] && return 0
-    kill -0 "$SERVER_PID" 2>/dev/null || break
-    sleep 0.1
-  done
-  fail "server at -np $np did not start"; cat "$log"
-  stop_server
-  return 1
+# start_plain NP CFG LOG: the server these checks use.
+start_plain() {
+  start_server "$1" "$3" "${MODEL[@]}" --config "$2" --init "$T/init.safetensors" --max-body $MAX_BODY
 }
 
 config 0.05 0 true >"$T/cfg_init.json"
@@ -78,7 +49,7 @@ for np in 1 2 3; do
   stage=$((np - 1))
   config 0.05 $stage false >"$T/cfg$np.json"
   mkdir -p "$T/np$np"
-  start_server $np "$T/cfg$np.json" "$T/server$np.log" || continue
+  start_plain $np "$T/cfg$np.json" "$T/server$np.log" || continue
   timeout 120 $PY "$CHECK" scenario "$URL" "$T/np$np" "$T/data.json" \
     "$([ $np = 1 ] && echo "$T/windows.json")" $((MAX_BODY + 1000)) ||
     fail "scenario at -np $np (ZeRO stage $stage)"
@@ -107,7 +78,7 @@ fi
 
 # ---- the gradient is d(loss:sum)/dθ: a small SGD step, at -np 2 ----
 config 1e-4 1 false >"$T/cfg_fd.json"
-if start_server 2 "$T/cfg_fd.json" "$T/server_fd.log"; then
+if start_plain 2 "$T/cfg_fd.json" "$T/server_fd.log"; then
   timeout 60 $PY "$CHECK" fdcheck "$URL" "$T/data.json" || fail "fdcheck"
   stop_server
 fi

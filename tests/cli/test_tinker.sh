@@ -17,19 +17,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 CHECK="$HERE/../serve/tinker_check.py"
 PY=${PYTHON:-python3}
 T=$(mktemp -d)
-SERVER_PID=""
-RANK0_PID=""
-SERVER_RC=0
-stop_server() {
-  if [ -n "$SERVER_PID" ]; then
-    [ -n "$RANK0_PID" ] && kill -TERM "$RANK0_PID" 2>/dev/null
-    for _ in $(seq 100); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$SERVER_PID" 2>/dev/null
-    wait "$SERVER_PID" 2>/dev/null
-    SERVER_RC=$?
-    SERVER_PID=""
-  fi
-}
+source "$HERE/serve_lib.sh"
 trap 'stop_server; rm -rf "$T"' EXIT
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
@@ -49,18 +37,8 @@ for np in ${NPS:-1 2 3}; do
   config $stage >"$T/cfg$np.json"
   mkdir -p "$T/np$np"
   log="$T/server$np.log"
-  timeout 300 "$MPIEXEC" -np $np --oversubscribe "$ZDP" serve "${MODEL[@]}" --config "$T/cfg$np.json" \
-    --port 0 --checkpoint-dir "$T/ck$np" --long-poll-seconds 1 --seq-gap-seconds 3 >"$log" 2>&1 &
-  SERVER_PID=$!
-  URL=""
-  for _ in $(seq 300); do
-    URL=$(grep -o 'listening on http://[0-9.]*:[0-9]*' "$log" | sed 's/listening on //')
-    RANK0_PID=$(grep -o 'rank 0 pid [0-9]*' "$log" | sed 's/rank 0 pid //')
-    [ -n "$URL" ] && break
-    kill -0 "$SERVER_PID" 2>/dev/null || break
-    sleep 0.1
-  done
-  if [ -z "$URL" ]; then fail "server at -np $np did not start"; cat "$log"; stop_server; continue; fi
+  start_server $np "$log" "${MODEL[@]}" --config "$T/cfg$np.json" --checkpoint-dir "$T/ck$np" \
+    --long-poll-seconds 1 --seq-gap-seconds 3 || continue
   timeout 240 $PY "$CHECK" "$URL" "$T/np$np" $np "$T/ck$np" || fail "tinker_check at -np $np (ZeRO stage $stage)"
   stop_server
   if [ $SERVER_RC -ne 0 ] || ! grep -q "zdp serve: stopped" "$log"; then

@@ -255,13 +255,7 @@ bool serve_only_keys(const json_t *o, const char *where, const char *const *keys
 
 /* ---- validation ---------------------------------------------------------------- */
 
-/* A growable byte buffer for the payload. */
-typedef struct bytes {
-    unsigned char *p;
-    size_t len, cap;
-} bytes;
-
-static bool put_(bytes *b, const void *src, size_t n) {
+bool serve_put(serve_bytes *b, const void *src, size_t n) {
     if (b->len + n > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->len + n) cap *= 2;
@@ -270,7 +264,7 @@ static bool put_(bytes *b, const void *src, size_t n) {
         b->p = p;
         b->cap = cap;
     }
-    memcpy(b->p + b->len, src, n);
+    if (n > 0) memcpy(b->p + b->len, src, n);
     b->len += n;
     return true;
 }
@@ -575,11 +569,11 @@ bool serve_parse_fwd(const json_t *root, const char *where, const zdp_gpt_config
         total += N;
     }
     if (ok) {
-        bytes b = {0};
+        serve_bytes b = {0};
         h.n = (int64_t)n;
-        ok = put_(&b, &h, sizeof h) && put_(&b, len, n * sizeof *len) &&
-             put_(&b, tok, (size_t)total * sizeof *tok) && put_(&b, tgt, (size_t)total * sizeof *tgt);
-        for (int k = 0; ok && k < 3; k++) ok = put_(&b, fl + (size_t)k * cap, (size_t)total * sizeof *fl);
+        ok = serve_put(&b, &h, sizeof h) && serve_put(&b, len, n * sizeof *len) &&
+             serve_put(&b, tok, (size_t)total * sizeof *tok) && serve_put(&b, tgt, (size_t)total * sizeof *tgt);
+        for (int k = 0; ok && k < 3; k++) ok = serve_put(&b, fl + (size_t)k * cap, (size_t)total * sizeof *fl);
         if (!ok) {
             free(b.p);
             serve_bad(e, 500, data_path, "out of memory");

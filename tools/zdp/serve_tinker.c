@@ -776,26 +776,6 @@ static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json
                                          json_string_value(id), "queue_state", "active"));
 }
 
-/* A growable byte buffer. */
-typedef struct bytes_ {
-    unsigned char *p;
-    size_t len, cap;
-} bytes_;
-
-static bool bytes_put_(bytes_ *b, const void *src, size_t n) {
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n) cap *= 2;
-        unsigned char *p = realloc(b->p, cap);
-        if (p == NULL) return false;
-        b->p = p;
-        b->cap = cap;
-    }
-    if (n > 0) memcpy(b->p + b->len, src, n);
-    b->len += n;
-    return true;
-}
-
 /* ---- sampling (create_sampling_session, asample) --------------------------------------- */
 
 /* The weights file behind a tinker:// path: .../sampler_weights/NAME is a
@@ -884,7 +864,7 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
     const json_t *chunks = json_object_get(json_object_get(root, "prompt"), "chunks");
     if (!json_is_array(chunks) || json_array_size(chunks) == 0)
         return serve_bad(e, 400, "prompt.chunks", "prompt.chunks: must be a non-empty array of encoded_text chunks");
-    bytes_ tokens = {0};
+    serve_bytes tokens = {0};
     for (size_t i = 0; i < json_array_size(chunks); i++) {
         const json_t *ch = json_array_get(chunks, i), *ty = json_object_get(ch, "type");
         const json_t *tk = json_object_get(ch, "tokens");
@@ -904,7 +884,7 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
                                  "2^20 tokens in all)", field, k, V);
             }
             int32_t t = (int32_t)json_integer_value(x);
-            if (!bytes_put_(&tokens, &t, sizeof t)) {
+            if (!serve_put(&tokens, &t, sizeof t)) {
                 free(tokens.p);
                 return serve_bad(e, 500, field, "out of memory");
             }
@@ -914,7 +894,7 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
     if (h.n_prompt == 0) return serve_bad(e, 400, "prompt", "prompt: no tokens");
     /* sampling_params */
     const json_t *sp = json_object_get(root, "sampling_params");
-    bytes_ stops = {0};
+    serve_bytes stops = {0};
     bool ok = true;
     if (sp != NULL && !json_is_null(sp)) {
         const json_t *v;
@@ -958,7 +938,7 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
                                    "id in [0, %d)", k, V);
                 else {
                     int32_t t = (int32_t)json_integer_value(x);
-                    if (!bytes_put_(&stops, &t, sizeof t)) ok = serve_bad(e, 500, "sampling_params.stop", "out of memory");
+                    if (!serve_put(&stops, &t, sizeof t)) ok = serve_bad(e, 500, "sampling_params.stop", "out of memory");
                 }
             }
             if (ok && (strings || !json_is_array(v)))
@@ -968,9 +948,9 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
     }
     if (ok) {
         h.n_stop = (int64_t)(stops.len / sizeof(int32_t));
-        bytes_ b = {0};
-        ok = bytes_put_(&b, &h, sizeof h) && bytes_put_(&b, tokens.p, tokens.len) &&
-             bytes_put_(&b, stops.p ? stops.p : (void *)"", stops.len) && bytes_put_(&b, file, strlen(file) + 1);
+        serve_bytes b = {0};
+        ok = serve_put(&b, &h, sizeof h) && serve_put(&b, tokens.p, tokens.len) &&
+             serve_put(&b, stops.p, stops.len) && serve_put(&b, file, strlen(file) + 1);
         if (!ok) {
             free(b.p);
             serve_bad(e, 500, "prompt", "out of memory");

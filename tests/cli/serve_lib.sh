@@ -1,0 +1,42 @@
+# serve_lib.sh -- sourced by the `zdp serve` tests (test_serve.sh,
+# test_tinker.sh): start a server in the background and stop it cleanly.
+# Needs ZDP, MPIEXEC and a fail function.
+SERVER_PID=""
+RANK0_PID=""
+SERVER_RC=0
+URL=""
+
+# start_server NP LOG SERVE_ARGS...: `zdp serve SERVE_ARGS --port 0` at -np NP,
+# output to LOG; sets URL and RANK0_PID, or fails and returns 1.
+start_server() {
+  local np=$1 log=$2
+  shift 2
+  timeout 300 "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" serve "$@" --port 0 >"$log" 2>&1 &
+  SERVER_PID=$!
+  URL=""
+  for _ in $(seq 300); do
+    URL=$(grep -o 'listening on http://[0-9.]*:[0-9]*' "$log" | sed 's/listening on //')
+    RANK0_PID=$(grep -o 'rank 0 pid [0-9]*' "$log" | sed 's/rank 0 pid //')
+    [ -n "$URL" ] && return 0
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  fail "server at -np $np did not start"; cat "$log"
+  stop_server
+  return 1
+}
+
+# stop_server: SIGTERM to rank 0 stops every rank cleanly and mpirun exits;
+# SERVER_RC gets mpirun's exit status.
+stop_server() {
+  if [ -n "$SERVER_PID" ]; then
+    [ -n "$RANK0_PID" ] && kill -TERM "$RANK0_PID" 2>/dev/null
+    for _ in $(seq 100); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -TERM "$SERVER_PID" 2>/dev/null
+    sleep 0.5
+    kill -KILL "$SERVER_PID" 2>/dev/null
+    wait "$SERVER_PID" 2>/dev/null
+    SERVER_RC=$?
+    SERVER_PID=""
+  fi
+}
