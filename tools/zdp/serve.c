@@ -34,8 +34,10 @@
  * (zdp_gpt_set_loss_weights, src/models/policy_loss.c).
  */
 #define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700 /* realpath */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <jansson.h>
 #include <math.h>
 #include <microhttpd.h>
@@ -47,12 +49,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
 #include "sample.h"
 #include "serve.h"
+#include "serve_proto.h"
 #include "zdp/zdp.h"
 
 int cmd_serve(int argc, char **argv);
@@ -82,7 +87,14 @@ static void usage_(void) {
            "  --model-name NAME (zdp-gpt)  the base_model clients create_model with\n"
            "  --checkpoint-dir DIR (zdp-serve-checkpoints)  where save_weights writes\n"
            "  --long-poll-seconds S (30)   retrieve_future holds a pending request this long\n"
-           "  --seq-gap-seconds S (30)     a missing seq_id is given up after this long\n");
+           "  --seq-gap-seconds S (30)     a missing seq_id is given up after this long\n"
+           "\n"
+           "Safety (docs/server.md, \"Threat model\"):\n"
+           "  --api-key-file F           every request but GET /healthz must carry the key in F\n"
+           "                             (X-API-Key: KEY or Authorization: Bearer KEY)\n"
+           "  --allow-path-root DIR      absolute paths inside DIR are allowed too (repeatable);\n"
+           "                             otherwise a path is a name inside --checkpoint-dir\n"
+           "  --allow-host NAME          accept Host/Origin NAME as well (repeatable; a proxy's name)\n");
 }
 
 static int parse_(int argc, char **argv, serve_opts *o) {
@@ -127,6 +139,19 @@ static int parse_(int argc, char **argv, serve_opts *o) {
                 return cli_fail("%s %s: need seconds in [0.01, 3600]", a, v);
             if (!strcmp(a, "--long-poll-seconds")) o->long_poll_s = x;
             else o->seq_gap_s = x;
+        } else if (!strcmp(a, "--api-key-file")) {
+            o->api_key_file = v;
+        } else if (!strcmp(a, "--allow-path-root") || !strcmp(a, "--allow-host")) {
+            const bool root = !strcmp(a, "--allow-path-root");
+            if (v[0] == '\0') return cli_fail("%s: must not be empty", a);
+            if (!root && (strchr(v, ':') || strchr(v, '/') || strchr(v, '[')))
+                return cli_fail("--allow-host %s: a host name only (no port, scheme or brackets)", v);
+            const char ***list = root ? &o->allow_roots : &o->allow_hosts;
+            int *n_list = root ? &o->n_allow_roots : &o->n_allow_hosts;
+            const char **grown = realloc((void *)*list, (size_t)(*n_list + 1) * sizeof *grown);
+            if (grown == NULL) return cli_fail("out of memory");
+            grown[(*n_list)++] = v;
+            *list = grown;
         } else if (!strcmp(a, "--seed")) {
             if (!cli_parse_i64(v, 0, INT64_MAX, &n)) return cli_fail("--seed %s: need an integer >= 0", v);
             o->seed = (uint64_t)n;
@@ -249,6 +274,234 @@ bool serve_only_keys(const json_t *o, const char *where, const char *const *keys
                 snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", keys[i]);
             return serve_bad(e, 400, field, "%s: unknown field; the fields here are: %s", field, list);
         }
+    }
+    return true;
+}
+
+/* ---- paths a client sends ------------------------------------------------------ */
+
+int serve_mkdirs(const char *path) {
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(buf, 0777) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* Is p root itself or below it?  Both are absolute, without "." or "..". */
+static bool inside_(const char *p, const char *root) {
+    size_t n = strlen(root);
+    while (n > 1 && root[n - 1] == '/') n--;
+    if (n == 1 && root[0] == '/') return true;
+    return strncmp(p, root, n) == 0 && (p[n] == '\0' || p[n] == '/');
+}
+
+bool serve_resolve_path(const server *s, const char *field, const char *name, char *out, size_t cap,
+                        verr *e) {
+    const size_t n = strlen(name);
+    if (n == 0 || n > 4000)
+        return serve_bad(e, 400, field, "%s: must be a name of 1 to 4000 bytes inside the server's "
+                         "checkpoint folder, such as \"run1/step10\"", field);
+    for (const char *p = name; *p;) {
+        while (*p == '/') p++;
+        const char *q = p;
+        while (*q && *q != '/') q++;
+        if ((q - p == 1 && p[0] == '.') || (q - p == 2 && p[0] == '.' && p[1] == '.'))
+            return serve_bad(e, 400, field, "%s = \"%s\": \".\" and \"..\" are not allowed in a path; send a "
+                             "name inside the server's checkpoint folder, such as \"run1/step10\"", field, name);
+        p = q;
+    }
+    /* The same answer whether or not anything outside exists. */
+    char outside[1400];
+    snprintf(outside, sizeof outside, "%s = \"%.1000s\": outside the folders this server may use; send a name "
+             "inside its checkpoint folder (--checkpoint-dir), such as \"run1/step10\" (the operator can allow "
+             "other folders for absolute paths with --allow-path-root DIR)", field, name);
+    char root[PATH_MAX], real[PATH_MAX], full[PATH_MAX + 4096], pre[PATH_MAX + 4096];
+    if (serve_mkdirs(s->opt.checkpoint_dir) != 0 || realpath(s->opt.checkpoint_dir, root) == NULL)
+        return serve_bad(e, 500, field, "%s: cannot create the checkpoint folder %s: %s (--checkpoint-dir)",
+                         field, s->opt.checkpoint_dir, strerror(errno));
+    if (name[0] == '/') {
+        /* An absolute path: only inside a folder the operator named (checked
+         * again on the real path below); nothing else is looked at. */
+        bool listed = inside_(name, root);
+        for (int i = 0; i < s->opt.n_allow_roots && !listed; i++)
+            listed = inside_(name, s->roots_real[i]) ||
+                     (s->opt.allow_roots[i][0] == '/' && inside_(name, s->opt.allow_roots[i]));
+        if (!listed) return serve_bad(e, 400, field, "%s", outside);
+        snprintf(full, sizeof full, "%s", name);
+    } else {
+        snprintf(full, sizeof full, "%s/%s", root, name);
+    }
+    size_t len = strlen(full);
+    while (len > 1 && full[len - 1] == '/') full[--len] = '\0';
+    /* The longest prefix that exists (lstat: a link at the end counts, even a
+     * dangling one), resolved with realpath: a symbolic link anywhere in it
+     * that leads outside shows.  What follows does not exist yet, so it holds
+     * no link. */
+    snprintf(pre, sizeof pre, "%s", full);
+    struct stat sb;
+    while (lstat(pre, &sb) != 0) {
+        char *slash = strrchr(pre, '/');
+        if (slash == pre) {
+            pre[1] = '\0';
+            break;
+        }
+        *slash = '\0';
+    }
+    if (realpath(pre, real) == NULL) return serve_bad(e, 400, field, "%s", outside);
+    const char *rest = full + strlen(pre);
+    while (*rest == '/') rest++;
+    const size_t rl = strlen(real);
+    if (snprintf(out, cap, "%s%s%s", real, *rest && real[rl - 1] != '/' ? "/" : "", rest) >= (int)cap)
+        return serve_bad(e, 400, field, "%s = \"%.1000s\": too long", field, name);
+    bool ok = inside_(out, root);
+    for (int i = 0; i < s->opt.n_allow_roots && !ok; i++) ok = inside_(out, s->roots_real[i]);
+    if (!ok) return serve_bad(e, 400, field, "%s", outside);
+    return true;
+}
+
+/* ---- who may send a request ------------------------------------------------------ */
+
+bool serve_names_type(const char *value, const char *type) {
+    const size_t n = strlen(type);
+    for (const char *p = value; p != NULL && *p;) {
+        while (*p == ' ' || *p == '\t' || *p == ',') p++;
+        if (strncasecmp(p, type, n) == 0) {
+            const char *q = p + n;
+            while (*q == ' ' || *q == '\t') q++;
+            if (*q == '\0' || *q == ',' || *q == ';') return true;
+        }
+        p = strchr(p, ',');
+    }
+    return false;
+}
+
+/* A Content-Type that is exactly this media type (parameters allowed):
+ * stricter than serve_names_type, as a list is no Content-Type. */
+static bool content_type_is_(const char *value, const char *type) {
+    const size_t n = strlen(type);
+    while (*value == ' ' || *value == '\t') value++;
+    if (strncasecmp(value, type, n) != 0) return false;
+    const char *q = value + n;
+    while (*q == ' ' || *q == '\t') q++;
+    return *q == '\0' || *q == ';';
+}
+
+/* host (a name, an IPv4 address or an IPv6 one without brackets) and port
+ * (-1: none given) name this server?  The bound address, for a loopback
+ * bind any loopback address and localhost, for a wildcard bind any address
+ * and localhost, and --allow-host names (with any port: a reverse proxy's). */
+static bool host_ok_(const server *s, const char *host, long port, bool bracketed) {
+    for (int i = 0; i < s->opt.n_allow_hosts; i++)
+        if (strcasecmp(host, s->opt.allow_hosts[i]) == 0) return true;
+    if (port >= 0 && port != s->bound_port) return false;
+    if (strcasecmp(host, "localhost") == 0) return s->bind_kind != 0;
+    unsigned char a[16] = {0};
+    int fam = 0;
+    if (!bracketed && inet_pton(AF_INET, host, a) == 1) fam = AF_INET;
+    else if (bracketed && inet_pton(AF_INET6, host, a) == 1) fam = AF_INET6;
+    if (fam == 0) return false;
+    if (s->bind_kind == 2) return true;
+    if (s->bind_kind == 1) {
+        static const unsigned char v6_loop[16] = {[15] = 1};
+        if ((fam == AF_INET && a[0] == 127) || (fam == AF_INET6 && memcmp(a, v6_loop, 16) == 0)) return true;
+    }
+    return fam == s->bind_family && memcmp(a, s->bind_addr, fam == AF_INET ? 4 : 16) == 0;
+}
+
+/* "host[:port]" or "[v6][:port]" (a Host header, or an Origin after its
+ * scheme); default_port stands for a missing port (-1: any). */
+static bool authority_ok_(const server *s, const char *v, long default_port) {
+    char host[256];
+    const char *after;
+    bool bracketed = v[0] == '[';
+    if (bracketed) {
+        const char *close = strchr(v, ']');
+        if (close == NULL || close - v - 1 >= (long)sizeof host) return false;
+        snprintf(host, sizeof host, "%.*s", (int)(close - v - 1), v + 1);
+        after = close + 1;
+    } else {
+        size_t k = strcspn(v, ":");
+        if (k >= sizeof host) return false;
+        snprintf(host, sizeof host, "%.*s", (int)k, v);
+        after = v + k;
+    }
+    long port = default_port;
+    if (*after == ':') {
+        char *end;
+        errno = 0;
+        port = strtol(after + 1, &end, 10);
+        if (end == after + 1 || *end != '\0' || errno != 0 || port < 0 || port > 65535) return false;
+    } else if (*after != '\0') {
+        return false;
+    }
+    return host[0] != '\0' && host_ok_(s, host, port, bracketed);
+}
+
+/* The API key, compared in constant time: the time depends on the key's
+ * length, never on where a guess first differs. */
+static bool key_matches_(const server *s, const char *got) {
+    if (got == NULL) return false;
+    const size_t n = strlen(got), m = s->api_key_len;
+    volatile unsigned char diff = n != m;
+    for (size_t i = 0; i < m; i++) diff |= (unsigned char)(s->api_key[i] ^ (i < n ? got[i] : 0));
+    return diff == 0;
+}
+
+/* Every request passes here before its body is read: the Host and Origin
+ * (a web page's requests, DNS rebinding), the API key, and a POST's
+ * Content-Type (a page may POST text/plain cross-site without asking). */
+static bool guard_(const server *s, struct MHD_Connection *c, const char *url, const char *method, verr *e) {
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
+    char where[320];
+    snprintf(where, sizeof where, "%s%s%s:%d", s->bind_family == AF_INET6 ? "[" : "", s->opt.bind,
+             s->bind_family == AF_INET6 ? "]" : "", s->bound_port);
+    if (host != NULL && !authority_ok_(s, host, -1))
+        return serve_bad(e, 403, "Host", "Host: %.200s: this server answers requests addressed to %s%s only "
+                         "(a web page can reach a local server under another name by DNS rebinding); the "
+                         "operator can add a name with --allow-host NAME", host, where,
+                         s->bind_kind != 0 ? " or localhost" : "");
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (origin != NULL) {
+        bool ok = false;
+        if (strncasecmp(origin, "http://", 7) == 0) ok = authority_ok_(s, origin + 7, 80);
+        else if (strncasecmp(origin, "https://", 8) == 0) ok = authority_ok_(s, origin + 8, 443);
+        if (!ok)
+            return serve_bad(e, 403, "Origin", "Origin: %.200s: cross-site requests are refused (a web page "
+                             "is not a client of this server; clients send no Origin, or this server's own)",
+                             origin);
+    }
+    const bool health = !strcmp(method, "GET") && (!strcmp(url, "/healthz") || !strcmp(url, "/api/v1/healthz"));
+    if (s->api_key != NULL && !health) {
+        const char *key = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-API-Key");
+        const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+        bool ok = key_matches_(s, key);
+        if (auth != NULL && strncasecmp(auth, "Bearer ", 7) == 0) {
+            const char *tok = auth + 7;
+            while (*tok == ' ') tok++;
+            ok = key_matches_(s, tok) || ok;
+        }
+        if (!ok)
+            return serve_bad(e, 401, key != NULL ? "X-API-Key" : auth != NULL ? "Authorization" : "X-API-Key",
+                             "%s: this server needs its API key (--api-key-file): send X-API-Key: KEY or "
+                             "Authorization: Bearer KEY", key != NULL || auth != NULL ? "wrong API key"
+                                                                                      : "no API key");
+    }
+    if (!strcmp(method, "POST")) {
+        const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
+        const bool tinker = strncmp(url, "/api/v1/", 8) == 0;
+        if (ct == NULL || !(content_type_is_(ct, "application/json") ||
+                            (tinker && content_type_is_(ct, SERVE_PROTO_CONTENT_TYPE))))
+            return serve_bad(e, 415, "Content-Type", "Content-Type: %.200s: a POST must be application/json%s "
+                             "(curl: -H 'Content-Type: application/json')", ct ? ct : "(none)",
+                             tinker ? " (or application/x-protobuf for the Tinker SDK's forward_backward)" : "");
     }
     return true;
 }
@@ -611,11 +864,14 @@ bool serve_parse_optim(const json_t *ap, const char *where, bool tinker_defaults
             if (!json_is_number(v))
                 return serve_bad(e, 400, field, "%s: must be a number, got %s", field, serve_jtype(v));
             double x = json_number_value(v);
-            /* The ranges zdp_engine_set_hparams accepts. */
+            /* Finite ranges, within what zdp_engine_set_hparams accepts (a
+             * value it still refuses is a 400 when the step runs): a learning
+             * rate of 1e308 would turn the weights into NaN. */
+            static const double hi[N_ADAM] = {SERVE_MAX_LR, 1, 1, 1, SERVE_MAX_WEIGHT_DECAY, 1e30};
             bool beta = k == 1 || k == 2, eps = k == 3;
-            if (!isfinite(x) || x < 0 || (beta && x >= 1) || (eps && x <= 0))
-                return serve_bad(e, 400, field, "%s = %g: must be %s", field, x,
-                                 beta ? "in [0, 1)" : eps ? "> 0" : ">= 0");
+            if (!isfinite(x) || x < 0 || (beta && x >= 1) || (eps && x <= 0) || (!beta && x > hi[k]))
+                return serve_bad(e, 400, field, "%s = %g: must be %s%g%s", field, x,
+                                 beta ? "in [0, " : eps ? "in (0, " : "in [0, ", hi[k], beta ? ")" : "]");
             p.has[k] = 1;
             p.value[k] = x;
         }
@@ -637,23 +893,27 @@ bool serve_set_path(job *j, const char *path, verr *e) {
     return true;
 }
 
-static bool parse_path_(const json_t *root, job *j, verr *e) {
+static bool parse_path_(const server *s, const json_t *root, job *j, verr *e) {
     static const char *const keys[] = {"path"};
     if (!serve_only_keys(root, "", keys, 1, e)) return false;
     const json_t *p = json_object_get(root, "path");
     if (p == NULL) return serve_bad(e, 400, "path", "path: missing (a file or directory path on the server)");
     if (!json_is_string(p)) return serve_bad(e, 400, "path", "path: must be a string, got %s", serve_jtype(p));
     size_t n = json_string_length(p);
-    const char *s = json_string_value(p);
-    if (n == 0 || strlen(s) != n) return serve_bad(e, 400, "path", "path: must be a non-empty string without NUL");
+    const char *name = json_string_value(p);
+    if (n == 0 || strlen(name) != n) return serve_bad(e, 400, "path", "path: must be a non-empty string without NUL");
     if (n > 4000) return serve_bad(e, 400, "path", "path: longer than 4000 bytes");
     if (j->op != OP_SAVE_WEIGHTS) {
         /* dir/tag: the tag is the last component. */
         size_t m = n;
-        while (m > 0 && s[m - 1] == '/') m--;
-        if (m == 0) return serve_bad(e, 400, "path", "path = \"%s\": needs a directory name (DIR/TAG)", s);
+        while (m > 0 && name[m - 1] == '/') m--;
+        if (m == 0) return serve_bad(e, 400, "path", "path = \"%s\": needs a directory name (DIR/TAG)", name);
     }
-    return serve_set_path(j, s, e);
+    /* A name inside the checkpoint folder (or an absolute path inside a
+     * folder the operator allowed); the engine gets the resolved path. */
+    char resolved[PATH_MAX + 4096];
+    if (!serve_resolve_path(s, "path", name, resolved, sizeof resolved, e)) return false;
+    return serve_set_path(j, resolved, e);
 }
 
 /* ---- execution (every rank) ---------------------------------------------------- */
@@ -782,8 +1042,18 @@ static char *exec_fwd_(server *s, const job *j, int *status) {
 static char *exec_optim_(server *s, const job *j, int *status) {
     optim_payload p;
     memcpy(&p, j->payload, sizeof p);
-    zdp_hparams h;
+    /* Nothing to apply: refused before anything changes (the request's
+     * hyperparameters included).  Every rank has the same count. */
+    if (zdp_engine_pending_backwards(s->eng) == 0) {
+        if (s->R != 0) return NULL;
+        *status = 409;
+        return serve_error_body(NULL,
+                                "optim_step: no forward_backward since the last optim_step, so there is no "
+                                "gradient to apply; nothing changed (adam_params included)");
+    }
+    zdp_hparams h, before;
     zdp_engine_get_hparams(s->eng, &h);
+    before = h;
     double *dst[N_ADAM] = {&h.lr, &h.beta1, &h.beta2, &h.eps, &h.weight_decay, &h.gradient_clipping};
     bool any = false;
     for (int k = 0; k < N_ADAM; k++)
@@ -794,14 +1064,22 @@ static char *exec_optim_(server *s, const job *j, int *status) {
     zdp_error err;
     json_t *warnings = s->R == 0 ? json_array() : NULL;
     if (any) {
-        /* Validated on rank 0 already; every rank sets the same values. */
-        if (zdp_engine_set_hparams(s->eng, &h, &err) != ZDP_OK) engine_die_("optim_step", &err);
+        /* Validated on rank 0 already; every rank sets the same values, so a
+         * value the engine refuses is refused on every rank alike. */
+        if (zdp_engine_set_hparams(s->eng, &h, &err) != ZDP_OK) {
+            json_decref(warnings);
+            if (s->R != 0) return NULL;
+            *status = 400;
+            return serve_error_body("adam_params", err.msg);
+        }
         if (s->R == 0 && s->cfg.optimizer.type == ZDP_OPTIMIZER_SGD && (p.has[1] || p.has[2] || p.has[3]))
             json_array_append_new(warnings, json_string("the engine's optimizer is SGD (from --config): "
                                                         "adam_params beta1, beta2 and eps have no effect"));
     }
     zdp_status st = zdp_engine_step(s->eng, &err);
     if (st == ZDP_ERR_STATE) {
+        /* The step did not run: neither do the request's hyperparameters. */
+        if (any && zdp_engine_set_hparams(s->eng, &before, &err) != ZDP_OK) engine_die_("optim_step", &err);
         json_decref(warnings);
         if (s->R != 0) return NULL;
         *status = 409;
@@ -1316,6 +1594,7 @@ typedef struct conn_ctx {
     char *buf;
     size_t len, cap;
     bool too_big;
+    bool refused; /* a guard (guard_) answered it already */
 } conn_ctx;
 
 enum MHD_Result serve_reply(struct MHD_Connection *c, int status, char *body) {
@@ -1438,7 +1717,7 @@ static enum MHD_Result handle_(server *s, struct MHD_Connection *c, const char *
     } else if (rt->op == OP_SAMPLE) {
         ok = parse_sample_(root, &s->opt.model, j, &e);
     } else {
-        ok = parse_path_(root, j, &e);
+        ok = parse_path_(s, root, j, &e);
     }
     json_decref(root);
     if (!ok) {
@@ -1458,15 +1737,21 @@ static enum MHD_Result access_(void *cls, struct MHD_Connection *c, const char *
         cx = calloc(1, sizeof *cx);
         if (cx == NULL) return MHD_NO;
         *con_cls = cx;
+        verr e = {0};
+        if (!guard_(s, c, url, method, &e)) {
+            cx->refused = true; /* its body, if any, is read and dropped */
+            return serve_reply(c, e.status, serve_error_body(e.field, e.msg));
+        }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl != NULL) {
             char *end;
             errno = 0;
             unsigned long long n = strtoull(cl, &end, 10);
-            if (errno == 0 && end != cl && (long long)n > s->opt.max_body) {
+            /* Compared unsigned: a length past INT64_MAX is not negative. */
+            if (end != cl && (errno == ERANGE || n > (unsigned long long)s->opt.max_body)) {
                 cx->too_big = true;
-                return reply_error_(c, 413, "body", "the body has %llu bytes, more than --max-body %lld",
-                                    n, (long long)s->opt.max_body);
+                return reply_error_(c, 413, "body", "the body has %s bytes, more than --max-body %lld",
+                                    cl, (long long)s->opt.max_body);
             }
         }
         return MHD_YES;
@@ -1474,7 +1759,7 @@ static enum MHD_Result access_(void *cls, struct MHD_Connection *c, const char *
     if (*upload_data_size > 0) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (cx->too_big) return MHD_YES;
+        if (cx->too_big || cx->refused) return MHD_YES;
         if ((long long)(cx->len + n) > s->opt.max_body) {
             cx->too_big = true;
             free(cx->buf);
@@ -1494,6 +1779,7 @@ static enum MHD_Result access_(void *cls, struct MHD_Connection *c, const char *
         cx->len += n;
         return MHD_YES;
     }
+    if (cx->refused) return MHD_YES; /* answered when it arrived */
     if (cx->too_big)
         return reply_error_(c, 413, "body", "the body is larger than --max-body %lld bytes",
                             (long long)s->opt.max_body);
@@ -1520,15 +1806,22 @@ static struct MHD_Daemon *start_http_(server *s, char *why, size_t cap, int *por
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
     memset(&a4, 0, sizeof a4);
     memset(&a6, 0, sizeof a6);
+    static const unsigned char zero[16], v6_loop[16] = {[15] = 1};
     if (inet_pton(AF_INET, s->opt.bind, &a4.sin_addr) == 1) {
         a4.sin_family = AF_INET;
         a4.sin_port = htons((uint16_t)s->opt.port);
         sa = (struct sockaddr *)&a4;
+        s->bind_family = AF_INET;
+        memcpy(s->bind_addr, &a4.sin_addr, 4);
+        s->bind_kind = s->bind_addr[0] == 127 ? 1 : memcmp(s->bind_addr, zero, 4) == 0 ? 2 : 0;
     } else if (inet_pton(AF_INET6, s->opt.bind, &a6.sin6_addr) == 1) {
         a6.sin6_family = AF_INET6;
         a6.sin6_port = htons((uint16_t)s->opt.port);
         sa = (struct sockaddr *)&a6;
         flags |= MHD_USE_IPv6;
+        s->bind_family = AF_INET6;
+        memcpy(s->bind_addr, &a6.sin6_addr, 16);
+        s->bind_kind = memcmp(s->bind_addr, v6_loop, 16) == 0 ? 1 : memcmp(s->bind_addr, zero, 16) == 0 ? 2 : 0;
     } else {
         snprintf(why, cap, "--bind %s: not an IPv4 or IPv6 address (for example 127.0.0.1 or ::1)",
                  s->opt.bind);
@@ -1545,7 +1838,62 @@ static struct MHD_Daemon *start_http_(server *s, char *why, size_t cap, int *por
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     *port = info != NULL ? info->port : s->opt.port;
+    s->bound_port = *port;
     return d;
+}
+
+/* --api-key-file: the key is the file's first line (surrounding blanks
+ * dropped).  A missing, unreadable or empty file is an error; a file other
+ * users may read is a warning. */
+static int load_api_key_(server *s) {
+    const char *f = s->opt.api_key_file;
+    FILE *fp = fopen(f, "r");
+    if (fp == NULL) return cli_fail("--api-key-file %s: %s", f, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(fp), &sb) == 0 && (sb.st_mode & (S_IRGRP | S_IROTH)))
+        fprintf(stderr, "zdp serve: warning: --api-key-file %s can be read by other users (mode %03o); "
+                "chmod 600 %s\n", f, (unsigned)(sb.st_mode & 0777), f);
+    char line[4096];
+    const bool got = fgets(line, sizeof line, fp) != NULL;
+    fclose(fp);
+    char *k = line;
+    size_t n = got ? strlen(line) : 0;
+    while (n > 0 && (k[n - 1] == '\n' || k[n - 1] == '\r' || k[n - 1] == ' ' || k[n - 1] == '\t')) k[--n] = '\0';
+    while (n > 0 && (*k == ' ' || *k == '\t')) k++, n--;
+    if (n == 0) return cli_fail("--api-key-file %s: empty; write the key on its first line", f);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)k[i] <= 0x20 || (unsigned char)k[i] >= 0x7f)
+            return cli_fail("--api-key-file %s: the key must be printable ASCII without blanks (byte %zu is "
+                            "0x%02x)", f, i, (unsigned char)k[i]);
+    if ((s->api_key = strdup(k)) == NULL) return cli_fail("out of memory");
+    s->api_key_len = n;
+    memset(line, 0, sizeof line);
+    return 0;
+}
+
+/* --allow-path-root folders: each must exist; kept as real paths. */
+static int load_roots_(server *s) {
+    if (s->opt.n_allow_roots == 0) return 0;
+    s->roots_real = calloc((size_t)s->opt.n_allow_roots, sizeof *s->roots_real);
+    if (s->roots_real == NULL) return cli_fail("out of memory");
+    for (int i = 0; i < s->opt.n_allow_roots; i++) {
+        const char *r = s->opt.allow_roots[i];
+        struct stat sb;
+        if ((s->roots_real[i] = realpath(r, NULL)) == NULL)
+            return cli_fail("--allow-path-root %s: %s", r, strerror(errno));
+        if (stat(s->roots_real[i], &sb) != 0 || !S_ISDIR(sb.st_mode))
+            return cli_fail("--allow-path-root %s: not a directory", r);
+    }
+    return 0;
+}
+
+static void free_guards_(server *s) {
+    for (int i = 0; s->roots_real != NULL && i < s->opt.n_allow_roots; i++) free(s->roots_real[i]);
+    free(s->roots_real);
+    if (s->api_key != NULL) memset(s->api_key, 0, s->api_key_len);
+    free(s->api_key);
+    free((void *)s->opt.allow_roots);
+    free((void *)s->opt.allow_hosts);
 }
 
 /* ---- the command ------------------------------------------------------------------- */
@@ -1553,7 +1901,10 @@ static struct MHD_Daemon *start_http_(server *s, char *why, size_t cap, int *por
 int cmd_serve(int argc, char **argv) {
     server s = {.W = zdp_dist_world_size(), .R = zdp_dist_rank()};
     int rc = parse_(argc, argv, &s.opt);
-    if (rc) return rc == 1 ? 0 : rc;
+    if (rc) {
+        free_guards_(&s);
+        return rc == 1 ? 0 : rc;
+    }
 
     zdp_error err;
     if (zdp_config_load_file(s.opt.config, s.W, &s.cfg, &err) != ZDP_OK) return cli_fail("%s", err.msg);
@@ -1603,7 +1954,9 @@ int cmd_serve(int argc, char **argv) {
         s.tinker = tinker_create();
         char why[512];
         if (s.tinker == NULL) rc = cli_fail("out of memory");
-        else if ((d = start_http_(&s, why, sizeof why, &port)) == NULL) rc = cli_fail("%s", why);
+        if (rc == 0 && s.opt.api_key_file != NULL) rc = load_api_key_(&s);
+        if (rc == 0) rc = load_roots_(&s);
+        if (rc == 0 && (d = start_http_(&s, why, sizeof why, &port)) == NULL) rc = cli_fail("%s", why);
     }
     if (!zdp_dist_all_ok(rc == 0)) {
         if (rc == 0) rc = 2;
@@ -1620,6 +1973,10 @@ int cmd_serve(int argc, char **argv) {
                strchr(s.opt.bind, ':') ? "[" : "", s.opt.bind, strchr(s.opt.bind, ':') ? "]" : "", port,
                s.opt.model.n_layer, s.opt.model.n_head, s.opt.model.n_embd, s.opt.model.vocab_size,
                s.opt.model.block_size, s.W, s.cfg.zero.stage, (long)getpid());
+        if (s.api_key == NULL)
+            fprintf(stderr, "zdp serve: warning: no --api-key-file: any program that can connect to %s port %d "
+                    "can train this model and write checkpoints in %s; on a shared machine give the server a "
+                    "key (docs/server.md, \"Threat model\")\n", s.opt.bind, port, s.opt.checkpoint_dir);
         fflush(stdout);
         leader_loop_(&s);
         MHD_stop_daemon(d);
@@ -1635,6 +1992,7 @@ int cmd_serve(int argc, char **argv) {
     }
     MPI_Comm_free(&s.comm);
 done:
+    free_guards_(&s);
     zdp_engine_destroy(s.eng);
     zdp_gpt_destroy(&s.model);
     return rc;

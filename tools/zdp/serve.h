@@ -26,7 +26,17 @@ typedef struct serve_opts {
     uint64_t seed;
     double long_poll_s;   /* retrieve_future holds a pending future this long */
     double seq_gap_s;     /* a missing seq_id is given up after this long */
+    /* Safety (docs/server.md, "Threat model"). */
+    const char *api_key_file;       /* --api-key-file: every request carries its key */
+    const char **allow_roots;       /* --allow-path-root: folders absolute paths may name */
+    int n_allow_roots;
+    const char **allow_hosts;       /* --allow-host: more Host names to accept */
+    int n_allow_hosts;
 } serve_opts;
+
+/* The largest seq_id a client may send: 2^53 - 1, JSON's exact integers, so
+ * seq_id + 1 can neither overflow nor round. */
+#define SERVE_MAX_SEQ_ID ((int64_t)9007199254740991)
 
 enum {
     OP_QUIT = 0,
@@ -53,6 +63,9 @@ typedef struct sample_file_header {
 
 /* Optimizer hyperparameters of an optim_step, in zdp_hparams' order. */
 #define N_ADAM 6
+/* The largest learning_rate and weight_decay adam_params may set. */
+#define SERVE_MAX_LR 10.0
+#define SERVE_MAX_WEIGHT_DECAY 10.0
 extern const char *const serve_adam_keys[N_ADAM];
 
 /* Losses (TINKER.md §2): zdp_loss_kind, ZDP_LOSS_CROSS_ENTROPY .. ZDP_LOSS_DRO. */
@@ -119,6 +132,14 @@ typedef struct server {
     /* rank 0, main thread only: the sampler weights asample last read. */
     char *snap_path;
     float **snap;
+    /* rank 0: the guards every request passes (serve.c, check_request_). */
+    char *api_key; /* NULL: no --api-key-file */
+    size_t api_key_len;
+    char **roots_real; /* realpath of each --allow-path-root */
+    int bound_port;
+    int bind_kind; /* 0: a specific address, 1: loopback, 2: any (0.0.0.0 or ::) */
+    unsigned char bind_addr[16];
+    int bind_family;
 } server;
 
 /* A validation failure: HTTP status, the JSON path of the field, the message. */
@@ -156,6 +177,18 @@ bool serve_parse_fwd(const json_t *obj, const char *where, const zdp_gpt_config 
                      verr *e);
 bool serve_parse_optim(const json_t *ap, const char *where, bool tinker_defaults, job *j, verr *e);
 bool serve_set_path(job *j, const char *path, verr *e);
+/* A path a client sent (field names it in errors) -> out, the absolute path
+ * the engine may write or read: a relative name inside --checkpoint-dir, or an
+ * absolute path inside a --allow-path-root folder; no "." or ".." component,
+ * and no symbolic link that leads outside those folders.  The error never says
+ * whether something outside exists. */
+bool serve_resolve_path(const server *s, const char *field, const char *name, char *out, size_t cap,
+                        verr *e);
+/* mkdir -p; 0 or -1 with errno. */
+int serve_mkdirs(const char *path);
+/* Case-insensitive: does the header value name the media type (as a whole
+ * item of a comma-separated list, parameters allowed)? */
+bool serve_names_type(const char *value, const char *type);
 
 /* Appends j to the FIFO the main thread runs (s->mu held). */
 void serve_enqueue_locked(server *s, job *j);

@@ -47,6 +47,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -428,18 +429,6 @@ static void model_dir_(const char *model_id, char *out, size_t cap) {
     out[k] = '\0';
 }
 
-static int mkdirs_(const char *path) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    return mkdir(buf, 0777) != 0 && errno != EEXIST ? -1 : 0;
-}
-
 /* ---- request parsing ------------------------------------------------------------------- */
 
 /* model_id (a string) and seq_id (an integer >= 1) of a training verb. */
@@ -452,9 +441,14 @@ static bool envelope_(const json_t *root, const char **model_id, int64_t *seq, b
     *seq = 0;
     const json_t *q = json_object_get(root, "seq_id");
     if (!need_seq) return true;
-    if (!json_is_integer(q) || json_integer_value(q) < 1)
+    /* Bounded: the next seq_id due is seq_id + 1. */
+    if (!json_is_integer(q) || json_integer_value(q) < 1 || json_integer_value(q) > SERVE_MAX_SEQ_ID) {
+        if (json_is_integer(q))
+            return serve_bad(e, 400, "seq_id", "seq_id = %lld: must be in [1, 2^53 - 1]; the SDK numbers a "
+                             "model's requests 1, 2, 3, ...", (long long)json_integer_value(q));
         return serve_bad(e, 400, "seq_id", "seq_id: %s; the SDK numbers a model's requests 1, 2, 3, ...",
                          q ? "must be an integer >= 1" : "missing");
+    }
     *seq = (int64_t)json_integer_value(q);
     return true;
 }
@@ -463,7 +457,7 @@ static bool envelope_(const json_t *root, const char **model_id, int64_t *seq, b
  * request is refused (its seq_id is still used up). */
 static bool build_job_(server *s, const char *verb, const json_t *root, const char *model_id, job *j,
                        verr *e) {
-    char dir[4096], path[4400], mdir[160];
+    char dir[PATH_MAX + 4096], path[PATH_MAX + 4096], rel[600], mdir[160];
     if (!strcmp(verb, "forward_backward") || !strcmp(verb, "forward")) {
         const bool bwd = !strcmp(verb, "forward_backward");
         const char *key = bwd ? "forward_backward_input" : "forward_input";
@@ -501,11 +495,14 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
             return serve_bad(e, 400, "path", "path: must be a name of letters, digits, '.', '_' or '-' "
                              "(not starting with '.'), got %s", p ? serve_jtype(p) : "nothing");
         const char *name = j->sampling_session != NULL ? auto_name : json_string_value(p);
-        snprintf(dir, sizeof dir, "%s/%s%s", s->opt.checkpoint_dir, mdir, sampler ? "/sampler_weights" : "");
-        if (mkdirs_(dir) != 0)
+        /* Inside --checkpoint-dir, even through a symbolic link placed there. */
+        snprintf(rel, sizeof rel, sampler ? "%s/sampler_weights/%s.safetensors" : "%s/%s", mdir, name);
+        if (!serve_resolve_path(s, "path", rel, path, sizeof path, e)) return false;
+        snprintf(dir, sizeof dir, "%s", path);
+        *strrchr(dir, '/') = '\0';
+        if (serve_mkdirs(dir) != 0)
             return serve_bad(e, 500, "path", "cannot create %s: %s (--checkpoint-dir)", dir, strerror(errno));
         j->op = sampler ? OP_SAVE_WEIGHTS : OP_SAVE_STATE;
-        snprintf(path, sizeof path, sampler ? "%s/%s.safetensors" : "%s/%s", dir, name);
         char tp[600];
         snprintf(tp, sizeof tp, "tinker://%s/%s/%s", model_id, sampler ? "sampler_weights" : "weights", name);
         if ((j->tinker_path = strdup(tp)) == NULL) return serve_bad(e, 500, "path", "out of memory");
@@ -530,8 +527,8 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
             return serve_bad(e, 400, "optimizer", "optimizer: must be a boolean, got %s", serve_jtype(opt));
         const bool with_opt = opt == NULL || json_is_true(opt);
         j->op = with_opt ? OP_LOAD_STATE : OP_LOAD_WEIGHTS;
-        snprintf(path, sizeof path, "%s/%s/%s%s", s->opt.checkpoint_dir, odir, mark + 9,
-                 with_opt ? "" : "/model.safetensors");
+        snprintf(rel, sizeof rel, "%s/%s%s", odir, mark + 9, with_opt ? "" : "/model.safetensors");
+        if (!serve_resolve_path(s, "path", rel, path, sizeof path, e)) return false;
         if ((j->tinker_path = strdup(json_string_value(p))) == NULL)
             return serve_bad(e, 500, "path", "out of memory");
         return serve_set_path(j, path, e);
@@ -693,22 +690,6 @@ static enum MHD_Result reply_bytes_(struct MHD_Connection *c, int status, unsign
     return ret;
 }
 
-/* Case-insensitive: does the header value name the media type (as a whole
- * item of a comma-separated list, parameters allowed)? */
-static bool names_type_(const char *value, const char *type) {
-    const size_t n = strlen(type);
-    for (const char *p = value; p != NULL && *p;) {
-        while (*p == ' ' || *p == '\t' || *p == ',') p++;
-        if (strncasecmp(p, type, n) == 0) {
-            const char *q = p + n;
-            while (*q == ' ' || *q == '\t') q++;
-            if (*q == '\0' || *q == ',' || *q == ';') return true;
-        }
-        p = strchr(p, ',');
-    }
-    return false;
-}
-
 /* A finished ForwardBackwardOutput or SampleResponse -> its protobuf
  * encoding; anything else (an error, another verb's result) stays JSON.
  * Takes body. */
@@ -766,7 +747,7 @@ static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json
     /* A SampleResponse also when only the poll asks: SDKs ask for protobuf
      * only for the result types they can decode (sample requests are JSON
      * even in 0.25). */
-    const bool proto = (f->proto || f->sample) && accept != NULL && names_type_(accept, SERVE_PROTO_CONTENT_TYPE);
+    const bool proto = (f->proto || f->sample) && accept != NULL && serve_names_type(accept, SERVE_PROTO_CONTENT_TYPE);
     const bool done = f->done;
     pthread_mutex_unlock(&s->mu);
     if (done && body == NULL) return reply_err_(c, 500, NULL, "out of memory");
@@ -795,8 +776,10 @@ static bool weights_file_(const server *s, const char *tinker_path, char *out, s
         char owner[160], odir[160];
         snprintf(owner, sizeof owner, "%.*s", (int)(mark - v), v);
         model_dir_(owner, odir, sizeof odir);
-        snprintf(out, cap, k == 0 ? "%s/%s/sampler_weights/%s.safetensors" : "%s/%s/%s/model.safetensors",
-                 s->opt.checkpoint_dir, odir, name);
+        char rel[600];
+        snprintf(rel, sizeof rel, k == 0 ? "%s/sampler_weights/%s.safetensors" : "%s/%s/model.safetensors",
+                 odir, name);
+        if (!serve_resolve_path(s, field, rel, out, cap, e)) return false;
         struct stat sb;
         if (stat(out, &sb) != 0)
             return serve_bad(e, 400, field, "%s = \"%s\": no weights at %s", field, tinker_path, out);
@@ -1042,12 +1025,12 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
         return reply_err_(c, 405, "method", "%s /api/v1/%s: method not allowed; use POST", method, sub);
 
     const char *encoding = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Encoding");
-    if (encoding != NULL && encoding[0] && !names_type_(encoding, "identity"))
+    if (encoding != NULL && encoding[0] && !serve_names_type(encoding, "identity"))
         return reply_err_(c, 400, "Content-Encoding",
                           "Content-Encoding: %s: this server takes uncompressed bodies only (its client/config "
                           "says proto_compress_fwdbwd = false)", encoding);
     const char *ctype = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
-    if (ctype != NULL && names_type_(ctype, SERVE_PROTO_CONTENT_TYPE)) {
+    if (ctype != NULL && serve_names_type(ctype, SERVE_PROTO_CONTENT_TYPE)) {
         /* SDK 0.25: forward_backward (forward_only = true for forward). */
         if (strcmp(sub, "forward_backward") != 0 && strcmp(sub, "forward") != 0)
             return reply_err_(c, 415, "Content-Type", "POST /api/v1/%s takes JSON; only forward_backward (and "
