@@ -33,9 +33,11 @@ config() {
 JSON
 }
 
-# start_plain NP CFG LOG: the server these checks use.
+# start_plain NP CFG LOG [ARGS...]: the server these checks use.
 start_plain() {
-  start_server "$1" "$3" "${MODEL[@]}" --config "$2" --init "$T/init.safetensors" --max-body $MAX_BODY
+  local np=$1 cfg=$2 log=$3
+  shift 3
+  start_server "$np" "$log" "${MODEL[@]}" --config "$cfg" --init "$T/init.safetensors" --max-body $MAX_BODY "$@"
 }
 
 config 0.05 0 true >"$T/cfg_init.json"
@@ -49,7 +51,7 @@ for np in 1 2 3; do
   stage=$((np - 1))
   config 0.05 $stage false >"$T/cfg$np.json"
   mkdir -p "$T/np$np"
-  start_plain $np "$T/cfg$np.json" "$T/server$np.log" || continue
+  start_plain $np "$T/cfg$np.json" "$T/server$np.log" --checkpoint-dir "$T/np$np" || continue
   timeout 120 $PY "$CHECK" scenario "$URL" "$T/np$np" "$T/data.json" \
     "$([ $np = 1 ] && echo "$T/windows.json")" $((MAX_BODY + 1000)) ||
     fail "scenario at -np $np (ZeRO stage $stage)"
@@ -78,7 +80,7 @@ fi
 
 # ---- the gradient is d(loss:sum)/dθ: a small SGD step, at -np 2 ----
 config 1e-4 1 false >"$T/cfg_fd.json"
-if start_plain 2 "$T/cfg_fd.json" "$T/server_fd.log"; then
+if start_plain 2 "$T/cfg_fd.json" "$T/server_fd.log" --checkpoint-dir "$T/fd"; then
   timeout 60 $PY "$CHECK" fdcheck "$URL" "$T/data.json" || fail "fdcheck"
   stop_server
 fi

@@ -6,6 +6,7 @@ Standard library only (urllib, socket, struct, json).
   serve_check.py gen-data OUT_DIR             data.json, windows.json, windows.bin
   serve_check.py scenario URL OUT_DIR DATA.json [WINDOWS.json]
         splits, bad input, 409, state round trip; writes OUT_DIR/*.safetensors
+        (OUT_DIR is the server's --checkpoint-dir: the paths sent are names in it)
   serve_check.py fdcheck URL DATA.json        the applied gradient is d(loss:sum)/dθ
   serve_check.py compare A.safetensors B.safetensors [--exact]
 
@@ -24,6 +25,8 @@ from array import array
 
 FAILURES = 0
 V, T = 64, 16
+# A server started with --api-key-file: every request sends the key.
+API_KEY = os.environ.get("ZDP_API_KEY")
 SPLITS = [[9], [4, 5], [2, 6, 1], [1, 2, 1, 1, 2, 1, 1]]
 
 
@@ -45,10 +48,14 @@ def datum(tokens, targets, weights=None, tensor=False):
 
 # ---- HTTP ----------------------------------------------------------------------
 
-def req(url, method, path, body=None, raw=None):
+def req(url, method, path, body=None, raw=None, headers=None):
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    r = urllib.request.Request(url + path, data=data, method=method,
-                               headers={"Content-Type": "application/json"})
+    h = {"Content-Type": "application/json"}
+    if API_KEY:
+        h["X-API-Key"] = API_KEY
+    h.update(headers or {})
+    h = {k: v for k, v in h.items() if v is not None}  # None: leave the header out
+    r = urllib.request.Request(url + path, data=data, method=method, headers=h)
     try:
         with urllib.request.urlopen(r, timeout=60) as resp:
             return resp.status, json.loads(resp.read() or b"null")
@@ -268,7 +275,13 @@ def bad_requests(url, data, big):
          "adam_params.lr"),
         ("save_weights without path", "POST", "/save_weights", {}, 400, "path"),
         ("save_weights path wrong type", "POST", "/save_weights", {"path": 3}, 400, "path"),
-        ("load_state of a missing checkpoint", "POST", "/load_state", {"path": "/nonexistent/zdp/ckpt"}, 400,
+        ("load_state of a missing checkpoint", "POST", "/load_state", {"path": "nonexistent/ckpt"}, 400,
+         "path"),
+        # Paths are names inside the server's checkpoint folder.
+        ("save_weights to an absolute path", "POST", "/save_weights", {"path": "/tmp/zdp-escape.safetensors"},
+         400, "path"),
+        ("save_state with ..", "POST", "/save_state", {"path": "../escape/s0"}, 400, "path"),
+        ("load_state of an absolute path", "POST", "/load_state", {"path": "/nonexistent/zdp/ckpt"}, 400,
          "path"),
         ("unknown path", "POST", "/train", {}, 404, "url"),
         ("wrong method", "GET", "/optim_step", None, 405, "method"),
@@ -289,15 +302,21 @@ def run_bad(url, cases):
             fail("bad input '%s': error %s does not name the field %s" % (what, err, field))
 
 
+def auth_header():
+    return ("X-API-Key: %s\r\n" % API_KEY) if API_KEY else ""
+
+
 def disconnect_mid_request(url, data, big):
     body = json.dumps({"data": data, "loss_fn": "cross_entropy"}).encode()
-    head = ("POST /forward_backward HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            "Content-Length: %d\r\n\r\n" % len(body)).encode()
+    host = url.split("//")[1]
+    head = ("POST /forward_backward HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n%s"
+            "Content-Length: %d\r\n\r\n" % (host, auth_header(), len(body))).encode()
     raw_http(url, head + body[: len(body) // 2])  # half the body, then close
     # A chunked body over --max-body (no Content-Length to refuse it early).
     chunk = b' ' * 60000
     n = big // len(chunk) + 2
-    payload = (b"POST /forward_backward HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
+    payload = (("POST /forward_backward HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n%s"
+                "Transfer-Encoding: chunked\r\n\r\n" % (host, auth_header())).encode() +
                (b"%x\r\n" % len(chunk) + chunk + b"\r\n") * n + b"0\r\n\r\n")
     st, resp = raw_http(url, payload)
     if st != 413:
@@ -307,7 +326,7 @@ def disconnect_mid_request(url, data, big):
 def scenario(url, out, data, windows, big):
     if req(url, "GET", "/healthz") != (200, {"status": "ok"}):
         fail("GET /healthz")
-    s0 = os.path.join(out, "ckpt", "s0")
+    s0 = "ckpt/s0"  # a name inside the server's --checkpoint-dir (OUT_DIR)
     ok(url, "/save_state", {"path": s0})
     c0 = counters(url)
     st, js = post(url, "/optim_step", {})
@@ -333,7 +352,7 @@ def scenario(url, out, data, windows, big):
                                                       "eps": 1e-12, "weight_decay": 0.0}})
         if js.get("step") != 1 or not js.get("step_applied"):
             fail("split %s: optim_step answered %s" % (split, js))
-        ok(url, "/save_weights", {"path": os.path.join(out, "split%d.safetensors" % k)})
+        ok(url, "/save_weights", {"path": "split%d.safetensors" % k})
 
     # The 3-request split again, with every kind of bad input in between.
     ok(url, "/load_state", {"path": s0})
@@ -357,7 +376,7 @@ def scenario(url, out, data, windows, big):
     disconnect_mid_request(url, data[:3], big)
     fwd_bwd(url, data[8:9], "with bad input")
     ok(url, "/optim_step", {})
-    ok(url, "/save_weights", {"path": os.path.join(out, "bad.safetensors")})
+    ok(url, "/save_weights", {"path": "bad.safetensors"})
     compare(os.path.join(out, "split2.safetensors"), os.path.join(out, "bad.safetensors"), exact=True)
     for k in range(1, len(SPLITS)):
         compare(os.path.join(out, "split0.safetensors"), os.path.join(out, "split%d.safetensors" % k))
@@ -365,23 +384,23 @@ def scenario(url, out, data, windows, big):
     # Mid-window state: save with gradients pending, step, reload, step again.
     ok(url, "/load_state", {"path": s0})
     fwd_bwd(url, data[:4], "mid-window")
-    ok(url, "/save_state", {"path": os.path.join(out, "ckpt", "mid")})
+    ok(url, "/save_state", {"path": "ckpt/mid"})
     fwd_bwd(url, data[4:], "mid-window")
     ok(url, "/optim_step", {})
-    ok(url, "/save_weights", {"path": os.path.join(out, "mid_a.safetensors")})
-    ok(url, "/load_state", {"path": os.path.join(out, "ckpt", "mid")})
+    ok(url, "/save_weights", {"path": "mid_a.safetensors"})
+    ok(url, "/load_state", {"path": "ckpt/mid"})
     if counters(url)["pending_backwards"] == 0:
         fail("a mid-window checkpoint came back with no pending backwards")
     fwd_bwd(url, data[4:], "mid-window")
     ok(url, "/optim_step", {})
-    ok(url, "/save_weights", {"path": os.path.join(out, "mid_b.safetensors")})
+    ok(url, "/save_weights", {"path": "mid_b.safetensors"})
     compare(os.path.join(out, "mid_a.safetensors"), os.path.join(out, "mid_b.safetensors"), exact=True)
 
     if windows is not None:
         ok(url, "/load_state", {"path": s0})
         fwd_bwd(url, windows, "windows")
         ok(url, "/optim_step", {})
-        ok(url, "/save_weights", {"path": os.path.join(out, "windows.safetensors")})
+        ok(url, "/save_weights", {"path": "windows.safetensors"})
 
 
 def sample_check(url):
