@@ -25,6 +25,7 @@ the mean loss per token, and at the end saves the weights.
 """
 import argparse
 import json
+import os
 import sys
 import uuid
 import urllib.error
@@ -38,6 +39,11 @@ class ZdpServeError(Exception):
     pass
 
 
+# A server started with --api-key-file wants its key on every request; the
+# Tinker SDK reads it from TINKER_API_KEY too (it must start with "tml-").
+API_KEY = os.environ.get("TINKER_API_KEY", "tml-local")
+
+
 class Client:
     def __init__(self, url):
         self.url = url.rstrip("/")
@@ -45,7 +51,7 @@ class Client:
     def _call(self, method, path, body=None):
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", "X-API-Key": API_KEY})
         try:
             with urllib.request.urlopen(req, timeout=600) as r:
                 return json.loads(r.read())
@@ -98,7 +104,7 @@ class TinkerClient:
     def _call(self, method, path, body=None):
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, method=method, headers={
-            "Content-Type": "application/json", "X-API-Key": "tml-local",
+            "Content-Type": "application/json", "X-API-Key": API_KEY,
             "X-Idempotency-Key": "stainless-python-retry-%s" % uuid.uuid4()})
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
@@ -157,7 +163,8 @@ def main():
     ap.add_argument("--batch", type=int, default=8, help="datums per optimizer step")
     ap.add_argument("--chunk", type=int, default=3, help="datums per forward_backward request")
     ap.add_argument("--save", default="zdp-serve-weights",
-                    help="plain: a .safetensors path; tinker: a checkpoint name under --checkpoint-dir")
+                    help="a name inside the server's --checkpoint-dir (plain: NAME.safetensors; tinker: a "
+                         "checkpoint name)")
     args = ap.parse_args()
 
     info = Client(args.url).info()
