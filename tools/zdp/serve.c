@@ -398,10 +398,10 @@ static bool content_type_is_(const char *value, const char *type) {
  * (-1: none given) name this server?  The bound address, for a loopback
  * bind any loopback address and localhost, for a wildcard bind any address
  * and localhost, and --allow-host names (with any port: a reverse proxy's). */
-static bool host_ok_(const server *s, const char *host, long port, bool bracketed) {
+static bool host_ok_(const server *s, int bound_port, const char *host, long port, bool bracketed) {
     for (int i = 0; i < s->opt.n_allow_hosts; i++)
         if (strcasecmp(host, s->opt.allow_hosts[i]) == 0) return true;
-    if (port >= 0 && port != s->bound_port) return false;
+    if (port >= 0 && port != bound_port) return false;
     if (strcasecmp(host, "localhost") == 0) return s->bind_kind != 0;
     unsigned char a[16] = {0};
     int fam = 0;
@@ -418,7 +418,7 @@ static bool host_ok_(const server *s, const char *host, long port, bool brackete
 
 /* "host[:port]" or "[v6][:port]" (a Host header, or an Origin after its
  * scheme); default_port stands for a missing port (-1: any). */
-static bool authority_ok_(const server *s, const char *v, long default_port) {
+static bool authority_ok_(const server *s, int bound_port, const char *v, long default_port) {
     char host[256];
     const char *after;
     bool bracketed = v[0] == '[';
@@ -442,7 +442,7 @@ static bool authority_ok_(const server *s, const char *v, long default_port) {
     } else if (*after != '\0') {
         return false;
     }
-    return host[0] != '\0' && host_ok_(s, host, port, bracketed);
+    return host[0] != '\0' && host_ok_(s, bound_port, host, port, bracketed);
 }
 
 /* The API key, compared in constant time: the time depends on the key's
@@ -458,12 +458,15 @@ static bool key_matches_(const server *s, const char *got) {
 /* Every request passes here before its body is read: the Host and Origin
  * (a web page's requests, DNS rebinding), the API key, and a POST's
  * Content-Type (a page may POST text/plain cross-site without asking). */
-static bool guard_(const server *s, struct MHD_Connection *c, const char *url, const char *method, verr *e) {
+static bool guard_(server *s, struct MHD_Connection *c, const char *url, const char *method, verr *e) {
+    pthread_mutex_lock(&s->mu);
+    const int port = s->bound_port; /* set just after the daemon started */
+    pthread_mutex_unlock(&s->mu);
     const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
     char where[320];
     snprintf(where, sizeof where, "%s%s%s:%d", s->bind_family == AF_INET6 ? "[" : "", s->opt.bind,
-             s->bind_family == AF_INET6 ? "]" : "", s->bound_port);
-    if (host != NULL && !authority_ok_(s, host, -1))
+             s->bind_family == AF_INET6 ? "]" : "", port);
+    if (host != NULL && !authority_ok_(s, port, host, -1))
         return serve_bad(e, 403, "Host", "Host: %.200s: this server answers requests addressed to %s%s only "
                          "(a web page can reach a local server under another name by DNS rebinding); the "
                          "operator can add a name with --allow-host NAME", host, where,
@@ -471,8 +474,8 @@ static bool guard_(const server *s, struct MHD_Connection *c, const char *url, c
     const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
     if (origin != NULL) {
         bool ok = false;
-        if (strncasecmp(origin, "http://", 7) == 0) ok = authority_ok_(s, origin + 7, 80);
-        else if (strncasecmp(origin, "https://", 8) == 0) ok = authority_ok_(s, origin + 8, 443);
+        if (strncasecmp(origin, "http://", 7) == 0) ok = authority_ok_(s, port, origin + 7, 80);
+        else if (strncasecmp(origin, "https://", 8) == 0) ok = authority_ok_(s, port, origin + 8, 443);
         if (!ok)
             return serve_bad(e, 403, "Origin", "Origin: %.200s: cross-site requests are refused (a web page "
                              "is not a client of this server; clients send no Origin, or this server's own)",
@@ -1838,7 +1841,10 @@ static struct MHD_Daemon *start_http_(server *s, char *why, size_t cap, int *por
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     *port = info != NULL ? info->port : s->opt.port;
+    /* Connection threads may already read it (guard_). */
+    pthread_mutex_lock(&s->mu);
     s->bound_port = *port;
+    pthread_mutex_unlock(&s->mu);
     return d;
 }
 
