@@ -36,7 +36,7 @@ if start_server 2 "$T/server.log" "${MODEL[@]}" --config "$T/cfg.json" --checkpo
   timeout 120 $PY "$CHECK" paths "$URL" "$T/ck" "$T/outside" "$T/allowed" || fail "paths"
   timeout 120 $PY "$CHECK" guards "$URL" || fail "guards"
   timeout 120 $PY "$CHECK" optim "$URL" "$T/ck" || fail "optim"
-  timeout 120 $PY "$CHECK" integers "$URL" || fail "integers"
+  timeout 120 $PY "$CHECK" integers "$URL" "$T/ck" "$T/outside" || fail "integers"
   stop_server
   [ $SERVER_RC -eq 0 ] && grep -q "zdp serve: stopped" "$T/server.log" ||
     { fail "no clean stop (exit $SERVER_RC)"; tail -20 "$T/server.log"; }

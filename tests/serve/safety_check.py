@@ -19,9 +19,10 @@ Standard library only.
   safety_check.py optim URL
         a refused optim_step (409) leaves the hyperparameters and the weights as
         they were; adam_params beyond the finite bounds are a 400
-  safety_check.py integers URL
+  safety_check.py integers URL [CKPT_DIR OUTSIDE_DIR]
         seq_id = INT64_MAX and 2^53 are a 400 naming seq_id (seq_id + 1 cannot
-        overflow) and the model's order is intact; a Content-Length past
+        overflow) and the model's order is intact; Tinker saves and loads
+        through a link out of --checkpoint-dir fail; a Content-Length past
         INT64_MAX is a 413
 
 Every check that fails prints "FAIL: ..."; the exit status is the failure count.
@@ -247,7 +248,7 @@ def tinker_result(url, fut):
     return 0, {}
 
 
-def integers(url):
+def integers(url, ck=None, outside=None):
     st, js = tinker_post(url, "create_session", {"tags": [], "user_metadata": {}, "sdk_version": "0.24.1",
                                                  "type": "create_session"})
     sid = js.get("session_id")
@@ -270,6 +271,26 @@ def integers(url):
         st, js = tinker_result(url, fut)
         if st != 200 or "loss_fn_outputs" not in js:
             fail("forward_backward seq_id %d after the refused ones: %s" % (seq, js))
+    # Tinker paths: a link in --checkpoint-dir where the model's folder goes,
+    # pointing outside, is refused (the future fails naming path), not followed.
+    if ck is not None:
+        mdir = os.path.join(ck, model_id.replace(":", "_"))
+        os.makedirs(ck, exist_ok=True)
+        os.symlink(outside, mdir)
+        for seq, verb in ((3, "save_weights"), (4, "save_weights_for_sampler")):
+            st, fut = tinker_post(url, verb, {"model_id": model_id, "seq_id": seq, "path": "escaped",
+                                              "type": verb})
+            st, js = tinker_result(url, fut)
+            if "error" not in js or "outside" not in str(js.get("error")):
+                fail("Tinker %s through a link to outside: %s, wanted a failure naming the path" % (verb, js))
+        st, fut = tinker_post(url, "load_weights", {"model_id": model_id, "seq_id": 5, "optimizer": False,
+                                                    "path": "tinker://%s/weights/escaped" % model_id})
+        st, js = tinker_result(url, fut)
+        if "error" not in js:
+            fail("Tinker load_weights through a link to outside: %s, wanted a failure" % js)
+        os.unlink(mdir)
+        if [n for n in os.listdir(outside) if n.startswith("escaped") or n == "sampler_weights"]:
+            fail("Tinker saves wrote outside the checkpoint folder: %s" % os.listdir(outside))
     # Content-Length past INT64_MAX (and past 2^64): 413, not a read that never ends.
     host = url.split("//")[1]
     for n in ("9223372036854775808", "18446744073709551616"):
@@ -291,7 +312,7 @@ def main(argv):
     elif cmd == "optim":
         optim(argv[2], argv[3])
     elif cmd == "integers":
-        integers(argv[2])
+        integers(argv[2], *argv[3:5])
     else:
         print(__doc__)
         return 2
