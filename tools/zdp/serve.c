@@ -6,7 +6,8 @@
  *       [--init W.safetensors] [--port P] [--bind ADDR] [--max-body BYTES]
  *
  * How it works.  Rank 0 runs libmicrohttpd (one thread per connection).  A
- * connection thread reads the whole body, parses and validates it completely
+ * connection thread first checks who sent the request (guard_: Host, Origin,
+ * the API key, Content-Type), then reads the whole body, parses and validates it completely
  * (so a bad request never reaches the engine and never changes its state),
  * serialises it and puts it on a FIFO queue, then waits for its answer.  The
  * main thread of rank 0 takes one request at a time, broadcasts it to every
