@@ -198,6 +198,24 @@ def apikey(url, key):
     st, js = S.req(url, "POST", "/api/v1/create_session", {}, headers={"X-API-Key": key})
     if st != 200 or "session_id" not in js:
         fail("create_session with the key: HTTP %d %s" % (st, js))
+    # The SDK's client: works with the key, raises without it (401 is not retried).
+    import tinker_sdk as T
+    sc = T.ServiceClient(url, api_key=key, heartbeat_interval=0.3, backoff_base=0.02, outer_backoff_unit=0.05)
+    try:
+        tc = sc.create_lora_training_client("zdp-gpt")
+        tc.forward_backward([T.datum([1, 2, 3], [2, 3, 4])], "cross_entropy").result()
+        tc.optim_step({"learning_rate": 1e-4}).result()
+    except Exception as e:  # noqa: BLE001
+        fail("the Tinker client with the key: %r" % e)
+    finally:
+        sc.close()
+    try:
+        T.ServiceClient(url, api_key="tml-not-the-key", heartbeat_interval=0.3, backoff_base=0.02,
+                        outer_backoff_unit=0.05).close()
+        fail("the Tinker client with a wrong key was not refused")
+    except Exception as e:  # noqa: BLE001
+        if "401" not in str(e) and "API key" not in str(e):
+            fail("the Tinker client with a wrong key failed, but not with a 401: %r" % e)
     for path in ("/healthz", "/api/v1/healthz"):
         if S.req(url, "GET", path) != (200, {"status": "ok"}):
             fail("GET %s without a key: %s, wanted 200 (liveness probes send no key)" % (path, S.req(url, "GET", path)))

@@ -31,7 +31,7 @@ Layers, bottom up (each mirrors one layer of the SDK):
 
 Public API (see the class docstrings for details):
 
-  ServiceClient(base_url, api_key="tml-test", sdk_version="0.24.1", fault=None, ...)
+  ServiceClient(base_url, api_key=$TINKER_API_KEY or "tml-test", sdk_version="0.24.1", fault=None, ...)
       .create_lora_training_client(base_model, rank=32, ...) -> TrainingClient
       .create_model(base_model, rank=32, ...)               -> APIFuture (CreateModel)
       .get_server_capabilities(), .healthz()                 (GET, direct)
@@ -70,6 +70,7 @@ import email.utils
 import http.client
 import json
 import logging
+import os
 import platform
 import random
 import select
@@ -1528,7 +1529,7 @@ class ServiceClient:
     outer_retry, heartbeat_ok, heartbeat_failed, ...).
     """
 
-    def __init__(self, base_url, api_key="tml-test", sdk_version="0.24.1", fault=None, *,
+    def __init__(self, base_url, api_key=None, sdk_version="0.24.1", fault=None, *,
                  heartbeat_interval=HEARTBEAT_PERIOD, backoff_base=INITIAL_RETRY_DELAY,
                  backoff_max=MAX_RETRY_DELAY, max_retries=DEFAULT_MAX_RETRIES,
                  timeout=DEFAULT_TIMEOUT, outer_backoff_unit=1.0, outer_max_wait=OUTER_MAX_WAIT,
@@ -1536,6 +1537,8 @@ class ServiceClient:
                  allow_metadata_only=False, accept_proto=None, retrieve_timeout=RETRIEVE_TIMEOUT,
                  require_telemetry=True, keep_alive=True, tags=None, user_metadata=None,
                  project_id=None):
+        if api_key is None:  # as the SDK: TINKER_API_KEY (a server with --api-key-file checks it)
+            api_key = os.environ.get("TINKER_API_KEY", "tml-test")
         if not (api_key.startswith("tml-") or api_key.startswith("eyJ")):
             raise ValueError("the SDK refuses API keys that do not start with 'tml-' (§1.1)")
         self.base_url = base_url
