@@ -7,8 +7,9 @@
  *
  * How it works.  Rank 0 runs libmicrohttpd (one thread per connection).  A
  * connection thread first checks who sent the request (guard_: Host, Origin,
- * the API key, Content-Type), then reads the whole body, parses and validates it completely
- * (so a bad request never reaches the engine and never changes its state),
+ * the API key, Content-Type), then reads the whole body, parses and validates
+ * it completely (so a bad request never reaches the engine and never changes
+ * its state; a path is a name inside --checkpoint-dir, serve_resolve_path),
  * serialises it and puts it on a FIFO queue, then waits for its answer.  The
  * main thread of rank 0 takes one request at a time, broadcasts it to every
  * rank over a private duplicate of MPI_COMM_WORLD, and all ranks execute it
@@ -86,7 +87,8 @@ static void usage_(void) {
            "\n"
            "The Tinker SDK's protocol (/api/v1/..., SDK 0.18-0.24, JSON):\n"
            "  --model-name NAME (zdp-gpt)  the base_model clients create_model with\n"
-           "  --checkpoint-dir DIR (zdp-serve-checkpoints)  where save_weights writes\n"
+           "  --checkpoint-dir DIR (zdp-serve-checkpoints)  every path a client sends is a\n"
+           "                             name inside DIR (plain and Tinker endpoints)\n"
            "  --long-poll-seconds S (30)   retrieve_future holds a pending request this long\n"
            "  --seq-gap-seconds S (30)     a missing seq_id is given up after this long\n"
            "\n"
