@@ -146,7 +146,7 @@ typedef enum zdp_scheduler_type {
     ZDP_SCHEDULER_WARMUP_COSINE_LR /* "WarmupCosineLR" */
 } zdp_scheduler_type;
 
-/* DeepSpeed's scheduler block, SEMANTICS.md 6.6 (docs/config.md). */
+/* DeepSpeed's scheduler block, docs/deepspeed.md §7 (docs/config.md). */
 typedef struct zdp_scheduler_config {
     zdp_scheduler_type type;
     double warmup_min_lr;     /* WarmupLR/WarmupDecayLR: 0 */

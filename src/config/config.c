@@ -6,7 +6,7 @@
  * What it does: parses strict JSON with jansson (duplicate keys in one object
  * rejected, as DeepSpeed does for files), type-checks every key zdp knows
  * through one declarative key table per block, derives the batch triple
- * exactly as DeepSpeed does (SEMANTICS 1.3, integer floor division), and
+ * exactly as DeepSpeed does (docs/deepspeed.md §1.2, integer floor division), and
  * rejects what zdp does not implement.  Every message names the JSON path,
  * the value seen (printed as JSON), the reason and the fix.
  *
@@ -232,7 +232,7 @@ static const key_spec zero_keys_[] = {
     K_CUSTOM_("offload_optimizer"),
     K_CUSTOM_("offload_param"),
     K_CUSTOM_("cpu_offload"),
-    /* DeepSpeed keys (SEMANTICS 4.10) that change nothing zdp does today:
+    /* DeepSpeed keys (docs/config.md, zero_optimization) that change nothing zdp does today:
      * named in the warning as unused rather than unknown. */
     K_UNUSED_("use_multi_rank_bucket_allreduce"),
     K_UNUSED_("allgather_partitions"),
@@ -502,7 +502,7 @@ static zdp_status parse_offload_(parse_ctx *ctx, const json_t *v, const char *pa
     zdp_status st = parse_block_(ctx, v, path, specs, n, NULL);
     if (st != ZDP_OK) return st;
     const json_t *dev = json_object_get(v, "device");
-    if (dev == NULL) return ZDP_OK; /* "none" is the default inside a block (SEMANTICS 3.8) */
+    if (dev == NULL) return ZDP_OK; /* the default device is "none" (docs/deepspeed.md §3.7) */
     char dpath[PATH_MAX_];
     path_join_(dpath, path, "device");
     const char *s = json_is_string(dev) ? json_string_value(dev) : NULL;
@@ -699,7 +699,7 @@ static zdp_status parse_optimizer_(parse_ctx *ctx, const json_t *v, zdp_optimize
                                    "remove it or set it false");
         }
     }
-    /* AdamW is always decoupled (SEMANTICS 6.2); adam_w_mode only matters for Adam. */
+    /* AdamW is always decoupled (docs/deepspeed.md §6.2); adam_w_mode only matters for Adam. */
     if (o->type == ZDP_OPTIMIZER_ADAMW) o->adam_w_mode = true;
     return ZDP_OK;
 }
@@ -719,7 +719,7 @@ static zdp_status parse_enabled_(parse_ctx *ctx, const json_t *v, const char *pa
     return read_bool_(ctx, p, e, out);
 }
 
-/* DeepSpeed's scheduler block (SEMANTICS 6.5-6.6).  base_lr: the
+/* DeepSpeed's scheduler block (docs/deepspeed.md §7).  base_lr: the
  * optimizer's lr, WarmupLR's default peak. */
 static zdp_status parse_scheduler_(parse_ctx *ctx, const json_t *v, double base_lr,
                                    zdp_scheduler_config *s) {
@@ -857,7 +857,7 @@ static zdp_status parse_document_(parse_ctx *ctx, const json_t *root, zdp_config
     return ZDP_OK;
 }
 
-/* ---- batch sizes (SEMANTICS 1.3) -------------------------------------- */
+/* ---- batch sizes (docs/deepspeed.md §1.2) ----------------------------- */
 
 enum { DERIVED_B_ = 1, DERIVED_MICRO_ = 2, DERIVED_G_ = 4 };
 
@@ -1080,7 +1080,7 @@ static zdp_status validate_(const zdp_config *c, int derived, zdp_error *err) {
         return zdp_err_set(err, ZDP_ERR_UNSUPPORTED,
                            "zero_optimization.stage = 3: ZeRO stage 3 is not implemented in "
                            "zdp yet; use stage 2 (gradient + optimizer-state sharding)");
-    /* 3. offload (a "none" block is not offload, SEMANTICS 3.8) */
+    /* 3. offload (a "none" block is not offload, docs/deepspeed.md §3.7) */
     static const char *const dev_names[] = {"none", "cpu", "nvme"};
     if (z->offload_optimizer != ZDP_OFFLOAD_NONE)
         return zdp_err_set(err, ZDP_ERR_UNSUPPORTED,
@@ -1107,7 +1107,7 @@ static zdp_status validate_(const zdp_config *c, int derived, zdp_error *err) {
         return zdp_err_set(err, ZDP_ERR_UNSUPPORTED,
                            "bf16.enabled = true: bf16 training is not implemented in zdp yet; "
                            "set \"enabled\": false or remove the bf16 block (zdp trains in fp32)");
-    /* 5. ZeRO's tested-optimizer list (SEMANTICS 6.4) */
+    /* 5. ZeRO's tested-optimizer list (docs/deepspeed.md §6.4) */
     if (c->optimizer.type == ZDP_OPTIMIZER_SGD && z->stage >= 1 &&
         !c->zero_allow_untested_optimizer)
         return zdp_err_set(err, ZDP_ERR_CONFIG,
@@ -1117,7 +1117,7 @@ static zdp_status validate_(const zdp_config *c, int derived, zdp_error *err) {
                            "to use it.; fix: set \"zero_allow_untested_optimizer\": true, or "
                            "use stage 0, or Adam/AdamW", z->stage);
     if (!c->managed_gradient_accumulation) {
-        /* 6. DeepSpeed's unmanaged-mode rejections, in its order (SEMANTICS 3.7) */
+        /* 6. DeepSpeed's unmanaged-mode rejections, in its order (docs/deepspeed.md §3.6) */
         if (z->overlap_comm && z->stage < 2)
             return zdp_err_set(err, ZDP_ERR_CONFIG,
                                "managed_gradient_accumulation = false, "

@@ -10,7 +10,7 @@
  *   optim                optimizer state: the whole buffer (stage 0) or the
  *                        partition (stages 1/2)
  *
- * When gradients are reduced (DeepSpeed's schedule, SEMANTICS.md 3.5/4.5):
+ * When gradients are reduced (DeepSpeed's schedule, docs/deepspeed.md §3.4, §4.5):
  *   stage 0/1: gradients add up locally over the window; the boundary step()
  *              reduces them once (stage 0: all-reduce; stage 1: bucketed
  *              reduce-scatter into grad_part).  DeepSpeed's managed mode does
@@ -665,7 +665,7 @@ static void close_window_(zdp_engine *e) {
     memset(&e->timing_window, 0, sizeof e->timing_window);
 }
 
-/* DeepSpeed's model step (SEMANTICS.md 2.5) for fp32: reduce or finalize,
+/* DeepSpeed's model step (docs/deepspeed.md §2.4) for fp32: reduce or finalize,
  * take the global norm, skip on NaN/Inf, clip, update, all-gather, zero the
  * gradients, advance the counters. */
 static zdp_status model_step_(zdp_engine *e, zdp_error *err) {

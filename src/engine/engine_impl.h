@@ -67,7 +67,7 @@ struct zdp_engine {
     zdp_grad_sink sink;
     zdp_optim optim;
 
-    /* DeepSpeed's engine state (SEMANTICS.md 2.1). */
+    /* DeepSpeed's engine state (docs/deepspeed.md §2.1). */
     int64_t micro_steps, global_steps, global_samples, skipped_steps;
     int64_t window_backwards; /* backward() calls since the last model step */
     bool step_applied, running_step, have_forward;

@@ -2,7 +2,7 @@
  * optim.c -- Adam/AdamW (DeepSpeed FusedAdam semantics) and SGD with momentum
  * (torch.optim.SGD semantics) over one flat fp32 range.
  *
- * Formulas (SEMANTICS.md 6.2):
+ * Formulas (docs/deepspeed.md §6.2, docs/config.md):
  *   Adam, L2 mode:    g += wd * p
  *   m = b1 m + (1-b1) g ;  v = b2 v + (1-b2) g^2
  *   u = (m / bc1) / (sqrt(v / bc2) + eps)     bc = 1 - b^t when bias_correction

@@ -1,6 +1,6 @@
 /*
  * schedule.c -- DeepSpeed's LR schedules as a pure function of the
- * scheduler's internal iteration n (SEMANTICS.md 6.5-6.6).
+ * scheduler's internal iteration n (docs/deepspeed.md §7).
  *
  * W' = max(2, warmup_num_steps).  The engine starts at n = -1 and adds one
  * after every applied update, so the k-th applied update uses lr(k - 2);

@@ -5,7 +5,7 @@
  * tensor lives in the flat buffer, which flat range each rank owns, and how
  * the gradient is cut into reduce buckets.  The engine does the rest.
  *
- * Layout (DeepSpeed's, SEMANTICS.md 4.2): tensors are packed back to back in
+ * Layout (DeepSpeed's, docs/deepspeed.md §4.2): tensors are packed back to back in
  * registration order; the total is padded with zeros to a multiple of 2*W;
  * P = padded / W and rank r owns [r*P, (r+1)*P).  A tensor may straddle
  * partitions; all ZeRO arithmetic is by flat index, never by tensor.

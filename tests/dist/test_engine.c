@@ -1,13 +1,13 @@
 /*
  * test_engine.c -- the engine under MPI (run by CTest at -np 1, 2, 3, 4).
  *
- * Covers DeepSpeed's TestUnmanaged* scenarios (SEMANTICS.md 8.2) for ZeRO
- * stages 0, 1 and 2, the managed trace and counters (2.8, 3.3), stage
+ * Covers DeepSpeed's TestUnmanaged* scenarios (docs/deepspeed.md §9) for ZeRO
+ * stages 0, 1 and 2, the managed trace and counters (§2.6, §3.3), stage
  * 0 == 1 == 2 at every world size against an independent double-precision
  * reference of SimpleModel + AdamW + clipping (parameter counts that do not
  * divide by W, buckets smaller than one tensor), per-step hyperparameters
  * (zdp_engine_set_hparams against the same reference, get, rejections) and
- * optimizer state reset, NaN/Inf skipping, the partition layout table (4.2),
+ * optimizer state reset, NaN/Inf skipping, the partition layout table (§4.2),
  * the memory report, and call-time rejections.
  */
 #include <math.h>
@@ -148,7 +148,7 @@ static void test_step_always_applies_update(int stage) {
     run_free_(&rn);
 }
 
-/* SEMANTICS.md 2.8: G=4, 8 symmetric micro-steps. */
+/* docs/deepspeed.md §2.6: G=4, 8 symmetric micro-steps. */
 static void test_managed_baseline_applies_only_on_boundary(int stage) {
     run rn;
     run_init_(&rn, stage_json_(stage, 4, true, ""), 4, 2, 1, 42);
@@ -718,7 +718,7 @@ static void test_reset_optimizer_state(int stage, bool sgd) {
     run_free_(&fresh);
 }
 
-/* SEMANTICS.md 8.4 item 8: the result does not depend on reduce_bucket_size,
+/* docs/deepspeed.md §4.5: the result does not depend on reduce_bucket_size,
  * contiguous_gradients, reduce_scatter or overlap_comm; overlap_comm only
  * changes scheduling, so with it on and off the bits are the same.  Also
  * DeepSpeed's OverlapCommStage2 case (unmanaged == managed with overlap_comm)
@@ -835,7 +835,7 @@ static void test_scheduler_cadence(int stage) {
     run_init_(&rn, json, 4, 2, 1, 42);
     data d = data_make_(4, 8 * W, 61);
     if (R == 0) d.x[(3 * W) * 4] = NAN; /* global micro-batch 3: the 4th step is skipped */
-    /* SEMANTICS 6.6's worked example: the lr of applied updates 1, 2, ... */
+    /* docs/deepspeed.md §7.2's worked example: the lr of applied updates 1, 2, ... */
     const double lrs[6] = {0, 0, 0.0025, 0.005, 0.0075, 0.01};
     int applied = 0;
     for (int s = 0; s < 7; s++) {
@@ -863,7 +863,7 @@ static void test_scheduler_cadence(int stage) {
 /* ---- layout, memory, grad norm -------------------------------------------------- */
 
 static void test_partition_layout(void) {
-    /* SEMANTICS.md 4.2: SimpleModel(4, 2), 40 elements. */
+    /* docs/deepspeed.md §4.2: SimpleModel(4, 2), 40 elements. */
     const int64_t padded[5] = {0, 40, 40, 42, 40}, part[5] = {0, 40, 20, 14, 10};
     run rn;
     run_init_(&rn, stage_json_(2, 1, true, ""), 4, 2, 1, 1);
@@ -877,7 +877,7 @@ static void test_partition_layout(void) {
     run_free_(&rn);
 }
 
-/* DESIGN.md's ZeRO memory model, byte for byte, plus the bucket terms:
+/* The ZeRO memory model (docs/deepspeed.md §4.7), byte for byte, plus the bucket terms:
  * stage 0: 4Ψ params + 4Ψ grads + 8Ψ optimizer; stage 1: 4Ψ + 4Ψ + 4Ψ/N
  * partition + 8Ψ/N; stage 2: 4Ψ + 4Ψ/N + buckets + 8Ψ/N (Ψ padded). */
 static void check_memory_(int H, int L, int64_t bucket, bool overlap) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """tinker_check.py -- drives a running `zdp serve` through the Tinker SDK's wire
-protocol (tests/serve/tinker_sdk.py, a client written from TINKER.md that sends
+protocol (tests/serve/tinker_sdk.py, a client written from docs/tinker-protocol.md that sends
 what the SDK sends), for tests/cli/test_tinker.sh.
 
   tinker_check.py URL OUT_DIR WORLD_SIZE CHECKPOINT_DIR

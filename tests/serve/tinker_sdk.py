@@ -10,7 +10,7 @@ payload ... only supports as proto").
 
 It exists so that `zdp serve` can be tested against a client that behaves like
 the real SDK (which is not installed here).  Every behaviour is taken from
-/work/shared/TINKER.md; the docstrings cite the section ("§1.3") it comes from.
+docs/tinker-protocol.md; the docstrings cite its section ("§1.3").
 
 Layers, bottom up (each mirrors one layer of the SDK):
 

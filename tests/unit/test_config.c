@@ -1,6 +1,6 @@
 /*
  * test_config.c -- unit tests for src/config/config.c (ds_config.json ->
- * zdp_config): defaults, DeepSpeed's batch derivation table (SEMANTICS 1.3)
+ * zdp_config): defaults, DeepSpeed's batch derivation (docs/deepspeed.md §1.2)
  * at W = 1, 2, 3, type errors naming JSON paths, malformed JSON positions,
  * duplicate keys, the single unknown-key warning, every validate rejection,
  * optimizer blocks and file loading.
@@ -154,7 +154,7 @@ static void test_world_size_recorded(void **state) {
                 "world_size = 0: must be >= 1");
 }
 
-/* ---- batch derivation (SEMANTICS 1.3) ----------------------------------- */
+/* ---- batch derivation (docs/deepspeed.md §1.2) -------------------------- */
 
 typedef struct batch_row {
     int W;
@@ -183,7 +183,7 @@ static const batch_row batch_rows_[] = {
     {1, 30, 4, -1, 0, 0, 0, CHECK4_ "30 != 4 * 7 * 1"},
     {1, 2, -1, 4, 0, 0, 0, MICRO0_},
     {1, 8, 16, -1, 0, 0, 0, GAS0_},
-    /* W = 2: SEMANTICS' worked examples */
+    /* W = 2: the worked examples of docs/deepspeed.md §1.2 */
     {2, 32, 4, 4, 32, 4, 4, NULL},
     {2, 32, 4, -1, 32, 4, 4, NULL},
     {2, 32, -1, 4, 32, 4, 4, NULL},

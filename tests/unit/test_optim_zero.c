@@ -80,7 +80,7 @@ static void test_sgd_momentum(void **s) { (void)s; check_sgd_(0.9, 0, false, 0.0
 static void test_sgd_dampening(void **s) { (void)s; check_sgd_(0.9, 0.5, false, 0); }
 static void test_sgd_nesterov(void **s) { (void)s; check_sgd_(0.9, 0, true, 0.01); }
 
-/* SEMANTICS.md 4.2 table for SimpleModel(4, 2), W = 1..4. */
+/* docs/deepspeed.md §4.2 table for SimpleModel(4, 2), W = 1..4. */
 static void test_layout_table(void **s) {
     (void)s;
     zdp_param_info p[4] = {

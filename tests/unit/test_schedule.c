@@ -1,5 +1,5 @@
 /*
- * test_schedule.c -- DeepSpeed's LR schedules (SEMANTICS.md 6.5-6.6): the
+ * test_schedule.c -- DeepSpeed's LR schedules (docs/deepspeed.md §7): the
  * worked example, log and linear warm-up, decay and cosine ends, and the
  * scheduler block of ds_config (defaults, errors).
  */
@@ -16,7 +16,7 @@
 
 #define NEAR(a, b) assert_true(fabs((a) - (b)) <= 1e-12 + 1e-12 * fabs(b))
 
-/* SEMANTICS 6.6: WarmupLR linear, min 0, max 0.01, 4 warm-up steps: applied
+/* docs/deepspeed.md §7.2: WarmupLR linear, min 0, max 0.01, 4 warm-up steps: applied
  * updates 1, 2, ... use 0, 0, 0.0025, 0.005, 0.0075, 0.01, 0.01. */
 static void test_worked_example(void **state) {
     (void)state;

@@ -605,7 +605,7 @@ static bool parse_tensor_(const json_t *v, const char *path, bool integer, int64
 }
 
 /* The loss of a forward/forward_backward: Tinker's names, the loss_fn_inputs
- * each one reads, and its loss_fn_config keys (TINKER.md §2). */
+ * each one reads, and its loss_fn_config keys (docs/tinker-protocol.md §2). */
 typedef struct loss_spec {
     const char *name;
     const char *inputs[3]; /* [0] is always target_tokens */
@@ -850,7 +850,7 @@ bool serve_parse_fwd(const json_t *root, const char *where, const zdp_gpt_config
 
 /* adam_params (Tinker's AdamParams) -> payload: optim_payload.  A field
  * left out keeps the engine's current value, or with tinker_defaults takes
- * AdamParams' default (TINKER.md §1.4: older SDKs leave the last two out). */
+ * AdamParams' default (docs/tinker-protocol.md §1.4: older SDKs leave the last two out). */
 bool serve_parse_optim(const json_t *ap, const char *where, bool tinker_defaults, job *j, verr *e) {
     static const double tinker_default[N_ADAM] = {1e-4, 0.9, 0.95, 1e-12, 0.0, 0.0};
     optim_payload p = {0};

@@ -68,7 +68,7 @@ typedef struct sample_file_header {
 #define SERVE_MAX_WEIGHT_DECAY 10.0
 extern const char *const serve_adam_keys[N_ADAM];
 
-/* Losses (TINKER.md §2): zdp_loss_kind, ZDP_LOSS_CROSS_ENTROPY .. ZDP_LOSS_DRO. */
+/* Losses (docs/tinker-protocol.md §2): zdp_loss_kind, ZDP_LOSS_CROSS_ENTROPY .. ZDP_LOSS_DRO. */
 #define N_LOSSES 5
 
 /* The head of a forward/forward_backward payload. */

@@ -5,7 +5,7 @@
  * past the buffer), and a writer.
  *
  * Field numbers (tinker_public.proto, from the SDK's tinker_public_pb2.py;
- * /work/shared/TINKER.md §1.6):
+ * docs/tinker-protocol.md §1.6):
  *   ForwardBackwardRequest  1 model_id string, 2 seq_id int32, 3 data repeated
  *                           Datum, 4 loss_fn string, 5 loss_fn_config
  *                           map<string,double>, 6 forward_only bool

@@ -1,7 +1,7 @@
 /*
  * serve_proto.h -- the protobuf side of the Tinker SDK's wire protocol
  * (SDK 0.25: forward_backward requests and ForwardBackwardOutput results as
- * application/x-protobuf; /work/shared/TINKER.md §0, §1.6).
+ * application/x-protobuf; docs/tinker-protocol.md §0, §1.6).
  *
  * A hand-written codec for the messages of tinker_public.proto that zdp serve
  * needs, and nothing else.  The request is translated into the JSON object

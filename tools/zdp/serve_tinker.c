@@ -1,5 +1,5 @@
 /*
- * serve_tinker.c -- the Tinker SDK's wire protocol (/work/shared/TINKER.md)
+ * serve_tinker.c -- the Tinker SDK's wire protocol (docs/tinker-protocol.md)
  * on top of `zdp serve`: JSON for SDK 0.18-0.24, and for SDK 0.25 the
  * protobuf forward_backward (serve_proto.c).
  *
