@@ -261,6 +261,12 @@ typedef struct zdp_model {
     const zdp_model_ops *ops;
     int n_params;                /* number of parameter tensors */
     const zdp_param_info *params; /* n_params entries, registration order */
+    /* Optional (NULL: none): the model's shape as a flat JSON object of
+     * integers and strings, e.g. {"model": "gpt", "n_layer": 4, "n_head": 4,
+     * ...}.  Checkpoints record it, and loading one saved with another shape
+     * is refused naming the key and both values -- including keys such as
+     * n_head that no tensor shape shows. */
+    const char *shape_json;
 } zdp_model;
 
 /* ---- engine ------------------------------------------------------------ */
@@ -628,7 +634,22 @@ ZDP_API zdp_status zdp_gpt_weights_save(const char *path, const zdp_param_info *
 typedef enum zdp_token_format {
     ZDP_TOKENS_SHARD,
     ZDP_TOKENS_BYTES,
+    ZDP_TOKENS_AUTO, /* decided by zdp_tokens_detect */
 } zdp_token_format;
+
+/* What ZDP_TOKENS_AUTO reads `path` as (docs/training.md, "Data formats"):
+ *   - a shard when its first int32 is the llm.c magic 20240520;
+ *   - ZDP_ERR_FORMAT when it is not, but the file looks like a damaged
+ *     shard: its name ends in ".bin", or it has a whole 1024-byte header
+ *     and either 3 of the magic's 4 bytes are in place or the header's
+ *     version (1) and token count (1024 + 2n bytes = the file size) are
+ *     those of a shard.  The message names the file, the int32 found and
+ *     the fix (repair the file, or read it as bytes explicitly);
+ *   - bytes otherwise (text and other files).
+ * Status: ZDP_ERR_IO (cannot open or read), ZDP_ERR_FORMAT,
+ * ZDP_ERR_INVALID_ARG (NULL). */
+ZDP_API zdp_status zdp_tokens_detect(const char *path, zdp_token_format *format /* OUT */,
+                                     zdp_error *err);
 
 /* Reads a whole token file into a new array: *tokens (free it with
  * zdp_tokens_free) and *n_tokens.  A shard's header is checked (magic,
