@@ -266,9 +266,11 @@ static zdp_status write_model_file_(zdp_engine *e, const char *path, zdp_error *
                             .nbytes = (size_t)e->lay.numels[i] * sizeof(float)};
         memcpy(t[i].shape, m->params[i].shape, sizeof t[i].shape);
     }
-    /* A weights file like the ones people load: {"format": "pt"}. */
-    static const char *const meta[] = {"format", "pt"};
-    zdp_status st = zdp_safetensors_write_meta(path, t, m->n_params, meta, 1, err);
+    /* A weights file like the ones people load: {"format": "pt"}, and the
+     * model's shape, which zdp_gpt_weights_load checks (--init). */
+    const char *const meta[] = {"format", "pt", "zdp_model", m->shape_json};
+    zdp_status st = zdp_safetensors_write_meta(path, t, m->n_params, meta,
+                                               m->shape_json != NULL ? 2 : 1, err);
     free(t);
     return st;
 }
@@ -579,9 +581,8 @@ static zdp_status meta_check_sum_(const char *path, json_t *meta, char *text, si
     bool hex = want != NULL && strlen(want) == 16 && strspn(want, "0123456789abcdef") == 16;
     if (!hex || digits == NULL || memcmp(digits, want, 16) != 0)
         return zdp_err_set(err, ZDP_ERR_FORMAT,
-                           "%s: no valid \"" META_SUM_KEY_ "\" (16 lowercase hex digits, the "
-                           "file's last key): the file was edited or damaged after it was "
-                           "saved; fix: restore it from a copy, or load another checkpoint "
+                           "%s: no valid \"" META_SUM_KEY_ "\" (16 lowercase hex digits): the "
+                           "file was edited or damaged after it was saved; fix: restore it from a copy, or load another checkpoint "
                            "(another tag)", path);
     uint64_t got = meta_sum_(text, n, digits);
     char hexgot[17];
@@ -1059,12 +1060,18 @@ zdp_status zdp_checkpoint_export(const char *dir, const char *tag, const char *o
     if (st != ZDP_OK) return st;
     char path[PATH_MAX_ + 64];
     snprintf(path, sizeof path, "%s/model.safetensors", v.dir);
+    json_t *shape = json_object_get(v.meta, "model");
+    char *shape_text = json_is_object(shape) ? json_dumps(shape, JSON_COMPACT) : NULL;
     view_free_(&v);
-    /* Re-written rather than copied: the output is validated and atomic. */
+    /* Re-written rather than copied: the output is validated and atomic.
+     * The model's shape goes along, as in the checkpoint's own file. */
     zdp_safetensors sf;
-    if ((st = zdp_safetensors_read(path, &sf, err)) != ZDP_OK) return st;
-    static const char *const meta[] = {"format", "pt"};
-    st = zdp_safetensors_write_meta(out_path, sf.tensors, sf.n, meta, 1, err);
-    zdp_safetensors_free(&sf);
+    if ((st = zdp_safetensors_read(path, &sf, err)) == ZDP_OK) {
+        const char *const meta[] = {"format", "pt", "zdp_model", shape_text};
+        st = zdp_safetensors_write_meta(out_path, sf.tensors, sf.n, meta,
+                                        shape_text != NULL ? 2 : 1, err);
+        zdp_safetensors_free(&sf);
+    }
+    free(shape_text);
     return st;
 }

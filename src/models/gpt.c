@@ -397,8 +397,8 @@ zdp_status zdp_gpt_create(const zdp_gpt_config *cfg, int max_batch, zdp_model *o
     register_params_(m);
     /* The shape checkpoints record: n_head shows in no tensor's shape. */
     snprintf(m->shape_json, sizeof m->shape_json,
-             "{\"model\": \"gpt\", \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, "
-             "\"vocab_size\": %d, \"block_size\": %d}",
+             "{\"model\":\"gpt\",\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,"
+             "\"vocab_size\":%d,\"block_size\":%d}",
              cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size, cfg->block_size);
     *out = (zdp_model){.self = m, .ops = &gpt_ops_, .n_params = n_params, .params = m->info,
                        .shape_json = m->shape_json};

@@ -132,7 +132,7 @@ zdp_status zdp_mlp_create(int hidden, int nlayers, int64_t max_batch, zdp_model 
         m->info[2 * i + 1] = (zdp_param_info){.name = bn, .ndim = 1, .shape = {hidden}};
     }
     snprintf(m->shape_json, sizeof m->shape_json,
-             "{\"model\": \"mlp\", \"hidden\": %d, \"layers\": %d}", hidden, nlayers);
+             "{\"model\":\"mlp\",\"hidden\":%d,\"layers\":%d}", hidden, nlayers);
     *out = (zdp_model){.self = m, .ops = &mlp_ops_, .n_params = 2 * nlayers, .params = m->info,
                        .shape_json = m->shape_json};
     return ZDP_OK;

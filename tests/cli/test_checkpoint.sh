@@ -350,6 +350,19 @@ for change in "n-head 4 2" "block-size 8 16" "n-layer 1 2"; do
   grep -aq '^step ' "$T/out" && fail "a resume with --$flag $new trained"
   [ -e "$T/nw" ] && fail "a failed resume (--$flag $new) wrote its --save-dir"
 done
+# --init: a weights file zdp wrote (the checkpoint's model.safetensors, its
+# export, --save-weights) records the shape in __metadata__ too.
+expect_ok 1 ckpt export "$GA" --to "$T/ga.safetensors"
+expect_ok 1 train "${GPT[@]}" "${gpt_data[@]}" --config "$T/s0m.json" --steps 1 \
+  --save-weights "$T/gw.safetensors"
+for w in "$GA/global_step3/model.safetensors" "$T/ga.safetensors" "$T/gw.safetensors"; do
+  # shellcheck disable=SC2046
+  expect_error 1 "zdp saved these weights for a GPT with n_head = 2" train $(gpt_other --n-head 4) \
+    "${gpt_data[@]}" --config "$T/s0m.json" --steps 1 --init "$w"
+  error_has "$w"; error_has "the config has n_head = 4"; error_has "--n-head 2"
+  grep -aq '^step ' "$T/out" && fail "--init $w with another --n-head trained"
+  expect_ok 1 train "${GPT[@]}" "${gpt_data[@]}" --config "$T/s0m.json" --steps 1 --init "$w"
+done
 expect_ok 1 ckpt inspect "$GA"
 grep -aqF 'model shape: {"model":"gpt","n_layer":2,"n_head":2,"n_embd":16,"vocab_size":256,"block_size":16}' "$T/out" \
   || { fail "inspect does not show the GPT's shape"; cat "$T/out"; }

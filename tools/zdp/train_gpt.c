@@ -369,8 +369,8 @@ int cmd_train_gpt(int argc, char **argv) {
             for (int i = 0; views != NULL && i < st.model.n_params; i++)
                 views[i] = zdp_engine_param_data(st.eng, i);
             if (views != NULL &&
-                zdp_gpt_weights_save(o.save_weights, st.model.params, st.model.n_params,
-                                     (const float *const *)views, &err) != ZDP_OK) {
+                zdp_gpt_weights_save_model(o.save_weights, &st.model, (const float *const *)views,
+                                           &err) != ZDP_OK) {
                 fprintf(stderr, "zdp: error: --save-weights %s\n", err.msg);
                 mine = 1;
             }
