@@ -782,11 +782,13 @@ static zdp_status check_shape_(const zdp_engine *e, const ckpt_view *v, zdp_erro
             for (char *p = flag; *p; p++)
                 if (*p == '_') *p = '-';
             const char *plain = json_is_string(a) ? json_string_value(a) : sa;
+            char hint[256] = "";
+            if (plain != NULL)
+                snprintf(hint, sizeof hint, " (the zdp command: --%s %.100s)", flag, plain);
             st = zdp_err_set(err, ZDP_ERR_CONFIG,
                              "%s/meta.json: the checkpoint's model has %s = %s, this model has "
-                             "%s = %s; build the model with the checkpoint's shape (the zdp "
-                             "command: --%s %s)", v->dir, key, sa ? sa : "(none)", key,
-                             sb ? sb : "(none)", flag, plain ? plain : "?");
+                             "%s = %s; build the model with the checkpoint's shape%s", v->dir,
+                             key, sa ? sa : "(none)", key, sb ? sb : "(none)", hint);
             free(sa);
             free(sb);
             break;
