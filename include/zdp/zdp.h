@@ -587,9 +587,9 @@ ZDP_API zdp_status zdp_gpt_next_logits(const zdp_model *model, const float *cons
  *     untied head.  n_head is checked only in files zdp wrote (a
  *     checkpoint's model.safetensors, zdp ckpt export,
  *     zdp_gpt_weights_save_model): their __metadata__ "zdp_model" records
- *     the shape, and a config of another shape is ZDP_ERR_CONFIG naming the
- *     key and both values; other files have no record of it (no
- *     config.json is read).
+ *     the shape, and a config with another n_head is ZDP_ERR_CONFIG naming
+ *     both values; other files have no record of it (no config.json is
+ *     read).
  *     Torch.nn.Linear checkpoints (nanoGPT) use the same names with [out, in]
  *     weights: transpose c_attn/c_proj/c_fc first.  c_attn's shape catches
  *     this.
@@ -634,7 +634,7 @@ ZDP_API zdp_status zdp_gpt_weights_save(const char *path, const zdp_param_info *
 /* The same for a model from zdp_gpt_create, with its shape (shape_json,
  * n_head included) in __metadata__ as "zdp_model", as a checkpoint's
  * model.safetensors and zdp ckpt export have it: zdp_gpt_weights_load then
- * refuses the file for a config of another shape, naming both values. */
+ * refuses the file for a config with another n_head, naming both values. */
 ZDP_API zdp_status zdp_gpt_weights_save_model(const char *path, const zdp_model *model,
                                               const float *const *src, zdp_error *err);
 

@@ -308,7 +308,8 @@ static zdp_status gio_st_check_config_(const char *path, const zdp_safetensors *
 /* Files zdp writes (a checkpoint's model.safetensors, zdp ckpt export,
  * --save-weights) carry the model's shape in __metadata__.zdp_model.  It is
  * the only place a safetensors file can say n_head, which no tensor's shape
- * shows, so it is checked; files without it (Hugging Face's) cannot be.
+ * shows, so that is checked here; files without it (Hugging Face's) cannot
+ * be.
  * Anything unreadable is left to the safetensors reader to report. */
 static zdp_status gio_check_zdp_model_(const char *path, FILE *f, int64_t file_bytes,
                                        const zdp_gpt_config *cfg, zdp_error *err) {
@@ -331,10 +332,10 @@ static zdp_status gio_check_zdp_model_(const char *path, FILE *f, int64_t file_b
         st = zdp_err_set(err, ZDP_ERR_CONFIG,
                          "%s: zdp saved these weights for a model \"%s\" (__metadata__ "
                          "zdp_model), not a GPT", path, kind);
+    /* n_head only: every other shape flag shows in a tensor's shape, and the
+     * tensor checks name that tensor. */
     const struct { const char *key, *flag; int have; } k[] = {
-        {"n_layer", "n-layer", cfg->n_layer},       {"n_head", "n-head", cfg->n_head},
-        {"n_embd", "n-embd", cfg->n_embd},          {"vocab_size", "vocab-size", cfg->vocab_size},
-        {"block_size", "block-size", cfg->block_size},
+        {"n_head", "n-head", cfg->n_head},
     };
     for (size_t i = 0; st == ZDP_OK && json_is_object(shape) && i < sizeof k / sizeof k[0]; i++) {
         json_t *v = json_object_get(shape, k[i].key);
