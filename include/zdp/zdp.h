@@ -261,6 +261,12 @@ typedef struct zdp_model {
     const zdp_model_ops *ops;
     int n_params;                /* number of parameter tensors */
     const zdp_param_info *params; /* n_params entries, registration order */
+    /* Optional (NULL: none): the model's shape as a flat JSON object of
+     * integers and strings, e.g. {"model": "gpt", "n_layer": 4, "n_head": 4,
+     * ...}.  Checkpoints record it, and loading one saved with another shape
+     * is refused naming the key and both values -- including keys such as
+     * n_head that no tensor shape shows. */
+    const char *shape_json;
 } zdp_model;
 
 /* ---- engine ------------------------------------------------------------ */
@@ -431,8 +437,10 @@ ZDP_API int64_t zdp_engine_param_offset(const zdp_engine *eng, int i);
  *                              (global_steps, global_samples, micro_steps,
  *                              skipped_steps, pending backwards, optimizer
  *                              step, LR scheduler iteration), the config's
- *                              training keys, client_json, and the size and
- *                              FNV-1a 64 checksum of every file
+ *                              training keys, client_json, the model's
+ *                              shape_json, the size and FNV-1a 64 checksum
+ *                              of every file, and its own checksum
+ *                              (meta_fnv1a64, docs/checkpoints.md)
  *   model.safetensors          (rank 0) the full fp32 weights by parameter
  *                              name (for the GPT: a GPT2LMHeadModel file)
  *   optim_rank{r}.safetensors  (every rank) its slice of the optimizer state
@@ -453,7 +461,10 @@ ZDP_API zdp_status zdp_engine_save_checkpoint(zdp_engine *eng, const char *dir, 
  * and the LR schedule's position.  The world size and ZeRO stage may differ
  * from the saving job's (the optimizer state is re-cut from the flat fp32
  * state), except for a checkpoint taken mid-window, which holds rank-local
- * gradients and needs the same world size and stage.  Every file is checked
+ * gradients and needs the same world size and stage.  meta.json is checked
+ * against its own checksum (format 1, which has none, loads with a
+ * warning), the recorded shape against the model's shape_json (a differing
+ * key, e.g. n_head, is ZDP_ERR_CONFIG naming both values), every file
  * against its size and checksum, and every tensor against the model, before
  * anything in the engine changes: on error the engine is as it was, and the
  * message names the file and what is wrong.  *client_json (may be NULL)
@@ -573,7 +584,12 @@ ZDP_API zdp_status zdp_gpt_next_logits(const zdp_model *model, const float *cons
  *     lm_head.weight, if present, must have wte's shape and equal wte
  *     exactly (zdp ties them); it is then skipped.  A different lm_head is
  *     ZDP_ERR_UNSUPPORTED, because loading it would silently drop a trained,
- *     untied head.  n_head cannot be checked (no config.json is read).
+ *     untied head.  n_head is checked only in files zdp wrote (a
+ *     checkpoint's model.safetensors, zdp ckpt export,
+ *     zdp_gpt_weights_save_model): their __metadata__ "zdp_model" records
+ *     the shape, and a config with another n_head is ZDP_ERR_CONFIG naming
+ *     both values; other files have no record of it (no config.json is
+ *     read).
  *     Torch.nn.Linear checkpoints (nanoGPT) use the same names with [out, in]
  *     weights: transpose c_attn/c_proj/c_fc first.  c_attn's shape catches
  *     this.
@@ -615,6 +631,12 @@ ZDP_API zdp_status zdp_gpt_weights_load(const char *path, const zdp_gpt_config *
 ZDP_API zdp_status zdp_gpt_weights_save(const char *path, const zdp_param_info *params,
                                         int n_params, const float *const *src,
                                         zdp_error *err);
+/* The same for a model from zdp_gpt_create, with its shape (shape_json,
+ * n_head included) in __metadata__ as "zdp_model", as a checkpoint's
+ * model.safetensors and zdp ckpt export have it: zdp_gpt_weights_load then
+ * refuses the file for a config with another n_head, naming both values. */
+ZDP_API zdp_status zdp_gpt_weights_save_model(const char *path, const zdp_model *model,
+                                              const float *const *src, zdp_error *err);
 
 /* ---- token data ------------------------------------------------------------ */
 
@@ -628,7 +650,22 @@ ZDP_API zdp_status zdp_gpt_weights_save(const char *path, const zdp_param_info *
 typedef enum zdp_token_format {
     ZDP_TOKENS_SHARD,
     ZDP_TOKENS_BYTES,
+    ZDP_TOKENS_AUTO, /* decided by zdp_tokens_detect */
 } zdp_token_format;
+
+/* What ZDP_TOKENS_AUTO reads `path` as (docs/training.md, "Data formats"):
+ *   - a shard when its first int32 is the llm.c magic 20240520;
+ *   - ZDP_ERR_FORMAT when it is not, but the file looks like a damaged
+ *     shard: its name ends in ".bin", or it has a whole 1024-byte header
+ *     and either 3 of the magic's 4 bytes are in place or the header's
+ *     version (1) and token count (1024 + 2n bytes = the file size) are
+ *     those of a shard.  The message names the file, the int32 found and
+ *     the fix (repair the file, or read it as bytes explicitly);
+ *   - bytes otherwise (text and other files).
+ * Status: ZDP_ERR_IO (cannot open or read), ZDP_ERR_FORMAT,
+ * ZDP_ERR_INVALID_ARG (NULL). */
+ZDP_API zdp_status zdp_tokens_detect(const char *path, zdp_token_format *format /* OUT */,
+                                     zdp_error *err);
 
 /* Reads a whole token file into a new array: *tokens (free it with
  * zdp_tokens_free) and *n_tokens.  A shard's header is checked (magic,

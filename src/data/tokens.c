@@ -139,6 +139,56 @@ static zdp_status tok_read_bytes_(const char *path, FILE *f, int64_t file_bytes,
     return ZDP_OK;
 }
 
+/* The rule of zdp.h's zdp_tokens_detect.  A file that starts with the magic
+ * is a shard; one that does not is bytes only when nothing about it says
+ * "shard": a damaged magic must not turn a shard into 2 tokens per uint16
+ * of noise that trains without a word of warning. */
+zdp_status zdp_tokens_detect(const char *path, zdp_token_format *format, zdp_error *err) {
+    if (path == NULL || format == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "zdp_tokens_detect: path and format must not be NULL");
+    *format = ZDP_TOKENS_BYTES;
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return zdp_err_set(err, ZDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    unsigned char hd[SHARD_HEADER_BYTES];
+    size_t got = fread(hd, 1, sizeof hd, f);
+    struct stat sb;
+    int bad = ferror(f) || fstat(fileno(f), &sb) != 0;
+    fclose(f);
+    if (bad) return zdp_err_set(err, ZDP_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+    const int32_t magic = got >= 4 ? tok_le32_(hd) : 0;
+    if (magic == ZDP_SHARD_MAGIC) {
+        *format = ZDP_TOKENS_SHARD;
+        return ZDP_OK;
+    }
+    const size_t len = strlen(path);
+    const bool dot_bin = len >= 4 && strcmp(path + len - 4, ".bin") == 0;
+    bool near = false, header = false;
+    if (got == sizeof hd) {
+        unsigned char want[4];
+        tok_put_le32_(want, ZDP_SHARD_MAGIC);
+        int same = 0;
+        for (int b = 0; b < 4; b++) same += hd[b] == want[b];
+        near = same >= 3;
+        const int32_t version = tok_le32_(hd + 4), n = tok_le32_(hd + 8);
+        header = version == ZDP_SHARD_VERSION && n >= 0 &&
+                 (int64_t)sb.st_size == SHARD_HEADER_BYTES + 2 * (int64_t)n;
+    }
+    if (!dot_bin && !near && !header) return ZDP_OK;
+    return zdp_err_set(err, ZDP_ERR_FORMAT,
+                       "%s: header magic %" PRId32 ", expected %d: %s, so it is not read as "
+                       "bytes; fix: repair or re-create the shard, or, if the file really is "
+                       "raw bytes or text, say so (zdp train --data-format bytes, "
+                       "ZDP_TOKENS_BYTES)",
+                       path, magic, ZDP_SHARD_MAGIC,
+                       magic == 20240326 ? "an llm.c model checkpoint, not tokens"
+                       : near            ? "a damaged llm.c token shard magic"
+                       : header          ? "the rest of the header (version 1, token count "
+                                           "matching the file size) is an llm.c token shard's"
+                                         : "a .bin file is taken for an llm.c token shard");
+}
+
 zdp_status zdp_tokens_read(const char *path, zdp_token_format format, int32_t **tokens,
                            int64_t *n_tokens, zdp_error *err) {
     if (tokens != NULL) *tokens = NULL;
@@ -146,10 +196,14 @@ zdp_status zdp_tokens_read(const char *path, zdp_token_format format, int32_t **
     if (path == NULL || tokens == NULL || n_tokens == NULL)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
                            "zdp_tokens_read: path, tokens and n_tokens must not be NULL");
-    if (format != ZDP_TOKENS_SHARD && format != ZDP_TOKENS_BYTES)
+    if (format != ZDP_TOKENS_SHARD && format != ZDP_TOKENS_BYTES && format != ZDP_TOKENS_AUTO)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
-                           "%s: token format %d is not ZDP_TOKENS_SHARD or ZDP_TOKENS_BYTES",
-                           path, (int)format);
+                           "%s: token format %d is not ZDP_TOKENS_SHARD, ZDP_TOKENS_BYTES or "
+                           "ZDP_TOKENS_AUTO", path, (int)format);
+    if (format == ZDP_TOKENS_AUTO) {
+        zdp_status d = zdp_tokens_detect(path, &format, err);
+        if (d != ZDP_OK) return d;
+    }
     FILE *f = fopen(path, "rb");
     if (f == NULL)
         return zdp_err_set(err, ZDP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));

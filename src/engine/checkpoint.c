@@ -10,6 +10,15 @@
  * job's ranks (stage 2), so a mid-window checkpoint resumes only at the same
  * world size and stage.
  *
+ * Integrity: meta.json lists the size and FNV-1a 64 of every other file,
+ * and carries its own checksum, "meta_fnv1a64": the FNV-1a 64 of the file's
+ * exact bytes with those 16 hex digits read as '0's.  Over the bytes rather
+ * than a re-serialisation, so a reader (another program, another jansson)
+ * needs no canonical JSON writer to check it; any change to a counter, a
+ * shape or the client state is refused.  Format 1 files have no checksum and
+ * load with a warning (docs/checkpoints.md).  The model's shape_json is
+ * recorded as "model", and a model of another shape is refused by key.
+ *
  * Crash safety: files go to dir/tag.tmp/, each written to a temporary name,
  * fsynced and renamed (zdp_safetensors_write); ranks agree that all files
  * are complete; rank 0 writes meta.json last, renames the directory into
@@ -37,7 +46,10 @@
 #include "engine_impl.h"
 
 #define FORMAT_NAME_ "zdp-checkpoint"
-#define FORMAT_VERSION_ 1
+#define FORMAT_VERSION_ 2
+#define META_SUM_KEY_ "meta_fnv1a64"
+#define FNV_BASIS_ 0xcbf29ce484222325ULL
+#define FNV_PRIME_ 0x100000001b3ULL
 #define PATH_MAX_ 4096
 
 /* ---- files ------------------------------------------------------------------ */
@@ -46,12 +58,12 @@
 static int file_digest_(const char *path, uint64_t *hash, int64_t *size) {
     FILE *f = fopen(path, "rb");
     if (f == NULL) return -1;
-    uint64_t h = 0xcbf29ce484222325ULL;
+    uint64_t h = FNV_BASIS_;
     int64_t n = 0;
     unsigned char buf[1 << 16];
     size_t got;
     while ((got = fread(buf, 1, sizeof buf, f)) > 0) {
-        for (size_t i = 0; i < got; i++) h = (h ^ buf[i]) * 0x100000001b3ULL;
+        for (size_t i = 0; i < got; i++) h = (h ^ buf[i]) * FNV_PRIME_;
         n += (int64_t)got;
     }
     int bad = ferror(f);
@@ -59,6 +71,73 @@ static int file_digest_(const char *path, uint64_t *hash, int64_t *size) {
     if (bad) return -1;
     *hash = h;
     *size = n;
+    return 0;
+}
+
+/* The 16 hex digits of the last "meta_fnv1a64": "..." in text[0, n), or
+ * NULL.  The last: rank 0 writes the key last at the top level, after the
+ * client state, whose keys are the caller's. */
+static char *meta_sum_digits_(char *text, size_t n) {
+    static const char key[] = "\"" META_SUM_KEY_ "\"";
+    const size_t k = sizeof key - 1;
+    for (size_t i = n >= k ? n - k + 1 : 0; i-- > 0;) {
+        if (memcmp(text + i, key, k) != 0) continue;
+        size_t j = i + k;
+        while (j < n && strchr(" \t\r\n", text[j]) != NULL && text[j] != '\0') j++;
+        if (j >= n || text[j] != ':') return NULL;
+        for (j++; j < n && strchr(" \t\r\n", text[j]) != NULL && text[j] != '\0'; j++) {
+        }
+        if (j + 18 > n || text[j] != '"' || text[j + 17] != '"') return NULL;
+        return text + j + 1;
+    }
+    return NULL;
+}
+
+/* FNV-1a 64 of text[0, n) with the 16 bytes at digits read as '0's. */
+static uint64_t meta_sum_(const char *text, size_t n, const char *digits) {
+    uint64_t h = FNV_BASIS_;
+    for (size_t i = 0; i < n; i++) {
+        const char *p = text + i;
+        unsigned char c = p >= digits && p < digits + 16 ? '0' : (unsigned char)*p;
+        h = (h ^ c) * FNV_PRIME_;
+    }
+    return h;
+}
+
+/* A whole small file into a NUL-terminated buffer.  -1 with errno set. */
+static int read_all_(const char *path, char **buf, size_t *n) {
+    *buf = NULL;
+    *n = 0;
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) return -1;
+    size_t cap = 1 << 16, len = 0;
+    char *b = malloc(cap + 1);
+    size_t got;
+    while (b != NULL && (got = fread(b + len, 1, cap - len, f)) > 0) {
+        len += got;
+        if (len < cap) continue;
+        /* meta.json is small; 1 GiB means something else is there. */
+        char *nb = cap < (1u << 30) ? realloc(b, 2 * cap + 1) : NULL;
+        if (nb == NULL) {
+            free(b);
+            b = NULL;
+            errno = ENOMEM;
+        } else {
+            b = nb;
+            cap *= 2;
+        }
+    }
+    int bad = b == NULL || ferror(f);
+    int saved = errno;
+    fclose(f);
+    if (bad) {
+        free(b);
+        errno = saved ? saved : EIO;
+        return -1;
+    }
+    b[len] = '\0';
+    *buf = b;
+    *n = len;
     return 0;
 }
 
@@ -187,9 +266,11 @@ static zdp_status write_model_file_(zdp_engine *e, const char *path, zdp_error *
                             .nbytes = (size_t)e->lay.numels[i] * sizeof(float)};
         memcpy(t[i].shape, m->params[i].shape, sizeof t[i].shape);
     }
-    /* A weights file like the ones people load: {"format": "pt"}. */
-    static const char *const meta[] = {"format", "pt"};
-    zdp_status st = zdp_safetensors_write_meta(path, t, m->n_params, meta, 1, err);
+    /* A weights file like the ones people load: {"format": "pt"}, and the
+     * model's shape, which zdp_gpt_weights_load checks (--init). */
+    const char *const meta[] = {"format", "pt", "zdp_model", m->shape_json};
+    zdp_status st = zdp_safetensors_write_meta(path, t, m->n_params, meta,
+                                               m->shape_json != NULL ? 2 : 1, err);
     free(t);
     return st;
 }
@@ -240,6 +321,17 @@ static json_t *meta_json_(zdp_engine *e, const char *tag, json_t *client, const 
         "gradient_accumulation_steps", (json_int_t)c->gradient_accumulation_steps,
         "optimizer", opt, "lr", c->optimizer.lr, "gradient_clipping", c->gradient_clipping,
         "tensors", tensors, "files", files, "client", client);
+    if (meta != NULL && e->model->shape_json != NULL) {
+        json_t *shape = json_loads(e->model->shape_json, 0, NULL);
+        if (!json_is_object(shape)) {
+            json_decref(shape);
+            json_decref(meta);
+            return NULL;
+        }
+        json_object_set_new(meta, "model", shape);
+    }
+    /* Last, so that meta_sum_digits_ finds this one; filled in by save. */
+    if (meta != NULL) json_object_set_new(meta, META_SUM_KEY_, json_string("0000000000000000"));
     return meta;
 }
 
@@ -263,6 +355,18 @@ zdp_status zdp_engine_save_checkpoint(zdp_engine *e, const char *dir, const char
         }
     } else {
         client = json_object();
+    }
+    if (e->model->shape_json != NULL) {
+        /* The same model on every rank, so every rank returns here alike. */
+        json_t *shape = json_loads(e->model->shape_json, 0, NULL);
+        bool obj = json_is_object(shape);
+        json_decref(shape);
+        if (!obj) {
+            json_decref(client);
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "save_checkpoint: the model's shape_json is not a JSON object: "
+                               "%.200s", e->model->shape_json);
+        }
     }
     zdp_status st = zdp_engine_drain_(e, err);
     if (st != ZDP_OK) {
@@ -346,6 +450,17 @@ zdp_status zdp_engine_save_checkpoint(zdp_engine *e, const char *dir, const char
         json_t *meta = meta_json_(e, tag, json_incref(client), rec);
         char *text = meta ? json_dumps(meta, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
         json_decref(meta);
+        char *digits = text ? meta_sum_digits_(text, strlen(text)) : NULL;
+        if (digits != NULL) {
+            char hex[17];
+            snprintf(hex, sizeof hex, "%016llx",
+                     (unsigned long long)meta_sum_(text, strlen(text), digits));
+            memcpy(digits, hex, 16);
+        } else {
+            free(text);
+            text = NULL;
+            errno = EINVAL; /* a model shape_json that is not a JSON object */
+        }
         snprintf(path, sizeof path, "%s/meta.json", tmpdir);
         char old[PATH_MAX_ + 32];
         snprintf(old, sizeof old, "%s.old.%ld", final, (long)getpid());
@@ -412,6 +527,7 @@ typedef struct ckpt_view {
     char tag[256];
     json_t *meta;
     int world, stage;
+    int version;            /* format_version: 1 has no meta checksum */
     int64_t numel, pending;
 } ckpt_view;
 
@@ -448,6 +564,39 @@ static int64_t get_int_(json_t *obj, const char *a, const char *b, bool *ok) {
     return (int64_t)json_integer_value(v);
 }
 
+/* Checks meta.json's own checksum (format 2), or warns that there is none
+ * (format 1: written before zdp had one). */
+static zdp_status meta_check_sum_(const char *path, json_t *meta, char *text, size_t n,
+                                  int version, zdp_error *err) {
+    json_t *field = json_object_get(meta, META_SUM_KEY_);
+    if (version == 1 && field == NULL) {
+        if (zdp_dist_rank() == 0)
+            zdp_log(1, "%s: format_version 1 has no meta.json checksum (saved by an older "
+                       "zdp), so its counters and client state load unverified; save the "
+                       "checkpoint again to get one", path);
+        return ZDP_OK;
+    }
+    const char *want = json_string_value(field);
+    char *digits = meta_sum_digits_(text, n);
+    bool hex = want != NULL && strlen(want) == 16 && strspn(want, "0123456789abcdef") == 16;
+    if (!hex || digits == NULL || memcmp(digits, want, 16) != 0)
+        return zdp_err_set(err, ZDP_ERR_FORMAT,
+                           "%s: no valid \"" META_SUM_KEY_ "\" (16 lowercase hex digits): the "
+                           "file was edited or damaged after it was saved; fix: restore it from a copy, or load another checkpoint "
+                           "(another tag)", path);
+    uint64_t got = meta_sum_(text, n, digits);
+    char hexgot[17];
+    snprintf(hexgot, sizeof hexgot, "%016llx", (unsigned long long)got);
+    if (memcmp(hexgot, want, 16) != 0)
+        return zdp_err_set(err, ZDP_ERR_FORMAT,
+                           "%s: checksum mismatch: the file says " META_SUM_KEY_ " %.16s, its "
+                           "content hashes to %s; it was changed or damaged after it was saved, "
+                           "and a changed counter or shape would load silently wrong; fix: "
+                           "restore it from a copy, or load another checkpoint (another tag)",
+                           path, want, hexgot);
+    return ZDP_OK;
+}
+
 /* Opens dir/tag/meta.json, checks the format and every file's checksum. */
 static zdp_status view_open_(const char *dir, const char *tag, ckpt_view *v, zdp_error *err) {
     memset(v, 0, sizeof *v);
@@ -463,14 +612,20 @@ static zdp_status view_open_(const char *dir, const char *tag, ckpt_view *v, zdp
     char path[PATH_MAX_ + 64];
     snprintf(path, sizeof path, "%s/meta.json", v->dir);
     json_error_t je;
-    v->meta = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (v->meta == NULL) {
+    char *text = NULL;
+    size_t text_n = 0;
+    if (read_all_(path, &text, &text_n) != 0) {
         struct stat sb;
         if (stat(path, &sb) != 0)
             return zdp_err_set(err, ZDP_ERR_IO,
                                "%s: missing (%s); %s is not a complete zdp checkpoint (an "
                                "interrupted save leaves only %s.tmp)", path, strerror(errno),
                                v->dir, v->dir);
+        return zdp_err_set(err, ZDP_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+    }
+    v->meta = json_loadb(text, text_n, JSON_REJECT_DUPLICATES, &je);
+    if (v->meta == NULL) {
+        free(text);
         return zdp_err_set(err, ZDP_ERR_FORMAT, "%s:%d:%d: corrupt metadata: %s", path, je.line,
                            je.column, je.text);
     }
@@ -479,14 +634,25 @@ static zdp_status view_open_(const char *dir, const char *tag, ckpt_view *v, zdp
     int64_t version = get_int_(v->meta, "format_version", NULL, &ok);
     if (!json_is_object(v->meta) || fmt == NULL || strcmp(fmt, FORMAT_NAME_) != 0 || !ok) {
         view_free_(v);
+        free(text);
         return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: not a zdp checkpoint (no \"format\": \"%s\")",
                            path, FORMAT_NAME_);
     }
-    if (version != FORMAT_VERSION_) {
+    if (version != FORMAT_VERSION_ && version != 1) {
         view_free_(v);
+        free(text);
         return zdp_err_set(err, ZDP_ERR_UNSUPPORTED,
-                           "%s: format_version %lld; this zdp (%s) reads version %d; use the zdp "
-                           "that wrote it", path, (long long)version, ZDP_VERSION, FORMAT_VERSION_);
+                           "%s: format_version %lld; this zdp (%s) reads versions 1 and %d; use "
+                           "the zdp that wrote it", path, (long long)version, ZDP_VERSION,
+                           FORMAT_VERSION_);
+    }
+    v->version = (int)version;
+    /* The file's own checksum, before any field of it is believed. */
+    zdp_status sum_st = meta_check_sum_(path, v->meta, text, text_n, v->version, err);
+    free(text);
+    if (sum_st != ZDP_OK) {
+        view_free_(v);
+        return sum_st;
     }
     v->world = (int)get_int_(v->meta, "world_size", NULL, &ok);
     v->stage = (int)get_int_(v->meta, "zero_stage", NULL, &ok);
@@ -584,10 +750,60 @@ static void staged_free_(staged *s) {
     memset(s, 0, sizeof *s);
 }
 
+/* The checkpoint's "model" against this model's shape_json, key by key (a
+ * side without one is not checked: format 1, or a model without it). */
+static zdp_status check_shape_(const zdp_engine *e, const ckpt_view *v, zdp_error *err) {
+    json_t *saved = json_object_get(v->meta, "model");
+    if (saved == NULL || e->model->shape_json == NULL) return ZDP_OK;
+    if (!json_is_object(saved))
+        return zdp_err_set(err, ZDP_ERR_FORMAT, "%s/meta.json: \"model\" is not an object",
+                           v->dir);
+    json_t *mine = json_loads(e->model->shape_json, 0, NULL);
+    if (!json_is_object(mine)) {
+        json_decref(mine);
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "load_checkpoint: the model's shape_json is not a JSON object");
+    }
+    zdp_status st = ZDP_OK;
+    for (int pass = 0; pass < 2 && st == ZDP_OK; pass++) {
+        /* Saved keys first, then keys only this model has. */
+        json_t *from = pass == 0 ? saved : mine, *other = pass == 0 ? mine : saved;
+        const char *key;
+        json_t *val;
+        json_object_foreach(from, key, val) {
+            json_t *o = json_object_get(other, key);
+            if (o != NULL && json_equal(o, val)) continue;
+            json_t *a = pass == 0 ? val : o, *b = pass == 0 ? o : val;
+            char *sa = a ? json_dumps(a, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+            char *sb = b ? json_dumps(b, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+            /* The zdp command's flag for the key: n_head -> --n-head. */
+            char flag[64];
+            snprintf(flag, sizeof flag, "%s", key);
+            for (char *p = flag; *p; p++)
+                if (*p == '_') *p = '-';
+            const char *plain = json_is_string(a) ? json_string_value(a) : sa;
+            char hint[256] = "";
+            if (plain != NULL)
+                snprintf(hint, sizeof hint, " (the zdp command: --%s %.100s)", flag, plain);
+            st = zdp_err_set(err, ZDP_ERR_CONFIG,
+                             "%s/meta.json: the checkpoint's model has %s = %s, this model has "
+                             "%s = %s; build the model with the checkpoint's shape%s", v->dir,
+                             key, sa ? sa : "(none)", key, sb ? sb : "(none)", hint);
+            free(sa);
+            free(sb);
+            break;
+        }
+    }
+    json_decref(mine);
+    return st;
+}
+
 /* Reads and checks everything into s; the engine is not touched. */
 static zdp_status stage_(zdp_engine *e, const ckpt_view *v, staged *s, zdp_error *err) {
     const zdp_model *model = e->model;
     char path[PATH_MAX_ + 64];
+    zdp_status shape = check_shape_(e, v, err);
+    if (shape != ZDP_OK) return shape;
     if (v->numel != e->lay.numel)
         return zdp_err_set(err, ZDP_ERR_CONFIG,
                            "%s/meta.json: the checkpoint's model has %lld parameters, this one "
@@ -791,7 +1007,13 @@ zdp_status zdp_checkpoint_inspect(const char *dir, const char *tag, char **text,
         return zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory");
     }
     fprintf(f, "checkpoint %s (zdp %s, format %d)\n", v.dir,
-            str_or_(json_object_get(v.meta, "zdp_version")), FORMAT_VERSION_);
+            str_or_(json_object_get(v.meta, "zdp_version")), v.version);
+    json_t *shape = json_object_get(v.meta, "model");
+    if (shape != NULL) {
+        char *s = json_dumps(shape, JSON_COMPACT | JSON_ENCODE_ANY);
+        fprintf(f, "  model shape: %s\n", s ? s : "?");
+        free(s);
+    }
     fprintf(f, "  saved by %d rank(s) at ZeRO stage %d, %s accumulation\n", v.world, v.stage,
             json_is_true(json_object_get(v.meta, "managed_gradient_accumulation")) ? "managed"
                                                                                      : "unmanaged");
@@ -819,7 +1041,8 @@ zdp_status zdp_checkpoint_inspect(const char *dir, const char *tag, char **text,
             (long long)get_int_(cfg, "gradient_accumulation_steps", NULL, &ok),
             (long long)get_int_(cfg, "train_batch_size", NULL, &ok));
     fprintf(f, "  files: model.safetensors (full fp32 weights) and %d optimizer slice(s); sizes "
-               "and checksums verified\n", v.world);
+               "and checksums verified; meta.json %s\n", v.world,
+            v.version == 1 ? "has no checksum (format 1): unverified" : "checksum verified");
     char *client = json_dumps(json_object_get(v.meta, "client"), JSON_COMPACT);
     fprintf(f, "  client state: %s\n", client ? client : "{}");
     free(client);
@@ -839,12 +1062,18 @@ zdp_status zdp_checkpoint_export(const char *dir, const char *tag, const char *o
     if (st != ZDP_OK) return st;
     char path[PATH_MAX_ + 64];
     snprintf(path, sizeof path, "%s/model.safetensors", v.dir);
+    json_t *shape = json_object_get(v.meta, "model");
+    char *shape_text = json_is_object(shape) ? json_dumps(shape, JSON_COMPACT) : NULL;
     view_free_(&v);
-    /* Re-written rather than copied: the output is validated and atomic. */
+    /* Re-written rather than copied: the output is validated and atomic.
+     * The model's shape goes along, as in the checkpoint's own file. */
     zdp_safetensors sf;
-    if ((st = zdp_safetensors_read(path, &sf, err)) != ZDP_OK) return st;
-    static const char *const meta[] = {"format", "pt"};
-    st = zdp_safetensors_write_meta(out_path, sf.tensors, sf.n, meta, 1, err);
-    zdp_safetensors_free(&sf);
+    if ((st = zdp_safetensors_read(path, &sf, err)) == ZDP_OK) {
+        const char *const meta[] = {"format", "pt", "zdp_model", shape_text};
+        st = zdp_safetensors_write_meta(out_path, sf.tensors, sf.n, meta,
+                                        shape_text != NULL ? 2 : 1, err);
+        zdp_safetensors_free(&sf);
+    }
+    free(shape_text);
     return st;
 }

@@ -32,6 +32,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <jansson.h>
+
 #define GIO_PREFIX "transformer."
 #define GIO_PREFIX_LEN 12
 #define GIO_LLMC_MAGIC 20240326
@@ -301,6 +303,53 @@ static zdp_status gio_st_check_config_(const char *path, const zdp_safetensors *
                            "n_layer = %ld", path, max_layer + 1, max_layer, cfg->n_layer,
                            cfg->n_layer - 1, max_layer + 1);
     return ZDP_OK;
+}
+
+/* Files zdp writes (a checkpoint's model.safetensors, zdp ckpt export,
+ * --save-weights) carry the model's shape in __metadata__.zdp_model.  It is
+ * the only place a safetensors file can say n_head, which no tensor's shape
+ * shows, so that is checked here; files without it (Hugging Face's) cannot
+ * be.
+ * Anything unreadable is left to the safetensors reader to report. */
+static zdp_status gio_check_zdp_model_(const char *path, FILE *f, int64_t file_bytes,
+                                       const zdp_gpt_config *cfg, zdp_error *err) {
+    unsigned char lb[8];
+    if (fread(lb, 1, sizeof lb, f) != sizeof lb) return ZDP_OK;
+    uint64_t n = 0;
+    for (int b = 0; b < 8; b++) n |= (uint64_t)lb[b] << (8 * b);
+    if (file_bytes < 8 || n > (uint64_t)(file_bytes - 8) || n > ((uint64_t)100 << 20)) return ZDP_OK;
+    char *text = malloc((size_t)n + 1);
+    if (text == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory", path);
+    json_t *hdr = fread(text, 1, (size_t)n, f) == (size_t)n ? json_loadb(text, (size_t)n, 0, NULL)
+                                                           : NULL;
+    free(text);
+    const char *s = json_string_value(json_object_get(json_object_get(hdr, "__metadata__"),
+                                                      "zdp_model"));
+    json_t *shape = s != NULL ? json_loads(s, 0, NULL) : NULL;
+    zdp_status st = ZDP_OK;
+    const char *kind = json_string_value(json_object_get(shape, "model"));
+    if (kind != NULL && strcmp(kind, "gpt") != 0)
+        st = zdp_err_set(err, ZDP_ERR_CONFIG,
+                         "%s: zdp saved these weights for a model \"%s\" (__metadata__ "
+                         "zdp_model), not a GPT", path, kind);
+    /* n_head only: every other shape flag shows in a tensor's shape, and the
+     * tensor checks name that tensor. */
+    const struct { const char *key, *flag; int have; } k[] = {
+        {"n_head", "n-head", cfg->n_head},
+    };
+    for (size_t i = 0; st == ZDP_OK && json_is_object(shape) && i < sizeof k / sizeof k[0]; i++) {
+        json_t *v = json_object_get(shape, k[i].key);
+        if (!json_is_integer(v) || json_integer_value(v) == k[i].have) continue;
+        long long want = (long long)json_integer_value(v);
+        st = zdp_err_set(err, ZDP_ERR_CONFIG,
+                         "%s: zdp saved these weights for a GPT with %s = %lld (__metadata__ "
+                         "zdp_model), but the config has %s = %d; set %s = %lld (the zdp "
+                         "command: --%s %lld)", path, k[i].key, want, k[i].key, k[i].have,
+                         k[i].key, want, k[i].flag, want);
+    }
+    json_decref(shape);
+    json_decref(hdr);
+    return st;
 }
 
 static zdp_status gio_load_safetensors_(const char *path, const zdp_gpt_config *cfg,
@@ -686,9 +735,10 @@ zdp_status zdp_gpt_weights_load(const char *path, const zdp_gpt_config *cfg,
     if (got >= 4 && magic == GIO_LLMC_MAGIC) {
         s = gio_load_llmc_(path, f, (int64_t)sb.st_size, cfg, expected, map, dst, err);
     } else if (got >= 9 && head[8] == '{') {
+        s = gio_check_zdp_model_(path, f, (int64_t)sb.st_size, cfg, err);
         fclose(f);
         f = NULL;
-        s = gio_load_safetensors_(path, cfg, expected, map, dst, err);
+        if (s == ZDP_OK) s = gio_load_safetensors_(path, cfg, expected, map, dst, err);
     } else {
         const char *hint = magic == 20240520 ? " (it is an llm.c token shard, not a model)"
                            : magic == 20240327 ? " (it is an llm.c debug state, not a model)"
@@ -708,8 +758,8 @@ done:
     return s;
 }
 
-zdp_status zdp_gpt_weights_save(const char *path, const zdp_param_info *params, int n_params,
-                                const float *const *src, zdp_error *err) {
+static zdp_status gio_save_(const char *path, const zdp_param_info *params, int n_params,
+                            const float *const *src, const char *shape_json, zdp_error *err) {
     if (path == NULL || params == NULL || src == NULL || n_params < 1)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
                            "zdp_gpt_weights_save: path, params and src must not be NULL and "
@@ -742,8 +792,20 @@ zdp_status zdp_gpt_weights_save(const char *path, const zdp_param_info *params, 
             }
         }
     }
-    static const char *const meta[] = {"format", "pt"};
-    zdp_status s = zdp_safetensors_write_meta(path, t, n_params, meta, 1, err);
+    const char *const meta[] = {"format", "pt", "zdp_model", shape_json};
+    zdp_status s = zdp_safetensors_write_meta(path, t, n_params, meta, shape_json ? 2 : 1, err);
     free(t);
     return s;
+}
+
+zdp_status zdp_gpt_weights_save(const char *path, const zdp_param_info *params, int n_params,
+                                const float *const *src, zdp_error *err) {
+    return gio_save_(path, params, n_params, src, NULL, err);
+}
+
+zdp_status zdp_gpt_weights_save_model(const char *path, const zdp_model *model,
+                                      const float *const *src, zdp_error *err) {
+    if (model == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_gpt_weights_save_model: model is NULL");
+    return gio_save_(path, model->params, model->n_params, src, model->shape_json, err);
 }

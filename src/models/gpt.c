@@ -49,6 +49,7 @@ typedef struct gpt {
     int32_t *targets;
     float *weights;       /* (max_batch*T) per-position loss weights of the last forward */
     bool weighted;        /* the last forward had weights */
+    char shape_json[192]; /* zdp_model.shape_json */
 
     /* Activations: one allocation, sliced below.  Per-layer arrays hold L
      * slices of max_batch*block_size rows; a forward with B, T uses the first
@@ -394,7 +395,13 @@ zdp_status zdp_gpt_create(const zdp_gpt_config *cfg, int max_batch, zdp_model *o
     m->info = calloc((size_t)n_params, sizeof *m->info);
     if (!m->inputs || !m->targets || !m->weights || !m->names || !m->info) goto nomem;
     register_params_(m);
-    *out = (zdp_model){.self = m, .ops = &gpt_ops_, .n_params = n_params, .params = m->info};
+    /* The shape checkpoints record: n_head shows in no tensor's shape. */
+    snprintf(m->shape_json, sizeof m->shape_json,
+             "{\"model\":\"gpt\",\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,"
+             "\"vocab_size\":%d,\"block_size\":%d}",
+             cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size, cfg->block_size);
+    *out = (zdp_model){.self = m, .ops = &gpt_ops_, .n_params = n_params, .params = m->info,
+                       .shape_json = m->shape_json};
     return ZDP_OK;
 nomem:
     out->self = m;

@@ -29,6 +29,7 @@ typedef struct mlp {
     int64_t *y_copy;    /* (max_batch) labels kept for backward */
     char *names;        /* storage for parameter names */
     zdp_param_info *info; /* (2L) */
+    char shape_json[96];  /* zdp_model.shape_json */
 } mlp;
 
 #define ACT_(m, i) ((m)->acts + (int64_t)(i) * (m)->max_batch * (m)->H)
@@ -130,7 +131,10 @@ zdp_status zdp_mlp_create(int hidden, int nlayers, int64_t max_batch, zdp_model 
         m->info[2 * i] = (zdp_param_info){.name = wn, .ndim = 2, .shape = {hidden, hidden}};
         m->info[2 * i + 1] = (zdp_param_info){.name = bn, .ndim = 1, .shape = {hidden}};
     }
-    *out = (zdp_model){.self = m, .ops = &mlp_ops_, .n_params = 2 * nlayers, .params = m->info};
+    snprintf(m->shape_json, sizeof m->shape_json,
+             "{\"model\":\"mlp\",\"hidden\":%d,\"layers\":%d}", hidden, nlayers);
+    *out = (zdp_model){.self = m, .ops = &mlp_ops_, .n_params = 2 * nlayers, .params = m->info,
+                       .shape_json = m->shape_json};
     return ZDP_OK;
 nomem:
     out->self = m;

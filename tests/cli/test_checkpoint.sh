@@ -8,8 +8,11 @@
 #   c. crash safety: rank 0 killed (ZDP_TEST_CKPT_CRASH) at each point of a
 #      save leaves the previous checkpoint and `latest` usable;
 #   d. corrupt or mismatched checkpoints: one error line naming the file and
-#      the problem, a non-zero exit, and nothing written;
-#   e. zdp ckpt export gives the checkpoint's weights.
+#      the problem, a non-zero exit, and nothing written (a one-digit change
+#      of a counter in meta.json; a GPT of another --n-head);
+#   e. zdp ckpt export gives the checkpoint's weights;
+#   f. --data-format: a damaged llm.c shard magic is an error under auto,
+#      and --data-format bytes reads the same file as bytes.
 # Every run is under `timeout`, so a hang fails the test.
 # usage: test_checkpoint.sh ZDP_BINARY MPIEXEC
 set -u
@@ -257,18 +260,52 @@ bad_resume "meta.json"; error_has "not a zdp checkpoint"
 
 # A format version this zdp does not read.
 fresh
-sed -i 's/"format_version": 1,/"format_version": 99,/' "$B/meta.json"
+sed -i 's/"format_version": 2,/"format_version": 99,/' "$B/meta.json"
 grep -aq '"format_version": 99' "$B/meta.json" || fail "could not edit format_version"
-bad_resume "format_version 99"; error_has "meta.json"; error_has "reads version 1"
+bad_resume "format_version 99"; error_has "meta.json"; error_has "reads versions 1 and 2"
 bad_inspect "format_version 99"
 
-# Another model size.
+# meta.json's own checksum: one character of a counter changed (the file
+# still parses, and loaded silently before) is refused, naming the file, the
+# stored and the computed checksum.
+flip_digit() { # flip_digit KEY: the last digit of KEY's integer value in $B/meta.json, +1 mod 10
+  local before_sum; before_sum=$(md5sum <"$B/meta.json")
+  perl -0pi -e 's/("'"$1"'": \d*)(\d)/$1.(($2 + 1) % 10)/e' "$B/meta.json"
+  [ "$before_sum" != "$(md5sum <"$B/meta.json")" ] || fail "could not edit $1 in meta.json"
+}
+for key in global_steps global_samples optimizer_step samples_consumed; do
+  fresh
+  stored=$(sed -n 's/.*"meta_fnv1a64": "\([0-9a-f]*\)".*/\1/p' "$B/meta.json")
+  flip_digit $key
+  bad_resume "checksum mismatch"; error_has "$B/meta.json"; error_has "says meta_fnv1a64 $stored"
+  error_has "restore it from a copy"
+  bad_inspect "checksum mismatch"
+done
+# Whitespace counts too (the checksum is over the bytes), and so does the
+# checksum itself.
+fresh
+sed -i 's/"world_size": 2/"world_size":  2/' "$B/meta.json"
+bad_resume "checksum mismatch"
+fresh
+sed -i 's/"meta_fnv1a64": "\([0-9a-f]*\)[0-9a-f]"/"meta_fnv1a64": "\1x"/' "$B/meta.json"
+bad_resume "no valid \"meta_fnv1a64\""
+# A format 1 checkpoint (written before the checksum) loads, with a warning.
+fresh
+perl -0pi -e 's/"format_version": 2,/"format_version": 1,/; s/,\s*"meta_fnv1a64": "[0-9a-f]*"//' "$B/meta.json"
+grep -aq meta_fnv1a64 "$B/meta.json" && fail "could not remove meta_fnv1a64"
+expect_ok 2 train "${MLP[@]}" "${mlp_data[@]}" --config "$T/s2m.json" --steps 4 --resume "$T/bad"
+grep -aq "format_version 1 has no meta.json checksum" "$T/out" || { fail "format 1: no warning"; cat "$T/out"; }
+grep -aq '^step 4 ' "$T/out" || fail "format 1: did not train"
+expect_ok 1 ckpt inspect "$T/bad"
+grep -aq "meta.json has no checksum (format 1)" "$T/out" || { fail "inspect of format 1 does not say so"; cat "$T/out"; }
+
+# Another model size: named by the shape recorded in meta.json.
 fresh
 before=$(snap)
 rm -rf "$T/nw"
-expect_error 2 "216 parameters" train --model mlp --hidden 6 --layers 3 --config "$T/s2m.json" \
-  --steps 6 --resume "$T/bad" --save-dir "$T/nw"
-error_has "126"; error_has "meta.json"
+expect_error 2 "the checkpoint's model has hidden = 8, this model has hidden = 6" train --model mlp \
+  --hidden 6 --layers 3 --config "$T/s2m.json" --steps 6 --resume "$T/bad" --save-dir "$T/nw"
+error_has "--hidden 8"; error_has "meta.json"
 [ -e "$T/nw" ] && fail "a failed resume (--hidden 6) wrote its --save-dir"
 [ "$before" = "$(snap)" ] || fail "a failed resume (--hidden 6) changed the checkpoint"
 # Same parameter count, other shapes: --layers 3 vs a model with other tensors
@@ -293,6 +330,43 @@ fresh
 echo "global_step9" >"$T/bad/latest"
 bad_resume "global_step9/meta.json"; error_has "missing"
 
+# The GPT's n_head shows in no tensor shape: the shape recorded in meta.json
+# refuses it, with both values (and so every other shape flag).
+GA="$T/a-gpt-s2m-np2"
+gpt_other() { # gpt_other FLAG VALUE: the GPT flags of section a with one changed
+  local a=("${GPT[@]}") i
+  for i in "${!a[@]}"; do [ "${a[$i]}" = "$1" ] && a[$((i + 1))]=$2; done
+  echo "${a[@]}"
+}
+for change in "n-head 4 2" "block-size 8 16" "n-layer 1 2"; do
+  read -r flag new old <<<"$change"
+  key=${flag//-/_}
+  rm -rf "$T/nw"
+  # shellcheck disable=SC2046
+  expect_error 2 "the checkpoint's model has $key = $old, this model has $key = $new" \
+    train $(gpt_other --$flag $new) "${gpt_data[@]}" --config "$T/s2m.json" --steps 6 \
+    --resume "$GA" --save-dir "$T/nw"
+  error_has "$GA/global_step3/meta.json"; error_has "(the zdp command: --$flag $old)"
+  grep -aq '^step ' "$T/out" && fail "a resume with --$flag $new trained"
+  [ -e "$T/nw" ] && fail "a failed resume (--$flag $new) wrote its --save-dir"
+done
+# --init: a weights file zdp wrote (the checkpoint's model.safetensors, its
+# export, --save-weights) records the shape in __metadata__ too.
+expect_ok 1 ckpt export "$GA" --to "$T/ga.safetensors"
+expect_ok 1 train "${GPT[@]}" "${gpt_data[@]}" --config "$T/s0m.json" --steps 1 \
+  --save-weights "$T/gw.safetensors"
+for w in "$GA/global_step3/model.safetensors" "$T/ga.safetensors" "$T/gw.safetensors"; do
+  # shellcheck disable=SC2046
+  expect_error 1 "zdp saved these weights for a GPT with n_head = 2" train $(gpt_other --n-head 4) \
+    "${gpt_data[@]}" --config "$T/s0m.json" --steps 1 --init "$w"
+  error_has "$w"; error_has "the config has n_head = 4"; error_has "--n-head 2"
+  grep -aq '^step ' "$T/out" && fail "--init $w with another --n-head trained"
+  expect_ok 1 train "${GPT[@]}" "${gpt_data[@]}" --config "$T/s0m.json" --steps 1 --init "$w"
+done
+expect_ok 1 ckpt inspect "$GA"
+grep -aqF 'model shape: {"model":"gpt","n_layer":2,"n_head":2,"n_embd":16,"vocab_size":256,"block_size":16}' "$T/out" \
+  || { fail "inspect does not show the GPT's shape"; cat "$T/out"; }
+
 # ---- e. export -----------------------------------------------------------------------
 expect_ok 1 ckpt export "$G" --to "$T/exp.safetensors"
 cmp -s "$T/exp.safetensors" "$GS/model.safetensors" || fail "export differs from model.safetensors"
@@ -314,6 +388,31 @@ cmp -s "$T/egpt.safetensors" "$T/a-gpt-s2m-np2/global_step3/model.safetensors" |
 expect_error 1 "needs --to" ckpt export "$G"
 expect_error 1 "no-such-tag" ckpt export "$G" --tag no-such-tag --to "$T/never.safetensors"
 [ -e "$T/never.safetensors" ] && fail "export of a missing tag wrote its output"
+
+# ---- f. --data-format: a damaged shard magic is an error, not bytes -----------------
+cp "$T/tokens.bin" "$T/damaged.bin"
+printf '\x00' | dd of="$T/damaged.bin" bs=1 seek=1 conv=notrunc status=none
+cp "$T/damaged.bin" "$T/damaged.dat"
+for f in damaged.bin damaged.dat; do
+  for fmt in "" "--data-format auto"; do
+    # shellcheck disable=SC2086
+    expect_error 1 "$T/$f: header magic" train "${GPT[@]}" --data "$T/$f" $fmt --config "$T/s0m.json" \
+      --steps 2 --out-dir "$T/gpt-out"
+    error_has "expected 20240520"; error_has "--data-format bytes"
+    grep -aq '^step ' "$T/out" && fail "trained on a damaged shard ($f $fmt)"
+  done
+done
+expect_error 1 "header magic" train "${GPT[@]}" --data "$T/damaged.bin" --data-format llmc \
+  --config "$T/s0m.json" --steps 2 --out-dir "$T/gpt-out"
+expect_ok 1 train "${GPT[@]}" --data "$T/damaged.bin" --data-format bytes --config "$T/s0m.json" \
+  --steps 2 --out-dir "$T/gpt-out"
+grep -aq '^step 2 ' "$T/out" || { fail "--data-format bytes did not train"; cat "$T/out"; }
+size=$(stat -c %s "$T/damaged.bin")
+grep -aq "data $T/damaged.bin: $(( size - size / 10 )) train tokens" "$T/out" \
+  || { fail "--data-format bytes: not one token per byte of $size"; cat "$T/out"; }
+expect_ok 1 train "${GPT[@]}" --data "$T/tokens.bin" --config "$T/s0m.json" --steps 2 --out-dir "$T/gpt-out"
+expect_error 1 "--data-format xml" train "${GPT[@]}" --data "$T/tokens.bin" --data-format xml \
+  --config "$T/s0m.json"
 
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
 echo "test_checkpoint: all checks passed"

@@ -4,7 +4,9 @@
  * unmanaged, at a step boundary and in the middle of a window; loading into
  * another stage; set hyperparameters are not saved and a reset optimizer
  * state round-trips; a failed load leaves the engine unchanged; a mid-window
- * checkpoint refuses another stage.  The command-line side (other world
+ * checkpoint refuses another stage; meta.json's own checksum refuses a
+ * one-digit change of each counter, and the recorded model shape refuses a
+ * model of another shape (engine unchanged).  The command-line side (other world
  * sizes, crashes during save, corrupt files) is tests/cli/test_checkpoint.sh.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -287,6 +289,95 @@ static void test_failures_change_nothing(void) {
     run_free_(&c);
 }
 
+/* Rank 0 adds 1 (mod 10) to the last digit of "key": N in path. */
+static void flip_digit_(const char *path, const char *key) {
+    if (R == 0) {
+        FILE *f = fopen(path, "rb");
+        CHECK(f != NULL);
+        static char text[1 << 16];
+        size_t n = fread(text, 1, sizeof text - 1, f);
+        fclose(f);
+        text[n] = '\0';
+        char pat[64];
+        snprintf(pat, sizeof pat, "\"%s\": ", key);
+        char *p = strstr(text, pat);
+        CHECK(p != NULL);
+        p += strlen(pat);
+        while (p[1] >= '0' && p[1] <= '9') p++;
+        CHECK(*p >= '0' && *p <= '9');
+        *p = (char)('0' + (*p - '0' + 1) % 10);
+        f = fopen(path, "wb");
+        CHECK(f != NULL && fwrite(text, 1, n, f) == n);
+        fclose(f);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+static void copy_file_(const char *from, const char *to) {
+    if (R == 0) {
+        static char buf[1 << 16];
+        FILE *f = fopen(from, "rb");
+        CHECK(f != NULL);
+        size_t n = fread(buf, 1, sizeof buf, f);
+        fclose(f);
+        f = fopen(to, "wb");
+        CHECK(f != NULL && fwrite(buf, 1, n, f) == n);
+        fclose(f);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+static void test_meta_integrity(void) {
+    char dir[512], meta[600], saved[600];
+    snprintf(dir, sizeof dir, "%s/integrity", root_);
+    snprintf(meta, sizeof meta, "%s/t/meta.json", dir);
+    snprintf(saved, sizeof saved, "%s/meta.json.orig", dir);
+    run a;
+    int64_t j = 0;
+    run_init_(&a, 2, true);
+    train_(&a, true, 0, 2, &j, -1);
+    CHECK_OK(zdp_engine_save_checkpoint(a.eng, dir, "t", "{\"samples_consumed\": 12}", &e_));
+    copy_file_(meta, saved);
+
+    run b;
+    run_init_(&b, 1, true);
+    float *before = params_(&b);
+    zdp_error err = {0};
+    /* One digit of any counter, or of the client state: refused. */
+    static const char *const keys[] = {"global_steps", "global_samples", "optimizer_step",
+                                       "micro_steps", "scheduler_iteration", "samples_consumed"};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        flip_digit_(meta, keys[k]);
+        CHECK_ERR(zdp_engine_load_checkpoint(b.eng, dir, "t", NULL, &err), ZDP_ERR_FORMAT, err,
+                  "checksum mismatch");
+        CHECK(strstr(err.msg, meta) != NULL);
+        copy_file_(saved, meta);
+    }
+    /* Another shape that no tensor shows (the GPT's n_head is the real case):
+     * the recorded shape names the key and both values. */
+    const char *own = b.model.shape_json;
+    b.model.shape_json = "{\"model\":\"mlp\",\"hidden\":5,\"layers\":3,\"n_head\":4}";
+    CHECK_ERR(zdp_engine_load_checkpoint(b.eng, dir, "t", NULL, &err), ZDP_ERR_CONFIG, err,
+              "the checkpoint's model has n_head = (none), this model has n_head = 4");
+    b.model.shape_json = "{\"model\":\"mlp\",\"hidden\":5,\"layers\":4}";
+    CHECK_ERR(zdp_engine_load_checkpoint(b.eng, dir, "t", NULL, &err), ZDP_ERR_CONFIG, err,
+              "layers = 3, this model has layers = 4");
+    float *after = params_(&b);
+    CHECK(memcmp(before, after, (size_t)zdp_engine_numel(b.eng) * sizeof(float)) == 0);
+    CHECK_EQ_I64(zdp_engine_global_steps(b.eng), 0);
+    b.model.shape_json = "[1]";
+    CHECK_ERR(zdp_engine_save_checkpoint(b.eng, dir, "u", NULL, &err), ZDP_ERR_INVALID_ARG, err,
+              "shape_json");
+    /* The untouched file loads. */
+    b.model.shape_json = own;
+    CHECK_OK(zdp_engine_load_checkpoint(b.eng, dir, "t", NULL, &e_));
+    CHECK_EQ_I64(zdp_engine_global_steps(b.eng), 2);
+    free(before);
+    free(after);
+    run_free_(&a);
+    run_free_(&b);
+}
+
 int main(int argc, char **argv) {
     zdp_error err;
     if (zdp_dist_init(&argc, &argv, &err) != ZDP_OK) {
@@ -315,6 +406,7 @@ int main(int argc, char **argv) {
     for (int stage = 0; stage < 3; stage++) test_hparams_and_reset(stage), n++;
     test_other_stage(), n++;
     test_failures_change_nothing(), n++;
+    test_meta_integrity(), n++;
     MPI_Barrier(MPI_COMM_WORLD);
     if (R == 0) {
         char cmd[400];

@@ -3,7 +3,9 @@
 safetensors reader and of checkpoint meta.json).  The real_* seeds come from
 a zdp run (see README.md); the meta seeds here are edits of
 corpus/meta/real_mlp_np2_stage2.json, so they keep the fixture files' sizes
-and checksums and reach past the checksum checks.
+and checksums, and each carries meta.json's own checksum (meta_fnv1a64)
+recomputed for its edited bytes, so they reach past the checksum checks
+(except the seeds about that checksum).
 usage: python3 tests/fuzz/make_seeds.py   (from the repository root)"""
 import json, os, struct
 
@@ -75,11 +77,49 @@ for name, content in seeds.items():
 real = json.load(open(os.path.join(META, "real_mlp_np2_stage2.json")))
 
 
-def edit(name, fn):
+def fnv1a64(data):
+    h = 0xcbf29ce484222325
+    for c in data:
+        h = ((h ^ c) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def meta_sum_digits(b):
+    """Offset of the 16 hex digits of the last "meta_fnv1a64": "...", or None
+    (the rule of src/engine/checkpoint.c and docs/checkpoints.md)."""
+    key = b'"meta_fnv1a64"'
+    i = b.rfind(key)
+    if i < 0:
+        return None
+    j = i + len(key)
+    while j < len(b) and b[j] in b" \t\r\n":
+        j += 1
+    if j >= len(b) or b[j] != ord(":"):
+        return None
+    j += 1
+    while j < len(b) and b[j] in b" \t\r\n":
+        j += 1
+    if j + 18 > len(b) or b[j] != ord('"') or b[j + 17] != ord('"'):
+        return None
+    return j + 1
+
+
+def with_sum(b):
+    """b with its meta_fnv1a64 set to what zdp computes: FNV-1a 64 of the bytes
+    with the 16 digits read as '0's."""
+    k = meta_sum_digits(b)
+    if k is None:
+        return b
+    z = b[:k] + b"0" * 16 + b[k + 16:]
+    return z[:k] + b"%016x" % fnv1a64(z) + z[k + 16:]
+
+
+def edit(name, fn, fix_sum=True):
     m = json.loads(json.dumps(real))
     out = fn(m)
-    put(META, "edge_" + name + ".json",
-        out if isinstance(out, (str, bytes)) else json.dumps(m, separators=(",", ":")))
+    out = out if isinstance(out, (str, bytes)) else json.dumps(m, separators=(",", ":"))
+    out = out.encode() if isinstance(out, str) else out
+    put(META, "edge_" + name + ".json", with_sum(out) if fix_sum else out)
 
 
 def setp(path, value):
@@ -142,6 +182,20 @@ edit("empty", lambda m: "")
 edit("long_zdp_version", setp(["zdp_version"], "v" * 8000))
 edit("long_optimizer", setp(["config", "optimizer"], "o" * 8000))
 edit("long_client", setp(["client"], {"k": "c" * 2000}))
+# meta.json's own checksum, and the model's shape.
+edit("meta_sum_wrong", setp(["meta_fnv1a64"], "0123456789abcdef"), fix_sum=False)
+edit("meta_sum_missing", setp(["meta_fnv1a64"], KeyError))
+edit("meta_sum_number", setp(["meta_fnv1a64"], 7))
+edit("meta_sum_short", setp(["meta_fnv1a64"], "0123"))
+edit("meta_sum_upper", lambda m: with_sum(json.dumps(m).encode()).replace(b'"meta_fnv1a64": "', b'"meta_fnv1a64": "X'), fix_sum=False)
+edit("counter_flipped", lambda m: json.dumps(m).replace('"global_steps": 3', '"global_steps": 4'),
+     fix_sum=False)
+edit("client_sum_key", setp(["client", "meta_fnv1a64"], "0000000000000000"))
+edit("format_1_no_sum", lambda m: (m.__setitem__("format_version", 1), m.pop("meta_fnv1a64"))[0])
+edit("format_1_with_sum", setp(["format_version"], 1))
+edit("model_not_object", setp(["model"], [1]))
+edit("model_other_shape", setp(["model", "hidden"], 6))
+edit("model_nested", setp(["model"], {"model": {"a": [1, None]}, "n_head": 1.5, "x": "y" * 300}))
 
 # ---- zdp serve's protobuf ForwardBackwardRequest (SDK 0.25) -----------------
 # Requests as tests/serve/tinker_sdk.py encodes them (what the SDK's

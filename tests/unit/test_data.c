@@ -4,7 +4,8 @@
  *
  * Covered: llm.c shard write/read round trips and every corrupt header
  * (magic, version, count against file length, short files), byte tokens
- * from a text file, the arithmetic corpus (golden lines computed in Python
+ * from a text file, what ZDP_TOKENS_AUTO reads a file as (a damaged shard
+ * magic is an error, not bytes), the arithmetic corpus (golden lines computed in Python
  * from zdp.h's specification, determinism, well-formed sums), and the
  * dataset: the micro-batch window arithmetic exactly as zdp.h states it for
  * W = 1..4 (disjoint across ranks within a step, wrap-around modulo the
@@ -206,6 +207,85 @@ static void test_bytes_from_text(void **state) {
     ASSERT_MSG_HAS(e, "empty");
     assert_int_equal(zdp_dataset_open(p, ZDP_TOKENS_BYTES, 0.0, &ds, &e), ZDP_ERR_FORMAT);
     assert_null(ds);
+}
+
+/* ZDP_TOKENS_AUTO: a shard by its magic; a damaged shard is an error, never
+ * bytes; files that are clearly not shards are bytes. */
+static void test_detect_format(void **state) {
+    (void)state;
+    int32_t tok[6] = {7, 1, 300, 65535, 0, 2};
+    zdp_token_format f = ZDP_TOKENS_AUTO;
+    zdp_error e = {0};
+    int32_t *t;
+    int64_t n;
+    const char *shard = path_in("auto_ok.bin");
+    assert_int_equal(zdp_tokens_write_shard(shard, tok, 6, &e), ZDP_OK);
+    assert_int_equal(zdp_tokens_detect(shard, &f, &e), ZDP_OK);
+    assert_int_equal(f, ZDP_TOKENS_SHARD);
+    assert_int_equal(zdp_tokens_read(shard, ZDP_TOKENS_AUTO, &t, &n, &e), ZDP_OK);
+    assert_int_equal(n, 6);
+    assert_int_equal(t[3], 65535);
+    zdp_tokens_free(t);
+
+    /* One byte of the magic damaged, under several names: an error that
+     * names the file, the value found and the way to read it as bytes. */
+    size_t len;
+    const uint16_t tok16[6] = {7, 1, 300, 65535, 0, 2};
+    unsigned char *b = shard_bytes(20240520, 1, 6, tok16, 6, &len);
+    b[1] ^= 0x40;
+    const char *names[] = {"damaged.bin", "damaged.dat", "damaged"};
+    for (int k = 0; k < 3; k++) {
+        const char *p = path_in(names[k]);
+        write_bytes(p, b, len);
+        f = ZDP_TOKENS_SHARD;
+        assert_int_equal(zdp_tokens_detect(p, &f, &e), ZDP_ERR_FORMAT);
+        ASSERT_MSG_HAS(e, p);
+        ASSERT_MSG_HAS(e, "expected 20240520");
+        ASSERT_MSG_HAS(e, "--data-format bytes");
+        t = &tok[0];
+        assert_int_equal(zdp_tokens_read(p, ZDP_TOKENS_AUTO, &t, &n, &e), ZDP_ERR_FORMAT);
+        assert_null(t);
+        zdp_dataset *ds = (zdp_dataset *)&e;
+        assert_int_equal(zdp_dataset_open(p, ZDP_TOKENS_AUTO, 0.0, &ds, &e), ZDP_ERR_FORMAT);
+        assert_null(ds);
+        /* Explicitly bytes: every byte a token. */
+        assert_int_equal(zdp_tokens_read(p, ZDP_TOKENS_BYTES, &t, &n, &e), ZDP_OK);
+        assert_int_equal(n, (int64_t)len);
+        assert_int_equal(t[1], b[1]);
+        zdp_tokens_free(t);
+    }
+    /* The whole magic gone, but version and count are a shard's. */
+    memset(b, 0, 4);
+    const char *p = path_in("zeroed_magic");
+    write_bytes(p, b, len);
+    assert_int_equal(zdp_tokens_detect(p, &f, &e), ZDP_ERR_FORMAT);
+    ASSERT_MSG_HAS(e, "header magic 0");
+    free(b);
+    /* A .bin that is nothing like a shard is still taken for one. */
+    p = path_in("notes.bin");
+    write_bytes(p, "hello\n", 6);
+    assert_int_equal(zdp_tokens_detect(p, &f, &e), ZDP_ERR_FORMAT);
+    ASSERT_MSG_HAS(e, ".bin");
+    /* Text, short or long, and an llm.c-sized text file: bytes. */
+    p = path_in("short.txt");
+    write_bytes(p, "hi", 2);
+    f = ZDP_TOKENS_SHARD;
+    assert_int_equal(zdp_tokens_detect(p, &f, &e), ZDP_OK);
+    assert_int_equal(f, ZDP_TOKENS_BYTES);
+    char text[3000];
+    for (size_t i = 0; i < sizeof text; i++) text[i] = "the quick brown fox\n"[i % 20];
+    p = path_in("long.txt");
+    write_bytes(p, text, sizeof text);
+    f = ZDP_TOKENS_SHARD;
+    assert_int_equal(zdp_tokens_detect(p, &f, &e), ZDP_OK);
+    assert_int_equal(f, ZDP_TOKENS_BYTES);
+    assert_int_equal(zdp_tokens_read(p, ZDP_TOKENS_AUTO, &t, &n, &e), ZDP_OK);
+    assert_int_equal(n, (int64_t)sizeof text);
+    zdp_tokens_free(t);
+    /* Errors. */
+    assert_int_equal(zdp_tokens_detect(path_in("missing.txt"), &f, &e), ZDP_ERR_IO);
+    ASSERT_MSG_HAS(e, "missing.txt");
+    assert_int_equal(zdp_tokens_detect(NULL, &f, &e), ZDP_ERR_INVALID_ARG);
 }
 
 /* ---- the arithmetic corpus ------------------------------------------------- */
@@ -460,6 +540,7 @@ int main(void) {
         cmocka_unit_test(test_shard_round_trip),
         cmocka_unit_test(test_shard_corrupt_headers),
         cmocka_unit_test(test_bytes_from_text),
+        cmocka_unit_test(test_detect_format),
         cmocka_unit_test(test_corpus_arith),
         cmocka_unit_test(test_window_contract),
         cmocka_unit_test(test_split),

@@ -275,8 +275,10 @@ static int save_weights_(zdp_engine *eng, const zdp_model *model, const char *pa
         memcpy(ts[i].shape, p->shape, sizeof p->shape);
     }
     zdp_error err;
-    static const char *const meta[] = {"format", "pt"};
-    zdp_status st = zdp_safetensors_write_meta(path, ts, model->n_params, meta, 1, &err);
+    /* With the model's shape, as a checkpoint's model.safetensors has it. */
+    const char *const meta[] = {"format", "pt", "zdp_model", model->shape_json};
+    zdp_status st = zdp_safetensors_write_meta(path, ts, model->n_params, meta,
+                                               model->shape_json != NULL ? 2 : 1, &err);
     free(ts);
     if (st != ZDP_OK) {
         fprintf(stderr, "zdp: error: --save-weights %s\n", err.msg);

@@ -4,13 +4,15 @@
  *
  *   mpirun -np W zdp train --model gpt --n-layer L --n-head H --n-embd C
  *       --vocab-size V --block-size T --config CFG.json [--init INIT.safetensors]
- *       [--data FILE] [--data-order sequential] [--steps S] [--schedule n1,...]
+ *       [--data FILE] [--data-format auto|llmc|bytes] [--data-order sequential]
+ *       [--steps S] [--schedule n1,...]
  *       [--save-weights OUT.safetensors] [--val-every N] [--val-batches K]
  *       [--val-fraction F] [--out-dir DIR] [--seed N]
  *
  * Contract (stable; see docs/training.md): INIT/OUT use GPT2LMHeadModel
  * names and layouts; --data is an llm.c token shard or any file read as
- * bytes; with --data-order sequential (the only order), window w is tokens
+ * bytes (--data-format; auto refuses a file that looks like a damaged
+ * shard rather than read it as bytes); with --data-order sequential (the only order), window w is tokens
  * [w*T, w*T+T] and rank r's j-th micro-batch holds windows (j*W + r)*b + k;
  * managed and unmanaged stepping and the printed lines are the MLP's.
  *
@@ -40,6 +42,7 @@ typedef struct gpt_opts {
     int64_t steps, val_every, val_batches, arith_lines;
     double val_fraction; /* < 0: the default for the data kind */
     int progress;        /* -1 auto, 0 plain lines, 1 progress line */
+    zdp_token_format data_format; /* --data-format: ZDP_TOKENS_AUTO by default */
     cli_ckpt ckpt;
     uint64_t seed;
     cli_schedule schedule;
@@ -55,6 +58,11 @@ static void usage_(void) {
            "  --data FILE               an llm.c token shard (magic 20240520) or any file,\n"
            "                            read as bytes (vocab 256); default: zdp's generated\n"
            "                            arithmetic corpus (lines \"a+b=c\")\n"
+           "  --data-format auto|llmc|bytes   how --data is read (auto): llmc = a token\n"
+           "                            shard; bytes = one token per byte; auto = a shard if\n"
+           "                            it starts with the magic, an error if it looks like a\n"
+           "                            damaged shard (a .bin name, or a shard's header with\n"
+           "                            a damaged magic), bytes otherwise\n"
            "  --data-order sequential   the only order (window w = tokens [wT, wT+T])\n"
            "  --val-fraction F          tokens at the end kept for val loss (default 0.1;\n"
            "                            0 for token shards, whose val data is another file)\n"
@@ -76,7 +84,8 @@ static void usage_(void) {
 static int parse_(int argc, char **argv, gpt_opts *o) {
     *o = (gpt_opts){.model = CLI_GPT_DEFAULT,
                     .steps = 200, .val_every = 50, .val_batches = 8, .arith_lines = CLI_ARITH_LINES,
-                    .val_fraction = -1, .seed = 42, .out_dir = "zdp-out", .progress = -1};
+                    .val_fraction = -1, .seed = 42, .out_dir = "zdp-out", .progress = -1,
+                    .data_format = ZDP_TOKENS_AUTO};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -98,6 +107,13 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
         } else if (!strcmp(a, "--config")) o->config = v;
         else if (!strcmp(a, "--init")) o->init = v;
         else if (!strcmp(a, "--data")) o->data = v;
+        else if (!strcmp(a, "--data-format")) {
+            if (!strcmp(v, "auto")) o->data_format = ZDP_TOKENS_AUTO;
+            else if (!strcmp(v, "llmc")) o->data_format = ZDP_TOKENS_SHARD;
+            else if (!strcmp(v, "bytes")) o->data_format = ZDP_TOKENS_BYTES;
+            else return cli_fail("--data-format %s: auto, llmc (an llm.c token shard) or bytes "
+                                 "(one token per byte)", v);
+        }
         else if (!strcmp(a, "--save-weights")) o->save_weights = v;
         else if (!strcmp(a, "--out-dir")) o->out_dir = v;
         else if (!strcmp(a, "--data-order")) {
@@ -129,17 +145,6 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
     }
     if (o->config == NULL) return cli_fail("--config CFG.json is required");
     return 0;
-}
-
-/* Shards start with llm.c's magic; anything else is read as bytes. */
-static zdp_token_format sniff_format_(const char *path) {
-    FILE *f = fopen(path, "rb");
-    int32_t magic = 0;
-    if (f != NULL) {
-        if (fread(&magic, sizeof magic, 1, f) != 1) magic = 0;
-        fclose(f);
-    }
-    return magic == 20240520 ? ZDP_TOKENS_SHARD : ZDP_TOKENS_BYTES;
 }
 
 typedef struct run_state {
@@ -189,7 +194,9 @@ int cmd_train_gpt(int argc, char **argv) {
 
     /* Data first: its vocabulary must fit the model. */
     bool arith = o.data == NULL;
-    zdp_token_format fmt = arith ? ZDP_TOKENS_BYTES : sniff_format_(o.data);
+    zdp_token_format fmt = arith ? ZDP_TOKENS_BYTES : o.data_format;
+    if (fmt == ZDP_TOKENS_AUTO && zdp_tokens_detect(o.data, &fmt, &err) != ZDP_OK)
+        return cli_fail("--data: %s", err.msg);
     double vf = o.val_fraction >= 0 ? o.val_fraction : (fmt == ZDP_TOKENS_SHARD ? 0.0 : 0.1);
     zdp_status s = arith ? zdp_dataset_create_arith(o.seed, o.arith_lines, CLI_ARITH_MAX_OPERAND, vf, &st.ds, &err)
                          : zdp_dataset_open(o.data, fmt, vf, &st.ds, &err);
@@ -362,8 +369,8 @@ int cmd_train_gpt(int argc, char **argv) {
             for (int i = 0; views != NULL && i < st.model.n_params; i++)
                 views[i] = zdp_engine_param_data(st.eng, i);
             if (views != NULL &&
-                zdp_gpt_weights_save(o.save_weights, st.model.params, st.model.n_params,
-                                     (const float *const *)views, &err) != ZDP_OK) {
+                zdp_gpt_weights_save_model(o.save_weights, &st.model, (const float *const *)views,
+                                           &err) != ZDP_OK) {
                 fprintf(stderr, "zdp: error: --save-weights %s\n", err.msg);
                 mine = 1;
             }
