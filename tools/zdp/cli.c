@@ -10,20 +10,51 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
+/* This rank's last start-up error, until cli_agree or cli_flush_error
+ * prints it. */
+static char pending_[ZDP_ERROR_MSG_MAX];
+
 int cli_fail(const char *fmt, ...) {
-    if (zdp_dist_rank() == 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        fprintf(stderr, "zdp: error: ");
-        vfprintf(stderr, fmt, ap);
-        fprintf(stderr, "\n");
-        va_end(ap);
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pending_, sizeof pending_, fmt, ap);
+    va_end(ap);
     return 2;
+}
+
+/* "zdp: error: " before the first line of text, later lines indented. */
+static void print_error_(const char *text) {
+    const char *prefix = "zdp: error: ";
+    while (*text) {
+        const char *nl = strchr(text, '\n');
+        int n = nl != NULL ? (int)(nl - text) : (int)strlen(text);
+        fprintf(stderr, "%s%.*s\n", prefix, n, text);
+        prefix = "  ";
+        text += n + (nl != NULL);
+    }
+    fflush(stderr);
+}
+
+int cli_agree(int rc) {
+    char *report = NULL;
+    bool ok = zdp_dist_all_ok_why(rc == 0, pending_, &report);
+    if (!ok && zdp_dist_rank() == 0)
+        print_error_(report != NULL ? report : "a rank failed at start-up (out of memory for its message)");
+    free(report);
+    pending_[0] = '\0';
+    if (ok) return 0;
+    return rc != 0 ? rc : 2; /* another rank failed and rank 0 said why */
+}
+
+void cli_flush_error(void) {
+    if (pending_[0] != '\0' && zdp_dist_rank() == 0) print_error_(pending_);
+    pending_[0] = '\0';
 }
 
 void cli_die(const char *what, const zdp_error *err) {
@@ -125,13 +156,46 @@ int cli_ckpt_option(const char *a, const char *v, cli_ckpt *c) {
     return 1;
 }
 
+static int mkdirs_(const char *path) {
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
+    return 0;
+}
+
+int cli_ckpt_prepare(const cli_ckpt *c) {
+    if (c->save_dir == NULL) return 0;
+    struct stat sb;
+    if (mkdirs_(c->save_dir) != 0 || stat(c->save_dir, &sb) != 0)
+        return cli_fail("--save-dir %s: cannot create it: %s; fix: a directory this rank can "
+                        "create, or create it first", c->save_dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return cli_fail("--save-dir %s: exists and is not a directory; fix: another path",
+                        c->save_dir);
+    if (access(c->save_dir, W_OK | X_OK) != 0)
+        return cli_fail("--save-dir %s: not writable: %s; fix: a directory this rank can write",
+                        c->save_dir, strerror(errno));
+    return 0;
+}
+
 int cli_ckpt_resume(zdp_engine *eng, const cli_ckpt *c, int64_t *cursor) {
     *cursor = 0;
     if (c->resume == NULL) return 0;
     zdp_error err;
     char *client = NULL;
+    /* Loading is collective and fails on every rank when one cannot read
+     * its files; each rank's own message goes to the agreement. */
     if (zdp_engine_load_checkpoint(eng, c->resume, NULL, &client, &err) != ZDP_OK)
-        return cli_fail("--resume %s", err.msg);
+        return cli_agree(cli_fail("--resume %s", err.msg));
     json_error_t je;
     json_t *j = json_loads(client, 0, &je);
     json_t *v = json_object_get(j, "samples_consumed");
@@ -143,6 +207,7 @@ int cli_ckpt_resume(zdp_engine *eng, const cli_ckpt *c, int64_t *cursor) {
         *cursor = (int64_t)json_integer_value(v);
     json_decref(j);
     free(client);
+    rc = cli_agree(rc);
     if (rc == 0 && zdp_dist_rank() == 0)
         printf("resumed from %s: step %lld, %lld samples consumed\n", c->resume,
                (long long)zdp_engine_global_steps(eng), (long long)*cursor);
