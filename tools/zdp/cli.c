@@ -156,34 +156,37 @@ int cli_ckpt_option(const char *a, const char *v, cli_ckpt *c) {
     return 1;
 }
 
-static int mkdirs_(const char *path) {
-    char buf[4096];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
-    return 0;
-}
-
 int cli_ckpt_prepare(const cli_ckpt *c) {
     if (c->save_dir == NULL) return 0;
+    /* Check, do not create: a run that fails later at start-up leaves no
+     * trace.  DIR itself if it exists, else its nearest existing ancestor,
+     * which the first save will create DIR in. */
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s", c->save_dir) >= (int)sizeof path)
+        return cli_fail("--save-dir: the path is longer than %d bytes", (int)sizeof path - 1);
     struct stat sb;
-    if (mkdirs_(c->save_dir) != 0 || stat(c->save_dir, &sb) != 0)
-        return cli_fail("--save-dir %s: cannot create it: %s; fix: a directory this rank can "
-                        "create, or create it first", c->save_dir, strerror(errno));
+    bool self = true;
+    while (stat(path, &sb) != 0) {
+        if (errno != ENOENT)
+            return cli_fail("--save-dir %s: %s: %s; fix: a directory this rank can create",
+                            c->save_dir, path, strerror(errno));
+        char *slash = strrchr(path, '/');
+        while (slash != NULL && slash > path && slash[1] == '\0') { /* trailing '/' */
+            *slash = '\0';
+            slash = strrchr(path, '/');
+        }
+        if (slash == NULL) snprintf(path, sizeof path, ".");
+        else if (slash == path) path[1] = '\0'; /* "/" */
+        else *slash = '\0';
+        self = false;
+    }
     if (!S_ISDIR(sb.st_mode))
-        return cli_fail("--save-dir %s: exists and is not a directory; fix: another path",
-                        c->save_dir);
-    if (access(c->save_dir, W_OK | X_OK) != 0)
-        return cli_fail("--save-dir %s: not writable: %s; fix: a directory this rank can write",
-                        c->save_dir, strerror(errno));
+        return cli_fail("--save-dir %s: %s exists and is not a directory; fix: another path",
+                        c->save_dir, path);
+    if (access(path, W_OK | X_OK) != 0)
+        return cli_fail("--save-dir %s: %s%s is not writable on this rank (%s); fix: a directory "
+                        "this rank can write", c->save_dir, self ? "" : "its parent ", path,
+                        strerror(errno));
     return 0;
 }
 

@@ -60,9 +60,10 @@ typedef struct cli_ckpt {
 /* Takes option a with value v if it is one of the three: 1 taken, 0 not
  * ours, 2 bad value (cli_fail printed). */
 int cli_ckpt_option(const char *a, const char *v, cli_ckpt *c);
-/* With --save-dir: creates DIR on this rank (every rank writes its own
- * files there) and checks that it can write there, so an unusable DIR stops
- * the job at start-up instead of at the first save; 0 or cli_fail's code. */
+/* With --save-dir: checks on this rank (every rank writes its own files
+ * there) that DIR, or the nearest existing directory above it, is a
+ * directory it can write, so an unusable DIR stops the job at start-up
+ * instead of at the first save.  Creates nothing.  0 or cli_fail's code. */
 int cli_ckpt_prepare(const cli_ckpt *c);
 /* COLLECTIVE.  With --resume: loads DIR/latest into eng and returns the
  * saved sample cursor in *cursor; then agrees (cli_agree): 0 or non-zero on
