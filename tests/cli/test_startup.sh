@@ -19,7 +19,7 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 # The good files every rank's directory starts with.
 G=$T/good
-mkdir -p "$G"
+mkdir -p "$G/out"
 MODEL=(--n-layer 1 --n-head 2 --n-embd 16 --vocab-size 64 --block-size 16)
 cat >"$G/c.json" <<'JSON'
 {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
@@ -62,6 +62,7 @@ spoil() {
     init-missing) rm -f init.safetensors ;;
     resume-missing) rm -rf ck ;;
     savedir-file) rm -rf out-ck; echo not a directory >out-ck ;;
+    outdir-missing) rm -rf out ;;
   esac
 }
 
@@ -109,6 +110,7 @@ for np in 2 3; do
   expect_rank_error $np $last init-missing "--init init.safetensors" "${GPT[@]}" --init init.safetensors
   expect_rank_error $np $last resume-missing "--resume ck" "${GPT[@]}" --resume ck --steps 3
   expect_rank_error $np $last savedir-file "--save-dir out-ck: " "${GPT[@]}" --save-dir out-ck
+  expect_rank_error $np $last savedir-file "--save-dir out-ck/sub: " "${MLP[@]}" --save-dir out-ck/sub
   # zdp train --model mlp
   expect_rank_error $np $last data-missing "--data d.safetensors" "${MLP[@]}"
   expect_rank_error $np $last data-label "y[15] = 99" "${MLP[@]}"
@@ -121,6 +123,11 @@ done
 expect_rank_error 3 1 data-short "fewer than --block-size + 1" "${GPT[@]}"
 expect_rank_error 3 0 data-missing "--data: tok.bin: cannot open" "${GPT[@]}"
 expect_rank_error 3 0 config-bad "train_micro_batch_size_per_gpu = 0" "${SERVE[@]}"
+# --save-weights is written by rank 0 only: its directory is checked there.
+expect_rank_error 2 0 outdir-missing "--save-weights out/w.safetensors: out: " "${GPT[@]}" \
+  --save-weights out/w.safetensors
+expect_rank_error 2 0 outdir-missing "--save-weights out/w.safetensors: out: " "${MLP[@]}" \
+  --save-weights out/w.safetensors
 
 # Every rank failing alike: one message, no rank list.
 mkdir -p "$T/all"

@@ -156,38 +156,48 @@ int cli_ckpt_option(const char *a, const char *v, cli_ckpt *c) {
     return 1;
 }
 
-int cli_ckpt_prepare(const cli_ckpt *c) {
-    if (c->save_dir == NULL) return 0;
+int cli_check_output(const char *flag, const char *path, bool is_dir) {
     /* Check, do not create: a run that fails later at start-up leaves no
-     * trace.  DIR itself if it exists, else its nearest existing ancestor,
-     * which the first save will create DIR in. */
-    char path[4096];
-    if (snprintf(path, sizeof path, "%s", c->save_dir) >= (int)sizeof path)
-        return cli_fail("--save-dir: the path is longer than %d bytes", (int)sizeof path - 1);
+     * trace.  A directory is checked itself if it exists, else its nearest
+     * existing ancestor (the first save creates it); a file's directory must
+     * exist (the writers create no directories). */
+    char dir[4096];
+    if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir)
+        return cli_fail("%s: the path is longer than %d bytes", flag, (int)sizeof dir - 1);
     struct stat sb;
-    bool self = true;
-    while (stat(path, &sb) != 0) {
-        if (errno != ENOENT)
-            return cli_fail("--save-dir %s: %s: %s; fix: a directory this rank can create",
-                            c->save_dir, path, strerror(errno));
-        char *slash = strrchr(path, '/');
-        while (slash != NULL && slash > path && slash[1] == '\0') { /* trailing '/' */
-            *slash = '\0';
-            slash = strrchr(path, '/');
+    if (!is_dir && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return cli_fail("%s %s: is a directory; fix: give a file name", flag, path);
+    bool self = is_dir;
+    for (bool up = !is_dir;; up = true) {
+        if (up) {
+            char *slash = strrchr(dir, '/');
+            while (slash != NULL && slash > dir && slash[1] == '\0') { /* trailing '/' */
+                *slash = '\0';
+                slash = strrchr(dir, '/');
+            }
+            if (slash == NULL) snprintf(dir, sizeof dir, ".");
+            else if (slash == dir) dir[1] = '\0'; /* "/" */
+            else *slash = '\0';
+            self = false;
         }
-        if (slash == NULL) snprintf(path, sizeof path, ".");
-        else if (slash == path) path[1] = '\0'; /* "/" */
-        else *slash = '\0';
-        self = false;
+        if (stat(dir, &sb) == 0) break;
+        if (errno != ENOENT || !is_dir)
+            return cli_fail("%s %s: %s: %s; fix: %s", flag, path, dir, strerror(errno),
+                            is_dir ? "a directory this rank can create"
+                                   : "create that directory first, or give another path");
     }
     if (!S_ISDIR(sb.st_mode))
-        return cli_fail("--save-dir %s: %s exists and is not a directory; fix: another path",
-                        c->save_dir, path);
-    if (access(path, W_OK | X_OK) != 0)
-        return cli_fail("--save-dir %s: %s%s is not writable on this rank (%s); fix: a directory "
-                        "this rank can write", c->save_dir, self ? "" : "its parent ", path,
+        return cli_fail("%s %s: %s exists and is not a directory; fix: another path", flag, path,
+                        dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return cli_fail("%s %s: %s%s is not writable on this rank (%s); fix: a directory this "
+                        "rank can write", flag, path, self ? "" : "its directory ", dir,
                         strerror(errno));
     return 0;
+}
+
+int cli_ckpt_prepare(const cli_ckpt *c) {
+    return c->save_dir != NULL ? cli_check_output("--save-dir", c->save_dir, true) : 0;
 }
 
 int cli_ckpt_resume(zdp_engine *eng, const cli_ckpt *c, int64_t *cursor) {

@@ -60,6 +60,11 @@ typedef struct cli_ckpt {
 /* Takes option a with value v if it is one of the three: 1 taken, 0 not
  * ours, 2 bad value (cli_fail printed). */
 int cli_ckpt_option(const char *a, const char *v, cli_ckpt *c);
+/* Checks that this rank can write output `path` (flag: the option, for the
+ * message): a directory (is_dir) must be one, or be creatable under the
+ * nearest existing directory above it; a file's directory must exist.  Both
+ * must be writable.  Creates nothing.  0 or cli_fail's code. */
+int cli_check_output(const char *flag, const char *path, bool is_dir);
 /* With --save-dir: checks on this rank (every rank writes its own files
  * there) that DIR, or the nearest existing directory above it, is a
  * directory it can write, so an unusable DIR stops the job at start-up

@@ -396,6 +396,8 @@ static int cmd_train_(int argc, char **argv) {
         rc = o.data != NULL ? load_data_(&data, o.data, o.hidden)
                             : generate_data_(&data, o.hidden, o.samples, o.seed);
     if (rc == 0) rc = cli_ckpt_prepare(&o.ckpt);
+    if (rc == 0 && o.save_weights != NULL && zdp_dist_rank() == 0)
+        rc = cli_check_output("--save-weights", o.save_weights, false);
     if ((rc = cli_agree(rc)) != 0) goto done;
     if (zdp_engine_sync_params(eng, &err) != ZDP_OK) cli_die("sync params", &err);
     int64_t cursor = 0;

@@ -234,6 +234,8 @@ int cmd_train_gpt(int argc, char **argv) {
         free(views);
     }
     if (rc == 0) rc = cli_ckpt_prepare(&o.ckpt);
+    if (rc == 0 && o.save_weights != NULL && st.R == 0) /* only rank 0 writes it */
+        rc = cli_check_output("--save-weights", o.save_weights, false);
     if ((rc = cli_agree(rc)) != 0) goto done;
     if (zdp_engine_sync_params(st.eng, &err) != ZDP_OK) cli_die("sync params", &err);
     /* Windows consumed so far, over all ranks (the checkpoint's data position). */
