@@ -9,8 +9,13 @@ bash scripts/install-deps.sh
 source scripts/env.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DZDP_BUILD_TESTS=OFF -DZDP_BUILD_BENCH=OFF >/dev/null
 cmake --build build -j"$(nproc)" --target zdp_cli >/dev/null
+# The progress line rewrites itself with \r and escape codes: only for a
+# terminal.  Under mpirun zdp cannot tell (every rank gets a pseudo-terminal),
+# so the choice is made here, by whether this script's stdout is one.
+progress=off
+[ -t 1 ] && progress=on
 mpirun -np 2 build/bin/zdp train --model gpt --config examples/ds_config_gpt.json \
-  --steps 800 --val-every 100 --progress on --out-dir build/gpt-run \
+  --steps 800 --val-every 100 --progress "$progress" --out-dir build/gpt-run \
   --save-weights build/gpt.safetensors
 echo
 echo "The trained model answers (greedy): 21+75="

@@ -7,26 +7,32 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 source scripts/env.sh
 jobs=$(nproc)
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DZDP_WERROR=ON >/dev/null
+# Every option is set here, not taken from a cache: scripts/demo.sh configures
+# build/ without tests, and a reused cache would leave ctest nothing to run.
+# ctest --no-tests=error makes "No tests were found" a failure, not a pass.
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DZDP_WERROR=ON -DZDP_BUILD_TESTS=ON \
+  -DZDP_BUILD_BENCH=ON -DZDP_SANITIZE= -DZDP_FUZZ=OFF >/dev/null
 cmake --build build -j"$jobs"
-(cd build && ctest --output-on-failure -j"$jobs")
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DZDP_WERROR=ON -DZDP_SANITIZE="address;undefined" >/dev/null
+(cd build && ctest --output-on-failure --no-tests=error -j"$jobs")
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DZDP_WERROR=ON -DZDP_BUILD_TESTS=ON \
+  -DZDP_BUILD_BENCH=ON -DZDP_SANITIZE="address;undefined" -DZDP_FUZZ=OFF >/dev/null
 cmake --build build-asan -j"$jobs"
-(cd build-asan && ctest --output-on-failure -j"$jobs")
+(cd build-asan && ctest --output-on-failure --no-tests=error -j"$jobs")
 # Threads under ThreadSanitizer: the comm stream (MPI itself is not TSan-clean
 # across ranks, so its MPI-free test), and zdp serve's HTTP connection threads,
 # futures and main loop through the whole Tinker scenario at one rank (a race
 # report aborts the server, and the test fails on its exit status).
-cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DZDP_SANITIZE=thread -DZDP_BUILD_BENCH=OFF >/dev/null
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DZDP_SANITIZE=thread -DZDP_BUILD_TESTS=ON \
+  -DZDP_BUILD_BENCH=OFF -DZDP_FUZZ=OFF >/dev/null
 cmake --build build-tsan -j"$jobs" --target test_stream zdp_cli
-(cd build-tsan && ctest --output-on-failure -R unit.test_stream)
+(cd build-tsan && ctest --output-on-failure --no-tests=error -R unit.test_stream)
 NPS=1 TSAN_OPTIONS="halt_on_error=1" bash tests/cli/test_tinker.sh build-tsan/bin/zdp "$(command -v mpirun)"
 # Fuzz targets (tests/fuzz): their seed corpora already ran above, in both
 # builds, as the tests unit.fuzz_*_corpus.  With clang: the libFuzzer builds
 # run the corpora too, then fuzz each target for ZDP_FUZZ_SECONDS (default 0:
 # corpora only).  New crash inputs land in build-fuzz/crash-*.
 if command -v clang >/dev/null 2>&1; then
-  CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZDP_BUILD_TESTS=ON \
     -DZDP_SANITIZE="address;undefined" -DZDP_FUZZ=ON -DZDP_BUILD_BENCH=OFF >/dev/null
   cmake --build build-fuzz -j"$jobs" --target fuzz_safetensors fuzz_ckpt_meta
   fuzz_s=${ZDP_FUZZ_SECONDS:-0}

@@ -109,6 +109,15 @@ ZDP_API void zdp_dist_abort(int code, const char *msg);
 /* COLLECTIVE.  Logical AND of `ok` over all ranks: lets a program agree
  * that every rank succeeded before it goes on. */
 ZDP_API bool zdp_dist_all_ok(bool ok);
+/* COLLECTIVE.  zdp_dist_all_ok that also carries why: a rank that is not ok
+ * passes a one-line message (NULL: none; at most ZDP_ERROR_MSG_MAX - 1 bytes
+ * travel).  Returns true when every rank is ok.  Otherwise, when report is
+ * not NULL, every rank receives in *report (malloc'd, free() it; NULL if out
+ * of memory) the same text, one line per distinct message, naming the ranks
+ * that sent it: "rank 2: MSG", "ranks 0-1, 3: MSG", or MSG alone when every
+ * rank failed with the same message.  So a failure on any one rank can be
+ * printed by rank 0, and no rank is left waiting for one that gave up. */
+ZDP_API bool zdp_dist_all_ok_why(bool ok, const char *why, char **report);
 /* COLLECTIVE.  Mean of x over all ranks (for reporting losses). */
 ZDP_API double zdp_dist_mean(double x);
 

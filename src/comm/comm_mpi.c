@@ -124,6 +124,91 @@ bool zdp_dist_all_ok(bool ok) {
     return all != 0;
 }
 
+/* Appends "0-1, 3" (the ranks whose flag in who[] is set, consecutive ones
+ * as a range) to out at *len. */
+static void rank_list_(const char *who, int W, char *out, size_t *len) {
+    bool first = true;
+    for (int r = 0; r < W; r++) {
+        if (!who[r]) continue;
+        int end = r;
+        while (end + 1 < W && who[end + 1]) end++;
+        *len += (size_t)sprintf(out + *len, end > r ? "%s%d-%d" : "%s%d", first ? "" : ", ", r, end);
+        first = false;
+        r = end;
+    }
+}
+
+bool zdp_dist_all_ok_why(bool ok, const char *why, char **report) {
+    if (report != NULL) *report = NULL;
+    const int W = mpi_ready_() ? zdp_dist_world_size() : 1;
+    int mine = ok ? 0 : 1, n_failed = mine;
+    if (mpi_ready_()) MPI_Allreduce(&mine, &n_failed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (n_failed == 0) return true;
+    /* Every rank gathers every message, whether or not it asked for the
+     * report, so all ranks make the same calls.  One slot per rank: a flag
+     * byte, then the message. */
+    enum { SLOT = ZDP_ERROR_MSG_MAX + 1 };
+    char *slots = malloc((size_t)W * SLOT);
+    int have = slots != NULL, all_have = have;
+    if (mpi_ready_()) MPI_Allreduce(&have, &all_have, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+    if (!all_have) {
+        free(slots);
+        if (report != NULL) {
+            char text[160];
+            snprintf(text, sizeof text, "%d rank(s) failed; their messages could not be gathered "
+                     "(out of memory)", n_failed);
+            *report = strdup(text);
+        }
+        return false;
+    }
+    char slot[SLOT];
+    memset(slot, 0, sizeof slot);
+    slot[0] = (char)mine;
+    if (!ok) snprintf(slot + 1, SLOT - 1, "%s", why != NULL && why[0] ? why : "(no message)");
+    if (mpi_ready_())
+        MPI_Allgather(slot, SLOT, MPI_BYTE, slots, SLOT, MPI_BYTE, MPI_COMM_WORLD);
+    else
+        memcpy(slots, slot, SLOT);
+    /* One line per distinct message, in the order of the first rank that
+     * sent it.  Each rank is named once: the rank lists add up to at most
+     * 24 bytes per rank. */
+    char *who = calloc((size_t)W, 1), *used = calloc((size_t)W, 1);
+    char *text = malloc((size_t)W * (SLOT + 32) + 64);
+    if (who != NULL && used != NULL && text != NULL) {
+        size_t len = 0;
+        for (int r = 0; r < W; r++) {
+            const char *msg = slots + (size_t)r * SLOT;
+            if (!msg[0] || used[r]) continue;
+            int n = 0;
+            memset(who, 0, (size_t)W);
+            for (int q = r; q < W; q++) {
+                const char *other = slots + (size_t)q * SLOT;
+                if (other[0] && !used[q] && strcmp(other + 1, msg + 1) == 0) {
+                    who[q] = used[q] = 1;
+                    n++;
+                }
+            }
+            if (len > 0) text[len++] = '\n';
+            if (n < W) {
+                len += (size_t)sprintf(text + len, n > 1 ? "ranks " : "rank ");
+                rank_list_(who, W, text, &len);
+                len += (size_t)sprintf(text + len, ": ");
+            }
+            len += (size_t)sprintf(text + len, "%s", msg + 1);
+        }
+        text[len] = '\0';
+        if (report != NULL) {
+            *report = text;
+            text = NULL;
+        }
+    }
+    free(text);
+    free(who);
+    free(used);
+    free(slots);
+    return false;
+}
+
 /* ---- collectives ---- */
 
 static zdp_status check_(int rc, const char *what, zdp_error *err) {

@@ -10,20 +10,51 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
+/* This rank's last start-up error, until cli_agree or cli_flush_error
+ * prints it. */
+static char pending_[ZDP_ERROR_MSG_MAX];
+
 int cli_fail(const char *fmt, ...) {
-    if (zdp_dist_rank() == 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        fprintf(stderr, "zdp: error: ");
-        vfprintf(stderr, fmt, ap);
-        fprintf(stderr, "\n");
-        va_end(ap);
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pending_, sizeof pending_, fmt, ap);
+    va_end(ap);
     return 2;
+}
+
+/* "zdp: error: " before the first line of text, later lines indented. */
+static void print_error_(const char *text) {
+    const char *prefix = "zdp: error: ";
+    while (*text) {
+        const char *nl = strchr(text, '\n');
+        int n = nl != NULL ? (int)(nl - text) : (int)strlen(text);
+        fprintf(stderr, "%s%.*s\n", prefix, n, text);
+        prefix = "  ";
+        text += n + (nl != NULL);
+    }
+    fflush(stderr);
+}
+
+int cli_agree(int rc) {
+    char *report = NULL;
+    bool ok = zdp_dist_all_ok_why(rc == 0, pending_, &report);
+    if (!ok && zdp_dist_rank() == 0)
+        print_error_(report != NULL ? report : "a rank failed at start-up (out of memory for its message)");
+    free(report);
+    pending_[0] = '\0';
+    if (ok) return 0;
+    return rc != 0 ? rc : 2; /* another rank failed and rank 0 said why */
+}
+
+void cli_flush_error(void) {
+    if (pending_[0] != '\0' && zdp_dist_rank() == 0) print_error_(pending_);
+    pending_[0] = '\0';
 }
 
 void cli_die(const char *what, const zdp_error *err) {
@@ -125,13 +156,59 @@ int cli_ckpt_option(const char *a, const char *v, cli_ckpt *c) {
     return 1;
 }
 
+int cli_check_output(const char *flag, const char *path, bool is_dir) {
+    /* Check, do not create: a run that fails later at start-up leaves no
+     * trace.  A directory is checked itself if it exists, else its nearest
+     * existing ancestor (the first save creates it); a file's directory must
+     * exist (the writers create no directories). */
+    char dir[4096];
+    if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir)
+        return cli_fail("%s: the path is longer than %d bytes", flag, (int)sizeof dir - 1);
+    struct stat sb;
+    if (!is_dir && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return cli_fail("%s %s: is a directory; fix: give a file name", flag, path);
+    bool self = is_dir;
+    for (bool up = !is_dir;; up = true) {
+        if (up) {
+            char *slash = strrchr(dir, '/');
+            while (slash != NULL && slash > dir && slash[1] == '\0') { /* trailing '/' */
+                *slash = '\0';
+                slash = strrchr(dir, '/');
+            }
+            if (slash == NULL) snprintf(dir, sizeof dir, ".");
+            else if (slash == dir) dir[1] = '\0'; /* "/" */
+            else *slash = '\0';
+            self = false;
+        }
+        if (stat(dir, &sb) == 0) break;
+        if (errno != ENOENT || !is_dir)
+            return cli_fail("%s %s: %s: %s; fix: %s", flag, path, dir, strerror(errno),
+                            is_dir ? "a directory this rank can create"
+                                   : "create that directory first, or give another path");
+    }
+    if (!S_ISDIR(sb.st_mode))
+        return cli_fail("%s %s: %s exists and is not a directory; fix: another path", flag, path,
+                        dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return cli_fail("%s %s: %s%s is not writable on this rank (%s); fix: a directory this "
+                        "rank can write", flag, path, self ? "" : "its directory ", dir,
+                        strerror(errno));
+    return 0;
+}
+
+int cli_ckpt_prepare(const cli_ckpt *c) {
+    return c->save_dir != NULL ? cli_check_output("--save-dir", c->save_dir, true) : 0;
+}
+
 int cli_ckpt_resume(zdp_engine *eng, const cli_ckpt *c, int64_t *cursor) {
     *cursor = 0;
     if (c->resume == NULL) return 0;
     zdp_error err;
     char *client = NULL;
+    /* Loading is collective and fails on every rank when one cannot read
+     * its files; each rank's own message goes to the agreement. */
     if (zdp_engine_load_checkpoint(eng, c->resume, NULL, &client, &err) != ZDP_OK)
-        return cli_fail("--resume %s", err.msg);
+        return cli_agree(cli_fail("--resume %s", err.msg));
     json_error_t je;
     json_t *j = json_loads(client, 0, &je);
     json_t *v = json_object_get(j, "samples_consumed");
@@ -143,6 +220,7 @@ int cli_ckpt_resume(zdp_engine *eng, const cli_ckpt *c, int64_t *cursor) {
         *cursor = (int64_t)json_integer_value(v);
     json_decref(j);
     free(client);
+    rc = cli_agree(rc);
     if (rc == 0 && zdp_dist_rank() == 0)
         printf("resumed from %s: step %lld, %lld samples consumed\n", c->resume,
                (long long)zdp_engine_global_steps(eng), (long long)*cursor);

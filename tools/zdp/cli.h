@@ -23,10 +23,21 @@ typedef struct cli_schedule {
     int len; /* 0: no --schedule */
 } cli_schedule;
 
-/* Rank 0 prints "zdp: error: ..." to stderr; returns 2 (the exit code for bad
- * input).  Arguments and files are the same on every rank, so every rank
- * reaches the same error and leaves with the same code. */
+/* Records "..." as this rank's error and returns 2 (the exit code for bad
+ * input).  Nothing is printed yet: a start-up failure may happen on one rank
+ * only (its own files, its own working directory), so commands meet at
+ * cli_agree, which prints what failed where; main() prints whatever is still
+ * pending when a command returns an error without reaching one. */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* COLLECTIVE.  Every rank passes its start-up result (0, or cli_fail's code
+ * with its message recorded).  Returns 0 when every rank succeeded;
+ * otherwise rank 0 prints "zdp: error: " and every failing rank's message
+ * with its rank ("rank 1: --data ...", the rank left out when every rank
+ * failed alike), and every rank returns non-zero (rc, or 2 where another
+ * rank failed).  Every step that can fail on one rank goes before one. */
+int cli_agree(int rc);
+/* Rank 0 prints the pending cli_fail message, if any (main(), at exit). */
+void cli_flush_error(void);
 /* A failure after training started: the message, then MPI_Abort (no rank
  * may be left waiting in a collective). */
 void cli_die(const char *what, const zdp_error *err) __attribute__((noreturn));
@@ -49,8 +60,19 @@ typedef struct cli_ckpt {
 /* Takes option a with value v if it is one of the three: 1 taken, 0 not
  * ours, 2 bad value (cli_fail printed). */
 int cli_ckpt_option(const char *a, const char *v, cli_ckpt *c);
+/* Checks that this rank can write output `path` (flag: the option, for the
+ * message): a directory (is_dir) must be one, or be creatable under the
+ * nearest existing directory above it; a file's directory must exist.  Both
+ * must be writable.  Creates nothing.  0 or cli_fail's code. */
+int cli_check_output(const char *flag, const char *path, bool is_dir);
+/* With --save-dir: checks on this rank (every rank writes its own files
+ * there) that DIR, or the nearest existing directory above it, is a
+ * directory it can write, so an unusable DIR stops the job at start-up
+ * instead of at the first save.  Creates nothing.  0 or cli_fail's code. */
+int cli_ckpt_prepare(const cli_ckpt *c);
 /* COLLECTIVE.  With --resume: loads DIR/latest into eng and returns the
- * saved sample cursor in *cursor; 0 or cli_fail's code. */
+ * saved sample cursor in *cursor; then agrees (cli_agree): 0 or non-zero on
+ * every rank, the failing ranks' messages printed. */
 int cli_ckpt_resume(zdp_engine *eng, const cli_ckpt *c, int64_t *cursor);
 /* COLLECTIVE.  After an optimizer step: saves when the step is a multiple of
  * --save-every, or when `last` and --save-dir is set.  Failures end the job. */

@@ -17,7 +17,9 @@
  *   - Unmanaged: step s makes n = schedule[s mod len] micro-batches (default
  *     G), each backward with loss scale 1/n and scale_wrt_gas off, then step.
  *   - Rank 0 prints one line per optimizer step: step, mean loss, global_samples.
- *   - Bad input exits non-zero with one message on rank 0, never a hang.
+ *   - Bad input exits non-zero with one message, printed by rank 0, never a
+ *     hang; when the input is bad on some ranks only (their own files or
+ *     working directory), the message names those ranks.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -44,49 +46,70 @@ typedef struct train_opts {
     cli_ckpt ckpt;
 } train_opts;
 
-static void usage_(FILE *f) {
-    fprintf(f,
-            "usage: mpirun -np W zdp train --model mlp --config CFG.json [options]\n"
-            "\n"
-            "  --model mlp               DeepSpeed's SimpleModel\n"
-            "                            (--model gpt: see zdp train --model gpt --help)\n"
-            "  --hidden H                hidden size = number of classes (default 64)\n"
-            "  --layers L                number of Linear(H,H) layers (default 4)\n"
-            "  --config CFG.json         DeepSpeed ds_config (required)\n"
-            "  --init INIT.safetensors   initial weights (default: seeded initialiser)\n"
-            "  --data DATA.safetensors   x F32 [N,H], y I64|I32 [N] (default: generated)\n"
-            "  --samples N               rows of generated data (default 4096)\n"
-            "  --steps S                 optimizer steps (default 20)\n"
-            "  --schedule n1,n2,...      unmanaged mode: micro-batches per step, cycled\n"
-            "  --save-weights OUT        write the final weights (rank 0)\n"
-            "  --seed N                  seed for weights and generated data (default 42)\n"
-            "  --save-dir DIR            write checkpoints DIR/global_step{N}/ and DIR/latest\n"
-            "  --save-every K            ... every K optimizer steps (and after the last)\n"
-            "  --resume DIR              continue from DIR/latest (--steps counts all steps)\n"
-            "\n"
-            "\n"
-            "usage: zdp gen-data --hidden H --out DATA.safetensors [--samples N] [--seed N]\n"
-            "  writes the generated MLP dataset (x F32 [N,H], y I64 [N]) that train uses\n"
-            "  when --data is not given\n"
-            "       zdp gen-data --corpus arith --out TOKENS.bin [--lines N] [--seed N]\n"
-            "  writes the GPT trainer's arithmetic corpus (\"a+b=c\\n\" lines, bytes) as an\n"
-            "  llm.c token shard\n"
-            "\n"
-            "usage: zdp sample --weights W.safetensors --prompt TEXT   (see zdp sample --help)\n"
-            "usage: mpirun -np W zdp serve --config CFG.json --model gpt [--port P] ...\n"
-            "  a training server: forward_backward / optim_step over HTTP (docs/server.md)\n"
-            "usage: zdp ckpt inspect DIR [--tag T]      what a checkpoint holds, in words\n"
-            "       zdp ckpt export DIR --to OUT.safetensors [--tag T]   its full fp32 weights\n"
-            "\n"
-            "  zdp --version             print the version\n");
+/* `zdp --help`: one line per command, as git does; each command has its own
+ * --help. */
+static const struct {
+    const char *name, *what;
+} commands_[] = {
+    {"train", "train the MLP or a GPT on W ranks with ZeRO 0/1/2 (--model mlp|gpt)"},
+    {"sample", "generate text from GPT-2 weights"},
+    {"serve", "a training server: forward_backward / optim_step over HTTP"},
+    {"gen-data", "write the MLP dataset or the arithmetic corpus to a file"},
+    {"ckpt", "describe a checkpoint, or export its full fp32 weights"},
+};
+
+static void usage_commands_(FILE *f) {
+    fprintf(f, "usage: zdp <command> [options]       (on W ranks: mpirun -np W zdp ...)\n\n"
+               "commands:\n");
+    for (size_t i = 0; i < sizeof commands_ / sizeof commands_[0]; i++)
+        fprintf(f, "   %-10s %s\n", commands_[i].name, commands_[i].what);
+    fprintf(f, "\n'zdp <command> --help' lists a command's options (the GPT trainer's:\n"
+               "'zdp train --model gpt --help'); 'zdp --version' prints the version.\n");
 }
+
+static void usage_train_(void) {
+    printf("usage: mpirun -np W zdp train --model mlp --config CFG.json [options]\n"
+           "\n"
+           "  --model mlp               DeepSpeed's SimpleModel\n"
+           "                            (--model gpt: see zdp train --model gpt --help)\n"
+           "  --hidden H                hidden size = number of classes (default 64)\n"
+           "  --layers L                number of Linear(H,H) layers (default 4)\n"
+           "  --config CFG.json         DeepSpeed ds_config (required)\n"
+           "  --init INIT.safetensors   initial weights (default: seeded initialiser)\n"
+           "  --data DATA.safetensors   x F32 [N,H], y I64|I32 [N] (default: generated)\n"
+           "  --samples N               rows of generated data (default 4096)\n"
+           "  --steps S                 optimizer steps (default 20)\n"
+           "  --schedule n1,n2,...      unmanaged mode: micro-batches per step, cycled\n"
+           "  --save-weights OUT        write the final weights (rank 0)\n"
+           "  --seed N                  seed for weights and generated data (default 42)\n"
+           "  --save-dir DIR            write checkpoints DIR/global_step{N}/ and DIR/latest\n"
+           "  --save-every K            ... every K optimizer steps (and after the last)\n"
+           "  --resume DIR              continue from DIR/latest (--steps counts all steps)\n");
+}
+
+static void usage_gen_data_(void) {
+    printf("usage: zdp gen-data --hidden H --out DATA.safetensors [--samples N] [--seed N]\n"
+           "  writes the generated MLP dataset (x F32 [N,H], y I64 [N]) that train uses\n"
+           "  when --data is not given\n"
+           "       zdp gen-data --corpus arith --out TOKENS.bin [--lines N] [--seed N]\n"
+           "  writes the GPT trainer's arithmetic corpus (\"a+b=c\\n\" lines, bytes) as an\n"
+           "  llm.c token shard\n");
+}
+
+static void usage_ckpt_(void) {
+    printf("usage: zdp ckpt inspect DIR [--tag T]      what a checkpoint holds, in words\n"
+           "       zdp ckpt export DIR --to OUT.safetensors [--tag T]   its full fp32 weights\n"
+           "  DIR is a --save-dir; the tag defaults to the one DIR/latest names\n");
+}
+
+static bool is_help_(const char *a) { return strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0; }
 
 static int parse_train_args_(int argc, char **argv, train_opts *o) {
     *o = (train_opts){.hidden = 64, .layers = 4, .steps = 20, .samples = 4096, .seed = 42};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            if (zdp_dist_rank() == 0) usage_(stdout);
+        if (is_help_(a)) {
+            if (zdp_dist_rank() == 0) usage_train_();
             return 1;
         }
         if (strncmp(a, "--", 2) != 0 || i + 1 >= argc)
@@ -339,36 +362,34 @@ static void train_loop_(zdp_engine *eng, const train_opts *o, const dataset *d, 
 static int cmd_train_(int argc, char **argv) {
     train_opts o;
     int rc = parse_train_args_(argc, argv, &o);
-    if (rc) return rc == 1 ? 0 : rc;
+    if (rc == 1) return 0; /* --help */
 
+    /* Start-up.  Each step can fail on one rank alone (its own copy of the
+     * config or the data, on nodes without a shared file system), so each
+     * runs only while this rank is fine, and all ranks meet at cli_agree
+     * before the first collective: rank 0 then prints what failed on which
+     * rank, and nobody waits for a rank that gave up. */
     zdp_error err;
     zdp_config cfg;
-    const int W = zdp_dist_world_size();
-    if (zdp_config_load_file(o.config, W, &cfg, &err) != ZDP_OK) return cli_fail("%s", err.msg);
-    if (o.schedule.len > 0 && cfg.managed_gradient_accumulation)
-        return cli_fail("--schedule needs unmanaged accumulation: set "
-                     "\"managed_gradient_accumulation\": false in %s, or drop --schedule",
-                     o.config);
-    if (cfg.micro_batch_size > ((int64_t)1 << 20))
-        return cli_fail("train_micro_batch_size_per_gpu = %lld: the MLP trainer takes at most "
-                     "1048576 rows per micro-batch",
-                     (long long)cfg.micro_batch_size);
-
-    zdp_model model;
-    if (zdp_mlp_create(o.hidden, o.layers, cfg.micro_batch_size, &model, &err) != ZDP_OK)
-        return cli_fail("%s", err.msg);
+    zdp_model model = {0};
     zdp_engine *eng = NULL;
     dataset data = {0};
-    rc = 0;
-    if (zdp_engine_create(&cfg, &model, &eng, &err) != ZDP_OK) {
+    const int W = zdp_dist_world_size();
+    if (rc == 0 && zdp_config_load_file(o.config, W, &cfg, &err) != ZDP_OK) rc = cli_fail("%s", err.msg);
+    if (rc == 0 && o.schedule.len > 0 && cfg.managed_gradient_accumulation)
+        rc = cli_fail("--schedule needs unmanaged accumulation: set "
+                      "\"managed_gradient_accumulation\": false in %s, or drop --schedule",
+                      o.config);
+    if (rc == 0 && cfg.micro_batch_size > ((int64_t)1 << 20))
+        rc = cli_fail("train_micro_batch_size_per_gpu = %lld: the MLP trainer takes at most "
+                      "1048576 rows per micro-batch",
+                      (long long)cfg.micro_batch_size);
+    if (rc == 0 && zdp_mlp_create(o.hidden, o.layers, cfg.micro_batch_size, &model, &err) != ZDP_OK)
         rc = cli_fail("%s", err.msg);
-        goto done;
-    }
-    /* Every rank reads the same files; agree before training so that a
-     * failure on one rank cannot leave the others waiting in a collective. */
-    if (o.init != NULL) {
+    if (rc == 0 && zdp_engine_create(&cfg, &model, &eng, &err) != ZDP_OK) rc = cli_fail("%s", err.msg);
+    if (rc == 0 && o.init != NULL) {
         rc = load_init_(eng, &model, o.init);
-    } else {
+    } else if (rc == 0) {
         float *views[2048];
         for (int i = 0; i < model.n_params; i++) views[i] = zdp_engine_param_data(eng, i);
         zdp_mlp_init_params(&model, views, o.seed);
@@ -376,10 +397,10 @@ static int cmd_train_(int argc, char **argv) {
     if (rc == 0)
         rc = o.data != NULL ? load_data_(&data, o.data, o.hidden)
                             : generate_data_(&data, o.hidden, o.samples, o.seed);
-    if (!zdp_dist_all_ok(rc == 0)) {
-        if (rc == 0) rc = 2; /* another rank failed and said why */
-        goto done;
-    }
+    if (rc == 0) rc = cli_ckpt_prepare(&o.ckpt);
+    if (rc == 0 && o.save_weights != NULL && zdp_dist_rank() == 0)
+        rc = cli_check_output("--save-weights", o.save_weights, false);
+    if ((rc = cli_agree(rc)) != 0) goto done;
     if (zdp_engine_sync_params(eng, &err) != ZDP_OK) cli_die("sync params", &err);
     int64_t cursor = 0;
     if ((rc = cli_ckpt_resume(eng, &o.ckpt, &cursor)) != 0) goto done;
@@ -425,7 +446,11 @@ static int cmd_gen_data_(int argc, char **argv) {
     int64_t H = 0, N = 4096, seed = 42, lines = 0;
     const char *out = NULL;
     for (int i = 0; i < argc; i += 2) {
-        if (i + 1 >= argc) return cli_fail("%s: missing value (see zdp --help)", argv[i]);
+        if (is_help_(argv[i])) {
+            if (zdp_dist_rank() == 0) usage_gen_data_();
+            return 0;
+        }
+        if (i + 1 >= argc) return cli_fail("%s: missing value (see zdp gen-data --help)", argv[i]);
         const char *a = argv[i], *v = argv[i + 1];
         if (strcmp(a, "--hidden") == 0) {
             if (!cli_parse_i64(v, 1, 65536, &H)) return cli_fail("--hidden %s: need an integer in 1..65536", v);
@@ -441,7 +466,7 @@ static int cmd_gen_data_(int argc, char **argv) {
         } else if (strcmp(a, "--lines") == 0) {
             if (!cli_parse_i64(v, 1, (int64_t)1 << 28, &lines)) return cli_fail("--lines %s: need 1..268435456", v);
         } else {
-            return cli_fail("unknown option %s for gen-data (see zdp --help)", a);
+            return cli_fail("unknown option %s for gen-data (see zdp gen-data --help)", a);
         }
     }
     if (out == NULL) return cli_fail("gen-data needs --out FILE");
@@ -467,6 +492,11 @@ static int cmd_gen_data_(int argc, char **argv) {
 
 /* zdp ckpt inspect DIR [--tag T] | zdp ckpt export DIR --to OUT [--tag T] */
 static int cmd_ckpt_(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (is_help_(argv[i])) {
+            if (zdp_dist_rank() == 0) usage_ckpt_();
+            return 0;
+        }
     if (argc < 2 || (strcmp(argv[0], "inspect") != 0 && strcmp(argv[0], "export") != 0))
         return cli_fail("usage: zdp ckpt inspect DIR [--tag T] | zdp ckpt export DIR --to "
                         "OUT.safetensors [--tag T]  (DIR is a --save-dir; the tag defaults to "
@@ -499,10 +529,23 @@ int main(int argc, char **argv) {
         printf("zdp %s\n", ZDP_VERSION);
         return 0;
     }
-    if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
-        strcmp(argv[1], "help") == 0) {
-        usage_(argc < 2 ? stderr : stdout);
+    if (argc < 2 || is_help_(argv[1]) || strcmp(argv[1], "help") == 0) {
+        usage_commands_(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    bool known = false;
+    for (size_t i = 0; i < sizeof commands_ / sizeof commands_[0]; i++)
+        known = known || strcmp(argv[1], commands_[i].name) == 0;
+    if (!known) {
+        /* Before MPI starts, so no rank waits for another; under mpirun only
+         * the first rank says it. */
+        const char *r = getenv("OMPI_COMM_WORLD_RANK");
+        if (r == NULL) r = getenv("PMI_RANK");
+        if (r == NULL || strcmp(r, "0") == 0) {
+            fprintf(stderr, "zdp: error: unknown command \"%s\"\n\n", argv[1]);
+            usage_commands_(stderr);
+        }
+        return 2;
     }
     if (zdp_dist_init(&argc, &argv, &err) != ZDP_OK) {
         fprintf(stderr, "zdp: error: %s\n", err.msg);
@@ -523,11 +566,11 @@ int main(int argc, char **argv) {
         rc = cmd_ckpt_(argc - 2, argv + 2);
     else if (strcmp(argv[1], "gen-data") == 0)
         rc = cmd_gen_data_(argc - 2, argv + 2);
-    else if (strcmp(argv[1], "serve") == 0)
-        rc = cmd_serve(argc - 2, argv + 2);
     else
-        rc = cli_fail("unknown command \"%s\"; available: train, sample, serve, gen-data, ckpt "
-                      "(see zdp --help)", argv[1]);
+        rc = cmd_serve(argc - 2, argv + 2);
+    /* A command that failed without meeting the others (one that runs on
+     * rank 0 only, or bad arguments, the same on every rank) says why here. */
+    if (rc != 0) cli_flush_error();
     zdp_dist_finalize();
     return rc;
 }

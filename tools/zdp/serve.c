@@ -1910,24 +1910,28 @@ static void free_guards_(server *s) {
 int cmd_serve(int argc, char **argv) {
     server s = {.W = zdp_dist_world_size(), .R = zdp_dist_rank()};
     int rc = parse_(argc, argv, &s.opt);
-    if (rc) {
+    if (rc == 1) { /* --help */
         free_guards_(&s);
-        return rc == 1 ? 0 : rc;
+        return 0;
     }
 
+    /* Start-up: every step that can fail on one rank alone (its own config
+     * or --init file) runs only while this rank is fine, and all ranks meet
+     * at cli_agree, which prints what failed on which rank, before the
+     * first collective. */
     zdp_error err;
-    if (zdp_config_load_file(s.opt.config, s.W, &s.cfg, &err) != ZDP_OK) return cli_fail("%s", err.msg);
-    if (s.cfg.managed_gradient_accumulation)
-        return cli_fail("%s: zdp serve needs unmanaged gradient accumulation (each optim_step request "
-                        "is the optimizer step); set \"managed_gradient_accumulation\": false",
-                        s.opt.config);
-    /* One datum per micro-batch: activation memory for one sequence. */
-    if (zdp_gpt_create(&s.opt.model, 1, &s.model, &err) != ZDP_OK) return cli_fail("%s", err.msg);
-    if (zdp_engine_create(&s.cfg, &s.model, &s.eng, &err) != ZDP_OK) {
+    if (rc == 0 && zdp_config_load_file(s.opt.config, s.W, &s.cfg, &err) != ZDP_OK)
         rc = cli_fail("%s", err.msg);
-        goto done;
-    }
-    {
+    if (rc == 0 && s.cfg.managed_gradient_accumulation)
+        rc = cli_fail("%s: zdp serve needs unmanaged gradient accumulation (each optim_step request "
+                      "is the optimizer step); set \"managed_gradient_accumulation\": false",
+                      s.opt.config);
+    /* One datum per micro-batch: activation memory for one sequence. */
+    if (rc == 0 && zdp_gpt_create(&s.opt.model, 1, &s.model, &err) != ZDP_OK)
+        rc = cli_fail("%s", err.msg);
+    if (rc == 0 && zdp_engine_create(&s.cfg, &s.model, &s.eng, &err) != ZDP_OK)
+        rc = cli_fail("%s", err.msg);
+    if (rc == 0) {
         float **v = views_(&s);
         if (v == NULL) rc = cli_fail("out of memory");
         else if (s.opt.init != NULL) {
@@ -1939,10 +1943,7 @@ int cmd_serve(int argc, char **argv) {
         }
         free(v);
     }
-    if (!zdp_dist_all_ok(rc == 0)) {
-        if (rc == 0) rc = 2;
-        goto done;
-    }
+    if ((rc = cli_agree(rc)) != 0) goto done;
     if (zdp_engine_sync_params(s.eng, &err) != ZDP_OK) cli_die("sync params", &err);
     MPI_Comm_dup(MPI_COMM_WORLD, &s.comm);
 
@@ -1967,8 +1968,7 @@ int cmd_serve(int argc, char **argv) {
         if (rc == 0) rc = load_roots_(&s);
         if (rc == 0 && (d = start_http_(&s, why, sizeof why, &port)) == NULL) rc = cli_fail("%s", why);
     }
-    if (!zdp_dist_all_ok(rc == 0)) {
-        if (rc == 0) rc = 2;
+    if ((rc = cli_agree(rc)) != 0) {
         if (d != NULL) MHD_stop_daemon(d);
         tinker_destroy(s.tinker);
         MPI_Comm_free(&s.comm);

@@ -176,75 +176,74 @@ static double val_loss_(run_state *st, int64_t val_batches) {
 int cmd_train_gpt(int argc, char **argv) {
     gpt_opts o;
     int rc = parse_(argc, argv, &o);
-    if (rc) return rc == 1 ? 0 : rc;
+    if (rc == 1) return 0; /* --help */
 
+    /* Start-up.  Each step can fail on one rank alone (its own copy of the
+     * config, the data or the weights, on nodes without a shared file
+     * system), so each runs only while this rank is fine, and all ranks meet
+     * at cli_agree before the first collective: rank 0 then prints what
+     * failed on which rank, and nobody waits for a rank that gave up. */
     zdp_error err;
     zdp_config cfg;
     run_state st = {.W = zdp_dist_world_size(), .R = zdp_dist_rank()};
-    if (zdp_config_load_file(o.config, st.W, &cfg, &err) != ZDP_OK) return cli_fail("%s", err.msg);
-    if (o.schedule.len > 0 && cfg.managed_gradient_accumulation)
-        return cli_fail("--schedule needs unmanaged accumulation: set "
-                        "\"managed_gradient_accumulation\": false in %s, or drop --schedule",
-                        o.config);
-    if (cfg.micro_batch_size > 4096)
-        return cli_fail("train_micro_batch_size_per_gpu = %lld: the GPT trainer takes at most "
-                        "4096 sequences per micro-batch", (long long)cfg.micro_batch_size);
-    st.b = (int)cfg.micro_batch_size;
+    if (rc == 0 && zdp_config_load_file(o.config, st.W, &cfg, &err) != ZDP_OK)
+        rc = cli_fail("%s", err.msg);
+    if (rc == 0 && o.schedule.len > 0 && cfg.managed_gradient_accumulation)
+        rc = cli_fail("--schedule needs unmanaged accumulation: set "
+                      "\"managed_gradient_accumulation\": false in %s, or drop --schedule",
+                      o.config);
+    if (rc == 0 && cfg.micro_batch_size > 4096)
+        rc = cli_fail("train_micro_batch_size_per_gpu = %lld: the GPT trainer takes at most "
+                      "4096 sequences per micro-batch", (long long)cfg.micro_batch_size);
+    st.b = rc == 0 ? (int)cfg.micro_batch_size : 0;
     st.T = o.model.block_size;
 
     /* Data first: its vocabulary must fit the model. */
     bool arith = o.data == NULL;
     zdp_token_format fmt = arith ? ZDP_TOKENS_BYTES : o.data_format;
-    if (fmt == ZDP_TOKENS_AUTO && zdp_tokens_detect(o.data, &fmt, &err) != ZDP_OK)
-        return cli_fail("--data: %s", err.msg);
-    double vf = o.val_fraction >= 0 ? o.val_fraction : (fmt == ZDP_TOKENS_SHARD ? 0.0 : 0.1);
-    zdp_status s = arith ? zdp_dataset_create_arith(o.seed, o.arith_lines, CLI_ARITH_MAX_OPERAND, vf, &st.ds, &err)
-                         : zdp_dataset_open(o.data, fmt, vf, &st.ds, &err);
-    if (s != ZDP_OK) return cli_fail("--data: %s", err.msg);
-    rc = 0;
-    if (zdp_dataset_max_token(st.ds) >= o.model.vocab_size) {
+    if (rc == 0 && fmt == ZDP_TOKENS_AUTO && zdp_tokens_detect(o.data, &fmt, &err) != ZDP_OK)
+        rc = cli_fail("--data: %s", err.msg);
+    if (rc == 0) {
+        double vf = o.val_fraction >= 0 ? o.val_fraction : (fmt == ZDP_TOKENS_SHARD ? 0.0 : 0.1);
+        zdp_status s = arith ? zdp_dataset_create_arith(o.seed, o.arith_lines, CLI_ARITH_MAX_OPERAND,
+                                                        vf, &st.ds, &err)
+                             : zdp_dataset_open(o.data, fmt, vf, &st.ds, &err);
+        if (s != ZDP_OK) rc = cli_fail("--data: %s", err.msg);
+    }
+    if (rc == 0 && zdp_dataset_max_token(st.ds) >= o.model.vocab_size)
         rc = cli_fail("--data %s: token %d is outside the vocabulary (--vocab-size %d); fix: "
                       "raise --vocab-size%s", arith ? "(generated)" : o.data,
                       zdp_dataset_max_token(st.ds), o.model.vocab_size,
                       fmt == ZDP_TOKENS_BYTES ? " to 256 for byte-level text" : "");
-        goto done;
-    }
-    if (zdp_dataset_n_windows(st.ds, ZDP_SPLIT_TRAIN, st.T) == 0) {
+    if (rc == 0 && zdp_dataset_n_windows(st.ds, ZDP_SPLIT_TRAIN, st.T) == 0)
         rc = cli_fail("--data %s: the train split has %lld tokens, fewer than --block-size + 1 = "
                       "%d; fix: more data or a smaller --block-size",
                       arith ? "(generated)" : o.data,
                       (long long)zdp_dataset_n_tokens(st.ds, ZDP_SPLIT_TRAIN), st.T + 1);
-        goto done;
-    }
-    if (zdp_gpt_create(&o.model, st.b, &st.model, &err) != ZDP_OK) {
+    if (rc == 0 && zdp_gpt_create(&o.model, st.b, &st.model, &err) != ZDP_OK)
         rc = cli_fail("%s", err.msg);
-        goto done;
-    }
-    if (zdp_engine_create(&cfg, &st.model, &st.eng, &err) != ZDP_OK) {
+    if (rc == 0 && zdp_engine_create(&cfg, &st.model, &st.eng, &err) != ZDP_OK)
         rc = cli_fail("%s", err.msg);
-        goto done;
-    }
-    {
+    if (rc == 0) {
         float **views = malloc((size_t)st.model.n_params * sizeof *views);
         if (views == NULL) {
             rc = cli_fail("out of memory");
-            goto done;
-        }
-        for (int i = 0; i < st.model.n_params; i++) views[i] = zdp_engine_param_data(st.eng, i);
-        if (o.init != NULL) {
-            if (zdp_gpt_weights_load(o.init, &o.model, st.model.params, st.model.n_params, views,
-                                     &err) != ZDP_OK)
-                rc = cli_fail("--init %s", err.msg);
         } else {
-            zdp_gpt_init_params(&st.model, views, o.seed);
+            for (int i = 0; i < st.model.n_params; i++) views[i] = zdp_engine_param_data(st.eng, i);
+            if (o.init != NULL) {
+                if (zdp_gpt_weights_load(o.init, &o.model, st.model.params, st.model.n_params,
+                                         views, &err) != ZDP_OK)
+                    rc = cli_fail("--init %s", err.msg);
+            } else {
+                zdp_gpt_init_params(&st.model, views, o.seed);
+            }
         }
         free(views);
     }
-    /* Every rank read the same files; agree before the first collective. */
-    if (!zdp_dist_all_ok(rc == 0)) {
-        if (rc == 0) rc = 2;
-        goto done;
-    }
+    if (rc == 0) rc = cli_ckpt_prepare(&o.ckpt);
+    if (rc == 0 && o.save_weights != NULL && st.R == 0) /* only rank 0 writes it */
+        rc = cli_check_output("--save-weights", o.save_weights, false);
+    if ((rc = cli_agree(rc)) != 0) goto done;
     if (zdp_engine_sync_params(st.eng, &err) != ZDP_OK) cli_die("sync params", &err);
     /* Windows consumed so far, over all ranks (the checkpoint's data position). */
     int64_t cursor = 0;
