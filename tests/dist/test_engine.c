@@ -233,6 +233,79 @@ static void test_unmanaged_varying_backward_count(int stage) {
     run_free_(&u);
 }
 
+/* DeepSpeed #2223: ranks that make different numbers of backward() calls
+ * before step().  Rank 0 makes `first` calls, every other rank `others`.
+ * Stages 0/1: every rank's step() fails.  Stage 2: the ranks with more
+ * calls meet the others' step() inside backward() -- that backward fails
+ * instead of hanging in its reduce-scatter, and so does the others' step().
+ * Either way every rank reports every rank's count, nothing is applied, and
+ * a correct window afterwards trains normally.  (A hang here is a CTest
+ * timeout.) */
+static void test_backward_count_mismatch(int stage, bool managed, int first, int others) {
+    if (W < 2) return;
+    run rn;
+    /* managed with G = 1: every step() is a boundary, so a second backward
+     * before it is the same mistake. */
+    run_init_(&rn, stage_json_(stage, managed ? 1 : 4, managed, ""), 4, 2, 1, 42);
+    data d = data_make_(4, 8 * W, 17);
+    float *before = params_copy_(&rn);
+    const int mine = R == 0 ? first : others;
+    zdp_error err = {0};
+    zdp_status st = ZDP_OK;
+    int made = 0;
+    for (int k = 0; k < mine && st == ZDP_OK; k++) {
+        zdp_mlp_batch b = batch_(&d, k, 1);
+        fwd_(&rn, &b);
+        st = zdp_engine_backward(rn.eng, true, 1.0f, &err);
+        made++;
+    }
+    const bool in_step = st == ZDP_OK;
+    if (in_step) st = zdp_engine_step(rn.eng, &err);
+    /* Only stage 2 can stop a rank inside backward, and only a rank with more calls. */
+    CHECK(in_step || (stage == 2 && mine > (R == 0 ? others : first)));
+    CHECK_ERR(st, ZDP_ERR_STATE, err, "different numbers of backward() calls");
+    CHECK_ERR(st, ZDP_ERR_STATE, err, in_step ? "step():" : "backward():");
+    /* At stage 2 a rank with more calls stops at the first one past the
+     * others' count. */
+    const int seen0 = stage == 2 && first > others ? others + 1 : first;
+    const int seen1 = stage == 2 && others > first ? first + 1 : others;
+    CHECK_EQ_I64(made, R == 0 ? seen0 : seen1);
+    char want[64];
+    snprintf(want, sizeof want, "rank 0: %d (in %s", seen0, seen0 > seen1 && stage == 2 ? "backward()" : "step()");
+    CHECK_ERR(st, ZDP_ERR_STATE, err, want);
+    snprintf(want, sizeof want, "rank %d: %d (in %s", W - 1, seen1, seen1 > seen0 && stage == 2 ? "backward()" : "step()");
+    CHECK_ERR(st, ZDP_ERR_STATE, err, want);
+    float *after = params_copy_(&rn);
+    CHECK(memcmp(before, after, (size_t)zdp_engine_numel(rn.eng) * sizeof(float)) == 0);
+    CHECK_EQ_I64(zdp_engine_global_steps(rn.eng), 0);
+    CHECK_EQ_I64(zdp_engine_skipped_steps(rn.eng), 0);
+    CHECK_EQ_I64(zdp_engine_pending_backwards(rn.eng), 0);
+    CHECK(!zdp_engine_was_step_applied(rn.eng));
+    /* The same number of calls everywhere now: a normal step, and the
+     * parameters agree across ranks (all ranks log the same norm). */
+    for (int k = 0; k < 2; k++) {
+        zdp_mlp_batch b = batch_(&d, 4 + k, 1);
+        fwd_(&rn, &b);
+        CHECK_OK(zdp_engine_backward(rn.eng, true, 1.0f, &e_));
+        if (managed && k == 0) {
+            /* G = 1: the first backward's step() is the boundary. */
+            CHECK_OK(zdp_engine_step(rn.eng, &e_));
+            CHECK(zdp_engine_was_step_applied(rn.eng));
+            break;
+        }
+    }
+    if (!managed) {
+        CHECK_OK(zdp_engine_step(rn.eng, &e_));
+        CHECK(zdp_engine_was_step_applied(rn.eng));
+    }
+    CHECK_EQ_I64(zdp_engine_global_steps(rn.eng), 1);
+    CHECK(isfinite(zdp_engine_last_grad_norm(rn.eng)));
+    free(before);
+    free(after);
+    data_free_(&d);
+    run_free_(&rn);
+}
+
 static void test_call_time_rejections(int stage) {
     run u;
     run_init_(&u, stage_json_(stage, 4, false, ""), 4, 2, 1, 42);
@@ -950,9 +1023,11 @@ static void test_comm_report(int stage, bool managed) {
         int64_t lo = q * P, hi = (q + 1) * P < n ? (q + 1) * P : n;
         own[q] = hi > lo ? hi - lo : 0;
     }
-    const int64_t norm_wire = 2 * (W - 1) * 8 / W;
+    /* The norm's all-reduce carries the backward-count agreement: 4 doubles;
+     * at stage 2 (W > 1) every backward adds one more of the same. */
+    const int64_t norm_wire = 2 * (W - 1) * 32 / W;
     if (stage == 0) {
-        CHECK_EQ_I64(c.payload_bytes[ZDP_COLL_ALLREDUCE], W > 1 ? 4 * n + 8 : 8);
+        CHECK_EQ_I64(c.payload_bytes[ZDP_COLL_ALLREDUCE], W > 1 ? 4 * n + 32 : 32);
         CHECK_EQ_I64(c.sent_bytes[ZDP_COLL_ALLREDUCE], (W > 1 ? 2 * (W - 1) * 4 * n / W : 0) + norm_wire);
         CHECK_EQ_I64(c.calls[ZDP_COLL_REDUCE_SCATTER], 0);
         CHECK_EQ_I64(c.calls[ZDP_COLL_ALLGATHER], 0);
@@ -966,8 +1041,9 @@ static void test_comm_report(int stage, bool managed) {
         CHECK_EQ_I64(c.sent_bytes[ZDP_COLL_ALLGATHER], 4 * (padded - P));
         CHECK_EQ_I64(c.received_bytes[ZDP_COLL_ALLGATHER], 4 * (padded - P));
         CHECK(c.calls[ZDP_COLL_ALLGATHER] >= 2); /* sharded by allgather_bucket_size */
-        CHECK_EQ_I64(c.payload_bytes[ZDP_COLL_ALLREDUCE], 8);
-        CHECK_EQ_I64(c.sent_bytes[ZDP_COLL_ALLREDUCE], norm_wire);
+        const int64_t agreements = stage == 2 ? 1 + G : 1;
+        CHECK_EQ_I64(c.payload_bytes[ZDP_COLL_ALLREDUCE], 32 * agreements);
+        CHECK_EQ_I64(c.sent_bytes[ZDP_COLL_ALLREDUCE], norm_wire * agreements);
         /* Half an all-reduce each way: RS + AG carry what stage 0's all-reduce would. */
         int64_t allreduce_wire = 2 * (W - 1) * 4 * padded / W;
         int64_t zero_wire = c.sent_bytes[ZDP_COLL_REDUCE_SCATTER] / reductions +
@@ -1097,6 +1173,11 @@ int main(int argc, char **argv) {
         test_unmanaged_matches_managed(stage), n++;
         test_unmanaged_varying_backward_count(stage), n++;
         test_call_time_rejections(stage), n++;
+        for (int managed = 0; managed < 2; managed++) {
+            test_backward_count_mismatch(stage, managed, 1, 2), n++;
+            test_backward_count_mismatch(stage, managed, 2, 1), n++;
+            test_backward_count_mismatch(stage, managed, 3, 1), n++;
+        }
         test_grad_norm_is_global(stage), n++;
         test_averaging_invariance(stage, true), n++;
         test_scheduler_cadence(stage), n++;
