@@ -909,13 +909,37 @@ void zdp_engine_get_hparams(const zdp_engine *e, zdp_hparams *out) {
 }
 
 /* One field against its range: finite, lo <= v (lo < v when lo_open) and
- * v < hi.  NaN fails every comparison, so it is rejected with the rest. */
+ * v <= hi (v < hi when hi_open).  NaN fails every comparison, so it is
+ * rejected with the rest. */
 static zdp_status check_hparam_(const char *name, double v, double lo, bool lo_open, double hi,
-                                const char *range, zdp_error *err) {
-    if (isfinite(v) && (lo_open ? v > lo : v >= lo) && v < hi) return ZDP_OK;
-    return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
-                       "zdp_engine_set_hparams: %s = %.12g: must be %s; nothing was changed", name,
-                       v, range);
+                                bool hi_open, const char *fix, zdp_error *err) {
+    if (isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi))
+        return ZDP_OK;
+    char range[64];
+    if (hi == HUGE_VAL)
+        snprintf(range, sizeof range, "finite and %s %g", lo_open ? ">" : ">=", lo);
+    else
+        snprintf(range, sizeof range, "in %s%g, %g%s", lo_open ? "(" : "[", lo, hi,
+                 hi_open ? ")" : "]");
+    return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s = %.12g: must be %s; fix: %s", name, v,
+                       range, fix);
+}
+
+zdp_status zdp_hparams_check(const zdp_hparams *h, zdp_error *err) {
+    if (h == NULL) return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "hparams: NULL pointer");
+    zdp_status st;
+    if ((st = check_hparam_("lr", h->lr, 0.0, false, ZDP_HPARAM_LR_MAX, false,
+                            "use e.g. 1e-3", err)) ||
+        (st = check_hparam_("beta1", h->beta1, 0.0, false, 1.0, true, "use e.g. 0.9", err)) ||
+        (st = check_hparam_("beta2", h->beta2, 0.0, false, 1.0, true, "use e.g. 0.999", err)) ||
+        (st = check_hparam_("eps", h->eps, 0.0, true, ZDP_HPARAM_EPS_MAX, false, "use e.g. 1e-8",
+                            err)) ||
+        (st = check_hparam_("weight_decay", h->weight_decay, 0.0, false,
+                            ZDP_HPARAM_WEIGHT_DECAY_MAX, false, "use 0 or e.g. 0.01", err)) ||
+        (st = check_hparam_("gradient_clipping", h->gradient_clipping, 0.0, false, HUGE_VAL,
+                            false, "use e.g. 1.0, or 0 to turn clipping off", err)))
+        return st;
+    return ZDP_OK;
 }
 
 zdp_status zdp_engine_set_hparams(zdp_engine *e, const zdp_hparams *h, zdp_error *err) {
@@ -923,16 +947,14 @@ zdp_status zdp_engine_set_hparams(zdp_engine *e, const zdp_hparams *h, zdp_error
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
                            "zdp_engine_set_hparams: engine and hparams must not be NULL");
     /* Every field first: an update must never run with half a new set. */
-    zdp_status st;
-    if ((st = check_hparam_("lr", h->lr, 0.0, false, HUGE_VAL, "finite and >= 0", err)) ||
-        (st = check_hparam_("beta1", h->beta1, 0.0, false, 1.0, "in [0, 1)", err)) ||
-        (st = check_hparam_("beta2", h->beta2, 0.0, false, 1.0, "in [0, 1)", err)) ||
-        (st = check_hparam_("eps", h->eps, 0.0, true, HUGE_VAL, "finite and > 0", err)) ||
-        (st = check_hparam_("weight_decay", h->weight_decay, 0.0, false, HUGE_VAL,
-                            "finite and >= 0", err)) ||
-        (st = check_hparam_("gradient_clipping", h->gradient_clipping, 0.0, false, HUGE_VAL,
-                            "finite and >= 0 (0 turns clipping off)", err)))
-        return st;
+    zdp_status st = zdp_hparams_check(h, err);
+    if (st != ZDP_OK) {
+        if (err == NULL) return st;
+        char why[ZDP_ERROR_MSG_MAX];
+        memcpy(why, err->msg, sizeof why);
+        why[sizeof why - 1] = '\0';
+        return zdp_err_set(err, st, "zdp_engine_set_hparams: %s; nothing was changed", why);
+    }
     zdp_optimizer_config *c = &e->optim.cfg;
     c->beta1 = h->beta1;
     c->beta2 = h->beta2;

@@ -650,27 +650,36 @@ static void test_hparams_rejections(int stage) {
         const char *field, *range;
         zdp_hparams h;
     } bad[] = {
-        {"lr = -0.001", ">= 0", {-1e-3, 0.9, 0.999, 1e-8, 0.0, 1.0}},
-        {"lr = nan", ">= 0", {NAN, 0.9, 0.999, 1e-8, 0.0, 1.0}},
-        {"lr = inf", ">= 0", {INFINITY, 0.9, 0.999, 1e-8, 0.0, 1.0}},
+        {"lr = -0.001", "in [0, 100]", {-1e-3, 0.9, 0.999, 1e-8, 0.0, 1.0}},
+        {"lr = nan", "in [0, 100]", {NAN, 0.9, 0.999, 1e-8, 0.0, 1.0}},
+        {"lr = inf", "in [0, 100]", {INFINITY, 0.9, 0.999, 1e-8, 0.0, 1.0}},
         {"beta1 = -0.5", "[0, 1)", {1e-3, -0.5, 0.999, 1e-8, 0.0, 1.0}},
         {"beta1 = 1:", "[0, 1)", {1e-3, 1.0, 0.999, 1e-8, 0.0, 1.0}},
         {"beta1 = nan", "[0, 1)", {1e-3, NAN, 0.999, 1e-8, 0.0, 1.0}},
         {"beta2 = 1:", "[0, 1)", {1e-3, 0.9, 1.0, 1e-8, 0.0, 1.0}},
         {"beta2 = -1e-09", "[0, 1)", {1e-3, 0.9, -1e-9, 1e-8, 0.0, 1.0}},
         {"beta2 = nan", "[0, 1)", {1e-3, 0.9, NAN, 1e-8, 0.0, 1.0}},
-        {"eps = 0:", "> 0", {1e-3, 0.9, 0.999, 0.0, 0.0, 1.0}},
-        {"eps = -1e-08", "> 0", {1e-3, 0.9, 0.999, -1e-8, 0.0, 1.0}},
-        {"eps = inf", "> 0", {1e-3, 0.9, 0.999, INFINITY, 0.0, 1.0}},
-        {"eps = nan", "> 0", {1e-3, 0.9, 0.999, NAN, 0.0, 1.0}},
-        {"weight_decay = -0.01", ">= 0", {1e-3, 0.9, 0.999, 1e-8, -0.01, 1.0}},
-        {"weight_decay = nan", ">= 0", {1e-3, 0.9, 0.999, 1e-8, NAN, 1.0}},
-        {"weight_decay = inf", ">= 0", {1e-3, 0.9, 0.999, 1e-8, INFINITY, 1.0}},
+        {"eps = 0:", "in (0, 1]", {1e-3, 0.9, 0.999, 0.0, 0.0, 1.0}},
+        {"eps = -1e-08", "in (0, 1]", {1e-3, 0.9, 0.999, -1e-8, 0.0, 1.0}},
+        {"eps = inf", "in (0, 1]", {1e-3, 0.9, 0.999, INFINITY, 0.0, 1.0}},
+        {"eps = nan", "in (0, 1]", {1e-3, 0.9, 0.999, NAN, 0.0, 1.0}},
+        {"weight_decay = -0.01", "in [0, 10]", {1e-3, 0.9, 0.999, 1e-8, -0.01, 1.0}},
+        {"weight_decay = nan", "in [0, 10]", {1e-3, 0.9, 0.999, 1e-8, NAN, 1.0}},
+        {"weight_decay = inf", "in [0, 10]", {1e-3, 0.9, 0.999, 1e-8, INFINITY, 1.0}},
+        /* Finite but absurd: lr = 1e308 once turned the weights into NaN. */
+        {"lr = 1e+308", "in [0, 100]", {1e308, 0.9, 0.999, 1e-8, 0.0, 1.0}},
+        {"lr = 100.5", "in [0, 100]", {100.5, 0.9, 0.999, 1e-8, 0.0, 1.0}},
+        {"eps = 2:", "in (0, 1]", {1e-3, 0.9, 0.999, 2.0, 0.0, 1.0}},
+        {"weight_decay = 11", "in [0, 10]", {1e-3, 0.9, 0.999, 1e-8, 11.0, 1.0}},
         {"gradient_clipping = -1", ">= 0", {1e-3, 0.9, 0.999, 1e-8, 0.0, -1.0}},
         {"gradient_clipping = nan", ">= 0", {1e-3, 0.9, 0.999, 1e-8, 0.0, NAN}},
         {"gradient_clipping = inf", ">= 0", {1e-3, 0.9, 0.999, 1e-8, 0.0, INFINITY}},
     };
     const int nbad = (int)(sizeof bad / sizeof bad[0]);
+    CHECK_OK(zdp_hparams_check(&good, &e_));
+    const zdp_hparams edge = {ZDP_HPARAM_LR_MAX, 0.0, 0.0, ZDP_HPARAM_EPS_MAX,
+                              ZDP_HPARAM_WEIGHT_DECAY_MAX, 0.0};
+    CHECK_OK(zdp_hparams_check(&edge, &e_)); /* the bounds themselves are allowed */
     zdp_hparams h, set = {7e-3, 0.5, 0.75, 1e-4, 0.3, 2.0};
     for (int phase = 0; phase < 2; phase++) {
         /* phase 0: nothing set yet; phase 1: after a valid set. */
@@ -679,6 +688,9 @@ static void test_hparams_rejections(int stage) {
             zdp_error err = {0};
             CHECK_ERR(zdp_engine_set_hparams(rn.eng, &bad[i].h, &err), ZDP_ERR_INVALID_ARG, err,
                       bad[i].field);
+            CHECK(strstr(err.msg, "nothing was changed") != NULL);
+            zdp_error cerr = {0}; /* the same verdict without an engine */
+            CHECK_ERR(zdp_hparams_check(&bad[i].h, &cerr), ZDP_ERR_INVALID_ARG, cerr, bad[i].field);
             if (strstr(err.msg, bad[i].range) == NULL)
                 CHECK_FAIL_("message \"%s\" lacks the range \"%s\"", err.msg, bad[i].range);
             zdp_engine_get_hparams(rn.eng, &h);
