@@ -57,6 +57,7 @@ typedef enum op_kind {
     OP_ALLREDUCE_GRADS,   /* stage 0: SUM all-reduce of the gradients */
     OP_ALLREDUCE_NORM,    /* step's agreement: SUM all-reduce of AGREE_N_ doubles */
     OP_AGREE_BACKWARD,    /* stage 2: a backward's agreement, the same all-reduce */
+    OP_ALLREDUCE_FLAG,    /* stages 1/2: SUM all-reduce of one double (a refusal) */
     OP_REDUCE_BUCKET,     /* stages 1/2: average + reduce-scatter one bucket */
     OP_ALLGATHER_PARAMS,  /* stages 1/2: all-gather the updated partitions */
     OP_BCAST_PARAMS,      /* rank 0's parameters to everyone */
@@ -165,6 +166,8 @@ static zdp_status run_op_(void *arg, zdp_error *err) {
     case OP_ALLREDUCE_NORM:
         e->stream_skip = false;
         return zdp_comm_allreduce_sum_f64(op->buf, AGREE_N_, &e->comm_total, err);
+    case OP_ALLREDUCE_FLAG:
+        return zdp_comm_allreduce_sum_f64(op->buf, 1, &e->comm_total, err);
     case OP_AGREE_BACKWARD: {
         zdp_status st = zdp_comm_allreduce_sum_f64(op->buf, AGREE_N_, &e->comm_total, err);
         e->stream_skip = st != ZDP_OK || agree_verdict_(op->buf, e->world) != 0;
@@ -785,19 +788,32 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
     /* A NaN or Inf anywhere makes the sum non-finite on every rank alike. */
     double norm = sqrt(sumsq);
     e->last_grad_norm = norm;
-    bool overflow = !isfinite(norm);
-
+    bool overflow = !isfinite(norm), refused = false;
+    /* DeepSpeed steps the scheduler after each applied update, so this
+     * update uses lr(n) and the next one lr(n + 1). */
+    const double lr = zdp_engine_lr(e);
+    float scale = 1.0f;
+    if (e->clip > 0.0) {
+        double c = (norm + 1e-6) / e->clip;
+        if (c > 1.0) scale = (float)(1.0 / c);
+    }
+    double t_opt = now_();
     if (!overflow) {
-        float scale = 1.0f;
-        double clip = e->clip;
-        if (clip > 0.0) {
-            double c = (norm + 1e-6) / clip;
-            if (c > 1.0) scale = (float)(1.0 / c);
-        }
-        /* DeepSpeed steps the scheduler after each applied update, so this
-         * update uses lr(n) and the next one lr(n + 1). */
-        const double lr = zdp_engine_lr(e);
-        double t_opt = now_();
+        /* An update that would leave a parameter or optimizer state
+         * non-finite (a huge lr, a gradient that overflows when squared) is
+         * refused like a NaN gradient: skipped, nothing changed.  Stage 0
+         * computes the same update on every rank; stages 1/2 update
+         * partitions, so the ranks agree on the verdict (a one-double
+         * all-reduce). */
+        const float *p = stage == 0 ? e->params : e->params + plo;
+        const float *g = stage == 0 ? e->grads : e->grad_part;
+        double bad = zdp_optim_update_finite(&e->optim, p, g, scale, lr) ? 0.0 : 1.0;
+        if (stage >= 1 && e->world > 1 &&
+            (st = run_sync_(e, OP_ALLREDUCE_FLAG, &bad, err)) != ZDP_OK)
+            return st;
+        refused = bad != 0.0;
+    }
+    if (!overflow && !refused) {
         if (stage == 0) {
             zdp_optim_step(&e->optim, e->params, e->grads, scale, lr);
         } else {
@@ -816,8 +832,8 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
     if (e->grads != NULL) memset(e->grads, 0, (size_t)e->lay.padded * sizeof(float));
     if (e->grad_part != NULL) memset(e->grad_part, 0, (size_t)P * sizeof(float));
 
-    e->step_applied = !overflow;
-    if (overflow) e->skipped_steps++;
+    e->step_applied = !overflow && !refused;
+    if (!e->step_applied) e->skipped_steps++;
     e->global_steps++;
     if (e->cfg.managed_gradient_accumulation)
         e->global_samples += e->cfg.train_batch_size;
@@ -833,6 +849,13 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
                     "step %lld skipped: the gradient has NaN or Inf on at least one rank (global "
                     "norm %g); parameters and optimizer state are unchanged, skipped_steps = %lld",
                     (long long)e->global_steps, norm, (long long)e->skipped_steps);
+        else if (refused)
+            zdp_log(1,
+                    "step %lld skipped: the update with lr = %g would make a parameter or the "
+                    "optimizer state NaN or Inf (global grad norm %g); parameters and optimizer "
+                    "state are unchanged, skipped_steps = %lld; fix: lower the learning rate or "
+                    "set gradient_clipping",
+                    (long long)e->global_steps, lr, norm, (long long)e->skipped_steps);
         if (e->cfg.steps_per_print > 0 && e->global_steps % e->cfg.steps_per_print == 0)
             zdp_log(0, "step=%lld, skipped=%lld, lr=[%g], grad_norm=%g, global_samples=%lld",
                     (long long)e->global_steps, (long long)e->skipped_steps, e->last_lr, norm,

@@ -907,6 +907,61 @@ static void test_nonfinite_skips_everywhere(int stage, bool managed, float poiso
 
 /* The schedule advances once per applied update (the k-th uses lr(k-2)),
  * never on a skipped step; an update with lr 0 leaves the parameters. */
+/* Issue 10: a finite gradient whose update is not finite (here Adam's
+ * second moment: g ~ 1e30 squares past FLT_MAX, with clipping off) is
+ * refused like a NaN gradient: the step is skipped, parameters and
+ * optimizer state are untouched (the run ends bit-identical to one that
+ * never saw that window), and the next window applies normally.  Before,
+ * the update ran and the weights became NaN. */
+static void test_nonfinite_update_refused(int stage) {
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": 1, "
+             "\"managed_gradient_accumulation\": false, \"gradient_clipping\": 0, "
+             "\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 1e-2}}, "
+             "\"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": 7}}", stage);
+    run a, ref;
+    run_init_(&a, json, 4, 2, 1, 42);
+    run_init_(&ref, json, 4, 2, 1, 42);
+    data d = data_make_(4, 8 * W, 19);
+    for (int s = 0; s < 3; s++) {
+        const bool poisoned = s == 1;
+        float *before = params_copy_(&a);
+        zdp_mlp_batch mb = batch_(&d, s, 1);
+        fwd_(&a, &mb);
+        CHECK_OK(zdp_engine_backward(a.eng, false, poisoned ? 1e30f : 1.0f, &e_));
+        CHECK_OK(zdp_engine_step(a.eng, &e_));
+        if (!poisoned) {
+            fwd_(&ref, &mb);
+            CHECK_OK(zdp_engine_backward(ref.eng, false, 1.0f, &e_));
+            CHECK_OK(zdp_engine_step(ref.eng, &e_));
+        }
+        float *after = params_copy_(&a);
+        const int64_t n = zdp_engine_numel(a.eng);
+        for (int64_t i = 0; i < n; i++) CHECK(isfinite(after[i]));
+        if (poisoned) {
+            CHECK(!zdp_engine_was_step_applied(a.eng));
+            /* The gradient itself was finite: this is the update's refusal. */
+            CHECK(isfinite(zdp_engine_last_grad_norm(a.eng)));
+            CHECK(zdp_engine_last_grad_norm(a.eng) > 1e20);
+            CHECK(memcmp(before, after, (size_t)n * sizeof(float)) == 0);
+        } else {
+            CHECK(zdp_engine_was_step_applied(a.eng));
+        }
+        free(before);
+        free(after);
+    }
+    CHECK_EQ_I64(zdp_engine_skipped_steps(a.eng), 1);
+    CHECK_EQ_I64(zdp_engine_global_steps(a.eng), 3);
+    float *pa = params_copy_(&a), *pr = params_copy_(&ref);
+    CHECK(memcmp(pa, pr, (size_t)zdp_engine_numel(a.eng) * sizeof(float)) == 0);
+    free(pa);
+    free(pr);
+    data_free_(&d);
+    run_free_(&a);
+    run_free_(&ref);
+}
+
 static void test_scheduler_cadence(int stage) {
     char json[1024];
     snprintf(json, sizeof json,
@@ -1053,9 +1108,12 @@ static void test_comm_report(int stage, bool managed) {
         CHECK_EQ_I64(c.sent_bytes[ZDP_COLL_ALLGATHER], 4 * (padded - P));
         CHECK_EQ_I64(c.received_bytes[ZDP_COLL_ALLGATHER], 4 * (padded - P));
         CHECK(c.calls[ZDP_COLL_ALLGATHER] >= 2); /* sharded by allgather_bucket_size */
+        /* Plus one double: the ranks' verdict on a finite update (each
+         * updates its own partition). */
         const int64_t agreements = stage == 2 ? 1 + G : 1;
-        CHECK_EQ_I64(c.payload_bytes[ZDP_COLL_ALLREDUCE], 32 * agreements);
-        CHECK_EQ_I64(c.sent_bytes[ZDP_COLL_ALLREDUCE], norm_wire * agreements);
+        CHECK_EQ_I64(c.payload_bytes[ZDP_COLL_ALLREDUCE], 32 * agreements + 8);
+        CHECK_EQ_I64(c.sent_bytes[ZDP_COLL_ALLREDUCE],
+                     norm_wire * agreements + 2 * (W - 1) * 8 / W);
         /* Half an all-reduce each way: RS + AG carry what stage 0's all-reduce would. */
         int64_t allreduce_wire = 2 * (W - 1) * 4 * padded / W;
         int64_t zero_wire = c.sent_bytes[ZDP_COLL_REDUCE_SCATTER] / reductions +
@@ -1193,6 +1251,7 @@ int main(int argc, char **argv) {
         test_grad_norm_is_global(stage), n++;
         test_averaging_invariance(stage, true), n++;
         test_scheduler_cadence(stage), n++;
+        test_nonfinite_update_refused(stage), n++;
         test_hparams_rejections(stage), n++;
         test_reset_optimizer_state(stage, false), n++;
         test_reset_optimizer_state(stage, true), n++;
