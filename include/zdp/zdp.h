@@ -609,7 +609,9 @@ ZDP_API zdp_status zdp_gpt_next_logits(const zdp_model *model, const float *cons
  * Status: ZDP_ERR_IO (cannot open or read), ZDP_ERR_FORMAT (not a format
  * listed above, truncated, corrupt, a tensor missing, a tensor the model
  * does not have), ZDP_ERR_CONFIG (the file belongs to another
- * configuration: V, T, C, L, NH or a shape differ), ZDP_ERR_UNSUPPORTED (a
+ * configuration: V, T, C, L, NH or a shape differ), ZDP_ERR_FORMAT also for
+ * a NaN or Inf weight (names the tensor, index and value; dst then holds
+ * what was read), ZDP_ERR_UNSUPPORTED (a
  * dtype other than F32/F16/BF16, an llm.c version other than 3/5, an untied
  * lm_head), ZDP_ERR_INVALID_ARG (NULL, or params do not match *cfg), or
  * ZDP_ERR_NOMEM.  Not collective: typically rank 0 loads into
