@@ -49,10 +49,12 @@ void zdp_optim_free(zdp_optim *opt, zdp_mem_counter *mem) {
 }
 
 /* The update of element i, shared by the step (apply) and the check (not
- * apply), so both do the same float arithmetic.  The check sums x - x over
- * every new value: 0 for finite x, NaN for Inf or NaN, and the loop still
- * vectorises.  t is the step count the update runs as. */
-static inline float adam_(const zdp_optimizer_config *c, float *restrict p,
+ * apply), so both do the same float arithmetic.  The check ORs together
+ * x - x != 0 over every new value (false for finite x, true for Inf or NaN):
+ * an integer reduction, so the loop still vectorises, where a float sum
+ * would not (no reassociation without fast-math).  t is the step count the
+ * update runs as.  Returns nonzero when some value is not finite. */
+static inline unsigned adam_(const zdp_optimizer_config *c, float *restrict p,
                           const float *restrict g_in, float *restrict m, float *restrict v,
                           int64_t n, float gs, double lr_d, int64_t t_i, bool apply) {
     const bool decoupled = c->type == ZDP_OPTIMIZER_ADAMW || c->adam_w_mode;
@@ -65,7 +67,7 @@ static inline float adam_(const zdp_optimizer_config *c, float *restrict p,
      * and a loop without branches vectorises. */
     const float wd_l2 = decoupled ? 0.0f : (float)c->weight_decay;
     const float wd_dec = decoupled ? (float)c->weight_decay : 0.0f;
-    float acc = 0.0f;
+    unsigned bad = 0;
     for (int64_t i = 0; i < n; i++) {
         float g = g_in[i] * gs + wd_l2 * p[i];
         float mi = b1 * m[i] + (1.0f - b1) * g;
@@ -77,32 +79,33 @@ static inline float adam_(const zdp_optimizer_config *c, float *restrict p,
             v[i] = vi;
             p[i] = pi;
         } else {
-            acc += (mi - mi) + (vi - vi) + (pi - pi);
+            bad |= (unsigned)(mi - mi != 0.0f) | (unsigned)(vi - vi != 0.0f) |
+                   (unsigned)(pi - pi != 0.0f);
         }
     }
-    return acc;
+    return bad;
 }
 
-static inline float sgd_(const zdp_optimizer_config *c, float *restrict p,
+static inline unsigned sgd_(const zdp_optimizer_config *c, float *restrict p,
                          const float *restrict g_in, float *restrict buf, int64_t n, float gs,
                          double lr_d, bool first, bool apply) {
     const float wd = (float)c->weight_decay, mom = (float)c->momentum;
     const float damp = (float)c->dampening, lr = (float)lr_d;
-    float acc = 0.0f;
+    unsigned bad = 0;
     for (int64_t i = 0; i < n; i++) {
         float d = g_in[i] * gs;
         if (wd != 0.0f) d = d + wd * p[i];
         if (buf != NULL) {
             float bi = first ? d : mom * buf[i] + (1.0f - damp) * d;
             if (apply) buf[i] = bi;
-            else acc += bi - bi;
+            else bad |= (unsigned)(bi - bi != 0.0f);
             d = c->nesterov ? d + mom * bi : bi;
         }
         float pi = p[i] - lr * d;
         if (apply) p[i] = pi;
-        else acc += pi - pi;
+        else bad |= (unsigned)(pi - pi != 0.0f);
     }
-    return acc;
+    return bad;
 }
 
 void zdp_optim_step(zdp_optim *opt, float *params, const float *grads, float grad_scale,
@@ -121,12 +124,12 @@ bool zdp_optim_update_finite(const zdp_optim *opt, const float *params, const fl
     /* The kernels write only when apply is true: the casts are for the
      * shared signature. */
     const int64_t t = opt->step_count + 1;
-    float acc;
+    unsigned bad;
     if (uses_adam_(&opt->cfg))
-        acc = adam_(&opt->cfg, (float *)params, grads, opt->m, opt->v, opt->n, grad_scale, lr, t,
+        bad = adam_(&opt->cfg, (float *)params, grads, opt->m, opt->v, opt->n, grad_scale, lr, t,
                     false);
     else
-        acc = sgd_(&opt->cfg, (float *)params, grads, opt->m, opt->n, grad_scale, lr, t == 1,
+        bad = sgd_(&opt->cfg, (float *)params, grads, opt->m, opt->n, grad_scale, lr, t == 1,
                    false);
-    return acc == 0.0f;
+    return bad == 0;
 }
