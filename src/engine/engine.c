@@ -687,6 +687,15 @@ zdp_status zdp_engine_backward(zdp_engine *e, bool scale_wrt_gas, float loss_sca
  * they mix different numbers of micro-batches, and stages 0/1 have already
  * reduced them -- and report.  Parameters, optimizer state and the step
  * counters are untouched, and every rank is left with an empty window. */
+static zdp_status no_backward_error_(const zdp_engine *e, zdp_error *err) {
+    return zdp_err_set(err, ZDP_ERR_STATE,
+                       "step() at an accumulation boundary with no backward() since the last "
+                       "optimizer step (global_steps = %lld): nothing to apply; call backward() "
+                       "at least once before step() (DeepSpeed would update with zero gradients "
+                       "or crash here)",
+                       (long long)e->global_steps);
+}
+
 static zdp_status disagree_fail_(zdp_engine *e, bool in_step, int64_t count, zdp_error *err) {
     zdp_error gerr = {0};
     (void)reclaim_all_(e, &gerr); /* skipped reductions of this backward */
@@ -784,6 +793,8 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
     if ((st = run_sync_(e, OP_ALLREDUCE_NORM, agree, err)) != ZDP_OK) return st;
     if (agree_verdict_(agree, e->world) != 0)
         return disagree_fail_(e, true, e->window_backwards, err);
+    /* Every rank's window is empty: the reductions moved zeros. */
+    if (e->window_backwards == 0) return no_backward_error_(e, err);
     sumsq = agree[3];
     /* A NaN or Inf anywhere makes the sum non-finite on every rank alike. */
     double norm = sqrt(sumsq);
@@ -870,16 +881,12 @@ zdp_status zdp_engine_step(zdp_engine *e, zdp_error *err) {
     e->running_step = true;
     zdp_status st = ZDP_OK;
     if (zdp_engine_is_gradient_accumulation_boundary(e)) {
-        if (e->window_backwards == 0) {
-            e->running_step = false;
-            return zdp_err_set(
-                err, ZDP_ERR_STATE,
-                "step() at an accumulation boundary with no backward() since the last optimizer "
-                "step (global_steps = %lld): nothing to apply; call backward() at least once "
-                "before step() (DeepSpeed would update with zero gradients or crash here)",
-                (long long)e->global_steps);
-        }
-        st = model_step_(e, err);
+        /* With other ranks, an empty window still goes through the step's
+         * collectives up to the agreement: if another rank did call
+         * backward(), that is a disagreement both sides must see, not a
+         * rank that returns while the others wait. */
+        if (e->window_backwards == 0 && e->world == 1) st = no_backward_error_(e, err);
+        else st = model_step_(e, err);
     }
     e->running_step = false;
     if (st == ZDP_OK) e->micro_steps++;

@@ -1247,6 +1247,7 @@ int main(int argc, char **argv) {
             test_backward_count_mismatch(stage, managed, 1, 2), n++;
             test_backward_count_mismatch(stage, managed, 2, 1), n++;
             test_backward_count_mismatch(stage, managed, 3, 1), n++;
+            test_backward_count_mismatch(stage, managed, 0, 1), n++; /* a step() with none */
         }
         test_grad_norm_is_global(stage), n++;
         test_averaging_invariance(stage, true), n++;
