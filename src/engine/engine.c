@@ -808,7 +808,6 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
         double c = (norm + 1e-6) / e->clip;
         if (c > 1.0) scale = (float)(1.0 / c);
     }
-    double t_opt = now_();
     if (!overflow) {
         /* An update that would leave a parameter or optimizer state
          * non-finite (a huge lr, a gradient that overflows when squared) is
@@ -818,13 +817,16 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
          * all-reduce). */
         const float *p = stage == 0 ? e->params : e->params + plo;
         const float *g = stage == 0 ? e->grads : e->grad_part;
+        const double t_check = now_();
         double bad = zdp_optim_update_finite(&e->optim, p, g, scale, lr) ? 0.0 : 1.0;
+        e->timing_window.optimizer_s += now_() - t_check; /* the wait below is comm wait */
         if (stage >= 1 && e->world > 1 &&
             (st = run_sync_(e, OP_ALLREDUCE_FLAG, &bad, err)) != ZDP_OK)
             return st;
         refused = bad != 0.0;
     }
     if (!overflow && !refused) {
+        const double t_opt = now_();
         if (stage == 0) {
             zdp_optim_step(&e->optim, e->params, e->grads, scale, lr);
         } else {
