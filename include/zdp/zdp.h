@@ -360,14 +360,29 @@ typedef struct zdp_hparams {
     double weight_decay;      /* AdamW: decoupled; SGD/L2 Adam: coupled */
     double gradient_clipping; /* max global norm; 0 = off */
 } zdp_hparams;
+/* The ranges every optimizer hyperparameter is held to, in a config (the
+ * optimizer and scheduler blocks, docs/config.md), in zdp_engine_set_hparams
+ * and in zdp_hparams_check: finite, lr and the scheduler's lrs in [0,
+ * ZDP_HPARAM_LR_MAX], betas in [0, 1), eps in (0, ZDP_HPARAM_EPS_MAX],
+ * weight_decay in [0, ZDP_HPARAM_WEIGHT_DECAY_MAX], gradient_clipping >= 0,
+ * scheduler step counts in [1, ZDP_HPARAM_STEPS_MAX].  Wider than any
+ * training recipe uses; what they refuse is a typo or a hostile value. */
+#define ZDP_HPARAM_LR_MAX 100.0
+#define ZDP_HPARAM_EPS_MAX 1.0
+#define ZDP_HPARAM_WEIGHT_DECAY_MAX 10.0
+#define ZDP_HPARAM_STEPS_MAX 1e12
+/* Checks every field of *h against those ranges without an engine (a
+ * server validates a request with it before anything is applied).
+ * ZDP_ERR_INVALID_ARG naming the first bad field, its value and the range. */
+ZDP_API zdp_status zdp_hparams_check(const zdp_hparams *h, zdp_error *err);
 /* The values the next update would use (lr: the scheduler's or the set one). */
 ZDP_API void zdp_engine_get_hparams(const zdp_engine *eng, zdp_hparams *out);
 /* Sets every field for all later updates, until set again (like writing a
  * torch param_group); a set lr replaces the config's scheduler from then on.
  * Local, not collective: every rank must set the same values before the same
- * step().  Invalid values (lr < 0, a beta outside [0, 1), eps <= 0, decay or
- * clipping < 0, NaN) are ZDP_ERR_INVALID_ARG naming the field, and nothing
- * changes.  Not saved in checkpoints: a loaded engine uses its config again. */
+ * step().  Values outside zdp_hparams_check's ranges (NaN, Inf, lr above
+ * ZDP_HPARAM_LR_MAX, ...) are ZDP_ERR_INVALID_ARG naming the field, and
+ * nothing changes.  Not saved in checkpoints: a loaded engine uses its config again. */
 ZDP_API zdp_status zdp_engine_set_hparams(zdp_engine *eng, const zdp_hparams *h,
                                           zdp_error *err);
 /* Zeroes the optimizer state (Adam moments, SGD momentum, Adam's step count
@@ -619,7 +634,9 @@ ZDP_API zdp_status zdp_gpt_next_logits(const zdp_model *model, const float *cons
  * Status: ZDP_ERR_IO (cannot open or read), ZDP_ERR_FORMAT (not a format
  * listed above, truncated, corrupt, a tensor missing, a tensor the model
  * does not have), ZDP_ERR_CONFIG (the file belongs to another
- * configuration: V, T, C, L, NH or a shape differ), ZDP_ERR_UNSUPPORTED (a
+ * configuration: V, T, C, L, NH or a shape differ), ZDP_ERR_FORMAT also for
+ * a NaN or Inf weight (names the tensor, index and value; dst then holds
+ * what was read), ZDP_ERR_UNSUPPORTED (a
  * dtype other than F32/F16/BF16, an llm.c version other than 3/5, an untied
  * lm_head), ZDP_ERR_INVALID_ARG (NULL, or params do not match *cfg), or
  * ZDP_ERR_NOMEM.  Not collective: typically rank 0 loads into

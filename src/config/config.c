@@ -168,6 +168,7 @@ typedef struct key_spec {
 } key_spec;
 
 #define K_INT_(n, off, lo, hint) {n, KEY_INT, off, lo, DBL_MAX, hint}
+#define K_INT_MAX_(n, off, lo, hi, hint) {n, KEY_INT, off, lo, hi, hint}
 #define K_BOOL_(n, off) {n, KEY_BOOL, off, 0, 0, NULL}
 #define K_NUM_(n, off, lo, hi) {n, KEY_NUMBER, off, lo, hi, NULL}
 #define K_ANY_(n) {n, KEY_ANY, NO_FIELD_, 0, 0, NULL}
@@ -275,10 +276,13 @@ static const key_spec optimizer_keys_[] = {
 };
 
 static const key_spec adam_param_keys_[] = {
-    K_NUM_("lr", offsetof(zdp_optimizer_config, lr), 0, DBL_MAX),
+    /* The bounds of zdp_hparams_check (zdp.h); eps = 0 is refused later,
+     * in check_fields_ (the range here is inclusive). */
+    K_NUM_("lr", offsetof(zdp_optimizer_config, lr), 0, ZDP_HPARAM_LR_MAX),
     K_CUSTOM_("betas"),
-    K_NUM_("eps", offsetof(zdp_optimizer_config, eps), 0, DBL_MAX),
-    K_NUM_("weight_decay", offsetof(zdp_optimizer_config, weight_decay), 0, DBL_MAX),
+    K_NUM_("eps", offsetof(zdp_optimizer_config, eps), 0, ZDP_HPARAM_EPS_MAX),
+    K_NUM_("weight_decay", offsetof(zdp_optimizer_config, weight_decay), 0,
+           ZDP_HPARAM_WEIGHT_DECAY_MAX),
     K_BOOL_("adam_w_mode", offsetof(zdp_optimizer_config, adam_w_mode)),
     K_BOOL_("bias_correction", offsetof(zdp_optimizer_config, bias_correction)),
     K_BOOL_("torch_adam", NO_FIELD_), /* which Python class; same math */
@@ -295,13 +299,13 @@ static const key_spec scheduler_keys_[] = {
  * are reported by parse_scheduler_. */
 #define SCHED_(f) offsetof(zdp_scheduler_config, f)
 static const key_spec scheduler_param_keys_[] = {
-    K_NUM_("warmup_min_lr", SCHED_(warmup_min_lr), 0, DBL_MAX),
-    K_NUM_("warmup_max_lr", SCHED_(warmup_max_lr), 0, DBL_MAX),
-    K_INT_("warmup_num_steps", SCHED_(warmup_num_steps), 1,
-           "write the number of warm-up steps, an integer >= 1"),
+    K_NUM_("warmup_min_lr", SCHED_(warmup_min_lr), 0, ZDP_HPARAM_LR_MAX),
+    K_NUM_("warmup_max_lr", SCHED_(warmup_max_lr), 0, ZDP_HPARAM_LR_MAX),
+    K_INT_MAX_("warmup_num_steps", SCHED_(warmup_num_steps), 1, ZDP_HPARAM_STEPS_MAX,
+               "write the number of warm-up steps, an integer in [1, 1e12]"),
     K_CUSTOM_("warmup_type"),
-    K_INT_("total_num_steps", SCHED_(total_num_steps), 1,
-           "write the total number of optimizer steps of the run, an integer >= 1"),
+    K_INT_MAX_("total_num_steps", SCHED_(total_num_steps), 1, ZDP_HPARAM_STEPS_MAX,
+               "write the total number of optimizer steps of the run, an integer in [1, 1e12]"),
     K_NUM_("warmup_min_ratio", SCHED_(warmup_min_ratio), 0, 1),
     K_NUM_("cos_min_ratio", SCHED_(cos_min_ratio), 0, 1),
     /* Where a resumed schedule starts: zdp checkpoints restore it themselves. */
@@ -309,11 +313,12 @@ static const key_spec scheduler_param_keys_[] = {
 };
 
 static const key_spec sgd_param_keys_[] = {
-    K_NUM_("lr", offsetof(zdp_optimizer_config, lr), 0, DBL_MAX),
+    K_NUM_("lr", offsetof(zdp_optimizer_config, lr), 0, ZDP_HPARAM_LR_MAX),
     K_NUM_("momentum", offsetof(zdp_optimizer_config, momentum), 0, DBL_MAX),
     /* torch.optim.SGD puts no bound on dampening. */
     K_NUM_("dampening", offsetof(zdp_optimizer_config, dampening), -DBL_MAX, DBL_MAX),
-    K_NUM_("weight_decay", offsetof(zdp_optimizer_config, weight_decay), 0, DBL_MAX),
+    K_NUM_("weight_decay", offsetof(zdp_optimizer_config, weight_decay), 0,
+           ZDP_HPARAM_WEIGHT_DECAY_MAX),
     K_BOOL_("nesterov", offsetof(zdp_optimizer_config, nesterov)),
     K_CUSTOM_("max_grad_norm"),
 };
@@ -371,7 +376,7 @@ static void unknown_flush_(parse_ctx *ctx) {
 
 /* A JSON integer, or a real that is a whole number in int64 range. */
 static zdp_status read_int_(parse_ctx *ctx, const char *path, const json_t *v,
-                            double min, const char *hint, int64_t *out) {
+                            double min, double max, const char *hint, int64_t *out) {
     char generic[96];
     if (hint == NULL) {
         snprintf(generic, sizeof generic, "write a whole number >= %.0f", min);
@@ -400,6 +405,9 @@ static zdp_status read_int_(parse_ctx *ctx, const char *path, const json_t *v,
     if ((double)x < min)
         return fail_value_(ctx, ZDP_ERR_CONFIG, path, v,
                            "must be an integer >= %.0f; fix: %s", min, hint);
+    if ((double)x > max)
+        return fail_value_(ctx, ZDP_ERR_CONFIG, path, v,
+                           "must be an integer <= %.0f; fix: %s", max, hint);
     *out = x;
     return ZDP_OK;
 }
@@ -454,7 +462,7 @@ static zdp_status parse_block_(parse_ctx *ctx, const json_t *obj, const char *pr
         switch (s->kind) {
         case KEY_INT: {
             int64_t x = 0;
-            st = read_int_(ctx, path, v, s->min, s->hint, &x);
+            st = read_int_(ctx, path, v, s->min, s->max, s->hint, &x);
             if (st == ZDP_OK && field != NULL) memcpy(field, &x, sizeof x);
             break;
         }
@@ -535,7 +543,7 @@ static zdp_status parse_zero_(parse_ctx *ctx, const json_t *v, zdp_zero_config *
     const json_t *s = json_object_get(v, "stage");
     if (s != NULL) {
         int64_t stage = 0;
-        st = read_int_(ctx, "zero_optimization.stage", s, -DBL_MAX,
+        st = read_int_(ctx, "zero_optimization.stage", s, -DBL_MAX, DBL_MAX,
                        "set 0, 1 or 2 (2 shards optimizer state and gradients)", &stage);
         if (st != ZDP_OK) return st;
         if (stage < 0 || stage > 3) return stage_range_error_(ctx->err, (long long)stage);
@@ -1002,6 +1010,41 @@ static zdp_status derive_batch_(zdp_config *c, zdp_error *err) {
 
 /* ---- validation ------------------------------------------------------- */
 
+/* The scheduler's fields, for structs built by hand (the parser enforces
+ * the same per key): every lr and ratio finite and in range, step counts
+ * in [1, ZDP_HPARAM_STEPS_MAX]. */
+static zdp_status check_scheduler_(const zdp_scheduler_config *s, zdp_error *err) {
+    if (s->type == ZDP_SCHEDULER_NONE) return ZDP_OK;
+    if ((unsigned)s->type > ZDP_SCHEDULER_WARMUP_COSINE_LR)
+        return zdp_err_set(err, ZDP_ERR_CONFIG, "scheduler.type = %d: not a "
+                           "zdp_scheduler_type value; fix: use ZDP_SCHEDULER_WARMUP_LR",
+                           (int)s->type);
+    const struct {
+        const char *key;
+        double v, max;
+    } nums[] = {{"warmup_min_lr", s->warmup_min_lr, ZDP_HPARAM_LR_MAX},
+                {"warmup_max_lr", s->warmup_max_lr, ZDP_HPARAM_LR_MAX},
+                {"warmup_min_ratio", s->warmup_min_ratio, 1.0},
+                {"cos_min_ratio", s->cos_min_ratio, 1.0}};
+    for (size_t i = 0; i < COUNT_(nums); i++)
+        if (!(nums[i].v >= 0.0 && nums[i].v <= nums[i].max))
+            return zdp_err_set(err, ZDP_ERR_CONFIG, "scheduler.params.%s = %g: must be a number "
+                               "in [0, %g]; fix: write e.g. %s", nums[i].key, nums[i].v,
+                               nums[i].max, nums[i].max == 1.0 ? "0" : "1e-3");
+    const struct {
+        const char *key;
+        int64_t v;
+        bool needed;
+    } ints[] = {{"warmup_num_steps", s->warmup_num_steps, true},
+                {"total_num_steps", s->total_num_steps, s->type != ZDP_SCHEDULER_WARMUP_LR}};
+    for (size_t i = 0; i < COUNT_(ints); i++)
+        if (ints[i].needed && !(ints[i].v >= 1 && (double)ints[i].v <= ZDP_HPARAM_STEPS_MAX))
+            return zdp_err_set(err, ZDP_ERR_CONFIG, "scheduler.params.%s = %lld: must be an "
+                               "integer in [1, 1e12]; fix: write the number of optimizer steps",
+                               ints[i].key, (long long)ints[i].v);
+    return ZDP_OK;
+}
+
 /* Ranges of the struct's fields: what the parser enforces per key, again,
  * for structs built or edited by hand. */
 static zdp_status check_fields_(const zdp_config *c, zdp_error *err) {
@@ -1032,12 +1075,13 @@ static zdp_status check_fields_(const zdp_config *c, zdp_error *err) {
         return zdp_err_set(err, ZDP_ERR_CONFIG, "optimizer.type = %d: not a "
                            "zdp_optimizer_type value; fix: use ZDP_OPTIMIZER_ADAM, _ADAMW or "
                            "_SGD", (int)o->type);
-    if (!(o->lr >= 0.0 && o->lr <= DBL_MAX))
-        return zdp_err_set(err, ZDP_ERR_CONFIG, "optimizer.params.lr = %g: must be a finite "
-                           "number >= 0; fix: write e.g. 1e-3", o->lr);
-    if (!(o->weight_decay >= 0.0 && o->weight_decay <= DBL_MAX))
+    if (!(o->lr >= 0.0 && o->lr <= ZDP_HPARAM_LR_MAX))
+        return zdp_err_set(err, ZDP_ERR_CONFIG, "optimizer.params.lr = %g: must be a number "
+                           "in [0, %g]; fix: write e.g. 1e-3", o->lr, ZDP_HPARAM_LR_MAX);
+    if (!(o->weight_decay >= 0.0 && o->weight_decay <= ZDP_HPARAM_WEIGHT_DECAY_MAX))
         return zdp_err_set(err, ZDP_ERR_CONFIG, "optimizer.params.weight_decay = %g: must be a "
-                           "finite number >= 0; fix: write 0 or e.g. 0.01", o->weight_decay);
+                           "number in [0, %g]; fix: write 0 or e.g. 0.01", o->weight_decay,
+                           ZDP_HPARAM_WEIGHT_DECAY_MAX);
     if (o->type == ZDP_OPTIMIZER_SGD) {
         if (!(o->momentum >= 0.0 && o->momentum <= DBL_MAX))
             return zdp_err_set(err, ZDP_ERR_CONFIG, "optimizer.params.momentum = %g: must be "
@@ -1056,11 +1100,14 @@ static zdp_status check_fields_(const zdp_config *c, zdp_error *err) {
             return zdp_err_set(err, ZDP_ERR_CONFIG, "optimizer.params.betas = [%g, %g]: each "
                                "beta must satisfy 0 <= beta < 1; fix: write [0.9, 0.999]",
                                o->beta1, o->beta2);
-        if (!(o->eps >= 0.0 && o->eps <= DBL_MAX))
+        /* eps = 0 divides 0 by 0 for a parameter whose gradient has been 0
+         * (an unused embedding row): NaN weights on the first step. */
+        if (!(o->eps > 0.0 && o->eps <= ZDP_HPARAM_EPS_MAX))
             return zdp_err_set(err, ZDP_ERR_CONFIG, "optimizer.params.eps = %g: must be a "
-                               "finite number >= 0; fix: write 1e-8", o->eps);
+                               "number in (0, %g]; fix: write 1e-8", o->eps,
+                               ZDP_HPARAM_EPS_MAX);
     }
-    return ZDP_OK;
+    return check_scheduler_(&c->scheduler, err);
 }
 
 static zdp_status validate_(const zdp_config *c, int derived, zdp_error *err) {

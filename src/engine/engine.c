@@ -35,6 +35,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <math.h>
+#include <stdio.h>
 #include <time.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,12 +55,29 @@ static double now_(void) {
 
 typedef enum op_kind {
     OP_ALLREDUCE_GRADS,   /* stage 0: SUM all-reduce of the gradients */
-    OP_ALLREDUCE_NORM,    /* SUM all-reduce of one double */
+    OP_ALLREDUCE_NORM,    /* step's agreement: SUM all-reduce of AGREE_N_ doubles */
+    OP_AGREE_BACKWARD,    /* stage 2: a backward's agreement, the same all-reduce */
+    OP_ALLREDUCE_FLAG,    /* stages 1/2: SUM all-reduce of one double (a refusal) */
     OP_REDUCE_BUCKET,     /* stages 1/2: average + reduce-scatter one bucket */
     OP_ALLGATHER_PARAMS,  /* stages 1/2: all-gather the updated partitions */
     OP_BCAST_PARAMS,      /* rank 0's parameters to everyone */
     OP_ALLREDUCE_I64,     /* SUM all-reduce of `bucket` int64s (checkpoint agreement) */
 } op_kind;
+
+/* The agreement all-reduce: {in_step, count, count^2, sumsq}, summed over
+ * ranks.  A backward at stage 2 sends in_step = 0 and sumsq = 0; step()
+ * sends in_step = 1 and its squared gradient norm.  Counts are whole
+ * numbers far below 2^26, so every sum is exact in a double. */
+#define AGREE_N_ 4
+
+/* What the summed agreement says, the same on every rank: 0 all agree, 1
+ * some ranks are in step() and others in backward(), 2 the backward()
+ * counts differ (W * sum c^2 == (sum c)^2 only when every c is equal). */
+static int agree_verdict_(const double *a, int world) {
+    if (a[0] != 0.0 && a[0] != (double)world) return 1;
+    if ((double)world * a[2] != a[1] * a[1]) return 2;
+    return 0;
+}
 
 typedef struct engine_op {
     op_kind kind;
@@ -80,6 +98,9 @@ static zdp_status reduce_bucket_(zdp_engine *e, int b, float *buf, zdp_error *er
     const int64_t dst = (bk->lo > plo ? bk->lo : plo) - plo; /* into grad_part */
     const int64_t src = (bk->lo > plo ? bk->lo : plo) - bk->lo; /* into the bucket */
     const bool accumulate = e->cfg.zero.stage == 2;
+    /* This backward's agreement failed (on every rank alike): no rank
+     * reduces, so the ranks stay matched collective for collective. */
+    if (e->stream_skip) return ZDP_OK;
     if (e->world > 1) {
         const float w = (float)e->world;
         for (int64_t i = 0; i < n; i++) buf[i] /= w;
@@ -143,7 +164,15 @@ static zdp_status run_op_(void *arg, zdp_error *err) {
     case OP_ALLREDUCE_GRADS:
         return zdp_comm_allreduce_sum_f32(e->grads, e->lay.numel, &e->comm_total, err);
     case OP_ALLREDUCE_NORM:
+        e->stream_skip = false;
+        return zdp_comm_allreduce_sum_f64(op->buf, AGREE_N_, &e->comm_total, err);
+    case OP_ALLREDUCE_FLAG:
         return zdp_comm_allreduce_sum_f64(op->buf, 1, &e->comm_total, err);
+    case OP_AGREE_BACKWARD: {
+        zdp_status st = zdp_comm_allreduce_sum_f64(op->buf, AGREE_N_, &e->comm_total, err);
+        e->stream_skip = st != ZDP_OK || agree_verdict_(op->buf, e->world) != 0;
+        return st;
+    }
     case OP_REDUCE_BUCKET:
         return reduce_bucket_(e, op->bucket, op->buf, err);
     case OP_ALLGATHER_PARAMS:
@@ -481,7 +510,9 @@ zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model, zdp_
         (st = alloc_(e, &e->sink.state, nt, 1, ZDP_MEM_OTHER, "engine", err)) ||
         (st = alloc_(e, &e->rs_counts, world, sizeof(int), ZDP_MEM_OTHER, "engine", err)) ||
         (st = alloc_(e, &e->ag_counts, world, sizeof(int), ZDP_MEM_OTHER, "engine", err)) ||
-        (st = alloc_(e, &e->ag_displs, world, sizeof(int), ZDP_MEM_OTHER, "engine", err)))
+        (st = alloc_(e, &e->ag_displs, world, sizeof(int), ZDP_MEM_OTHER, "engine", err)) ||
+        (st = alloc_(e, &e->agree_gather, 2 * (int64_t)world, sizeof(int64_t), ZDP_MEM_OTHER,
+                     "engine", err)))
         goto fail;
     for (int i = 0; i < nt; i++) e->param_ptrs[i] = e->params + e->lay.offsets[i];
     e->sink.eng = e;
@@ -539,6 +570,7 @@ void zdp_engine_destroy(zdp_engine *e) {
     free_(e, e->rs_counts, W, sizeof(int), ZDP_MEM_OTHER);
     free_(e, e->ag_counts, W, sizeof(int), ZDP_MEM_OTHER);
     free_(e, e->ag_displs, W, sizeof(int), ZDP_MEM_OTHER);
+    free_(e, e->agree_gather, 2 * (int64_t)W, sizeof(int64_t), ZDP_MEM_OTHER);
     free_(e, e->param_ptrs, nt, sizeof(float *), ZDP_MEM_OTHER);
     free_(e, e->sink.state, nt, 1, ZDP_MEM_OTHER);
     zdp_layout_free(&e->lay);
@@ -565,6 +597,8 @@ zdp_status zdp_engine_sync_params(zdp_engine *e, zdp_error *err) {
 }
 
 /* ---- forward / backward -------------------------------------------------- */
+
+static zdp_status disagree_fail_(zdp_engine *e, bool in_step, int64_t count, zdp_error *err);
 
 zdp_status zdp_engine_forward(zdp_engine *e, const void *batch, float *loss, zdp_error *err) {
     if (e == NULL || loss == NULL)
@@ -598,12 +632,36 @@ zdp_status zdp_engine_backward(zdp_engine *e, bool scale_wrt_gas, float loss_sca
                       : loss_scale;
     double t0 = now_();
     sink_begin_(e);
+    /* Stage 2 reduces inside backward: its agreement goes first on the
+     * stream, so a rank already in step() meets an all-reduce of the same
+     * shape rather than a reduce-scatter (docs/training.md). */
+    const bool agree = e->cfg.zero.stage == 2 && e->world > 1;
+    if (agree) {
+        const double c = (double)(e->window_backwards + 1);
+        e->bwd_agree[0] = 0.0;
+        e->bwd_agree[1] = c;
+        e->bwd_agree[2] = c * c;
+        e->bwd_agree[3] = 0.0;
+        e->bwd_agree_event = enqueue_(e, OP_AGREE_BACKWARD, e->bwd_agree, -1);
+    }
     zdp_status st = e->model->ops->backward(e->model->self, (const float *const *)e->param_ptrs,
                                             dloss, &e->sink, err);
     /* Finish the reductions even after a model failure, so that this rank
      * issues the same collectives as the others before reporting. */
     sink_end_(e);
     e->timing_window.backward_s += now_() - t0;
+    if (agree) {
+        /* Every rank takes the disagreement path alike, whatever else went
+         * wrong here, so the gather on it is matched. */
+        zdp_error aerr = {0};
+        zdp_status ast = wait_(e, e->bwd_agree_event, &aerr);
+        if (ast == ZDP_OK && agree_verdict_(e->bwd_agree, e->world) != 0)
+            return disagree_fail_(e, false, e->window_backwards + 1, err);
+        if (ast != ZDP_OK && st == ZDP_OK) {
+            if (err != NULL) *err = aerr;
+            return ast;
+        }
+    }
     if (st != ZDP_OK) return st;
     if (e->sink.comm_status != ZDP_OK) {
         if (err != NULL) *err = e->sink.comm_err;
@@ -622,6 +680,50 @@ zdp_status zdp_engine_backward(zdp_engine *e, bool scale_wrt_gas, float loss_sca
 }
 
 /* ---- step ------------------------------------------------------------------ */
+
+/* The ranks disagree on backward() counts (or some are in step() while
+ * others are in backward()): every rank gets here alike.  Gather who did
+ * what (a collective on this path only), drop the window's gradients --
+ * they mix different numbers of micro-batches, and stages 0/1 have already
+ * reduced them -- and report.  Parameters, optimizer state and the step
+ * counters are untouched, and every rank is left with an empty window. */
+static zdp_status no_backward_error_(const zdp_engine *e, zdp_error *err) {
+    return zdp_err_set(err, ZDP_ERR_STATE,
+                       "step() at an accumulation boundary with no backward() since the last "
+                       "optimizer step (global_steps = %lld): nothing to apply; call backward() "
+                       "at least once before step() (DeepSpeed would update with zero gradients "
+                       "or crash here)",
+                       (long long)e->global_steps);
+}
+
+static zdp_status disagree_fail_(zdp_engine *e, bool in_step, int64_t count, zdp_error *err) {
+    zdp_error gerr = {0};
+    (void)reclaim_all_(e, &gerr); /* skipped reductions of this backward */
+    memset(e->agree_gather, 0, 2 * (size_t)e->world * sizeof(int64_t));
+    e->agree_gather[2 * e->rank] = count;
+    e->agree_gather[2 * e->rank + 1] = in_step ? 1 : 0;
+    zdp_status gst = zdp_engine_allreduce_i64_(e, e->agree_gather, 2 * e->world, &gerr);
+    if (e->grads != NULL) memset(e->grads, 0, (size_t)e->lay.padded * sizeof(float));
+    if (e->grad_part != NULL) memset(e->grad_part, 0, (size_t)e->lay.part * sizeof(float));
+    e->window_backwards = 0;
+    char who[640];
+    size_t n = 0;
+    who[0] = '\0';
+    for (int r = 0; r < e->world && n + 48 < sizeof who; r++) {
+        if (gst != ZDP_OK && r != e->rank) continue; /* only ours is known */
+        const int64_t *g = e->agree_gather + 2 * r;
+        n += (size_t)snprintf(who + n, sizeof who - n, "%srank %d: %lld%s", n ? ", " : "", r,
+                              (long long)g[0], g[1] ? " (in step())" : " (in backward())");
+    }
+    if (n + 48 >= sizeof who) snprintf(who + n, sizeof who - n, ", ...");
+    return zdp_err_set(err, ZDP_ERR_STATE,
+                       "%s: the ranks made different numbers of backward() calls since the last "
+                       "optimizer step (%s); every rank must call backward() the same number of "
+                       "times before step() (managed mode: set_gradient_accumulation_boundary "
+                       "alike on every rank).  The window's gradients were dropped on every "
+                       "rank; parameters, optimizer state and counters are unchanged",
+                       in_step ? "step()" : "backward()", who);
+}
 
 bool zdp_engine_is_gradient_accumulation_boundary(const zdp_engine *e) {
     if (!e->cfg.managed_gradient_accumulation) return e->running_step;
@@ -684,23 +786,47 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
     const float *owned = stage == 0 ? e->grads + plo : e->grad_part;
     double sumsq = 0.0;
     for (int64_t i = 0; i < P; i++) sumsq += (double)owned[i] * (double)owned[i];
-    if ((st = run_sync_(e, OP_ALLREDUCE_NORM, &sumsq, err)) != ZDP_OK) return st;
+    /* The norm's all-reduce also checks that every rank made the same number
+     * of backward() calls (and, at stage 2, that none is still in one). */
+    const double nb = (double)e->window_backwards;
+    double agree[AGREE_N_] = {1.0, nb, nb * nb, sumsq};
+    if ((st = run_sync_(e, OP_ALLREDUCE_NORM, agree, err)) != ZDP_OK) return st;
+    if (agree_verdict_(agree, e->world) != 0)
+        return disagree_fail_(e, true, e->window_backwards, err);
+    /* Every rank's window is empty: the reductions moved zeros. */
+    if (e->window_backwards == 0) return no_backward_error_(e, err);
+    sumsq = agree[3];
     /* A NaN or Inf anywhere makes the sum non-finite on every rank alike. */
     double norm = sqrt(sumsq);
     e->last_grad_norm = norm;
-    bool overflow = !isfinite(norm);
-
+    bool overflow = !isfinite(norm), refused = false;
+    /* DeepSpeed steps the scheduler after each applied update, so this
+     * update uses lr(n) and the next one lr(n + 1). */
+    const double lr = zdp_engine_lr(e);
+    float scale = 1.0f;
+    if (e->clip > 0.0) {
+        double c = (norm + 1e-6) / e->clip;
+        if (c > 1.0) scale = (float)(1.0 / c);
+    }
     if (!overflow) {
-        float scale = 1.0f;
-        double clip = e->clip;
-        if (clip > 0.0) {
-            double c = (norm + 1e-6) / clip;
-            if (c > 1.0) scale = (float)(1.0 / c);
-        }
-        /* DeepSpeed steps the scheduler after each applied update, so this
-         * update uses lr(n) and the next one lr(n + 1). */
-        const double lr = zdp_engine_lr(e);
-        double t_opt = now_();
+        /* An update that would leave a parameter or optimizer state
+         * non-finite (a huge lr, a gradient that overflows when squared) is
+         * refused like a NaN gradient: skipped, nothing changed.  Stage 0
+         * computes the same update on every rank; stages 1/2 update
+         * partitions, so the ranks agree on the verdict (a one-double
+         * all-reduce). */
+        const float *p = stage == 0 ? e->params : e->params + plo;
+        const float *g = stage == 0 ? e->grads : e->grad_part;
+        const double t_check = now_();
+        double bad = zdp_optim_update_finite(&e->optim, p, g, scale, lr) ? 0.0 : 1.0;
+        e->timing_window.optimizer_s += now_() - t_check; /* the wait below is comm wait */
+        if (stage >= 1 && e->world > 1 &&
+            (st = run_sync_(e, OP_ALLREDUCE_FLAG, &bad, err)) != ZDP_OK)
+            return st;
+        refused = bad != 0.0;
+    }
+    if (!overflow && !refused) {
+        const double t_opt = now_();
         if (stage == 0) {
             zdp_optim_step(&e->optim, e->params, e->grads, scale, lr);
         } else {
@@ -719,8 +845,8 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
     if (e->grads != NULL) memset(e->grads, 0, (size_t)e->lay.padded * sizeof(float));
     if (e->grad_part != NULL) memset(e->grad_part, 0, (size_t)P * sizeof(float));
 
-    e->step_applied = !overflow;
-    if (overflow) e->skipped_steps++;
+    e->step_applied = !overflow && !refused;
+    if (!e->step_applied) e->skipped_steps++;
     e->global_steps++;
     if (e->cfg.managed_gradient_accumulation)
         e->global_samples += e->cfg.train_batch_size;
@@ -736,6 +862,13 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
                     "step %lld skipped: the gradient has NaN or Inf on at least one rank (global "
                     "norm %g); parameters and optimizer state are unchanged, skipped_steps = %lld",
                     (long long)e->global_steps, norm, (long long)e->skipped_steps);
+        else if (refused)
+            zdp_log(1,
+                    "step %lld skipped: the update with lr = %g would make a parameter or the "
+                    "optimizer state NaN or Inf (global grad norm %g); parameters and optimizer "
+                    "state are unchanged, skipped_steps = %lld; fix: lower the learning rate or "
+                    "set gradient_clipping",
+                    (long long)e->global_steps, lr, norm, (long long)e->skipped_steps);
         if (e->cfg.steps_per_print > 0 && e->global_steps % e->cfg.steps_per_print == 0)
             zdp_log(0, "step=%lld, skipped=%lld, lr=[%g], grad_norm=%g, global_samples=%lld",
                     (long long)e->global_steps, (long long)e->skipped_steps, e->last_lr, norm,
@@ -750,16 +883,12 @@ zdp_status zdp_engine_step(zdp_engine *e, zdp_error *err) {
     e->running_step = true;
     zdp_status st = ZDP_OK;
     if (zdp_engine_is_gradient_accumulation_boundary(e)) {
-        if (e->window_backwards == 0) {
-            e->running_step = false;
-            return zdp_err_set(
-                err, ZDP_ERR_STATE,
-                "step() at an accumulation boundary with no backward() since the last optimizer "
-                "step (global_steps = %lld): nothing to apply; call backward() at least once "
-                "before step() (DeepSpeed would update with zero gradients or crash here)",
-                (long long)e->global_steps);
-        }
-        st = model_step_(e, err);
+        /* With other ranks, an empty window still goes through the step's
+         * collectives up to the agreement: if another rank did call
+         * backward(), that is a disagreement both sides must see, not a
+         * rank that returns while the others wait. */
+        if (e->window_backwards == 0 && e->world == 1) st = no_backward_error_(e, err);
+        else st = model_step_(e, err);
     }
     e->running_step = false;
     if (st == ZDP_OK) e->micro_steps++;
@@ -812,13 +941,37 @@ void zdp_engine_get_hparams(const zdp_engine *e, zdp_hparams *out) {
 }
 
 /* One field against its range: finite, lo <= v (lo < v when lo_open) and
- * v < hi.  NaN fails every comparison, so it is rejected with the rest. */
+ * v <= hi (v < hi when hi_open).  NaN fails every comparison, so it is
+ * rejected with the rest. */
 static zdp_status check_hparam_(const char *name, double v, double lo, bool lo_open, double hi,
-                                const char *range, zdp_error *err) {
-    if (isfinite(v) && (lo_open ? v > lo : v >= lo) && v < hi) return ZDP_OK;
-    return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
-                       "zdp_engine_set_hparams: %s = %.12g: must be %s; nothing was changed", name,
-                       v, range);
+                                bool hi_open, const char *fix, zdp_error *err) {
+    if (isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi))
+        return ZDP_OK;
+    char range[64];
+    if (hi == HUGE_VAL)
+        snprintf(range, sizeof range, "finite and %s %g", lo_open ? ">" : ">=", lo);
+    else
+        snprintf(range, sizeof range, "in %s%g, %g%s", lo_open ? "(" : "[", lo, hi,
+                 hi_open ? ")" : "]");
+    return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s = %.12g: must be %s; fix: %s", name, v,
+                       range, fix);
+}
+
+zdp_status zdp_hparams_check(const zdp_hparams *h, zdp_error *err) {
+    if (h == NULL) return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "hparams: NULL pointer");
+    zdp_status st;
+    if ((st = check_hparam_("lr", h->lr, 0.0, false, ZDP_HPARAM_LR_MAX, false,
+                            "use e.g. 1e-3", err)) ||
+        (st = check_hparam_("beta1", h->beta1, 0.0, false, 1.0, true, "use e.g. 0.9", err)) ||
+        (st = check_hparam_("beta2", h->beta2, 0.0, false, 1.0, true, "use e.g. 0.999", err)) ||
+        (st = check_hparam_("eps", h->eps, 0.0, true, ZDP_HPARAM_EPS_MAX, false, "use e.g. 1e-8",
+                            err)) ||
+        (st = check_hparam_("weight_decay", h->weight_decay, 0.0, false,
+                            ZDP_HPARAM_WEIGHT_DECAY_MAX, false, "use 0 or e.g. 0.01", err)) ||
+        (st = check_hparam_("gradient_clipping", h->gradient_clipping, 0.0, false, HUGE_VAL,
+                            false, "use e.g. 1.0, or 0 to turn clipping off", err)))
+        return st;
+    return ZDP_OK;
 }
 
 zdp_status zdp_engine_set_hparams(zdp_engine *e, const zdp_hparams *h, zdp_error *err) {
@@ -826,16 +979,14 @@ zdp_status zdp_engine_set_hparams(zdp_engine *e, const zdp_hparams *h, zdp_error
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
                            "zdp_engine_set_hparams: engine and hparams must not be NULL");
     /* Every field first: an update must never run with half a new set. */
-    zdp_status st;
-    if ((st = check_hparam_("lr", h->lr, 0.0, false, HUGE_VAL, "finite and >= 0", err)) ||
-        (st = check_hparam_("beta1", h->beta1, 0.0, false, 1.0, "in [0, 1)", err)) ||
-        (st = check_hparam_("beta2", h->beta2, 0.0, false, 1.0, "in [0, 1)", err)) ||
-        (st = check_hparam_("eps", h->eps, 0.0, true, HUGE_VAL, "finite and > 0", err)) ||
-        (st = check_hparam_("weight_decay", h->weight_decay, 0.0, false, HUGE_VAL,
-                            "finite and >= 0", err)) ||
-        (st = check_hparam_("gradient_clipping", h->gradient_clipping, 0.0, false, HUGE_VAL,
-                            "finite and >= 0 (0 turns clipping off)", err)))
-        return st;
+    zdp_status st = zdp_hparams_check(h, err);
+    if (st != ZDP_OK) {
+        if (err == NULL) return st;
+        char why[ZDP_ERROR_MSG_MAX];
+        memcpy(why, err->msg, sizeof why);
+        why[sizeof why - 1] = '\0';
+        return zdp_err_set(err, st, "zdp_engine_set_hparams: %s; nothing was changed", why);
+    }
     zdp_optimizer_config *c = &e->optim.cfg;
     c->beta1 = h->beta1;
     c->beta2 = h->beta2;

@@ -59,6 +59,19 @@ struct zdp_engine {
     uint64_t *inflight_event; /* (pool_cap) their stream events */
     int inflight_head, inflight_count;
 
+    /* The agreement on backward() counts (docs/training.md, "Ranks that
+     * disagree").  step()'s norm all-reduce carries {in_step, count, count^2,
+     * sumsq}; at stage 2 every backward first queues the same all-reduce with
+     * in_step = 0, so a backward on one rank meets step() on another in a
+     * collective of the same shape instead of a reduce-scatter, and both see
+     * the disagreement.  stream_skip (stream thread only) is set when a
+     * backward's agreement failed: its bucket reductions are skipped on every
+     * rank alike. */
+    double bwd_agree[4];
+    uint64_t bwd_agree_event;
+    bool stream_skip;
+    int64_t *agree_gather; /* (2W) the counts, gathered on the error path only */
+
     /* Accounting: comm_total is written on the stream thread and read here
      * only after waiting for the stream. */
     zdp_comm_report comm_total, comm_at_last_step, comm_last_step;

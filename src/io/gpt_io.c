@@ -27,6 +27,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -696,6 +697,30 @@ static zdp_status gio_load_llmc_(const char *path, FILE *f, int64_t file_bytes,
 
 /* ---- entry points ---------------------------------------------------------- */
 
+/* NaN or Inf in a weights file is refused at load: a model that starts
+ * non-finite skips every step (or, at inference, answers garbage). */
+static zdp_status gio_check_finite_(const char *path, const zdp_param_info *params, int n_params,
+                                    float *const *dst, zdp_error *err) {
+    for (int i = 0; i < n_params; i++) {
+        const zdp_param_info *p = &params[i];
+        const int64_t n = gio_numel_(p->shape, p->ndim);
+        const int64_t cols = p->ndim == 2 ? p->shape[1] : n;
+        for (int64_t k = 0; k < n; k++) {
+            if (isfinite(dst[i][k])) continue;
+            char at[64];
+            if (p->ndim == 2)
+                snprintf(at, sizeof at, "[%lld, %lld]", (long long)(k / cols), (long long)(k % cols));
+            else
+                snprintf(at, sizeof at, "[%lld]", (long long)k);
+            return zdp_err_set(err, ZDP_ERR_FORMAT,
+                               "%s: tensor %s%s = %g: weights must be finite (NaN or Inf would "
+                               "make every step skip); fix: load a file saved from a healthy run",
+                               path, p->name, at, (double)dst[i][k]);
+        }
+    }
+    return ZDP_OK;
+}
+
 zdp_status zdp_gpt_weights_load(const char *path, const zdp_gpt_config *cfg,
                                 const zdp_param_info *params, int n_params,
                                 float *const *dst, zdp_error *err) {
@@ -751,6 +776,7 @@ zdp_status zdp_gpt_weights_load(const char *path, const zdp_gpt_config *cfg,
                         "zdp reads GPT2LMHeadModel .safetensors and llm.c model .bin files",
                         path, hint);
     }
+    if (s == ZDP_OK) s = gio_check_finite_(path, params, n_params, dst, err);
 done:
     if (f != NULL) fclose(f);
     free(expected);

@@ -48,11 +48,17 @@ void zdp_optim_free(zdp_optim *opt, zdp_mem_counter *mem) {
     opt->m = opt->v = NULL;
 }
 
-static void adam_step_(zdp_optim *opt, float *restrict p, const float *restrict g_in, float gs,
-                       double lr_d) {
-    const zdp_optimizer_config *c = &opt->cfg;
+/* The update of element i, shared by the step (apply) and the check (not
+ * apply), so both do the same float arithmetic.  The check ORs together
+ * x - x != 0 over every new value (false for finite x, true for Inf or NaN):
+ * an integer reduction, so the loop still vectorises, where a float sum
+ * would not (no reassociation without fast-math).  t is the step count the
+ * update runs as.  Returns nonzero when some value is not finite. */
+static inline unsigned adam_(const zdp_optimizer_config *c, float *restrict p,
+                          const float *restrict g_in, float *restrict m, float *restrict v,
+                          int64_t n, float gs, double lr_d, int64_t t_i, bool apply) {
     const bool decoupled = c->type == ZDP_OPTIMIZER_ADAMW || c->adam_w_mode;
-    const double t = (double)opt->step_count;
+    const double t = (double)t_i;
     const float bc1 = c->bias_correction ? (float)(1.0 - pow(c->beta1, t)) : 1.0f;
     const float bc2 = c->bias_correction ? (float)(1.0 - pow(c->beta2, t)) : 1.0f;
     const float b1 = (float)c->beta1, b2 = (float)c->beta2, eps = (float)c->eps;
@@ -61,41 +67,69 @@ static void adam_step_(zdp_optim *opt, float *restrict p, const float *restrict 
      * and a loop without branches vectorises. */
     const float wd_l2 = decoupled ? 0.0f : (float)c->weight_decay;
     const float wd_dec = decoupled ? (float)c->weight_decay : 0.0f;
-    float *restrict m = opt->m, *restrict v = opt->v;
-    const int64_t n = opt->n;
+    unsigned bad = 0;
     for (int64_t i = 0; i < n; i++) {
         float g = g_in[i] * gs + wd_l2 * p[i];
         float mi = b1 * m[i] + (1.0f - b1) * g;
         float vi = b2 * v[i] + (1.0f - b2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
         float update = (mi / bc1) / (sqrtf(vi / bc2) + eps) + wd_dec * p[i];
-        p[i] = p[i] - lr * update;
+        float pi = p[i] - lr * update;
+        if (apply) {
+            m[i] = mi;
+            v[i] = vi;
+            p[i] = pi;
+        } else {
+            bad |= (unsigned)(mi - mi != 0.0f) | (unsigned)(vi - vi != 0.0f) |
+                   (unsigned)(pi - pi != 0.0f);
+        }
     }
+    return bad;
 }
 
-static void sgd_step_(zdp_optim *opt, float *p, const float *g_in, float gs, double lr_d) {
-    const zdp_optimizer_config *c = &opt->cfg;
+static inline unsigned sgd_(const zdp_optimizer_config *c, float *restrict p,
+                         const float *restrict g_in, float *restrict buf, int64_t n, float gs,
+                         double lr_d, bool first, bool apply) {
     const float wd = (float)c->weight_decay, mom = (float)c->momentum;
     const float damp = (float)c->dampening, lr = (float)lr_d;
-    const bool first = opt->step_count == 1;
-    float *buf = opt->m;
-    for (int64_t i = 0; i < opt->n; i++) {
+    unsigned bad = 0;
+    for (int64_t i = 0; i < n; i++) {
         float d = g_in[i] * gs;
         if (wd != 0.0f) d = d + wd * p[i];
         if (buf != NULL) {
-            buf[i] = first ? d : mom * buf[i] + (1.0f - damp) * d;
-            d = c->nesterov ? d + mom * buf[i] : buf[i];
+            float bi = first ? d : mom * buf[i] + (1.0f - damp) * d;
+            if (apply) buf[i] = bi;
+            else bad |= (unsigned)(bi - bi != 0.0f);
+            d = c->nesterov ? d + mom * bi : bi;
         }
-        p[i] = p[i] - lr * d;
+        float pi = p[i] - lr * d;
+        if (apply) p[i] = pi;
+        else bad |= (unsigned)(pi - pi != 0.0f);
     }
+    return bad;
 }
 
 void zdp_optim_step(zdp_optim *opt, float *params, const float *grads, float grad_scale,
                     double lr) {
     opt->step_count++;
     if (uses_adam_(&opt->cfg))
-        adam_step_(opt, params, grads, grad_scale, lr);
+        (void)adam_(&opt->cfg, params, grads, opt->m, opt->v, opt->n, grad_scale, lr,
+                    opt->step_count, true);
     else
-        sgd_step_(opt, params, grads, grad_scale, lr);
+        (void)sgd_(&opt->cfg, params, grads, opt->m, opt->n, grad_scale, lr,
+                   opt->step_count == 1, true);
+}
+
+bool zdp_optim_update_finite(const zdp_optim *opt, const float *params, const float *grads,
+                             float grad_scale, double lr) {
+    /* The kernels write only when apply is true: the casts are for the
+     * shared signature. */
+    const int64_t t = opt->step_count + 1;
+    unsigned bad;
+    if (uses_adam_(&opt->cfg))
+        bad = adam_(&opt->cfg, (float *)params, grads, opt->m, opt->v, opt->n, grad_scale, lr, t,
+                    false);
+    else
+        bad = sgd_(&opt->cfg, (float *)params, grads, opt->m, opt->n, grad_scale, lr, t == 1,
+                   false);
+    return bad == 0;
 }

@@ -31,4 +31,11 @@ void zdp_optim_free(zdp_optim *opt, zdp_mem_counter *mem);
 void zdp_optim_step(zdp_optim *opt, float *params, const float *grads, float grad_scale,
                     double lr);
 
+/* Whether zdp_optim_step with the same arguments would leave every
+ * parameter and every state element finite.  Writes nothing: the same
+ * float arithmetic as the update, kept only to test it, so the verdict is
+ * exact.  The engine refuses (skips) an update that fails it. */
+bool zdp_optim_update_finite(const zdp_optim *opt, const float *params, const float *grads,
+                             float grad_scale, double lr);
+
 #endif /* ZDP_OPTIM_H */

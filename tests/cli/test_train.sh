@@ -100,5 +100,46 @@ printf 'not a safetensors file' >"$T/junk.safetensors"
 expect_error 2 "junk.safetensors" train --model mlp --hidden 8 --layers 3 \
   --config "$T/managed.json" --data "$T/junk.safetensors"
 
+# A copy of a safetensors file with one element changed, or all scaled.
+poke() { python3 "$(dirname "$0")/poke_safetensors.py" "$@"; }
+
+# NaN or Inf in --data's x or in --init is refused at load, naming the
+# file, the tensor, the element and the value (issue 10).
+poke "$T/data.safetensors" "$T/nan_x.safetensors" x 13 nan
+expect_error 2 "--data $T/nan_x.safetensors: x[1, 5] = nan (row, column)" train --model mlp \
+  --hidden 8 --layers 3 --config "$T/managed.json" --data "$T/nan_x.safetensors"
+poke "$T/data.safetensors" "$T/inf_x.safetensors" x 799 -inf
+expect_error 1 "x[99, 7] = -inf" train --model mlp --hidden 8 --layers 3 \
+  --config "$T/managed.json" --data "$T/inf_x.safetensors"
+poke "$T/init.safetensors" "$T/inf_init.safetensors" linears.1.weight 10 inf
+expect_error 2 "--init $T/inf_init.safetensors: linears.1.weight[1, 2] = inf" train --model mlp \
+  --hidden 8 --layers 3 --config "$T/managed.json" --init "$T/inf_init.safetensors"
+poke "$T/init.safetensors" "$T/nan_bias.safetensors" linears.2.bias 3 nan
+expect_error 2 "linears.2.bias[3] = nan" train --model mlp --hidden 8 --layers 3 \
+  --config "$T/managed.json" --init "$T/nan_bias.safetensors"
+
+# A run whose every step is skipped stops with an error naming the cause
+# instead of exiting 0: finite but huge weights overflow the forward pass.
+poke "$T/init.safetensors" "$T/huge.safetensors" '*' 0 1e20
+expect_error 2 "training stopped: the last 3 optimizer steps (1 to 3) were all skipped" train \
+  --model mlp --hidden 8 --layers 3 --config "$T/unmanaged.json" --init "$T/huge.safetensors" \
+  --steps 10 --max-skipped-steps 3
+grep -qF "the gradient had NaN or Inf" "$T/out" || { fail "skip stop: cause"; cat "$T/out"; }
+grep -q "^step 4 " "$T/out" && fail "skip stop: ran past the limit"
+# The default is 100 steps in a row.
+expect_error 2 "the last 100 optimizer steps (1 to 100) were all skipped" train --model mlp \
+  --hidden 8 --layers 3 --config "$T/managed.json" --init "$T/huge.safetensors" --steps 150
+[ "$(grep -c '^step ' "$T/out")" -eq 100 ] || fail "skip stop default: wanted 100 step lines"
+# 0 turns it off: every step skipped, the run completes.
+expect_ok 2 train --model mlp --hidden 8 --layers 3 --config "$T/managed.json" \
+  --init "$T/huge.safetensors" --steps 5 --max-skipped-steps 0
+[ "$(grep -c 'SKIPPED' "$T/out")" -eq 5 ] || fail "--max-skipped-steps 0: wanted 5 skipped steps"
+expect_error 2 "--max-skipped-steps -1: need an integer >= 0" train --model mlp \
+  --config "$T/managed.json" --max-skipped-steps -1
+# Out-of-range hyperparameters are config errors with the JSON path.
+sed 's/"lr": 1e-2/"lr": 1e308/' "$T/managed.json" >"$T/lr_huge.json"
+expect_error 2 "optimizer.params.lr = 1e308: out of range; fix: write a number in [0, 100]" \
+  train --model mlp --hidden 8 --config "$T/lr_huge.json"
+
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
 echo "test_train: all checks passed"

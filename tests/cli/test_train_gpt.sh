@@ -83,5 +83,22 @@ expect_error 2 "--schedule needs unmanaged accumulation" train --model gpt "${MO
 printf '0123' >"$T/tiny.txt"
 expect_error 2 "fewer than --block-size + 1" train --model gpt "${MODEL[@]}" --config "$T/managed.json" --data "$T/tiny.txt"
 
+# NaN/Inf in --init is refused at load (the tensor, element and value), and
+# a run whose every step is skipped stops with an error (issue 10).
+poke() { python3 "$(dirname "$0")/poke_safetensors.py" "$@"; }
+poke "$T/init.safetensors" "$T/nan.safetensors" transformer.h.1.mlp.c_fc.weight 37 nan
+expect_error 2 "--init $T/nan.safetensors: tensor transformer.h.1.mlp.c_fc.weight[0, 37] = nan" \
+  train --model gpt "${MODEL[@]}" --config "$T/managed.json" --data "$T/tokens.bin" \
+  --init "$T/nan.safetensors"
+poke "$T/init.safetensors" "$T/inf.safetensors" transformer.wpe.weight 5 inf
+expect_error 1 "transformer.wpe.weight[0, 5] = inf" train --model gpt "${MODEL[@]}" \
+  --config "$T/managed.json" --data "$T/tokens.bin" --init "$T/inf.safetensors"
+poke "$T/init.safetensors" "$T/huge.safetensors" '*' 0 1e20
+expect_error 2 "training stopped: the last 2 optimizer steps (1 to 2) were all skipped" \
+  train --model gpt "${MODEL[@]}" --config "$T/unmanaged.json" --data "$T/tokens.bin" \
+  --init "$T/huge.safetensors" --steps 6 --max-skipped-steps 2 --out-dir "$T/runskip"
+grep -q "^step 3 " "$T/out" && fail "gpt skip stop: ran past the limit"
+expect_error 2 "--max-skipped-steps x: need an integer >= 0" train --model gpt "${MODEL[@]}" \
+  --config "$T/managed.json" --max-skipped-steps x
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
 echo "test_train_gpt: all checks passed"

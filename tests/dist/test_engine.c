@@ -233,6 +233,79 @@ static void test_unmanaged_varying_backward_count(int stage) {
     run_free_(&u);
 }
 
+/* DeepSpeed #2223: ranks that make different numbers of backward() calls
+ * before step().  Rank 0 makes `first` calls, every other rank `others`.
+ * Stages 0/1: every rank's step() fails.  Stage 2: the ranks with more
+ * calls meet the others' step() inside backward() -- that backward fails
+ * instead of hanging in its reduce-scatter, and so does the others' step().
+ * Either way every rank reports every rank's count, nothing is applied, and
+ * a correct window afterwards trains normally.  (A hang here is a CTest
+ * timeout.) */
+static void test_backward_count_mismatch(int stage, bool managed, int first, int others) {
+    if (W < 2) return;
+    run rn;
+    /* managed with G = 1: every step() is a boundary, so a second backward
+     * before it is the same mistake. */
+    run_init_(&rn, stage_json_(stage, managed ? 1 : 4, managed, ""), 4, 2, 1, 42);
+    data d = data_make_(4, 8 * W, 17);
+    float *before = params_copy_(&rn);
+    const int mine = R == 0 ? first : others;
+    zdp_error err = {0};
+    zdp_status st = ZDP_OK;
+    int made = 0;
+    for (int k = 0; k < mine && st == ZDP_OK; k++) {
+        zdp_mlp_batch b = batch_(&d, k, 1);
+        fwd_(&rn, &b);
+        st = zdp_engine_backward(rn.eng, true, 1.0f, &err);
+        made++;
+    }
+    const bool in_step = st == ZDP_OK;
+    if (in_step) st = zdp_engine_step(rn.eng, &err);
+    /* Only stage 2 can stop a rank inside backward, and only a rank with more calls. */
+    CHECK(in_step || (stage == 2 && mine > (R == 0 ? others : first)));
+    CHECK_ERR(st, ZDP_ERR_STATE, err, "different numbers of backward() calls");
+    CHECK_ERR(st, ZDP_ERR_STATE, err, in_step ? "step():" : "backward():");
+    /* At stage 2 a rank with more calls stops at the first one past the
+     * others' count. */
+    const int seen0 = stage == 2 && first > others ? others + 1 : first;
+    const int seen1 = stage == 2 && others > first ? first + 1 : others;
+    CHECK_EQ_I64(made, R == 0 ? seen0 : seen1);
+    char want[64];
+    snprintf(want, sizeof want, "rank 0: %d (in %s", seen0, seen0 > seen1 && stage == 2 ? "backward()" : "step()");
+    CHECK_ERR(st, ZDP_ERR_STATE, err, want);
+    snprintf(want, sizeof want, "rank %d: %d (in %s", W - 1, seen1, seen1 > seen0 && stage == 2 ? "backward()" : "step()");
+    CHECK_ERR(st, ZDP_ERR_STATE, err, want);
+    float *after = params_copy_(&rn);
+    CHECK(memcmp(before, after, (size_t)zdp_engine_numel(rn.eng) * sizeof(float)) == 0);
+    CHECK_EQ_I64(zdp_engine_global_steps(rn.eng), 0);
+    CHECK_EQ_I64(zdp_engine_skipped_steps(rn.eng), 0);
+    CHECK_EQ_I64(zdp_engine_pending_backwards(rn.eng), 0);
+    CHECK(!zdp_engine_was_step_applied(rn.eng));
+    /* The same number of calls everywhere now: a normal step, and the
+     * parameters agree across ranks (all ranks log the same norm). */
+    for (int k = 0; k < 2; k++) {
+        zdp_mlp_batch b = batch_(&d, 4 + k, 1);
+        fwd_(&rn, &b);
+        CHECK_OK(zdp_engine_backward(rn.eng, true, 1.0f, &e_));
+        if (managed && k == 0) {
+            /* G = 1: the first backward's step() is the boundary. */
+            CHECK_OK(zdp_engine_step(rn.eng, &e_));
+            CHECK(zdp_engine_was_step_applied(rn.eng));
+            break;
+        }
+    }
+    if (!managed) {
+        CHECK_OK(zdp_engine_step(rn.eng, &e_));
+        CHECK(zdp_engine_was_step_applied(rn.eng));
+    }
+    CHECK_EQ_I64(zdp_engine_global_steps(rn.eng), 1);
+    CHECK(isfinite(zdp_engine_last_grad_norm(rn.eng)));
+    free(before);
+    free(after);
+    data_free_(&d);
+    run_free_(&rn);
+}
+
 static void test_call_time_rejections(int stage) {
     run u;
     run_init_(&u, stage_json_(stage, 4, false, ""), 4, 2, 1, 42);
@@ -577,27 +650,36 @@ static void test_hparams_rejections(int stage) {
         const char *field, *range;
         zdp_hparams h;
     } bad[] = {
-        {"lr = -0.001", ">= 0", {-1e-3, 0.9, 0.999, 1e-8, 0.0, 1.0}},
-        {"lr = nan", ">= 0", {NAN, 0.9, 0.999, 1e-8, 0.0, 1.0}},
-        {"lr = inf", ">= 0", {INFINITY, 0.9, 0.999, 1e-8, 0.0, 1.0}},
+        {"lr = -0.001", "in [0, 100]", {-1e-3, 0.9, 0.999, 1e-8, 0.0, 1.0}},
+        {"lr = nan", "in [0, 100]", {NAN, 0.9, 0.999, 1e-8, 0.0, 1.0}},
+        {"lr = inf", "in [0, 100]", {INFINITY, 0.9, 0.999, 1e-8, 0.0, 1.0}},
         {"beta1 = -0.5", "[0, 1)", {1e-3, -0.5, 0.999, 1e-8, 0.0, 1.0}},
         {"beta1 = 1:", "[0, 1)", {1e-3, 1.0, 0.999, 1e-8, 0.0, 1.0}},
         {"beta1 = nan", "[0, 1)", {1e-3, NAN, 0.999, 1e-8, 0.0, 1.0}},
         {"beta2 = 1:", "[0, 1)", {1e-3, 0.9, 1.0, 1e-8, 0.0, 1.0}},
         {"beta2 = -1e-09", "[0, 1)", {1e-3, 0.9, -1e-9, 1e-8, 0.0, 1.0}},
         {"beta2 = nan", "[0, 1)", {1e-3, 0.9, NAN, 1e-8, 0.0, 1.0}},
-        {"eps = 0:", "> 0", {1e-3, 0.9, 0.999, 0.0, 0.0, 1.0}},
-        {"eps = -1e-08", "> 0", {1e-3, 0.9, 0.999, -1e-8, 0.0, 1.0}},
-        {"eps = inf", "> 0", {1e-3, 0.9, 0.999, INFINITY, 0.0, 1.0}},
-        {"eps = nan", "> 0", {1e-3, 0.9, 0.999, NAN, 0.0, 1.0}},
-        {"weight_decay = -0.01", ">= 0", {1e-3, 0.9, 0.999, 1e-8, -0.01, 1.0}},
-        {"weight_decay = nan", ">= 0", {1e-3, 0.9, 0.999, 1e-8, NAN, 1.0}},
-        {"weight_decay = inf", ">= 0", {1e-3, 0.9, 0.999, 1e-8, INFINITY, 1.0}},
+        {"eps = 0:", "in (0, 1]", {1e-3, 0.9, 0.999, 0.0, 0.0, 1.0}},
+        {"eps = -1e-08", "in (0, 1]", {1e-3, 0.9, 0.999, -1e-8, 0.0, 1.0}},
+        {"eps = inf", "in (0, 1]", {1e-3, 0.9, 0.999, INFINITY, 0.0, 1.0}},
+        {"eps = nan", "in (0, 1]", {1e-3, 0.9, 0.999, NAN, 0.0, 1.0}},
+        {"weight_decay = -0.01", "in [0, 10]", {1e-3, 0.9, 0.999, 1e-8, -0.01, 1.0}},
+        {"weight_decay = nan", "in [0, 10]", {1e-3, 0.9, 0.999, 1e-8, NAN, 1.0}},
+        {"weight_decay = inf", "in [0, 10]", {1e-3, 0.9, 0.999, 1e-8, INFINITY, 1.0}},
+        /* Finite but absurd: lr = 1e308 once turned the weights into NaN. */
+        {"lr = 1e+308", "in [0, 100]", {1e308, 0.9, 0.999, 1e-8, 0.0, 1.0}},
+        {"lr = 100.5", "in [0, 100]", {100.5, 0.9, 0.999, 1e-8, 0.0, 1.0}},
+        {"eps = 2:", "in (0, 1]", {1e-3, 0.9, 0.999, 2.0, 0.0, 1.0}},
+        {"weight_decay = 11", "in [0, 10]", {1e-3, 0.9, 0.999, 1e-8, 11.0, 1.0}},
         {"gradient_clipping = -1", ">= 0", {1e-3, 0.9, 0.999, 1e-8, 0.0, -1.0}},
         {"gradient_clipping = nan", ">= 0", {1e-3, 0.9, 0.999, 1e-8, 0.0, NAN}},
         {"gradient_clipping = inf", ">= 0", {1e-3, 0.9, 0.999, 1e-8, 0.0, INFINITY}},
     };
     const int nbad = (int)(sizeof bad / sizeof bad[0]);
+    CHECK_OK(zdp_hparams_check(&good, &e_));
+    const zdp_hparams edge = {ZDP_HPARAM_LR_MAX, 0.0, 0.0, ZDP_HPARAM_EPS_MAX,
+                              ZDP_HPARAM_WEIGHT_DECAY_MAX, 0.0};
+    CHECK_OK(zdp_hparams_check(&edge, &e_)); /* the bounds themselves are allowed */
     zdp_hparams h, set = {7e-3, 0.5, 0.75, 1e-4, 0.3, 2.0};
     for (int phase = 0; phase < 2; phase++) {
         /* phase 0: nothing set yet; phase 1: after a valid set. */
@@ -606,6 +688,9 @@ static void test_hparams_rejections(int stage) {
             zdp_error err = {0};
             CHECK_ERR(zdp_engine_set_hparams(rn.eng, &bad[i].h, &err), ZDP_ERR_INVALID_ARG, err,
                       bad[i].field);
+            CHECK(strstr(err.msg, "nothing was changed") != NULL);
+            zdp_error cerr = {0}; /* the same verdict without an engine */
+            CHECK_ERR(zdp_hparams_check(&bad[i].h, &cerr), ZDP_ERR_INVALID_ARG, cerr, bad[i].field);
             if (strstr(err.msg, bad[i].range) == NULL)
                 CHECK_FAIL_("message \"%s\" lacks the range \"%s\"", err.msg, bad[i].range);
             zdp_engine_get_hparams(rn.eng, &h);
@@ -822,6 +907,61 @@ static void test_nonfinite_skips_everywhere(int stage, bool managed, float poiso
 
 /* The schedule advances once per applied update (the k-th uses lr(k-2)),
  * never on a skipped step; an update with lr 0 leaves the parameters. */
+/* Issue 10: a finite gradient whose update is not finite (here Adam's
+ * second moment: g ~ 1e30 squares past FLT_MAX, with clipping off) is
+ * refused like a NaN gradient: the step is skipped, parameters and
+ * optimizer state are untouched (the run ends bit-identical to one that
+ * never saw that window), and the next window applies normally.  Before,
+ * the update ran and the weights became NaN. */
+static void test_nonfinite_update_refused(int stage) {
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": 1, "
+             "\"managed_gradient_accumulation\": false, \"gradient_clipping\": 0, "
+             "\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 1e-2}}, "
+             "\"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": 7}}", stage);
+    run a, ref;
+    run_init_(&a, json, 4, 2, 1, 42);
+    run_init_(&ref, json, 4, 2, 1, 42);
+    data d = data_make_(4, 8 * W, 19);
+    for (int s = 0; s < 3; s++) {
+        const bool poisoned = s == 1;
+        float *before = params_copy_(&a);
+        zdp_mlp_batch mb = batch_(&d, s, 1);
+        fwd_(&a, &mb);
+        CHECK_OK(zdp_engine_backward(a.eng, false, poisoned ? 1e30f : 1.0f, &e_));
+        CHECK_OK(zdp_engine_step(a.eng, &e_));
+        if (!poisoned) {
+            fwd_(&ref, &mb);
+            CHECK_OK(zdp_engine_backward(ref.eng, false, 1.0f, &e_));
+            CHECK_OK(zdp_engine_step(ref.eng, &e_));
+        }
+        float *after = params_copy_(&a);
+        const int64_t n = zdp_engine_numel(a.eng);
+        for (int64_t i = 0; i < n; i++) CHECK(isfinite(after[i]));
+        if (poisoned) {
+            CHECK(!zdp_engine_was_step_applied(a.eng));
+            /* The gradient itself was finite: this is the update's refusal. */
+            CHECK(isfinite(zdp_engine_last_grad_norm(a.eng)));
+            CHECK(zdp_engine_last_grad_norm(a.eng) > 1e20);
+            CHECK(memcmp(before, after, (size_t)n * sizeof(float)) == 0);
+        } else {
+            CHECK(zdp_engine_was_step_applied(a.eng));
+        }
+        free(before);
+        free(after);
+    }
+    CHECK_EQ_I64(zdp_engine_skipped_steps(a.eng), 1);
+    CHECK_EQ_I64(zdp_engine_global_steps(a.eng), 3);
+    float *pa = params_copy_(&a), *pr = params_copy_(&ref);
+    CHECK(memcmp(pa, pr, (size_t)zdp_engine_numel(a.eng) * sizeof(float)) == 0);
+    free(pa);
+    free(pr);
+    data_free_(&d);
+    run_free_(&a);
+    run_free_(&ref);
+}
+
 static void test_scheduler_cadence(int stage) {
     char json[1024];
     snprintf(json, sizeof json,
@@ -950,9 +1090,11 @@ static void test_comm_report(int stage, bool managed) {
         int64_t lo = q * P, hi = (q + 1) * P < n ? (q + 1) * P : n;
         own[q] = hi > lo ? hi - lo : 0;
     }
-    const int64_t norm_wire = 2 * (W - 1) * 8 / W;
+    /* The norm's all-reduce carries the backward-count agreement: 4 doubles;
+     * at stage 2 (W > 1) every backward adds one more of the same. */
+    const int64_t norm_wire = 2 * (W - 1) * 32 / W;
     if (stage == 0) {
-        CHECK_EQ_I64(c.payload_bytes[ZDP_COLL_ALLREDUCE], W > 1 ? 4 * n + 8 : 8);
+        CHECK_EQ_I64(c.payload_bytes[ZDP_COLL_ALLREDUCE], W > 1 ? 4 * n + 32 : 32);
         CHECK_EQ_I64(c.sent_bytes[ZDP_COLL_ALLREDUCE], (W > 1 ? 2 * (W - 1) * 4 * n / W : 0) + norm_wire);
         CHECK_EQ_I64(c.calls[ZDP_COLL_REDUCE_SCATTER], 0);
         CHECK_EQ_I64(c.calls[ZDP_COLL_ALLGATHER], 0);
@@ -966,8 +1108,12 @@ static void test_comm_report(int stage, bool managed) {
         CHECK_EQ_I64(c.sent_bytes[ZDP_COLL_ALLGATHER], 4 * (padded - P));
         CHECK_EQ_I64(c.received_bytes[ZDP_COLL_ALLGATHER], 4 * (padded - P));
         CHECK(c.calls[ZDP_COLL_ALLGATHER] >= 2); /* sharded by allgather_bucket_size */
-        CHECK_EQ_I64(c.payload_bytes[ZDP_COLL_ALLREDUCE], 8);
-        CHECK_EQ_I64(c.sent_bytes[ZDP_COLL_ALLREDUCE], norm_wire);
+        /* Plus one double: the ranks' verdict on a finite update (each
+         * updates its own partition). */
+        const int64_t agreements = stage == 2 ? 1 + G : 1;
+        CHECK_EQ_I64(c.payload_bytes[ZDP_COLL_ALLREDUCE], 32 * agreements + 8);
+        CHECK_EQ_I64(c.sent_bytes[ZDP_COLL_ALLREDUCE],
+                     norm_wire * agreements + 2 * (W - 1) * 8 / W);
         /* Half an all-reduce each way: RS + AG carry what stage 0's all-reduce would. */
         int64_t allreduce_wire = 2 * (W - 1) * 4 * padded / W;
         int64_t zero_wire = c.sent_bytes[ZDP_COLL_REDUCE_SCATTER] / reductions +
@@ -1097,9 +1243,16 @@ int main(int argc, char **argv) {
         test_unmanaged_matches_managed(stage), n++;
         test_unmanaged_varying_backward_count(stage), n++;
         test_call_time_rejections(stage), n++;
+        for (int managed = 0; managed < 2; managed++) {
+            test_backward_count_mismatch(stage, managed, 1, 2), n++;
+            test_backward_count_mismatch(stage, managed, 2, 1), n++;
+            test_backward_count_mismatch(stage, managed, 3, 1), n++;
+            test_backward_count_mismatch(stage, managed, 0, 1), n++; /* a step() with none */
+        }
         test_grad_norm_is_global(stage), n++;
         test_averaging_invariance(stage, true), n++;
         test_scheduler_cadence(stage), n++;
+        test_nonfinite_update_refused(stage), n++;
         test_hparams_rejections(stage), n++;
         test_reset_optimizer_state(stage, false), n++;
         test_reset_optimizer_state(stage, true), n++;

@@ -21,6 +21,7 @@
 
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -342,7 +343,7 @@ static void test_optimizer_type_errors(void **state) {
         {"\"optimizer\": {\"params\": {}}", "optimizer.type: missing"},
         {"\"optimizer\": {\"type\": 5}", "optimizer.type = 5: expected a string"},
         {"\"optimizer\": {\"type\": \"Adam\", \"params\": []}", "optimizer.params = []: expected an object"},
-        {"\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": \"0.1\"}}", "optimizer.params.lr = \"0.1\": expected a number >= 0"},
+        {"\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": \"0.1\"}}", "optimizer.params.lr = \"0.1\": expected a number in [0, 100]"},
         {"\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": -0.1}}", "optimizer.params.lr = -0.1: out of range"},
         {"\"optimizer\": {\"type\": \"Adam\", \"params\": {\"betas\": [0.9]}}", "optimizer.params.betas = [0.9]: expected a list of two numbers"},
         {"\"optimizer\": {\"type\": \"Adam\", \"params\": {\"betas\": [0.9, 1.0]}}", "optimizer.params.betas[1] = 1.0: expected a number with 0 <= beta < 1"},
@@ -354,6 +355,21 @@ static void test_optimizer_type_errors(void **state) {
         {"\"optimizer\": {\"type\": \"Adam\", \"params\": {\"torch_adam\": 1}}", "optimizer.params.torch_adam = 1: expected a JSON boolean"},
         {"\"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 0.1, \"momentum\": -0.5}}", "optimizer.params.momentum = -0.5: out of range"},
         {"\"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 0.1, \"nesterov\": \"yes\"}}", "optimizer.params.nesterov = \"yes\": expected a JSON boolean"},
+        /* Finite but absurd values (issue 10: lr = 1e308 turned the weights
+         * into NaN): the JSON path, the value and the range to write. */
+        {"\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 1e308}}", "optimizer.params.lr = 1e308: out of range; fix: write a number in [0, 100]"},
+        {"\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 100.5}}", "optimizer.params.lr = 100.5: out of range"},
+        {"\"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 1e300}}", "optimizer.params.lr = 1e300: out of range"},
+        {"\"optimizer\": {\"type\": \"Adam\", \"params\": {\"eps\": 2}}", "optimizer.params.eps = 2: out of range; fix: write a number in [0, 1]"},
+        {"\"optimizer\": {\"type\": \"Adam\", \"params\": {\"eps\": 0}}", "optimizer.params.eps = 0: must be a number in (0, 1]; fix: write 1e-8"},
+        {"\"optimizer\": {\"type\": \"Adam\", \"params\": {\"weight_decay\": 1e10}}", "optimizer.params.weight_decay = 10000000000.0: out of range; fix: write a number in [0, 10]"},
+        {"\"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 0.1, \"weight_decay\": 11}}", "optimizer.params.weight_decay = 11: out of range"},
+        {"\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 1e-3}}, \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_min_lr\": 1e308}}", "scheduler.params.warmup_min_lr = 1e308: out of range; fix: write a number in [0, 100]"},
+        {"\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 1e-3}}, \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_max_lr\": 1000}}", "scheduler.params.warmup_max_lr = 1000: out of range"},
+        {"\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 1e-3}}, \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": 1e15}}", "scheduler.params.warmup_num_steps = 1e15: must be an integer <= 1000000000000"},
+        {"\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 1e-3}}, \"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {\"total_num_steps\": 2e12}}", "scheduler.params.total_num_steps = 2000000000000.0: must be an integer <= 1000000000000"},
+        {"\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 1e-3}}, \"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": {\"total_num_steps\": 10, \"cos_min_ratio\": 1.5}}", "scheduler.params.cos_min_ratio = 1.5: out of range"},
+        {"\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 1e-3}}, \"scheduler\": {\"type\": \"WarmupCosineLR\", \"params\": {\"total_num_steps\": 10, \"warmup_min_ratio\": -1}}", "scheduler.params.warmup_min_ratio = -1: out of range"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char json[512];
@@ -745,6 +761,28 @@ static void test_validate_hand_built(void **state) {
     EXPECT_VALIDATE(&c, ZDP_OK, NULL);
     EXPECT_VALIDATE(NULL, ZDP_ERR_INVALID_ARG, "NULL");
 
+    /* Hyperparameters held to zdp_hparams_check's ranges in hand-built
+     * structs too, scheduler included. */
+    hand_built_(&c);
+    c.optimizer.lr = 1e308;
+    EXPECT_VALIDATE(&c, ZDP_ERR_CONFIG, "optimizer.params.lr = 1e+308: must be a number in [0, 100]");
+    hand_built_(&c);
+    c.optimizer.weight_decay = NAN;
+    EXPECT_VALIDATE(&c, ZDP_ERR_CONFIG, "optimizer.params.weight_decay = nan");
+    hand_built_(&c);
+    c.scheduler.type = ZDP_SCHEDULER_WARMUP_DECAY_LR;
+    c.scheduler.warmup_max_lr = 1e-3;
+    c.scheduler.warmup_num_steps = 10;
+    c.scheduler.total_num_steps = 100;
+    EXPECT_VALIDATE(&c, ZDP_OK, NULL);
+    c.scheduler.warmup_min_lr = INFINITY;
+    EXPECT_VALIDATE(&c, ZDP_ERR_CONFIG, "scheduler.params.warmup_min_lr = inf: must be a number in [0, 100]");
+    c.scheduler.warmup_min_lr = 0.0;
+    c.scheduler.total_num_steps = 0;
+    EXPECT_VALIDATE(&c, ZDP_ERR_CONFIG, "scheduler.params.total_num_steps = 0: must be an integer in [1, 1e12]");
+    c.scheduler.total_num_steps = 100;
+    c.scheduler.cos_min_ratio = NAN;
+    EXPECT_VALIDATE(&c, ZDP_ERR_CONFIG, "scheduler.params.cos_min_ratio = nan");
     hand_built_(&c);
     c.world_size = 0;
     EXPECT_VALIDATE(&c, ZDP_ERR_INVALID_ARG, "world_size = 0: must be >= 1");

@@ -362,7 +362,8 @@ static void test_load_f16_bf16(void **state) {
         for (int64_t k = 0; k < a.numel[i]; k++)
             h[k] = dt == ZDP_DTYPE_F16 ? to_f16(a.data[i][k]) : to_bf16(a.data[i][k]);
     }
-    /* Half specials in wpe (index 1, F16): the smallest subnormal, -0, inf. */
+    /* Half specials in wpe (index 1, F16): the smallest subnormal, -0, inf
+     * (then the largest finite half). */
     uint16_t *wpe = f.t[1].data;
     wpe[0] = 0x0001;
     wpe[1] = 0x8000;
@@ -375,6 +376,15 @@ static void test_load_f16_bf16(void **state) {
     const char *p = path_in("half.safetensors");
     st_write(&f, p);
     zdp_error e = {0};
+    /* Inf converts to inf, and a non-finite weight is refused at load,
+     * naming the tensor, the element and the value. */
+    assert_int_equal(load(p, &b, &e), ZDP_ERR_FORMAT);
+    assert_non_null(strstr(e.msg, "[0, 2] = inf: weights must be finite"));
+    assert_non_null(strstr(e.msg, b.info[1].name));
+    /* The largest finite half instead: everything else converts exactly. */
+    wpe[2] = 0x7bff;
+    a.data[1][2] = 65504.0f;
+    st_write(&f, p);
     assert_int_equal(load(p, &b, &e), ZDP_OK);
     assert_models_equal(&a, &b);
     st_free(&f);

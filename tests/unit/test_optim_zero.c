@@ -80,6 +80,38 @@ static void test_sgd_momentum(void **s) { (void)s; check_sgd_(0.9, 0, false, 0.0
 static void test_sgd_dampening(void **s) { (void)s; check_sgd_(0.9, 0.5, false, 0); }
 static void test_sgd_nesterov(void **s) { (void)s; check_sgd_(0.9, 0, true, 0.01); }
 
+/* zdp_optim_update_finite: the verdict of the real update, without writing.
+ * SGD: p - lr*g overflows for lr 100 and g 1e37; Adam: g = 1e30 squares past
+ * FLT_MAX in v; a NaN already in the state is caught too.  The check
+ * changes nothing, and a finite verdict is followed by a finite update. */
+static void test_update_finite_check(void **s) {
+    (void)s;
+    zdp_mem_counter mem = {0};
+    zdp_optimizer_config sgd = {.type = ZDP_OPTIMIZER_SGD, .lr = 100, .momentum = 0.9};
+    zdp_optim o;
+    assert_int_equal(zdp_optim_init(&o, &sgd, 2, &mem, NULL), ZDP_OK);
+    float p[2] = {1.0f, -1.0f}, g[2] = {0.5f, 1e37f};
+    assert_false(zdp_optim_update_finite(&o, p, g, 1.0f, 100.0));
+    assert_true(p[0] == 1.0f && p[1] == -1.0f && o.m[0] == 0.0f && o.step_count == 0);
+    assert_true(zdp_optim_update_finite(&o, p, g, 1e-30f, 100.0)); /* clipped hard */
+    g[1] = 2.0f;
+    assert_true(zdp_optim_update_finite(&o, p, g, 1.0f, 100.0));
+    zdp_optim_step(&o, p, g, 1.0f, 100.0);
+    assert_true(isfinite(p[0]) && isfinite(p[1]) && o.step_count == 1);
+    o.m[1] = NAN;
+    assert_false(zdp_optim_update_finite(&o, p, g, 1.0f, 1e-3));
+    zdp_optim_free(&o, &mem);
+
+    zdp_optimizer_config adam = adam_(ZDP_OPTIMIZER_ADAMW, 0.0, true);
+    assert_int_equal(zdp_optim_init(&o, &adam, 2, &mem, NULL), ZDP_OK);
+    float q[2] = {1.0f, 2.0f}, h[2] = {0.1f, 1e30f};
+    assert_false(zdp_optim_update_finite(&o, q, h, 1.0f, 1e-3));
+    assert_true(o.v[1] == 0.0f && q[1] == 2.0f);
+    h[1] = 1e10f;
+    assert_true(zdp_optim_update_finite(&o, q, h, 1.0f, 1e-3));
+    zdp_optim_free(&o, &mem);
+}
+
 /* docs/deepspeed.md §4.2 table for SimpleModel(4, 2), W = 1..4. */
 static void test_layout_table(void **s) {
     (void)s;
@@ -153,7 +185,7 @@ int main(void) {
         cmocka_unit_test(test_adamw_ignores_mode),        cmocka_unit_test(test_sgd_plain),
         cmocka_unit_test(test_sgd_momentum),              cmocka_unit_test(test_sgd_dampening),
         cmocka_unit_test(test_sgd_nesterov),              cmocka_unit_test(test_layout_table),
-        cmocka_unit_test(test_bucket_plan),
+        cmocka_unit_test(test_bucket_plan),               cmocka_unit_test(test_update_finite_check),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -64,6 +64,57 @@ void cli_die(const char *what, const zdp_error *err) {
     abort(); /* not reached */
 }
 
+int cli_check_finite(const char *flag, const char *path, const char *name, const float *v,
+                     int64_t n, int64_t cols) {
+    for (int64_t i = 0; i < n; i++) {
+        if (isfinite(v[i])) continue;
+        if (cols > 0)
+            return cli_fail("%s %s: %s[%lld, %lld] = %g (row, column): values must be finite "
+                            "(NaN or Inf would make every step skip); fix: clean or regenerate "
+                            "the file", flag, path, name, (long long)(i / cols),
+                            (long long)(i % cols), (double)v[i]);
+        return cli_fail("%s %s: %s[%lld] = %g: values must be finite (NaN or Inf would make "
+                        "every step skip); fix: clean or regenerate the file",
+                        flag, path, name, (long long)i, (double)v[i]);
+    }
+    return 0;
+}
+
+int cli_max_skipped_option(const char *v, int64_t *max) {
+    if (!cli_parse_i64(v, 0, INT64_MAX, max))
+        return cli_fail("--max-skipped-steps %s: need an integer >= 0 (0 = never stop; default "
+                        "%d)", v, CLI_MAX_SKIPPED_DEFAULT);
+    return 1;
+}
+
+int cli_skip_guard(const zdp_engine *eng, int64_t max, int64_t *run) {
+    if (zdp_engine_was_step_applied(eng)) {
+        *run = 0;
+        return 0;
+    }
+    if (++*run < max || max <= 0) return 0;
+    const int64_t last = zdp_engine_global_steps(eng);
+    const double norm = zdp_engine_last_grad_norm(eng);
+    if (zdp_dist_rank() == 0) {
+        char cause[256];
+        if (!isfinite(norm))
+            snprintf(cause, sizeof cause, "the gradient had NaN or Inf (global grad norm %g); "
+                     "check the data and --init for NaN/Inf, lower the learning rate, or set "
+                     "gradient_clipping", norm);
+        else
+            snprintf(cause, sizeof cause, "the update with lr = %g would have made the weights "
+                     "NaN or Inf (global grad norm %g); lower the learning rate or set "
+                     "gradient_clipping", zdp_engine_lr(eng), norm);
+        fprintf(stderr,
+                "zdp: error: training stopped: the last %lld optimizer steps (%lld to %lld) were "
+                "all skipped, so nothing is being learned: %s.  --max-skipped-steps %lld sets "
+                "how many skipped steps in a row end the run (0: never)\n",
+                (long long)*run, (long long)(last - *run + 1), (long long)last, cause,
+                (long long)max);
+    }
+    return 1;
+}
+
 bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
     char *end = NULL;
     errno = 0;

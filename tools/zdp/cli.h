@@ -78,6 +78,25 @@ int cli_ckpt_resume(zdp_engine *eng, const cli_ckpt *c, int64_t *cursor);
  * --save-every, or when `last` and --save-dir is set.  Failures end the job. */
 void cli_ckpt_after_step(zdp_engine *eng, const cli_ckpt *c, int64_t cursor, bool last);
 
+/* --max-skipped-steps K: `zdp train` stops with an error after K optimizer
+ * steps in a row were skipped (a NaN/Inf gradient, or an update that would
+ * make the weights non-finite): such a run learns nothing, and exiting 0
+ * would hide it.  0 turns the check off. */
+#define CLI_MAX_SKIPPED_DEFAULT 100
+/* Parses the flag's value into *max: 1 taken, 2 bad value (cli_fail printed). */
+int cli_max_skipped_option(const char *v, int64_t *max);
+/* After each optimizer step: counts consecutive skipped steps in *run and
+ * returns 1 (with the cause printed on rank 0) when they reach max > 0,
+ * else 0.  Whether a step is skipped is decided by all ranks together, so
+ * every rank returns the same. */
+int cli_skip_guard(const zdp_engine *eng, int64_t max, int64_t *run);
+
+/* NaN or Inf in loaded data or weights is refused at load: 0 when all n
+ * values are finite, else cli_fail's code with "FLAG PATH: NAME[row, col] =
+ * VALUE" (cols > 0: a row-major matrix; 0: a flat index). */
+int cli_check_finite(const char *flag, const char *path, const char *name, const float *v,
+                     int64_t n, int64_t cols);
+
 /* The GPT's shape flags, shared by train --model gpt and serve:
  * --n-layer --n-head --n-embd --vocab-size --block-size. */
 #define CLI_GPT_DEFAULT {.n_layer = 4, .n_head = 4, .n_embd = 128, .vocab_size = 256, .block_size = 64}

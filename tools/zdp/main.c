@@ -40,7 +40,7 @@ int cmd_serve(int argc, char **argv);     /* serve.c */
 typedef struct train_opts {
     const char *model, *config, *init, *data, *save_weights;
     int hidden, layers;
-    int64_t steps, samples;
+    int64_t steps, samples, max_skipped;
     uint64_t seed;
     cli_schedule schedule;
     cli_ckpt ckpt;
@@ -82,6 +82,8 @@ static void usage_train_(void) {
            "  --schedule n1,n2,...      unmanaged mode: micro-batches per step, cycled\n"
            "  --save-weights OUT        write the final weights (rank 0)\n"
            "  --seed N                  seed for weights and generated data (default 42)\n"
+           "  --max-skipped-steps K     stop with an error after K skipped steps in a row\n"
+           "                            (NaN/Inf gradient or update; default 100, 0 = never)\n"
            "  --save-dir DIR            write checkpoints DIR/global_step{N}/ and DIR/latest\n"
            "  --save-every K            ... every K optimizer steps (and after the last)\n"
            "  --resume DIR              continue from DIR/latest (--steps counts all steps)\n");
@@ -105,7 +107,8 @@ static void usage_ckpt_(void) {
 static bool is_help_(const char *a) { return strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0; }
 
 static int parse_train_args_(int argc, char **argv, train_opts *o) {
-    *o = (train_opts){.hidden = 64, .layers = 4, .steps = 20, .samples = 4096, .seed = 42};
+    *o = (train_opts){.hidden = 64, .layers = 4, .steps = 20, .samples = 4096, .seed = 42,
+                      .max_skipped = CLI_MAX_SKIPPED_DEFAULT};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (is_help_(a)) {
@@ -124,7 +127,9 @@ static int parse_train_args_(int argc, char **argv, train_opts *o) {
         else if (strcmp(a, "--init") == 0) o->init = v;
         else if (strcmp(a, "--data") == 0) o->data = v;
         else if (strcmp(a, "--save-weights") == 0) o->save_weights = v;
-        else if (strcmp(a, "--schedule") == 0) {
+        else if (strcmp(a, "--max-skipped-steps") == 0) {
+            if (cli_max_skipped_option(v, &o->max_skipped) != 1) return 2;
+        } else if (strcmp(a, "--schedule") == 0) {
             int rc = cli_parse_schedule(v, &o->schedule);
             if (rc) return rc;
         } else if (strcmp(a, "--hidden") == 0) {
@@ -233,6 +238,7 @@ static int load_data_(dataset *d, const char *path, int H) {
         goto done;
     }
     memcpy(d->x, x->data, (size_t)N * (size_t)H * sizeof(float));
+    if ((rc = cli_check_finite("--data", path, "x", d->x, N * H, H)) != 0) goto done;
     for (int64_t n = 0; n < N; n++) {
         int64_t v = y->dtype == ZDP_DTYPE_I64 ? ((const int64_t *)y->data)[n]
                                               : ((const int32_t *)y->data)[n];
@@ -269,6 +275,9 @@ static int load_init_(zdp_engine *eng, const zdp_model *model, const char *path)
             rc = tensor_cli_fail(path, p->name, t, want);
         } else {
             memcpy(zdp_engine_param_data(eng, i), t->data, t->nbytes);
+            rc = cli_check_finite("--init", path, p->name, zdp_engine_param_data(eng, i),
+                                  (int64_t)(t->nbytes / sizeof(float)),
+                                  p->ndim == 2 ? p->shape[1] : 0);
         }
     }
     /* A tensor the model does not have means the file is for another model. */
@@ -317,7 +326,7 @@ static int save_weights_(zdp_engine *eng, const zdp_model *model, const char *pa
  * (samples consumed so far) advances by W*b per micro-batch.  The cursor is
  * saved in checkpoints, so a resumed run, at any world size, continues with
  * the next unseen samples. */
-static void train_loop_(zdp_engine *eng, const train_opts *o, const dataset *d, int64_t cursor) {
+static int train_loop_(zdp_engine *eng, const train_opts *o, const dataset *d, int64_t cursor) {
     const zdp_config *cfg = zdp_engine_config(eng);
     const int W = zdp_dist_world_size(), r = zdp_dist_rank();
     const int64_t b = cfg->micro_batch_size, G = cfg->gradient_accumulation_steps;
@@ -326,7 +335,9 @@ static void train_loop_(zdp_engine *eng, const train_opts *o, const dataset *d, 
     int64_t *yb = malloc((size_t)b * sizeof(int64_t));
     if (xb == NULL || yb == NULL) zdp_dist_abort(1, "out of memory for a micro-batch");
     zdp_error err;
-    for (int64_t s = zdp_engine_global_steps(eng); s < o->steps; s++) {
+    int rc = 0;
+    int64_t skipped_run = 0;
+    for (int64_t s = zdp_engine_global_steps(eng); s < o->steps && rc == 0; s++) {
         int64_t n = cli_window(&o->schedule, managed, G, s);
         double loss_sum = 0.0;
         for (int64_t k = 0; k < n; k++, cursor += W * b) {
@@ -350,13 +361,15 @@ static void train_loop_(zdp_engine *eng, const train_opts *o, const dataset *d, 
             printf("step %lld | loss %.6f | global_samples %lld | grad_norm %.6f%s\n",
                    (long long)zdp_engine_global_steps(eng), mean_loss,
                    (long long)zdp_engine_global_samples(eng), zdp_engine_last_grad_norm(eng),
-                   zdp_engine_was_step_applied(eng) ? "" : " | SKIPPED: non-finite gradient");
+                   zdp_engine_was_step_applied(eng) ? "" : " | SKIPPED: non-finite gradient or update");
             fflush(stdout);
         }
-        cli_ckpt_after_step(eng, &o->ckpt, cursor, s + 1 == o->steps);
+        if (cli_skip_guard(eng, o->max_skipped, &skipped_run)) rc = 1;
+        else cli_ckpt_after_step(eng, &o->ckpt, cursor, s + 1 == o->steps);
     }
     free(xb);
     free(yb);
+    return rc;
 }
 
 static int cmd_train_(int argc, char **argv) {
@@ -412,7 +425,7 @@ static int cmd_train_(int argc, char **argv) {
                (long long)cfg.train_batch_size, (long long)cfg.micro_batch_size,
                (long long)cfg.gradient_accumulation_steps, W, (long long)data.N);
 
-    train_loop_(eng, &o, &data, cursor);
+    if ((rc = train_loop_(eng, &o, &data, cursor)) != 0) goto done;
 
     if (o.save_weights != NULL) {
         int mine = zdp_dist_rank() == 0 ? save_weights_(eng, &model, o.save_weights) : 0;

@@ -39,7 +39,7 @@
 typedef struct gpt_opts {
     zdp_gpt_config model;
     const char *config, *init, *data, *save_weights, *out_dir;
-    int64_t steps, val_every, val_batches, arith_lines;
+    int64_t steps, val_every, val_batches, arith_lines, max_skipped;
     double val_fraction; /* < 0: the default for the data kind */
     int progress;        /* -1 auto, 0 plain lines, 1 progress line */
     zdp_token_format data_format; /* --data-format: ZDP_TOKENS_AUTO by default */
@@ -68,6 +68,8 @@ static void usage_(void) {
            "                            0 for token shards, whose val data is another file)\n"
            "training:\n"
            "  --steps S (200)  --schedule n1,n2,... (unmanaged)  --seed N (42)\n"
+           "  --max-skipped-steps K (100) stop with an error after K skipped steps in a row\n"
+           "                            (NaN/Inf gradient or update; 0 = never)\n"
            "  --init FILE                GPT2LMHeadModel safetensors or llm.c .bin weights\n"
            "  --save-weights FILE        GPT2LMHeadModel safetensors (rank 0)\n"
            "  --val-every N (50)  --val-batches K (8, per rank)\n"
@@ -85,7 +87,7 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
     *o = (gpt_opts){.model = CLI_GPT_DEFAULT,
                     .steps = 200, .val_every = 50, .val_batches = 8, .arith_lines = CLI_ARITH_LINES,
                     .val_fraction = -1, .seed = 42, .out_dir = "zdp-out", .progress = -1,
-                    .data_format = ZDP_TOKENS_AUTO};
+                    .data_format = ZDP_TOKENS_AUTO, .max_skipped = CLI_MAX_SKIPPED_DEFAULT};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -134,6 +136,8 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
         } else if (!strcmp(a, "--seed")) {
             if (!cli_parse_i64(v, 0, INT64_MAX, &n)) return cli_fail("--seed %s: need an integer >= 0", v);
             o->seed = (uint64_t)n;
+        } else if (!strcmp(a, "--max-skipped-steps")) {
+            if (cli_max_skipped_option(v, &o->max_skipped) != 1) return 2;
         } else if (!strcmp(a, "--progress")) {
             if (!strcmp(v, "on")) o->progress = 1;
             else if (!strcmp(v, "off")) o->progress = 0;
@@ -277,7 +281,8 @@ int cmd_train_gpt(int argc, char **argv) {
 
     const double t_start = cli_now();
     const int64_t first_step = zdp_engine_global_steps(st.eng);
-    for (int64_t step = first_step; step < o.steps; step++) {
+    int64_t skipped_run = 0;
+    for (int64_t step = first_step; step < o.steps && rc == 0; step++) {
         const int64_t n = cli_window(&o.schedule, managed, G, step);
         const double t0 = cli_now();
         double loss_sum = 0;
@@ -302,7 +307,9 @@ int cmd_train_gpt(int argc, char **argv) {
         double val = NAN;
         if (o.val_every > 0 && (gstep % o.val_every == 0 || step + 1 == o.steps))
             val = val_loss_(&st, o.val_batches);
-        cli_ckpt_after_step(st.eng, &o.ckpt, cursor, step + 1 == o.steps);
+        /* Every rank sees the same skipped steps, so every rank stops here. */
+        if (cli_skip_guard(st.eng, o.max_skipped, &skipped_run)) rc = 1;
+        else cli_ckpt_after_step(st.eng, &o.ckpt, cursor, step + 1 == o.steps);
         if (st.R != 0) continue;
         const double tokens = (double)n * st.b * st.T * st.W;
         zdp_step_timing t;
@@ -326,7 +333,8 @@ int cmd_train_gpt(int argc, char **argv) {
                            (long long)gstep, mean_loss, (long long)row.samples, row.grad_norm,
                            row.lr, row.tokens_per_s, row.step_ms);
         if (!isnan(val)) len += snprintf(line + len, sizeof line - (size_t)len, " | val_loss %.4f", val);
-        if (row.skipped) snprintf(line + len, sizeof line - (size_t)len, " | SKIPPED: non-finite gradient");
+        if (row.skipped)
+            snprintf(line + len, sizeof line - (size_t)len, " | SKIPPED: non-finite gradient or update");
         if (!tty) {
             printf("%s\n", line);
         } else {
@@ -340,6 +348,7 @@ int cmd_train_gpt(int argc, char **argv) {
         fflush(stdout);
     }
     if (st.R == 0 && tty) printf("\n");
+    if (rc != 0) goto done;
 
     if (st.R == 0) {
         char title[160];
