@@ -26,6 +26,13 @@ typedef struct serve_opts {
     uint64_t seed;
     double long_poll_s;   /* retrieve_future holds a pending future this long */
     double seq_gap_s;     /* a missing seq_id is given up after this long */
+    /* Resource limits (docs/server.md, "Limits"). */
+    int max_connections;        /* open connections in all */
+    int max_connections_per_ip; /* open connections from one client address */
+    int idle_timeout_s;         /* a connection silent this long is closed */
+    double request_timeout_s;   /* a request's body must arrive within this */
+    int64_t max_inflight;       /* request body bytes held at once, all connections */
+    double health_timeout_s;    /* /healthz: a request or rank check older is unhealthy */
 } serve_opts;
 
 enum {
@@ -41,6 +48,7 @@ enum {
     OP_LOAD_WEIGHTS = 9, /* weights only, fresh optimizer state (Tinker load_weights) */
     OP_NOOP = 10,        /* a Tinker request refused before the engine: only its seq_id counts */
     OP_SAMPLE_FILE = 11, /* Tinker asample: rank 0 samples from saved sampler weights */
+    OP_PING = 12,        /* the health check: every rank answers rank 0 (serve.c) */
 };
 
 /* The head of an OP_SAMPLE_FILE payload; then int32 prompt[n_prompt],
@@ -119,6 +127,20 @@ typedef struct server {
     /* rank 0, main thread only: the sampler weights asample last read. */
     char *snap_path;
     float **snap;
+    /* rank 0: what /healthz reads (under mu).  busy_op/busy_since: the
+     * request running on the ranks (-1 none); ping_since: when the health
+     * check still unanswered by rank ping_missing began (0 none). */
+    int busy_op;
+    double busy_since, ping_since;
+    int ping_missing;
+    /* rank 0: request body bytes held by all connections (under body_mu). */
+    pthread_mutex_t body_mu;
+    int64_t inflight;
+    struct MHD_Daemon *daemon;
+    /* ranks > 0: a signal asked this rank to stop and rank 0 has been told. */
+    bool stop_sent;
+    int stop_sig;
+    MPI_Request stop_req;
 } server;
 
 /* A validation failure: HTTP status, the JSON path of the field, the message. */
@@ -176,5 +198,9 @@ bool tinker_tick_locked(server *s);
 void tinker_shutdown_locked(server *s);
 
 enum MHD_Result serve_reply(struct MHD_Connection *c, int status, char *body);
+/* GET /healthz (and /api/v1/healthz): 200 {"status": "ok"}, or 503 naming
+ * the request or the rank that has not finished within
+ * --health-timeout-seconds. */
+enum MHD_Result serve_healthz(server *s, struct MHD_Connection *c);
 
 #endif /* ZDP_SERVE_H */

@@ -1030,7 +1030,7 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
                               const char *body, size_t len) {
     tinker_state *t = s->tinker;
     if (!strcmp(method, "GET")) {
-        if (!strcmp(sub, "healthz")) return reply_json_(c, 200, json_pack("{s:s}", "status", "ok"));
+        if (!strcmp(sub, "healthz")) return serve_healthz(s, c);
         if (!strcmp(sub, "get_server_capabilities"))
             return reply_json_(c, 200, json_pack("{s:[{s:s,s:i}]}", "supported_models", "model_name",
                                                  s->opt.model_name, "max_context_length",
