@@ -5,7 +5,7 @@ usage: slowloris.py URL MODE N SECONDS [SOURCE_IP]
 
 MODE idle: N sockets connect and send nothing.  MODE dribble: N sockets
 send a request's headers one byte a second.  MODE body: N sockets send the
-headers of a POST whose body then never finishes (one byte a second).
+headers of a POST at once, then its 50 kB body one byte a second.
 The sockets come from SOURCE_IP (default 127.0.0.2: on Linux the whole of
 127/8 is loopback, so the attacker is another address than the prober's
 127.0.0.1).  For SECONDS, /healthz is probed from 127.0.0.1 every 0.25 s on
@@ -43,13 +43,16 @@ def main():
     src = sys.argv[5] if len(sys.argv) > 5 else "127.0.0.2"
     u = urllib.parse.urlparse(url)
     host, port = u.hostname, u.port
+    # prefix: sent at once; script: then one byte a second.
+    prefix = b""
     if mode == "idle":
         script = b""
     elif mode == "dribble":
         script = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100000
     elif mode == "body":
-        script = (b"POST /forward HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: 1000000\r\n\r\n" + b" " * 1000000)
+        prefix = (b"POST /forward HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 50000\r\n\r\n")
+        script = b" " * 50000
     else:
         sys.exit("mode: idle, dribble or body")
 
@@ -67,6 +70,12 @@ def main():
             continue
         socks.append([s, 0])
     time.sleep(0.5)
+    for rec in socks:
+        try:
+            rec[0].send(prefix)
+        except OSError:  # refused: over the per-address limit
+            rec[0].close()
+            rec[0] = None
 
     worst, probes, bad = 0.0, 0, []
     next_byte = time.monotonic()
@@ -102,17 +111,18 @@ def main():
     # Which attack sockets does the server still hold open?  A refused or
     # timed-out one reads EOF or an error.
     alive = 0
+    answered = 0
     for s, _ in socks:
         if s is None:
             continue
         try:
-            s.recv(1)
+            answered += bool(s.recv(1))
         except BlockingIOError:
             alive += 1
         except OSError:
             pass
         s.close()
-    print(f"slowloris {mode}: {n} sockets from {src}, {alive} still open after {seconds:.0f} s; "
+    print(f"slowloris {mode}: {n} sockets from {src}, {alive} still open and {answered} answered after {seconds:.0f} s; "
           f"{probes} /healthz probes, worst {worst * 1e3:.1f} ms, {len(bad)} bad {bad[:5]}")
     sys.exit(1 if bad or probes == 0 else 0)
 

@@ -1802,6 +1802,36 @@ static void completed_(void *cls, struct MHD_Connection *c, void **con_cls,
     }
 }
 
+/* libmicrohttpd's messages ("Server reached connection limit", a client
+ * that hung up): at most 10 lines every 10 s, so that a flood of refused
+ * connections cannot fill the log; the rest are counted. */
+static void http_log_(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static double window;
+    static int lines;
+    static long dropped;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n > 0 && msg[n - 1] == '\n') msg[--n] = '\0';
+    const double now = serve_now();
+    pthread_mutex_lock(&mu);
+    if (now - window >= 10) {
+        if (dropped > 0) fprintf(stderr, "zdp serve: http: %ld more messages in the last 10 s not shown\n", dropped);
+        window = now;
+        lines = 0;
+        dropped = 0;
+    }
+    if (lines < 10) {
+        lines++;
+        fprintf(stderr, "zdp serve: http: %s\n", msg);
+    } else {
+        dropped++;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
 static struct MHD_Daemon *start_http_(server *s, char *why, size_t cap, int *port) {
     struct sockaddr_in a4;
     struct sockaddr_in6 a6;
@@ -1833,7 +1863,7 @@ static struct MHD_Daemon *start_http_(server *s, char *why, size_t cap, int *por
         MHD_OPTION_NOTIFY_COMPLETED, completed_, s, MHD_OPTION_CONNECTION_LIMIT,
         (unsigned)s->opt.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
         (unsigned)s->opt.max_connections_per_ip, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)s->opt.idle_timeout_s, MHD_OPTION_END);
+        (unsigned)s->opt.idle_timeout_s, MHD_OPTION_EXTERNAL_LOGGER, http_log_, NULL, MHD_OPTION_END);
     if (d == NULL) {
         snprintf(why, cap, "cannot listen on %s port %d (in use, or not an address of this machine)",
                  s->opt.bind, s->opt.port);
