@@ -3,7 +3,7 @@
  * HTTP with Tinker's data shapes (docs/server.md).
  *
  *   mpirun -np W zdp serve --config CFG.json --model gpt [--n-layer L ...]
- *       [--init W.safetensors] [--port P] [--bind ADDR] [--max-body BYTES]
+ *       [--init W.safetensors] [--port P] [--bind ADDR] [--max-body BYTES] [limits]
  *
  * How it works.  Rank 0 runs libmicrohttpd (one thread per connection).  A
  * connection thread reads the whole body, parses and validates it completely
@@ -26,6 +26,14 @@
  * loss scale 0, so the stage-2 reductions stay aligned.  Per-token weights
  * go into the model's weighted loss (zdp_gpt_batch.weights) and log p(target)
  * comes back from the same forward (zdp_gpt_batch.logprobs).
+ *
+ * Operations (docs/server.md, "Limits" and "Stopping").  libmicrohttpd
+ * bounds the connections (in all and per client address) and closes idle
+ * ones; access_ counts every request body against --max-inflight-bytes and
+ * cuts off bodies slower than --request-timeout-seconds.  A signal to a
+ * rank > 0 reaches rank 0 as a TAG_STOP message, and rank 0 stops every
+ * rank as for its own signal.  When idle, rank 0 sends a no-op (OP_PING)
+ * that every rank answers; /healthz names a rank that has not.
  *
  * The Tinker SDK's own protocol (/api/v1/..., futures, seq_id ordering) is
  * in serve_tinker.c; it validates with the same parsers and feeds the same
