@@ -10,7 +10,9 @@
 #   (tests/serve/ops_check.py);
 # - SIGTERM to rank 1 of -np 2 stops every rank and mpirun exits 0;
 # - /healthz is 503 naming rank 1 while rank 1 is stopped (SIGSTOP), 200
-#   again after SIGCONT;
+#   again after SIGCONT; an idle connection is closed after
+#   --idle-timeout-seconds, one waiting for its answer is not; /healthz is
+#   503 naming a request that runs longer than --health-timeout-seconds;
 # - a save_state that fails on rank 1 only (ranks in their own working
 #   directories, Open MPI's -wdir) names rank 1 and the reason.
 # Every run is under a timeout.
@@ -91,15 +93,25 @@ if start_server 2 "$T/sigterm.log" "${MODEL[@]}" --config "$T/cfg.json"; then
 fi
 
 # ---- /healthz names a rank that does not answer ----
-if start_server 2 "$T/health.log" "${MODEL[@]}" --config "$T/cfg.json" --health-timeout-seconds 1; then
+if start_server 2 "$T/health.log" "${MODEL[@]}" --config "$T/cfg.json" --health-timeout-seconds 1 \
+  --idle-timeout-seconds 2; then
+  timeout 60 $PY "$HERE/../serve/ops_check.py" idle-timeout "$URL" 2 || fail "the idle timeout"
   p1=$(rank_pid 1)
   code=$(curl -s -o "$T/h0.json" -w '%{http_code}' -m 5 "$URL/healthz")
   [ "$code" = 200 ] || fail "/healthz before: $code $(cat "$T/h0.json")"
   kill -STOP "$p1"
-  sleep 3
+  # Health checks go every 0.5 s: one is waiting for rank 1 by now.
+  sleep 1.5
+  # A request that waits for the ranks longer than the idle timeout is not idle.
+  curl -s -o "$T/info.json" -w '%{http_code}' -m 30 "$URL/info" >"$T/info.code" &
+  info_pid=$!
+  sleep 2.5
   code=$(curl -s -o "$T/h1.json" -w '%{http_code}' -m 5 "$URL/healthz")
   tcode=$(curl -s -o "$T/h1t.json" -w '%{http_code}' -m 5 "$URL/api/v1/healthz")
   kill -CONT "$p1"
+  wait $info_pid
+  [ "$(cat "$T/info.code")" = 200 ] ||
+    fail "GET /info that waited 3 s for a stopped rank (idle timeout 2 s): $(cat "$T/info.code")"
   [ "$code" = 503 ] && grep -q '"rank":1' "$T/h1.json" && grep -q "rank 1 has not answered" "$T/h1.json" ||
     fail "/healthz with rank 1 stopped: $code $(cat "$T/h1.json") (wanted 503 naming rank 1)"
   [ "$tcode" = 503 ] && grep -q '"rank":1' "$T/h1t.json" ||
@@ -111,6 +123,7 @@ if start_server 2 "$T/health.log" "${MODEL[@]}" --config "$T/cfg.json" --health-
     sleep 0.1
   done
   [ $ok = 1 ] || fail "/healthz after SIGCONT: $code $(cat "$T/h2.json")"
+  timeout 120 $PY "$HERE/../serve/ops_check.py" busy "$URL" 1 || fail "/healthz during a long request"
   stop_server
   [ "$SERVER_RC" -eq 0 ] || fail "health: no clean stop (exit $SERVER_RC)"
 fi

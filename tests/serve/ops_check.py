@@ -3,6 +3,8 @@
 
 usage: ops_check.py budget URL MAX_BODY MAX_INFLIGHT
        ops_check.py request-timeout URL SECONDS
+       ops_check.py idle-timeout URL SECONDS
+       ops_check.py busy URL HEALTH_TIMEOUT
 
 budget: one client announces a body of MAX_BODY bytes and sends half of
 it; while it holds that, GET /info reports the bytes in flight, and a second
@@ -13,6 +15,12 @@ again.
 
 request-timeout: a client that sends its body one byte every 0.2 s loses
 the connection about SECONDS after its headers; /healthz answers meanwhile.
+
+idle-timeout: a connection that sends nothing is closed about SECONDS after
+it opened.
+
+busy: while a forward of 60,000 datums runs longer than HEALTH_TIMEOUT,
+/healthz is 503 naming the forward, and 200 after it.
 """
 import json
 import socket
@@ -165,11 +173,64 @@ def request_timeout(url, seconds):
         print("request-timeout: a slow body was closed after %.1f s" % closed_at)
 
 
+def idle_timeout(url, seconds):
+    s = connect(url)
+    t0 = time.monotonic()
+    s.settimeout(seconds + 5)
+    try:
+        eof = s.recv(1) == b""
+    except OSError:
+        eof = True
+    dt = time.monotonic() - t0
+    s.close()
+    if not eof or not seconds - 0.5 <= dt <= seconds + 2:
+        fail("an idle connection was closed after %.1f s (wanted about --idle-timeout-seconds %g)" % (dt, seconds))
+    else:
+        print("idle-timeout: an idle connection was closed after %.1f s" % dt)
+
+
+def busy(url, limit):
+    """A forward of many datums runs longer than --health-timeout-seconds
+    (LIMIT): meanwhile /healthz must say which request it waits for."""
+    import threading
+    d = {"model_input": {"chunks": [{"tokens": list(range(16))}]},
+         "loss_fn_inputs": {"target_tokens": list(range(16))}}
+    body = json.dumps({"data": [d] * 60000}).encode()
+    res = {}
+    th = threading.Thread(target=lambda: res.update(r=request(url, "POST", "/forward", body)))
+    th.start()
+    seen = None
+    while th.is_alive():
+        st, b = request(url, "GET", "/healthz")
+        if st == 503:
+            seen = json.loads(b)
+        time.sleep(0.1)
+    th.join()
+    if res.get("r", (0,))[0] != 200:
+        fail("the long forward: %s" % (res.get("r", (0, b""))[1][:200],))
+        return
+    ran = info(url).get("requests", {}).get("forward", {}).get("max_exec_ms", 0) / 1e3
+    if ran < limit + 0.5:
+        print("busy: the forward ran only %.1f s, not long enough to check (limit %g s)" % (ran, limit))
+        return
+    if seen is None or seen.get("waiting_for") != "forward" or "--health-timeout-seconds" not in seen["error"]["message"]:
+        fail("/healthz during a %.1f s forward (limit %g s): %s (wanted 503 naming the forward)" % (ran, limit, seen))
+    else:
+        print("busy: /healthz during a %.1f s forward: %s" % (ran, seen["error"]["message"]))
+    st, b = request(url, "GET", "/healthz")
+    if st != 200:
+        fail("/healthz after the long forward: %d %s" % (st, b[:200]))
+
+
 def main(argv):
     if argv[1] == "budget":
         budget(argv[2], int(argv[3]), int(argv[4]))
     elif argv[1] == "request-timeout":
         request_timeout(argv[2], float(argv[3]))
+    elif argv[1] == "busy":
+        busy(argv[2], float(argv[3]))
+    elif argv[1] == "idle-timeout":
+        idle_timeout(argv[2], float(argv[3]))
     else:
         sys.exit(__doc__)
     return 1 if failures else 0

@@ -1612,7 +1612,7 @@ enum MHD_Result serve_healthz(server *s, struct MHD_Connection *c) {
         what = s->busy_op <= OP_SAMPLE_FILE && op_names_[s->busy_op] ? op_names_[s->busy_op] : "request";
         age = now - s->busy_since;
         snprintf(msg, sizeof msg,
-                 "a %s request has run for %.1f s on the ranks, more than --health-timeout-seconds %g: a rank "
+                 "the %s request has run for %.1f s on the ranks, more than --health-timeout-seconds %g: a rank "
                  "is stuck or overloaded (or raise the flag for requests this long)",
                  what, age, limit);
     } else if (s->ping_since > 0 && now - s->ping_since > limit) {
