@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `zdp serve` under load and failure (docs/server.md, "Limits" and
 # "Stopping"):
-# - slow and idle clients (tests/serve/slowloris.py): 300 idle sockets, 300
+# - slow and idle clients (tests/serve/slowloris.py): 600 idle sockets, 600
 #   dribbling headers a byte a second and 100 holding 50 kB bodies (3 fit the budget, the rest get 503), all from
 #   another loopback address, while /healthz answers every probe in < 100 ms;
 #   libmicrohttpd's messages about them are rate-limited;
@@ -48,7 +48,7 @@ rank_pid() {
 # ---- slow and idle clients, the body budget, the request deadline (-np 1) ----
 if start_server 1 "$T/limits.log" "${MODEL[@]}" --config "$T/cfg.json" --max-body 100000 \
   --max-inflight-bytes 150000 --request-timeout-seconds 2; then
-  for mode in "idle 300" "dribble 300" "body 100"; do
+  for mode in "idle 600" "dribble 600" "body 100"; do
     # shellcheck disable=SC2086
     timeout 60 $PY "$HERE/../serve/slowloris.py" "$URL" $mode 5 || fail "slowloris $mode"
   done
