@@ -19,7 +19,7 @@ the connection about SECONDS after its headers; /healthz answers meanwhile.
 idle-timeout: a connection that sends nothing is closed about SECONDS after
 it opened.
 
-busy: while a forward of 60,000 datums runs longer than HEALTH_TIMEOUT,
+busy: while a forward of 30,000 datums runs longer than HEALTH_TIMEOUT,
 /healthz is 503 naming the forward, and 200 after it.
 """
 import json
@@ -38,9 +38,9 @@ def fail(msg):
 failures = 0
 
 
-def connect(url):
+def connect(url, timeout=10):
     u = urllib.parse.urlparse(url)
-    return socket.create_connection((u.hostname, u.port), timeout=10)
+    return socket.create_connection((u.hostname, u.port), timeout=timeout)
 
 
 def read_response(s):
@@ -84,8 +84,8 @@ def read_response(s):
     return status, head, body
 
 
-def request(url, method, path, body=None, headers=()):
-    s = connect(url)
+def request(url, method, path, body=None, headers=(), timeout=10):
+    s = connect(url, timeout)
     try:
         h = "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" % (method, path)
         for k, v in headers:
@@ -195,9 +195,9 @@ def busy(url, limit):
     import threading
     d = {"model_input": {"chunks": [{"tokens": list(range(16))}]},
          "loss_fn_inputs": {"target_tokens": list(range(16))}}
-    body = json.dumps({"data": [d] * 60000}).encode()
+    body = json.dumps({"data": [d] * 30000}).encode()
     res = {}
-    th = threading.Thread(target=lambda: res.update(r=request(url, "POST", "/forward", body)))
+    th = threading.Thread(target=lambda: res.update(r=request(url, "POST", "/forward", body, timeout=100)))
     th.start()
     seen = None
     while th.is_alive():
