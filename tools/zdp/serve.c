@@ -94,7 +94,8 @@ static void usage_(void) {
            "\n"
            "Limits (docs/server.md, \"Limits\"):\n"
            "  --max-connections N (512)          open connections in all\n"
-           "  --max-connections-per-ip N (64)    open connections from one client address\n"
+           "  --max-connections-per-ip N (64, at most --max-connections)  open connections\n"
+           "                                     from one client address\n"
            "  --idle-timeout-seconds S (15)      a silent connection is closed after S\n"
            "  --request-timeout-seconds S (60)   a request body must arrive within S\n"
            "  --max-inflight-bytes B (64 MiB, at least --max-body)  request body bytes held\n"
@@ -108,7 +109,7 @@ static int parse_(int argc, char **argv, serve_opts *o) {
                       .bind = "127.0.0.1", .port = 8000, .max_body = 16 << 20, .seed = 42,
                       .model_name = "zdp-gpt", .checkpoint_dir = "zdp-serve-checkpoints",
                       .long_poll_s = 30, .seq_gap_s = 30, .max_connections = 512,
-                      .max_connections_per_ip = 64, .idle_timeout_s = 15, .request_timeout_s = 60,
+                      .max_connections_per_ip = -1, .idle_timeout_s = 15, .request_timeout_s = 60,
                       .max_inflight = -1, .health_timeout_s = 60};
     const char *model = NULL;
     for (int i = 0; i < argc; i++) {
@@ -174,6 +175,8 @@ static int parse_(int argc, char **argv, serve_opts *o) {
     if (model == NULL || strcmp(model, "gpt") != 0)
         return cli_fail("--model %s: zdp serve serves only --model gpt", model ? model : "(missing)");
     if (o->config == NULL) return cli_fail("--config CFG.json is required");
+    /* Default: 64, and no more than --max-connections. */
+    if (o->max_connections_per_ip < 0) o->max_connections_per_ip = o->max_connections < 64 ? o->max_connections : 64;
     if (o->max_connections_per_ip > o->max_connections)
         return cli_fail("--max-connections-per-ip %d is more than --max-connections %d: lower it or raise "
                         "--max-connections", o->max_connections_per_ip, o->max_connections);
