@@ -6,8 +6,8 @@
 #   another loopback address, while /healthz answers every probe in < 100 ms;
 #   libmicrohttpd's messages about them are rate-limited;
 # - the request-body budget (--max-inflight-bytes): 503 over it, GET /info
-#   reports it, a slow body is closed after --request-timeout-seconds
-#   (tests/serve/ops_check.py);
+#   reports it; slow headers and a slow body are cut after
+#   --request-timeout-seconds (tests/serve/ops_check.py);
 # - SIGTERM to rank 1 of -np 2 stops every rank and mpirun exits 0;
 # - /healthz is 503 naming rank 1 while rank 1 is stopped (SIGSTOP), 200
 #   again after SIGCONT; an idle connection is closed after
@@ -54,6 +54,7 @@ if start_server 1 "$T/limits.log" "${MODEL[@]}" --config "$T/cfg.json" --max-bod
   done
   timeout 60 $PY "$HERE/../serve/ops_check.py" budget "$URL" 100000 150000 || fail "the body budget"
   timeout 60 $PY "$HERE/../serve/ops_check.py" request-timeout "$URL" 2 || fail "the request deadline"
+  timeout 60 $PY "$HERE/../serve/ops_check.py" header-timeout "$URL" 2 || fail "the header deadline"
   stop_server
   [ "$SERVER_RC" -eq 0 ] || fail "-np 1: no clean stop (exit $SERVER_RC)"
   n=$(grep -c "zdp serve: http:" "$T/limits.log")

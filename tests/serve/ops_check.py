@@ -3,6 +3,7 @@
 
 usage: ops_check.py budget URL MAX_BODY MAX_INFLIGHT
        ops_check.py request-timeout URL SECONDS
+       ops_check.py header-timeout URL SECONDS
        ops_check.py idle-timeout URL SECONDS
        ops_check.py busy URL HEALTH_TIMEOUT
 
@@ -16,10 +17,14 @@ again.
 request-timeout: a client that sends its body one byte every 0.2 s loses
 the connection about SECONDS after its headers; /healthz answers meanwhile.
 
+header-timeout: a client that sends its headers one byte every 0.2 s loses
+the connection about SECONDS after opening it; keep-alive requests are each
+given SECONDS again.
+
 idle-timeout: a connection that sends nothing is closed about SECONDS after
 it opened.
 
-busy: while a forward of 30,000 datums runs longer than HEALTH_TIMEOUT,
+busy: while a forward of 50,000 datums runs longer than HEALTH_TIMEOUT,
 /healthz is 503 naming the forward, and 200 after it.
 """
 import json
@@ -173,6 +178,43 @@ def request_timeout(url, seconds):
         print("request-timeout: a slow body was closed after %.1f s" % closed_at)
 
 
+def header_timeout(url, seconds):
+    """Headers sent one byte every 0.2 s: the connection is closed about
+    SECONDS after it opened.  A keep-alive connection gets SECONDS again after
+    each answer: two requests 0.6 × SECONDS apart on one connection work."""
+    s = connect(url)
+    t0 = time.monotonic()
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    closed_at = None
+    while time.monotonic() - t0 < seconds + 5:
+        try:
+            s.sendall(b"a")
+            s.settimeout(0.2)
+            if s.recv(1) == b"":
+                closed_at = time.monotonic() - t0
+                break
+        except socket.timeout:
+            pass
+        except OSError:
+            closed_at = time.monotonic() - t0
+            break
+    s.close()
+    if closed_at is None or not seconds - 0.5 <= closed_at <= seconds + 2:
+        fail("headers sent one byte every 0.2 s were cut after %s s (wanted about --request-timeout-seconds %g)"
+             % (closed_at, seconds))
+    else:
+        print("header-timeout: headers sent a byte at a time were cut after %.1f s" % closed_at)
+    s = connect(url)
+    for i in range(3):
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        st, _, _ = read_response(s)
+        if st != 200:
+            fail("keep-alive request %d, %.1f s apart: %d" % (i, 0.6 * seconds, st))
+            break
+        time.sleep(0.6 * seconds)
+    s.close()
+
+
 def idle_timeout(url, seconds):
     s = connect(url)
     t0 = time.monotonic()
@@ -195,7 +237,7 @@ def busy(url, limit):
     import threading
     d = {"model_input": {"chunks": [{"tokens": list(range(16))}]},
          "loss_fn_inputs": {"target_tokens": list(range(16))}}
-    body = json.dumps({"data": [d] * 30000}).encode()
+    body = json.dumps({"data": [d] * 50000}).encode()
     res = {}
     th = threading.Thread(target=lambda: res.update(r=request(url, "POST", "/forward", body, timeout=100)))
     th.start()
@@ -229,6 +271,8 @@ def main(argv):
         request_timeout(argv[2], float(argv[3]))
     elif argv[1] == "busy":
         busy(argv[2], float(argv[3]))
+    elif argv[1] == "header-timeout":
+        header_timeout(argv[2], float(argv[3]))
     elif argv[1] == "idle-timeout":
         idle_timeout(argv[2], float(argv[3]))
     else:

@@ -43,6 +43,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
+#include <sys/socket.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -1720,6 +1721,97 @@ static enum MHD_Result handle_(server *s, struct MHD_Connection *c, const char *
     return run_job_(s, c, j);
 }
 
+/* The request deadline for headers.  libmicrohttpd's timeout is an idle
+ * timeout, so a client that sends its headers a byte at a time keeps a
+ * connection (and its thread) for ever.  Each open connection is tracked
+ * from libmicrohttpd's connection notifications; while it is receiving a
+ * request's headers (from when it opened, or from the previous answer on
+ * it, until access_ first sees the request), a watchdog thread shuts down
+ * the socket of one that has taken longer than --request-timeout-seconds,
+ * and libmicrohttpd then closes it.  The body has its own deadline in
+ * access_.  libmicrohttpd reports a connection closed (conn_notify_, which
+ * takes watch_mu) before it closes its socket, so the watchdog never
+ * touches a descriptor that has been reused. */
+typedef struct conn_watch {
+    int fd;
+    double since;   /* when it began waiting for a request's headers */
+    bool receiving; /* between requests or in their headers */
+    bool cut;
+    struct conn_watch *prev, *next;
+} conn_watch;
+
+static conn_watch *watch_of_(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci != NULL ? ci->socket_context : NULL;
+}
+
+/* receiving: the connection waits for a request's headers again (true) or
+ * has a whole request head (false). */
+static void watch_mark_(server *s, struct MHD_Connection *c, bool receiving) {
+    conn_watch *w = watch_of_(c);
+    if (w == NULL) return;
+    pthread_mutex_lock(&s->watch_mu);
+    w->receiving = receiving;
+    w->since = serve_now();
+    pthread_mutex_unlock(&s->watch_mu);
+}
+
+static void conn_notify_(void *cls, struct MHD_Connection *c, void **socket_context,
+                         enum MHD_ConnectionNotificationCode toe) {
+    server *s = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        conn_watch *w = ci != NULL ? calloc(1, sizeof *w) : NULL;
+        if (w == NULL) return; /* not watched: the idle timeout still applies */
+        w->fd = ci->connect_fd;
+        w->since = serve_now();
+        w->receiving = true;
+        pthread_mutex_lock(&s->watch_mu);
+        w->next = s->watch;
+        if (s->watch != NULL) s->watch->prev = w;
+        s->watch = w;
+        pthread_mutex_unlock(&s->watch_mu);
+        *socket_context = w;
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context != NULL) {
+        conn_watch *w = *socket_context;
+        pthread_mutex_lock(&s->watch_mu);
+        if (w->prev != NULL) w->prev->next = w->next;
+        else s->watch = w->next;
+        if (w->next != NULL) w->next->prev = w->prev;
+        pthread_mutex_unlock(&s->watch_mu);
+        free(w);
+        *socket_context = NULL;
+    }
+}
+
+static void *watchdog_(void *arg) {
+    server *s = arg;
+    const struct timespec tick = {0, 250000000};
+    for (;;) {
+        pthread_mutex_lock(&s->watch_mu);
+        if (s->watch_stop) {
+            pthread_mutex_unlock(&s->watch_mu);
+            return NULL;
+        }
+        const double now = serve_now();
+        for (conn_watch *w = s->watch; w != NULL; w = w->next) {
+            if (w->receiving && !w->cut && now - w->since > s->opt.request_timeout_s) {
+                shutdown(w->fd, SHUT_RDWR);
+                w->cut = true;
+            }
+        }
+        pthread_mutex_unlock(&s->watch_mu);
+        nanosleep(&tick, NULL);
+    }
+}
+
+static void watchdog_stop_(server *s) {
+    pthread_mutex_lock(&s->watch_mu);
+    s->watch_stop = true;
+    pthread_mutex_unlock(&s->watch_mu);
+    pthread_join(s->watch_thread, NULL);
+}
+
 static enum MHD_Result access_(void *cls, struct MHD_Connection *c, const char *url,
                                const char *method, const char *version, const char *upload_data,
                                size_t *upload_data_size, void **con_cls) {
@@ -1731,6 +1823,7 @@ static enum MHD_Result access_(void *cls, struct MHD_Connection *c, const char *
         if (cx == NULL) return MHD_NO;
         *con_cls = cx;
         cx->t0 = serve_now();
+        watch_mark_(s, c, false);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl != NULL) {
             char *end;
@@ -1802,8 +1895,8 @@ static enum MHD_Result access_(void *cls, struct MHD_Connection *c, const char *
 
 static void completed_(void *cls, struct MHD_Connection *c, void **con_cls,
                        enum MHD_RequestTerminationCode toe) {
-    (void)c;
     (void)toe;
+    watch_mark_(cls, c, true);
     conn_ctx *cx = *con_cls;
     if (cx != NULL) {
         body_release_(cls, cx);
@@ -1871,7 +1964,8 @@ static struct MHD_Daemon *start_http_(server *s, char *why, size_t cap, int *por
     }
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, (uint16_t)s->opt.port, NULL, NULL, access_, s, MHD_OPTION_SOCK_ADDR, sa,
-        MHD_OPTION_NOTIFY_COMPLETED, completed_, s, MHD_OPTION_CONNECTION_LIMIT,
+        MHD_OPTION_NOTIFY_COMPLETED, completed_, s, MHD_OPTION_NOTIFY_CONNECTION, conn_notify_, s,
+        MHD_OPTION_CONNECTION_LIMIT,
         (unsigned)s->opt.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
         (unsigned)s->opt.max_connections_per_ip, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)s->opt.idle_timeout_s, MHD_OPTION_EXTERNAL_LOGGER, http_log_, NULL, MHD_OPTION_END);
@@ -1933,9 +2027,11 @@ int cmd_serve(int argc, char **argv) {
 
     struct MHD_Daemon *d = NULL;
     int port = 0;
+    bool watching = false;
     if (s.R == 0) {
         pthread_mutex_init(&s.mu, NULL);
         pthread_mutex_init(&s.body_mu, NULL);
+        pthread_mutex_init(&s.watch_mu, NULL);
         s.busy_op = -1;
         s.ping_missing = -1;
         pthread_cond_init(&s.cv_job, NULL);
@@ -1943,12 +2039,14 @@ int cmd_serve(int argc, char **argv) {
         s.tinker = tinker_create();
         char why[512];
         if (s.tinker == NULL) rc = cli_fail("out of memory");
-        else if ((d = start_http_(&s, why, sizeof why, &port)) == NULL) rc = cli_fail("%s", why);
+        else if (pthread_create(&s.watch_thread, NULL, watchdog_, &s) != 0) rc = cli_fail("cannot start a thread");
+        else if ((watching = true, d = start_http_(&s, why, sizeof why, &port)) == NULL) rc = cli_fail("%s", why);
         s.daemon = d;
     }
     if (!zdp_dist_all_ok(rc == 0)) {
         if (rc == 0) rc = 2;
         if (d != NULL) MHD_stop_daemon(d);
+        if (watching) watchdog_stop_(&s);
         tinker_destroy(s.tinker);
         MPI_Comm_free(&s.comm);
         goto done;
@@ -1965,8 +2063,10 @@ int cmd_serve(int argc, char **argv) {
         leader_loop_(&s);
         MHD_stop_daemon(d);
         s.daemon = NULL;
+        watchdog_stop_(&s);
         pthread_mutex_destroy(&s.mu);
         pthread_mutex_destroy(&s.body_mu);
+        pthread_mutex_destroy(&s.watch_mu);
         pthread_cond_destroy(&s.cv_job);
         pthread_cond_destroy(&s.cv_done);
         tinker_destroy(s.tinker);

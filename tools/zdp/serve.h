@@ -137,6 +137,12 @@ typedef struct server {
     pthread_mutex_t body_mu;
     int64_t inflight;
     struct MHD_Daemon *daemon;
+    /* rank 0: every open connection, for the request deadline (serve.c's
+     * watchdog_), under watch_mu. */
+    pthread_mutex_t watch_mu;
+    struct conn_watch *watch;
+    bool watch_stop;
+    pthread_t watch_thread;
     /* ranks > 0: a signal asked this rank to stop and rank 0 has been told. */
     bool stop_sent;
     int stop_sig;
