@@ -30,7 +30,8 @@
  * Operations (docs/server.md, "Limits" and "Stopping").  libmicrohttpd
  * bounds the connections (in all and per client address) and closes idle
  * ones; access_ counts every request body against --max-inflight-bytes and
- * cuts off bodies slower than --request-timeout-seconds.  A signal to a
+ * cuts off bodies slower than --request-timeout-seconds, and a watchdog
+ * thread does the same for request headers.  A signal to a
  * rank > 0 reaches rank 0 as a TAG_STOP message, and rank 0 stops every
  * rank as for its own signal.  When idle, rank 0 sends a no-op (OP_PING)
  * that every rank answers; /healthz names a rank that has not.
@@ -98,7 +99,9 @@ static void usage_(void) {
            "  --max-connections-per-ip N (64, at most --max-connections)  open connections\n"
            "                                     from one client address\n"
            "  --idle-timeout-seconds S (15)      a silent connection is closed after S\n"
-           "  --request-timeout-seconds S (60)   a request body must arrive within S\n"
+           "  --request-timeout-seconds S (60)   a request's headers must arrive within S of\n"
+           "                                     the connection opening or its last answer,\n"
+           "                                     and its body within S of its headers\n"
            "  --max-inflight-bytes B (64 MiB, at least --max-body)  request body bytes held\n"
            "                                     at once by all connections; over it: 503\n"
            "  --health-timeout-seconds S (60)    /healthz is 503 when a request or a rank's\n"
