@@ -3,7 +3,7 @@
  * HTTP with Tinker's data shapes (docs/server.md).
  *
  *   mpirun -np W zdp serve --config CFG.json --model gpt [--n-layer L ...]
- *       [--init W.safetensors] [--port P] [--bind ADDR] [--max-body BYTES]
+ *       [--init W.safetensors] [--port P] [--bind ADDR] [--max-body BYTES] [limits]
  *
  * How it works.  Rank 0 runs libmicrohttpd (one thread per connection).  A
  * connection thread first checks who sent the request (guard_: Host, Origin,
@@ -29,6 +29,15 @@
  * go into the model's weighted loss (zdp_gpt_batch.weights) and log p(target)
  * comes back from the same forward (zdp_gpt_batch.logprobs).
  *
+ * Operations (docs/server.md, "Limits" and "Stopping").  libmicrohttpd
+ * bounds the connections (in all and per client address) and closes idle
+ * ones; access_ counts every request body against --max-inflight-bytes and
+ * cuts off bodies slower than --request-timeout-seconds, and a watchdog
+ * thread does the same for request headers.  A signal to a
+ * rank > 0 reaches rank 0 as a TAG_STOP message, and rank 0 stops every
+ * rank as for its own signal.  When idle, rank 0 sends a no-op (OP_PING)
+ * that every rank answers; /healthz names a rank that has not.
+ *
  * The Tinker SDK's own protocol (/api/v1/..., futures, seq_id ordering) is
  * in serve_tinker.c; it validates with the same parsers and feeds the same
  * queue.  Losses other than cross_entropy are weighted cross-entropies whose
@@ -38,6 +47,7 @@
 #define _POSIX_C_SOURCE 200809L
 #define _XOPEN_SOURCE 700 /* realpath */
 #include <arpa/inet.h>
+#include <sys/socket.h>
 #include <errno.h>
 #include <limits.h>
 #include <jansson.h>
@@ -97,14 +107,29 @@ static void usage_(void) {
            "                             (X-API-Key: KEY or Authorization: Bearer KEY)\n"
            "  --allow-path-root DIR      absolute paths inside DIR are allowed too (repeatable);\n"
            "                             otherwise a path is a name inside --checkpoint-dir\n"
-           "  --allow-host NAME          accept Host/Origin NAME as well (repeatable; a proxy's name)\n");
+           "  --allow-host NAME          accept Host/Origin NAME as well (repeatable; a proxy's name)\n"
+           "\n"
+           "Limits (docs/server.md, \"Limits\"):\n"
+           "  --max-connections N (512)          open connections in all\n"
+           "  --max-connections-per-ip N (64, at most --max-connections)  open connections\n"
+           "                                     from one client address\n"
+           "  --idle-timeout-seconds S (15)      a silent connection is closed after S\n"
+           "  --request-timeout-seconds S (60)   a request's headers must arrive within S of\n"
+           "                                     the connection opening or its last answer,\n"
+           "                                     and its body within S of its headers\n"
+           "  --max-inflight-bytes B (64 MiB, at least --max-body)  request body bytes held\n"
+           "                                     at once by all connections; over it: 503\n"
+           "  --health-timeout-seconds S (60)    /healthz is 503 when a request or a rank's\n"
+           "                                     health check is older than S\n");
 }
 
 static int parse_(int argc, char **argv, serve_opts *o) {
     *o = (serve_opts){.model = CLI_GPT_DEFAULT,
                       .bind = "127.0.0.1", .port = 8000, .max_body = 16 << 20, .seed = 42,
                       .model_name = "zdp-gpt", .checkpoint_dir = "zdp-serve-checkpoints",
-                      .long_poll_s = 30, .seq_gap_s = 30};
+                      .long_poll_s = 30, .seq_gap_s = 30, .max_connections = 512,
+                      .max_connections_per_ip = -1, .idle_timeout_s = 15, .request_timeout_s = 60,
+                      .max_inflight = -1, .health_timeout_s = 60};
     const char *model = NULL;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -155,6 +180,23 @@ static int parse_(int argc, char **argv, serve_opts *o) {
             if (grown == NULL) return cli_fail("out of memory");
             grown[(*n_list)++] = v;
             *list = grown;
+        } else if (!strcmp(a, "--max-connections") || !strcmp(a, "--max-connections-per-ip")) {
+            if (!cli_parse_i64(v, 1, 4096, &n)) return cli_fail("%s %s: need an integer in [1, 4096]", a, v);
+            if (!strcmp(a, "--max-connections")) o->max_connections = (int)n;
+            else o->max_connections_per_ip = (int)n;
+        } else if (!strcmp(a, "--idle-timeout-seconds")) {
+            if (!cli_parse_i64(v, 1, 3600, &n)) return cli_fail("%s %s: need whole seconds in [1, 3600]", a, v);
+            o->idle_timeout_s = (int)n;
+        } else if (!strcmp(a, "--max-inflight-bytes")) {
+            if (!cli_parse_i64(v, 2, (int64_t)1 << 40, &o->max_inflight))
+                return cli_fail("--max-inflight-bytes %s: need a byte count in [2, 2^40]", v);
+        } else if (!strcmp(a, "--request-timeout-seconds") || !strcmp(a, "--health-timeout-seconds")) {
+            char *end;
+            double x = strtod(v, &end);
+            if (end == v || *end != '\0' || !(x >= 0.1 && x <= 86400))
+                return cli_fail("%s %s: need seconds in [0.1, 86400]", a, v);
+            if (!strcmp(a, "--request-timeout-seconds")) o->request_timeout_s = x;
+            else o->health_timeout_s = x;
         } else if (!strcmp(a, "--seed")) {
             if (!cli_parse_i64(v, 0, INT64_MAX, &n)) return cli_fail("--seed %s: need an integer >= 0", v);
             o->seed = (uint64_t)n;
@@ -165,6 +207,17 @@ static int parse_(int argc, char **argv, serve_opts *o) {
     if (model == NULL || strcmp(model, "gpt") != 0)
         return cli_fail("--model %s: zdp serve serves only --model gpt", model ? model : "(missing)");
     if (o->config == NULL) return cli_fail("--config CFG.json is required");
+    /* Default: 64, and no more than --max-connections. */
+    if (o->max_connections_per_ip < 0) o->max_connections_per_ip = o->max_connections < 64 ? o->max_connections : 64;
+    if (o->max_connections_per_ip > o->max_connections)
+        return cli_fail("--max-connections-per-ip %d is more than --max-connections %d: lower it or raise "
+                        "--max-connections", o->max_connections_per_ip, o->max_connections);
+    /* Default: 64 MiB, and at least one body of the largest allowed size. */
+    if (o->max_inflight < 0) o->max_inflight = o->max_body > (64 << 20) ? o->max_body : (64 << 20);
+    if (o->max_inflight < o->max_body)
+        return cli_fail("--max-inflight-bytes %lld is less than --max-body %lld, so a body of the largest "
+                        "allowed size could never be accepted: raise it or lower --max-body",
+                        (long long)o->max_inflight, (long long)o->max_body);
     return 0;
 }
 
@@ -173,11 +226,14 @@ static int parse_(int argc, char **argv, serve_opts *o) {
 const char *const serve_adam_keys[N_ADAM] = {"learning_rate", "beta1", "beta2", "eps",
                                              "weight_decay", "grad_clip_norm"};
 
+/* g_stop: the signal that asked this process to stop (0: none). */
 static volatile sig_atomic_t g_stop = 0;
-static void on_signal_(int sig) {
-    (void)sig;
-    g_stop = 1;
-}
+static void on_signal_(int sig) { g_stop = sig; }
+
+/* Point-to-point tags on the server's communicator (collectives do not
+ * match them): a rank > 0 that got SIGTERM/SIGINT tells rank 0, and every
+ * rank > 0 answers rank 0's health check. */
+enum { TAG_STOP = 1, TAG_ACK = 2 };
 
 void serve_job_free(job *j) {
     if (j == NULL) return;
@@ -889,8 +945,15 @@ bool serve_parse_optim(const json_t *ap, const char *where, bool tinker_defaults
     return true;
 }
 
-/* The payload of a path op: the path, NUL-terminated. */
-bool serve_set_path(job *j, const char *path, verr *e) {
+/* The payload of a path op: the path, NUL-terminated.  save_state and
+ * load_state run on every rank: their path goes relative to the checkpoint
+ * folder, which each rank resolves against its own --checkpoint-dir. */
+bool serve_set_path(const server *s, job *j, const char *path, verr *e) {
+    if ((j->op == OP_SAVE_STATE || j->op == OP_LOAD_STATE) && inside_(path, s->ckpt_root)) {
+        path += strlen(s->ckpt_root);
+        while (*path == '/') path++;
+        if (*path == '\0') return serve_bad(e, 400, "path", "path: needs a name inside the checkpoint folder");
+    }
     size_t n = strlen(path);
     j->payload = malloc(n + 1);
     if (j->payload == NULL) return serve_bad(e, 500, "path", "out of memory");
@@ -919,7 +982,7 @@ static bool parse_path_(const server *s, const json_t *root, job *j, verr *e) {
      * folder the operator allowed); the engine gets the resolved path. */
     char resolved[PATH_MAX + 4096];
     if (!serve_resolve_path(s, "path", name, resolved, sizeof resolved, e)) return false;
-    return serve_set_path(j, resolved, e);
+    return serve_set_path(s, j, resolved, e);
 }
 
 /* ---- execution (every rank) ---------------------------------------------------- */
@@ -1327,8 +1390,47 @@ static void split_path_(const char *path, char *dir, char *tag, size_t cap) {
     }
 }
 
+/* Every rank, after a step that failed on some: rank 0 gets why, naming
+ * each rank that failed ("rank 1: cannot create ...: Not a directory"), and
+ * the status of the first.  Each failing rank > 0 also logs its reason. */
+static void failed_ranks_(server *s, zdp_status st, const char *msg, int *first_st, char *out, size_t cap) {
+    enum { MSG = ZDP_ERROR_MSG_MAX };
+    char mine[MSG + 8];
+    memset(mine, 0, sizeof mine);
+    int32_t code = (int32_t)st;
+    memcpy(mine, &code, sizeof code);
+    snprintf(mine + 8, MSG, "%s", st == ZDP_OK ? "" : msg);
+    if (st != ZDP_OK && s->R != 0) fprintf(stderr, "[zdp rank %d] zdp serve: %s\n", s->R, msg);
+    char *all = s->R == 0 ? calloc((size_t)s->W, sizeof mine) : NULL;
+    if (s->R == 0 && all == NULL) engine_die_("serve", &(zdp_error){.msg = "out of memory"});
+    MPI_Gather(mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, 0, s->comm);
+    if (s->R != 0) return;
+    size_t n = 0;
+    out[0] = '\0';
+    *first_st = ZDP_ERR_INTERNAL;
+    bool first = true;
+    for (int r = 0; r < s->W; r++) {
+        const char *x = all + (size_t)r * sizeof mine;
+        memcpy(&code, x, sizeof code);
+        if (code == ZDP_OK) continue;
+        if (first) *first_st = code;
+        first = false;
+        if (n < cap) n += (size_t)snprintf(out + n, cap - n, "%srank %d: %s", n ? "; " : "", r, x + 8);
+    }
+    free(all);
+    serve_utf8_fix(out);
+}
+
 static char *exec_state_(server *s, const job *j, int *status) {
-    const char *path = (const char *)j->payload;
+    const char *name = (const char *)j->payload;
+    char path[4096];
+    const bool fits = snprintf(path, sizeof path, "%s%s%s", name[0] == '/' ? "" : s->ckpt_root,
+                               name[0] == '/' ? "" : "/", name) < (int)sizeof path;
+    if (!zdp_dist_all_ok(fits)) { /* every rank, before the engine's collectives */
+        if (s->R != 0) return NULL;
+        *status = 400;
+        return serve_error_body("path", "path: too long once joined to the checkpoint folder");
+    }
     char dir[4096], tag[4096];
     split_path_(path, dir, tag, sizeof dir);
     zdp_error err = {0};
@@ -1344,10 +1446,13 @@ static char *exec_state_(server *s, const job *j, int *status) {
     /* A load that succeeded on some ranks only would leave them apart. */
     if (!all && st == ZDP_OK && j->op == OP_LOAD_STATE)
         engine_die_("load_state", &(zdp_error){.msg = "another rank failed to load the checkpoint"});
+    char why[2048];
+    int bad_st = 0;
+    if (!all) failed_ranks_(s, st, err.msg, &bad_st, why, sizeof why);
     if (s->R != 0) return NULL;
     if (!all) {
-        *status = st == ZDP_OK ? 500 : status_of_(st);
-        return serve_error_body("path", st == ZDP_OK ? "another rank failed; see the server's log" : err.msg);
+        *status = status_of_((zdp_status)bad_st);
+        return serve_error_body("path", why);
     }
     *status = 200;
     return serve_dump(json_pack("{s:s,s:I,s:I,s:I}", "path", path, "step",
@@ -1395,6 +1500,27 @@ static char *exec_load_weights_(server *s, const job *j, int *status) {
     return serve_dump(json_pack("{s:s,s:I}", "path", path, "step", (json_int_t)zdp_engine_global_steps(s->eng)));
 }
 
+static const char *const op_names_[OP_SAMPLE_FILE + 1] = {
+    [OP_FWDBWD] = "forward_backward", [OP_FORWARD] = "forward", [OP_OPTIM] = "optim_step",
+    [OP_SAVE_WEIGHTS] = "save_weights", [OP_SAVE_STATE] = "save_state", [OP_LOAD_STATE] = "load_state",
+    [OP_INFO] = "info", [OP_SAMPLE] = "sample", [OP_LOAD_WEIGHTS] = "load_weights",
+    [OP_SAMPLE_FILE] = "asample"};
+
+static int64_t body_inflight_(server *s);
+
+/* The bounds of docs/server.md's "Limits" and what is in use now. */
+static json_t *limits_json_(server *s) {
+    const union MHD_DaemonInfo *ci =
+        s->daemon != NULL ? MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS) : NULL;
+    return json_pack("{s:I,s:I,s:I,s:i,s:i,s:i,s:i,s:f,s:f}", "max_body_bytes", (json_int_t)s->opt.max_body,
+                     "max_inflight_bytes", (json_int_t)s->opt.max_inflight, "inflight_bytes",
+                     (json_int_t)body_inflight_(s), "max_connections", s->opt.max_connections,
+                     "max_connections_per_ip", s->opt.max_connections_per_ip, "connections",
+                     ci != NULL ? (int)ci->num_connections : -1, "idle_timeout_seconds",
+                     s->opt.idle_timeout_s, "request_timeout_seconds", s->opt.request_timeout_s,
+                     "health_timeout_seconds", s->opt.health_timeout_s);
+}
+
 static char *exec_info_(server *s, int *status) {
     zdp_memory_report m;
     zdp_engine_memory_report(s->eng, &m);
@@ -1439,22 +1565,18 @@ static char *exec_info_(server *s, int *status) {
         (json_int_t)s->opt.max_body);
     /* Server-side timing by request kind (the one being answered not yet
      * counted): how long requests waited in the FIFO and ran on the ranks. */
-    static const char *const names[OP_SAMPLE_FILE + 1] = {
-        [OP_FWDBWD] = "forward_backward", [OP_FORWARD] = "forward", [OP_OPTIM] = "optim_step",
-        [OP_SAVE_WEIGHTS] = "save_weights", [OP_SAVE_STATE] = "save_state", [OP_LOAD_STATE] = "load_state",
-        [OP_INFO] = "info", [OP_SAMPLE] = "sample", [OP_LOAD_WEIGHTS] = "load_weights",
-        [OP_SAMPLE_FILE] = "asample"};
     json_t *req = json_object();
     for (int op = 0; op <= OP_SAMPLE_FILE; op++) {
-        if (names[op] == NULL || s->stats[op].count == 0) continue;
+        if (op_names_[op] == NULL || s->stats[op].count == 0) continue;
         const double n = (double)s->stats[op].count;
-        json_object_set_new(req, names[op],
+        json_object_set_new(req, op_names_[op],
                             json_pack("{s:I,s:f,s:f,s:f}", "count", (json_int_t)s->stats[op].count,
                                       "mean_queue_ms", 1e3 * s->stats[op].queue_s / n, "mean_exec_ms",
                                       1e3 * s->stats[op].exec_s / n, "max_exec_ms",
                                       1e3 * s->stats[op].exec_max_s));
     }
     json_object_set_new(o, "requests", req);
+    json_object_set_new(o, "limits", limits_json_(s));
     *status = 200;
     return serve_dump(o);
 }
@@ -1480,12 +1602,42 @@ static char *exec_(server *s, const job *j, int *status) {
 
 /* ---- the request loop ------------------------------------------------------------ */
 
+/* A rank > 0 that got a signal: rank 0 alone decides when every rank
+ * leaves (it refuses what is queued and broadcasts OP_QUIT), so this rank
+ * tells it and goes on serving until then.  Exiting alone would leave the
+ * others in a collective. */
+static void notify_stop_(server *s) {
+    if (s->R == 0 || g_stop == 0 || s->stop_sent) return;
+    s->stop_sig = g_stop;
+    fprintf(stderr, "[zdp rank %d] zdp serve: %s received: asking rank 0 to stop every rank\n", s->R,
+            s->stop_sig == SIGINT ? "SIGINT" : "SIGTERM");
+    MPI_Isend(&s->stop_sig, 1, MPI_INT, 0, TAG_STOP, s->comm, &s->stop_req);
+    s->stop_sent = true;
+}
+
+/* Rank 0: has a rank > 0 asked to stop?  Then stop as if rank 0 got the
+ * signal itself. */
+static void poll_stop_(server *s) {
+    if (s->W == 1) return;
+    int flag = 0;
+    MPI_Status st;
+    MPI_Iprobe(MPI_ANY_SOURCE, TAG_STOP, s->comm, &flag, &st);
+    if (!flag) return;
+    int sig = 0;
+    MPI_Recv(&sig, 1, MPI_INT, st.MPI_SOURCE, TAG_STOP, s->comm, MPI_STATUS_IGNORE);
+    printf("zdp serve: rank %d received %s: stopping every rank\n", st.MPI_SOURCE,
+           sig == SIGINT ? "SIGINT" : "SIGTERM");
+    fflush(stdout);
+    if (g_stop == 0) g_stop = sig;
+}
+
 /* Waits for a nonblocking collective without spinning a core: idle ranks
- * sit here between requests. */
-static void wait_idle_(MPI_Request *req) {
+ * sit here between requests (and notice a signal here). */
+static void wait_idle_(server *s, MPI_Request *req) {
     int done = 0;
     struct timespec ts = {0, 200000}; /* 0.2 ms */
     for (;;) {
+        notify_stop_(s);
         MPI_Test(req, &done, MPI_STATUS_IGNORE);
         if (done) return;
         nanosleep(&ts, NULL);
@@ -1496,7 +1648,7 @@ static void wait_idle_(MPI_Request *req) {
 static void bcast_job_(server *s, int64_t hdr[2], unsigned char **payload) {
     MPI_Request req;
     MPI_Ibcast(hdr, 2, MPI_INT64_T, 0, s->comm, &req);
-    wait_idle_(&req);
+    wait_idle_(s, &req);
     if (hdr[0] == OP_QUIT || hdr[1] == 0) return;
     if (s->R != 0) {
         *payload = malloc((size_t)hdr[1]);
@@ -1515,7 +1667,16 @@ static void worker_loop_(server *s) {
         int64_t hdr[2] = {0, 0};
         job j = {0};
         bcast_job_(s, hdr, &j.payload);
-        if (hdr[0] == OP_QUIT) return;
+        if (hdr[0] == OP_QUIT) {
+            /* A stop request rank 0 never received (it was stopping anyway)
+             * must not keep this rank. */
+            if (s->stop_sent) MPI_Request_free(&s->stop_req);
+            return;
+        }
+        if (hdr[0] == OP_PING) {
+            MPI_Send(&s->R, 1, MPI_INT, 0, TAG_ACK, s->comm);
+            continue;
+        }
         j.op = (int)hdr[0];
         j.nbytes = hdr[1];
         int status = 0;
@@ -1527,11 +1688,66 @@ static void worker_loop_(server *s) {
 
 static bool needs_all_(int op) { return op != OP_SAVE_WEIGHTS && op != OP_SAMPLE && op != OP_SAMPLE_FILE; }
 
+/* Rank 0, idle: the health check.  Every rank > 0 must answer an OP_PING;
+ * until it does, /healthz can name the first rank that has not (a rank
+ * that is stopped, stuck or starved cannot answer). */
+static void ping_(server *s) {
+    pthread_mutex_lock(&s->mu);
+    s->ping_since = serve_now();
+    s->ping_missing = -1; /* not known yet: the broadcast itself may wait */
+    pthread_mutex_unlock(&s->mu);
+    int64_t hdr[2] = {OP_PING, 0};
+    bcast_job_(s, hdr, NULL);
+    MPI_Request *req = malloc((size_t)s->W * sizeof *req);
+    int *ack = malloc((size_t)s->W * sizeof *ack);
+    if (req == NULL || ack == NULL) engine_die_("serve", &(zdp_error){.msg = "out of memory for a health check"});
+    for (int r = 1; r < s->W; r++) MPI_Irecv(&ack[r], 1, MPI_INT, r, TAG_ACK, s->comm, &req[r]);
+    struct timespec ts = {0, 200000};
+    for (int missing = 1; missing < s->W;) {
+        int done = 0;
+        MPI_Test(&req[missing], &done, MPI_STATUS_IGNORE);
+        if (done) {
+            missing++;
+            continue;
+        }
+        if (g_stop) {
+            /* Stopping while a rank does not answer: give up on it. */
+            for (int r = missing; r < s->W; r++) {
+                MPI_Cancel(&req[r]);
+                MPI_Wait(&req[r], MPI_STATUS_IGNORE);
+            }
+            break;
+        }
+        pthread_mutex_lock(&s->mu);
+        s->ping_missing = missing;
+        pthread_mutex_unlock(&s->mu);
+        nanosleep(&ts, NULL);
+        if (ts.tv_nsec < 5000000) ts.tv_nsec += 100000;
+    }
+    free(req);
+    free(ack);
+    pthread_mutex_lock(&s->mu);
+    s->ping_since = 0;
+    s->ping_missing = -1;
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void leader_loop_(server *s) {
+    /* Health checks run when the ranks have been idle this long. */
+    const double ping_every = s->opt.health_timeout_s / 2 < 10 ? s->opt.health_timeout_s / 2 : 10;
+    double last_busy = serve_now();
     for (;;) {
+        poll_stop_(s);
         pthread_mutex_lock(&s->mu);
         tinker_tick_locked(s);
         while (s->head == NULL && !g_stop) {
+            if (s->W > 1 && serve_now() - last_busy >= ping_every) {
+                pthread_mutex_unlock(&s->mu);
+                ping_(s);
+                last_busy = serve_now();
+                pthread_mutex_lock(&s->mu);
+                continue;
+            }
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_nsec += 200000000;
@@ -1542,6 +1758,7 @@ static void leader_loop_(server *s) {
             pthread_cond_timedwait(&s->cv_job, &s->mu, &ts);
             /* Tinker requests held back for a missing seq_id may be due. */
             tinker_tick_locked(s);
+            poll_stop_(s);
         }
         if (g_stop) {
             /* Refuse what is queued and what comes, then tell the ranks. */
@@ -1567,6 +1784,8 @@ static void leader_loop_(server *s) {
         job *j = s->head;
         s->head = j->next;
         if (s->head == NULL) s->tail = NULL;
+        s->busy_op = j->op;
+        s->busy_since = serve_now();
         pthread_mutex_unlock(&s->mu);
 
         if (needs_all_(j->op) && s->W > 1) {
@@ -1581,7 +1800,9 @@ static void leader_loop_(server *s) {
         s->stats[j->op].queue_s += t0 - j->queued_at;
         s->stats[j->op].exec_s += t1 - t0;
         if (t1 - t0 > s->stats[j->op].exec_max_s) s->stats[j->op].exec_max_s = t1 - t0;
+        last_busy = t1;
         pthread_mutex_lock(&s->mu);
+        s->busy_op = -1;
         if (j->fut != NULL) {
             tinker_finish_locked(s, j, status, body);
         } else {
@@ -1601,7 +1822,40 @@ typedef struct conn_ctx {
     size_t len, cap;
     bool too_big;
     bool refused; /* a guard (guard_) answered it already */
+    bool no_room;      /* over --max-inflight-bytes: answered 503 */
+    int64_t reserved;  /* bytes counted in s->inflight for this request */
+    double t0;         /* when its headers were complete */
 } conn_ctx;
+
+/* The request-body budget (--max-inflight-bytes): every body byte a
+ * connection holds is counted from the moment it is announced (its
+ * Content-Length) or arrives (chunked) until the request is answered, so N
+ * concurrent maximal bodies cannot exhaust memory; a request over the budget
+ * is refused with 503 (the Tinker SDK retries 5xx). */
+static bool body_reserve_(server *s, conn_ctx *cx, int64_t n) {
+    pthread_mutex_lock(&s->body_mu);
+    bool ok = s->inflight + n <= s->opt.max_inflight;
+    if (ok) {
+        s->inflight += n;
+        cx->reserved += n;
+    }
+    pthread_mutex_unlock(&s->body_mu);
+    return ok;
+}
+
+static void body_release_(server *s, conn_ctx *cx) {
+    pthread_mutex_lock(&s->body_mu);
+    s->inflight -= cx->reserved;
+    pthread_mutex_unlock(&s->body_mu);
+    cx->reserved = 0;
+}
+
+static int64_t body_inflight_(server *s) {
+    pthread_mutex_lock(&s->body_mu);
+    int64_t n = s->inflight;
+    pthread_mutex_unlock(&s->body_mu);
+    return n;
+}
 
 enum MHD_Result serve_reply(struct MHD_Connection *c, int status, char *body) {
     if (body == NULL) {
@@ -1654,6 +1908,43 @@ void serve_enqueue_locked(server *s, job *j) {
     pthread_cond_signal(&s->cv_job);
 }
 
+enum MHD_Result serve_healthz(server *s, struct MHD_Connection *c) {
+    const double limit = s->opt.health_timeout_s, now = serve_now();
+    char msg[512] = "";
+    int rank = -1;
+    const char *what = NULL;
+    double age = 0;
+    pthread_mutex_lock(&s->mu);
+    if (s->busy_op >= 0 && now - s->busy_since > limit) {
+        what = s->busy_op <= OP_SAMPLE_FILE && op_names_[s->busy_op] ? op_names_[s->busy_op] : "request";
+        age = now - s->busy_since;
+        snprintf(msg, sizeof msg,
+                 "the %s request has run for %.1f s on the ranks, more than --health-timeout-seconds %g: a rank "
+                 "is stuck or overloaded (or raise the flag for requests this long)",
+                 what, age, limit);
+    } else if (s->ping_since > 0 && now - s->ping_since > limit) {
+        rank = s->ping_missing;
+        what = "health_check";
+        age = now - s->ping_since;
+        if (rank > 0)
+            snprintf(msg, sizeof msg,
+                     "rank %d has not answered the health check for %.1f s, more than --health-timeout-seconds "
+                     "%g: it is stopped, stuck or starved",
+                     rank, age, limit);
+        else
+            snprintf(msg, sizeof msg,
+                     "the ranks have not received the health check for %.1f s, more than "
+                     "--health-timeout-seconds %g: a rank is stopped, stuck or starved",
+                     age, limit);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (what == NULL) return serve_reply(c, 200, strdup("{\"status\": \"ok\"}"));
+    json_t *o = json_pack("{s:s,s:s,s:f,s:{s:s,s:n}}", "status", "unhealthy", "waiting_for", what, "seconds",
+                          age, "error", "message", msg, "field");
+    if (o != NULL) json_object_set_new(o, "rank", rank > 0 ? json_integer(rank) : json_null());
+    return serve_reply(c, 503, o != NULL ? serve_dump(o) : NULL);
+}
+
 /* Queues the job and waits for its answer (requests run one at a time, in
  * the order they were queued). */
 static enum MHD_Result run_job_(server *s, struct MHD_Connection *c, job *j) {
@@ -1695,7 +1986,7 @@ static enum MHD_Result handle_(server *s, struct MHD_Connection *c, const char *
             if (strcmp(url, routes_[i].path) == 0) want = routes_[i].method;
         return reply_error_(c, 405, "method", "%s %s: method not allowed; use %s", method, url, want);
     }
-    if (rt->op < 0) return serve_reply(c, 200, strdup("{\"status\": \"ok\"}"));
+    if (rt->op < 0) return serve_healthz(s, c);
     job *j = calloc(1, sizeof *j);
     if (j == NULL) return reply_error_(c, 500, NULL, "out of memory");
     j->op = rt->op;
@@ -1733,6 +2024,97 @@ static enum MHD_Result handle_(server *s, struct MHD_Connection *c, const char *
     return run_job_(s, c, j);
 }
 
+/* The request deadline for headers.  libmicrohttpd's timeout is an idle
+ * timeout, so a client that sends its headers a byte at a time keeps a
+ * connection (and its thread) for ever.  Each open connection is tracked
+ * from libmicrohttpd's connection notifications; while it is receiving a
+ * request's headers (from when it opened, or from the previous answer on
+ * it, until access_ first sees the request), a watchdog thread shuts down
+ * the socket of one that has taken longer than --request-timeout-seconds,
+ * and libmicrohttpd then closes it.  The body has its own deadline in
+ * access_.  libmicrohttpd reports a connection closed (conn_notify_, which
+ * takes watch_mu) before it closes its socket, so the watchdog never
+ * touches a descriptor that has been reused. */
+typedef struct conn_watch {
+    int fd;
+    double since;   /* when it began waiting for a request's headers */
+    bool receiving; /* between requests or in their headers */
+    bool cut;
+    struct conn_watch *prev, *next;
+} conn_watch;
+
+static conn_watch *watch_of_(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci != NULL ? ci->socket_context : NULL;
+}
+
+/* receiving: the connection waits for a request's headers again (true) or
+ * has a whole request head (false). */
+static void watch_mark_(server *s, struct MHD_Connection *c, bool receiving) {
+    conn_watch *w = watch_of_(c);
+    if (w == NULL) return;
+    pthread_mutex_lock(&s->watch_mu);
+    w->receiving = receiving;
+    w->since = serve_now();
+    pthread_mutex_unlock(&s->watch_mu);
+}
+
+static void conn_notify_(void *cls, struct MHD_Connection *c, void **socket_context,
+                         enum MHD_ConnectionNotificationCode toe) {
+    server *s = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        conn_watch *w = ci != NULL ? calloc(1, sizeof *w) : NULL;
+        if (w == NULL) return; /* not watched: the idle timeout still applies */
+        w->fd = ci->connect_fd;
+        w->since = serve_now();
+        w->receiving = true;
+        pthread_mutex_lock(&s->watch_mu);
+        w->next = s->watch;
+        if (s->watch != NULL) s->watch->prev = w;
+        s->watch = w;
+        pthread_mutex_unlock(&s->watch_mu);
+        *socket_context = w;
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context != NULL) {
+        conn_watch *w = *socket_context;
+        pthread_mutex_lock(&s->watch_mu);
+        if (w->prev != NULL) w->prev->next = w->next;
+        else s->watch = w->next;
+        if (w->next != NULL) w->next->prev = w->prev;
+        pthread_mutex_unlock(&s->watch_mu);
+        free(w);
+        *socket_context = NULL;
+    }
+}
+
+static void *watchdog_(void *arg) {
+    server *s = arg;
+    const struct timespec tick = {0, 250000000};
+    for (;;) {
+        pthread_mutex_lock(&s->watch_mu);
+        if (s->watch_stop) {
+            pthread_mutex_unlock(&s->watch_mu);
+            return NULL;
+        }
+        const double now = serve_now();
+        for (conn_watch *w = s->watch; w != NULL; w = w->next) {
+            if (w->receiving && !w->cut && now - w->since > s->opt.request_timeout_s) {
+                shutdown(w->fd, SHUT_RDWR);
+                w->cut = true;
+            }
+        }
+        pthread_mutex_unlock(&s->watch_mu);
+        nanosleep(&tick, NULL);
+    }
+}
+
+static void watchdog_stop_(server *s) {
+    pthread_mutex_lock(&s->watch_mu);
+    s->watch_stop = true;
+    pthread_mutex_unlock(&s->watch_mu);
+    pthread_join(s->watch_thread, NULL);
+}
+
 static enum MHD_Result access_(void *cls, struct MHD_Connection *c, const char *url,
                                const char *method, const char *version, const char *upload_data,
                                size_t *upload_data_size, void **con_cls) {
@@ -1743,6 +2125,8 @@ static enum MHD_Result access_(void *cls, struct MHD_Connection *c, const char *
         cx = calloc(1, sizeof *cx);
         if (cx == NULL) return MHD_NO;
         *con_cls = cx;
+        cx->t0 = serve_now();
+        watch_mark_(s, c, false);
         verr e = {0};
         if (!guard_(s, c, url, method, &e)) {
             cx->refused = true; /* its body, if any, is read and dropped */
@@ -1759,22 +2143,44 @@ static enum MHD_Result access_(void *cls, struct MHD_Connection *c, const char *
                 return reply_error_(c, 413, "body", "the body has %s bytes, more than --max-body %lld",
                                     cl, (long long)s->opt.max_body);
             }
+            if (errno == 0 && end != cl && n > 0 && !body_reserve_(s, cx, (int64_t)n)) {
+                cx->no_room = true;
+                return reply_error_(c, 503, "body",
+                                    "the server already holds %lld bytes of request bodies and this one has "
+                                    "%llu (--max-inflight-bytes %lld): retry later",
+                                    (long long)body_inflight_(s), n, (long long)s->opt.max_inflight);
+            }
         }
         return MHD_YES;
     }
     if (*upload_data_size > 0) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (cx->too_big || cx->refused) return MHD_YES;
+        /* A client that sends its body slower than --request-timeout-seconds
+         * allows loses the connection (slow-body attacks hold a thread). */
+        if (serve_now() - cx->t0 > s->opt.request_timeout_s) return MHD_NO;
+        if (cx->too_big || cx->no_room || cx->refused) return MHD_YES;
         if ((long long)(cx->len + n) > s->opt.max_body) {
             cx->too_big = true;
             free(cx->buf);
             cx->buf = NULL;
             cx->len = cx->cap = 0;
+            body_release_(s, cx);
+            return MHD_YES;
+        }
+        /* A chunked body (no Content-Length) is counted as it arrives. */
+        if ((int64_t)(cx->len + n) > cx->reserved &&
+            !body_reserve_(s, cx, (int64_t)(cx->len + n) - cx->reserved)) {
+            cx->no_room = true;
+            free(cx->buf);
+            cx->buf = NULL;
+            cx->len = cx->cap = 0;
+            body_release_(s, cx);
             return MHD_YES;
         }
         if (cx->len + n > cx->cap) {
-            size_t cap = cx->cap ? cx->cap : 4096;
+            /* A body of known length gets its exact size at once. */
+            size_t cap = cx->cap ? cx->cap : cx->reserved > 4096 ? (size_t)cx->reserved : 4096;
             while (cap < cx->len + n) cap *= 2;
             char *p = realloc(cx->buf, cap);
             if (p == NULL) return MHD_NO;
@@ -1789,27 +2195,67 @@ static enum MHD_Result access_(void *cls, struct MHD_Connection *c, const char *
     if (cx->too_big)
         return reply_error_(c, 413, "body", "the body is larger than --max-body %lld bytes",
                             (long long)s->opt.max_body);
+    if (cx->no_room)
+        return reply_error_(c, 503, "body",
+                            "the server already holds %lld bytes of request bodies (--max-inflight-bytes "
+                            "%lld): retry later",
+                            (long long)body_inflight_(s), (long long)s->opt.max_inflight);
     return handle_(s, c, url, method, cx);
 }
 
 static void completed_(void *cls, struct MHD_Connection *c, void **con_cls,
                        enum MHD_RequestTerminationCode toe) {
-    (void)cls;
-    (void)c;
     (void)toe;
+    watch_mark_(cls, c, true);
     conn_ctx *cx = *con_cls;
     if (cx != NULL) {
+        body_release_(cls, cx);
         free(cx->buf);
         free(cx);
         *con_cls = NULL;
     }
 }
 
+/* libmicrohttpd's messages ("Server reached connection limit", a client
+ * that hung up): at most 10 lines every 10 s, so that a flood of refused
+ * connections cannot fill the log; the rest are counted. */
+static void http_log_(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static double window;
+    static int lines;
+    static long dropped;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n > 0 && msg[n - 1] == '\n') msg[--n] = '\0';
+    const double now = serve_now();
+    pthread_mutex_lock(&mu);
+    if (now - window >= 10) {
+        if (dropped > 0) fprintf(stderr, "zdp serve: http: %ld more messages in the last 10 s not shown\n", dropped);
+        window = now;
+        lines = 0;
+        dropped = 0;
+    }
+    if (lines < 10) {
+        lines++;
+        fprintf(stderr, "zdp serve: http: %s\n", msg);
+    } else {
+        dropped++;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
 static struct MHD_Daemon *start_http_(server *s, char *why, size_t cap, int *port) {
     struct sockaddr_in a4;
     struct sockaddr_in6 a6;
     struct sockaddr *sa;
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    /* One thread per connection: handlers block (a plain request waits for
+     * its answer, retrieve_future holds a long poll), which a thread pool
+     * would turn into head-of-line blocking of /healthz.  poll(), not
+     * select(): descriptors above FD_SETSIZE work. */
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+                     MHD_USE_ERROR_LOG;
     memset(&a4, 0, sizeof a4);
     memset(&a6, 0, sizeof a6);
     static const unsigned char zero[16], v6_loop[16] = {[15] = 1};
@@ -1835,8 +2281,11 @@ static struct MHD_Daemon *start_http_(server *s, char *why, size_t cap, int *por
     }
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, (uint16_t)s->opt.port, NULL, NULL, access_, s, MHD_OPTION_SOCK_ADDR, sa,
-        MHD_OPTION_NOTIFY_COMPLETED, completed_, s, MHD_OPTION_CONNECTION_LIMIT, 256u,
-        MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_COMPLETED, completed_, s, MHD_OPTION_NOTIFY_CONNECTION, conn_notify_, s,
+        MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)s->opt.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+        (unsigned)s->opt.max_connections_per_ip, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)s->opt.idle_timeout_s, MHD_OPTION_EXTERNAL_LOGGER, http_log_, NULL, MHD_OPTION_END);
     if (d == NULL) {
         snprintf(why, cap, "cannot listen on %s port %d (in use, or not an address of this machine)",
                  s->opt.bind, s->opt.port);
@@ -1922,6 +2371,10 @@ int cmd_serve(int argc, char **argv) {
     zdp_error err;
     if (rc == 0 && zdp_config_load_file(s.opt.config, s.W, &s.cfg, &err) != ZDP_OK)
         rc = cli_fail("%s", err.msg);
+    /* Every rank's own checkpoint folder (save_state writes a part on each). */
+    if (rc == 0 && (serve_mkdirs(s.opt.checkpoint_dir) != 0 ||
+                    (s.ckpt_root = realpath(s.opt.checkpoint_dir, NULL)) == NULL))
+        rc = cli_fail("--checkpoint-dir %s: cannot create or open it: %s", s.opt.checkpoint_dir, strerror(errno));
     if (rc == 0 && s.cfg.managed_gradient_accumulation)
         rc = cli_fail("%s: zdp serve needs unmanaged gradient accumulation (each optim_step request "
                       "is the optimizer step); set \"managed_gradient_accumulation\": false",
@@ -1957,8 +2410,13 @@ int cmd_serve(int argc, char **argv) {
 
     struct MHD_Daemon *d = NULL;
     int port = 0;
+    bool watching = false;
     if (s.R == 0) {
         pthread_mutex_init(&s.mu, NULL);
+        pthread_mutex_init(&s.body_mu, NULL);
+        pthread_mutex_init(&s.watch_mu, NULL);
+        s.busy_op = -1;
+        s.ping_missing = -1;
         pthread_cond_init(&s.cv_job, NULL);
         pthread_cond_init(&s.cv_done, NULL);
         s.tinker = tinker_create();
@@ -1966,10 +2424,19 @@ int cmd_serve(int argc, char **argv) {
         if (s.tinker == NULL) rc = cli_fail("out of memory");
         if (rc == 0 && s.opt.api_key_file != NULL) rc = load_api_key_(&s);
         if (rc == 0) rc = load_roots_(&s);
-        if (rc == 0 && (d = start_http_(&s, why, sizeof why, &port)) == NULL) rc = cli_fail("%s", why);
+        if (rc == 0) {
+            if (pthread_create(&s.watch_thread, NULL, watchdog_, &s) != 0) {
+                rc = cli_fail("cannot start a thread");
+            } else {
+                watching = true;
+                if ((d = start_http_(&s, why, sizeof why, &port)) == NULL) rc = cli_fail("%s", why);
+            }
+        }
+        s.daemon = d;
     }
     if ((rc = cli_agree(rc)) != 0) {
         if (d != NULL) MHD_stop_daemon(d);
+        if (watching) watchdog_stop_(&s);
         tinker_destroy(s.tinker);
         MPI_Comm_free(&s.comm);
         goto done;
@@ -1989,7 +2456,11 @@ int cmd_serve(int argc, char **argv) {
         fflush(stdout);
         leader_loop_(&s);
         MHD_stop_daemon(d);
+        s.daemon = NULL;
+        watchdog_stop_(&s);
         pthread_mutex_destroy(&s.mu);
+        pthread_mutex_destroy(&s.body_mu);
+        pthread_mutex_destroy(&s.watch_mu);
         pthread_cond_destroy(&s.cv_job);
         pthread_cond_destroy(&s.cv_done);
         tinker_destroy(s.tinker);
@@ -2002,6 +2473,7 @@ int cmd_serve(int argc, char **argv) {
     MPI_Comm_free(&s.comm);
 done:
     free_guards_(&s);
+    free(s.ckpt_root);
     zdp_engine_destroy(s.eng);
     zdp_gpt_destroy(&s.model);
     return rc;

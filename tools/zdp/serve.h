@@ -32,6 +32,13 @@ typedef struct serve_opts {
     int n_allow_roots;
     const char **allow_hosts;       /* --allow-host: more Host names to accept */
     int n_allow_hosts;
+    /* Resource limits (docs/server.md, "Limits"). */
+    int max_connections;        /* open connections in all */
+    int max_connections_per_ip; /* open connections from one client address */
+    int idle_timeout_s;         /* a connection silent this long is closed */
+    double request_timeout_s;   /* a request's body must arrive within this */
+    int64_t max_inflight;       /* request body bytes held at once, all connections */
+    double health_timeout_s;    /* /healthz: a request or rank check older is unhealthy */
 } serve_opts;
 
 /* The largest seq_id a client may send: 2^53 - 1, JSON's exact integers, so
@@ -51,6 +58,7 @@ enum {
     OP_LOAD_WEIGHTS = 9, /* weights only, fresh optimizer state (Tinker load_weights) */
     OP_NOOP = 10,        /* a Tinker request refused before the engine: only its seq_id counts */
     OP_SAMPLE_FILE = 11, /* Tinker asample: rank 0 samples from saved sampler weights */
+    OP_PING = 12,        /* the health check: every rank answers rank 0 (serve.c) */
 };
 
 /* The head of an OP_SAMPLE_FILE payload; then int32 prompt[n_prompt],
@@ -131,6 +139,11 @@ typedef struct server {
     } stats[OP_SAMPLE_FILE + 1];
     /* rank 0, main thread only: the sampler weights asample last read. */
     char *snap_path;
+    /* every rank: realpath of --checkpoint-dir, made at start-up.  The path
+     * of a save_state/load_state job is relative to it (each rank joins its
+     * own, so ranks with their own working directories each use their own
+     * folder); other jobs carry absolute paths. */
+    char *ckpt_root;
     float **snap;
     /* rank 0: the guards every request passes (serve.c, check_request_). */
     char *api_key; /* NULL: no --api-key-file */
@@ -140,6 +153,26 @@ typedef struct server {
     int bind_kind; /* 0: a specific address, 1: loopback, 2: any (0.0.0.0 or ::) */
     unsigned char bind_addr[16];
     int bind_family;
+    /* rank 0: what /healthz reads (under mu).  busy_op/busy_since: the
+     * request running on the ranks (-1 none); ping_since: when the health
+     * check still unanswered by rank ping_missing began (0 none). */
+    int busy_op;
+    double busy_since, ping_since;
+    int ping_missing;
+    /* rank 0: request body bytes held by all connections (under body_mu). */
+    pthread_mutex_t body_mu;
+    int64_t inflight;
+    struct MHD_Daemon *daemon;
+    /* rank 0: every open connection, for the request deadline (serve.c's
+     * watchdog_), under watch_mu. */
+    pthread_mutex_t watch_mu;
+    struct conn_watch *watch;
+    bool watch_stop;
+    pthread_t watch_thread;
+    /* ranks > 0: a signal asked this rank to stop and rank 0 has been told. */
+    bool stop_sent;
+    int stop_sig;
+    MPI_Request stop_req;
 } server;
 
 /* A validation failure: HTTP status, the JSON path of the field, the message. */
@@ -176,7 +209,7 @@ double serve_now(void);
 bool serve_parse_fwd(const json_t *obj, const char *where, const zdp_gpt_config *mc, job *j,
                      verr *e);
 bool serve_parse_optim(const json_t *ap, const char *where, bool tinker_defaults, job *j, verr *e);
-bool serve_set_path(job *j, const char *path, verr *e);
+bool serve_set_path(const server *s, job *j, const char *path, verr *e);
 /* A path a client sent (field names it in errors) -> out, the absolute path
  * the engine may write or read: a relative name inside --checkpoint-dir, or an
  * absolute path inside a --allow-path-root folder; no "." or ".." component,
@@ -209,5 +242,9 @@ bool tinker_tick_locked(server *s);
 void tinker_shutdown_locked(server *s);
 
 enum MHD_Result serve_reply(struct MHD_Connection *c, int status, char *body);
+/* GET /healthz (and /api/v1/healthz): 200 {"status": "ok"}, or 503 naming
+ * the request or the rank that has not finished within
+ * --health-timeout-seconds. */
+enum MHD_Result serve_healthz(server *s, struct MHD_Connection *c);
 
 #endif /* ZDP_SERVE_H */

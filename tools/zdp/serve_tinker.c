@@ -506,7 +506,7 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
         char tp[600];
         snprintf(tp, sizeof tp, "tinker://%s/%s/%s", model_id, sampler ? "sampler_weights" : "weights", name);
         if ((j->tinker_path = strdup(tp)) == NULL) return serve_bad(e, 500, "path", "out of memory");
-        return serve_set_path(j, path, e);
+        return serve_set_path(s, j, path, e);
     }
     if (!strcmp(verb, "load_weights")) {
         /* tinker://MODEL_ID/weights/NAME, as save_weights answered. */
@@ -531,7 +531,7 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
         if (!serve_resolve_path(s, "path", rel, path, sizeof path, e)) return false;
         if ((j->tinker_path = strdup(json_string_value(p))) == NULL)
             return serve_bad(e, 500, "path", "out of memory");
-        return serve_set_path(j, path, e);
+        return serve_set_path(s, j, path, e);
     }
     return serve_bad(e, 404, "url", "%s: not a training verb (a bug in zdp)", verb);
 }
@@ -1013,7 +1013,7 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
                               const char *body, size_t len) {
     tinker_state *t = s->tinker;
     if (!strcmp(method, "GET")) {
-        if (!strcmp(sub, "healthz")) return reply_json_(c, 200, json_pack("{s:s}", "status", "ok"));
+        if (!strcmp(sub, "healthz")) return serve_healthz(s, c);
         if (!strcmp(sub, "get_server_capabilities"))
             return reply_json_(c, 200, json_pack("{s:[{s:s,s:i}]}", "supported_models", "model_name",
                                                  s->opt.model_name, "max_context_length",
