@@ -189,12 +189,14 @@ void sample_arith_report(const zdp_model *model, const float *const *params,
         bool ok = strcmp(got, want) == 0;
         right += ok;
         if (tried < 8) {
+            char says[80];
             long long sum = arith_value_(got, g, true);
-            printf("  %s%-*s  %lld + %lld = ", prompt, w + 2, got, a, b);
-            if (sum >= 0) printf("%-6lld", sum);
-            else printf("?     ");
-            if (ok) printf(" right\n");
-            else printf(" wrong (want %s)\n", want);
+            for (int k = 0; k < g; k++) /* an untrained model answers any byte */
+                if (got[k] < 0x20 || got[k] > 0x7e) got[k] = '?';
+            if (sum >= 0) snprintf(says, sizeof says, "%lld + %lld = %lld", a, b, sum);
+            else snprintf(says, sizeof says, "%lld + %lld = ?", a, b);
+            printf("  %s%-*s  %-18s %s%s\n", prompt, w + 1, got, says, ok ? "right" : "wrong, want ",
+                   ok ? "" : want);
         }
         seen[tried++] = key;
         line = next;
