@@ -242,7 +242,8 @@ done:
 /* v as exactly `width` decimal digits (zero-padded) into p, most significant
  * first, or least significant first when `reversed`. */
 static void tok_put_digits_(int32_t *p, uint64_t v, int width, bool reversed) {
-    for (int i = 0; i < width; i++, v /= 10) p[reversed ? i : width - 1 - i] = (int32_t)('0' + v % 10);
+    for (int i = 0; i < width; i++, v /= 10)
+        p[reversed ? i : width - 1 - i] = (int32_t)('0' + v % 10);
 }
 
 /* Whether problem (a, b) is held out (zdp.h: a hash of the seed and the

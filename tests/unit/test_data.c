@@ -331,8 +331,10 @@ static void test_corpus_arith(void **state) {
     assert_int_equal(zdp_dataset_n_tokens(ds, ZDP_SPLIT_VAL), 2000 * 10);
     memset(train, 0, sizeof train);
     memset(val, 0, sizeof val);
-    mark_problems(zdp_dataset_tokens(ds, ZDP_SPLIT_TRAIN), zdp_dataset_n_tokens(ds, ZDP_SPLIT_TRAIN), train);
-    mark_problems(zdp_dataset_tokens(ds, ZDP_SPLIT_VAL), zdp_dataset_n_tokens(ds, ZDP_SPLIT_VAL), val);
+    mark_problems(zdp_dataset_tokens(ds, ZDP_SPLIT_TRAIN),
+                  zdp_dataset_n_tokens(ds, ZDP_SPLIT_TRAIN), train);
+    mark_problems(zdp_dataset_tokens(ds, ZDP_SPLIT_VAL), zdp_dataset_n_tokens(ds, ZDP_SPLIT_VAL),
+                  val);
     for (int a = 0; a < 100; a++)
         for (int b = 0; b < 100; b++) assert_false(train[a][b] && val[a][b]);
     zdp_dataset_destroy(ds);

@@ -171,7 +171,9 @@ void sample_arith_report(const zdp_model *model, const float *const *params,
         const char *plus = strchr(prompt, '+');
         long long a = plus ? arith_value_(prompt, (int)(plus - prompt), false) : -1;
         long long b = plus ? arith_value_(plus + 1, (int)(prompt + n - 1 - (plus + 1)), false) : -1;
-        int64_t key = a < 0 || b < 0 ? -1 : a * 2000000001LL + b;
+        /* Operands are at most 10^9 (zdp_corpus_arith), so the key cannot overflow. */
+        const bool in_range = a >= 0 && b >= 0 && a <= 1000000000 && b <= 1000000000;
+        int64_t key = in_range ? a * 2000000001LL + b : -1;
         bool repeat = false;
         for (int k = 0; k < tried && !repeat; k++) repeat = seen[k] == key;
         if (key < 0 || repeat) {
@@ -195,8 +197,8 @@ void sample_arith_report(const zdp_model *model, const float *const *params,
                 if (got[k] < 0x20 || got[k] > 0x7e) got[k] = '?';
             if (sum >= 0) snprintf(says, sizeof says, "%lld + %lld = %lld", a, b, sum);
             else snprintf(says, sizeof says, "%lld + %lld = ?", a, b);
-            printf("  %s%-*s  %-18s %s%s\n", prompt, w + 1, got, says, ok ? "right" : "wrong, want ",
-                   ok ? "" : want);
+            printf("  %s%-*s  %-18s %s%s\n", prompt, w + 1, got, says,
+                   ok ? "right" : "wrong, want ", ok ? "" : want);
         }
         seen[tried++] = key;
         line = next;
