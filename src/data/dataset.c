@@ -29,8 +29,9 @@ struct zdp_dataset {
 
 /* ---- construction ---------------------------------------------------------- */
 
-/* Takes ownership of tokens (freed on failure too). */
-static zdp_status ds_adopt_(int32_t *tokens, int64_t n, double val_fraction,
+/* Takes ownership of tokens (freed on failure too).  n_val < 0: the last
+ * floor(n * val_fraction) tokens are val; otherwise the last n_val. */
+static zdp_status ds_adopt_(int32_t *tokens, int64_t n, double val_fraction, int64_t n_val,
                             const char *origin, zdp_dataset **out, zdp_error *err) {
     if (!(val_fraction >= 0.0 && val_fraction < 1.0)) {
         free(tokens);
@@ -56,7 +57,7 @@ static zdp_status ds_adopt_(int32_t *tokens, int64_t n, double val_fraction,
     }
     ds->tokens = tokens;
     ds->n = n;
-    int64_t n_val = (int64_t)((double)n * val_fraction);
+    if (n_val < 0) n_val = (int64_t)((double)n * val_fraction);
     if (n_val > n) n_val = n;
     ds->n_train = n - n_val;
     ds->val_fraction = val_fraction;
@@ -80,7 +81,7 @@ zdp_status zdp_dataset_create(const int32_t *tokens, int64_t n_tokens, double va
         return zdp_err_set(err, ZDP_ERR_NOMEM, "dataset: out of memory for %" PRId64
                            " tokens", n_tokens);
     if (n_tokens > 0) memcpy(copy, tokens, (size_t)n_tokens * sizeof *copy);
-    return ds_adopt_(copy, n_tokens, val_fraction, "dataset", out, err);
+    return ds_adopt_(copy, n_tokens, val_fraction, -1, "dataset", out, err);
 }
 
 zdp_status zdp_dataset_open(const char *path, zdp_token_format format, double val_fraction,
@@ -93,7 +94,7 @@ zdp_status zdp_dataset_open(const char *path, zdp_token_format format, double va
     int64_t n;
     zdp_status s = zdp_tokens_read(path, format, &tokens, &n, err);
     if (s != ZDP_OK) return s;
-    return ds_adopt_(tokens, n, val_fraction, path, out, err);
+    return ds_adopt_(tokens, n, val_fraction, -1, path, out, err);
 }
 
 zdp_status zdp_dataset_create_arith(uint64_t seed, int64_t n_lines, int64_t max_operand,
@@ -103,9 +104,13 @@ zdp_status zdp_dataset_create_arith(uint64_t seed, int64_t n_lines, int64_t max_
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_dataset_create_arith: out is NULL");
     int32_t *tokens;
     int64_t n;
-    zdp_status s = zdp_corpus_arith(seed, n_lines, max_operand, &tokens, &n, err);
+    zdp_status s = zdp_corpus_arith(seed, n_lines, max_operand, val_fraction, &tokens, &n, err);
     if (s != ZDP_OK) return s;
-    return ds_adopt_(tokens, n, val_fraction, "arith corpus", out, err);
+    /* Split at the first held-out line, so val is exactly the held-out
+     * problems and train never holds one of them. */
+    return ds_adopt_(tokens, n, val_fraction,
+                     zdp_arith_val_lines(n_lines, val_fraction) * zdp_arith_line_len(max_operand),
+                     "arith corpus", out, err);
 }
 
 void zdp_dataset_destroy(zdp_dataset *ds) {

@@ -21,6 +21,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -292,20 +293,24 @@ done:
 
 /* ---- the arithmetic corpus ------------------------------------------------- */
 
-/* Decimal digits of v (no leading zeros, "0" for 0) into p; returns count. */
-static int tok_put_decimal_(int32_t *p, uint64_t v) {
-    char d[24];
-    int n = 0;
-    do {
-        d[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v > 0);
-    for (int i = 0; i < n; i++) p[i] = d[n - 1 - i];
-    return n;
+/* v as exactly `width` decimal digits (zero-padded) into p, most significant
+ * first, or least significant first when `reversed`. */
+static void tok_put_digits_(int32_t *p, uint64_t v, int width, bool reversed) {
+    for (int i = 0; i < width; i++, v /= 10)
+        p[reversed ? i : width - 1 - i] = (int32_t)('0' + v % 10);
+}
+
+/* Whether problem (a, b) is held out (zdp.h: a hash of the seed and the
+ * problem, below val_fraction).  A property of the problem, not of the line,
+ * so a held-out problem can never turn up in the train split by chance. */
+static bool tok_held_out_(uint64_t seed, uint64_t a, uint64_t b, uint64_t m, double val_fraction) {
+    uint64_t state = seed * 0x9E3779B97F4A7C15ull + a * m + b;
+    return (double)(zdp_splitmix64(&state) >> 11) * 0x1.0p-53 < val_fraction;
 }
 
 zdp_status zdp_corpus_arith(uint64_t seed, int64_t n_lines, int64_t max_operand,
-                            int32_t **tokens, int64_t *n_tokens, zdp_error *err) {
+                            double val_fraction, int32_t **tokens, int64_t *n_tokens,
+                            zdp_error *err) {
     if (tokens != NULL) *tokens = NULL;
     if (n_tokens != NULL) *n_tokens = 0;
     if (tokens == NULL || n_tokens == NULL)
@@ -315,32 +320,53 @@ zdp_status zdp_corpus_arith(uint64_t seed, int64_t n_lines, int64_t max_operand,
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
                            "arith corpus: max_operand = %" PRId64 ", expected 0..1000000000 "
                            "(e.g. 99 for two-digit sums)", max_operand);
-    /* Longest line: d + 1 + d + 1 + (d + 1) + 1 bytes for d-digit operands. */
-    int max_digits = 1;
-    for (int64_t v = max_operand; v >= 10; v /= 10) max_digits++;
-    int64_t max_line = 3 * (int64_t)max_digits + 4;
-    if (n_lines < 1 || n_lines > (int64_t)(SIZE_MAX / sizeof(int32_t)) / max_line / 2)
+    if (!(val_fraction >= 0.0 && val_fraction < 1.0))
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "arith corpus: val_fraction = %g, expected 0 <= val_fraction < 1 "
+                           "(e.g. 0.1; 0 for no held-out problems)", val_fraction);
+    /* Every line is "a+b=c\n" at a fixed width: d digits for a and b, d + 1
+     * for the sum, so line k is tokens [k*L, k*L + L). */
+    int d = 1;
+    for (int64_t v = max_operand; v >= 10; v /= 10) d++;
+    const int64_t L = zdp_arith_line_len(max_operand);
+    if (n_lines < 1 || n_lines > (int64_t)(SIZE_MAX / sizeof(int32_t)) / L / 2)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
                            "arith corpus: n_lines = %" PRId64 ", expected >= 1 (and small "
                            "enough to fit in memory)", n_lines);
-    int32_t *out = malloc((size_t)(n_lines * max_line) * sizeof *out);
+    int32_t *out = malloc((size_t)(n_lines * L) * sizeof *out);
     if (out == NULL)
         return zdp_err_set(err, ZDP_ERR_NOMEM,
                            "arith corpus: out of memory for %" PRId64 " lines", n_lines);
+    const int64_t n_val = zdp_arith_val_lines(n_lines, val_fraction);
     uint64_t state = seed, m = (uint64_t)max_operand + 1;
-    int64_t k = 0;
     for (int64_t line = 0; line < n_lines; line++) {
-        uint64_t a = zdp_splitmix64(&state) % m;
-        uint64_t b = zdp_splitmix64(&state) % m;
-        k += tok_put_decimal_(out + k, a);
-        out[k++] = '+';
-        k += tok_put_decimal_(out + k, b);
-        out[k++] = '=';
-        k += tok_put_decimal_(out + k, a + b);
-        out[k++] = '\n';
+        /* Train lines redraw held-out problems and val lines everything else.
+         * The bound only matters when one side has (almost) no problems. */
+        const bool want_held = line >= n_lines - n_val;
+        uint64_t a, b;
+        int tries = 0;
+        do {
+            a = zdp_splitmix64(&state) % m;
+            b = zdp_splitmix64(&state) % m;
+        } while (n_val > 0 && tok_held_out_(seed, a, b, m, val_fraction) != want_held &&
+                 ++tries < (1 << 20));
+        if (tries == 1 << 20) {
+            free(out);
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "arith corpus: no %s problem in 2^20 draws with max_operand = "
+                               "%" PRId64 " and val_fraction = %g; fix: a larger max_operand or "
+                               "a val_fraction further from 0 and 1",
+                               want_held ? "held-out" : "train", max_operand, val_fraction);
+        }
+        int32_t *p = out + line * L;
+        tok_put_digits_(p, a, d, false);
+        p[d] = '+';
+        tok_put_digits_(p + d + 1, b, d, false);
+        p[2 * d + 1] = '=';
+        tok_put_digits_(p + 2 * d + 2, a + b, d + 1, true);
+        p[L - 1] = '\n';
     }
-    int32_t *shrunk = realloc(out, (size_t)k * sizeof *out);
-    *tokens = shrunk != NULL ? shrunk : out;
-    *n_tokens = k;
+    *tokens = out;
+    *n_tokens = n_lines * L;
     return ZDP_OK;
 }

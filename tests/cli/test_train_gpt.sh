@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `zdp train --model gpt` through its command-line contract: managed ==
+# `zdp train --model gpt` through its command-line contract: the arithmetic
+# corpus's format and held-out split, managed ==
 # unmanaged, --init/--save-weights round trip, world sizes 1..3, the
 # unmanaged schedule's global_samples, metrics CSV and SVG, zdp sample, and
 # bad input (one message on rank 0, non-zero exit, never a hang).
@@ -38,6 +39,28 @@ sed 's/"gradient_accumulation_steps": 3,/"gradient_accumulation_steps": 3, "mana
   "$T/managed.json" >"$T/unmanaged.json"
 
 expect_ok 1 gen-data --corpus arith --lines 400 --seed 5 --out "$T/tokens.bin"
+# The corpus's format (zdp.h, zdp_corpus_arith): 400 lines of 10 tokens
+# "aa+bb=ccc\n", the sum's digits least significant first, and the last 40
+# lines (the held-out tenth) share no problem with the first 360.
+[ "$(stat -c %s "$T/tokens.bin")" -eq $((1024 + 400 * 10 * 2)) ] || fail "gen-data: not 400 lines of 10 tokens"
+od -An -v -tu2 -j1024 "$T/tokens.bin" | tr -s ' ' '\n' | grep -v '^$' | awk '
+  { line = line sprintf("%c", $1) }
+  $1 == 10 {
+    n++
+    if (line !~ /^[0-9][0-9]\+[0-9][0-9]=[0-9][0-9][0-9]\n$/) { if (bad++ < 5) print "bad line " n ": " line }
+    a = substr(line, 1, 2) + 0; b = substr(line, 4, 2) + 0
+    c = substr(line, 9, 1) substr(line, 8, 1) substr(line, 7, 1)
+    if (c + 0 != a + b) { if (bad++ < 5) print "wrong sum on line " n ": " line }
+    if (n <= 360) train[a "+" b] = 1; else if ((a "+" b) in train) { if (bad++ < 5) print "held-out " a "+" b " is also in train" }
+    line = ""
+  }
+  END { if (n != 400 || bad) { print n " lines, " bad " bad"; exit 1 } }' >"$T/corpus.txt" \
+  || { fail "gen-data: corpus format or held-out split"; cat "$T/corpus.txt"; }
+# The trainer's held-out report (the default corpus, untrained model): the
+# problems in the same format, 200 distinct ones, the sum read back.
+expect_ok 1 train --model gpt "${MODEL[@]}" --config "$T/managed.json" --steps 0 --out-dir "$T/arith"
+grep -q "^accuracy on 200 held-out problems: [0-9]*/200 = " "$T/out" || { fail "arith report: accuracy line"; cat "$T/out"; }
+[ "$(grep -cE '^  [0-9]{2}\+[0-9]{2}=' "$T/out")" -eq 8 ] || { fail "arith report: problem lines"; cat "$T/out"; }
 expect_ok 1 train --model gpt "${MODEL[@]}" --config "$T/managed.json" --steps 0 \
   --data "$T/tokens.bin" --save-weights "$T/init.safetensors"
 expect_ok 2 train --model gpt "${MODEL[@]}" --config "$T/managed.json" --steps 0 \

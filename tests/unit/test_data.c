@@ -297,68 +297,126 @@ static char *as_text(const int32_t *t, int64_t n) {
     return s;
 }
 
+/* Problems (a, b) of the fixed-width lines t[0..n) (L tokens each, max
+ * operand 99), checked as they are read: digits where digits belong, and
+ * the sum written least significant digit first.  Marks each in `mark`. */
+static void mark_problems(const int32_t *t, int64_t n, bool mark[100][100]) {
+    assert_int_equal(n % 10, 0);
+    for (int64_t i = 0; i < n; i += 10) {
+        const int32_t *p = t + i;
+        for (int k = 0; k < 10; k++)
+            if (k != 2 && k != 5 && k != 9) assert_true(p[k] >= '0' && p[k] <= '9');
+        assert_int_equal(p[2], '+');
+        assert_int_equal(p[5], '=');
+        assert_int_equal(p[9], '\n');
+        int a = (p[0] - '0') * 10 + (p[1] - '0'), b = (p[3] - '0') * 10 + (p[4] - '0');
+        int c = (p[6] - '0') + 10 * (p[7] - '0') + 100 * (p[8] - '0');
+        assert_int_equal(c, a + b);
+        mark[a][b] = true;
+    }
+}
+
 static void test_corpus_arith(void **state) {
     (void)state;
     zdp_error e = {0};
     int32_t *t, *u;
     int64_t n, m;
-    /* Golden output, computed in Python from zdp.h's specification. */
-    assert_int_equal(zdp_corpus_arith(1234, 4, 99, &t, &n, &e), ZDP_OK);
+    /* Golden output, computed in Python from zdp.h's specification: fixed
+     * width, the sum's digits least significant first. */
+    assert_int_equal(zdp_corpus_arith(1234, 4, 99, 0.0, &t, &n, &e), ZDP_OK);
     char *s = as_text(t, n);
-    assert_string_equal(s, "95+64=159\n46+79=125\n89+29=118\n30+83=113\n");
+    assert_string_equal(s, "95+64=951\n46+79=521\n89+29=811\n30+83=311\n");
     free(s);
     zdp_tokens_free(t);
-    assert_int_equal(zdp_corpus_arith(0, 3, 999, &t, &n, &e), ZDP_OK);
+    assert_int_equal(zdp_corpus_arith(0, 3, 999, 0.0, &t, &n, &e), ZDP_OK);
     s = as_text(t, n);
-    assert_string_equal(s, "535+700=1235\n679+444=1123\n747+90=837\n");
+    assert_string_equal(s, "535+700=5321\n679+444=3211\n747+090=7380\n");
+    free(s);
+    zdp_tokens_free(t);
+    /* With a held-out quarter: the train lines redraw 89+29 (held out) and
+     * the last line redraws until it finds a held-out problem. */
+    assert_int_equal(zdp_corpus_arith(1234, 4, 99, 0.25, &t, &n, &e), ZDP_OK);
+    s = as_text(t, n);
+    assert_string_equal(s, "95+64=951\n46+79=521\n30+83=311\n62+94=651\n");
+    free(s);
+    zdp_tokens_free(t);
+    assert_int_equal(zdp_corpus_arith(5, 10, 9, 0.5, &t, &n, &e), ZDP_OK);
+    s = as_text(t, n);
+    assert_string_equal(s, "8+4=21\n9+5=41\n9+1=01\n4+1=50\n7+9=61\n"
+                           "2+1=30\n3+7=01\n3+3=60\n8+7=51\n1+7=80\n");
     free(s);
     zdp_tokens_free(t);
 
     /* Deterministic per seed; another seed differs; every line is right. */
-    assert_int_equal(zdp_corpus_arith(42, 5000, 99, &t, &n, &e), ZDP_OK);
-    assert_int_equal(zdp_corpus_arith(42, 5000, 99, &u, &m, &e), ZDP_OK);
+    assert_int_equal(zdp_corpus_arith(42, 5000, 99, 0.1, &t, &n, &e), ZDP_OK);
+    assert_int_equal(zdp_corpus_arith(42, 5000, 99, 0.1, &u, &m, &e), ZDP_OK);
     assert_int_equal(n, m);
     assert_memory_equal(t, u, (size_t)n * sizeof *t);
     zdp_tokens_free(u);
-    assert_int_equal(zdp_corpus_arith(43, 5000, 99, &u, &m, &e), ZDP_OK);
+    assert_int_equal(zdp_corpus_arith(43, 5000, 99, 0.1, &u, &m, &e), ZDP_OK);
     assert_true(n != m || memcmp(t, u, (size_t)n * sizeof *t) != 0);
     zdp_tokens_free(u);
-    s = as_text(t, n);
-    int lines = 0;
-    for (char *line = s; *line != '\0'; lines++) {
-        char *nl = strchr(line, '\n');
-        assert_non_null(nl);
-        *nl = '\0';
-        int a, b, c;
-        char tail;
-        assert_int_equal(sscanf(line, "%d+%d=%d%c", &a, &b, &c, &tail), 3);
-        assert_true(a >= 0 && a <= 99 && b >= 0 && b <= 99);
-        assert_int_equal(c, a + b);
-        line = nl + 1;
-    }
-    assert_int_equal(lines, 5000);
-    free(s);
+    assert_int_equal(n, 5000 * 10);
+    /* Held out means held out: no problem of the last 500 lines is in the
+     * first 4500, and both parts cover many problems. */
+    static bool train[100][100], val[100][100];
+    memset(train, 0, sizeof train);
+    memset(val, 0, sizeof val);
+    mark_problems(t, 4500 * 10, train);
+    mark_problems(t + 4500 * 10, 500 * 10, val);
+    int n_train = 0, n_val = 0;
+    for (int a = 0; a < 100; a++)
+        for (int b = 0; b < 100; b++) {
+            assert_false(train[a][b] && val[a][b]);
+            n_train += train[a][b];
+            n_val += val[a][b];
+        }
+    assert_true(n_train > 3000 && n_val > 300);
     zdp_tokens_free(t);
 
-    /* max_operand 0: "0+0=0\n" only. */
-    assert_int_equal(zdp_corpus_arith(7, 2, 0, &t, &n, &e), ZDP_OK);
+    /* max_operand 0: "0+0=00\n" only, which cannot be split. */
+    assert_int_equal(zdp_corpus_arith(7, 2, 0, 0.0, &t, &n, &e), ZDP_OK);
     s = as_text(t, n);
-    assert_string_equal(s, "0+0=0\n0+0=0\n");
+    assert_string_equal(s, "0+0=00\n0+0=00\n");
     free(s);
     zdp_tokens_free(t);
-
-    assert_int_equal(zdp_corpus_arith(1, 0, 99, &t, &n, &e), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_corpus_arith(7, 2, 0, 0.5, &t, &n, &e), ZDP_ERR_INVALID_ARG);
     assert_null(t);
-    assert_int_equal(zdp_corpus_arith(1, 10, -1, &t, &n, &e), ZDP_ERR_INVALID_ARG);
-    ASSERT_MSG_HAS(e, "max_operand");
+    ASSERT_MSG_HAS(e, "max_operand = 0");
 
-    /* The dataset over it is the same bytes. */
+    assert_int_equal(zdp_corpus_arith(1, 0, 99, 0.0, &t, &n, &e), ZDP_ERR_INVALID_ARG);
+    assert_null(t);
+    assert_int_equal(zdp_corpus_arith(1, 10, -1, 0.0, &t, &n, &e), ZDP_ERR_INVALID_ARG);
+    ASSERT_MSG_HAS(e, "max_operand");
+    assert_int_equal(zdp_corpus_arith(1, 10, 99, 1.0, &t, &n, &e), ZDP_ERR_INVALID_ARG);
+    ASSERT_MSG_HAS(e, "val_fraction = 1");
+
+    /* The dataset over it is the same bytes, split at the first held-out
+     * line (floor(4 * 0.25) = 1 line), even where the token count would
+     * split elsewhere (floor(50 * 0.25) = 12 tokens, not 10). */
     zdp_dataset *ds;
     assert_int_equal(zdp_dataset_create_arith(1234, 4, 99, 0.25, &ds, &e), ZDP_OK);
-    assert_int_equal(zdp_dataset_n_tokens(ds, ZDP_SPLIT_TRAIN) +
-                         zdp_dataset_n_tokens(ds, ZDP_SPLIT_VAL), 40);
+    assert_int_equal(zdp_dataset_n_tokens(ds, ZDP_SPLIT_TRAIN), 30);
+    assert_int_equal(zdp_dataset_n_tokens(ds, ZDP_SPLIT_VAL), 10);
     assert_int_equal(zdp_dataset_tokens(ds, ZDP_SPLIT_TRAIN)[0], '9');
+    assert_int_equal(zdp_dataset_tokens(ds, ZDP_SPLIT_VAL)[0], '6');
     assert_int_equal(zdp_dataset_max_token(ds), '=');
+    zdp_dataset_destroy(ds);
+    assert_int_equal(zdp_dataset_create_arith(1234, 5, 99, 0.25, &ds, &e), ZDP_OK);
+    assert_int_equal(zdp_dataset_n_tokens(ds, ZDP_SPLIT_VAL), 10);
+    assert_int_equal(zdp_dataset_tokens(ds, ZDP_SPLIT_VAL)[9], '\n');
+    zdp_dataset_destroy(ds);
+    /* The trainer's split: train and val share no problem. */
+    assert_int_equal(zdp_dataset_create_arith(9, 20000, 99, 0.1, &ds, &e), ZDP_OK);
+    assert_int_equal(zdp_dataset_n_tokens(ds, ZDP_SPLIT_VAL), 2000 * 10);
+    memset(train, 0, sizeof train);
+    memset(val, 0, sizeof val);
+    mark_problems(zdp_dataset_tokens(ds, ZDP_SPLIT_TRAIN),
+                  zdp_dataset_n_tokens(ds, ZDP_SPLIT_TRAIN), train);
+    mark_problems(zdp_dataset_tokens(ds, ZDP_SPLIT_VAL), zdp_dataset_n_tokens(ds, ZDP_SPLIT_VAL),
+                  val);
+    for (int a = 0; a < 100; a++)
+        for (int b = 0; b < 100; b++) assert_false(train[a][b] && val[a][b]);
     zdp_dataset_destroy(ds);
 }
 

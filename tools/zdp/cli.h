@@ -12,11 +12,14 @@
 
 #define CLI_MAX_SCHEDULE 1024
 
-/* The generated arithmetic corpus: "a+b=c" with a, b in [0, 99] and this
- * many lines; the GPT trainer's default data and `zdp gen-data --corpus arith`
- * produce the same bytes for the same seed. */
+/* The generated arithmetic corpus: "a+b=c" with a, b in [0, 99] (the sum's
+ * digits reversed, zdp.h), this many lines, the last tenth of them the
+ * held-out problems; the GPT trainer's default data (at its default
+ * --val-fraction) and `zdp gen-data --corpus arith` produce the same bytes
+ * for the same seed. */
 #define CLI_ARITH_MAX_OPERAND 99
 #define CLI_ARITH_LINES 200000
+#define CLI_ARITH_VAL_FRACTION 0.1
 
 typedef struct cli_schedule {
     int64_t n[CLI_MAX_SCHEDULE];

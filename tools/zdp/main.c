@@ -440,14 +440,16 @@ done:
 }
 
 /* zdp gen-data --corpus arith: the GPT trainer's default corpus as an llm.c
- * token shard, so other programs (PyTorch) can train on the same bytes. */
+ * token shard, so other programs (PyTorch) can train on the same bytes: the
+ * held-out problems are its last tenth of lines, as in the trainer. */
 static int gen_arith_(int64_t lines, int64_t seed, const char *out) {
     if (zdp_dist_rank() != 0) return 0;
     int32_t *tokens = NULL;
     int64_t n = 0;
     zdp_error err;
     int rc = 0;
-    if (zdp_corpus_arith((uint64_t)seed, lines, CLI_ARITH_MAX_OPERAND, &tokens, &n, &err) != ZDP_OK ||
+    if (zdp_corpus_arith((uint64_t)seed, lines, CLI_ARITH_MAX_OPERAND, CLI_ARITH_VAL_FRACTION,
+                         &tokens, &n, &err) != ZDP_OK ||
         zdp_tokens_write_shard(out, tokens, n, &err) != ZDP_OK)
         rc = cli_fail("gen-data: %s", err.msg);
     zdp_tokens_free(tokens);

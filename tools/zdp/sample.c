@@ -128,31 +128,59 @@ out:
     free(logits);
 }
 
+/* The decimal value of digits p[0..n), least significant first when
+ * `reversed`; -1 if one is not a digit or there are none. */
+static long long arith_value_(const char *p, int n, bool reversed) {
+    long long v = 0;
+    for (int i = 0; i < n; i++) {
+        char c = p[reversed ? n - 1 - i : i];
+        if (c < '0' || c > '9' || v > 100000000000000000LL) return -1;
+        v = 10 * v + (c - '0');
+    }
+    return n > 0 ? v : -1;
+}
+
 void sample_arith_report(const zdp_model *model, const float *const *params,
                          const zdp_dataset *ds, int n_problems) {
     const int32_t *val = zdp_dataset_tokens(ds, ZDP_SPLIT_VAL);
     int64_t nv = zdp_dataset_n_tokens(ds, ZDP_SPLIT_VAL);
     const zdp_gpt_config *c = zdp_gpt_config_of(model);
     float *logits = malloc((size_t)c->vocab_size * sizeof *logits);
+    int64_t *seen = malloc((size_t)(n_problems > 0 ? n_problems : 1) * sizeof *seen);
     int32_t ctx[64];
     int tried = 0, right = 0;
     uint64_t rng = 0;
-    /* Skip the first (possibly partial) line of the split. */
-    int64_t i = 0;
-    while (i < nv && val[i] != '\n') i++;
-    printf("--- held-out arithmetic problems, greedy answers ---\n");
-    while (logits != NULL && i < nv && tried < n_problems) {
-        int64_t line = ++i; /* after '\n' */
+    printf("--- held-out arithmetic problems (never in training), greedy answers ---\n"
+           "  (the sum is written least significant digit first: 07+45=250 is 7 + 45 = 52)\n");
+    /* The val split starts at a line (zdp_dataset_create_arith) and each
+     * distinct problem counts once.  The prompt is the line up to '=' at
+     * position 0, as a line that starts a training window is seen. */
+    for (int64_t line = 0; logits != NULL && seen != NULL && line < nv && tried < n_problems;) {
         int64_t eq = line;
         while (eq < nv && val[eq] != '=' && val[eq] != '\n') eq++;
         int64_t end = eq;
         while (end < nv && val[end] != '\n') end++;
         if (end >= nv || val[eq] != '=' || eq - line > 40 || end - eq > 20) break;
-        int n = 0;
-        ctx[n++] = '\n';
-        for (int64_t k = line; k <= eq; k++) ctx[n++] = val[k];
-        char got[24];
-        int g = 0;
+        char prompt[48], want[24], got[24];
+        int n = 0, w = 0, g = 0;
+        for (int64_t k = line; k <= eq; k++) prompt[n++] = (char)val[k];
+        prompt[n] = '\0';
+        for (int64_t k = eq + 1; k < end; k++) want[w++] = (char)val[k];
+        want[w] = '\0';
+        const int64_t next = end + 1;
+        const char *plus = strchr(prompt, '+');
+        long long a = plus ? arith_value_(prompt, (int)(plus - prompt), false) : -1;
+        long long b = plus ? arith_value_(plus + 1, (int)(prompt + n - 1 - (plus + 1)), false) : -1;
+        /* Operands are at most 10^9 (zdp_corpus_arith), so the key cannot overflow. */
+        const bool in_range = a >= 0 && b >= 0 && a <= 1000000000 && b <= 1000000000;
+        int64_t key = in_range ? a * 2000000001LL + b : -1;
+        bool repeat = false;
+        for (int k = 0; k < tried && !repeat; k++) repeat = seen[k] == key;
+        if (key < 0 || repeat) {
+            line = next;
+            continue;
+        }
+        for (int k = 0; k < n; k++) ctx[k] = (unsigned char)prompt[k];
         while (g < 12) {
             int t = sample_next(model, params, ctx, n, 0.0, 0, &rng, logits);
             if (t < 0 || t == '\n') break;
@@ -160,23 +188,25 @@ void sample_arith_report(const zdp_model *model, const float *const *params,
             if (n < 63) ctx[n++] = t;
         }
         got[g] = '\0';
-        char want[24];
-        int w = 0;
-        for (int64_t k = eq + 1; k < end && w < 23; k++) want[w++] = (char)val[k];
-        want[w] = '\0';
         bool ok = strcmp(got, want) == 0;
         right += ok;
         if (tried < 8) {
-            printf("  ");
-            for (int64_t k = line; k <= eq; k++) putchar((char)val[k]);
-            printf("%s  %s\n", got, ok ? "(right)" : "(wrong)");
+            char says[80];
+            long long sum = arith_value_(got, g, true);
+            for (int k = 0; k < g; k++) /* an untrained model answers any byte */
+                if (got[k] < 0x20 || got[k] > 0x7e) got[k] = '?';
+            if (sum >= 0) snprintf(says, sizeof says, "%lld + %lld = %lld", a, b, sum);
+            else snprintf(says, sizeof says, "%lld + %lld = ?", a, b);
+            printf("  %s%-*s  %-18s %s%s\n", prompt, w + 1, got, says,
+                   ok ? "right" : "wrong, want ", ok ? "" : want);
         }
-        tried++;
-        i = end;
+        seen[tried++] = key;
+        line = next;
     }
     if (tried > 0)
         printf("accuracy on %d held-out problems: %d/%d = %.0f%%\n", tried, right, tried,
                100.0 * right / tried);
+    free(seen);
     free(logits);
 }
 

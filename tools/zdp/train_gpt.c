@@ -362,7 +362,7 @@ int cmd_train_gpt(int argc, char **argv) {
         if (views != NULL) {
             for (int i = 0; i < st.model.n_params; i++) views[i] = zdp_engine_param_data(st.eng, i);
             if (arith)
-                sample_arith_report(&st.model, (const float *const *)views, st.ds, 40);
+                sample_arith_report(&st.model, (const float *const *)views, st.ds, 200);
             else if (o.model.vocab_size == 256)
                 sample_print(&st.model, (const float *const *)views, "\n", 200, 0.8, 40, o.seed);
             free(views);
