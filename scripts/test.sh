@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds and runs every test twice: a normal build, then an
-# AddressSanitizer + UndefinedBehaviorSanitizer build; then the comm stream's
-# unit test and the Tinker server scenario under ThreadSanitizer.
+# Builds and runs every test three times: a normal build, the same with
+# libzdp as a shared library, then an AddressSanitizer +
+# UndefinedBehaviorSanitizer build; then the comm stream's unit test and the
+# Tinker server scenario under ThreadSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -11,9 +12,15 @@ jobs=$(nproc)
 # build/ without tests, and a reused cache would leave ctest nothing to run.
 # ctest --no-tests=error makes "No tests were found" a failure, not a pass.
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DZDP_WERROR=ON -DZDP_BUILD_TESTS=ON \
-  -DZDP_BUILD_BENCH=ON -DZDP_SANITIZE= -DZDP_FUZZ=OFF >/dev/null
+  -DZDP_BUILD_BENCH=ON -DZDP_SANITIZE= -DZDP_FUZZ=OFF -DBUILD_SHARED_LIBS=OFF >/dev/null
 cmake --build build -j"$jobs"
 (cd build && ctest --output-on-failure --no-tests=error -j"$jobs")
+# libzdp.so exports only the ZDP_API symbols (hidden visibility): the tool,
+# the tests and the benches must link against those alone and pass again.
+cmake -S . -B build-shared -DCMAKE_BUILD_TYPE=Release -DZDP_WERROR=ON -DZDP_BUILD_TESTS=ON \
+  -DZDP_BUILD_BENCH=ON -DZDP_SANITIZE= -DZDP_FUZZ=OFF -DBUILD_SHARED_LIBS=ON >/dev/null
+cmake --build build-shared -j"$jobs"
+(cd build-shared && ctest --output-on-failure --no-tests=error -j"$jobs")
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DZDP_WERROR=ON -DZDP_BUILD_TESTS=ON \
   -DZDP_BUILD_BENCH=ON -DZDP_SANITIZE="address;undefined" -DZDP_FUZZ=OFF >/dev/null
 cmake --build build-asan -j"$jobs"
@@ -51,4 +58,4 @@ if command -v clang >/dev/null 2>&1; then
   done
   echo "fuzz corpora passed under libFuzzer (clang, ASan+UBSan); fuzzed ${fuzz_s}s per target"
 fi
-echo "all tests passed (release, ASan+UBSan, TSan for the comm stream and the server, fuzz corpora)"
+echo "all tests passed (release, release with libzdp.so, ASan+UBSan, TSan for the comm stream and the server, fuzz corpora)"

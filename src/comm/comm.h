@@ -30,8 +30,41 @@ zdp_status zdp_comm_reduce_scatter_f32(const float *send, float *recv, const int
  * sum of recv_counts floats) is overwritten with partial sums; `scratch`
  * holds the largest piece.  On return rank r's reduced piece is at
  * buf + (recv_counts[0] + ... + recv_counts[r-1]). */
-zdp_status zdp_comm_ring_reduce_scatter_f32(float *buf, float *scratch, const int *recv_counts,
+ZDP_API zdp_status zdp_comm_ring_reduce_scatter_f32(float *buf, float *scratch, const int *recv_counts,
                                             zdp_comm_report *stats, zdp_error *err);
+/* The reduce-scatter backends: the same SUM reduce-scatter by one of the
+ * two algorithms above.  An engine picks its backend once, at creation
+ * (zdp_comm_rs_backend_from_env), and calls it through the table entry, so
+ * nothing on the reduction path looks the choice up again. */
+typedef enum zdp_comm_rs_kind {
+    ZDP_COMM_RS_RING, /* zdp_comm_ring_reduce_scatter_f32 (the default) */
+    ZDP_COMM_RS_MPI,  /* zdp_comm_reduce_scatter_f32 (MPI_Reduce_scatter) */
+    ZDP_COMM_RS_COUNT
+} zdp_comm_rs_kind;
+
+/* One reduce-scatter: buf holds the sum of recv_counts floats (overwritten),
+ * scratch the largest piece; *piece is set to this rank's reduced piece, in
+ * buf (the ring) or in scratch (MPI). */
+typedef zdp_status (*zdp_comm_rs_fn)(float *buf, float *scratch, const int *recv_counts,
+                                     const float **piece, zdp_comm_report *stats,
+                                     zdp_error *err);
+
+typedef struct zdp_comm_rs_backend {
+    zdp_comm_rs_kind kind;
+    const char *name; /* "ring", "mpi": the values of ZDP_REDUCE_SCATTER */
+    zdp_comm_rs_fn reduce_scatter;
+} zdp_comm_rs_backend;
+
+/* The backend of `kind` (NULL if out of range). */
+ZDP_API const zdp_comm_rs_backend *zdp_comm_rs_backend_get(zdp_comm_rs_kind kind);
+/* The backend the environment asks for: ZDP_REDUCE_SCATTER=mpi selects MPI,
+ * anything else (unset included) the ring (docs/architecture.md,
+ * "The comm stream"). */
+ZDP_API const zdp_comm_rs_backend *zdp_comm_rs_backend_from_env(void);
+/* Reduce-scatters run through the backend of `kind` in this process so far
+ * (any thread): lets a test see which backend an engine uses. */
+ZDP_API int64_t zdp_comm_rs_calls(zdp_comm_rs_kind kind);
+
 /* In-place all-gather with uneven pieces: rank r contributes
  * buf[displs[r] .. displs[r] + counts[r]) and everyone receives all pieces. */
 zdp_status zdp_comm_allgatherv_inplace_f32(float *buf, const int *counts, const int *displs,

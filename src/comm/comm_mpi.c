@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include <limits.h>
+#include <stdatomic.h>
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +66,8 @@ zdp_status zdp_dist_init(int *argc, char ***argv, zdp_error *err) {
     } else {
         MPI_Query_thread(&provided);
     }
+    /* Error records and log lines name this rank from now on. */
+    zdp_core_set_rank(zdp_dist_rank());
     if (provided < MPI_THREAD_MULTIPLE)
         return zdp_err_set(err, ZDP_ERR_COMM,
                            "the MPI library provides %s, but zdp runs collectives on a comm "
@@ -108,6 +111,7 @@ int zdp_dist_world_size(void) {
 void zdp_dist_finalize(void) {
     if (we_initialised_mpi_ && mpi_ready_()) MPI_Finalize();
     we_initialised_mpi_ = false;
+    if (!mpi_ready_()) zdp_core_set_rank(0); /* as zdp_dist_rank() now answers */
 }
 
 void zdp_dist_abort(int code, const char *msg) {
@@ -332,6 +336,46 @@ zdp_status zdp_comm_ring_reduce_scatter_f32(float *buf, float *scratch, const in
     }
     count_(stats, ZDP_COLL_REDUCE_SCATTER, total * e, sent, received);
     return ZDP_OK;
+}
+
+/* ---- reduce-scatter backends ---- */
+
+static _Atomic int64_t rs_calls_[ZDP_COMM_RS_COUNT];
+
+static zdp_status rs_ring_(float *buf, float *scratch, const int *recv_counts,
+                           const float **piece, zdp_comm_report *stats, zdp_error *err) {
+    atomic_fetch_add(&rs_calls_[ZDP_COMM_RS_RING], 1);
+    int64_t off = 0;
+    for (int q = 0; q < zdp_dist_rank(); q++) off += recv_counts[q];
+    *piece = buf + off; /* the ring leaves our piece in place */
+    return zdp_comm_ring_reduce_scatter_f32(buf, scratch, recv_counts, stats, err);
+}
+
+static zdp_status rs_mpi_(float *buf, float *scratch, const int *recv_counts,
+                          const float **piece, zdp_comm_report *stats, zdp_error *err) {
+    atomic_fetch_add(&rs_calls_[ZDP_COMM_RS_MPI], 1);
+    *piece = scratch;
+    return zdp_comm_reduce_scatter_f32(buf, scratch, recv_counts, stats, err);
+}
+
+/* Indexed by zdp_comm_rs_kind. */
+static const zdp_comm_rs_backend rs_backends_[ZDP_COMM_RS_COUNT] = {
+    {ZDP_COMM_RS_RING, "ring", rs_ring_},
+    {ZDP_COMM_RS_MPI, "mpi", rs_mpi_},
+};
+
+const zdp_comm_rs_backend *zdp_comm_rs_backend_get(zdp_comm_rs_kind kind) {
+    return kind >= 0 && kind < ZDP_COMM_RS_COUNT ? &rs_backends_[kind] : NULL;
+}
+
+const zdp_comm_rs_backend *zdp_comm_rs_backend_from_env(void) {
+    const char *v = getenv("ZDP_REDUCE_SCATTER");
+    bool mpi = v != NULL && strcmp(v, "mpi") == 0;
+    return &rs_backends_[mpi ? ZDP_COMM_RS_MPI : ZDP_COMM_RS_RING];
+}
+
+int64_t zdp_comm_rs_calls(zdp_comm_rs_kind kind) {
+    return kind >= 0 && kind < ZDP_COMM_RS_COUNT ? atomic_load(&rs_calls_[kind]) : 0;
 }
 
 zdp_status zdp_comm_allgatherv_inplace_f32(float *buf, const int *counts, const int *displs,

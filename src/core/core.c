@@ -7,8 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../comm/comm.h"
-
 const char *zdp_status_name(zdp_status s) {
     switch (s) {
 #define XX(name, val, desc) case ZDP_##name: return "ZDP_" #name;
@@ -27,10 +25,17 @@ const char *zdp_status_str(zdp_status s) {
     return "unknown status";
 }
 
+/* The rank that error records and log lines name: zdp_dist_init sets it
+ * once (src/comm), so core never asks MPI.  0 until then, as for one
+ * process. */
+static int rank_ = 0;
+
+void zdp_core_set_rank(int rank) { rank_ = rank; }
+
 zdp_status zdp_err_set(zdp_error *err, zdp_status code, const char *fmt, ...) {
     if (err != NULL) {
         err->code = code;
-        err->rank = zdp_dist_rank();
+        err->rank = rank_;
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(err->msg, sizeof err->msg, fmt, ap);
@@ -61,7 +66,7 @@ uint64_t zdp_splitmix64(uint64_t *state) {
 
 static void log_stderr_(int level, const char *msg, void *user) {
     (void)user;
-    fprintf(stderr, "[zdp rank %d] %s%s\n", zdp_dist_rank(), level > 0 ? "warning: " : "", msg);
+    fprintf(stderr, "[zdp rank %d] %s%s\n", rank_, level > 0 ? "warning: " : "", msg);
 }
 
 static zdp_log_fn log_fn_ = log_stderr_;

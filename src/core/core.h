@@ -21,8 +21,13 @@
 
 /* Fills err (if not NULL) with code, this rank and the formatted message;
  * returns code. */
-zdp_status zdp_err_set(zdp_error *err, zdp_status code, const char *fmt, ...)
+ZDP_API zdp_status zdp_err_set(zdp_error *err, zdp_status code, const char *fmt, ...)
     ZDP_PRINTF(3, 4);
+
+/* The rank that zdp_err_set records and the default log sink prints.
+ * zdp_dist_init (src/comm) sets it once MPI is up and zdp_dist_finalize
+ * sets it back to 0, so core itself never calls comm. */
+void zdp_core_set_rank(int rank);
 
 /* Logs through the installed sink.  level: 0 info, 1 warning. */
 void zdp_log(int level, const char *fmt, ...) ZDP_PRINTF(2, 3);

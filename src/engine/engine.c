@@ -116,15 +116,8 @@ static zdp_status reduce_bucket_(zdp_engine *e, int b, float *buf, zdp_error *er
     } else {
         for (int r = 0; r < e->world; r++)
             e->rs_counts[r] = (int)zdp_layout_owned(&e->lay, r, bk->lo, bk->hi);
-        if (e->ring_reduce_scatter) {
-            st = zdp_comm_ring_reduce_scatter_f32(buf, e->rs_scratch, e->rs_counts,
-                                                  &e->comm_total, err);
-            piece = buf + src; /* the ring leaves our piece in place */
-        } else {
-            st = zdp_comm_reduce_scatter_f32(buf, e->rs_scratch, e->rs_counts, &e->comm_total,
-                                             err);
-            piece = e->rs_scratch;
-        }
+        st = e->rs->reduce_scatter(buf, e->rs_scratch, e->rs_counts, &piece, &e->comm_total,
+                                   err);
     }
     if (st != ZDP_OK) return st;
     float *out = e->grad_part + dst;
@@ -400,13 +393,6 @@ static void log_memory_report_(const zdp_engine *e) {
             (long long)m.optimizer_bytes, (long long)m.other_bytes, (long long)m.total_bytes);
 }
 
-/* The reduce-scatter algorithm: zdp's ring unless ZDP_REDUCE_SCATTER=mpi
- * (kept for benchmarks; docs/benchmarks.md has the comparison). */
-static bool use_ring_(void) {
-    const char *v = getenv("ZDP_REDUCE_SCATTER");
-    return v == NULL || strcmp(v, "mpi") != 0;
-}
-
 /* Buckets and their buffers (stages 1/2). */
 static zdp_status plan_buckets_(zdp_engine *e, zdp_error *err) {
     const zdp_model *model = e->model;
@@ -492,7 +478,10 @@ zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model, zdp_
     e->last_grad_norm = -1.0;
     e->sched_iter = -1;
     e->last_lr = -1.0;
-    e->ring_reduce_scatter = use_ring_();
+    /* The reduce-scatter backend, chosen once: zdp's ring unless
+     * ZDP_REDUCE_SCATTER=mpi (kept for benchmarks; docs/benchmarks.md has
+     * the comparison). */
+    e->rs = zdp_comm_rs_backend_from_env();
     const int stage = cfg->zero.stage;
     const int nt = model->n_params;
 

@@ -10,6 +10,6 @@
 /* A grad sink that hands out caller-owned buffers (grads[i] for tensor i),
  * with no engine behind it: for checking a model's gradients in a single
  * process (finite-difference tests).  Free with free(). */
-zdp_grad_sink *zdp_grad_sink_create_dense(float *const *grads, int n_tensors);
+ZDP_API zdp_grad_sink *zdp_grad_sink_create_dense(float *const *grads, int n_tensors);
 
 #endif /* ZDP_ENGINE_H */

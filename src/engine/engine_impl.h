@@ -6,6 +6,7 @@
 #ifndef ZDP_ENGINE_IMPL_H
 #define ZDP_ENGINE_IMPL_H
 
+#include "../comm/comm.h"
 #include "../comm/stream.h"
 #include "../core/core.h"
 #include "../optim/optim.h"
@@ -54,7 +55,7 @@ struct zdp_engine {
 
     /* The comm stream and stage 2's buckets in flight on it (FIFO). */
     zdp_stream *stream;
-    bool ring_reduce_scatter; /* zdp's ring, else MPI_Reduce_scatter */
+    const zdp_comm_rs_backend *rs; /* the reduce-scatter backend, picked at create */
     float **inflight_buf;     /* (pool_cap) ring of buffers whose reduction is queued */
     uint64_t *inflight_event; /* (pool_cap) their stream events */
     int inflight_head, inflight_count;

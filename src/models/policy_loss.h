@@ -62,11 +62,11 @@ typedef struct zdp_loss_config {
 
 /* Tinker's name of a kind ("cross_entropy", "importance_sampling", "ppo",
  * "cispo", "dro"); "?" for a value outside the enum. */
-const char *zdp_loss_kind_name(zdp_loss_kind kind);
+ZDP_API const char *zdp_loss_kind_name(zdp_loss_kind kind);
 
 /* The kind named `name` (Tinker's loss_fn string, exact match);
  * ZDP_ERR_INVALID_ARG naming the value and listing the known names. */
-zdp_status zdp_loss_kind_from_name(const char *name, zdp_loss_kind *out, zdp_error *err);
+ZDP_API zdp_status zdp_loss_kind_from_name(const char *name, zdp_loss_kind *out, zdp_error *err);
 
 /* One datum of n >= 0 tokens: fills coef[n] (the weights for
  * zdp_gpt_set_loss_weights), elementwise[n] (el[t], may be NULL) and
@@ -84,7 +84,7 @@ zdp_status zdp_loss_kind_from_name(const char *name, zdp_loss_kind *out, zdp_err
  * coefficient or loss term that does not fit in a float; the message names
  * the kind, the array and index, the value and the fix.  On error nothing is
  * written. */
-zdp_status zdp_policy_loss(zdp_loss_kind kind, const zdp_loss_config *cfg, int64_t n,
+ZDP_API zdp_status zdp_policy_loss(zdp_loss_kind kind, const zdp_loss_config *cfg, int64_t n,
                            const float *lp, const float *q, const float *adv,
                            const float *weights, float *coef, float *elementwise,
                            double *loss_sum, zdp_error *err);

@@ -20,22 +20,22 @@ typedef struct zdp_optim {
 } zdp_optim;
 
 /* Allocates state for n elements, counted under ZDP_MEM_OPTIMIZER. */
-zdp_status zdp_optim_init(zdp_optim *opt, const zdp_optimizer_config *cfg, int64_t n,
+ZDP_API zdp_status zdp_optim_init(zdp_optim *opt, const zdp_optimizer_config *cfg, int64_t n,
                           zdp_mem_counter *mem, zdp_error *err);
-void zdp_optim_free(zdp_optim *opt, zdp_mem_counter *mem);
+ZDP_API void zdp_optim_free(zdp_optim *opt, zdp_mem_counter *mem);
 
 /* One update of params[0..n) from grads[0..n) * grad_scale (grad_scale folds
  * the clipping coefficient in, so the gradient is not rewritten).  lr is the
  * learning rate of this update.  Adam follows DeepSpeed's FusedAdam, SGD
  * torch.optim.SGD. */
-void zdp_optim_step(zdp_optim *opt, float *params, const float *grads, float grad_scale,
+ZDP_API void zdp_optim_step(zdp_optim *opt, float *params, const float *grads, float grad_scale,
                     double lr);
 
 /* Whether zdp_optim_step with the same arguments would leave every
  * parameter and every state element finite.  Writes nothing: the same
  * float arithmetic as the update, kept only to test it, so the verdict is
  * exact.  The engine refuses (skips) an update that fails it. */
-bool zdp_optim_update_finite(const zdp_optim *opt, const float *params, const float *grads,
+ZDP_API bool zdp_optim_update_finite(const zdp_optim *opt, const float *params, const float *grads,
                              float grad_scale, double lr);
 
 #endif /* ZDP_OPTIM_H */

@@ -27,12 +27,12 @@ typedef struct zdp_layout {
 } zdp_layout;
 
 /* The arrays are counted in *mem (ZDP_MEM_OTHER) when mem is not NULL. */
-zdp_status zdp_layout_init(zdp_layout *lay, const zdp_param_info *params, int n_params,
+ZDP_API zdp_status zdp_layout_init(zdp_layout *lay, const zdp_param_info *params, int n_params,
                            int world_size, zdp_mem_counter *mem, zdp_error *err);
-void zdp_layout_free(zdp_layout *lay);
+ZDP_API void zdp_layout_free(zdp_layout *lay);
 
 /* Elements of the flat range [lo, hi) that rank r owns. */
-int64_t zdp_layout_owned(const zdp_layout *lay, int r, int64_t lo, int64_t hi);
+ZDP_API int64_t zdp_layout_owned(const zdp_layout *lay, int r, int64_t lo, int64_t hi);
 
 /* A reduce bucket: consecutive tensors [first, last] (registration indices),
  * i.e. the contiguous flat range [lo, hi).  Buckets are planned from the last
@@ -45,7 +45,7 @@ typedef struct zdp_bucket {
 /* Plans buckets of at most cap elements (a tensor larger than cap gets a
  * bucket of its own).  *out is malloc'd, bucket 0 holds the last tensors;
  * tensor_bucket[i] (n_tensors entries, malloc'd) gives tensor i's bucket. */
-zdp_status zdp_bucket_plan(const zdp_layout *lay, int64_t cap, zdp_bucket **out, int *n_out,
+ZDP_API zdp_status zdp_bucket_plan(const zdp_layout *lay, int64_t cap, zdp_bucket **out, int *n_out,
                            int **tensor_bucket, zdp_error *err);
 
 #endif /* ZDP_ZERO_H */

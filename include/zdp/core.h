@@ -1,0 +1,73 @@
+/*
+ * zdp/core.h -- status codes, zdp_error, ZDP_API, logging, splitmix64.
+ * Part of the public API; include zdp/zdp.h for all of it.
+ */
+#ifndef ZDP_PUBLIC_CORE_H
+#define ZDP_PUBLIC_CORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(ZDP_BUILDING_LIBRARY) && defined(__GNUC__)
+#define ZDP_API __attribute__((visibility("default")))
+#else
+#define ZDP_API
+#endif
+
+/* The most dimensions a tensor has (zdp_param_info, zdp_tensor). */
+#define ZDP_MAX_DIMS 4
+
+#define ZDP_VERSION "0.1.0"
+
+/* ---- status codes and errors ------------------------------------------ */
+
+/* X-macro table: name, value, short description. */
+#define ZDP_STATUS_MAP(XX)                                                   \
+    XX(OK, 0, "success")                                                     \
+    XX(ERR_INVALID_ARG, -1, "invalid argument")                              \
+    XX(ERR_CONFIG, -2, "invalid configuration")                              \
+    XX(ERR_UNSUPPORTED, -3, "not supported")                                 \
+    XX(ERR_STATE, -4, "call not valid in the engine's current state")        \
+    XX(ERR_IO, -5, "file input/output error")                                \
+    XX(ERR_FORMAT, -6, "malformed file")                                     \
+    XX(ERR_NOMEM, -7, "out of memory")                                       \
+    XX(ERR_COMM, -8, "communication failure")                                \
+    XX(ERR_INTERNAL, -9, "internal error (a bug in zdp)")
+
+typedef enum zdp_status {
+#define ZDP_STATUS_ENUM_(name, val, desc) ZDP_##name = val,
+    ZDP_STATUS_MAP(ZDP_STATUS_ENUM_)
+#undef ZDP_STATUS_ENUM_
+} zdp_status;
+
+#define ZDP_ERROR_MSG_MAX 1024
+
+typedef struct zdp_error {
+    zdp_status code;             /* same value the function returned */
+    int rank;                    /* rank that detected it, -1 if unknown */
+    char msg[ZDP_ERROR_MSG_MAX]; /* "thing = value: why; fix" */
+} zdp_error;
+
+ZDP_API const char *zdp_status_name(zdp_status s); /* "ZDP_ERR_CONFIG" */
+ZDP_API const char *zdp_status_str(zdp_status s);  /* "invalid configuration" */
+
+/* Log sink for warnings and information (unknown config keys, the memory
+ * report).  Default: stderr, prefixed "[zdp rank R]".  level: 0 info, 1 warn. */
+typedef void (*zdp_log_fn)(int level, const char *msg, void *user);
+ZDP_API void zdp_set_log(zdp_log_fn fn, void *user);
+
+/* splitmix64 (Steele, Lea, Flood 2014): the small reproducible generator
+ * behind zdp's seeded initialisers and generated data.  Adds
+ * 0x9E3779B97F4A7C15 to *state, then mixes: the same numbers on every
+ * machine, so another program can reproduce zdp's data. */
+ZDP_API uint64_t zdp_splitmix64(uint64_t *state);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ZDP_PUBLIC_CORE_H */

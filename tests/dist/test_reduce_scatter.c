@@ -1,0 +1,178 @@
+/*
+ * test_reduce_scatter.c -- the reduce-scatter backends of src/comm (CTest
+ * runs it at -np 1, 2, 3, 4).
+ *
+ * Both backends, called directly on uneven pieces (one of them empty) of
+ * integer-valued floats, give exactly the sums and leave *piece at this
+ * rank's piece.  An engine takes its backend from ZDP_REDUCE_SCATTER once, at
+ * creation: changing the variable afterwards changes nothing, the backend it
+ * chose is the one its reductions go through (zdp_comm_rs_calls), and at
+ * stages 1 and 2 both backends train to the same parameters (bit for bit
+ * at W <= 2, where a sum of two terms has one order; to fp32 rounding
+ * beyond).
+ */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "common/check.h"
+#include "zdp/zdp.h"
+
+static int W, R;
+
+/* ---- the backends called directly ------------------------------------------- */
+
+static void test_backend_sums(zdp_comm_rs_kind kind) {
+    const zdp_comm_rs_backend *be = zdp_comm_rs_backend_get(kind);
+    CHECK(be != NULL);
+    CHECK(be->kind == kind);
+    /* Piece r holds 2r + 1 floats, except piece 1 (when there is one): 0. */
+    int counts[4], total = 0, mine_off = 0;
+    for (int r = 0; r < W; r++) {
+        counts[r] = r == 1 ? 0 : 2 * r + 1;
+        if (r < R) mine_off += counts[r];
+        total += counts[r];
+    }
+    float *buf = malloc((size_t)total * sizeof(float)); /* (total) */
+    float *scratch = malloc(8 * sizeof(float));         /* the largest piece */
+    /* Element i on rank q is q * 100 + i: small integers, exact in any order. */
+    for (int i = 0; i < total; i++) buf[i] = (float)(R * 100 + i);
+    const int64_t before[2] = {zdp_comm_rs_calls(ZDP_COMM_RS_RING), zdp_comm_rs_calls(ZDP_COMM_RS_MPI)};
+    const float *piece = NULL;
+    zdp_error err = {0};
+    zdp_status st = be->reduce_scatter(buf, scratch, counts, &piece, NULL, &err);
+    if (st != ZDP_OK) CHECK_FAIL_("%s reduce-scatter: %s", be->name, err.msg);
+    CHECK(piece != NULL);
+    for (int i = 0; i < counts[R]; i++) {
+        const int idx = mine_off + i;
+        const float want = (float)(100 * (W * (W - 1) / 2) + W * idx);
+        if (piece[i] != want)
+            CHECK_FAIL_("%s: rank %d element %d: %g, want %g", be->name, R, i, (double)piece[i],
+                        (double)want);
+    }
+    CHECK_EQ_I64(zdp_comm_rs_calls(kind) - before[kind], 1);
+    CHECK_EQ_I64(zdp_comm_rs_calls(1 - kind) - before[1 - kind], 0);
+    free(buf);
+    free(scratch);
+}
+
+static void test_backend_from_env(void) {
+    unsetenv("ZDP_REDUCE_SCATTER");
+    CHECK(zdp_comm_rs_backend_from_env()->kind == ZDP_COMM_RS_RING);
+    setenv("ZDP_REDUCE_SCATTER", "ring", 1);
+    CHECK(zdp_comm_rs_backend_from_env()->kind == ZDP_COMM_RS_RING);
+    setenv("ZDP_REDUCE_SCATTER", "mpi", 1);
+    CHECK(zdp_comm_rs_backend_from_env()->kind == ZDP_COMM_RS_MPI);
+    CHECK(strcmp(zdp_comm_rs_backend_from_env()->name, "mpi") == 0);
+    unsetenv("ZDP_REDUCE_SCATTER");
+    CHECK(zdp_comm_rs_backend_get(ZDP_COMM_RS_COUNT) == NULL);
+}
+
+/* ---- an engine's backend ------------------------------------------------------ */
+
+#define H_ 9 /* 2 layers of 9x9 + 9: 180 parameters, not a multiple of 2W */
+#define L_ 2
+#define STEPS_ 3
+
+/* Trains STEPS_ unmanaged steps (2 backwards each) of the MLP at `stage`
+ * with the backend the environment names at creation, then sets the
+ * variable to the other backend before the steps (an engine must not look
+ * again).  Returns the parameters (numel floats, malloc'd) and the
+ * reduce-scatters each backend ran. */
+static float *train_(int stage, const char *backend, int64_t *calls /* (2) */, int64_t *numel) {
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": 1, "
+             "\"steps_per_print\": 1, \"managed_gradient_accumulation\": false, "
+             "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-2}}, "
+             "\"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": 40}}",
+             stage);
+    zdp_error err = {0};
+    zdp_config cfg;
+    if (zdp_config_load_string(json, "<test>", W, &cfg, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
+    zdp_model model;
+    if (zdp_mlp_create(H_, L_, 2, &model, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
+    setenv("ZDP_REDUCE_SCATTER", backend, 1);
+    zdp_engine *eng;
+    if (zdp_engine_create(&cfg, &model, &eng, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
+    setenv("ZDP_REDUCE_SCATTER", strcmp(backend, "mpi") == 0 ? "ring" : "mpi", 1);
+    float *views[8];
+    for (int i = 0; i < model.n_params; i++) views[i] = zdp_engine_param_data(eng, i);
+    zdp_mlp_init_params(&model, views, 7);
+    if (zdp_engine_sync_params(eng, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
+
+    const int64_t before[2] = {zdp_comm_rs_calls(ZDP_COMM_RS_RING), zdp_comm_rs_calls(ZDP_COMM_RS_MPI)};
+    uint64_t s = 11 + (uint64_t)R; /* each rank its own data */
+    float x[2 * H_]; /* (2, H_) */
+    int64_t y[2];    /* (2,) */
+    for (int step = 0; step < STEPS_; step++) {
+        for (int k = 0; k < 2; k++) {
+            for (int i = 0; i < 2 * H_; i++)
+                x[i] = (float)((double)(zdp_splitmix64(&s) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+            for (int i = 0; i < 2; i++) y[i] = (int64_t)(zdp_splitmix64(&s) % H_);
+            zdp_mlp_batch b = {.x = x, .y = y, .n = 2};
+            float loss;
+            if (zdp_engine_forward(eng, &b, &loss, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
+            if (zdp_engine_backward(eng, false, 0.5f, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
+        }
+        if (zdp_engine_step(eng, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
+        CHECK(zdp_engine_was_step_applied(eng));
+    }
+    calls[0] = zdp_comm_rs_calls(ZDP_COMM_RS_RING) - before[0];
+    calls[1] = zdp_comm_rs_calls(ZDP_COMM_RS_MPI) - before[1];
+    unsetenv("ZDP_REDUCE_SCATTER");
+    *numel = zdp_engine_numel(eng);
+    float *out = malloc((size_t)*numel * sizeof(float));
+    memcpy(out, zdp_engine_param_data(eng, 0), (size_t)*numel * sizeof(float));
+    zdp_engine_destroy(eng);
+    zdp_mlp_destroy(&model);
+    return out;
+}
+
+static void test_engine_uses_its_backend(int stage) {
+    int64_t ring_calls[2], mpi_calls[2], n_ring, n_mpi;
+    float *p_ring = train_(stage, "ring", ring_calls, &n_ring);
+    float *p_mpi = train_(stage, "mpi", mpi_calls, &n_mpi);
+    CHECK_EQ_I64(n_ring, n_mpi);
+    /* One process reduces nothing; otherwise every reduction went through
+     * the backend chosen at creation, and only through it. */
+    CHECK_EQ_I64(ring_calls[1], 0);
+    CHECK_EQ_I64(mpi_calls[0], 0);
+    if (W == 1) {
+        CHECK_EQ_I64(ring_calls[0], 0);
+        CHECK_EQ_I64(mpi_calls[1], 0);
+    } else {
+        CHECK(ring_calls[0] > 0);
+        CHECK_EQ_I64(mpi_calls[1], ring_calls[0]);
+    }
+    if (W <= 2) {
+        if (memcmp(p_ring, p_mpi, (size_t)n_ring * sizeof(float)) != 0)
+            CHECK_FAIL_("stage %d: ring and mpi parameters differ at W = %d", stage, W);
+    } else {
+        CHECK_CLOSE(p_mpi, p_ring, n_ring, 1e-5, 1e-6, "mpi vs ring parameters");
+    }
+    free(p_ring);
+    free(p_mpi);
+}
+
+int main(int argc, char **argv) {
+    zdp_error err;
+    if (zdp_dist_init(&argc, &argv, &err) != ZDP_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    W = zdp_dist_world_size();
+    R = zdp_dist_rank();
+    CHECK(W <= 4);
+    test_backend_from_env();
+    test_backend_sums(ZDP_COMM_RS_RING);
+    test_backend_sums(ZDP_COMM_RS_MPI);
+    test_engine_uses_its_backend(1);
+    test_engine_uses_its_backend(2);
+    if (R == 0) printf("test_reduce_scatter: all passed at W = %d\n", W);
+    zdp_dist_finalize();
+    return 0;
+}
