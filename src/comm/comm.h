@@ -30,8 +30,9 @@ zdp_status zdp_comm_reduce_scatter_f32(const float *send, float *recv, const int
  * sum of recv_counts floats) is overwritten with partial sums; `scratch`
  * holds the largest piece.  On return rank r's reduced piece is at
  * buf + (recv_counts[0] + ... + recv_counts[r-1]). */
-ZDP_API zdp_status zdp_comm_ring_reduce_scatter_f32(float *buf, float *scratch, const int *recv_counts,
-                                            zdp_comm_report *stats, zdp_error *err);
+ZDP_API zdp_status zdp_comm_ring_reduce_scatter_f32(float *buf, float *scratch,
+                                                    const int *recv_counts, zdp_comm_report *stats,
+                                                    zdp_error *err);
 /* The reduce-scatter backends: the same SUM reduce-scatter by one of the
  * two algorithms above.  An engine picks its backend once, at creation
  * (zdp_comm_rs_backend_from_env), and calls it through the table entry, so

@@ -29,13 +29,15 @@ typedef struct zdp_stream zdp_stream;
 
 /* Starts the thread.  depth: operations that may wait in the queue.  The
  * stream's memory is counted in *mem (ZDP_MEM_OTHER) when mem is not NULL. */
-ZDP_API zdp_status zdp_stream_create(zdp_stream **out, int depth, zdp_mem_counter *mem, zdp_error *err);
+ZDP_API zdp_status zdp_stream_create(zdp_stream **out, int depth, zdp_mem_counter *mem,
+                                     zdp_error *err);
 /* Runs what is queued, then stops and joins the thread; NULL is a no-op. */
 ZDP_API void zdp_stream_destroy(zdp_stream *s);
 
 /* Queues fn(copy of arg) and returns its event (> 0).  Blocks while the
  * queue is full.  arg_size <= ZDP_STREAM_ARG_MAX. */
-ZDP_API uint64_t zdp_stream_enqueue(zdp_stream *s, zdp_stream_fn fn, const void *arg, size_t arg_size);
+ZDP_API uint64_t zdp_stream_enqueue(zdp_stream *s, zdp_stream_fn fn, const void *arg,
+                                    size_t arg_size);
 /* Waits until operation `event` has run; ZDP_OK or the stream's first error. */
 ZDP_API zdp_status zdp_stream_wait(zdp_stream *s, uint64_t event, zdp_error *err);
 /* True when operation `event` has run (never blocks). */

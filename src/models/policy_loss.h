@@ -85,8 +85,8 @@ ZDP_API zdp_status zdp_loss_kind_from_name(const char *name, zdp_loss_kind *out,
  * the kind, the array and index, the value and the fix.  On error nothing is
  * written. */
 ZDP_API zdp_status zdp_policy_loss(zdp_loss_kind kind, const zdp_loss_config *cfg, int64_t n,
-                           const float *lp, const float *q, const float *adv,
-                           const float *weights, float *coef, float *elementwise,
-                           double *loss_sum, zdp_error *err);
+                                   const float *lp, const float *q, const float *adv,
+                                   const float *weights, float *coef, float *elementwise,
+                                   double *loss_sum, zdp_error *err);
 
 #endif /* ZDP_POLICY_LOSS_H */

@@ -17,8 +17,9 @@
 /* out = inp @ weight^T + bias   (torch.nn.Linear)
  * out (N,OC), inp (N,C), weight (OC,C) row-major, bias (OC) or NULL.
  * accumulate: add into out instead of overwriting it. */
-ZDP_API void zdp_nn_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
-                           int64_t N, int64_t C, int64_t OC, int accumulate);
+ZDP_API void zdp_nn_linear_forward(float *out, const float *inp, const float *weight,
+                                   const float *bias, int64_t N, int64_t C, int64_t OC,
+                                   int accumulate);
 
 /* dinp (N,C) += dout @ weight      (skipped when dinp is NULL)
  * dweight (OC,C) += dout^T @ inp   (skipped when NULL)
@@ -47,35 +48,35 @@ void zdp_nn_crossentropy_backward(float *dlogits, const float *probs, const int6
 
 /* out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]   (GPT-2's token + position embedding)
  * out (B,T,C), inp (B,T) ids in [0,V) (not checked here), wte (V,C), wpe (>=T,C). */
-ZDP_API void zdp_nn_embedding_forward(float *out, const int32_t *inp, const float *wte, const float *wpe,
-                              int64_t B, int64_t T, int64_t C);
+ZDP_API void zdp_nn_embedding_forward(float *out, const int32_t *inp, const float *wte,
+                                      const float *wpe, int64_t B, int64_t T, int64_t C);
 /* dwte (V,C) += scatter of dout by token id; dwpe (>=T,C) += dout summed over b.
  * Either gradient may be NULL (skipped).  dout (B,T,C), inp (B,T). */
-ZDP_API void zdp_nn_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp,
-                               int64_t B, int64_t T, int64_t C);
+ZDP_API void zdp_nn_embedding_backward(float *dwte, float *dwpe, const float *dout,
+                                       const int32_t *inp, int64_t B, int64_t T, int64_t C);
 
 /* out = (inp - mean) * rstd * weight + bias per row, rstd = 1/sqrt(var + 1e-5)
  * with the biased variance (torch.nn.LayerNorm, eps 1e-5).
  * out (N,C), mean (N), rstd (N) (kept for backward), inp (N,C), weight (C), bias (C). */
 ZDP_API void zdp_nn_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                              const float *weight, const float *bias, int64_t N, int64_t C);
+                                      const float *weight, const float *bias, int64_t N, int64_t C);
 /* dinp (N,C) += ..., dweight (C) += ..., dbias (C) += ...  (all ADD).
  * dout (N,C), inp (N,C), weight (C), mean (N), rstd (N) from the forward. */
 ZDP_API void zdp_nn_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                               const float *inp, const float *weight, const float *mean,
-                               const float *rstd, int64_t N, int64_t C);
+                                       const float *inp, const float *weight, const float *mean,
+                                       const float *rstd, int64_t N, int64_t C);
 
 /* out = inp @ weight + bias   (Hugging Face Conv1D: weight is [in, out])
  * out (N,OC) (overwritten), inp (N,C), weight (C,OC), bias (OC) or NULL. */
-ZDP_API void zdp_nn_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
-                           int64_t N, int64_t C, int64_t OC);
+ZDP_API void zdp_nn_matmul_forward(float *out, const float *inp, const float *weight,
+                                   const float *bias, int64_t N, int64_t C, int64_t OC);
 /* dinp (N,C) = dout @ weight^T       (OVERWRITES; skipped when NULL)
  * dweight (C,OC) += inp^T @ dout     (skipped when NULL)
  * dbias (OC) += column sums of dout  (skipped when NULL)
  * dout (N,OC), inp (N,C), weight (C,OC). */
 ZDP_API void zdp_nn_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int64_t N, int64_t C,
-                            int64_t OC);
+                                    const float *inp, const float *weight, int64_t N, int64_t C,
+                                    int64_t OC);
 
 /* Row blocks of the causal attention: a block of query rows [r0, r1) only
  * meets keys [0, r1), so the products skip most of the masked triangle. */
@@ -88,12 +89,13 @@ ZDP_API void zdp_nn_matmul_backward(float *dinp, float *dweight, float *dbias, c
  * out (B,T,C) (overwritten), att (B,NH,T,T) (the probabilities, kept for
  * backward; above the diagonal only the entries inside each row's block of
  * ZDP_NN_ATTN_BLOCK rows are written, as zeros), qkv (B,T,3C). */
-ZDP_API void zdp_nn_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T,
-                              int64_t C, int64_t NH);
+ZDP_API void zdp_nn_attention_forward(float *out, float *att, const float *qkv, int64_t B,
+                                      int64_t T, int64_t C, int64_t NH);
 /* dqkv (B,T,3C) = d/dqkv   (OVERWRITES).  scratch (T,T) is workspace.
  * dout (B,T,C), qkv (B,T,3C), att (B,NH,T,T) from the forward. */
-ZDP_API void zdp_nn_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const float *att, int64_t B, int64_t T, int64_t C, int64_t NH);
+ZDP_API void zdp_nn_attention_backward(float *dqkv, float *scratch, const float *dout,
+                                       const float *qkv, const float *att, int64_t B, int64_t T,
+                                       int64_t C, int64_t NH);
 
 /* out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  (GELU, approximate="tanh")
  * out (N), inp (N); out may alias inp. */
@@ -109,11 +111,12 @@ ZDP_API void zdp_nn_residual_backward(float *da, float *db, const float *dout, i
 /* logits = inp @ wte^T   (GPT-2's lm_head, tied to the token embedding)
  * logits (N,V) (overwritten), inp (N,C), wte (V,C). */
 ZDP_API void zdp_nn_lmhead_forward(float *logits, const float *inp, const float *wte, int64_t N,
-                           int64_t C, int64_t V);
+                                   int64_t C, int64_t V);
 /* dinp (N,C) = dlogits @ wte     (OVERWRITES; skipped when NULL)
  * dwte (V,C) += dlogits^T @ inp  (skipped when NULL) */
-ZDP_API void zdp_nn_lmhead_backward(float *dinp, float *dwte, const float *dlogits, const float *inp,
-                            const float *wte, int64_t N, int64_t C, int64_t V);
+ZDP_API void zdp_nn_lmhead_backward(float *dinp, float *dwte, const float *dlogits,
+                                    const float *inp, const float *wte, int64_t N, int64_t C,
+                                    int64_t V);
 
 /* Weighted mean cross-entropy of logits (N,V) against targets (N) in [0,V)
  * (int32): returns (1/N) sum_n w_n [logsumexp(logits_n) - logits_n[target_n]]
@@ -121,12 +124,12 @@ ZDP_API void zdp_nn_lmhead_backward(float *dinp, float *dwte, const float *dlogi
  * receives softmax(logits) and may alias logits; logprobs (N), when not
  * NULL, receives log p(target_n). */
 ZDP_API double zdp_nn_softmax_crossentropy_forward(float *probs, const float *logits,
-                                           const int32_t *targets, const float *weights,
-                                           float *logprobs, int64_t N, int64_t V);
+                                                   const int32_t *targets, const float *weights,
+                                                   float *logprobs, int64_t N, int64_t V);
 /* dlogits (N,V) = dloss * w_n * (probs - onehot(targets)) / N  (OVERWRITES;
  * may alias probs; weights NULL = all 1). */
 ZDP_API void zdp_nn_softmax_crossentropy_backward(float *dlogits, const float *probs,
-                                          const int32_t *targets, const float *weights,
-                                          float dloss, int64_t N, int64_t V);
+                                                  const int32_t *targets, const float *weights,
+                                                  float dloss, int64_t N, int64_t V);
 
 #endif /* ZDP_NN_H */

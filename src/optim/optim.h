@@ -21,7 +21,7 @@ typedef struct zdp_optim {
 
 /* Allocates state for n elements, counted under ZDP_MEM_OPTIMIZER. */
 ZDP_API zdp_status zdp_optim_init(zdp_optim *opt, const zdp_optimizer_config *cfg, int64_t n,
-                          zdp_mem_counter *mem, zdp_error *err);
+                                  zdp_mem_counter *mem, zdp_error *err);
 ZDP_API void zdp_optim_free(zdp_optim *opt, zdp_mem_counter *mem);
 
 /* One update of params[0..n) from grads[0..n) * grad_scale (grad_scale folds
@@ -29,13 +29,13 @@ ZDP_API void zdp_optim_free(zdp_optim *opt, zdp_mem_counter *mem);
  * learning rate of this update.  Adam follows DeepSpeed's FusedAdam, SGD
  * torch.optim.SGD. */
 ZDP_API void zdp_optim_step(zdp_optim *opt, float *params, const float *grads, float grad_scale,
-                    double lr);
+                            double lr);
 
 /* Whether zdp_optim_step with the same arguments would leave every
  * parameter and every state element finite.  Writes nothing: the same
  * float arithmetic as the update, kept only to test it, so the verdict is
  * exact.  The engine refuses (skips) an update that fails it. */
 ZDP_API bool zdp_optim_update_finite(const zdp_optim *opt, const float *params, const float *grads,
-                             float grad_scale, double lr);
+                                     float grad_scale, double lr);
 
 #endif /* ZDP_OPTIM_H */

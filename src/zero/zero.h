@@ -28,7 +28,7 @@ typedef struct zdp_layout {
 
 /* The arrays are counted in *mem (ZDP_MEM_OTHER) when mem is not NULL. */
 ZDP_API zdp_status zdp_layout_init(zdp_layout *lay, const zdp_param_info *params, int n_params,
-                           int world_size, zdp_mem_counter *mem, zdp_error *err);
+                                   int world_size, zdp_mem_counter *mem, zdp_error *err);
 ZDP_API void zdp_layout_free(zdp_layout *lay);
 
 /* Elements of the flat range [lo, hi) that rank r owns. */
@@ -46,6 +46,6 @@ typedef struct zdp_bucket {
  * bucket of its own).  *out is malloc'd, bucket 0 holds the last tensors;
  * tensor_bucket[i] (n_tensors entries, malloc'd) gives tensor i's bucket. */
 ZDP_API zdp_status zdp_bucket_plan(const zdp_layout *lay, int64_t cap, zdp_bucket **out, int *n_out,
-                           int **tensor_bucket, zdp_error *err);
+                                   int **tensor_bucket, zdp_error *err);
 
 #endif /* ZDP_ZERO_H */

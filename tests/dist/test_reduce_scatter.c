@@ -9,7 +9,7 @@
  * chose is the one its reductions go through (zdp_comm_rs_calls), and at
  * stages 1 and 2 both backends train to the same parameters (bit for bit
  * at W <= 2, where a sum of two terms has one order; to fp32 rounding
- * beyond).
+ * beyond).  And an error record names the rank zdp_dist_init gave core.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdint.h>
@@ -69,6 +69,14 @@ static void test_backend_from_env(void) {
     CHECK(strcmp(zdp_comm_rs_backend_from_env()->name, "mpi") == 0);
     unsetenv("ZDP_REDUCE_SCATTER");
     CHECK(zdp_comm_rs_backend_get(ZDP_COMM_RS_COUNT) == NULL);
+}
+
+/* Core names the rank zdp_dist_init handed it (core never asks comm). */
+static void test_error_names_rank(void) {
+    zdp_error err = {0};
+    zdp_config cfg;
+    CHECK(zdp_config_load_string("{", "<test>", W, &cfg, &err) == ZDP_ERR_FORMAT);
+    CHECK_EQ_I64(err.rank, R);
 }
 
 /* ---- an engine's backend ------------------------------------------------------ */
@@ -167,6 +175,7 @@ int main(int argc, char **argv) {
     W = zdp_dist_world_size();
     R = zdp_dist_rank();
     CHECK(W <= 4);
+    test_error_names_rank();
     test_backend_from_env();
     test_backend_sums(ZDP_COMM_RS_RING);
     test_backend_sums(ZDP_COMM_RS_MPI);
