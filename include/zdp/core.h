@@ -13,6 +13,9 @@
 extern "C" {
 #endif
 
+/* Marks what libzdp exports.  The library is compiled with hidden
+ * visibility, so in libzdp.so (-DBUILD_SHARED_LIBS=ON) a function without
+ * ZDP_API cannot be called from outside it. */
 #if defined(ZDP_BUILDING_LIBRARY) && defined(__GNUC__)
 #define ZDP_API __attribute__((visibility("default")))
 #else
