@@ -24,6 +24,7 @@
 #include "config.h"
 
 #include "../core/core.h"
+#include "../core/json.h"
 
 #include <errno.h>
 #include <float.h>
@@ -72,20 +73,6 @@ static void value_text_(const json_t *v, char *out, size_t n) {
     else
         snprintf(out, n, "%s", s);
     free(s);
-}
-
-static const char *json_kind_(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "an unknown JSON value";
 }
 
 /* Fails with "path = <value as JSON>: <fmt...>". */
@@ -458,7 +445,7 @@ static zdp_status read_int_(parse_ctx *ctx, const char *path, const json_t *v,
                            "Trainer placeholder, not resolved here); fix: %s", hint);
     } else {
         return fail_value_(ctx, ZDP_ERR_CONFIG, path, v,
-                           "expected an integer, got %s; fix: %s%s", json_kind_(v), hint,
+                           "expected an integer, got %s; fix: %s%s", zdp_json_type_name(v), hint,
                            json_is_string(v) ? " (numbers are written without quotes)" : "");
     }
     if ((double)x < min)
@@ -475,7 +462,7 @@ static zdp_status read_bool_(parse_ctx *ctx, const char *path, const json_t *v, 
     if (!json_is_boolean(v))
         return fail_value_(ctx, ZDP_ERR_CONFIG, path, v,
                            "expected a JSON boolean, got %s; fix: write true or false "
-                           "(without quotes)", json_kind_(v));
+                           "(without quotes)", zdp_json_type_name(v));
     *out = json_is_true(v);
     return ZDP_OK;
 }
@@ -491,7 +478,7 @@ static zdp_status read_number_(parse_ctx *ctx, const char *path, const json_t *v
         snprintf(range, sizeof range, "a number");
     if (!json_is_number(v))
         return fail_value_(ctx, ZDP_ERR_CONFIG, path, v, "expected %s, got %s; fix: write %s%s",
-                           range, json_kind_(v), range,
+                           range, zdp_json_type_name(v), range,
                            json_is_string(v) ? " without quotes" : "");
     double d = json_number_value(v);
     if (!(d >= min && d <= max))
@@ -565,7 +552,7 @@ static zdp_status parse_offload_(parse_ctx *ctx, const json_t *v, const char *pa
     if (!json_is_object(v))
         return fail_value_(ctx, ZDP_ERR_CONFIG, path, v,
                            "expected an object like {\"device\": \"none\"}, got %s; fix: "
-                           "remove the key (zdp does not offload)", json_kind_(v));
+                           "remove the key (zdp does not offload)", zdp_json_type_name(v));
     zdp_status st = parse_block_(ctx, v, path, specs, n, NULL);
     if (st != ZDP_OK) return st;
     const json_t *dev = json_object_get(v, "device");
@@ -595,7 +582,7 @@ static zdp_status parse_zero_(parse_ctx *ctx, const json_t *v, zdp_zero_config *
     if (!json_is_object(v))
         return fail_value_(ctx, ZDP_ERR_CONFIG, "zero_optimization", v,
                            "expected an object like {\"stage\": 2}, got %s; fix: write "
-                           "\"zero_optimization\": {\"stage\": 2}", json_kind_(v));
+                           "\"zero_optimization\": {\"stage\": 2}", zdp_json_type_name(v));
     zdp_status st = parse_block_(ctx, v, "zero_optimization", zero_keys_, COUNT_(zero_keys_), z);
     if (st != ZDP_OK) return st;
 
@@ -684,7 +671,7 @@ static zdp_status parse_optimizer_(parse_ctx *ctx, const json_t *v, zdp_optimize
     if (!json_is_object(v))
         return fail_value_(ctx, ZDP_ERR_CONFIG, "optimizer", v,
                            "expected an object, got %s; fix: write \"optimizer\": "
-                           "{\"type\": \"Adam\", \"params\": {\"lr\": 1e-3}}", json_kind_(v));
+                           "{\"type\": \"Adam\", \"params\": {\"lr\": 1e-3}}", zdp_json_type_name(v));
     zdp_status st = parse_block_(ctx, v, "optimizer", optimizer_keys_, COUNT_(optimizer_keys_), NULL);
     if (st != ZDP_OK) return st;
 
@@ -696,7 +683,7 @@ static zdp_status parse_optimizer_(parse_ctx *ctx, const json_t *v, zdp_optimize
     if (!json_is_string(t))
         return fail_value_(ctx, ZDP_ERR_CONFIG, "optimizer.type", t,
                            "expected a string, got %s; fix: write \"type\": \"Adam\"",
-                           json_kind_(t));
+                           zdp_json_type_name(t));
     const char *name = json_string_value(t);
     if (ascii_ieq_(name, "adam")) {
         o->type = ZDP_OPTIMIZER_ADAM;
@@ -730,7 +717,7 @@ static zdp_status parse_optimizer_(parse_ctx *ctx, const json_t *v, zdp_optimize
     if (params != NULL && !json_is_object(params))
         return fail_value_(ctx, ZDP_ERR_CONFIG, "optimizer.params", params,
                            "expected an object, got %s; fix: write \"params\": {\"lr\": 1e-3}",
-                           json_kind_(params));
+                           zdp_json_type_name(params));
     bool sgd = o->type == ZDP_OPTIMIZER_SGD;
     if (params != NULL) {
         const json_t *mgn = json_object_get(params, "max_grad_norm");
@@ -778,7 +765,7 @@ static zdp_status parse_enabled_(parse_ctx *ctx, const json_t *v, const char *pa
         return fail_value_(ctx, ZDP_ERR_CONFIG, path, v,
                            "expected an object like {\"enabled\": false}, got %s; fix: "
                            "write \"%s\": {\"enabled\": false} or remove it",
-                           json_kind_(v), path);
+                           zdp_json_type_name(v), path);
     const json_t *e = json_object_get(v, "enabled");
     if (e == NULL) return ZDP_OK;
     char p[PATH_MAX_];
@@ -793,7 +780,7 @@ static zdp_status parse_scheduler_(parse_ctx *ctx, const json_t *v, double base_
     if (!json_is_object(v))
         return fail_value_(ctx, ZDP_ERR_CONFIG, "scheduler", v,
                            "expected an object, got %s; fix: write \"scheduler\": {\"type\": "
-                           "\"WarmupLR\", \"params\": {...}}", json_kind_(v));
+                           "\"WarmupLR\", \"params\": {...}}", zdp_json_type_name(v));
     zdp_status st = parse_block_(ctx, v, "scheduler", scheduler_keys_, COUNT_(scheduler_keys_), NULL);
     if (st != ZDP_OK) return st;
     const json_t *t = json_object_get(v, "type");
@@ -803,7 +790,7 @@ static zdp_status parse_scheduler_(parse_ctx *ctx, const json_t *v, double base_
                                        "\"WarmupDecayLR\", \"WarmupCosineLR\")")
                          : fail_value_(ctx, ZDP_ERR_CONFIG, "scheduler.type", t,
                                        "expected a string, got %s; fix: write \"type\": "
-                                       "\"WarmupLR\"", json_kind_(t));
+                                       "\"WarmupLR\"", zdp_json_type_name(t));
     const char *name = json_string_value(t);
     /* Case-sensitive, as DeepSpeed looks the name up. */
     if (strcmp(name, "WarmupLR") == 0) {
@@ -835,7 +822,7 @@ static zdp_status parse_scheduler_(parse_ctx *ctx, const json_t *v, double base_
                            s->type == ZDP_SCHEDULER_WARMUP_LR ? "" : ", with \"total_num_steps\"");
     if (!json_is_object(params))
         return fail_value_(ctx, ZDP_ERR_CONFIG, "scheduler.params", params,
-                           "expected an object, got %s", json_kind_(params));
+                           "expected an object, got %s", zdp_json_type_name(params));
     /* The rows' defaults; a NaN peak means "the optimizer's lr" (WarmupLR). */
     apply_defaults_(scheduler_param_keys_, COUNT_(scheduler_param_keys_), s);
     if (s->type == ZDP_SCHEDULER_WARMUP_LR) s->warmup_max_lr = NAN;
@@ -1354,7 +1341,7 @@ static zdp_status load_buffer_(const char *buf, size_t len, const char *origin, 
     zdp_status st;
     if (!json_is_object(root)) {
         st = zdp_err_set(err, ZDP_ERR_CONFIG, "%s: the top level is %s; expected a JSON object "
-                         "like {\"train_batch_size\": 32, ...}", origin, json_kind_(root));
+                         "like {\"train_batch_size\": 32, ...}", origin, zdp_json_type_name(root));
         json_decref(root);
         return st;
     }
