@@ -42,7 +42,7 @@ typedef struct gpt_opts {
     int64_t steps, val_every, val_batches, arith_lines, max_skipped;
     double val_fraction; /* < 0: the default for the data kind */
     int progress;        /* -1 auto, 0 plain lines, 1 progress line */
-    zdp_token_format data_format; /* --data-format: ZDP_TOKENS_AUTO by default */
+    int data_format;     /* a zdp_token_format (--data-format): ZDP_TOKENS_AUTO by default */
     cli_ckpt ckpt;
     uint64_t seed;
     cli_schedule schedule;
@@ -88,65 +88,40 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
                     .steps = 200, .val_every = 50, .val_batches = 8, .arith_lines = CLI_ARITH_LINES,
                     .val_fraction = -1, .seed = 42, .out_dir = "zdp-out", .progress = -1,
                     .data_format = ZDP_TOKENS_AUTO, .max_skipped = CLI_MAX_SKIPPED_DEFAULT};
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            if (zdp_dist_rank() == 0) usage_();
-            return 1;
-        }
-        if (strncmp(a, "--", 2) != 0 || i + 1 >= argc)
-            return cli_fail("%s: expected an option with a value (see zdp train --model gpt --help)", a);
-        const char *v = argv[++i];
-        int64_t n;
-        int taken = cli_ckpt_option(a, v, &o->ckpt);
-        if (taken == 2) return 2;
-        if (taken == 1) continue;
-        int shape = cli_gpt_option(a, v, &o->model);
-        if (shape == 2) return 2;
-        if (shape == 1) continue;
-        if (!strcmp(a, "--model")) {
-            /* already dispatched on */
-        } else if (!strcmp(a, "--config")) o->config = v;
-        else if (!strcmp(a, "--init")) o->init = v;
-        else if (!strcmp(a, "--data")) o->data = v;
-        else if (!strcmp(a, "--data-format")) {
-            if (!strcmp(v, "auto")) o->data_format = ZDP_TOKENS_AUTO;
-            else if (!strcmp(v, "llmc")) o->data_format = ZDP_TOKENS_SHARD;
-            else if (!strcmp(v, "bytes")) o->data_format = ZDP_TOKENS_BYTES;
-            else return cli_fail("--data-format %s: auto, llmc (an llm.c token shard) or bytes "
-                                 "(one token per byte)", v);
-        }
-        else if (!strcmp(a, "--save-weights")) o->save_weights = v;
-        else if (!strcmp(a, "--out-dir")) o->out_dir = v;
-        else if (!strcmp(a, "--data-order")) {
-            if (strcmp(v, "sequential") != 0)
-                return cli_fail("--data-order %s: only \"sequential\" exists (window w = tokens "
-                                "[w*T, w*T+T], rank r's j-th micro-batch = windows (j*W+r)*b+k)", v);
-        } else if (!strcmp(a, "--schedule")) {
-            int rc = cli_parse_schedule(v, &o->schedule);
-            if (rc) return rc;
-        } else if (!strcmp(a, "--steps")) {
-            if (!cli_parse_i64(v, 0, INT64_MAX / 4, &o->steps)) return cli_fail("--steps %s: need an integer >= 0", v);
-        } else if (!strcmp(a, "--val-every")) {
-            if (!cli_parse_i64(v, 0, INT64_MAX / 4, &o->val_every)) return cli_fail("--val-every %s: need an integer >= 0 (0: never)", v);
-        } else if (!strcmp(a, "--val-batches")) {
-            if (!cli_parse_i64(v, 1, 1 << 20, &o->val_batches)) return cli_fail("--val-batches %s: need an integer >= 1", v);
-        } else if (!strcmp(a, "--val-fraction")) {
-            if (!cli_parse_double(v, 0.0, 0.5, &o->val_fraction)) return cli_fail("--val-fraction %s: need a number in [0, 0.5]", v);
-        } else if (!strcmp(a, "--seed")) {
-            if (!cli_parse_i64(v, 0, INT64_MAX, &n)) return cli_fail("--seed %s: need an integer >= 0", v);
-            o->seed = (uint64_t)n;
-        } else if (!strcmp(a, "--max-skipped-steps")) {
-            if (cli_max_skipped_option(v, &o->max_skipped) != 1) return 2;
-        } else if (!strcmp(a, "--progress")) {
-            if (!strcmp(v, "on")) o->progress = 1;
-            else if (!strcmp(v, "off")) o->progress = 0;
-            else if (!strcmp(v, "auto")) o->progress = -1;
-            else return cli_fail("--progress %s: on, off or auto", v);
-        } else {
-            return cli_fail("unknown option %s (see zdp train --model gpt --help)", a);
-        }
-    }
+    static const char *const formats[] = {"auto", "llmc", "bytes", NULL};
+    static const int format_values[] = {ZDP_TOKENS_AUTO, ZDP_TOKENS_SHARD, ZDP_TOKENS_BYTES};
+    static const char *const orders[] = {"sequential", NULL};
+    static const char *const progress[] = {"on", "off", "auto", NULL};
+    static const int progress_values[] = {1, 0, -1};
+    const cli_opt opts[] = {
+        CLI_CKPT_ROWS(&o->ckpt),
+        CLI_GPT_ROWS(&o->model),
+        CLI_IGNORE("--model"), /* main() dispatched on it */
+        CLI_STR("--config", &o->config),
+        CLI_STR("--init", &o->init),
+        CLI_STR("--data", &o->data),
+        CLI_CHOICE("--data-format", &o->data_format, formats, format_values,
+                   "auto, llmc (an llm.c token shard) or bytes (one token per byte)"),
+        CLI_STR("--save-weights", &o->save_weights),
+        CLI_STR("--out-dir", &o->out_dir),
+        CLI_CHOICE("--data-order", NULL, orders, NULL,
+                   "only \"sequential\" exists (window w = tokens [w*T, w*T+T], rank r's j-th "
+                   "micro-batch = windows (j*W+r)*b+k)"),
+        CLI_SCHEDULE("--schedule", &o->schedule),
+        CLI_I64("--steps", &o->steps, 0, INT64_MAX / 4, "need an integer >= 0"),
+        CLI_I64("--val-every", &o->val_every, 0, INT64_MAX / 4, "need an integer >= 0 (0: never)"),
+        CLI_I64("--val-batches", &o->val_batches, 1, 1 << 20, "need an integer >= 1"),
+        CLI_F64("--val-fraction", &o->val_fraction, 0.0, 0.5, "need a number in [0, 0.5]"),
+        CLI_U64("--seed", &o->seed, 0, INT64_MAX, "need an integer >= 0"),
+        CLI_MAX_SKIPPED_ROW(&o->max_skipped),
+        CLI_CHOICE("--progress", &o->progress, progress, progress_values, "on, off or auto"),
+    };
+    static const cli_command cmd = {
+        .missing = "expected an option with a value (see zdp train --model gpt --help)",
+        .unknown = " (see zdp train --model gpt --help)", .dashes = true};
+    int rc = cli_parse_options(&cmd, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv);
+    if (rc == 1 && zdp_dist_rank() == 0) usage_();
+    if (rc != 0) return rc;
     if (o->config == NULL) return cli_fail("--config CFG.json is required");
     return 0;
 }
@@ -204,7 +179,7 @@ int cmd_train_gpt(int argc, char **argv) {
 
     /* Data first: its vocabulary must fit the model. */
     bool arith = o.data == NULL;
-    zdp_token_format fmt = arith ? ZDP_TOKENS_BYTES : o.data_format;
+    zdp_token_format fmt = arith ? ZDP_TOKENS_BYTES : (zdp_token_format)o.data_format;
     if (rc == 0 && fmt == ZDP_TOKENS_AUTO && zdp_tokens_detect(o.data, &fmt, &err) != ZDP_OK)
         rc = cli_fail("--data: %s", err.msg);
     if (rc == 0) {
