@@ -154,9 +154,9 @@ int cli_max_skipped_option(const char *v, int64_t *max);
 #define CLI_MAX_SKIPPED_ROW(p)                                                  \
     CLI_I64("--max-skipped-steps", (p), 0, INT64_MAX,                           \
             "need an integer >= 0 (0 = never stop; default "                    \
-            CLI_XSTR_(CLI_MAX_SKIPPED_DEFAULT) ")")
-#define CLI_XSTR_(x) CLI_STR_(x)
-#define CLI_STR_(x) #x
+            CLI_QUOTE_(CLI_MAX_SKIPPED_DEFAULT) ")")
+#define CLI_QUOTE_(x) CLI_QUOTE2_(x)
+#define CLI_QUOTE2_(x) #x
 /* After each optimizer step: counts consecutive skipped steps in *run and
  * returns 1 (with the cause printed on rank 0) when they reach max > 0,
  * else 0.  Whether a step is skipped is decided by all ranks together, so
