@@ -21,7 +21,10 @@
  * (and a "did you mean" when a known key is within edit distance 2), because
  * silently ignored typos ("gradient_clipp1ng") are a known DeepSpeed trap.
  */
+#include "config.h"
+
 #include "../core/core.h"
+#include "../core/json.h"
 
 #include <errno.h>
 #include <float.h>
@@ -70,20 +73,6 @@ static void value_text_(const json_t *v, char *out, size_t n) {
     else
         snprintf(out, n, "%s", s);
     free(s);
-}
-
-static const char *json_kind_(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "an unknown JSON value";
 }
 
 /* Fails with "path = <value as JSON>: <fmt...>". */
@@ -159,40 +148,49 @@ typedef enum key_kind {
 
 #define NO_FIELD_ ((size_t)-1) /* type-checked, not stored */
 
+/* One row per key, redis's standardConfig: name, type, where it is stored,
+ * bounds and default together, so a key is added in one place.  The
+ * defaults are stored by zdp_config_default (or, for the scheduler's
+ * params, when that block is parsed); test_config_keys checks them and
+ * docs/config.md against these rows. */
 typedef struct key_spec {
     const char *name;
     key_kind kind;
     size_t offset;    /* into the block's struct, or NO_FIELD_ */
+    double def;       /* the default (KEY_BOOL: 0 or 1); NO_DEF_: derived, required or not stored */
     double min, max;  /* inclusive bounds for KEY_INT / KEY_NUMBER */
     const char *hint; /* the fix for a bad value; NULL: a generic one */
 } key_spec;
 
-#define K_INT_(n, off, lo, hint) {n, KEY_INT, off, lo, DBL_MAX, hint}
-#define K_INT_MAX_(n, off, lo, hi, hint) {n, KEY_INT, off, lo, hi, hint}
-#define K_BOOL_(n, off) {n, KEY_BOOL, off, 0, 0, NULL}
-#define K_NUM_(n, off, lo, hi) {n, KEY_NUMBER, off, lo, hi, NULL}
-#define K_ANY_(n) {n, KEY_ANY, NO_FIELD_, 0, 0, NULL}
-#define K_UNUSED_(n) {n, KEY_UNUSED, NO_FIELD_, 0, 0, NULL}
-#define K_CUSTOM_(n) {n, KEY_CUSTOM, NO_FIELD_, 0, 0, NULL}
+#define NO_DEF_ NAN
+
+#define K_INT_(n, off, def, lo, hint) {n, KEY_INT, off, def, lo, DBL_MAX, hint}
+#define K_INT_MAX_(n, off, def, lo, hi, hint) {n, KEY_INT, off, def, lo, hi, hint}
+#define K_BOOL_(n, off, def) {n, KEY_BOOL, off, def, 0, 0, NULL}
+#define K_NUM_(n, off, def, lo, hi) {n, KEY_NUMBER, off, def, lo, hi, NULL}
+#define K_ANY_(n) {n, KEY_ANY, NO_FIELD_, NO_DEF_, 0, 0, NULL}
+#define K_UNUSED_(n) {n, KEY_UNUSED, NO_FIELD_, NO_DEF_, 0, 0, NULL}
+#define K_CUSTOM_(n) {n, KEY_CUSTOM, NO_FIELD_, NO_DEF_, 0, 0, NULL}
 #define COUNT_(a) (sizeof(a) / sizeof((a)[0]))
 
 static const key_spec top_keys_[] = {
-    K_INT_("train_batch_size", offsetof(zdp_config, train_batch_size), 1,
+    K_INT_("train_batch_size", offsetof(zdp_config, train_batch_size), NO_DEF_, 1,
            "set the global batch (samples per optimizer step over all ranks), or remove "
            "the key and let zdp derive it"),
-    K_INT_("train_micro_batch_size_per_gpu", offsetof(zdp_config, micro_batch_size), 1,
+    K_INT_("train_micro_batch_size_per_gpu", offsetof(zdp_config, micro_batch_size), NO_DEF_, 1,
            "set the samples per rank per forward/backward, or remove the key and let "
            "zdp derive it"),
     K_INT_("gradient_accumulation_steps", offsetof(zdp_config, gradient_accumulation_steps),
-           1, "set the micro-steps per optimizer step (1 for none), or remove the key"),
+           NO_DEF_, 1, "set the micro-steps per optimizer step (1 for none), or remove the key"),
     K_BOOL_("managed_gradient_accumulation",
-            offsetof(zdp_config, managed_gradient_accumulation)),
+            offsetof(zdp_config, managed_gradient_accumulation), true),
     /* DeepSpeed computes global_steps % steps_per_print, so 0 cannot mean "off". */
-    K_INT_("steps_per_print", offsetof(zdp_config, steps_per_print), 1,
+    K_INT_("steps_per_print", offsetof(zdp_config, steps_per_print), 10, 1,
            "write a positive print interval, e.g. 10"),
-    K_NUM_("gradient_clipping", offsetof(zdp_config, gradient_clipping), 0, DBL_MAX),
+    /* DeepSpeed's default since #8068 (it used to be 0). */
+    K_NUM_("gradient_clipping", offsetof(zdp_config, gradient_clipping), 1.0, 0, DBL_MAX),
     K_BOOL_("zero_allow_untested_optimizer",
-            offsetof(zdp_config, zero_allow_untested_optimizer)),
+            offsetof(zdp_config, zero_allow_untested_optimizer), false),
     K_CUSTOM_("optimizer"),
     K_CUSTOM_("scheduler"),
     K_CUSTOM_("zero_optimization"),
@@ -223,13 +221,16 @@ static const key_spec top_keys_[] = {
 
 static const key_spec zero_keys_[] = {
     K_CUSTOM_("stage"),
-    K_BOOL_("overlap_comm", offsetof(zdp_zero_config, overlap_comm)),
-    K_INT_("reduce_bucket_size", offsetof(zdp_zero_config, reduce_bucket_size), 1,
+    K_BOOL_("overlap_comm", offsetof(zdp_zero_config, overlap_comm), false),
+    /* Not DeepSpeed's 5e8: measured on the ring reduce-scatter (docs/benchmarks.md),
+     * 2^18 elements is where it reaches the all-reduce's bus bandwidth, and a
+     * 5e8 bucket would hold the whole gradient of most models. */
+    K_INT_("reduce_bucket_size", offsetof(zdp_zero_config, reduce_bucket_size), 262144, 1,
            "write a bucket size in elements >= 1, e.g. 5e8"),
-    K_INT_("allgather_bucket_size", offsetof(zdp_zero_config, allgather_bucket_size), 1,
+    K_INT_("allgather_bucket_size", offsetof(zdp_zero_config, allgather_bucket_size), 5e8, 1,
            "write an even bucket size in elements, e.g. 5e8"),
-    K_BOOL_("contiguous_gradients", offsetof(zdp_zero_config, contiguous_gradients)),
-    K_BOOL_("reduce_scatter", offsetof(zdp_zero_config, reduce_scatter)),
+    K_BOOL_("contiguous_gradients", offsetof(zdp_zero_config, contiguous_gradients), true),
+    K_BOOL_("reduce_scatter", offsetof(zdp_zero_config, reduce_scatter), true),
     K_CUSTOM_("offload_optimizer"),
     K_CUSTOM_("offload_param"),
     K_CUSTOM_("cpu_offload"),
@@ -254,19 +255,19 @@ static const key_spec zero_keys_[] = {
 static const key_spec offload_optimizer_keys_[] = {
     K_CUSTOM_("device"),
     K_ANY_("nvme_path"), /* a string or null in DeepSpeed */
-    K_BOOL_("pin_memory", NO_FIELD_),
-    K_INT_("buffer_count", NO_FIELD_, 0, NULL),
-    K_NUM_("ratio", NO_FIELD_, 0, 1),
-    K_BOOL_("fast_init", NO_FIELD_),
+    K_BOOL_("pin_memory", NO_FIELD_, NO_DEF_),
+    K_INT_("buffer_count", NO_FIELD_, NO_DEF_, 0, NULL),
+    K_NUM_("ratio", NO_FIELD_, NO_DEF_, 0, 1),
+    K_BOOL_("fast_init", NO_FIELD_, NO_DEF_),
 };
 
 static const key_spec offload_param_keys_[] = {
     K_CUSTOM_("device"),
     K_ANY_("nvme_path"),
-    K_BOOL_("pin_memory", NO_FIELD_),
-    K_INT_("buffer_count", NO_FIELD_, 0, NULL),
-    K_INT_("buffer_size", NO_FIELD_, 0, NULL),
-    K_INT_("max_in_cpu", NO_FIELD_, 0, NULL),
+    K_BOOL_("pin_memory", NO_FIELD_, NO_DEF_),
+    K_INT_("buffer_count", NO_FIELD_, NO_DEF_, 0, NULL),
+    K_INT_("buffer_size", NO_FIELD_, NO_DEF_, 0, NULL),
+    K_INT_("max_in_cpu", NO_FIELD_, NO_DEF_, 0, NULL),
 };
 
 static const key_spec optimizer_keys_[] = {
@@ -278,14 +279,14 @@ static const key_spec optimizer_keys_[] = {
 static const key_spec adam_param_keys_[] = {
     /* The bounds of zdp_hparams_check (zdp.h); eps = 0 is refused later,
      * in check_fields_ (the range here is inclusive). */
-    K_NUM_("lr", offsetof(zdp_optimizer_config, lr), 0, ZDP_HPARAM_LR_MAX),
+    K_NUM_("lr", offsetof(zdp_optimizer_config, lr), 1e-3, 0, ZDP_HPARAM_LR_MAX),
     K_CUSTOM_("betas"),
-    K_NUM_("eps", offsetof(zdp_optimizer_config, eps), 0, ZDP_HPARAM_EPS_MAX),
-    K_NUM_("weight_decay", offsetof(zdp_optimizer_config, weight_decay), 0,
+    K_NUM_("eps", offsetof(zdp_optimizer_config, eps), 1e-8, 0, ZDP_HPARAM_EPS_MAX),
+    K_NUM_("weight_decay", offsetof(zdp_optimizer_config, weight_decay), 0, 0,
            ZDP_HPARAM_WEIGHT_DECAY_MAX),
-    K_BOOL_("adam_w_mode", offsetof(zdp_optimizer_config, adam_w_mode)),
-    K_BOOL_("bias_correction", offsetof(zdp_optimizer_config, bias_correction)),
-    K_BOOL_("torch_adam", NO_FIELD_), /* which Python class; same math */
+    K_BOOL_("adam_w_mode", offsetof(zdp_optimizer_config, adam_w_mode), true),
+    K_BOOL_("bias_correction", offsetof(zdp_optimizer_config, bias_correction), true),
+    K_BOOL_("torch_adam", NO_FIELD_, NO_DEF_), /* which Python class; same math */
     K_CUSTOM_("amsgrad"),
     K_CUSTOM_("max_grad_norm"),
 };
@@ -299,29 +300,74 @@ static const key_spec scheduler_keys_[] = {
  * are reported by parse_scheduler_. */
 #define SCHED_(f) offsetof(zdp_scheduler_config, f)
 static const key_spec scheduler_param_keys_[] = {
-    K_NUM_("warmup_min_lr", SCHED_(warmup_min_lr), 0, ZDP_HPARAM_LR_MAX),
-    K_NUM_("warmup_max_lr", SCHED_(warmup_max_lr), 0, ZDP_HPARAM_LR_MAX),
-    K_INT_MAX_("warmup_num_steps", SCHED_(warmup_num_steps), 1, ZDP_HPARAM_STEPS_MAX,
+    K_NUM_("warmup_min_lr", SCHED_(warmup_min_lr), 0, 0, ZDP_HPARAM_LR_MAX),
+    /* WarmupDecayLR's default; WarmupLR's is the optimizer's lr (parse_scheduler_). */
+    K_NUM_("warmup_max_lr", SCHED_(warmup_max_lr), 0.001, 0, ZDP_HPARAM_LR_MAX),
+    K_INT_MAX_("warmup_num_steps", SCHED_(warmup_num_steps), 1000, 1, ZDP_HPARAM_STEPS_MAX,
                "write the number of warm-up steps, an integer in [1, 1e12]"),
     K_CUSTOM_("warmup_type"),
-    K_INT_MAX_("total_num_steps", SCHED_(total_num_steps), 1, ZDP_HPARAM_STEPS_MAX,
+    K_INT_MAX_("total_num_steps", SCHED_(total_num_steps), NO_DEF_, 1, ZDP_HPARAM_STEPS_MAX,
                "write the total number of optimizer steps of the run, an integer in [1, 1e12]"),
-    K_NUM_("warmup_min_ratio", SCHED_(warmup_min_ratio), 0, 1),
-    K_NUM_("cos_min_ratio", SCHED_(cos_min_ratio), 0, 1),
+    K_NUM_("warmup_min_ratio", SCHED_(warmup_min_ratio), 0, 0, 1),
+    K_NUM_("cos_min_ratio", SCHED_(cos_min_ratio), 0.0001, 0, 1),
     /* Where a resumed schedule starts: zdp checkpoints restore it themselves. */
     K_UNUSED_("last_batch_iteration"),
 };
 
 static const key_spec sgd_param_keys_[] = {
-    K_NUM_("lr", offsetof(zdp_optimizer_config, lr), 0, ZDP_HPARAM_LR_MAX),
-    K_NUM_("momentum", offsetof(zdp_optimizer_config, momentum), 0, DBL_MAX),
+    /* torch.optim.SGD has no default lr: parse_optimizer_ requires it. */
+    K_NUM_("lr", offsetof(zdp_optimizer_config, lr), NO_DEF_, 0, ZDP_HPARAM_LR_MAX),
+    K_NUM_("momentum", offsetof(zdp_optimizer_config, momentum), 0, 0, DBL_MAX),
     /* torch.optim.SGD puts no bound on dampening. */
-    K_NUM_("dampening", offsetof(zdp_optimizer_config, dampening), -DBL_MAX, DBL_MAX),
-    K_NUM_("weight_decay", offsetof(zdp_optimizer_config, weight_decay), 0,
+    K_NUM_("dampening", offsetof(zdp_optimizer_config, dampening), 0, -DBL_MAX, DBL_MAX),
+    K_NUM_("weight_decay", offsetof(zdp_optimizer_config, weight_decay), 0, 0,
            ZDP_HPARAM_WEIGHT_DECAY_MAX),
-    K_BOOL_("nesterov", offsetof(zdp_optimizer_config, nesterov)),
+    K_BOOL_("nesterov", offsetof(zdp_optimizer_config, nesterov), false),
     K_CUSTOM_("max_grad_norm"),
 };
+
+/* Every table with the JSON path of its block: the map that
+ * zdp_config_default and zdp_config_key_get walk. */
+typedef struct key_block {
+    const char *prefix;     /* JSON path of the block; "" at top level */
+    const key_spec *specs;
+    size_t n;
+    size_t offset;          /* of the block's struct in zdp_config, or NO_FIELD_ */
+    bool at_default;        /* zdp_config_default stores the defaults; else the parser does */
+} key_block;
+
+#define BLOCK_(prefix, specs, off, at_default) {prefix, specs, COUNT_(specs), off, at_default}
+static const key_block key_blocks_[] = {
+    BLOCK_("", top_keys_, 0, true),
+    BLOCK_("zero_optimization", zero_keys_, offsetof(zdp_config, zero), true),
+    BLOCK_("zero_optimization.offload_optimizer", offload_optimizer_keys_, NO_FIELD_, false),
+    BLOCK_("zero_optimization.offload_param", offload_param_keys_, NO_FIELD_, false),
+    BLOCK_("optimizer", optimizer_keys_, NO_FIELD_, false),
+    /* Adam's and SGD's params share zdp_optimizer_config; SGD's lr has no default. */
+    BLOCK_("optimizer.params", adam_param_keys_, offsetof(zdp_config, optimizer), true),
+    BLOCK_("optimizer.params", sgd_param_keys_, offsetof(zdp_config, optimizer), true),
+    BLOCK_("scheduler", scheduler_keys_, NO_FIELD_, false),
+    /* Applied when a scheduler block is parsed: the type decides which matter. */
+    BLOCK_("scheduler.params", scheduler_param_keys_, offsetof(zdp_config, scheduler), false),
+};
+
+/* Stores the default of every row that has one and a field in `base`. */
+static void apply_defaults_(const key_spec *specs, size_t n, void *base) {
+    for (size_t i = 0; i < n; i++) {
+        const key_spec *s = &specs[i];
+        if (s->offset == NO_FIELD_ || isnan(s->def)) continue;
+        char *field = (char *)base + s->offset;
+        if (s->kind == KEY_INT) {
+            int64_t x = (int64_t)s->def;
+            memcpy(field, &x, sizeof x);
+        } else if (s->kind == KEY_BOOL) {
+            bool b = s->def != 0.0;
+            memcpy(field, &b, sizeof b);
+        } else if (s->kind == KEY_NUMBER) {
+            memcpy(field, &s->def, sizeof s->def);
+        }
+    }
+}
 
 static const key_spec *spec_find_(const key_spec *specs, size_t n, const char *key) {
     for (size_t i = 0; i < n; i++)
@@ -399,7 +445,7 @@ static zdp_status read_int_(parse_ctx *ctx, const char *path, const json_t *v,
                            "Trainer placeholder, not resolved here); fix: %s", hint);
     } else {
         return fail_value_(ctx, ZDP_ERR_CONFIG, path, v,
-                           "expected an integer, got %s; fix: %s%s", json_kind_(v), hint,
+                           "expected an integer, got %s; fix: %s%s", zdp_json_type_name(v), hint,
                            json_is_string(v) ? " (numbers are written without quotes)" : "");
     }
     if ((double)x < min)
@@ -416,7 +462,7 @@ static zdp_status read_bool_(parse_ctx *ctx, const char *path, const json_t *v, 
     if (!json_is_boolean(v))
         return fail_value_(ctx, ZDP_ERR_CONFIG, path, v,
                            "expected a JSON boolean, got %s; fix: write true or false "
-                           "(without quotes)", json_kind_(v));
+                           "(without quotes)", zdp_json_type_name(v));
     *out = json_is_true(v);
     return ZDP_OK;
 }
@@ -432,7 +478,7 @@ static zdp_status read_number_(parse_ctx *ctx, const char *path, const json_t *v
         snprintf(range, sizeof range, "a number");
     if (!json_is_number(v))
         return fail_value_(ctx, ZDP_ERR_CONFIG, path, v, "expected %s, got %s; fix: write %s%s",
-                           range, json_kind_(v), range,
+                           range, zdp_json_type_name(v), range,
                            json_is_string(v) ? " without quotes" : "");
     double d = json_number_value(v);
     if (!(d >= min && d <= max))
@@ -506,7 +552,7 @@ static zdp_status parse_offload_(parse_ctx *ctx, const json_t *v, const char *pa
     if (!json_is_object(v))
         return fail_value_(ctx, ZDP_ERR_CONFIG, path, v,
                            "expected an object like {\"device\": \"none\"}, got %s; fix: "
-                           "remove the key (zdp does not offload)", json_kind_(v));
+                           "remove the key (zdp does not offload)", zdp_json_type_name(v));
     zdp_status st = parse_block_(ctx, v, path, specs, n, NULL);
     if (st != ZDP_OK) return st;
     const json_t *dev = json_object_get(v, "device");
@@ -536,7 +582,7 @@ static zdp_status parse_zero_(parse_ctx *ctx, const json_t *v, zdp_zero_config *
     if (!json_is_object(v))
         return fail_value_(ctx, ZDP_ERR_CONFIG, "zero_optimization", v,
                            "expected an object like {\"stage\": 2}, got %s; fix: write "
-                           "\"zero_optimization\": {\"stage\": 2}", json_kind_(v));
+                           "\"zero_optimization\": {\"stage\": 2}", zdp_json_type_name(v));
     zdp_status st = parse_block_(ctx, v, "zero_optimization", zero_keys_, COUNT_(zero_keys_), z);
     if (st != ZDP_OK) return st;
 
@@ -625,7 +671,7 @@ static zdp_status parse_optimizer_(parse_ctx *ctx, const json_t *v, zdp_optimize
     if (!json_is_object(v))
         return fail_value_(ctx, ZDP_ERR_CONFIG, "optimizer", v,
                            "expected an object, got %s; fix: write \"optimizer\": "
-                           "{\"type\": \"Adam\", \"params\": {\"lr\": 1e-3}}", json_kind_(v));
+                           "{\"type\": \"Adam\", \"params\": {\"lr\": 1e-3}}", zdp_json_type_name(v));
     zdp_status st = parse_block_(ctx, v, "optimizer", optimizer_keys_, COUNT_(optimizer_keys_), NULL);
     if (st != ZDP_OK) return st;
 
@@ -637,7 +683,7 @@ static zdp_status parse_optimizer_(parse_ctx *ctx, const json_t *v, zdp_optimize
     if (!json_is_string(t))
         return fail_value_(ctx, ZDP_ERR_CONFIG, "optimizer.type", t,
                            "expected a string, got %s; fix: write \"type\": \"Adam\"",
-                           json_kind_(t));
+                           zdp_json_type_name(t));
     const char *name = json_string_value(t);
     if (ascii_ieq_(name, "adam")) {
         o->type = ZDP_OPTIMIZER_ADAM;
@@ -671,7 +717,7 @@ static zdp_status parse_optimizer_(parse_ctx *ctx, const json_t *v, zdp_optimize
     if (params != NULL && !json_is_object(params))
         return fail_value_(ctx, ZDP_ERR_CONFIG, "optimizer.params", params,
                            "expected an object, got %s; fix: write \"params\": {\"lr\": 1e-3}",
-                           json_kind_(params));
+                           zdp_json_type_name(params));
     bool sgd = o->type == ZDP_OPTIMIZER_SGD;
     if (params != NULL) {
         const json_t *mgn = json_object_get(params, "max_grad_norm");
@@ -719,7 +765,7 @@ static zdp_status parse_enabled_(parse_ctx *ctx, const json_t *v, const char *pa
         return fail_value_(ctx, ZDP_ERR_CONFIG, path, v,
                            "expected an object like {\"enabled\": false}, got %s; fix: "
                            "write \"%s\": {\"enabled\": false} or remove it",
-                           json_kind_(v), path);
+                           zdp_json_type_name(v), path);
     const json_t *e = json_object_get(v, "enabled");
     if (e == NULL) return ZDP_OK;
     char p[PATH_MAX_];
@@ -734,7 +780,7 @@ static zdp_status parse_scheduler_(parse_ctx *ctx, const json_t *v, double base_
     if (!json_is_object(v))
         return fail_value_(ctx, ZDP_ERR_CONFIG, "scheduler", v,
                            "expected an object, got %s; fix: write \"scheduler\": {\"type\": "
-                           "\"WarmupLR\", \"params\": {...}}", json_kind_(v));
+                           "\"WarmupLR\", \"params\": {...}}", zdp_json_type_name(v));
     zdp_status st = parse_block_(ctx, v, "scheduler", scheduler_keys_, COUNT_(scheduler_keys_), NULL);
     if (st != ZDP_OK) return st;
     const json_t *t = json_object_get(v, "type");
@@ -744,7 +790,7 @@ static zdp_status parse_scheduler_(parse_ctx *ctx, const json_t *v, double base_
                                        "\"WarmupDecayLR\", \"WarmupCosineLR\")")
                          : fail_value_(ctx, ZDP_ERR_CONFIG, "scheduler.type", t,
                                        "expected a string, got %s; fix: write \"type\": "
-                                       "\"WarmupLR\"", json_kind_(t));
+                                       "\"WarmupLR\"", zdp_json_type_name(t));
     const char *name = json_string_value(t);
     /* Case-sensitive, as DeepSpeed looks the name up. */
     if (strcmp(name, "WarmupLR") == 0) {
@@ -776,15 +822,12 @@ static zdp_status parse_scheduler_(parse_ctx *ctx, const json_t *v, double base_
                            s->type == ZDP_SCHEDULER_WARMUP_LR ? "" : ", with \"total_num_steps\"");
     if (!json_is_object(params))
         return fail_value_(ctx, ZDP_ERR_CONFIG, "scheduler.params", params,
-                           "expected an object, got %s", json_kind_(params));
-    /* Defaults; a NaN peak means "the optimizer's lr" (WarmupLR). */
-    s->warmup_min_lr = 0.0;
-    s->warmup_max_lr = s->type == ZDP_SCHEDULER_WARMUP_LR ? NAN : 0.001;
-    s->warmup_num_steps = 1000;
-    s->warmup_linear = false;
-    s->total_num_steps = 0;
-    s->warmup_min_ratio = 0.0;
-    s->cos_min_ratio = 0.0001;
+                           "expected an object, got %s", zdp_json_type_name(params));
+    /* The rows' defaults; a NaN peak means "the optimizer's lr" (WarmupLR). */
+    apply_defaults_(scheduler_param_keys_, COUNT_(scheduler_param_keys_), s);
+    if (s->type == ZDP_SCHEDULER_WARMUP_LR) s->warmup_max_lr = NAN;
+    s->warmup_linear = false; /* warmup_type "log" */
+    s->total_num_steps = 0;   /* required by the decaying schedules: no default */
     st = parse_block_(ctx, params, "scheduler.params", scheduler_param_keys_,
                       COUNT_(scheduler_param_keys_), s);
     if (st != ZDP_OK) return st;
@@ -1208,35 +1251,45 @@ void zdp_config_default(zdp_config *cfg) {
     if (cfg == NULL) return;
     memset(cfg, 0, sizeof *cfg);
     cfg->world_size = 1;
-    /* batch keys stay 0: "absent" until derived */
-    cfg->managed_gradient_accumulation = true;
-    cfg->steps_per_print = 10;
-    cfg->gradient_clipping = 1.0;
-    cfg->zero_allow_untested_optimizer = false;
-
+    /* The batch keys have no default in their rows: 0 is "absent" until derived. */
+    for (size_t i = 0; i < COUNT_(key_blocks_); i++)
+        if (key_blocks_[i].at_default)
+            apply_defaults_(key_blocks_[i].specs, key_blocks_[i].n,
+                            (char *)cfg + key_blocks_[i].offset);
+    /* The KEY_CUSTOM keys, whose rows store nothing themselves. */
     cfg->optimizer.type = ZDP_OPTIMIZER_ADAM;
-    cfg->optimizer.lr = 1e-3;
     cfg->optimizer.beta1 = 0.9;
     cfg->optimizer.beta2 = 0.999;
-    cfg->optimizer.eps = 1e-8;
-    cfg->optimizer.weight_decay = 0.0;
-    cfg->optimizer.adam_w_mode = true;
-    cfg->optimizer.bias_correction = true;
-    cfg->optimizer.momentum = 0.0;
-    cfg->optimizer.dampening = 0.0;
-    cfg->optimizer.nesterov = false;
-
     cfg->zero.stage = 0;
-    cfg->zero.overlap_comm = false;
-    /* Not DeepSpeed's 5e8: measured on the ring reduce-scatter (docs/benchmarks.md),
-     * 2^18 elements is where it reaches the all-reduce's bus bandwidth, and a
-     * 5e8 bucket would hold the whole gradient of most models. */
-    cfg->zero.reduce_bucket_size = 262144;
-    cfg->zero.allgather_bucket_size = 500000000;
-    cfg->zero.contiguous_gradients = true;
-    cfg->zero.reduce_scatter = true;
     cfg->zero.offload_optimizer = ZDP_OFFLOAD_NONE;
     cfg->zero.offload_param = ZDP_OFFLOAD_NONE;
+}
+
+size_t zdp_config_key_count(void) {
+    size_t n = 0;
+    for (size_t i = 0; i < COUNT_(key_blocks_); i++) n += key_blocks_[i].n;
+    return n;
+}
+
+bool zdp_config_key_get(size_t index, zdp_config_key_info *out) {
+    static const char *const kind_names[] = {"int", "bool", "number", "any", "unused", "custom"};
+    for (size_t i = 0; i < COUNT_(key_blocks_); i++) {
+        const key_block *b = &key_blocks_[i];
+        if (index >= b->n) {
+            index -= b->n;
+            continue;
+        }
+        const key_spec *s = &b->specs[index];
+        memset(out, 0, sizeof *out);
+        path_join_(out->path, b->prefix, s->name);
+        out->kind = kind_names[s->kind];
+        out->def = s->def;
+        out->config_offset = (b->offset == NO_FIELD_ || s->offset == NO_FIELD_)
+                                 ? NO_FIELD_ : b->offset + s->offset;
+        out->at_default = b->at_default;
+        return true;
+    }
+    return false;
 }
 
 zdp_status zdp_config_validate(const zdp_config *cfg, zdp_error *err) {
@@ -1288,7 +1341,7 @@ static zdp_status load_buffer_(const char *buf, size_t len, const char *origin, 
     zdp_status st;
     if (!json_is_object(root)) {
         st = zdp_err_set(err, ZDP_ERR_CONFIG, "%s: the top level is %s; expected a JSON object "
-                         "like {\"train_batch_size\": 32, ...}", origin, json_kind_(root));
+                         "like {\"train_batch_size\": 32, ...}", origin, zdp_json_type_name(root));
         json_decref(root);
         return st;
     }

@@ -337,47 +337,46 @@ static json_t *meta_json_(zdp_engine *e, const char *tag, json_t *client, const 
 
 /* ---- save --------------------------------------------------------------------- */
 
-zdp_status zdp_engine_save_checkpoint(zdp_engine *e, const char *dir, const char *tag,
-                                      const char *client_json, zdp_error *err) {
+/* The arguments, checked alike on every rank (the same model everywhere, so
+ * every rank returns alike); *client: the client object, new or parsed. */
+static zdp_status save_args_(const zdp_engine *e, const char *dir, const char *tag,
+                             const char *client_json, json_t **client, zdp_error *err) {
+    *client = NULL;
     if (e == NULL || dir == NULL || !tag_ok_(tag))
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
                            "save_checkpoint: dir and a tag are required, and the tag \"%s\" "
                            "must be a plain file name (no '/')", tag ? tag : "(null)");
-    json_t *client = NULL;
+    json_t *c = NULL;
     if (client_json != NULL) {
         json_error_t je;
-        client = json_loads(client_json, 0, &je);
-        if (client == NULL || !json_is_object(client)) {
-            json_decref(client);
+        c = json_loads(client_json, 0, &je);
+        if (c == NULL || !json_is_object(c)) {
+            json_decref(c);
             return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
                                "save_checkpoint: client_json is not a JSON object (%s at %d:%d)",
                                je.text, je.line, je.column);
         }
     } else {
-        client = json_object();
+        c = json_object();
     }
     if (e->model->shape_json != NULL) {
-        /* The same model on every rank, so every rank returns here alike. */
         json_t *shape = json_loads(e->model->shape_json, 0, NULL);
         bool obj = json_is_object(shape);
         json_decref(shape);
         if (!obj) {
-            json_decref(client);
+            json_decref(c);
             return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
                                "save_checkpoint: the model's shape_json is not a JSON object: "
                                "%.200s", e->model->shape_json);
         }
     }
-    zdp_status st = zdp_engine_drain_(e, err);
-    if (st != ZDP_OK) {
-        json_decref(client);
-        return st;
-    }
-    char tmpdir[PATH_MAX_], final[PATH_MAX_], path[PATH_MAX_ + 64];
-    snprintf(tmpdir, sizeof tmpdir, "%s/%s.tmp", dir, tag);
-    snprintf(final, sizeof final, "%s/%s", dir, tag);
+    *client = c;
+    return ZDP_OK;
+}
 
-    /* 1. rank 0 prepares an empty dir/tag.tmp; everyone waits for it. */
+/* Phase 1: rank 0 prepares an empty dir/tag.tmp; everyone waits for it.
+ * COLLECTIVE. */
+static zdp_status save_prepare_(zdp_engine *e, const char *tmpdir, zdp_error *err) {
     int64_t ok[1] = {0};
     zdp_error local = {0};
     if (e->rank == 0) {
@@ -388,134 +387,189 @@ zdp_status zdp_engine_save_checkpoint(zdp_engine *e, const char *dir, const char
                         strerror(errno));
         }
     }
-    if ((st = zdp_engine_allreduce_i64_(e, ok, 1, err)) != ZDP_OK) goto out;
-    if (ok[0] != 0) {
-        st = e->rank == 0 ? (*err = local, local.code)
-                          : zdp_err_set(err, ZDP_ERR_IO, "save_checkpoint: rank 0 could not "
-                                                         "create %s", tmpdir);
-        goto out;
-    }
+    zdp_status st = zdp_engine_allreduce_i64_(e, ok, 1, err);
+    if (st != ZDP_OK) return st;
+    if (ok[0] != 0)
+        return e->rank == 0 ? (*err = local, local.code)
+                            : zdp_err_set(err, ZDP_ERR_IO, "save_checkpoint: rank 0 could "
+                                                           "not create %s", tmpdir);
+    return ZDP_OK;
+}
 
-    /* 2. every rank writes its file (rank 0 the model too) and digests it. */
-    int64_t *rec = calloc((size_t)(4 * e->world + 1), sizeof *rec);
-    if (rec == NULL) {
-        st = zdp_err_set(err, ZDP_ERR_NOMEM, "save_checkpoint: out of memory");
-        goto out;
-    }
-    zdp_status mine = ZDP_OK;
+/* Writes one file with `write` and records its size and digest in
+ * size_hash[0..1]. */
+static zdp_status save_file_(zdp_engine *e, const char *path,
+                             zdp_status (*write)(zdp_engine *, const char *, zdp_error *),
+                             int64_t *size_hash, zdp_error *local) {
     uint64_t h = 0;
     int64_t size = 0;
+    zdp_status st = write(e, path, local);
+    if (st == ZDP_OK && file_digest_(path, &h, &size) != 0)
+        st = zdp_err_set(local, ZDP_ERR_IO, "save_checkpoint: cannot read back %s", path);
+    if (st == ZDP_OK) {
+        size_hash[0] = size;
+        size_hash[1] = (int64_t)h;
+    }
+    return st;
+}
+
+/* Phase 2: every rank writes its file (rank 0 the model too) and digests
+ * it; rec (4 W + 1 slots) gathers every file's size and digest, and the
+ * number of ranks that failed.  COLLECTIVE. */
+static zdp_status save_write_files_(zdp_engine *e, const char *tmpdir, int64_t *rec,
+                                    zdp_error *err) {
+    char path[PATH_MAX_ + 64];
+    zdp_error local = {0};
+    zdp_status mine = ZDP_OK;
     if (e->rank == 0) {
         snprintf(path, sizeof path, "%s/model.safetensors", tmpdir);
-        mine = write_model_file_(e, path, &local);
-        if (mine == ZDP_OK && file_digest_(path, &h, &size) != 0)
-            mine = zdp_err_set(&local, ZDP_ERR_IO, "save_checkpoint: cannot read back %s", path);
-        if (mine == ZDP_OK) {
-            rec[0] = size;
-            rec[1] = (int64_t)h;
-        }
+        mine = save_file_(e, path, write_model_file_, &rec[0], &local);
     }
     if (mine == ZDP_OK) {
         snprintf(path, sizeof path, "%s/optim_rank%d.safetensors", tmpdir, e->rank);
-        mine = write_rank_file_(e, path, &local);
-        if (mine == ZDP_OK && file_digest_(path, &h, &size) != 0)
-            mine = zdp_err_set(&local, ZDP_ERR_IO, "save_checkpoint: cannot read back %s", path);
-        if (mine == ZDP_OK) {
-            rec[4 * e->rank + 2] = size;
-            rec[4 * e->rank + 3] = (int64_t)h;
-        }
+        mine = save_file_(e, path, write_rank_file_, &rec[4 * e->rank + 2], &local);
     }
     rec[4 * e->world] = mine != ZDP_OK;
     /* Slots other ranks own are zero here, so the SUM gathers them. */
     if (e->rank != 0) rec[0] = rec[1] = 0;
-    if ((st = zdp_engine_allreduce_i64_(e, rec, 4 * e->world + 1, err)) != ZDP_OK) {
-        free(rec);
-        goto out;
-    }
+    zdp_status st = zdp_engine_allreduce_i64_(e, rec, 4 * e->world + 1, err);
+    if (st != ZDP_OK) return st;
     if (rec[4 * e->world] != 0) {
         if (e->rank == 0) rmdir_files_(tmpdir);
-        st = mine != ZDP_OK ? (*err = local, local.code)
-                            : zdp_err_set(err, ZDP_ERR_IO,
-                                          "save_checkpoint: %lld rank(s) failed to write their "
-                                          "files under %s; the previous checkpoint is untouched",
-                                          (long long)rec[4 * e->world], tmpdir);
-        free(rec);
+        return mine != ZDP_OK ? (*err = local, local.code)
+                              : zdp_err_set(err, ZDP_ERR_IO,
+                                            "save_checkpoint: %lld rank(s) failed to write "
+                                            "their files under %s; the previous checkpoint is "
+                                            "untouched",
+                                            (long long)rec[4 * e->world], tmpdir);
+    }
+    return ZDP_OK;
+}
+
+/* meta.json's text with its checksum filled in, or NULL (errno set). */
+static char *save_meta_text_(zdp_engine *e, const char *tag, json_t *client,
+                             const int64_t *rec) {
+    json_t *meta = meta_json_(e, tag, json_incref(client), rec);
+    char *text = meta ? json_dumps(meta, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(meta);
+    char *digits = text ? meta_sum_digits_(text, strlen(text)) : NULL;
+    if (digits == NULL) {
+        free(text);
+        errno = EINVAL; /* a model shape_json that is not a JSON object */
+        return NULL;
+    }
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx",
+             (unsigned long long)meta_sum_(text, strlen(text), digits));
+    memcpy(digits, hex, 16);
+    return text;
+}
+
+/* Puts tmpdir in the place of final.  Replacing an older checkpoint of the
+ * same tag: swap the two directories in one step (Linux RENAME_EXCHANGE), so
+ * a crash leaves either the old checkpoint or the new one under the tag,
+ * never neither; then remove the old one.  Where the file system cannot
+ * swap, move the old one aside first (a crash between the two renames leaves
+ * the tag missing, its files in TAG.old.PID).  Rank 0 only. */
+static int save_replace_dir_(const char *tmpdir, const char *final, zdp_error *local) {
+    char old[PATH_MAX_ + 32];
+    snprintf(old, sizeof old, "%s.old.%ld", final, (long)getpid());
+    struct stat sb;
+    bool exists = stat(final, &sb) == 0, swapped = false, had_old = false;
+#ifdef RENAME_EXCHANGE
+    if (exists && renameat2(AT_FDCWD, tmpdir, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
+        swapped = true;
+        crash_point_("replace");
+        rmdir_files_(tmpdir); /* now the old checkpoint */
+    }
+#endif
+    if (!swapped) had_old = exists && rename(final, old) == 0;
+    if (!swapped && rename(tmpdir, final) != 0) {
+        zdp_err_set(local, ZDP_ERR_IO, "save_checkpoint: cannot rename %s to %s: %s", tmpdir,
+                    final, strerror(errno));
+        if (had_old) rename(old, final);
+        return -1;
+    }
+    if (had_old) rmdir_files_(old);
+    return 0;
+}
+
+/* Rank 0's part of phase 3: meta.json, the directory, then latest.
+ * 0, or -1 with *local set. */
+static int save_commit_rank0_(zdp_engine *e, const char *dir, const char *tag,
+                              const char *tmpdir, const char *final, json_t *client,
+                              const int64_t *rec, zdp_error *local) {
+    char path[PATH_MAX_ + 64];
+    snprintf(path, sizeof path, "%s/meta.json", tmpdir);
+    char *text = save_meta_text_(e, tag, client, rec);
+    if (text == NULL || write_atomic_(path, text) != 0) {
+        zdp_err_set(local, ZDP_ERR_IO, "save_checkpoint: cannot write %s: %s", path,
+                    strerror(errno));
+        free(text);
+        return -1;
+    }
+    free(text);
+    fsync_dir_(tmpdir);
+    crash_point_("meta");
+    if (save_replace_dir_(tmpdir, final, local) != 0) return -1;
+    fsync_dir_(dir);
+    crash_point_("latest");
+    char latest[PATH_MAX_ + 16], line[256];
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    snprintf(line, sizeof line, "%s\n", tag);
+    int rc = 0;
+    if (write_atomic_(latest, line) != 0) {
+        zdp_err_set(local, ZDP_ERR_IO, "save_checkpoint: cannot write %s: %s", latest,
+                    strerror(errno));
+        rc = -1;
+    }
+    fsync_dir_(dir);
+    return rc;
+}
+
+/* Phase 3: rank 0 commits; everyone learns whether it did.  COLLECTIVE. */
+static zdp_status save_commit_(zdp_engine *e, const char *dir, const char *tag,
+                               const char *tmpdir, const char *final, json_t *client,
+                               const int64_t *rec, zdp_error *err) {
+    int64_t ok[1] = {0};
+    zdp_error local = {0};
+    if (e->rank == 0 &&
+        save_commit_rank0_(e, dir, tag, tmpdir, final, client, rec, &local) != 0)
+        ok[0] = 1;
+    zdp_status st = zdp_engine_allreduce_i64_(e, ok, 1, err);
+    if (st != ZDP_OK) return st;
+    if (ok[0] != 0)
+        return e->rank == 0 ? (*err = local, local.code)
+                            : zdp_err_set(err, ZDP_ERR_IO, "save_checkpoint: rank 0 could "
+                                                           "not commit %s", final);
+    return ZDP_OK;
+}
+
+zdp_status zdp_engine_save_checkpoint(zdp_engine *e, const char *dir, const char *tag,
+                                      const char *client_json, zdp_error *err) {
+    json_t *client = NULL;
+    zdp_status st = save_args_(e, dir, tag, client_json, &client, err);
+    if (st != ZDP_OK) return st;
+    if ((st = zdp_engine_drain_(e, err)) != ZDP_OK) {
+        json_decref(client);
+        return st;
+    }
+    char tmpdir[PATH_MAX_], final[PATH_MAX_];
+    snprintf(tmpdir, sizeof tmpdir, "%s/%s.tmp", dir, tag);
+    snprintf(final, sizeof final, "%s/%s", dir, tag);
+
+    int64_t *rec = NULL;
+    if ((st = save_prepare_(e, tmpdir, err)) != ZDP_OK) goto out;
+    rec = calloc((size_t)(4 * e->world + 1), sizeof *rec);
+    if (rec == NULL) {
+        st = zdp_err_set(err, ZDP_ERR_NOMEM, "save_checkpoint: out of memory");
         goto out;
     }
+    if ((st = save_write_files_(e, tmpdir, rec, err)) != ZDP_OK) goto out;
     crash_point_("files");
-
-    /* 3. rank 0 commits: meta.json, the directory, then latest. */
-    ok[0] = 0;
-    if (e->rank == 0) {
-        json_t *meta = meta_json_(e, tag, json_incref(client), rec);
-        char *text = meta ? json_dumps(meta, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
-        json_decref(meta);
-        char *digits = text ? meta_sum_digits_(text, strlen(text)) : NULL;
-        if (digits != NULL) {
-            char hex[17];
-            snprintf(hex, sizeof hex, "%016llx",
-                     (unsigned long long)meta_sum_(text, strlen(text), digits));
-            memcpy(digits, hex, 16);
-        } else {
-            free(text);
-            text = NULL;
-            errno = EINVAL; /* a model shape_json that is not a JSON object */
-        }
-        snprintf(path, sizeof path, "%s/meta.json", tmpdir);
-        char old[PATH_MAX_ + 32];
-        snprintf(old, sizeof old, "%s.old.%ld", final, (long)getpid());
-        if (text == NULL || write_atomic_(path, text) != 0) {
-            zdp_err_set(&local, ZDP_ERR_IO, "save_checkpoint: cannot write %s: %s", path,
-                        strerror(errno));
-            ok[0] = 1;
-        } else {
-            fsync_dir_(tmpdir);
-            crash_point_("meta");
-            /* Replacing an older checkpoint of the same tag: swap the two
-             * directories in one step (Linux RENAME_EXCHANGE), so a crash
-             * leaves either the old checkpoint or the new one under the tag,
-             * never neither; then remove the old one.  Where the file system
-             * cannot swap, move the old one aside first (a crash between the
-             * two renames leaves the tag missing, its files in TAG.old.PID). */
-            struct stat sb;
-            bool exists = stat(final, &sb) == 0, swapped = false, had_old = false;
-#ifdef RENAME_EXCHANGE
-            if (exists && renameat2(AT_FDCWD, tmpdir, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
-                swapped = true;
-                crash_point_("replace");
-                rmdir_files_(tmpdir); /* now the old checkpoint */
-            }
-#endif
-            if (!swapped) had_old = exists && rename(final, old) == 0;
-            if (!swapped && rename(tmpdir, final) != 0) {
-                zdp_err_set(&local, ZDP_ERR_IO, "save_checkpoint: cannot rename %s to %s: %s",
-                            tmpdir, final, strerror(errno));
-                if (had_old) rename(old, final);
-                ok[0] = 1;
-            } else {
-                if (had_old) rmdir_files_(old);
-                fsync_dir_(dir);
-                crash_point_("latest");
-                char latest[PATH_MAX_ + 16], line[256];
-                snprintf(latest, sizeof latest, "%s/latest", dir);
-                snprintf(line, sizeof line, "%s\n", tag);
-                if (write_atomic_(latest, line) != 0) {
-                    zdp_err_set(&local, ZDP_ERR_IO, "save_checkpoint: cannot write %s: %s",
-                                latest, strerror(errno));
-                    ok[0] = 1;
-                }
-                fsync_dir_(dir);
-            }
-        }
-        free(text);
-    }
-    free(rec);
-    if ((st = zdp_engine_allreduce_i64_(e, ok, 1, err)) != ZDP_OK) goto out;
-    if (ok[0] != 0)
-        st = e->rank == 0 ? (*err = local, local.code)
-                          : zdp_err_set(err, ZDP_ERR_IO, "save_checkpoint: rank 0 could not "
-                                                         "commit %s", final);
+    st = save_commit_(e, dir, tag, tmpdir, final, client, rec, err);
 out:
+    free(rec);
     json_decref(client);
     return st;
 }

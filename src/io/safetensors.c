@@ -322,6 +322,153 @@ static void st_tensors_free_(zdp_tensor *t, int n) {
     free(t);
 }
 
+/* Checks the file and reads its JSON header into *header (malloc'd, the
+ * caller frees it; not NUL-terminated), with its length and the length of
+ * the data section that follows it. */
+static zdp_status st_read_header_(int fd, const char *path, char **header,
+                                  uint64_t *header_len, uint64_t *data_len, zdp_error *err) {
+    struct stat sb;
+    if (fstat(fd, &sb) != 0)
+        return zdp_err_set(err, ZDP_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode))
+        return zdp_err_set(err, ZDP_ERR_IO, "%s: not a regular file", path);
+    uint64_t file_bytes = (uint64_t)sb.st_size;
+    if (file_bytes < 8)
+        return zdp_err_set(err, ZDP_ERR_FORMAT,
+                           "%s: file is %" PRIu64 " bytes, shorter than the 8-byte header "
+                           "length; it is truncated or not a safetensors file", path,
+                           file_bytes);
+
+    unsigned char len_le[8];
+    if (!st_pread_full_(fd, len_le, sizeof len_le, 0))
+        return st_read_error_(err, path, "reading the header length");
+    uint64_t header_bytes = 0;
+    for (int i = 7; i >= 0; i--) header_bytes = (header_bytes << 8) | len_le[i];
+    if (header_bytes > ST_MAX_HEADER_BYTES)
+        return zdp_err_set(err, ZDP_ERR_FORMAT,
+                           "%s: header length %" PRIu64 " bytes is over the %llu-byte limit; "
+                           "this is not a safetensors file or it is corrupt", path,
+                           header_bytes, ST_MAX_HEADER_BYTES);
+    if (header_bytes > file_bytes - 8)
+        return zdp_err_set(err, ZDP_ERR_FORMAT,
+                           "%s: header length %" PRIu64 " bytes but only %" PRIu64 " bytes "
+                           "follow the 8-byte length; the file is truncated or not a "
+                           "safetensors file", path, header_bytes, file_bytes - 8);
+
+    char *h = malloc(header_bytes > 0 ? (size_t)header_bytes : 1);
+    if (h == NULL)
+        return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for the %" PRIu64
+                           "-byte header", path, header_bytes);
+    if (!st_pread_full_(fd, h, (size_t)header_bytes, 8)) {
+        free(h);
+        return st_read_error_(err, path, "reading the header");
+    }
+    *header = h;
+    *header_len = header_bytes;
+    *data_len = file_bytes - 8 - header_bytes;
+    return ZDP_OK;
+}
+
+/* Parses the header into *root and validates every entry into *entries
+ * (calloc'd, the caller frees it before *root: the names borrow from it).
+ * *n counts the entries filled so far, also on error. */
+static zdp_status st_parse_header_(const char *path, const char *header, uint64_t header_bytes,
+                                   uint64_t data_bytes, json_t **root, st_entry_ **entries,
+                                   size_t *n, zdp_error *err) {
+    /* DECODE_ANY so that a non-object header gets our message, not
+     * jansson's; REJECT_DUPLICATES because two entries with one name would
+     * silently lose a tensor.  Trailing padding spaces are plain JSON
+     * whitespace. */
+    json_error_t jerr;
+    json_t *r = json_loadb(header, (size_t)header_bytes, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY,
+                           &jerr);
+    *root = r;
+    if (r == NULL)
+        return zdp_err_set(err, ZDP_ERR_FORMAT,
+                           "%s: header is not valid JSON: %s (line %d, column %d, byte %d of "
+                           "the header)%s", path, jerr.text, jerr.line, jerr.column,
+                           jerr.position,
+                           json_error_code(&jerr) == json_error_duplicate_key
+                               ? "; two tensors (or two fields of one entry) share a name"
+                               : "");
+    if (!json_is_object(r))
+        return zdp_err_set(err, ZDP_ERR_FORMAT,
+                           "%s: header is %s, expected an object mapping tensor names to "
+                           "{dtype, shape, data_offsets}", path, st_json_type_name_(r));
+
+    size_t n_keys = json_object_size(r);
+    st_entry_ *e = calloc(n_keys > 0 ? n_keys : 1, sizeof *e);
+    *entries = e;
+    if (e == NULL)
+        return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for %zu header entries",
+                           path, n_keys);
+    const char *key;
+    json_t *val;
+    json_object_foreach(r, key, val) {
+        zdp_status s;
+        if (strcmp(key, ST_METADATA_KEY) == 0) {
+            s = st_check_metadata_(path, val, err);
+        } else {
+            e[*n].header_index = *n;
+            s = st_parse_entry_(path, key, val, data_bytes, &e[*n], err);
+            (*n)++;
+        }
+        if (s != ZDP_OK) return s;
+    }
+    if (*n > (size_t)INT32_MAX)
+        return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: %zu tensors, more than zdp can index",
+                           path, *n);
+    return ZDP_OK;
+}
+
+/* Sorts the entries by offset and refuses any two that share bytes. */
+static zdp_status st_check_overlaps_(const char *path, st_entry_ *entries, size_t n,
+                                     zdp_error *err) {
+    qsort(entries, n, sizeof *entries, st_entry_cmp_);
+    /* Sorted by begin, a tensor overlaps an earlier one exactly when it
+     * starts before the furthest end seen so far. */
+    size_t furthest = 0;
+    for (size_t i = 1; i < n; i++) {
+        const st_entry_ *prev = &entries[furthest], *e = &entries[i];
+        if (e->begin < prev->end)
+            return zdp_err_set(err, ZDP_ERR_FORMAT,
+                               "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] "
+                               "overlap tensor \"%s\" at [%" PRIu64 ", %" PRIu64 "]; every "
+                               "tensor needs its own bytes, so the file is corrupt or was "
+                               "written by a buggy tool", path, e->name, e->begin, e->end,
+                               prev->name, prev->begin, prev->end);
+        if (e->end > prev->end) furthest = i;
+    }
+    return ZDP_OK;
+}
+
+/* Reads the n tensors' data into tensors[0..n) (calloc'd by the caller). */
+static zdp_status st_read_tensors_(int fd, const char *path, uint64_t header_bytes,
+                                   const st_entry_ *entries, size_t n, zdp_tensor *tensors,
+                                   zdp_error *err) {
+    for (size_t i = 0; i < n; i++) {
+        const st_entry_ *e = &entries[i];
+        zdp_tensor *t = &tensors[i];
+        size_t nbytes = (size_t)(e->end - e->begin);
+        t->name = strdup(e->name);
+        /* Never NULL, even when empty, so callers may always pass data on. */
+        t->data = malloc(nbytes > 0 ? nbytes : 1);
+        if (t->name == NULL || t->data == NULL)
+            return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: tensor \"%s\": out of memory for %zu "
+                               "bytes", path, e->name, nbytes);
+        t->dtype = e->dtype;
+        t->ndim = e->ndim;
+        memcpy(t->shape, e->shape, sizeof t->shape);
+        t->nbytes = nbytes;
+        if (!st_pread_full_(fd, t->data, nbytes, (off_t)(8 + header_bytes + e->begin))) {
+            char what[256];
+            snprintf(what, sizeof what, "reading tensor \"%s\"", e->name);
+            return st_read_error_(err, path, what);
+        }
+    }
+    return ZDP_OK;
+}
+
 zdp_status zdp_safetensors_read(const char *path, zdp_safetensors *out, zdp_error *err) {
     if (out == NULL)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_safetensors_read: out is NULL");
@@ -330,166 +477,32 @@ zdp_status zdp_safetensors_read(const char *path, zdp_safetensors *out, zdp_erro
     if (path == NULL)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_safetensors_read: path is NULL");
 
-    zdp_status s = ZDP_OK;
     char *header = NULL;
     json_t *root = NULL;
     st_entry_ *entries = NULL;
     zdp_tensor *tensors = NULL;
     size_t n = 0;
+    uint64_t header_bytes = 0, data_bytes = 0;
 
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return zdp_err_set(err, ZDP_ERR_IO, "%s: cannot open for reading: %s", path,
                            strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        s = zdp_err_set(err, ZDP_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-        goto done;
+    zdp_status s = st_read_header_(fd, path, &header, &header_bytes, &data_bytes, err);
+    if (s == ZDP_OK)
+        s = st_parse_header_(path, header, header_bytes, data_bytes, &root, &entries, &n, err);
+    if (s == ZDP_OK) s = st_check_overlaps_(path, entries, n, err);
+    if (s == ZDP_OK) {
+        tensors = calloc(n > 0 ? n : 1, sizeof *tensors);
+        if (tensors == NULL)
+            s = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for %zu tensors", path, n);
     }
-    if (!S_ISREG(sb.st_mode)) {
-        s = zdp_err_set(err, ZDP_ERR_IO, "%s: not a regular file", path);
-        goto done;
+    if (s == ZDP_OK) s = st_read_tensors_(fd, path, header_bytes, entries, n, tensors, err);
+    if (s == ZDP_OK) {
+        out->n = (int)n;
+        out->tensors = tensors;
+        tensors = NULL;
     }
-    uint64_t file_bytes = (uint64_t)sb.st_size;
-    if (file_bytes < 8) {
-        s = zdp_err_set(err, ZDP_ERR_FORMAT,
-                        "%s: file is %" PRIu64 " bytes, shorter than the 8-byte header "
-                        "length; it is truncated or not a safetensors file", path, file_bytes);
-        goto done;
-    }
-
-    unsigned char len_le[8];
-    if (!st_pread_full_(fd, len_le, sizeof len_le, 0)) {
-        s = st_read_error_(err, path, "reading the header length");
-        goto done;
-    }
-    uint64_t header_bytes = 0;
-    for (int i = 7; i >= 0; i--) header_bytes = (header_bytes << 8) | len_le[i];
-    if (header_bytes > ST_MAX_HEADER_BYTES) {
-        s = zdp_err_set(err, ZDP_ERR_FORMAT,
-                        "%s: header length %" PRIu64 " bytes is over the %llu-byte limit; "
-                        "this is not a safetensors file or it is corrupt", path,
-                        header_bytes, ST_MAX_HEADER_BYTES);
-        goto done;
-    }
-    if (header_bytes > file_bytes - 8) {
-        s = zdp_err_set(err, ZDP_ERR_FORMAT,
-                        "%s: header length %" PRIu64 " bytes but only %" PRIu64 " bytes "
-                        "follow the 8-byte length; the file is truncated or not a "
-                        "safetensors file", path, header_bytes, file_bytes - 8);
-        goto done;
-    }
-    uint64_t data_bytes = file_bytes - 8 - header_bytes;
-
-    header = malloc(header_bytes > 0 ? (size_t)header_bytes : 1);
-    if (header == NULL) {
-        s = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for the %" PRIu64
-                        "-byte header", path, header_bytes);
-        goto done;
-    }
-    if (!st_pread_full_(fd, header, (size_t)header_bytes, 8)) {
-        s = st_read_error_(err, path, "reading the header");
-        goto done;
-    }
-
-    /* DECODE_ANY so that a non-object header gets our message, not
-     * jansson's; REJECT_DUPLICATES because two entries with one name would
-     * silently lose a tensor.  Trailing padding spaces are plain JSON
-     * whitespace. */
-    json_error_t jerr;
-    root = json_loadb(header, (size_t)header_bytes, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY,
-                      &jerr);
-    if (root == NULL) {
-        s = zdp_err_set(err, ZDP_ERR_FORMAT,
-                        "%s: header is not valid JSON: %s (line %d, column %d, byte %d of "
-                        "the header)%s", path, jerr.text, jerr.line, jerr.column, jerr.position,
-                        json_error_code(&jerr) == json_error_duplicate_key
-                            ? "; two tensors (or two fields of one entry) share a name"
-                            : "");
-        goto done;
-    }
-    if (!json_is_object(root)) {
-        s = zdp_err_set(err, ZDP_ERR_FORMAT,
-                        "%s: header is %s, expected an object mapping tensor names to "
-                        "{dtype, shape, data_offsets}", path, st_json_type_name_(root));
-        goto done;
-    }
-
-    size_t n_keys = json_object_size(root);
-    entries = calloc(n_keys > 0 ? n_keys : 1, sizeof *entries);
-    if (entries == NULL) {
-        s = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for %zu header entries",
-                        path, n_keys);
-        goto done;
-    }
-    const char *key;
-    json_t *val;
-    json_object_foreach(root, key, val) {
-        if (strcmp(key, ST_METADATA_KEY) == 0) {
-            s = st_check_metadata_(path, val, err);
-        } else {
-            entries[n].header_index = n;
-            s = st_parse_entry_(path, key, val, data_bytes, &entries[n], err);
-            n++;
-        }
-        if (s != ZDP_OK) goto done;
-    }
-    if (n > (size_t)INT32_MAX) {
-        s = zdp_err_set(err, ZDP_ERR_FORMAT, "%s: %zu tensors, more than zdp can index", path, n);
-        goto done;
-    }
-
-    qsort(entries, n, sizeof *entries, st_entry_cmp_);
-    /* Sorted by begin, a tensor overlaps an earlier one exactly when it
-     * starts before the furthest end seen so far. */
-    size_t furthest = 0;
-    for (size_t i = 1; i < n; i++) {
-        const st_entry_ *prev = &entries[furthest], *e = &entries[i];
-        if (e->begin < prev->end) {
-            s = zdp_err_set(err, ZDP_ERR_FORMAT,
-                            "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] "
-                            "overlap tensor \"%s\" at [%" PRIu64 ", %" PRIu64 "]; every tensor "
-                            "needs its own bytes, so the file is corrupt or was written by a "
-                            "buggy tool", path, e->name, e->begin, e->end, prev->name,
-                            prev->begin, prev->end);
-            goto done;
-        }
-        if (e->end > prev->end) furthest = i;
-    }
-
-    tensors = calloc(n > 0 ? n : 1, sizeof *tensors);
-    if (tensors == NULL) {
-        s = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for %zu tensors", path, n);
-        goto done;
-    }
-    for (size_t i = 0; i < n; i++) {
-        const st_entry_ *e = &entries[i];
-        zdp_tensor *t = &tensors[i];
-        size_t nbytes = (size_t)(e->end - e->begin);
-        t->name = strdup(e->name);
-        /* Never NULL, even when empty, so callers may always pass data on. */
-        t->data = malloc(nbytes > 0 ? nbytes : 1);
-        if (t->name == NULL || t->data == NULL) {
-            s = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: tensor \"%s\": out of memory for %zu "
-                            "bytes", path, e->name, nbytes);
-            goto done;
-        }
-        t->dtype = e->dtype;
-        t->ndim = e->ndim;
-        memcpy(t->shape, e->shape, sizeof t->shape);
-        t->nbytes = nbytes;
-        if (!st_pread_full_(fd, t->data, nbytes, (off_t)(8 + header_bytes + e->begin))) {
-            char what[256];
-            snprintf(what, sizeof what, "reading tensor \"%s\"", e->name);
-            s = st_read_error_(err, path, what);
-            goto done;
-        }
-    }
-    out->n = (int)n;
-    out->tensors = tensors;
-    tensors = NULL;
-
-done:
     st_tensors_free_(tensors, (int)n);
     free(entries); /* before root: entries borrow names from it */
     json_decref(root);

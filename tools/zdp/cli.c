@@ -81,10 +81,8 @@ int cli_check_finite(const char *flag, const char *path, const char *name, const
 }
 
 int cli_max_skipped_option(const char *v, int64_t *max) {
-    if (!cli_parse_i64(v, 0, INT64_MAX, max))
-        return cli_fail("--max-skipped-steps %s: need an integer >= 0 (0 = never stop; default "
-                        "%d)", v, CLI_MAX_SKIPPED_DEFAULT);
-    return 1;
+    const cli_opt opt = CLI_MAX_SKIPPED_ROW(max);
+    return cli_take_option(&opt, 1, opt.flag, v);
 }
 
 int cli_skip_guard(const zdp_engine *eng, int64_t max, int64_t *run) {
@@ -133,6 +131,58 @@ bool cli_parse_double(const char *s, double lo, double hi, double *out) {
     return true;
 }
 
+/* ---- the option loop ------------------------------------------------------------- */
+
+/* Stores v into o's pointer: 1, or 2 with "FLAG VALUE: NEED" recorded. */
+static int take_value_(const cli_opt *o, const char *v) {
+    int64_t n = 0;
+    switch (o->kind) {
+    case CLI_OPT_STR: *(const char **)o->ptr = v; return 1;
+    case CLI_OPT_IGNORE: return 1;
+    case CLI_OPT_SCHEDULE: return cli_parse_schedule(v, o->ptr) == 0 ? 1 : 2;
+    case CLI_OPT_I64:
+    case CLI_OPT_INT:
+    case CLI_OPT_U64:
+        if (!cli_parse_i64(v, o->lo, o->hi, &n)) break;
+        if (o->kind == CLI_OPT_I64) *(int64_t *)o->ptr = n;
+        else if (o->kind == CLI_OPT_INT) *(int *)o->ptr = (int)n;
+        else *(uint64_t *)o->ptr = (uint64_t)n;
+        return 1;
+    case CLI_OPT_F64:
+        if (!cli_parse_double(v, o->dlo, o->dhi, o->ptr)) break;
+        return 1;
+    case CLI_OPT_CHOICE:
+        for (int i = 0; o->choices[i] != NULL; i++) {
+            if (strcmp(v, o->choices[i]) != 0) continue;
+            if (o->ptr != NULL) *(int *)o->ptr = o->values[i];
+            return 1;
+        }
+        break;
+    }
+    cli_fail("%s %s: %s", o->flag, v, o->need);
+    return 2;
+}
+
+int cli_take_option(const cli_opt *opts, int n, const char *a, const char *v) {
+    for (int k = 0; k < n; k++)
+        if (strcmp(a, opts[k].flag) == 0) return take_value_(&opts[k], v);
+    return 0;
+}
+
+int cli_parse_options(const cli_command *cmd, const cli_opt *opts, int n, int argc,
+                      char **argv) {
+    for (int i = 0; i < argc; i += 2) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 1;
+        if ((cmd->dashes && strncmp(a, "--", 2) != 0) || i + 1 >= argc)
+            return cli_fail("%s: %s", a, cmd->missing);
+        int taken = cli_take_option(opts, n, a, argv[i + 1]);
+        if (taken == 2) return 2;
+        if (taken == 0) return cli_fail("unknown option %s%s", a, cmd->unknown);
+    }
+    return 0;
+}
+
 int cli_parse_schedule(const char *s, cli_schedule *out) {
     char buf[8192];
     if (strlen(s) >= sizeof buf)
@@ -173,38 +223,15 @@ void cli_format_eta(double seconds, char *out, int n) {
 }
 
 int cli_gpt_option(const char *a, const char *v, zdp_gpt_config *c) {
-    int *dims[5] = {&c->n_layer, &c->n_head, &c->n_embd, &c->vocab_size, &c->block_size};
-    static const char *const names[5] = {"--n-layer", "--n-head", "--n-embd", "--vocab-size",
-                                         "--block-size"};
-    for (int k = 0; k < 5; k++) {
-        if (strcmp(a, names[k]) != 0) continue;
-        int64_t n;
-        if (!cli_parse_i64(v, 1, 1 << 24, &n)) {
-            cli_fail("%s %s: need a positive integer", a, v);
-            return 2;
-        }
-        *dims[k] = (int)n;
-        return 1;
-    }
-    return 0;
+    const cli_opt opts[] = {CLI_GPT_ROWS(c)};
+    return cli_take_option(opts, (int)(sizeof opts / sizeof opts[0]), a, v);
 }
 
 /* ---- checkpoints ---------------------------------------------------------------- */
 
 int cli_ckpt_option(const char *a, const char *v, cli_ckpt *c) {
-    if (strcmp(a, "--save-dir") == 0) {
-        c->save_dir = v;
-    } else if (strcmp(a, "--resume") == 0) {
-        c->resume = v;
-    } else if (strcmp(a, "--save-every") == 0) {
-        if (!cli_parse_i64(v, 1, INT64_MAX / 4, &c->save_every)) {
-            cli_fail("--save-every %s: need an integer >= 1 (optimizer steps)", v);
-            return 2;
-        }
-    } else {
-        return 0;
-    }
-    return 1;
+    const cli_opt opts[] = {CLI_CKPT_ROWS(c)};
+    return cli_take_option(opts, (int)(sizeof opts / sizeof opts[0]), a, v);
 }
 
 int cli_check_output(const char *flag, const char *path, bool is_dir) {

@@ -52,6 +52,63 @@ int cli_parse_schedule(const char *s, cli_schedule *out);
 /* Micro-batches of optimizer step s: the schedule's entry, or G. */
 int64_t cli_window(const cli_schedule *sch, bool managed, int64_t G, int64_t s);
 
+/* ---- the option loop ----------------------------------------------------------- */
+
+/* One command-line option: its flag, what its value is, where it goes and
+ * its bounds.  A command lists its options in a table and parses argv with
+ * cli_parse_options, so every command reads values, and words its errors,
+ * the same way: a bad value fails with "FLAG VALUE: NEED". */
+typedef enum cli_opt_kind {
+    CLI_OPT_STR,      /* const char **: the argument itself */
+    CLI_OPT_I64,      /* int64_t *, an integer in [lo, hi] */
+    CLI_OPT_INT,      /* int *, an integer in [lo, hi] (hi <= INT_MAX) */
+    CLI_OPT_U64,      /* uint64_t *, an integer in [lo, hi] (lo >= 0) */
+    CLI_OPT_F64,      /* double *, a number in [dlo, dhi] */
+    CLI_OPT_CHOICE,   /* int *: values[i] for the word choices[i]; ptr NULL: checked only */
+    CLI_OPT_SCHEDULE, /* cli_schedule *: "2,5,3" (cli_parse_schedule's messages) */
+    CLI_OPT_IGNORE,   /* taken, value unused (--model, which main() dispatched on) */
+} cli_opt_kind;
+
+typedef struct cli_opt {
+    const char *flag;            /* "--steps" */
+    cli_opt_kind kind;
+    void *ptr;                   /* where the value goes, of the kind's type */
+    int64_t lo, hi;              /* CLI_OPT_I64, _INT, _U64 */
+    double dlo, dhi;             /* CLI_OPT_F64 */
+    const char *need;            /* what a good value is: "need an integer >= 0" */
+    const char *const *choices;  /* CLI_OPT_CHOICE: the words, NULL-terminated */
+    const int *values;           /* CLI_OPT_CHOICE: what each word stores */
+} cli_opt;
+
+#define CLI_STR(f, p) {.flag = (f), .kind = CLI_OPT_STR, .ptr = (p)}
+#define CLI_I64(f, p, l, h, n) {.flag = (f), .kind = CLI_OPT_I64, .ptr = (p), .lo = (l), .hi = (h), .need = (n)}
+#define CLI_INT(f, p, l, h, n) {.flag = (f), .kind = CLI_OPT_INT, .ptr = (p), .lo = (l), .hi = (h), .need = (n)}
+#define CLI_U64(f, p, l, h, n) {.flag = (f), .kind = CLI_OPT_U64, .ptr = (p), .lo = (l), .hi = (h), .need = (n)}
+#define CLI_F64(f, p, l, h, n) {.flag = (f), .kind = CLI_OPT_F64, .ptr = (p), .dlo = (l), .dhi = (h), .need = (n)}
+#define CLI_CHOICE(f, p, words, vals, n) \
+    {.flag = (f), .kind = CLI_OPT_CHOICE, .ptr = (p), .choices = (words), .values = (vals), .need = (n)}
+#define CLI_SCHEDULE(f, p) {.flag = (f), .kind = CLI_OPT_SCHEDULE, .ptr = (p)}
+#define CLI_IGNORE(f) {.flag = (f), .kind = CLI_OPT_IGNORE}
+
+/* How a command words the two errors that are not about one value. */
+typedef struct cli_command {
+    /* After "ARG: " when an option has no value (or, with dashes, an
+     * argument is not an option): "missing value (see zdp sample --help)". */
+    const char *missing;
+    /* After "unknown option FLAG": " (see zdp train --help)". */
+    const char *unknown;
+    bool dashes; /* every option must start with "--" */
+} cli_command;
+
+/* Takes option a with value v if opts[0..n) has it: 1 taken, 0 not ours,
+ * 2 bad value (cli_fail's message recorded). */
+int cli_take_option(const cli_opt *opts, int n, const char *a, const char *v);
+/* Parses argv[0..argc) as FLAG VALUE pairs against opts[0..n): 0 when all
+ * were taken, 1 at -h/--help (the caller prints its usage), else cli_fail's
+ * code with its message recorded. */
+int cli_parse_options(const cli_command *cmd, const cli_opt *opts, int n, int argc,
+                      char **argv);
+
 /* --save-dir DIR --save-every K --resume DIR (issue contract: every K
  * optimizer steps DIR/global_step{N}/ and DIR/latest; --resume continues
  * from DIR/latest; --steps counts resumed steps too). */
@@ -63,6 +120,11 @@ typedef struct cli_ckpt {
 /* Takes option a with value v if it is one of the three: 1 taken, 0 not
  * ours, 2 bad value (cli_fail printed). */
 int cli_ckpt_option(const char *a, const char *v, cli_ckpt *c);
+/* The three as option rows, for a command's table (c: a cli_ckpt *). */
+#define CLI_CKPT_ROWS(c)                                                        \
+    CLI_STR("--save-dir", &(c)->save_dir), CLI_STR("--resume", &(c)->resume), \
+    CLI_I64("--save-every", &(c)->save_every, 1, INT64_MAX / 4,                 \
+            "need an integer >= 1 (optimizer steps)")
 /* Checks that this rank can write output `path` (flag: the option, for the
  * message): a directory (is_dir) must be one, or be creatable under the
  * nearest existing directory above it; a file's directory must exist.  Both
@@ -88,6 +150,13 @@ void cli_ckpt_after_step(zdp_engine *eng, const cli_ckpt *c, int64_t cursor, boo
 #define CLI_MAX_SKIPPED_DEFAULT 100
 /* Parses the flag's value into *max: 1 taken, 2 bad value (cli_fail printed). */
 int cli_max_skipped_option(const char *v, int64_t *max);
+/* The option row (p: an int64_t *). */
+#define CLI_MAX_SKIPPED_ROW(p)                                                  \
+    CLI_I64("--max-skipped-steps", (p), 0, INT64_MAX,                           \
+            "need an integer >= 0 (0 = never stop; default "                    \
+            CLI_QUOTE_(CLI_MAX_SKIPPED_DEFAULT) ")")
+#define CLI_QUOTE_(x) CLI_QUOTE2_(x)
+#define CLI_QUOTE2_(x) #x
 /* After each optimizer step: counts consecutive skipped steps in *run and
  * returns 1 (with the cause printed on rank 0) when they reach max > 0,
  * else 0.  Whether a step is skipped is decided by all ranks together, so
@@ -106,6 +175,13 @@ int cli_check_finite(const char *flag, const char *path, const char *name, const
 /* Takes option a with value v if it is one of them: 1 taken, 0 not ours,
  * 2 bad value (cli_fail printed). */
 int cli_gpt_option(const char *a, const char *v, zdp_gpt_config *c);
+/* The five as option rows (c: a zdp_gpt_config *). */
+#define CLI_GPT_ROWS(c)                                                         \
+    CLI_INT("--n-layer", &(c)->n_layer, 1, 1 << 24, "need a positive integer"), \
+    CLI_INT("--n-head", &(c)->n_head, 1, 1 << 24, "need a positive integer"),   \
+    CLI_INT("--n-embd", &(c)->n_embd, 1, 1 << 24, "need a positive integer"),   \
+    CLI_INT("--vocab-size", &(c)->vocab_size, 1, 1 << 24, "need a positive integer"), \
+    CLI_INT("--block-size", &(c)->block_size, 1, 1 << 24, "need a positive integer")
 
 /* Seconds on a monotonic clock. */
 double cli_now(void);

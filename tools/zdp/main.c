@@ -109,46 +109,27 @@ static bool is_help_(const char *a) { return strcmp(a, "-h") == 0 || strcmp(a, "
 static int parse_train_args_(int argc, char **argv, train_opts *o) {
     *o = (train_opts){.hidden = 64, .layers = 4, .steps = 20, .samples = 4096, .seed = 42,
                       .max_skipped = CLI_MAX_SKIPPED_DEFAULT};
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (is_help_(a)) {
-            if (zdp_dist_rank() == 0) usage_train_();
-            return 1;
-        }
-        if (strncmp(a, "--", 2) != 0 || i + 1 >= argc)
-            return cli_fail("%s: expected an option with a value (see zdp train --help)", a);
-        const char *v = argv[++i];
-        int64_t n;
-        int taken = cli_ckpt_option(a, v, &o->ckpt);
-        if (taken == 2) return 2;
-        if (taken == 1) continue;
-        if (strcmp(a, "--model") == 0) o->model = v;
-        else if (strcmp(a, "--config") == 0) o->config = v;
-        else if (strcmp(a, "--init") == 0) o->init = v;
-        else if (strcmp(a, "--data") == 0) o->data = v;
-        else if (strcmp(a, "--save-weights") == 0) o->save_weights = v;
-        else if (strcmp(a, "--max-skipped-steps") == 0) {
-            if (cli_max_skipped_option(v, &o->max_skipped) != 1) return 2;
-        } else if (strcmp(a, "--schedule") == 0) {
-            int rc = cli_parse_schedule(v, &o->schedule);
-            if (rc) return rc;
-        } else if (strcmp(a, "--hidden") == 0) {
-            if (!cli_parse_i64(v, 1, 65536, &n)) return cli_fail("--hidden %s: need an integer in 1..65536", v);
-            o->hidden = (int)n;
-        } else if (strcmp(a, "--layers") == 0) {
-            if (!cli_parse_i64(v, 1, 1024, &n)) return cli_fail("--layers %s: need an integer in 1..1024", v);
-            o->layers = (int)n;
-        } else if (strcmp(a, "--steps") == 0) {
-            if (!cli_parse_i64(v, 0, INT64_MAX / 2, &o->steps)) return cli_fail("--steps %s: need an integer >= 0", v);
-        } else if (strcmp(a, "--samples") == 0) {
-            if (!cli_parse_i64(v, 1, (int64_t)1 << 26, &o->samples))
-                return cli_fail("--samples %s: need an integer in 1..67108864", v);
-        } else if (strcmp(a, "--seed") == 0) {
-            if (!cli_parse_i64(v, 0, INT64_MAX, &n)) return cli_fail("--seed %s: need an integer >= 0", v);
-            o->seed = (uint64_t)n;
-        } else
-            return cli_fail("unknown option %s (see zdp train --help)", a);
-    }
+    const cli_opt opts[] = {
+        CLI_CKPT_ROWS(&o->ckpt),
+        CLI_STR("--model", &o->model),
+        CLI_STR("--config", &o->config),
+        CLI_STR("--init", &o->init),
+        CLI_STR("--data", &o->data),
+        CLI_STR("--save-weights", &o->save_weights),
+        CLI_MAX_SKIPPED_ROW(&o->max_skipped),
+        CLI_SCHEDULE("--schedule", &o->schedule),
+        CLI_INT("--hidden", &o->hidden, 1, 65536, "need an integer in 1..65536"),
+        CLI_INT("--layers", &o->layers, 1, 1024, "need an integer in 1..1024"),
+        CLI_I64("--steps", &o->steps, 0, INT64_MAX / 2, "need an integer >= 0"),
+        CLI_I64("--samples", &o->samples, 1, (int64_t)1 << 26, "need an integer in 1..67108864"),
+        CLI_U64("--seed", &o->seed, 0, INT64_MAX, "need an integer >= 0"),
+    };
+    static const cli_command cmd = {
+        .missing = "expected an option with a value (see zdp train --help)",
+        .unknown = " (see zdp train --help)", .dashes = true};
+    int rc = cli_parse_options(&cmd, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv);
+    if (rc == 1 && zdp_dist_rank() == 0) usage_train_();
+    if (rc != 0) return rc;
     if (o->model == NULL) return cli_fail("--model is required (--model mlp)");
     if (strcmp(o->model, "mlp") != 0)
         return cli_fail("--model %s: unknown model; available: mlp, gpt", o->model);
@@ -460,36 +441,32 @@ static int gen_arith_(int64_t lines, int64_t seed, const char *out) {
 static int cmd_gen_data_(int argc, char **argv) {
     int64_t H = 0, N = 4096, seed = 42, lines = 0;
     const char *out = NULL;
-    for (int i = 0; i < argc; i += 2) {
-        if (is_help_(argv[i])) {
-            if (zdp_dist_rank() == 0) usage_gen_data_();
-            return 0;
-        }
-        if (i + 1 >= argc) return cli_fail("%s: missing value (see zdp gen-data --help)", argv[i]);
-        const char *a = argv[i], *v = argv[i + 1];
-        if (strcmp(a, "--hidden") == 0) {
-            if (!cli_parse_i64(v, 1, 65536, &H)) return cli_fail("--hidden %s: need an integer in 1..65536", v);
-        } else if (strcmp(a, "--samples") == 0) {
-            if (!cli_parse_i64(v, 1, (int64_t)1 << 26, &N)) return cli_fail("--samples %s: need 1..67108864", v);
-        } else if (strcmp(a, "--seed") == 0) {
-            if (!cli_parse_i64(v, 0, INT64_MAX, &seed)) return cli_fail("--seed %s: need an integer >= 0", v);
-        } else if (strcmp(a, "--out") == 0) {
-            out = v;
-        } else if (strcmp(a, "--corpus") == 0) {
-            if (strcmp(v, "arith") != 0) return cli_fail("--corpus %s: the only corpus is arith", v);
-            if (lines == 0) lines = CLI_ARITH_LINES;
-        } else if (strcmp(a, "--lines") == 0) {
-            if (!cli_parse_i64(v, 1, (int64_t)1 << 28, &lines)) return cli_fail("--lines %s: need 1..268435456", v);
-        } else {
-            return cli_fail("unknown option %s for gen-data (see zdp gen-data --help)", a);
-        }
+    static const char *const corpora[] = {"arith", NULL};
+    static const int corpus_on[] = {1};
+    int arith = 0;
+    const cli_opt opts[] = {
+        CLI_I64("--hidden", &H, 1, 65536, "need an integer in 1..65536"),
+        CLI_I64("--samples", &N, 1, (int64_t)1 << 26, "need 1..67108864"),
+        CLI_I64("--seed", &seed, 0, INT64_MAX, "need an integer >= 0"),
+        CLI_STR("--out", &out),
+        CLI_CHOICE("--corpus", &arith, corpora, corpus_on, "the only corpus is arith"),
+        CLI_I64("--lines", &lines, 1, (int64_t)1 << 28, "need 1..268435456"),
+    };
+    static const cli_command cmd = {.missing = "missing value (see zdp gen-data --help)",
+                                    .unknown = " for gen-data (see zdp gen-data --help)"};
+    int rc = cli_parse_options(&cmd, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv);
+    if (rc == 1) {
+        if (zdp_dist_rank() == 0) usage_gen_data_();
+        return 0;
     }
+    if (rc != 0) return rc;
+    if (arith && lines == 0) lines = CLI_ARITH_LINES;
     if (out == NULL) return cli_fail("gen-data needs --out FILE");
     if (lines > 0) return gen_arith_(lines, seed, out);
     if (H == 0) return cli_fail("gen-data needs --hidden H (MLP data) or --corpus arith (GPT tokens)");
     if (zdp_dist_rank() != 0) return 0;
     dataset d = {0};
-    int rc = generate_data_(&d, (int)H, N, (uint64_t)seed);
+    rc = generate_data_(&d, (int)H, N, (uint64_t)seed);
     if (rc == 0) {
         zdp_tensor ts[2] = {
             {.name = "x", .dtype = ZDP_DTYPE_F32, .ndim = 2, .shape = {N, H}, .data = d.x,
@@ -517,12 +494,11 @@ static int cmd_ckpt_(int argc, char **argv) {
                         "OUT.safetensors [--tag T]  (DIR is a --save-dir; the tag defaults to "
                         "DIR/latest)");
     const char *dir = argv[1], *tag = NULL, *to = NULL;
-    for (int i = 2; i < argc; i += 2) {
-        if (i + 1 >= argc) return cli_fail("%s: missing value", argv[i]);
-        if (strcmp(argv[i], "--tag") == 0) tag = argv[i + 1];
-        else if (strcmp(argv[i], "--to") == 0) to = argv[i + 1];
-        else return cli_fail("unknown option %s for zdp ckpt", argv[i]);
-    }
+    const cli_opt opts[] = {CLI_STR("--tag", &tag), CLI_STR("--to", &to)};
+    static const cli_command cmd = {.missing = "missing value", .unknown = " for zdp ckpt"};
+    /* --help was answered above, so the loop returns 0 or an error. */
+    int rc = cli_parse_options(&cmd, opts, 2, argc - 2, argv + 2);
+    if (rc != 0) return rc;
     if (zdp_dist_rank() != 0) return 0;
     zdp_error err;
     if (strcmp(argv[0], "inspect") == 0) {

@@ -245,33 +245,26 @@ int cmd_sample(int argc, char **argv) {
     const char *weights = NULL, *prompt = "\n";
     int64_t n_head = 0, max_tokens = 200, top_k = 40, seed = 1;
     double temperature = 0.8;
-    for (int i = 0; i < argc; i += 2) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: zdp sample --weights W.safetensors [--prompt TEXT] [--max-tokens N (200)]\n"
-                   "                  [--temperature T (0.8; 0 = greedy)] [--top-k K (40; 0 = all)]\n"
-                   "                  [--seed N] [--n-head H (default n_embd/64)]\n"
-                   "Byte-level models (vocab 256) only: the prompt is read as bytes.\n");
-            return 0;
-        }
-        if (i + 1 >= argc) return cli_fail("%s: missing value (see zdp sample --help)", a);
-        const char *v = argv[i + 1];
-        if (!strcmp(a, "--weights")) weights = v;
-        else if (!strcmp(a, "--prompt")) prompt = v;
-        else if (!strcmp(a, "--n-head")) {
-            if (!cli_parse_i64(v, 1, 4096, &n_head)) return cli_fail("--n-head %s: need 1..4096", v);
-        } else if (!strcmp(a, "--max-tokens")) {
-            if (!cli_parse_i64(v, 0, 1 << 20, &max_tokens)) return cli_fail("--max-tokens %s: need 0..1048576", v);
-        } else if (!strcmp(a, "--top-k")) {
-            if (!cli_parse_i64(v, 0, 1 << 24, &top_k)) return cli_fail("--top-k %s: need an integer >= 0", v);
-        } else if (!strcmp(a, "--seed")) {
-            if (!cli_parse_i64(v, 0, INT64_MAX, &seed)) return cli_fail("--seed %s: need an integer >= 0", v);
-        } else if (!strcmp(a, "--temperature")) {
-            if (!cli_parse_double(v, 0.0, 100.0, &temperature)) return cli_fail("--temperature %s: need a number in [0, 100]", v);
-        } else {
-            return cli_fail("unknown option %s (see zdp sample --help)", a);
-        }
+    const cli_opt opts[] = {
+        CLI_STR("--weights", &weights),
+        CLI_STR("--prompt", &prompt),
+        CLI_I64("--n-head", &n_head, 1, 4096, "need 1..4096"),
+        CLI_I64("--max-tokens", &max_tokens, 0, 1 << 20, "need 0..1048576"),
+        CLI_I64("--top-k", &top_k, 0, 1 << 24, "need an integer >= 0"),
+        CLI_I64("--seed", &seed, 0, INT64_MAX, "need an integer >= 0"),
+        CLI_F64("--temperature", &temperature, 0.0, 100.0, "need a number in [0, 100]"),
+    };
+    static const cli_command cmd = {.missing = "missing value (see zdp sample --help)",
+                                    .unknown = " (see zdp sample --help)"};
+    int prc = cli_parse_options(&cmd, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv);
+    if (prc == 1) {
+        printf("usage: zdp sample --weights W.safetensors [--prompt TEXT] [--max-tokens N (200)]\n"
+               "                  [--temperature T (0.8; 0 = greedy)] [--top-k K (40; 0 = all)]\n"
+               "                  [--seed N] [--n-head H (default n_embd/64)]\n"
+               "Byte-level models (vocab 256) only: the prompt is read as bytes.\n");
+        return 0;
     }
+    if (prc != 0) return prc;
     if (weights == NULL) return cli_fail("--weights W.safetensors is required");
     zdp_safetensors st;
     zdp_error err;

@@ -42,7 +42,7 @@ typedef struct gpt_opts {
     int64_t steps, val_every, val_batches, arith_lines, max_skipped;
     double val_fraction; /* < 0: the default for the data kind */
     int progress;        /* -1 auto, 0 plain lines, 1 progress line */
-    zdp_token_format data_format; /* --data-format: ZDP_TOKENS_AUTO by default */
+    int data_format;     /* a zdp_token_format (--data-format): ZDP_TOKENS_AUTO by default */
     cli_ckpt ckpt;
     uint64_t seed;
     cli_schedule schedule;
@@ -88,76 +88,60 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
                     .steps = 200, .val_every = 50, .val_batches = 8, .arith_lines = CLI_ARITH_LINES,
                     .val_fraction = -1, .seed = 42, .out_dir = "zdp-out", .progress = -1,
                     .data_format = ZDP_TOKENS_AUTO, .max_skipped = CLI_MAX_SKIPPED_DEFAULT};
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            if (zdp_dist_rank() == 0) usage_();
-            return 1;
-        }
-        if (strncmp(a, "--", 2) != 0 || i + 1 >= argc)
-            return cli_fail("%s: expected an option with a value (see zdp train --model gpt --help)", a);
-        const char *v = argv[++i];
-        int64_t n;
-        int taken = cli_ckpt_option(a, v, &o->ckpt);
-        if (taken == 2) return 2;
-        if (taken == 1) continue;
-        int shape = cli_gpt_option(a, v, &o->model);
-        if (shape == 2) return 2;
-        if (shape == 1) continue;
-        if (!strcmp(a, "--model")) {
-            /* already dispatched on */
-        } else if (!strcmp(a, "--config")) o->config = v;
-        else if (!strcmp(a, "--init")) o->init = v;
-        else if (!strcmp(a, "--data")) o->data = v;
-        else if (!strcmp(a, "--data-format")) {
-            if (!strcmp(v, "auto")) o->data_format = ZDP_TOKENS_AUTO;
-            else if (!strcmp(v, "llmc")) o->data_format = ZDP_TOKENS_SHARD;
-            else if (!strcmp(v, "bytes")) o->data_format = ZDP_TOKENS_BYTES;
-            else return cli_fail("--data-format %s: auto, llmc (an llm.c token shard) or bytes "
-                                 "(one token per byte)", v);
-        }
-        else if (!strcmp(a, "--save-weights")) o->save_weights = v;
-        else if (!strcmp(a, "--out-dir")) o->out_dir = v;
-        else if (!strcmp(a, "--data-order")) {
-            if (strcmp(v, "sequential") != 0)
-                return cli_fail("--data-order %s: only \"sequential\" exists (window w = tokens "
-                                "[w*T, w*T+T], rank r's j-th micro-batch = windows (j*W+r)*b+k)", v);
-        } else if (!strcmp(a, "--schedule")) {
-            int rc = cli_parse_schedule(v, &o->schedule);
-            if (rc) return rc;
-        } else if (!strcmp(a, "--steps")) {
-            if (!cli_parse_i64(v, 0, INT64_MAX / 4, &o->steps)) return cli_fail("--steps %s: need an integer >= 0", v);
-        } else if (!strcmp(a, "--val-every")) {
-            if (!cli_parse_i64(v, 0, INT64_MAX / 4, &o->val_every)) return cli_fail("--val-every %s: need an integer >= 0 (0: never)", v);
-        } else if (!strcmp(a, "--val-batches")) {
-            if (!cli_parse_i64(v, 1, 1 << 20, &o->val_batches)) return cli_fail("--val-batches %s: need an integer >= 1", v);
-        } else if (!strcmp(a, "--val-fraction")) {
-            if (!cli_parse_double(v, 0.0, 0.5, &o->val_fraction)) return cli_fail("--val-fraction %s: need a number in [0, 0.5]", v);
-        } else if (!strcmp(a, "--seed")) {
-            if (!cli_parse_i64(v, 0, INT64_MAX, &n)) return cli_fail("--seed %s: need an integer >= 0", v);
-            o->seed = (uint64_t)n;
-        } else if (!strcmp(a, "--max-skipped-steps")) {
-            if (cli_max_skipped_option(v, &o->max_skipped) != 1) return 2;
-        } else if (!strcmp(a, "--progress")) {
-            if (!strcmp(v, "on")) o->progress = 1;
-            else if (!strcmp(v, "off")) o->progress = 0;
-            else if (!strcmp(v, "auto")) o->progress = -1;
-            else return cli_fail("--progress %s: on, off or auto", v);
-        } else {
-            return cli_fail("unknown option %s (see zdp train --model gpt --help)", a);
-        }
-    }
+    static const char *const formats[] = {"auto", "llmc", "bytes", NULL};
+    static const int format_values[] = {ZDP_TOKENS_AUTO, ZDP_TOKENS_SHARD, ZDP_TOKENS_BYTES};
+    static const char *const orders[] = {"sequential", NULL};
+    static const char *const progress[] = {"on", "off", "auto", NULL};
+    static const int progress_values[] = {1, 0, -1};
+    const cli_opt opts[] = {
+        CLI_CKPT_ROWS(&o->ckpt),
+        CLI_GPT_ROWS(&o->model),
+        CLI_IGNORE("--model"), /* main() dispatched on it */
+        CLI_STR("--config", &o->config),
+        CLI_STR("--init", &o->init),
+        CLI_STR("--data", &o->data),
+        CLI_CHOICE("--data-format", &o->data_format, formats, format_values,
+                   "auto, llmc (an llm.c token shard) or bytes (one token per byte)"),
+        CLI_STR("--save-weights", &o->save_weights),
+        CLI_STR("--out-dir", &o->out_dir),
+        CLI_CHOICE("--data-order", NULL, orders, NULL,
+                   "only \"sequential\" exists (window w = tokens [w*T, w*T+T], rank r's j-th "
+                   "micro-batch = windows (j*W+r)*b+k)"),
+        CLI_SCHEDULE("--schedule", &o->schedule),
+        CLI_I64("--steps", &o->steps, 0, INT64_MAX / 4, "need an integer >= 0"),
+        CLI_I64("--val-every", &o->val_every, 0, INT64_MAX / 4, "need an integer >= 0 (0: never)"),
+        CLI_I64("--val-batches", &o->val_batches, 1, 1 << 20, "need an integer >= 1"),
+        CLI_F64("--val-fraction", &o->val_fraction, 0.0, 0.5, "need a number in [0, 0.5]"),
+        CLI_U64("--seed", &o->seed, 0, INT64_MAX, "need an integer >= 0"),
+        CLI_MAX_SKIPPED_ROW(&o->max_skipped),
+        CLI_CHOICE("--progress", &o->progress, progress, progress_values, "on, off or auto"),
+    };
+    static const cli_command cmd = {
+        .missing = "expected an option with a value (see zdp train --model gpt --help)",
+        .unknown = " (see zdp train --model gpt --help)", .dashes = true};
+    int rc = cli_parse_options(&cmd, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv);
+    if (rc == 1 && zdp_dist_rank() == 0) usage_();
+    if (rc != 0) return rc;
     if (o->config == NULL) return cli_fail("--config CFG.json is required");
     return 0;
 }
 
 typedef struct run_state {
+    zdp_config cfg;
     zdp_engine *eng;
     zdp_model model;
     zdp_dataset *ds;
+    bool arith;           /* the generated arithmetic corpus (no --data) */
+    zdp_token_format fmt; /* how the data is read */
     int32_t *inputs, *targets; /* (b, T) */
     int W, R;
     int b, T;
+    /* Rank 0's reporting. */
+    bool tty; /* the progress line instead of one line per step */
+    metrics_log log;
+    char csv_path[4096], svg_path[4096];
+    double t_start;     /* when the loop started, for the ETA */
+    int64_t first_step; /* the step it started at (resumed runs: > 0) */
 } run_state;
 
 /* Mean val loss over val_batches micro-batches per rank, all ranks. */
@@ -177,76 +161,225 @@ static double val_loss_(run_state *st, int64_t val_batches) {
     return zdp_dist_mean(sum / (double)val_batches);
 }
 
+/* The data, checked against the model's vocabulary and block size: the
+ * generated arithmetic corpus without --data.  0 or cli_fail's code. */
+static int open_data_(const gpt_opts *o, run_state *st) {
+    zdp_error err;
+    st->fmt = st->arith ? ZDP_TOKENS_BYTES : (zdp_token_format)o->data_format;
+    if (st->fmt == ZDP_TOKENS_AUTO && zdp_tokens_detect(o->data, &st->fmt, &err) != ZDP_OK)
+        return cli_fail("--data: %s", err.msg);
+    double vf = o->val_fraction >= 0 ? o->val_fraction : (st->fmt == ZDP_TOKENS_SHARD ? 0.0 : 0.1);
+    zdp_status s = st->arith ? zdp_dataset_create_arith(o->seed, o->arith_lines,
+                                                        CLI_ARITH_MAX_OPERAND, vf, &st->ds, &err)
+                             : zdp_dataset_open(o->data, st->fmt, vf, &st->ds, &err);
+    if (s != ZDP_OK) return cli_fail("--data: %s", err.msg);
+    if (zdp_dataset_max_token(st->ds) >= o->model.vocab_size)
+        return cli_fail("--data %s: token %d is outside the vocabulary (--vocab-size %d); fix: "
+                        "raise --vocab-size%s", st->arith ? "(generated)" : o->data,
+                        zdp_dataset_max_token(st->ds), o->model.vocab_size,
+                        st->fmt == ZDP_TOKENS_BYTES ? " to 256 for byte-level text" : "");
+    if (zdp_dataset_n_windows(st->ds, ZDP_SPLIT_TRAIN, st->T) == 0)
+        return cli_fail("--data %s: the train split has %lld tokens, fewer than --block-size + 1 "
+                        "= %d; fix: more data or a smaller --block-size",
+                        st->arith ? "(generated)" : o->data,
+                        (long long)zdp_dataset_n_tokens(st->ds, ZDP_SPLIT_TRAIN), st->T + 1);
+    return 0;
+}
+
+/* The engine's parameters: --init's weights, or a fresh initialisation. */
+static int init_params_(gpt_opts *o, run_state *st) {
+    float **views = malloc((size_t)st->model.n_params * sizeof *views);
+    if (views == NULL) return cli_fail("out of memory");
+    int rc = 0;
+    for (int i = 0; i < st->model.n_params; i++) views[i] = zdp_engine_param_data(st->eng, i);
+    if (o->init != NULL) {
+        zdp_error err;
+        if (zdp_gpt_weights_load(o->init, &o->model, st->model.params, st->model.n_params,
+                                 views, &err) != ZDP_OK)
+            rc = cli_fail("--init %s", err.msg);
+    } else {
+        zdp_gpt_init_params(&st->model, views, o->seed);
+    }
+    free(views);
+    return rc;
+}
+
+/* Everything that can fail on one rank alone (its own copy of the config,
+ * the data or the weights, on nodes without a shared file system): each
+ * step runs only while this rank is fine.  0 or cli_fail's code; the caller
+ * agrees before the first collective. */
+static int startup_(gpt_opts *o, run_state *st, int rc) {
+    zdp_error err;
+    if (rc == 0 && zdp_config_load_file(o->config, st->W, &st->cfg, &err) != ZDP_OK)
+        rc = cli_fail("%s", err.msg);
+    if (rc == 0 && o->schedule.len > 0 && st->cfg.managed_gradient_accumulation)
+        rc = cli_fail("--schedule needs unmanaged accumulation: set "
+                      "\"managed_gradient_accumulation\": false in %s, or drop --schedule",
+                      o->config);
+    if (rc == 0 && st->cfg.micro_batch_size > 4096)
+        rc = cli_fail("train_micro_batch_size_per_gpu = %lld: the GPT trainer takes at most "
+                      "4096 sequences per micro-batch", (long long)st->cfg.micro_batch_size);
+    st->b = rc == 0 ? (int)st->cfg.micro_batch_size : 0;
+    st->T = o->model.block_size;
+    /* Data first: its vocabulary must fit the model. */
+    st->arith = o->data == NULL;
+    if (rc == 0) rc = open_data_(o, st);
+    if (rc == 0 && zdp_gpt_create(&o->model, st->b, &st->model, &err) != ZDP_OK)
+        rc = cli_fail("%s", err.msg);
+    if (rc == 0 && zdp_engine_create(&st->cfg, &st->model, &st->eng, &err) != ZDP_OK)
+        rc = cli_fail("%s", err.msg);
+    if (rc == 0) rc = init_params_(o, st);
+    if (rc == 0) rc = cli_ckpt_prepare(&o->ckpt);
+    if (rc == 0 && o->save_weights != NULL && st->R == 0) /* only rank 0 writes it */
+        rc = cli_check_output("--save-weights", o->save_weights, false);
+    return rc;
+}
+
+/* Rank 0: metrics.csv's row and the step's line (or the progress line). */
+static void report_step_(const gpt_opts *o, run_state *st, int64_t step, int64_t n,
+                         double mean_loss, double dt, double val) {
+    const int64_t gstep = zdp_engine_global_steps(st->eng);
+    const double tokens = (double)n * st->b * st->T * st->W;
+    zdp_step_timing t;
+    zdp_engine_step_timing(st->eng, &t);
+    metrics_row row = {.step = gstep, .samples = zdp_engine_global_samples(st->eng),
+                       .tokens = zdp_engine_global_samples(st->eng) * st->T,
+                       .train_loss = mean_loss, .val_loss = val, .lr = zdp_engine_last_lr(st->eng),
+                       .grad_norm = zdp_engine_last_grad_norm(st->eng),
+                       .tokens_per_s = tokens / dt, .skipped = !zdp_engine_was_step_applied(st->eng),
+                       .fwd_ms = 1e3 * t.forward_s, .bwd_ms = 1e3 * t.backward_s,
+                       .comm_wait_ms = 1e3 * t.comm_wait_s, .opt_ms = 1e3 * t.optimizer_s,
+                       .step_ms = 1e3 * dt};
+    metrics_add(&st->log, &row);
+    char eta[32];
+    cli_format_eta((cli_now() - st->t_start) / (double)(step + 1 - st->first_step) *
+                       (double)(o->steps - step - 1), eta, sizeof eta);
+    char line[512];
+    int len = snprintf(line, sizeof line,
+                       "step %lld | loss %.6f | global_samples %lld | grad_norm %.4f | lr %.3e "
+                       "| tok/s %.0f | ms/step %.1f",
+                       (long long)gstep, mean_loss, (long long)row.samples, row.grad_norm,
+                       row.lr, row.tokens_per_s, row.step_ms);
+    if (!isnan(val)) len += snprintf(line + len, sizeof line - (size_t)len, " | val_loss %.4f", val);
+    if (row.skipped)
+        snprintf(line + len, sizeof line - (size_t)len, " | SKIPPED: non-finite gradient or update");
+    if (!st->tty) {
+        printf("%s\n", line);
+    } else {
+        bool plain = st->cfg.steps_per_print > 0 && gstep % st->cfg.steps_per_print == 0;
+        if (plain || !isnan(val) || row.skipped)
+            printf("\r\033[K%s\n", line);
+        printf("\r\033[Kstep %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | %.0f ms/step | ETA %s",
+               (long long)gstep, (long long)o->steps, mean_loss, row.lr, row.tokens_per_s,
+               row.step_ms, eta);
+    }
+    fflush(stdout);
+}
+
+/* One optimizer step's micro-batches, from window *cursor on; the mean
+ * loss over all ranks.  Failures end the job. */
+static double train_step_(run_state *st, int64_t n, int64_t *cursor) {
+    const bool managed = st->cfg.managed_gradient_accumulation;
+    zdp_error err;
+    double loss_sum = 0;
+    for (int64_t k = 0; k < n; k++, *cursor += (int64_t)st->W * st->b) {
+        /* Rank r's j-th micro-batch of the step: windows cursor + (j*W + r)*b + k. */
+        if (zdp_dataset_windows(st->ds, ZDP_SPLIT_TRAIN, *cursor + (int64_t)st->R * st->b, st->b,
+                                st->T, st->inputs, st->targets, &err) != ZDP_OK)
+            cli_die("data", &err);
+        zdp_gpt_batch batch = {.inputs = st->inputs, .targets = st->targets, .B = st->b, .T = st->T};
+        float loss;
+        if (zdp_engine_forward(st->eng, &batch, &loss, &err) != ZDP_OK) cli_die("forward", &err);
+        loss_sum += loss;
+        zdp_status bs = managed ? zdp_engine_backward(st->eng, true, 1.0f, &err)
+                                : zdp_engine_backward(st->eng, false, 1.0f / (float)n, &err);
+        if (bs != ZDP_OK) cli_die("backward", &err);
+        if (managed && zdp_engine_step(st->eng, &err) != ZDP_OK) cli_die("step", &err);
+    }
+    if (!managed && zdp_engine_step(st->eng, &err) != ZDP_OK) cli_die("step", &err);
+    return zdp_dist_mean(loss_sum / (double)n);
+}
+
+/* The steps from the engine's (resumed) step to --steps: 0, or 1 when the
+ * skipped-step guard stopped the run (on every rank alike). */
+static int train_loop_(const gpt_opts *o, run_state *st, int64_t cursor) {
+    const bool managed = st->cfg.managed_gradient_accumulation;
+    const int64_t G = st->cfg.gradient_accumulation_steps;
+    st->t_start = cli_now();
+    st->first_step = zdp_engine_global_steps(st->eng);
+    int64_t skipped_run = 0;
+    int rc = 0;
+    for (int64_t step = st->first_step; step < o->steps && rc == 0; step++) {
+        const int64_t n = cli_window(&o->schedule, managed, G, step);
+        const double t0 = cli_now();
+        const double mean_loss = train_step_(st, n, &cursor);
+        const double dt = cli_now() - t0;
+        const int64_t gstep = zdp_engine_global_steps(st->eng);
+        double val = NAN;
+        if (o->val_every > 0 && (gstep % o->val_every == 0 || step + 1 == o->steps))
+            val = val_loss_(st, o->val_batches);
+        /* Every rank sees the same skipped steps, so every rank stops here. */
+        if (cli_skip_guard(st->eng, o->max_skipped, &skipped_run)) rc = 1;
+        else cli_ckpt_after_step(st->eng, &o->ckpt, cursor, step + 1 == o->steps);
+        if (st->R == 0) report_step_(o, st, step, n, mean_loss, dt, val);
+    }
+    if (st->R == 0 && st->tty) printf("\n");
+    return rc;
+}
+
+/* Rank 0, after training: the loss curve, and what the model learned, in
+ * words (a sample; for the arithmetic corpus, held-out accuracy). */
+static void report_end_(const gpt_opts *o, run_state *st) {
+    char title[160];
+    snprintf(title, sizeof title, "zdp gpt L=%d C=%d T=%d, %d rank(s), ZeRO-%d", o->model.n_layer,
+             o->model.n_embd, st->T, st->W, st->cfg.zero.stage);
+    if (st->log.n > 0 && metrics_plot_svg(&st->log, st->svg_path, title) == 0)
+        printf("metrics: %s, loss curve: %s\n", st->csv_path, st->svg_path);
+    metrics_close(&st->log);
+    float **views = malloc((size_t)st->model.n_params * sizeof *views);
+    if (views != NULL) {
+        for (int i = 0; i < st->model.n_params; i++) views[i] = zdp_engine_param_data(st->eng, i);
+        if (st->arith)
+            sample_arith_report(&st->model, (const float *const *)views, st->ds, 200);
+        else if (o->model.vocab_size == 256)
+            sample_print(&st->model, (const float *const *)views, "\n", 200, 0.8, 40, o->seed);
+        free(views);
+    }
+    fflush(stdout);
+}
+
+/* COLLECTIVE.  --save-weights, written by rank 0: 0, or 1 on every rank
+ * when it failed. */
+static int save_weights_(const gpt_opts *o, run_state *st) {
+    int mine = 0;
+    if (st->R == 0) {
+        zdp_error err;
+        float **views = malloc((size_t)st->model.n_params * sizeof *views);
+        if (views == NULL) mine = 1;
+        for (int i = 0; views != NULL && i < st->model.n_params; i++)
+            views[i] = zdp_engine_param_data(st->eng, i);
+        if (views != NULL &&
+            zdp_gpt_weights_save_model(o->save_weights, &st->model, (const float *const *)views,
+                                       &err) != ZDP_OK) {
+            fprintf(stderr, "zdp: error: --save-weights %s\n", err.msg);
+            mine = 1;
+        }
+        free(views);
+    }
+    return zdp_dist_all_ok(mine == 0) ? 0 : 1;
+}
+
 int cmd_train_gpt(int argc, char **argv) {
     gpt_opts o;
     int rc = parse_(argc, argv, &o);
     if (rc == 1) return 0; /* --help */
 
-    /* Start-up.  Each step can fail on one rank alone (its own copy of the
-     * config, the data or the weights, on nodes without a shared file
-     * system), so each runs only while this rank is fine, and all ranks meet
-     * at cli_agree before the first collective: rank 0 then prints what
-     * failed on which rank, and nobody waits for a rank that gave up. */
+    /* Start-up: all ranks meet at cli_agree before the first collective:
+     * rank 0 then prints what failed on which rank, and nobody waits for a
+     * rank that gave up. */
     zdp_error err;
-    zdp_config cfg;
     run_state st = {.W = zdp_dist_world_size(), .R = zdp_dist_rank()};
-    if (rc == 0 && zdp_config_load_file(o.config, st.W, &cfg, &err) != ZDP_OK)
-        rc = cli_fail("%s", err.msg);
-    if (rc == 0 && o.schedule.len > 0 && cfg.managed_gradient_accumulation)
-        rc = cli_fail("--schedule needs unmanaged accumulation: set "
-                      "\"managed_gradient_accumulation\": false in %s, or drop --schedule",
-                      o.config);
-    if (rc == 0 && cfg.micro_batch_size > 4096)
-        rc = cli_fail("train_micro_batch_size_per_gpu = %lld: the GPT trainer takes at most "
-                      "4096 sequences per micro-batch", (long long)cfg.micro_batch_size);
-    st.b = rc == 0 ? (int)cfg.micro_batch_size : 0;
-    st.T = o.model.block_size;
-
-    /* Data first: its vocabulary must fit the model. */
-    bool arith = o.data == NULL;
-    zdp_token_format fmt = arith ? ZDP_TOKENS_BYTES : o.data_format;
-    if (rc == 0 && fmt == ZDP_TOKENS_AUTO && zdp_tokens_detect(o.data, &fmt, &err) != ZDP_OK)
-        rc = cli_fail("--data: %s", err.msg);
-    if (rc == 0) {
-        double vf = o.val_fraction >= 0 ? o.val_fraction : (fmt == ZDP_TOKENS_SHARD ? 0.0 : 0.1);
-        zdp_status s = arith ? zdp_dataset_create_arith(o.seed, o.arith_lines, CLI_ARITH_MAX_OPERAND,
-                                                        vf, &st.ds, &err)
-                             : zdp_dataset_open(o.data, fmt, vf, &st.ds, &err);
-        if (s != ZDP_OK) rc = cli_fail("--data: %s", err.msg);
-    }
-    if (rc == 0 && zdp_dataset_max_token(st.ds) >= o.model.vocab_size)
-        rc = cli_fail("--data %s: token %d is outside the vocabulary (--vocab-size %d); fix: "
-                      "raise --vocab-size%s", arith ? "(generated)" : o.data,
-                      zdp_dataset_max_token(st.ds), o.model.vocab_size,
-                      fmt == ZDP_TOKENS_BYTES ? " to 256 for byte-level text" : "");
-    if (rc == 0 && zdp_dataset_n_windows(st.ds, ZDP_SPLIT_TRAIN, st.T) == 0)
-        rc = cli_fail("--data %s: the train split has %lld tokens, fewer than --block-size + 1 = "
-                      "%d; fix: more data or a smaller --block-size",
-                      arith ? "(generated)" : o.data,
-                      (long long)zdp_dataset_n_tokens(st.ds, ZDP_SPLIT_TRAIN), st.T + 1);
-    if (rc == 0 && zdp_gpt_create(&o.model, st.b, &st.model, &err) != ZDP_OK)
-        rc = cli_fail("%s", err.msg);
-    if (rc == 0 && zdp_engine_create(&cfg, &st.model, &st.eng, &err) != ZDP_OK)
-        rc = cli_fail("%s", err.msg);
-    if (rc == 0) {
-        float **views = malloc((size_t)st.model.n_params * sizeof *views);
-        if (views == NULL) {
-            rc = cli_fail("out of memory");
-        } else {
-            for (int i = 0; i < st.model.n_params; i++) views[i] = zdp_engine_param_data(st.eng, i);
-            if (o.init != NULL) {
-                if (zdp_gpt_weights_load(o.init, &o.model, st.model.params, st.model.n_params,
-                                         views, &err) != ZDP_OK)
-                    rc = cli_fail("--init %s", err.msg);
-            } else {
-                zdp_gpt_init_params(&st.model, views, o.seed);
-            }
-        }
-        free(views);
-    }
-    if (rc == 0) rc = cli_ckpt_prepare(&o.ckpt);
-    if (rc == 0 && o.save_weights != NULL && st.R == 0) /* only rank 0 writes it */
-        rc = cli_check_output("--save-weights", o.save_weights, false);
+    rc = startup_(&o, &st, rc);
     if ((rc = cli_agree(rc)) != 0) goto done;
     if (zdp_engine_sync_params(st.eng, &err) != ZDP_OK) cli_die("sync params", &err);
     /* Windows consumed so far, over all ranks (the checkpoint's data position). */
@@ -256,136 +389,31 @@ int cmd_train_gpt(int argc, char **argv) {
     st.targets = malloc((size_t)st.b * (size_t)st.T * sizeof(int32_t));
     if (st.inputs == NULL || st.targets == NULL) cli_die("micro-batch buffers", &(zdp_error){.msg = "out of memory"});
 
-    const bool managed = cfg.managed_gradient_accumulation;
-    const bool tty = o.progress == 1 ||
-                     (o.progress == -1 && isatty(STDOUT_FILENO) &&
-                      getenv("OMPI_COMM_WORLD_SIZE") == NULL && getenv("PMI_SIZE") == NULL);
-    const int64_t G = cfg.gradient_accumulation_steps;
-    metrics_log log = {0};
-    char csv_path[4096], svg_path[4096];
-    snprintf(csv_path, sizeof csv_path, "%s/metrics.csv", o.out_dir);
-    snprintf(svg_path, sizeof svg_path, "%s/loss.svg", o.out_dir);
+    const bool managed = st.cfg.managed_gradient_accumulation;
+    st.tty = o.progress == 1 ||
+             (o.progress == -1 && isatty(STDOUT_FILENO) &&
+              getenv("OMPI_COMM_WORLD_SIZE") == NULL && getenv("PMI_SIZE") == NULL);
+    snprintf(st.csv_path, sizeof st.csv_path, "%s/metrics.csv", o.out_dir);
+    snprintf(st.svg_path, sizeof st.svg_path, "%s/loss.svg", o.out_dir);
     if (st.R == 0) {
-        if (metrics_open(&log, csv_path) != 0)
+        if (metrics_open(&st.log, st.csv_path) != 0)
             fprintf(stderr, "zdp: warning: cannot write %s (%s); metrics go only to stdout\n",
-                    csv_path, strerror(errno));
+                    st.csv_path, strerror(errno));
         printf("zdp train: gpt L=%d H=%d C=%d V=%d T=%d | %d rank(s) | ZeRO stage %d | %s "
                "accumulation | B %lld = b %d x G %lld x W %d | data %s: %lld train tokens, %lld val\n",
                o.model.n_layer, o.model.n_head, o.model.n_embd, o.model.vocab_size, st.T, st.W,
-               cfg.zero.stage, managed ? "managed" : "unmanaged", (long long)cfg.train_batch_size,
-               st.b, (long long)G, st.W, arith ? "arithmetic corpus" : o.data,
+               st.cfg.zero.stage, managed ? "managed" : "unmanaged",
+               (long long)st.cfg.train_batch_size, st.b,
+               (long long)st.cfg.gradient_accumulation_steps, st.W,
+               st.arith ? "arithmetic corpus" : o.data,
                (long long)zdp_dataset_n_tokens(st.ds, ZDP_SPLIT_TRAIN),
                (long long)zdp_dataset_n_tokens(st.ds, ZDP_SPLIT_VAL));
         fflush(stdout);
     }
 
-    const double t_start = cli_now();
-    const int64_t first_step = zdp_engine_global_steps(st.eng);
-    int64_t skipped_run = 0;
-    for (int64_t step = first_step; step < o.steps && rc == 0; step++) {
-        const int64_t n = cli_window(&o.schedule, managed, G, step);
-        const double t0 = cli_now();
-        double loss_sum = 0;
-        for (int64_t k = 0; k < n; k++, cursor += (int64_t)st.W * st.b) {
-            /* Rank r's j-th micro-batch of the step: windows cursor + (j*W + r)*b + k. */
-            if (zdp_dataset_windows(st.ds, ZDP_SPLIT_TRAIN, cursor + (int64_t)st.R * st.b, st.b,
-                                    st.T, st.inputs, st.targets, &err) != ZDP_OK)
-                cli_die("data", &err);
-            zdp_gpt_batch batch = {.inputs = st.inputs, .targets = st.targets, .B = st.b, .T = st.T};
-            float loss;
-            if (zdp_engine_forward(st.eng, &batch, &loss, &err) != ZDP_OK) cli_die("forward", &err);
-            loss_sum += loss;
-            zdp_status bs = managed ? zdp_engine_backward(st.eng, true, 1.0f, &err)
-                                    : zdp_engine_backward(st.eng, false, 1.0f / (float)n, &err);
-            if (bs != ZDP_OK) cli_die("backward", &err);
-            if (managed && zdp_engine_step(st.eng, &err) != ZDP_OK) cli_die("step", &err);
-        }
-        if (!managed && zdp_engine_step(st.eng, &err) != ZDP_OK) cli_die("step", &err);
-        const double mean_loss = zdp_dist_mean(loss_sum / (double)n);
-        const double dt = cli_now() - t0;
-        const int64_t gstep = zdp_engine_global_steps(st.eng);
-        double val = NAN;
-        if (o.val_every > 0 && (gstep % o.val_every == 0 || step + 1 == o.steps))
-            val = val_loss_(&st, o.val_batches);
-        /* Every rank sees the same skipped steps, so every rank stops here. */
-        if (cli_skip_guard(st.eng, o.max_skipped, &skipped_run)) rc = 1;
-        else cli_ckpt_after_step(st.eng, &o.ckpt, cursor, step + 1 == o.steps);
-        if (st.R != 0) continue;
-        const double tokens = (double)n * st.b * st.T * st.W;
-        zdp_step_timing t;
-        zdp_engine_step_timing(st.eng, &t);
-        metrics_row row = {.step = gstep, .samples = zdp_engine_global_samples(st.eng),
-                           .tokens = zdp_engine_global_samples(st.eng) * st.T,
-                           .train_loss = mean_loss, .val_loss = val, .lr = zdp_engine_last_lr(st.eng),
-                           .grad_norm = zdp_engine_last_grad_norm(st.eng),
-                           .tokens_per_s = tokens / dt, .skipped = !zdp_engine_was_step_applied(st.eng),
-                           .fwd_ms = 1e3 * t.forward_s, .bwd_ms = 1e3 * t.backward_s,
-                           .comm_wait_ms = 1e3 * t.comm_wait_s, .opt_ms = 1e3 * t.optimizer_s,
-                           .step_ms = 1e3 * dt};
-        metrics_add(&log, &row);
-        char eta[32];
-        cli_format_eta((cli_now() - t_start) / (double)(step + 1 - first_step) *
-                           (double)(o.steps - step - 1), eta, sizeof eta);
-        char line[512];
-        int len = snprintf(line, sizeof line,
-                           "step %lld | loss %.6f | global_samples %lld | grad_norm %.4f | lr %.3e "
-                           "| tok/s %.0f | ms/step %.1f",
-                           (long long)gstep, mean_loss, (long long)row.samples, row.grad_norm,
-                           row.lr, row.tokens_per_s, row.step_ms);
-        if (!isnan(val)) len += snprintf(line + len, sizeof line - (size_t)len, " | val_loss %.4f", val);
-        if (row.skipped)
-            snprintf(line + len, sizeof line - (size_t)len, " | SKIPPED: non-finite gradient or update");
-        if (!tty) {
-            printf("%s\n", line);
-        } else {
-            bool plain = cfg.steps_per_print > 0 && gstep % cfg.steps_per_print == 0;
-            if (plain || !isnan(val) || row.skipped)
-                printf("\r\033[K%s\n", line);
-            printf("\r\033[Kstep %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | %.0f ms/step | ETA %s",
-                   (long long)gstep, (long long)o.steps, mean_loss, row.lr, row.tokens_per_s,
-                   row.step_ms, eta);
-        }
-        fflush(stdout);
-    }
-    if (st.R == 0 && tty) printf("\n");
-    if (rc != 0) goto done;
-
-    if (st.R == 0) {
-        char title[160];
-        snprintf(title, sizeof title, "zdp gpt L=%d C=%d T=%d, %d rank(s), ZeRO-%d", o.model.n_layer,
-                 o.model.n_embd, st.T, st.W, cfg.zero.stage);
-        if (log.n > 0 && metrics_plot_svg(&log, svg_path, title) == 0)
-            printf("metrics: %s, loss curve: %s\n", csv_path, svg_path);
-        metrics_close(&log);
-        /* What the model learned, in words. */
-        float **views = malloc((size_t)st.model.n_params * sizeof *views);
-        if (views != NULL) {
-            for (int i = 0; i < st.model.n_params; i++) views[i] = zdp_engine_param_data(st.eng, i);
-            if (arith)
-                sample_arith_report(&st.model, (const float *const *)views, st.ds, 200);
-            else if (o.model.vocab_size == 256)
-                sample_print(&st.model, (const float *const *)views, "\n", 200, 0.8, 40, o.seed);
-            free(views);
-        }
-        fflush(stdout);
-    }
-    if (o.save_weights != NULL) {
-        int mine = 0;
-        if (st.R == 0) {
-            float **views = malloc((size_t)st.model.n_params * sizeof *views);
-            if (views == NULL) mine = 1;
-            for (int i = 0; views != NULL && i < st.model.n_params; i++)
-                views[i] = zdp_engine_param_data(st.eng, i);
-            if (views != NULL &&
-                zdp_gpt_weights_save_model(o.save_weights, &st.model, (const float *const *)views,
-                                           &err) != ZDP_OK) {
-                fprintf(stderr, "zdp: error: --save-weights %s\n", err.msg);
-                mine = 1;
-            }
-            free(views);
-        }
-        if (!zdp_dist_all_ok(mine == 0)) rc = 1;
-    }
+    if ((rc = train_loop_(&o, &st, cursor)) != 0) goto done;
+    if (st.R == 0) report_end_(&o, &st);
+    if (o.save_weights != NULL) rc = save_weights_(&o, &st);
 done:
     free(st.inputs);
     free(st.targets);
