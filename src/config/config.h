@@ -21,8 +21,8 @@ typedef struct zdp_config_key_info {
 } zdp_config_key_info;
 
 /* The number of rows, over every block's table. */
-size_t zdp_config_key_count(void);
+ZDP_API size_t zdp_config_key_count(void);
 /* Row `index` (0 <= index < zdp_config_key_count()) into *out; false past the end. */
-bool zdp_config_key_get(size_t index, zdp_config_key_info *out);
+ZDP_API bool zdp_config_key_get(size_t index, zdp_config_key_info *out);
 
 #endif
