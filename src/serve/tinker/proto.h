@@ -1,14 +1,14 @@
 /*
- * serve_proto.h -- the protobuf side of the Tinker SDK's wire protocol
+ * tinker/proto.h -- the protobuf side of the Tinker SDK's wire protocol
  * (SDK 0.25: forward_backward requests and ForwardBackwardOutput results as
  * application/x-protobuf; docs/tinker-protocol.md §0, §1.6).
  *
  * A hand-written codec for the messages of tinker_public.proto that zdp serve
  * needs, and nothing else.  The request is translated into the JSON object
  * that the JSON path already takes, so every check of the request's content
- * stays in one place (serve.c's serve_parse_fwd); the codec refuses only what
+ * stays in one place (request.c's serve_parse_fwd); the codec refuses only what
  * is not well-formed protobuf.  Depends on jansson only (the fuzz target
- * tests/fuzz/fuzz_serve_proto.c links it alone).
+ * tests/fuzz/fuzz_serve_proto.c links it through zdp_serve).
  */
 #ifndef ZDP_SERVE_PROTO_H
 #define ZDP_SERVE_PROTO_H

@@ -1,7 +1,8 @@
 /*
  * serve_tinker.c -- the Tinker SDK's wire protocol (docs/tinker-protocol.md)
  * on top of `zdp serve`: JSON for SDK 0.18-0.24, and for SDK 0.25 the
- * protobuf forward_backward (serve_proto.c).
+ * protobuf forward_backward (tinker/proto.c).  The core reaches it only
+ * through the serve_protocol registered by serve_register_tinker.
  *
  * Everything here runs on rank 0 under s->mu, in the HTTP connection threads
  * (and in the main thread for tinker_finish_locked / tinker_tick_locked).
@@ -57,8 +58,8 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "serve.h"
-#include "serve_proto.h"
+#include "tinker/proto.h"
+#include "tinker/tinker.h"
 
 /* A session is alive while it sends heartbeats (every 10 s from the SDK). */
 #define SESSION_TIMEOUT_S 30.0
@@ -398,6 +399,17 @@ void tinker_finish_locked(server *s, job *j, int status, char *body) {
     complete_(j->fut, result);
     j->fut = NULL;
     serve_job_free(j);
+}
+
+static void destroy_(void *state) { tinker_destroy(state); }
+
+bool serve_register_tinker(server *s) {
+    s->tinker = tinker_create();
+    if (s->tinker == NULL) return false;
+    s->proto = (serve_protocol){.prefix = "/api/v1/", .state = s->tinker, .handle = tinker_handle,
+                                .finish = tinker_finish_locked, .tick = tinker_tick_locked,
+                                .shutdown = tinker_shutdown_locked, .destroy = destroy_};
+    return true;
 }
 
 /* ---- names on disk ------------------------------------------------------------------- */

@@ -1,6 +1,6 @@
 /*
- * serve_proto.c -- a small hand-written protobuf codec for the Tinker SDK's
- * forward_backward (serve_proto.h).  No protobuf library: a tag/varint
+ * tinker/proto.c -- a small hand-written protobuf codec for the Tinker SDK's
+ * forward_backward (tinker/proto.h).  No protobuf library: a tag/varint
  * reader that checks every length against the bytes left (it never reads
  * past the buffer), and a writer.
  *
@@ -27,7 +27,7 @@
  * protobuf does; unknown fields are skipped (newer SDKs add some).
  */
 #define _POSIX_C_SOURCE 200809L
-#include "serve_proto.h"
+#include "tinker/proto.h"
 
 #include <math.h>
 #include <stdarg.h>
