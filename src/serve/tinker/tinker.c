@@ -61,59 +61,6 @@
 #include "tinker/proto.h"
 #include "tinker/tinker.h"
 
-/* A session is alive while it sends heartbeats (every 10 s from the SDK). */
-#define SESSION_TIMEOUT_S 30.0
-/* A finished result is kept an hour, or a minute after it was first read
- * (long enough for a client whose answer got lost to poll again), and past
- * MAX_FUTURES the oldest read ones go first: memory stays bounded for a
- * client that reads its results. */
-#define FUTURE_TTL_S 3600.0
-#define FUTURE_READ_TTL_S 60.0
-#define MAX_FUTURES 10000
-
-typedef struct future {
-    char id[32];
-    char idem[160];      /* X-Idempotency-Key of the POST that made it, or "" */
-    char model_id[160];  /* "" for requests without one */
-    int64_t seq_id;      /* 0: none */
-    bool done;
-    bool proto;          /* the request came as protobuf (SDK 0.25) */
-    bool sample;         /* an asample: its SampleResponse may go as protobuf */
-    char *result;        /* the JSON retrieve_future answers with, once done */
-    double done_at;
-    double read_at;      /* first retrieve_future that got the result, 0 before */
-    struct future *next; /* newest first */
-} future;
-
-/* A sampling session: the sampler weights file its asample requests read. */
-typedef struct sampling_session {
-    char id[128];
-    char *path;
-    struct sampling_session *next; /* newest first */
-} sampling_session;
-#define MAX_SAMPLERS 1000
-
-typedef struct session {
-    char id[32];
-    double seen; /* last heartbeat or request */
-    struct session *next;
-} session;
-
-struct tinker_state {
-    int64_t n_requests, n_sessions;
-    future *futures;
-    int64_t n_futures;
-    session *sessions;
-    /* The one model. */
-    bool live;
-    char model_id[160];
-    char model_session[32];
-    int64_t next_seq; /* the next seq_id to queue */
-    job *held;        /* arrived early, sorted by seq_id */
-    sampling_session *samplers;
-    uint64_t n_samples; /* seeds for asample requests without one */
-};
-
 tinker_state *tinker_create(void) { return calloc(1, sizeof(tinker_state)); }
 
 void tinker_destroy(tinker_state *t) {
@@ -180,7 +127,7 @@ static char *failure_(const char *category, const char *fmt, ...) {
 
 /* ---- futures and sessions (s->mu held) ---------------------------------------------- */
 
-static void prune_(tinker_state *t) {
+void tinker_prune(tinker_state *t) {
     const double now = serve_now();
     future **pp = &t->futures;
     int64_t kept = 0;
@@ -217,7 +164,7 @@ static void prune_sessions_(tinker_state *t) {
 }
 
 static future *new_future_(tinker_state *t, const char *idem, const char *model_id, int64_t seq) {
-    prune_(t);
+    tinker_prune(t);
     future *f = calloc(1, sizeof *f);
     if (f == NULL) return NULL;
     snprintf(f->id, sizeof f->id, "zdp-%lld", (long long)++t->n_requests);
@@ -263,6 +210,11 @@ static session *find_session_(tinker_state *t, const char *id) {
 static void touch_model_session_(tinker_state *t) {
     session *x = find_session_(t, t->model_session);
     if (x != NULL) x->seen = serve_now();
+}
+
+static void ticket_(const future *f, tinker_ticket *out) {
+    snprintf(out->id, sizeof out->id, "%s", f->id);
+    snprintf(out->model_id, sizeof out->model_id, "%s", f->model_id);
 }
 
 static enum MHD_Result reply_future_(struct MHD_Connection *c, const future *f) {
@@ -550,37 +502,37 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
 
 /* POST forward_backward, forward, optim_step, save_weights,
  * save_weights_for_sampler, load_weights: answered with a future. */
-static enum MHD_Result submit_(server *s, struct MHD_Connection *c, const char *verb, const json_t *root,
-                               const char *idem, bool proto) {
+int tinker_submit(server *s, const char *verb, const json_t *root, const char *idem, bool proto,
+                  tinker_ticket *out, verr *e) {
     const char *model_id;
     int64_t seq;
-    verr e = {0};
-    if (!envelope_(root, &model_id, &seq, true, &e)) return reply_err_(c, e.status, e.field, "%s", e.msg);
+    if (!envelope_(root, &model_id, &seq, true, e)) return e->status;
 
     /* Validate outside the lock: parsing a large body must not stall others. */
     job *j = calloc(1, sizeof *j);
-    if (j == NULL) return reply_err_(c, 500, NULL, "out of memory");
-    const bool valid = build_job_(s, verb, root, model_id, j, &e);
+    if (j == NULL) return serve_bad(e, 500, "", "out of memory"), 500;
+    verr why = {0};
+    const bool valid = build_job_(s, verb, root, model_id, j, &why);
 
     tinker_state *t = s->tinker;
     pthread_mutex_lock(&s->mu);
     future *f = find_retry_(t, idem, model_id, seq);
     if (f != NULL) { /* a retry: the first one's answer */
-        enum MHD_Result r = reply_future_(c, f);
+        ticket_(f, out);
         pthread_mutex_unlock(&s->mu);
         serve_job_free(j);
-        return r;
+        return 200;
     }
     if (s->closed) {
         pthread_mutex_unlock(&s->mu);
         serve_job_free(j);
-        return reply_err_(c, 503, NULL, "the server is shutting down");
+        return serve_bad(e, 503, "", "the server is shutting down"), 503;
     }
     f = new_future_(t, idem, model_id, seq);
     if (f == NULL) {
         pthread_mutex_unlock(&s->mu);
         serve_job_free(j);
-        return reply_err_(c, 500, NULL, "out of memory");
+        return serve_bad(e, 500, "", "out of memory"), 500;
     }
     f->proto = proto;
     const bool mine = t->live && !strcmp(model_id, t->model_id);
@@ -599,7 +551,7 @@ static enum MHD_Result submit_(server *s, struct MHD_Connection *c, const char *
         touch_model_session_(t);
         if (!valid) {
             /* Refused, but it keeps its place: later seq_ids wait for it. */
-            complete_(f, failure_(e.status >= 500 ? "server" : "user", "%s", e.msg));
+            complete_(f, failure_(why.status >= 500 ? "server" : "user", "%s", why.msg));
             free(j->payload);
             j->payload = NULL;
             j->nbytes = 0;
@@ -612,9 +564,21 @@ static enum MHD_Result submit_(server *s, struct MHD_Connection *c, const char *
         hold_(s, j);
     }
     pthread_cond_broadcast(&s->cv_done);
-    enum MHD_Result r = reply_future_(c, f);
+    ticket_(f, out);
     pthread_mutex_unlock(&s->mu);
-    return r;
+    return 200;
+}
+
+/* forward_backward, forward, optim_step, save_weights,
+ * save_weights_for_sampler, load_weights over HTTP. */
+static enum MHD_Result submit_(server *s, struct MHD_Connection *c, const char *verb, const json_t *root,
+                               const char *idem, bool proto) {
+    tinker_ticket tk;
+    verr e = {0};
+    const int st = tinker_submit(s, verb, root, idem, proto, &tk, &e);
+    if (st != 200) return reply_err_(c, st, e.field[0] ? e.field : NULL, "%s", e.msg);
+    return reply_json_(c, 200, json_pack("{s:s,s:s*}", "request_id", tk.id, "model_id",
+                                         tk.model_id[0] ? tk.model_id : NULL));
 }
 
 /* POST create_model: one model; it attaches to the server's training state. */
