@@ -34,8 +34,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <mpi.h>
-
 #include "serve_impl.h"
 
 /* ---- execution (every rank) ---------------------------------------------------- */
@@ -127,12 +125,7 @@ static char *exec_fwd_(server *s, const job *j, int *status) {
     }
     /* Each position was filled by exactly one rank, the others hold 0: a sum
      * gathers them exactly. */
-    if (s->W > 1) {
-        if (s->R == 0)
-            MPI_Reduce(MPI_IN_PLACE, lp, (int)total, MPI_FLOAT, MPI_SUM, 0, s->comm);
-        else
-            MPI_Reduce(lp, NULL, (int)total, MPI_FLOAT, MPI_SUM, 0, s->comm);
-    }
+    if (s->W > 1 && zdp_channel_reduce_sum_f32(s->ch, lp, total, &err) != ZDP_OK) serve_die("forward", &err);
     char *body = NULL;
     if (s->R == 0) {
         json_t *outs = json_array();
@@ -406,7 +399,8 @@ static void failed_ranks_(server *s, zdp_status st, const char *msg, int *first_
     if (st != ZDP_OK && s->R != 0) fprintf(stderr, "[zdp rank %d] zdp serve: %s\n", s->R, msg);
     char *all = s->R == 0 ? calloc((size_t)s->W, sizeof mine) : NULL;
     if (s->R == 0 && all == NULL) serve_die("serve", &(zdp_error){.msg = "out of memory"});
-    MPI_Gather(mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, 0, s->comm);
+    zdp_error err;
+    if (zdp_channel_gather(s->ch, mine, (int64_t)sizeof mine, all, &err) != ZDP_OK) serve_die("serve", &err);
     if (s->R != 0) return;
     size_t n = 0;
     out[0] = '\0';
@@ -489,7 +483,7 @@ static char *exec_load_weights_(server *s, const job *j, int *status) {
         free(tmp);
     }
     int ok = st == ZDP_OK;
-    MPI_Bcast(&ok, 1, MPI_INT, 0, s->comm);
+    if (zdp_channel_bcast(s->ch, &ok, (int64_t)sizeof ok, &err) != ZDP_OK) serve_die("load_weights", &err);
     if (ok) {
         if (zdp_engine_sync_params(s->eng, &err) != ZDP_OK) serve_die("load_weights", &err);
         zdp_engine_reset_optimizer_state(s->eng);
@@ -526,7 +520,8 @@ static char *exec_info_(server *s, const job *j, int *status) {
                        m.optimizer_bytes, m.master_bytes, m.other_bytes, m.total_bytes};
     int64_t *all = s->R == 0 ? malloc((size_t)s->W * sizeof mine) : NULL;
     if (s->R == 0 && all == NULL) serve_die("info", &(zdp_error){.msg = "out of memory"});
-    MPI_Gather(mine, 8, MPI_INT64_T, all, 8, MPI_INT64_T, 0, s->comm);
+    zdp_error err;
+    if (zdp_channel_gather(s->ch, mine, (int64_t)sizeof mine, all, &err) != ZDP_OK) serve_die("info", &err);
     if (s->R != 0) return NULL;
     json_t *mem = json_array();
     for (int r = 0; r < s->W; r++) {

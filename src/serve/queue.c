@@ -1,7 +1,7 @@
 /*
  * queue.c -- the FIFO and the loops (docs/server.md, "Stopping"): rank 0's
  * main thread takes one job at a time, broadcasts it to every rank over a
- * private duplicate of MPI_COMM_WORLD when its op runs on all ranks
+ * private channel (src/comm, zdp_channel) when its op runs on all ranks
  * (serve_ops[op].all_ranks), runs it (serve_exec) and hands the answer back:
  * to the connection thread waiting on a plain request, or to its protocol
  * (s->proto.finish).  The other ranks wait in serve_worker_loop.
@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <mpi.h>
 #include <signal.h>
 
 #include "serve_impl.h"
@@ -59,7 +58,9 @@ static void notify_stop_(server *s) {
     s->stop_sig = serve_stop_signal;
     fprintf(stderr, "[zdp rank %d] zdp serve: %s received: asking rank 0 to stop every rank\n", s->R,
             s->stop_sig == SIGINT ? "SIGINT" : "SIGTERM");
-    MPI_Isend(&s->stop_sig, 1, MPI_INT, 0, TAG_STOP, s->comm, &s->stop_req);
+    zdp_error err;
+    if (zdp_channel_isend_int(s->ch, &s->stop_sig, 0, TAG_STOP, &s->stop_req, &err) != ZDP_OK)
+        serve_die("serve", &err);
     s->stop_sent = true;
 }
 
@@ -67,13 +68,11 @@ static void notify_stop_(server *s) {
  * signal itself. */
 static void poll_stop_(server *s) {
     if (s->W == 1) return;
-    int flag = 0;
-    MPI_Status st;
-    MPI_Iprobe(MPI_ANY_SOURCE, TAG_STOP, s->comm, &flag, &st);
-    if (!flag) return;
-    int sig = 0;
-    MPI_Recv(&sig, 1, MPI_INT, st.MPI_SOURCE, TAG_STOP, s->comm, MPI_STATUS_IGNORE);
-    printf("zdp serve: rank %d received %s: stopping every rank\n", st.MPI_SOURCE,
+    int from = -1, sig = 0;
+    zdp_error err;
+    if (zdp_channel_poll_int(s->ch, TAG_STOP, &from, &sig, &err) != ZDP_OK) serve_die("serve", &err);
+    if (from < 0) return;
+    printf("zdp serve: rank %d received %s: stopping every rank\n", from,
            sig == SIGINT ? "SIGINT" : "SIGTERM");
     fflush(stdout);
     if (serve_stop_signal == 0) serve_stop_signal = sig;
@@ -81,12 +80,13 @@ static void poll_stop_(server *s) {
 
 /* Waits for a nonblocking collective without spinning a core: idle ranks
  * sit here between requests (and notice a signal here). */
-static void wait_idle_(server *s, MPI_Request *req) {
-    int done = 0;
+static void wait_idle_(server *s, zdp_comm_req *req) {
+    bool done = false;
     struct timespec ts = {0, 200000}; /* 0.2 ms */
+    zdp_error err;
     for (;;) {
         notify_stop_(s);
-        MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (zdp_comm_test(req, &done, &err) != ZDP_OK) serve_die("serve", &err);
         if (done) return;
         nanosleep(&ts, NULL);
         if (ts.tv_nsec < 2000000) ts.tv_nsec += 100000;
@@ -94,20 +94,16 @@ static void wait_idle_(server *s, MPI_Request *req) {
 }
 
 static void bcast_job_(server *s, int64_t hdr[2], unsigned char **payload) {
-    MPI_Request req;
-    MPI_Ibcast(hdr, 2, MPI_INT64_T, 0, s->comm, &req);
-    wait_idle_(s, &req);
+    zdp_comm_req *req;
+    zdp_error err;
+    if (zdp_channel_ibcast(s->ch, hdr, 2 * sizeof *hdr, &req, &err) != ZDP_OK) serve_die("serve", &err);
+    wait_idle_(s, req);
     if (hdr[0] == OP_QUIT || hdr[1] == 0) return;
     if (s->R != 0) {
         *payload = malloc((size_t)hdr[1]);
         if (*payload == NULL) serve_die("serve", &(zdp_error){.msg = "out of memory for a request"});
     }
-    /* Large requests go in pieces: MPI counts are int. */
-    for (int64_t o = 0; o < hdr[1]; o += 1 << 30) {
-        int64_t m = hdr[1] - o < (1 << 30) ? hdr[1] - o : (1 << 30);
-        MPI_Ibcast(*payload + o, (int)m, MPI_BYTE, 0, s->comm, &req);
-        MPI_Wait(&req, MPI_STATUS_IGNORE);
-    }
+    if (zdp_channel_bcast(s->ch, *payload, hdr[1], &err) != ZDP_OK) serve_die("serve", &err);
 }
 
 void serve_worker_loop(server *s) {
@@ -118,11 +114,13 @@ void serve_worker_loop(server *s) {
         if (hdr[0] == OP_QUIT) {
             /* A stop request rank 0 never received (it was stopping anyway)
              * must not keep this rank. */
-            if (s->stop_sent) MPI_Request_free(&s->stop_req);
+            if (s->stop_sent) zdp_comm_req_free(s->stop_req);
+            s->stop_req = NULL;
             return;
         }
         if (hdr[0] == OP_PING) {
-            MPI_Send(&s->R, 1, MPI_INT, 0, TAG_ACK, s->comm);
+            zdp_error err;
+            if (zdp_channel_send_int(s->ch, s->R, 0, TAG_ACK, &err) != ZDP_OK) serve_die("serve", &err);
             continue;
         }
         j.op = (int)hdr[0];
@@ -144,24 +142,24 @@ static void ping_(server *s) {
     pthread_mutex_unlock(&s->mu);
     int64_t hdr[2] = {OP_PING, 0};
     bcast_job_(s, hdr, NULL);
-    MPI_Request *req = malloc((size_t)s->W * sizeof *req);
+    zdp_comm_req **req = malloc((size_t)s->W * sizeof *req);
     int *ack = malloc((size_t)s->W * sizeof *ack);
     if (req == NULL || ack == NULL) serve_die("serve", &(zdp_error){.msg = "out of memory for a health check"});
-    for (int r = 1; r < s->W; r++) MPI_Irecv(&ack[r], 1, MPI_INT, r, TAG_ACK, s->comm, &req[r]);
+    zdp_error err;
+    for (int r = 1; r < s->W; r++)
+        if (zdp_channel_irecv_int(s->ch, &ack[r], r, TAG_ACK, &req[r], &err) != ZDP_OK) serve_die("serve", &err);
     struct timespec ts = {0, 200000};
     for (int missing = 1; missing < s->W;) {
-        int done = 0;
-        MPI_Test(&req[missing], &done, MPI_STATUS_IGNORE);
+        bool done = false;
+        if (zdp_comm_test(req[missing], &done, &err) != ZDP_OK) serve_die("serve", &err);
         if (done) {
             missing++;
             continue;
         }
         if (serve_stop_signal) {
             /* Stopping while a rank does not answer: give up on it. */
-            for (int r = missing; r < s->W; r++) {
-                MPI_Cancel(&req[r]);
-                MPI_Wait(&req[r], MPI_STATUS_IGNORE);
-            }
+            for (int r = missing; r < s->W; r++)
+                if (zdp_comm_cancel(req[r], &err) != ZDP_OK) serve_die("serve", &err);
             break;
         }
         pthread_mutex_lock(&s->mu);

@@ -12,13 +12,13 @@
 
 #include <jansson.h>
 #include <microhttpd.h>
-#include <mpi.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "zdp/zdp.h"
+#include "comm/comm.h"
 #include "models/policy_loss.h"
 #include "serve.h"
 
@@ -159,7 +159,7 @@ typedef struct server {
     zdp_config cfg;
     zdp_model model;
     zdp_engine *eng;
-    MPI_Comm comm;
+    zdp_channel *ch; /* every rank: a private duplicate of the world (src/comm) */
     int W, R;
     /* rank 0: the queue; mu also guards the Tinker state */
     pthread_mutex_t mu;
@@ -182,7 +182,7 @@ typedef struct server {
      * folder); other jobs carry absolute paths. */
     char *ckpt_root;
     float **snap;
-    bool have_model, mpi_dup, started, watching;
+    bool have_model, started, watching;
     /* rank 0: the guards every request passes (http.c, guard_). */
     char *api_key; /* NULL: no --api-key-file */
     size_t api_key_len;
@@ -210,7 +210,7 @@ typedef struct server {
     /* ranks > 0: a signal asked this rank to stop and rank 0 has been told. */
     bool stop_sent;
     int stop_sig;
-    MPI_Request stop_req;
+    zdp_comm_req *stop_req;
 } server;
 
 /* A validation failure: HTTP status, the JSON path of the field, the message. */

@@ -119,8 +119,7 @@ zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error 
 
 zdp_status zdp_server_start(zdp_server *s, zdp_error *err) {
     if (zdp_engine_sync_params(s->eng, err) != ZDP_OK) serve_die("sync params", err);
-    MPI_Comm_dup(MPI_COMM_WORLD, &s->comm);
-    s->mpi_dup = true;
+    if (zdp_channel_open(&s->ch, err) != ZDP_OK) serve_die("serve", err);
     serve_install_signals();
     if (s->R != 0) return ZDP_OK;
     pthread_mutex_init(&s->mu, NULL);
@@ -179,7 +178,7 @@ void zdp_server_destroy(zdp_server *s) {
         pthread_cond_destroy(&s->cv_job);
         pthread_cond_destroy(&s->cv_done);
     }
-    if (s->mpi_dup) MPI_Comm_free(&s->comm);
+    zdp_channel_close(s->ch);
     for (int i = 0; s->roots_real != NULL && i < s->opt.n_allow_roots; i++) free(s->roots_real[i]);
     free(s->roots_real);
     if (s->api_key != NULL) memset(s->api_key, 0, s->api_key_len);
