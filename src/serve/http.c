@@ -167,8 +167,7 @@ static bool guard_(server *s, struct MHD_Connection *c, const char *url, const c
 /* ---- HTTP (rank 0) ----------------------------------------------------------------- */
 
 typedef struct conn_ctx {
-    char *buf;
-    size_t len, cap;
+    serve_bytes body; /* the request body as it arrives */
     bool too_big;
     bool refused; /* a guard (guard_) answered it already */
     bool no_room;      /* over --max-inflight-bytes: answered 503 */
@@ -367,8 +366,8 @@ static enum MHD_Result route_(server *s, struct MHD_Connection *c, const char *u
                               conn_ctx *cx) {
     const serve_protocol *p = &s->proto;
     if (p->prefix != NULL && strncmp(url, p->prefix, strlen(p->prefix)) == 0)
-        return p->handle(s, c, url + strlen(p->prefix), method, cx->buf, cx->len);
-    return serve_plain_handle(s, c, url, method, cx->buf, cx->len);
+        return p->handle(s, c, url + strlen(p->prefix), method, (const char *)cx->body.p, cx->body.len);
+    return serve_plain_handle(s, c, url, method, (const char *)cx->body.p, cx->body.len);
 }
 
 static enum MHD_Result access_(void *cls, struct MHD_Connection *c, const char *url,
@@ -416,35 +415,24 @@ static enum MHD_Result access_(void *cls, struct MHD_Connection *c, const char *
          * allows loses the connection (slow-body attacks hold a thread). */
         if (serve_now() - cx->t0 > s->opt.request_timeout_s) return MHD_NO;
         if (cx->too_big || cx->no_room || cx->refused) return MHD_YES;
-        if ((long long)(cx->len + n) > s->opt.max_body) {
+        if ((long long)(cx->body.len + n) > s->opt.max_body) {
             cx->too_big = true;
-            free(cx->buf);
-            cx->buf = NULL;
-            cx->len = cx->cap = 0;
+            serve_bytes_free(&cx->body);
             body_release_(s, cx);
             return MHD_YES;
         }
         /* A chunked body (no Content-Length) is counted as it arrives. */
-        if ((int64_t)(cx->len + n) > cx->reserved &&
-            !body_reserve_(s, cx, (int64_t)(cx->len + n) - cx->reserved)) {
+        if ((int64_t)(cx->body.len + n) > cx->reserved &&
+            !body_reserve_(s, cx, (int64_t)(cx->body.len + n) - cx->reserved)) {
             cx->no_room = true;
-            free(cx->buf);
-            cx->buf = NULL;
-            cx->len = cx->cap = 0;
+            serve_bytes_free(&cx->body);
             body_release_(s, cx);
             return MHD_YES;
         }
-        if (cx->len + n > cx->cap) {
-            /* A body of known length gets its exact size at once. */
-            size_t cap = cx->cap ? cx->cap : cx->reserved > 4096 ? (size_t)cx->reserved : 4096;
-            while (cap < cx->len + n) cap *= 2;
-            char *p = realloc(cx->buf, cap);
-            if (p == NULL) return MHD_NO;
-            cx->buf = p;
-            cx->cap = cap;
-        }
-        memcpy(cx->buf + cx->len, upload_data, n);
-        cx->len += n;
+        /* A body of known length gets its exact size at once. */
+        if (cx->body.cap == 0 && cx->reserved > 4096 && !serve_reserve(&cx->body, (size_t)cx->reserved))
+            return MHD_NO;
+        if (!serve_put(&cx->body, upload_data, n)) return MHD_NO;
         return MHD_YES;
     }
     if (cx->refused) return MHD_YES; /* answered when it arrived */
@@ -466,7 +454,7 @@ static void completed_(void *cls, struct MHD_Connection *c, void **con_cls,
     conn_ctx *cx = *con_cls;
     if (cx != NULL) {
         body_release_(cls, cx);
-        free(cx->buf);
+        serve_bytes_free(&cx->body);
         free(cx);
         *con_cls = NULL;
     }

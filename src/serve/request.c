@@ -227,20 +227,6 @@ bool serve_resolve_path(const server *s, const char *field, const char *name, ch
 
 /* ---- validation ---------------------------------------------------------------- */
 
-bool serve_put(serve_bytes *b, const void *src, size_t n) {
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n) cap *= 2;
-        unsigned char *p = realloc(b->p, cap);
-        if (p == NULL) return false;
-        b->p = p;
-        b->cap = cap;
-    }
-    if (n > 0) memcpy(b->p + b->len, src, n);
-    b->len += n;
-    return true;
-}
-
 /* Reads a loss_fn_inputs tensor: a plain JSON array, or Tinker's TensorData
  * {data, dtype, shape}.  Integer tensors go to ints[0..N), float ones to
  * floats[0..N).  N is the datum's model_input length. */

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "zdp/zdp.h"
+#include "bytes.h"
 #include "comm/comm.h"
 #include "models/policy_loss.h"
 #include "serve.h"
@@ -226,13 +227,6 @@ const char *serve_jtype(const json_t *v);
 bool serve_only_keys(const json_t *o, const char *where, const char *const *keys, int n, verr *e);
 char *serve_dump(json_t *o); /* takes the reference */
 json_t *serve_jreal(double x);
-/* A growable byte buffer (request payloads); serve_put appends, false when
- * out of memory.  Start from {0}, free(p) when done. */
-typedef struct serve_bytes {
-    unsigned char *p;
-    size_t len, cap;
-} serve_bytes;
-bool serve_put(serve_bytes *b, const void *src, size_t n);
 
 char *serve_error_body(const char *field, const char *msg);
 /* Replaces every byte that does not start a valid UTF-8 character with '?'
