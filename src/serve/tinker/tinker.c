@@ -985,9 +985,196 @@ static enum MHD_Result asample_(server *s, struct MHD_Connection *c, const json_
 
 /* ---- the router ---------------------------------------------------------------------- */
 
+/* A POST endpoint: its JSON body (an object) and the X-Idempotency-Key. */
+typedef enum MHD_Result (*post_fn)(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                                   const char *idem);
+
+/* The training verbs: answered with a future. */
+static enum MHD_Result post_submit_(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                                    const char *idem) {
+    return submit_(s, c, sub, root, idem, false);
+}
+
+static enum MHD_Result post_retrieve_(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                                      const char *idem) {
+    (void)sub, (void)idem;
+    return retrieve_(s, c, root);
+}
+
+/* Chunks of one forward_backward may come in parallel: held requests put
+ * them back in seq_id order.  No protobuf, no JWT, plain httpx. */
+static enum MHD_Result post_client_config_(server *s, struct MHD_Connection *c, const char *sub,
+                                           const json_t *root, const char *idem) {
+    (void)s, (void)sub, (void)root, (void)idem;
+    return reply_json_(c, 200, json_pack("{s:b,s:i,s:i,s:b,s:b,s:b,s:b,s:b}", "parallel_fwdbwd_chunks", 1,
+                                         "fwdbwd_max_chunk_len", 1024, "fwdbwd_max_chunk_bytes_count", 5000000,
+                                         "proto_write_fwdbwd", 0, "proto_compress_fwdbwd", 0,
+                                         "use_pyqwest_transport", 0, "pjwt_auth_enabled", 0,
+                                         "create_model_via_load_weights", 0));
+}
+
+static enum MHD_Result post_dynamic_config_(server *s, struct MHD_Connection *c, const char *sub,
+                                            const json_t *root, const char *idem) {
+    (void)s, (void)sub, (void)root, (void)idem;
+    return reply_json_(c, 200, json_pack("{s:i}", "refresh_interval_sec", 300));
+}
+
+static enum MHD_Result post_create_session_(server *s, struct MHD_Connection *c, const char *sub,
+                                            const json_t *root, const char *idem) {
+    (void)sub, (void)root, (void)idem;
+    tinker_state *t = s->tinker;
+    pthread_mutex_lock(&s->mu);
+    prune_sessions_(t);
+    session *x = calloc(1, sizeof *x);
+    if (x != NULL) {
+        snprintf(x->id, sizeof x->id, "s%lld", (long long)++t->n_sessions);
+        x->seen = serve_now();
+        x->next = t->sessions;
+        t->sessions = x;
+    }
+    char id[32];
+    snprintf(id, sizeof id, "%s", x ? x->id : "");
+    pthread_mutex_unlock(&s->mu);
+    if (x == NULL) return reply_err_(c, 500, NULL, "out of memory");
+    char warn[512];
+    snprintf(warn, sizeof warn,
+             "zdp serve trains every parameter of one model (\"%s\", full fine-tuning): lora_config "
+             "is ignored, and a new create_model continues from the current weights and optimizer "
+             "state", s->opt.model_name);
+    return reply_json_(c, 200, json_pack("{s:s,s:s,s:s}", "session_id", id, "type", "create_session",
+                                         "warning_message", warn));
+}
+
+static enum MHD_Result post_heartbeat_(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                                       const char *idem) {
+    (void)sub, (void)idem;
+    const char *id = json_string_value(json_object_get(root, "session_id"));
+    pthread_mutex_lock(&s->mu);
+    session *x = id ? find_session_(s->tinker, id) : NULL;
+    if (x != NULL) x->seen = serve_now();
+    pthread_mutex_unlock(&s->mu);
+    return x ? reply_json_(c, 200, json_pack("{s:s}", "type", "session_heartbeat"))
+             : reply_err_(c, 404, "session_id", "session_id %s: unknown session", id ? id : "(missing)");
+}
+
+static enum MHD_Result post_telemetry_(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                                       const char *idem) {
+    (void)s, (void)sub, (void)root, (void)idem;
+    return reply_json_(c, 200, json_pack("{s:s}", "status", "accepted")); /* dropped */
+}
+
+static enum MHD_Result post_create_model_(server *s, struct MHD_Connection *c, const char *sub,
+                                          const json_t *root, const char *idem) {
+    (void)sub;
+    return create_model_(s, c, root, idem);
+}
+
+/* get_info and unload_model: the model named by model_id. */
+static enum MHD_Result post_model_(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                                   const char *idem) {
+    tinker_state *t = s->tinker;
+    const char *mid;
+    int64_t unused;
+    verr e = {0};
+    if (!envelope_(root, &mid, &unused, false, &e)) return reply_err_(c, e.status, e.field, "%s", e.msg);
+    const bool unload = !strcmp(sub, "unload_model");
+    pthread_mutex_lock(&s->mu);
+    const bool live = t->live, mine = live && !strcmp(mid, t->model_id);
+    future *f = NULL;
+    if (mine && unload) {
+        f = find_retry_(t, idem, "", 0);
+        if (f == NULL && (f = new_future_(t, idem, "", 0)) != NULL) {
+            t->live = false;
+            fail_held_(s, "user", "the model was unloaded");
+            complete_(f, serve_dump(json_pack("{s:s,s:s}", "model_id", mid, "type", "unload_model")));
+        }
+    } else if (mine) {
+        touch_model_session_(t);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!mine)
+        return reply_err_(c, 400, "model_id", "model_id \"%s\": not the model this server is training%s", mid,
+                          live ? "" : " (no model is loaded; call create_model)");
+    if (unload) return f ? reply_future_(c, f) : reply_err_(c, 500, NULL, "out of memory");
+    const zdp_gpt_config *mc = &s->opt.model;
+    /* GPT-2's tokenizer only fits GPT-2's vocabulary; otherwise the client
+     * brings its own (get_tokenizer would load the wrong one). */
+    const bool gpt2_vocab = mc->vocab_size == 50257;
+    return reply_json_(c, 200, json_pack("{s:s,s:{s:s,s:s,s:s*},s:b,s:n,s:s,s:s}", "model_id", mid, "model_data",
+                                         "arch", "gpt2", "model_name", s->opt.model_name, "tokenizer_id",
+                                         gpt2_vocab ? "gpt2" : NULL, "is_lora", 0, "lora_rank", "model_name",
+                                         s->opt.model_name, "type", "get_info"));
+}
+
+static enum MHD_Result post_weights_info_(server *s, struct MHD_Connection *c, const char *sub,
+                                          const json_t *root, const char *idem) {
+    (void)sub, (void)root, (void)idem;
+    return reply_json_(c, 200, json_pack("{s:s,s:b,s:i}", "base_model", s->opt.model_name, "is_lora", 0,
+                                         "lora_rank", 0));
+}
+
+static enum MHD_Result post_sampling_session_(server *s, struct MHD_Connection *c, const char *sub,
+                                              const json_t *root, const char *idem) {
+    (void)sub, (void)idem;
+    return create_sampling_session_(s, c, root);
+}
+
+static enum MHD_Result post_asample_(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                                     const char *idem) {
+    (void)sub;
+    return asample_(s, c, root, idem);
+}
+
+/* The POST route table: every endpoint under /api/v1/ that takes JSON. */
+static const struct {
+    const char *name;
+    post_fn fn;
+} post_routes_[] = {
+    {"forward_backward", post_submit_},
+    {"forward", post_submit_},
+    {"optim_step", post_submit_},
+    {"save_weights", post_submit_},
+    {"save_weights_for_sampler", post_submit_},
+    {"load_weights", post_submit_},
+    {"retrieve_future", post_retrieve_},
+    {"client/config", post_client_config_},
+    {"client/dynamic_config", post_dynamic_config_},
+    {"create_session", post_create_session_},
+    {"session_heartbeat", post_heartbeat_},
+    {"telemetry", post_telemetry_},
+    {"create_model", post_create_model_},
+    {"get_info", post_model_},
+    {"unload_model", post_model_},
+    {"weights_info", post_weights_info_},
+    {"create_sampling_session", post_sampling_session_},
+    {"asample", post_asample_},
+};
+
+/* SDK 0.25: forward_backward (forward_only = true for forward) as protobuf. */
+static enum MHD_Result post_proto_(server *s, struct MHD_Connection *c, const char *sub, const char *body,
+                                   size_t len) {
+    if (strcmp(sub, "forward_backward") != 0 && strcmp(sub, "forward") != 0)
+        return reply_err_(c, 415, "Content-Type", "POST /api/v1/%s takes JSON; only forward_backward (and "
+                          "forward) take %s", sub, SERVE_PROTO_CONTENT_TYPE);
+    char err[600];
+    bool forward_only;
+    json_t *req = serve_proto_decode_fwdbwd((const unsigned char *)body, len, &forward_only, err, sizeof err);
+    if (req == NULL)
+        return reply_err_(c, 400, "body", "the body is not a valid protobuf ForwardBackwardRequest: %s", err);
+    const char *verb = forward_only ? "forward" : "forward_backward";
+    if (!forward_only && !strcmp(sub, "forward")) { /* posted to forward: a forward */
+        json_object_set(req, "forward_input", json_object_get(req, "forward_backward_input"));
+        json_object_del(req, "forward_backward_input");
+        verb = "forward";
+    }
+    const char *idem = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Idempotency-Key");
+    enum MHD_Result r = submit_(s, c, verb, req, idem, true);
+    json_decref(req);
+    return r;
+}
+
 enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *sub, const char *method,
                               const char *body, size_t len) {
-    tinker_state *t = s->tinker;
     if (!strcmp(method, "GET")) {
         if (!strcmp(sub, "healthz")) return serve_healthz(s, c);
         if (!strcmp(sub, "get_server_capabilities"))
@@ -1006,27 +1193,7 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
                           "Content-Encoding: %s: this server takes uncompressed bodies only (its client/config "
                           "says proto_compress_fwdbwd = false)", encoding);
     const char *ctype = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
-    if (ctype != NULL && serve_names_type(ctype, SERVE_PROTO_CONTENT_TYPE)) {
-        /* SDK 0.25: forward_backward (forward_only = true for forward). */
-        if (strcmp(sub, "forward_backward") != 0 && strcmp(sub, "forward") != 0)
-            return reply_err_(c, 415, "Content-Type", "POST /api/v1/%s takes JSON; only forward_backward (and "
-                              "forward) take %s", sub, SERVE_PROTO_CONTENT_TYPE);
-        char err[600];
-        bool forward_only;
-        json_t *req = serve_proto_decode_fwdbwd((const unsigned char *)body, len, &forward_only, err, sizeof err);
-        if (req == NULL)
-            return reply_err_(c, 400, "body", "the body is not a valid protobuf ForwardBackwardRequest: %s", err);
-        const char *verb = forward_only ? "forward" : "forward_backward";
-        if (!forward_only && !strcmp(sub, "forward")) { /* posted to forward: a forward */
-            json_object_set(req, "forward_input", json_object_get(req, "forward_backward_input"));
-            json_object_del(req, "forward_backward_input");
-            verb = "forward";
-        }
-        const char *idem = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Idempotency-Key");
-        enum MHD_Result r = submit_(s, c, verb, req, idem, true);
-        json_decref(req);
-        return r;
-    }
+    if (ctype != NULL && serve_names_type(ctype, SERVE_PROTO_CONTENT_TYPE)) return post_proto_(s, c, sub, body, len);
 
     json_error_t jerr;
     json_t *root = len == 0 ? json_object() : json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -1038,114 +1205,17 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
         return reply_err_(c, 400, "body", "the body must be a JSON object");
     }
     const char *idem = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Idempotency-Key");
-    enum MHD_Result r;
-    static const char *const training[] = {"forward_backward", "forward", "optim_step", "save_weights",
-                                           "save_weights_for_sampler", "load_weights"};
-    bool is_training = false;
-    for (size_t i = 0; i < sizeof training / sizeof *training; i++)
-        is_training = is_training || !strcmp(sub, training[i]);
-
-    if (is_training) {
-        r = submit_(s, c, sub, root, idem, false);
-    } else if (!strcmp(sub, "retrieve_future")) {
-        r = retrieve_(s, c, root);
-    } else if (!strcmp(sub, "client/config")) {
-        /* Chunks of one forward_backward may come in parallel: held requests
-         * put them back in seq_id order.  No protobuf, no JWT, plain httpx. */
-        r = reply_json_(c, 200, json_pack("{s:b,s:i,s:i,s:b,s:b,s:b,s:b,s:b}", "parallel_fwdbwd_chunks", 1,
-                                          "fwdbwd_max_chunk_len", 1024, "fwdbwd_max_chunk_bytes_count",
-                                          5000000, "proto_write_fwdbwd", 0, "proto_compress_fwdbwd", 0,
-                                          "use_pyqwest_transport", 0, "pjwt_auth_enabled", 0,
-                                          "create_model_via_load_weights", 0));
-    } else if (!strcmp(sub, "client/dynamic_config")) {
-        r = reply_json_(c, 200, json_pack("{s:i}", "refresh_interval_sec", 300));
-    } else if (!strcmp(sub, "create_session")) {
-        pthread_mutex_lock(&s->mu);
-        prune_sessions_(t);
-        session *x = calloc(1, sizeof *x);
-        if (x != NULL) {
-            snprintf(x->id, sizeof x->id, "s%lld", (long long)++t->n_sessions);
-            x->seen = serve_now();
-            x->next = t->sessions;
-            t->sessions = x;
-        }
-        char id[32];
-        snprintf(id, sizeof id, "%s", x ? x->id : "");
-        pthread_mutex_unlock(&s->mu);
-        if (x == NULL) r = reply_err_(c, 500, NULL, "out of memory");
-        else {
-            char warn[512];
-            snprintf(warn, sizeof warn,
-                     "zdp serve trains every parameter of one model (\"%s\", full fine-tuning): lora_config "
-                     "is ignored, and a new create_model continues from the current weights and optimizer "
-                     "state", s->opt.model_name);
-            r = reply_json_(c, 200, json_pack("{s:s,s:s,s:s}", "session_id", id, "type", "create_session",
-                                              "warning_message", warn));
-        }
-    } else if (!strcmp(sub, "session_heartbeat")) {
-        const char *id = json_string_value(json_object_get(root, "session_id"));
-        pthread_mutex_lock(&s->mu);
-        session *x = id ? find_session_(t, id) : NULL;
-        if (x != NULL) x->seen = serve_now();
-        pthread_mutex_unlock(&s->mu);
-        r = x ? reply_json_(c, 200, json_pack("{s:s}", "type", "session_heartbeat"))
-              : reply_err_(c, 404, "session_id", "session_id %s: unknown session", id ? id : "(missing)");
-    } else if (!strcmp(sub, "telemetry")) {
-        r = reply_json_(c, 200, json_pack("{s:s}", "status", "accepted")); /* dropped */
-    } else if (!strcmp(sub, "create_model")) {
-        r = create_model_(s, c, root, idem);
-    } else if (!strcmp(sub, "get_info") || !strcmp(sub, "unload_model")) {
-        const char *mid;
-        int64_t unused;
-        verr e = {0};
-        if (!envelope_(root, &mid, &unused, false, &e)) {
-            r = reply_err_(c, e.status, e.field, "%s", e.msg);
-        } else {
-            const bool unload = !strcmp(sub, "unload_model");
-            pthread_mutex_lock(&s->mu);
-            const bool live = t->live, mine = live && !strcmp(mid, t->model_id);
-            future *f = NULL;
-            if (mine && unload) {
-                f = find_retry_(t, idem, "", 0);
-                if (f == NULL && (f = new_future_(t, idem, "", 0)) != NULL) {
-                    t->live = false;
-                    fail_held_(s, "user", "the model was unloaded");
-                    complete_(f, serve_dump(json_pack("{s:s,s:s}", "model_id", mid, "type", "unload_model")));
-                }
-            } else if (mine) {
-                touch_model_session_(t);
-            }
-            pthread_mutex_unlock(&s->mu);
-            if (!mine) {
-                r = reply_err_(c, 400, "model_id", "model_id \"%s\": not the model this server is training%s",
-                               mid, live ? "" : " (no model is loaded; call create_model)");
-            } else if (unload) {
-                r = f ? reply_future_(c, f) : reply_err_(c, 500, NULL, "out of memory");
-            } else {
-                const zdp_gpt_config *mc = &s->opt.model;
-                /* GPT-2's tokenizer only fits GPT-2's vocabulary; otherwise the
-                 * client brings its own (get_tokenizer would load the wrong one). */
-                const bool gpt2_vocab = mc->vocab_size == 50257;
-                r = reply_json_(c, 200, json_pack("{s:s,s:{s:s,s:s,s:s*},s:b,s:n,s:s,s:s}", "model_id", mid,
-                                                  "model_data", "arch", "gpt2", "model_name", s->opt.model_name,
-                                                  "tokenizer_id", gpt2_vocab ? "gpt2" : NULL, "is_lora", 0,
-                                                  "lora_rank", "model_name", s->opt.model_name, "type",
-                                                  "get_info"));
-            }
-        }
-    } else if (!strcmp(sub, "weights_info")) {
-        r = reply_json_(c, 200, json_pack("{s:s,s:b,s:i}", "base_model", s->opt.model_name, "is_lora", 0,
-                                          "lora_rank", 0));
-    } else if (!strcmp(sub, "create_sampling_session")) {
-        r = create_sampling_session_(s, c, root);
-    } else if (!strcmp(sub, "asample")) {
-        r = asample_(s, c, root, idem);
-    } else {
+    enum MHD_Result r = MHD_NO;
+    size_t i = 0;
+    const size_t n = sizeof post_routes_ / sizeof *post_routes_;
+    while (i < n && strcmp(sub, post_routes_[i].name) != 0) i++;
+    if (i < n)
+        r = post_routes_[i].fn(s, c, sub, root, idem);
+    else
         r = reply_err_(c, 404, "url", "POST /api/v1/%s: not an endpoint of zdp serve (the Tinker SDK's "
                        "training protocol: client/config, create_session, session_heartbeat, telemetry, "
                        "create_model, get_info, forward_backward, forward, optim_step, retrieve_future, "
                        "save_weights, save_weights_for_sampler, load_weights, unload_model, weights_info)", sub);
-    }
     json_decref(root);
     return r;
 }
