@@ -1,5 +1,5 @@
 /*
- * serve_tinker.c -- the Tinker SDK's wire protocol (docs/tinker-protocol.md)
+ * tinker/tinker.c -- the Tinker SDK's wire protocol (docs/tinker-protocol.md)
  * on top of `zdp serve`: JSON for SDK 0.18-0.24, and for SDK 0.25 the
  * protobuf forward_backward (tinker/proto.c).  The core reaches it only
  * through the serve_protocol registered by serve_register_tinker.
