@@ -336,22 +336,15 @@ static const char *at_(char *buf, size_t cap, const char *where, const char *res
     return buf;
 }
 
-/* forward_backward / forward input: {data: [Datum...], loss_fn, loss_fn_config}.
- * payload: fwd_header, int32 len[n], int32 tokens[total], int32 targets[total],
- * then float weights[total], logprobs[total] (the sampler's), advantages[total]
- * (the inputs a loss does not read are 0). */
-bool serve_parse_fwd(const json_t *root, const char *where, const zdp_gpt_config *mc, job *j,
-                     verr *e) {
-    char lf_path[320], lc_path[320], data_path[320];
+/* loss_fn and loss_fn_config -> h (the loss and its options; no datums yet).
+ * need_loss: forward_backward must name its loss, forward may leave it out. */
+static bool parse_loss_(const json_t *root, const char *where, bool need_loss, fwd_header *out, verr *e) {
+    char lf_path[320], lc_path[320];
     at_(lf_path, sizeof lf_path, where, "loss_fn");
     at_(lc_path, sizeof lc_path, where, "loss_fn_config");
-    at_(data_path, sizeof data_path, where, "data");
-    static const char *const keys[] = {"data", "loss_fn", "loss_fn_config"};
-    if (!serve_only_keys(root, where, keys, 3, e)) return false;
-
     fwd_header h = {.loss = ZDP_LOSS_CROSS_ENTROPY, .clip_low = 0.8, .clip_high = 1.2, .beta = NAN};
     const json_t *lf = json_object_get(root, "loss_fn");
-    if (lf == NULL && j->op == OP_FWDBWD)
+    if (lf == NULL && need_loss)
         return serve_bad(e, 400, lf_path, "%s: missing; send \"cross_entropy\" (or importance_sampling, "
                          "ppo, cispo, dro)", lf_path);
     if (lf != NULL && !json_is_string(lf))
@@ -395,6 +388,101 @@ bool serve_parse_fwd(const json_t *root, const char *where, const zdp_gpt_config
                          "are ratio bounds and must satisfy low <= 1 <= high (defaults 0.8, 1.2)",
                          lc_path, h.clip_low, h.clip_high);
 
+    *out = h;
+    return true;
+}
+
+/* A datum's model_input {chunks: [{type: "encoded_text", tokens}...]} ->
+ * dst[0..*n) (1 to T tokens, each in [0, V)).  path: the datum's JSON path. */
+static bool parse_model_input_(const json_t *d, const char *path, int T, int V, int32_t *dst, int64_t *n,
+                               verr *e) {
+    char field[512];
+    bool ok = true;
+    const json_t *mi = json_object_get(d, "model_input");
+    snprintf(field, sizeof field, "%s.model_input", path);
+    if (!json_is_object(mi))
+        return serve_bad(e, 400, field, "%s: %s; must be {\"chunks\": [...]}", field,
+                         mi ? "not an object" : "missing");
+    static const char *const mkeys[] = {"chunks"};
+    if (!serve_only_keys(mi, field, mkeys, 1, e)) return false;
+    const json_t *chunks = json_object_get(mi, "chunks");
+    snprintf(field, sizeof field, "%s.model_input.chunks", path);
+    if (!json_is_array(chunks) || json_array_size(chunks) == 0)
+        return serve_bad(e, 400, field, "%s: must be a non-empty array of chunks", field);
+    int64_t N = 0;
+    for (size_t c = 0; ok && c < json_array_size(chunks); c++) {
+        const json_t *ch = json_array_get(chunks, c);
+        char cpath[448];
+        snprintf(cpath, sizeof cpath, "%s.model_input.chunks[%zu]", path, c);
+        if (!json_is_object(ch)) {
+            ok = serve_bad(e, 400, cpath, "%s: must be an object, got %s", cpath, serve_jtype(ch));
+            break;
+        }
+        static const char *const ckeys[] = {"type", "tokens"};
+        const json_t *ty = json_object_get(ch, "type");
+        if (ty != NULL && (!json_is_string(ty) || strcmp(json_string_value(ty), "encoded_text") != 0)) {
+            snprintf(field, sizeof field, "%s.type", cpath);
+            ok = serve_bad(e, 400, field, "%s: only \"encoded_text\" chunks are supported (got %s%s%s)",
+                           field, json_is_string(ty) ? "\"" : "",
+                           json_is_string(ty) ? json_string_value(ty) : serve_jtype(ty),
+                           json_is_string(ty) ? "\"" : "");
+            break;
+        }
+        if (!(ok = serve_only_keys(ch, cpath, ckeys, 2, e))) break;
+        const json_t *tk = json_object_get(ch, "tokens");
+        snprintf(field, sizeof field, "%s.tokens", cpath);
+        if (!json_is_array(tk)) {
+            ok = serve_bad(e, 400, field, "%s: must be an array of token ids, got %s", field,
+                           tk ? serve_jtype(tk) : "nothing");
+            break;
+        }
+        for (size_t k = 0; k < json_array_size(tk); k++) {
+            const json_t *x = json_array_get(tk, k);
+            snprintf(field, sizeof field, "%s.tokens[%zu]", cpath, k);
+            if (!json_is_integer(x)) {
+                ok = serve_bad(e, 400, field, "%s: must be an integer token id, got %s", field,
+                               serve_jtype(x));
+                break;
+            }
+            json_int_t t = json_integer_value(x);
+            if (t < 0 || t >= V) {
+                ok = serve_bad(e, 400, field, "%s = %lld: outside the vocabulary [0, %d)", field,
+                               (long long)t, V);
+                break;
+            }
+            if (N >= T) {
+                snprintf(field, sizeof field, "%s.model_input", path);
+                ok = serve_bad(e, 400, field, "%s: more than %d tokens (block_size); send at most %d",
+                               field, T, T);
+                break;
+            }
+            dst[N++] = (int32_t)t;
+        }
+    }
+    if (!ok) return false;
+    if (N == 0) {
+        snprintf(field, sizeof field, "%s.model_input", path);
+        return serve_bad(e, 400, field, "%s: no tokens; a datum needs at least one", field);
+    }
+    *n = N;
+    return true;
+}
+
+/* forward_backward / forward input: {data: [Datum...], loss_fn, loss_fn_config}.
+ * payload: fwd_header, int32 len[n], int32 tokens[total], int32 targets[total],
+ * then float weights[total], logprobs[total] (the sampler's), advantages[total]
+ * (the inputs a loss does not read are 0). */
+bool serve_parse_fwd(const json_t *root, const char *where, const zdp_gpt_config *mc, job *j,
+                     verr *e) {
+    char data_path[320];
+    at_(data_path, sizeof data_path, where, "data");
+    static const char *const keys[] = {"data", "loss_fn", "loss_fn_config"};
+    if (!serve_only_keys(root, where, keys, 3, e)) return false;
+
+    fwd_header h;
+    if (!parse_loss_(root, where, j->op == OP_FWDBWD, &h, e)) return false;
+    const loss_spec *ls = &losses_[h.loss];
+
     const json_t *data = json_object_get(root, "data");
     if (data == NULL) return serve_bad(e, 400, data_path, "%s: missing (an array of datums)", data_path);
     if (!json_is_array(data))
@@ -422,78 +510,8 @@ bool serve_parse_fwd(const json_t *root, const char *where, const zdp_gpt_config
         }
         static const char *const dkeys[] = {"model_input", "loss_fn_inputs"};
         if (!(ok = serve_only_keys(d, path, dkeys, 2, e))) break;
-        const json_t *mi = json_object_get(d, "model_input");
-        snprintf(field, sizeof field, "%s.model_input", path);
-        if (!json_is_object(mi)) {
-            ok = serve_bad(e, 400, field, "%s: %s; must be {\"chunks\": [...]}", field,
-                           mi ? "not an object" : "missing");
-            break;
-        }
-        static const char *const mkeys[] = {"chunks"};
-        if (!(ok = serve_only_keys(mi, field, mkeys, 1, e))) break;
-        const json_t *chunks = json_object_get(mi, "chunks");
-        snprintf(field, sizeof field, "%s.model_input.chunks", path);
-        if (!json_is_array(chunks) || json_array_size(chunks) == 0) {
-            ok = serve_bad(e, 400, field, "%s: must be a non-empty array of chunks", field);
-            break;
-        }
         int64_t N = 0;
-        int32_t *dst = tok + total;
-        for (size_t c = 0; ok && c < json_array_size(chunks); c++) {
-            const json_t *ch = json_array_get(chunks, c);
-            char cpath[448];
-            snprintf(cpath, sizeof cpath, "%s.model_input.chunks[%zu]", path, c);
-            if (!json_is_object(ch)) {
-                ok = serve_bad(e, 400, cpath, "%s: must be an object, got %s", cpath, serve_jtype(ch));
-                break;
-            }
-            static const char *const ckeys[] = {"type", "tokens"};
-            const json_t *ty = json_object_get(ch, "type");
-            if (ty != NULL && (!json_is_string(ty) || strcmp(json_string_value(ty), "encoded_text") != 0)) {
-                snprintf(field, sizeof field, "%s.type", cpath);
-                ok = serve_bad(e, 400, field, "%s: only \"encoded_text\" chunks are supported (got %s%s%s)",
-                               field, json_is_string(ty) ? "\"" : "",
-                               json_is_string(ty) ? json_string_value(ty) : serve_jtype(ty),
-                               json_is_string(ty) ? "\"" : "");
-                break;
-            }
-            if (!(ok = serve_only_keys(ch, cpath, ckeys, 2, e))) break;
-            const json_t *tk = json_object_get(ch, "tokens");
-            snprintf(field, sizeof field, "%s.tokens", cpath);
-            if (!json_is_array(tk)) {
-                ok = serve_bad(e, 400, field, "%s: must be an array of token ids, got %s", field,
-                               tk ? serve_jtype(tk) : "nothing");
-                break;
-            }
-            for (size_t k = 0; k < json_array_size(tk); k++) {
-                const json_t *x = json_array_get(tk, k);
-                snprintf(field, sizeof field, "%s.tokens[%zu]", cpath, k);
-                if (!json_is_integer(x)) {
-                    ok = serve_bad(e, 400, field, "%s: must be an integer token id, got %s", field,
-                                   serve_jtype(x));
-                    break;
-                }
-                json_int_t t = json_integer_value(x);
-                if (t < 0 || t >= V) {
-                    ok = serve_bad(e, 400, field, "%s = %lld: outside the vocabulary [0, %d)", field,
-                                   (long long)t, V);
-                    break;
-                }
-                if (N >= T) {
-                    snprintf(field, sizeof field, "%s.model_input", path);
-                    ok = serve_bad(e, 400, field, "%s: more than %d tokens (block_size); send at most %d",
-                                   field, T, T);
-                    break;
-                }
-                dst[N++] = (int32_t)t;
-            }
-        }
-        if (!ok) break;
-        if (N == 0) {
-            snprintf(field, sizeof field, "%s.model_input", path);
-            ok = serve_bad(e, 400, field, "%s: no tokens; a datum needs at least one", field);
-            break;
-        }
+        if (!(ok = parse_model_input_(d, path, T, V, tok + total, &N, e))) break;
         const json_t *li = json_object_get(d, "loss_fn_inputs");
         snprintf(field, sizeof field, "%s.loss_fn_inputs", path);
         if (!json_is_object(li)) {
