@@ -20,7 +20,6 @@
 #include <time.h>
 
 #include "serve_impl.h"
-#include "tinker/proto.h"
 
 /* ---- who may send a request ------------------------------------------------------ */
 
@@ -136,7 +135,11 @@ static bool guard_(server *s, struct MHD_Connection *c, const char *url, const c
                              "is not a client of this server; clients send no Origin, or this server's own)",
                              origin);
     }
-    const bool health = !strcmp(method, "GET") && (!strcmp(url, "/healthz") || !strcmp(url, "/api/v1/healthz"));
+    /* A URL under the protocol's prefix (prefix NULL: no protocol). */
+    const serve_protocol *pr = &s->proto;
+    const bool in_proto = pr->prefix != NULL && strncmp(url, pr->prefix, strlen(pr->prefix)) == 0;
+    const bool health = !strcmp(method, "GET") &&
+                        (!strcmp(url, "/healthz") || (in_proto && !strcmp(url + strlen(pr->prefix), "healthz")));
     if (s->api_key != NULL && !health) {
         const char *key = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-API-Key");
         const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
@@ -154,12 +157,12 @@ static bool guard_(server *s, struct MHD_Connection *c, const char *url, const c
     }
     if (!strcmp(method, "POST")) {
         const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
-        const bool tinker = strncmp(url, "/api/v1/", 8) == 0;
+        const bool other = in_proto && pr->content_type != NULL;
         if (ct == NULL || !(content_type_is_(ct, "application/json") ||
-                            (tinker && content_type_is_(ct, SERVE_PROTO_CONTENT_TYPE))))
+                            (other && content_type_is_(ct, pr->content_type))))
             return serve_bad(e, 415, "Content-Type", "Content-Type: %.200s: a POST must be application/json%s "
                              "(curl: -H 'Content-Type: application/json')", ct ? ct : "(none)",
-                             tinker ? " (or application/x-protobuf for the Tinker SDK's forward_backward)" : "");
+                             other ? pr->content_type_hint : "");
     }
     return true;
 }

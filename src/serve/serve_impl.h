@@ -141,7 +141,10 @@ typedef struct tinker_state tinker_state;
  * by name.  Every hook but handle runs on rank 0's main thread with s->mu
  * held. */
 typedef struct serve_protocol {
-    const char *prefix; /* the URL prefix it owns ("/api/v1/") */
+    const char *prefix; /* the URL prefix it owns ("/api/v1/"); GET PREFIX"healthz" is /healthz */
+    /* A POST media type it takes besides application/json (NULL: none), and
+     * what a 415 adds about it (" (or ... for ...)"). */
+    const char *content_type, *content_type_hint;
     void *state;
     /* A connection thread: a request under prefix (sub: the rest of the URL). */
     enum MHD_Result (*handle)(struct server *s, struct MHD_Connection *c, const char *sub,

@@ -359,6 +359,9 @@ bool serve_register_tinker(server *s) {
     s->tinker = tinker_create();
     if (s->tinker == NULL) return false;
     s->proto = (serve_protocol){.prefix = "/api/v1/", .state = s->tinker, .handle = tinker_handle,
+                                .content_type = SERVE_PROTO_CONTENT_TYPE,
+                                .content_type_hint = " (or " SERVE_PROTO_CONTENT_TYPE
+                                                     " for the Tinker SDK's forward_backward)",
                                 .finish = tinker_finish_locked, .tick = tinker_tick_locked,
                                 .shutdown = tinker_shutdown_locked, .destroy = destroy_};
     return true;
