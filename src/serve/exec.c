@@ -69,7 +69,7 @@ static void datum_loss_(const fwd_header *h, int64_t N, const float *lp, const f
     }
 }
 
-static char *exec_fwd_(server *s, const job *j, int *status) {
+static char *exec_fwd_(server *s, job *j, int *status) {
     const unsigned char *p = j->payload;
     fwd_header h;
     memcpy(&h, p, sizeof h);
@@ -126,40 +126,75 @@ static char *exec_fwd_(server *s, const job *j, int *status) {
     /* Each position was filled by exactly one rank, the others hold 0: a sum
      * gathers them exactly. */
     if (s->W > 1 && zdp_channel_reduce_sum_f32(s->ch, lp, total, &err) != ZDP_OK) serve_die("forward", &err);
-    char *body = NULL;
     if (s->R == 0) {
-        json_t *outs = json_array();
-        double loss_sum = 0;
+        /* Rank 0 keeps the result typed (the reply encodes it). */
+        serve_fwd_result *res = malloc(sizeof *res);
+        if (res == NULL) serve_die("forward_backward", &(zdp_error){.msg = "out of memory"});
+        *res = (serve_fwd_result){.n = n, .off = off, .logprobs = lp, .elementwise = el};
         for (int64_t i = 0; i < n; i++) {
             const int64_t o = off[i];
             double sum;
             datum_loss_(&h, len[i], lp + o, w + o, q + o, adv + o, coef + o, el + o, &sum);
-            loss_sum += sum;
-            json_t *lpa = json_array(), *ela = json_array();
-            for (int64_t k = o; k < off[i + 1]; k++) {
-                json_array_append_new(lpa, serve_jreal(lp[k]));
-                json_array_append_new(ela, serve_jreal(el[k]));
-            }
-            json_array_append_new(
-                outs, json_pack("{s:{s:o,s:s,s:[I]},s:{s:o,s:s,s:[I]}}", "logprobs", "data", lpa, "dtype",
-                                "float32", "shape", (json_int_t)len[i], "elementwise_loss", "data", ela,
-                                "dtype", "float32", "shape", (json_int_t)len[i]));
+            res->loss_sum += sum;
         }
-        json_t *metrics = json_pack("{s:o}", "loss:sum", serve_jreal(loss_sum));
-        body = serve_dump(json_pack("{s:s,s:o,s:o}", "loss_fn_output_type", "ArrayRecord",
-                                    "loss_fn_outputs", outs, "metrics", metrics));
+        j->fwd = res;
         *status = 200;
+        off = NULL, lp = NULL, el = NULL;
     }
     free(off);
     free(lp);
     free(coef);
     free(el);
-    return body;
+    return NULL;
+}
+
+char *serve_fwd_result_json(const serve_fwd_result *r) {
+    json_t *outs = json_array();
+    for (int64_t i = 0; outs != NULL && i < r->n; i++) {
+        const int64_t len = r->off[i + 1] - r->off[i];
+        json_t *lpa = json_array(), *ela = json_array();
+        for (int64_t k = r->off[i]; k < r->off[i + 1]; k++) {
+            json_array_append_new(lpa, serve_jreal(r->logprobs[k]));
+            json_array_append_new(ela, serve_jreal(r->elementwise[k]));
+        }
+        json_array_append_new(outs, json_pack("{s:{s:o,s:s,s:[I]},s:{s:o,s:s,s:[I]}}", "logprobs", "data", lpa,
+                                              "dtype", "float32", "shape", (json_int_t)len, "elementwise_loss",
+                                              "data", ela, "dtype", "float32", "shape", (json_int_t)len));
+    }
+    json_t *metrics = json_pack("{s:o}", "loss:sum", serve_jreal(r->loss_sum));
+    return serve_dump(json_pack("{s:s,s:o,s:o}", "loss_fn_output_type", "ArrayRecord", "loss_fn_outputs", outs,
+                                "metrics", metrics));
+}
+
+serve_fwd_result *serve_fwd_result_copy(const serve_fwd_result *r) {
+    serve_fwd_result *c = malloc(sizeof *c);
+    if (c == NULL) return NULL;
+    const int64_t total = r->off[r->n];
+    *c = (serve_fwd_result){.n = r->n, .loss_sum = r->loss_sum};
+    c->off = malloc((size_t)(r->n + 1) * sizeof *c->off);
+    c->logprobs = malloc(((size_t)total + 1) * sizeof *c->logprobs);
+    c->elementwise = malloc(((size_t)total + 1) * sizeof *c->elementwise);
+    if (c->off == NULL || c->logprobs == NULL || c->elementwise == NULL) {
+        serve_fwd_result_free(c);
+        return NULL;
+    }
+    memcpy(c->off, r->off, (size_t)(r->n + 1) * sizeof *c->off);
+    memcpy(c->logprobs, r->logprobs, (size_t)total * sizeof *c->logprobs);
+    memcpy(c->elementwise, r->elementwise, (size_t)total * sizeof *c->elementwise);
+    return c;
+}
+
+void serve_fwd_result_free(serve_fwd_result *r) {
+    if (r == NULL) return;
+    free(r->off);
+    free(r->logprobs);
+    free(r->elementwise);
+    free(r);
 }
 
 /* optim_step: the request's hyperparameters (the rest keep their values),
  * then the engine's step. */
-static char *exec_optim_(server *s, const job *j, int *status) {
+static char *exec_optim_(server *s, job *j, int *status) {
     optim_payload p;
     memcpy(&p, j->payload, sizeof p);
     /* Nothing to apply: refused before anything changes (the request's
@@ -226,7 +261,7 @@ static int status_of_(zdp_status st) {
 
 /* Rank 0 alone: generation reads the parameters every rank already holds.
  * Only the last block_size tokens are seen at each step. */
-static char *exec_sample_(server *s, const job *j, int *status) {
+static char *exec_sample_(server *s, job *j, int *status) {
     if (s->R != 0) return NULL;
     sample_req r;
     memcpy(&r, j->payload, sizeof r);
@@ -275,7 +310,7 @@ void serve_free_snapshot(server *s) {
  * live ones, so training between save and sample changes nothing.  The file
  * read last stays in memory.  Each token comes with the model's log p (what
  * importance-sampling losses take as the sampler's logprobs). */
-static char *exec_sample_file_(server *s, const job *j, int *status) {
+static char *exec_sample_file_(server *s, job *j, int *status) {
     if (s->R != 0) return NULL;
     sample_file_header h;
     memcpy(&h, j->payload, sizeof h);
@@ -346,7 +381,7 @@ static char *exec_sample_file_(server *s, const job *j, int *status) {
     return serve_dump(json_pack("{s:o,s:s}", "sequences", seqs, "type", "sample"));
 }
 
-static char *exec_save_weights_(server *s, const job *j, int *status) {
+static char *exec_save_weights_(server *s, job *j, int *status) {
     if (s->R != 0) return NULL;
     const char *path = (const char *)j->payload;
     zdp_error err;
@@ -418,7 +453,7 @@ static void failed_ranks_(server *s, zdp_status st, const char *msg, int *first_
     serve_utf8_fix(out);
 }
 
-static char *exec_state_(server *s, const job *j, int *status) {
+static char *exec_state_(server *s, job *j, int *status) {
     const char *name = (const char *)j->payload;
     char path[4096];
     const bool fits = snprintf(path, sizeof path, "%s%s%s", name[0] == '/' ? "" : s->ckpt_root,
@@ -462,7 +497,7 @@ static char *exec_state_(server *s, const job *j, int *status) {
  * (its model.safetensors) and a fresh optimizer state.  Rank 0 reads into
  * scratch memory, so a failed read changes nothing; sync_params then gives
  * every rank the new weights. */
-static char *exec_load_weights_(server *s, const job *j, int *status) {
+static char *exec_load_weights_(server *s, job *j, int *status) {
     const char *path = (const char *)j->payload;
     zdp_error err = {0};
     zdp_status st = ZDP_OK;
@@ -512,7 +547,7 @@ static json_t *limits_json_(server *s) {
                      "health_timeout_seconds", s->opt.health_timeout_s);
 }
 
-static char *exec_info_(server *s, const job *j, int *status) {
+static char *exec_info_(server *s, job *j, int *status) {
     (void)j;
     zdp_memory_report m;
     zdp_engine_memory_report(s->eng, &m);
@@ -580,7 +615,7 @@ const serve_op serve_ops[SERVE_N_OPS] = {
 #undef SERVE_OP_ROW_
 };
 
-char *serve_exec(server *s, const job *j, int *status) {
+char *serve_exec(server *s, job *j, int *status) {
     if (j->op < 0 || j->op >= SERVE_N_OPS || serve_ops[j->op].exec == NULL)
         serve_die("serve", &(zdp_error){.msg = "unknown request type from rank 0 (a bug in zdp)"});
     return serve_ops[j->op].exec(s, j, status);

@@ -128,6 +128,7 @@ void serve_worker_loop(server *s) {
         int status = 0;
         char *body = serve_exec(s, &j, &status);
         free(body);
+        serve_fwd_result_free(j.fwd);
         free(j.payload);
     }
 }

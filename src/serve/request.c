@@ -39,6 +39,7 @@ void serve_job_free(job *j) {
     free(j->payload);
     free(j->body);
     free(j->tinker_path);
+    serve_fwd_result_free(j->fwd);
     free(j->sampling_session);
     free(j);
 }

@@ -56,8 +56,9 @@ enum {
 
 struct server;
 struct job;
-/* Runs a job on this rank; rank 0 gets (status, body), the others NULL. */
-typedef char *(*serve_exec_fn)(struct server *s, const struct job *j, int *status);
+/* Runs a job on this rank; rank 0 gets (status, body), the others NULL.  A
+ * forward/forward_backward leaves its result typed in j->fwd instead (body NULL). */
+typedef char *(*serve_exec_fn)(struct server *s, struct job *j, int *status);
 
 typedef struct serve_op {
     int op;
@@ -111,6 +112,23 @@ typedef struct optim_payload {
     double value[N_ADAM];
 } optim_payload;
 
+/* The result of a forward/forward_backward, typed until a reply encodes it
+ * once, in the format asked for: JSON (serve_fwd_result_json: the plain API,
+ * Tinker's JSON polls) or protobuf (tinker/proto.c, SDK 0.25's polls). */
+typedef struct serve_fwd_result {
+    int64_t n;          /* datums */
+    int64_t *off;       /* (n + 1): datum i's tokens are [off[i], off[i + 1]) */
+    float *logprobs;    /* (off[n]) log p(target) per token */
+    float *elementwise; /* (off[n]) the loss's summand per token (NaN: dropped datum) */
+    double loss_sum;    /* the metric loss:sum */
+} serve_fwd_result;
+/* ForwardBackwardOutput as JSON text (non-finite numbers are null); NULL
+ * when out of memory. */
+char *serve_fwd_result_json(const serve_fwd_result *r);
+/* A deep copy (a poll encodes it outside the lock); NULL when out of memory. */
+serve_fwd_result *serve_fwd_result_copy(const serve_fwd_result *r);
+void serve_fwd_result_free(serve_fwd_result *r); /* NULL is a no-op */
+
 struct future; /* a protocol's (tinker/): the core only passes it back */
 
 /* One validated request.  payload is what every rank receives (request.c
@@ -127,9 +145,11 @@ typedef struct job {
     char *sampling_session; /* save_weights_for_sampler without a name: the session it opens */
     double arrived;
     double queued_at; /* when it entered the FIFO (serve_now) */
-    /* The answer, filled by the main thread (plain endpoints). */
+    /* The answer, filled by the main thread (plain endpoints): a body, or
+     * for a forward/forward_backward the typed result. */
     int status;
     char *body;
+    serve_fwd_result *fwd;
     bool done;
     struct job *next;
 } job;
@@ -271,7 +291,7 @@ void serve_worker_loop(server *s);
  * zdp_dist_abort (no rank may be left waiting in a collective). */
 void serve_die(const char *what, const zdp_error *err) __attribute__((noreturn));
 /* Every rank: runs one request (serve_ops[j->op].exec); rank 0 gets the answer. */
-char *serve_exec(server *s, const job *j, int *status);
+char *serve_exec(server *s, job *j, int *status);
 /* The engine's parameter views (malloc'd array; NULL when out of memory). */
 float **serve_views(server *s);
 /* Drops the sampler weights asample last read. */

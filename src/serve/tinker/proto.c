@@ -802,6 +802,55 @@ unsigned char *serve_proto_encode_fwdbwd_output(const json_t *result, size_t *ou
     return b.b.p;
 }
 
+unsigned char *serve_proto_encode_fwdbwd_typed(const char *type, int64_t n, const int64_t *off, int n_fields,
+                                               const char *const *names, const float *const *values,
+                                               int n_metrics, const char *const *metric_names,
+                                               const double *metric_values, size_t *out_len, char *err,
+                                               size_t errcap) {
+    if (errcap > 0) err[0] = '\0';
+    *out_len = 0;
+    wbuf b = {0};
+    if (type != NULL && type[0]) w_bytes_(&b, 1, type, strlen(type));
+    if (n > 0) {
+        wbuf rec = {0};
+        for (int k = 0; k < n_fields; k++) {
+            /* BatchedTensor {1 data: the datums' values, 2 offsets: n + 1
+             * byte offsets, 3 dtype FLOAT32} */
+            wbuf data = {0}, offs = {0}, bt = {0}, entry = {0};
+            for (int64_t i = 0; i <= n; i++) w_le_(&offs, (uint64_t)(off[i] * 4), 8);
+            for (int64_t t = 0; t < off[n]; t++) {
+                uint32_t u;
+                memcpy(&u, &values[k][t], sizeof u);
+                w_le_(&data, u, 4);
+            }
+            w_msg_(&bt, 1, &data);
+            w_msg_(&bt, 2, &offs);
+            w_tag_(&bt, 3, WT_VARINT);
+            w_varint_(&bt, 1);
+            w_bytes_(&entry, 1, names[k], strlen(names[k]));
+            w_msg_(&entry, 2, &bt);
+            w_msg_(&rec, 2, &entry);
+        }
+        w_tag_(&rec, 3, WT_VARINT);
+        w_varint_(&rec, (uint64_t)n);
+        w_msg_(&b, 2, &rec);
+    }
+    for (int k = 0; k < n_metrics; k++) {
+        wbuf entry = {0};
+        w_bytes_(&entry, 1, metric_names[k], strlen(metric_names[k]));
+        w_double_(&entry, 2, metric_values[k]);
+        w_msg_(&b, 3, &entry);
+    }
+    if (b.oom) {
+        free(b.b.p);
+        return efail_(err, errcap, "out of memory"), NULL;
+    }
+    if (b.b.p == NULL) b.b.p = malloc(1); /* an empty message is valid protobuf */
+    if (b.b.p == NULL) return efail_(err, errcap, "out of memory"), NULL;
+    *out_len = b.b.len;
+    return b.b.p;
+}
+
 unsigned char *serve_proto_encode_sample_response(const json_t *result, size_t *out_len, char *err,
                                                   size_t errcap) {
     if (errcap > 0) err[0] = '\0';

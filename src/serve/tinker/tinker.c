@@ -68,6 +68,7 @@ void tinker_destroy(tinker_state *t) {
     for (future *f = t->futures, *n; f != NULL; f = n) {
         n = f->next;
         free(f->result);
+        serve_fwd_result_free(f->fwd);
         free(f);
     }
     for (session *x = t->sessions, *n; x != NULL; x = n) {
@@ -140,6 +141,7 @@ void tinker_prune(tinker_state *t) {
         if (old || surplus) {
             *pp = f->next;
             free(f->result);
+            serve_fwd_result_free(f->fwd);
             free(f);
             t->n_futures--;
         } else {
@@ -322,8 +324,18 @@ void tinker_finish_locked(server *s, job *j, int status, char *body) {
         const char *msg = json_string_value(json_object_get(json_object_get(o, "error"), "message"));
         result = failure_(status >= 500 ? "server" : "user", "%s", msg ? msg : "request failed");
         json_decref(o);
+    } else if ((j->op == OP_FWDBWD || j->op == OP_FORWARD) && j->fwd != NULL) {
+        /* Kept typed: the poll encodes it in the format it asks for. */
+        j->fut->fwd = j->fwd;
+        j->fwd = NULL;
+        j->fut->done = true;
+        j->fut->done_at = serve_now();
+        j->fut = NULL;
+        free(body);
+        serve_job_free(j);
+        return;
     } else if (j->op == OP_FWDBWD || j->op == OP_FORWARD) {
-        result = body; /* already a ForwardBackwardOutput */
+        result = body; /* not expected: a result without its typed form */
         body = NULL;
     } else if (j->op == OP_OPTIM) {
         /* OptimStepResponse is {"metrics": {...}}: drop zdp's extra fields. */
@@ -694,6 +706,30 @@ static enum MHD_Result reply_result_(struct MHD_Connection *c, char *body, bool 
     return reply_bytes_(c, 200, pb, len, SERVE_PROTO_CONTENT_TYPE);
 }
 
+/* A ForwardBackwardOutput, encoded once: protobuf when the poll asks (and
+ * the request came as protobuf), else JSON.  Takes r. */
+static enum MHD_Result reply_fwd_(struct MHD_Connection *c, serve_fwd_result *r, bool proto) {
+    if (!proto) {
+        char *body = serve_fwd_result_json(r);
+        serve_fwd_result_free(r);
+        return serve_reply(c, 200, body);
+    }
+    static const char *const names[2] = {"logprobs", "elementwise_loss"};
+    static const char *const metric[1] = {"loss:sum"};
+    const float *const values[2] = {r->logprobs, r->elementwise};
+    char err[512];
+    size_t len;
+    unsigned char *pb = serve_proto_encode_fwdbwd_typed("ArrayRecord", r->n, r->off, 2, names, values, 1,
+                                                        metric, &r->loss_sum, &len, err, sizeof err);
+    serve_fwd_result_free(r);
+    if (pb == NULL) {
+        serve_utf8_fix(err);
+        return serve_reply(c, 200, failure_("server", "cannot encode the ForwardBackwardOutput as protobuf: %s",
+                                            err));
+    }
+    return reply_bytes_(c, 200, pb, len, SERVE_PROTO_CONTENT_TYPE);
+}
+
 /* POST retrieve_future: the result, or try_again after the long poll. */
 static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json_t *root) {
     const json_t *id = json_object_get(root, "request_id");
@@ -717,7 +753,9 @@ static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json
     }
     int rc = 0;
     while (!f->done && !s->closed && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&s->cv_done, &s->mu, &until);
-    char *body = f->done ? strdup(f->result) : NULL;
+    /* Copied under the lock, encoded outside it. */
+    serve_fwd_result *fwd = f->done && f->fwd != NULL ? serve_fwd_result_copy(f->fwd) : NULL;
+    char *body = f->done && f->fwd == NULL ? strdup(f->result) : NULL;
     if (f->done && f->read_at == 0) f->read_at = serve_now();
     const bool closed = s->closed;
     /* Protobuf only for a request that came as protobuf (SDK 0.25) and a
@@ -729,6 +767,7 @@ static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json
     const bool proto = (f->proto || f->sample) && accept != NULL && serve_names_type(accept, SERVE_PROTO_CONTENT_TYPE);
     const bool done = f->done;
     pthread_mutex_unlock(&s->mu);
+    if (fwd != NULL) return reply_fwd_(c, fwd, proto);
     if (done && body == NULL) return reply_err_(c, 500, NULL, "out of memory");
     if (body != NULL) return reply_result_(c, body, proto);
     if (closed) return reply_err_(c, 503, NULL, "the server is shutting down");

@@ -26,7 +26,8 @@ typedef struct future {
     bool done;
     bool proto;          /* the request came as protobuf (SDK 0.25) */
     bool sample;         /* an asample: its SampleResponse may go as protobuf */
-    char *result;        /* the JSON retrieve_future answers with, once done */
+    char *result;        /* the JSON retrieve_future answers with, once done ... */
+    serve_fwd_result *fwd; /* ... or a ForwardBackwardOutput, typed until a poll encodes it */
     double done_at;
     double read_at;      /* first retrieve_future that got the result, 0 before */
     struct future *next; /* newest first */
