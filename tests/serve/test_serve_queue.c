@@ -4,7 +4,9 @@
  * Tinker protocol's seq_id holding, gap expiry, retry de-duplication and
  * future expiry and pruning (tinker/tinker.c).  A server struct is set up by
  * hand with a live model; requests go in through tinker_submit, and the test
- * reads the FIFO (s->head) the leader loop would run.
+ * reads the FIFO (s->head) the leader loop would run.  Also: a typed
+ * forward_backward result encodes to the same protobuf bytes straight from
+ * its floats as through its JSON.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
@@ -17,6 +19,7 @@
 #include <cmocka.h>
 
 #include "serve_impl.h"
+#include "tinker/proto.h"
 #include "tinker/tinker.h"
 
 #define MODEL_ID "s1:train:0"
@@ -337,12 +340,49 @@ static void test_future_cap(void **state) {
     server_free_(s);
 }
 
+/* ---- typed results ------------------------------------------------------------ */
+
+static void test_fwd_result_encodings(void **state) {
+    (void)state;
+    /* 2 datums of 2 and 3 tokens, values exact in 9 digits. */
+    int64_t off[3] = {0, 2, 5};
+    float lp[5] = {-0.25f, -1.5f, -3.0f, -0.125f, -2.0f}, el[5] = {0.25f, 1.5f, 3.0f, 0.125f, 2.0f};
+    serve_fwd_result r = {.n = 2, .off = off, .logprobs = lp, .elementwise = el, .loss_sum = 6.875};
+    char *text = serve_fwd_result_json(&r);
+    assert_non_null(text);
+    json_t *o = json_loads(text, 0, NULL);
+    assert_non_null(o);
+    assert_int_equal(json_array_size(json_object_get(o, "loss_fn_outputs")), 2);
+    char err[256];
+    size_t n_json, n_typed;
+    unsigned char *a = serve_proto_encode_fwdbwd_output(o, &n_json, err, sizeof err);
+    static const char *const names[2] = {"logprobs", "elementwise_loss"};
+    static const char *const metric[1] = {"loss:sum"};
+    const float *const values[2] = {lp, el};
+    unsigned char *b = serve_proto_encode_fwdbwd_typed("ArrayRecord", r.n, r.off, 2, names, values, 1, metric,
+                                                       &r.loss_sum, &n_typed, err, sizeof err);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(n_json, n_typed);
+    assert_memory_equal(a, b, n_json);
+    /* A copy owns its arrays. */
+    serve_fwd_result *c = serve_fwd_result_copy(&r);
+    assert_non_null(c);
+    assert_true(c->off != off && c->off[2] == 5 && c->logprobs[4] == -2.0f && c->loss_sum == 6.875);
+    serve_fwd_result_free(c);
+    free(a);
+    free(b);
+    free(text);
+    json_decref(o);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_op_table),      cmocka_unit_test(test_parse_fwd),
         cmocka_unit_test(test_parse_optim),   cmocka_unit_test(test_seq_holding),
         cmocka_unit_test(test_seq_gap_expiry), cmocka_unit_test(test_retry_dedup),
         cmocka_unit_test(test_future_expiry), cmocka_unit_test(test_future_cap),
+        cmocka_unit_test(test_fwd_result_encodings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
