@@ -258,7 +258,6 @@ static int status_of_(zdp_status st) {
     return st == ZDP_ERR_NOMEM || st == ZDP_ERR_COMM || st == ZDP_ERR_INTERNAL ? 500 : 400;
 }
 
-
 /* Rank 0 alone: generation reads the parameters every rank already holds.
  * Only the last block_size tokens are seen at each step. */
 static char *exec_sample_(server *s, job *j, int *status) {
@@ -531,8 +530,6 @@ static char *exec_load_weights_(server *s, job *j, int *status) {
     *status = 200;
     return serve_dump(json_pack("{s:s,s:I}", "path", path, "step", (json_int_t)zdp_engine_global_steps(s->eng)));
 }
-
-
 
 /* The bounds of docs/server.md's "Limits" and what is in use now. */
 static json_t *limits_json_(server *s) {

@@ -234,7 +234,6 @@ enum MHD_Result serve_reply_error(struct MHD_Connection *c, int status, const ch
     return serve_reply(c, status, serve_error_body(field, msg));
 }
 
-
 enum MHD_Result serve_healthz(server *s, struct MHD_Connection *c) {
     const double limit = s->opt.health_timeout_s, now = serve_now();
     char msg[512] = "";
@@ -271,7 +270,6 @@ enum MHD_Result serve_healthz(server *s, struct MHD_Connection *c) {
     if (o != NULL) json_object_set_new(o, "rank", rank > 0 ? json_integer(rank) : json_null());
     return serve_reply(c, 503, o != NULL ? serve_dump(o) : NULL);
 }
-
 
 /* The request deadline for headers.  libmicrohttpd's timeout is an idle
  * timeout, so a client that sends its headers a byte at a time keeps a
@@ -546,7 +544,6 @@ static struct MHD_Daemon *start_http_(server *s, char *why, size_t cap, int *por
     pthread_mutex_unlock(&s->mu);
     return d;
 }
-
 
 bool serve_http_start(server *s, char *why, size_t cap, int *port) {
     if (pthread_create(&s->watch_thread, NULL, watchdog_, s) != 0) {

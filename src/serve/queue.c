@@ -38,7 +38,6 @@ void serve_install_signals(void) {
  * rank > 0 answers rank 0's health check. */
 enum { TAG_STOP = 1, TAG_ACK = 2 };
 
-
 void serve_enqueue_locked(server *s, job *j) {
     j->queued_at = serve_now();
     j->next = NULL;
@@ -47,7 +46,6 @@ void serve_enqueue_locked(server *s, job *j) {
     s->tail = j;
     pthread_cond_signal(&s->cv_job);
 }
-
 
 /* A rank > 0 that got a signal: rank 0 alone decides when every rank
  * leaves (it refuses what is queued and broadcasts OP_QUIT), so this rank

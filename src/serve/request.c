@@ -30,7 +30,6 @@
 
 #include "serve_impl.h"
 
-
 const char *const serve_adam_keys[N_ADAM] = {"learning_rate", "beta1", "beta2", "eps",
                                              "weight_decay", "grad_clip_norm"};
 
@@ -653,8 +652,6 @@ bool serve_parse_path(const server *s, const json_t *root, job *j, verr *e) {
     if (!serve_resolve_path(s, "path", name, resolved, sizeof resolved, e)) return false;
     return serve_set_path(s, j, resolved, e);
 }
-
-
 
 bool serve_parse_sample(const json_t *root, const zdp_gpt_config *mc, job *j, verr *e) {
     static const char *const keys[] = {"prompt", "max_tokens", "temperature", "top_k", "seed"};

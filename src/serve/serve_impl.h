@@ -69,7 +69,6 @@ typedef struct serve_op {
 
 extern const serve_op serve_ops[SERVE_N_OPS]; /* indexed by op */
 
-
 /* The head of an OP_SAMPLE_FILE payload; then int32 prompt[n_prompt],
  * int32 stop[n_stop], and the weights file's path, NUL-terminated. */
 typedef struct sample_file_header {
@@ -280,6 +279,8 @@ bool serve_names_type(const char *value, const char *type);
 
 /* queue.c.  The signal that asked this process to stop (0: none). */
 extern volatile sig_atomic_t serve_stop_signal;
+/* SIGINT/SIGTERM set serve_stop_signal; SIGPIPE is ignored. */
+void serve_install_signals(void);
 /* Appends j to the FIFO the main thread runs (s->mu held). */
 void serve_enqueue_locked(server *s, job *j);
 /* Rank 0's main thread until a signal stops every rank, and the other

@@ -17,8 +17,6 @@
 
 #include "serve_impl.h"
 
-void serve_install_signals(void); /* queue.c */
-
 static zdp_status fail_(zdp_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static zdp_status fail_(zdp_error *err, const char *fmt, ...) {
     va_list ap;
@@ -74,7 +72,6 @@ static zdp_status load_roots_(server *s, zdp_error *err) {
     }
     return ZDP_OK;
 }
-
 
 zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error *err) {
     server *s = calloc(1, sizeof *s);
