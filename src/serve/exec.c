@@ -70,15 +70,13 @@ static void datum_loss_(const fwd_header *h, int64_t N, const float *lp, const f
 }
 
 static char *exec_fwd_(server *s, job *j, int *status) {
-    const unsigned char *p = j->payload;
-    fwd_header h;
-    memcpy(&h, p, sizeof h);
-    const int64_t n = h.n;
-    const int32_t *len = (const int32_t *)(p + sizeof h);
-    int64_t total = 0;
-    for (int64_t i = 0; i < n; i++) total += len[i];
-    const int32_t *tok = len + n, *tgt = tok + total;
-    const float *w = (const float *)(tgt + total), *q = w + total, *adv = q + total;
+    serve_fwd_req rq;
+    if (!serve_fwd_req_view(j, &rq))
+        serve_die("forward_backward", &(zdp_error){.msg = "a malformed request from rank 0 (a bug in zdp)"});
+    const fwd_header h = rq.h;
+    const int64_t n = h.n, total = rq.total;
+    const int32_t *len = rq.len, *tok = rq.tokens, *tgt = rq.targets;
+    const float *w = rq.weights, *q = rq.logprobs, *adv = rq.advantages;
     int64_t *off = malloc((size_t)(n + 1) * sizeof *off);
     float *lp = calloc((size_t)total + 1, sizeof *lp);
     float *coef = malloc(((size_t)total + 1) * sizeof *coef);
@@ -262,9 +260,11 @@ static int status_of_(zdp_status st) {
  * Only the last block_size tokens are seen at each step. */
 static char *exec_sample_(server *s, job *j, int *status) {
     if (s->R != 0) return NULL;
-    sample_req r;
-    memcpy(&r, j->payload, sizeof r);
-    const int32_t *prompt = (const int32_t *)(j->payload + sizeof r);
+    serve_sample_req rq;
+    if (!serve_sample_req_view(j, &rq))
+        serve_die("sample", &(zdp_error){.msg = "a malformed request (a bug in zdp)"});
+    const sample_req r = rq.r;
+    const int32_t *prompt = rq.prompt;
     int32_t *tok = malloc((size_t)(r.n + r.max_tokens) * sizeof *tok);
     float *logits = malloc((size_t)s->opt.model.vocab_size * sizeof *logits);
     float **v = serve_views(s);
@@ -311,11 +311,12 @@ void serve_free_snapshot(server *s) {
  * importance-sampling losses take as the sampler's logprobs). */
 static char *exec_sample_file_(server *s, job *j, int *status) {
     if (s->R != 0) return NULL;
-    sample_file_header h;
-    memcpy(&h, j->payload, sizeof h);
-    const int32_t *prompt = (const int32_t *)(j->payload + sizeof h);
-    const int32_t *stop = prompt + h.n_prompt;
-    const char *path = (const char *)(stop + h.n_stop);
+    serve_sample_file_req rq;
+    if (!serve_sample_file_req_view(j, &rq))
+        serve_die("asample", &(zdp_error){.msg = "a malformed request (a bug in zdp)"});
+    const sample_file_header h = rq.h;
+    const int32_t *prompt = rq.prompt, *stop = rq.stop;
+    const char *path = rq.path;
     zdp_error err = {0};
     const int np = s->model.n_params;
     if (s->snap_path == NULL || strcmp(s->snap_path, path) != 0) {

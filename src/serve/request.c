@@ -13,6 +13,8 @@
  *   save_weights / save_state / load_state / load_weights: the path, NUL-terminated
  *   sample: sample_req; int32 prompt[n]
  *   asample: sample_file_header; int32 prompt[n_prompt]; int32 stop[n_stop]; path
+ * and read back only through the typed views at the end of this file
+ * (serve_fwd_req_view, ...), which check the layout.
  */
 #define _POSIX_C_SOURCE 200809L
 #define _XOPEN_SOURCE 700 /* realpath */
@@ -699,4 +701,59 @@ bool serve_parse_sample(const json_t *root, const zdp_gpt_config *mc, job *j, ve
         tok[i] = (int32_t)json_integer_value(x);
     }
     return true;
+}
+
+/* ---- typed views of payloads ------------------------------------------------------- */
+
+/* Bytes [at, at + n) of the payload, or NULL when they are not all there. */
+static const unsigned char *take_(const job *j, int64_t *at, int64_t n) {
+    if (n < 0 || *at > j->nbytes || n > j->nbytes - *at) return NULL;
+    const unsigned char *p = j->payload + *at;
+    *at += n;
+    return p;
+}
+
+bool serve_fwd_req_view(const job *j, serve_fwd_req *out) {
+    int64_t at = 0;
+    const unsigned char *h = take_(j, &at, (int64_t)sizeof out->h);
+    if (h == NULL) return false;
+    memcpy(&out->h, h, sizeof out->h);
+    const int64_t n = out->h.n;
+    if (n < 0 || n > j->nbytes / (int64_t)sizeof(int32_t)) return false;
+    out->len = (const int32_t *)take_(j, &at, n * (int64_t)sizeof(int32_t));
+    if (out->len == NULL) return false;
+    out->total = 0;
+    for (int64_t i = 0; i < n; i++) out->total += out->len[i];
+    const int64_t t4 = out->total * 4;
+    out->tokens = (const int32_t *)take_(j, &at, t4);
+    out->targets = (const int32_t *)take_(j, &at, t4);
+    out->weights = (const float *)take_(j, &at, t4);
+    out->logprobs = (const float *)take_(j, &at, t4);
+    out->advantages = (const float *)take_(j, &at, t4);
+    return out->advantages != NULL && at == j->nbytes;
+}
+
+bool serve_sample_req_view(const job *j, serve_sample_req *out) {
+    int64_t at = 0;
+    const unsigned char *h = take_(j, &at, (int64_t)sizeof out->r);
+    if (h == NULL) return false;
+    memcpy(&out->r, h, sizeof out->r);
+    if (out->r.n < 0 || out->r.n > j->nbytes) return false;
+    out->prompt = (const int32_t *)take_(j, &at, out->r.n * (int64_t)sizeof(int32_t));
+    return out->prompt != NULL && at == j->nbytes;
+}
+
+bool serve_sample_file_req_view(const job *j, serve_sample_file_req *out) {
+    int64_t at = 0;
+    const unsigned char *h = take_(j, &at, (int64_t)sizeof out->h);
+    if (h == NULL) return false;
+    memcpy(&out->h, h, sizeof out->h);
+    const int64_t np = out->h.n_prompt, ns = out->h.n_stop;
+    if (np < 0 || ns < 0 || np > j->nbytes || ns > j->nbytes) return false;
+    out->prompt = (const int32_t *)take_(j, &at, np * (int64_t)sizeof(int32_t));
+    out->stop = (const int32_t *)take_(j, &at, ns * (int64_t)sizeof(int32_t));
+    out->path = (const char *)(j->payload + at);
+    /* The path runs to the payload's last byte, a NUL. */
+    return out->stop != NULL && at < j->nbytes && j->payload[j->nbytes - 1] == '\0' &&
+           memchr(out->path, '\0', (size_t)(j->nbytes - at)) == j->payload + j->nbytes - 1;
 }

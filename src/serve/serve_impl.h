@@ -128,6 +128,34 @@ char *serve_fwd_result_json(const serve_fwd_result *r);
 serve_fwd_result *serve_fwd_result_copy(const serve_fwd_result *r);
 void serve_fwd_result_free(serve_fwd_result *r); /* NULL is a no-op */
 
+/* Typed views of a job's payload (request.c lays each one out and alone
+ * reads it back): pointers into j->payload, valid while the job lives.
+ * false when the payload does not have the op's layout (a bug in zdp). */
+typedef struct serve_fwd_req {
+    fwd_header h;             /* h.n datums, the loss and its options */
+    int64_t total;            /* tokens in all datums */
+    const int32_t *len;       /* (h.n) tokens of each datum */
+    const int32_t *tokens;    /* (total) the inputs, datum after datum */
+    const int32_t *targets;   /* (total) the token each position predicts */
+    const float *weights;     /* (total) cross_entropy's per-token weights */
+    const float *logprobs;    /* (total) the sampler's log p (policy losses) */
+    const float *advantages;  /* (total) */
+} serve_fwd_req;
+typedef struct serve_sample_req {
+    sample_req r;
+    const int32_t *prompt;    /* (r.n) */
+} serve_sample_req;
+typedef struct serve_sample_file_req {
+    sample_file_header h;
+    const int32_t *prompt;    /* (h.n_prompt) */
+    const int32_t *stop;      /* (h.n_stop) tokens that end a sequence */
+    const char *path;         /* the sampler weights file */
+} serve_sample_file_req;
+struct job;
+bool serve_fwd_req_view(const struct job *j, serve_fwd_req *out);
+bool serve_sample_req_view(const struct job *j, serve_sample_req *out);
+bool serve_sample_file_req_view(const struct job *j, serve_sample_file_req *out);
+
 struct future; /* a protocol's (tinker/): the core only passes it back */
 
 /* One validated request.  payload is what every rank receives (request.c

@@ -136,16 +136,18 @@ static void test_parse_fwd(void **state) {
     assert_true(serve_parse_fwd(in, "forward_backward_input", &mc, &j, &e));
     /* fwd_header; int32 len[1]; int32 tokens[2]; int32 targets[2]; float w, q, adv [2] each */
     assert_int_equal(j.nbytes, (int64_t)(sizeof(fwd_header) + 4 + 8 + 8 + 3 * 8));
-    fwd_header h;
-    memcpy(&h, j.payload, sizeof h);
-    assert_int_equal(h.n, 1);
-    assert_int_equal(h.loss, ZDP_LOSS_CROSS_ENTROPY);
-    const int32_t *len = (const int32_t *)(j.payload + sizeof h), *tok = len + 1, *tgt = tok + 2;
-    const float *w = (const float *)(tgt + 2);
-    assert_int_equal(len[0], 2);
-    assert_int_equal(tok[0], 3);
-    assert_int_equal(tgt[1], 5);
-    assert_true(w[0] == 1.0f && w[1] == 1.0f); /* no weights: all 1 */
+    serve_fwd_req rq;
+    assert_true(serve_fwd_req_view(&j, &rq));
+    assert_int_equal(rq.h.n, 1);
+    assert_int_equal(rq.h.loss, ZDP_LOSS_CROSS_ENTROPY);
+    assert_int_equal(rq.total, 2);
+    assert_int_equal(rq.len[0], 2);
+    assert_int_equal(rq.tokens[0], 3);
+    assert_int_equal(rq.targets[1], 5);
+    assert_true(rq.weights[0] == 1.0f && rq.weights[1] == 1.0f); /* no weights: all 1 */
+    /* A payload cut short is not a request. */
+    j.nbytes -= 4;
+    assert_false(serve_fwd_req_view(&j, &rq));
     free(j.payload);
     json_decref(body);
 
