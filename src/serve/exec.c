@@ -124,8 +124,9 @@ static char *exec_fwd_(server *s, job *j, int *status) {
     /* Each position was filled by exactly one rank, the others hold 0: a sum
      * gathers them exactly. */
     if (s->W > 1 && zdp_channel_reduce_sum_f32(s->ch, lp, total, &err) != ZDP_OK) serve_die("forward", &err);
+    char *body = NULL;
     if (s->R == 0) {
-        /* Rank 0 keeps the result typed (the reply encodes it). */
+        /* Rank 0 keeps the result typed until it is encoded, once. */
         serve_fwd_result *res = malloc(sizeof *res);
         if (res == NULL) serve_die("forward_backward", &(zdp_error){.msg = "out of memory"});
         *res = (serve_fwd_result){.n = n, .off = off, .logprobs = lp, .elementwise = el};
@@ -135,15 +136,22 @@ static char *exec_fwd_(server *s, job *j, int *status) {
             datum_loss_(&h, len[i], lp + o, w + o, q + o, adv + o, coef + o, el + o, &sum);
             res->loss_sum += sum;
         }
-        j->fwd = res;
         *status = 200;
         off = NULL, lp = NULL, el = NULL;
+        if (j->fut != NULL) {
+            j->fwd = res; /* a protocol's: its poll encodes it */
+        } else {
+            /* A plain request: its one encoding, JSON, here (its time counts
+             * as the request's, in GET /info and /healthz). */
+            body = serve_fwd_result_json(res);
+            serve_fwd_result_free(res);
+        }
     }
     free(off);
     free(lp);
     free(coef);
     free(el);
-    return NULL;
+    return body;
 }
 
 char *serve_fwd_result_json(const serve_fwd_result *r) {

@@ -42,8 +42,7 @@ static enum MHD_Result run_job_(server *s, struct MHD_Connection *c, job *j) {
     char *body = j->body;
     int status = j->status;
     j->body = NULL;
-    /* A forward/forward_backward: encoded here, off the main thread. */
-    if (body == NULL && j->fwd != NULL) body = serve_fwd_result_json(j->fwd);
+    if (body == NULL && j->fwd != NULL) body = serve_fwd_result_json(j->fwd); /* not expected */
     serve_job_free(j);
     return serve_reply(c, status, body);
 }

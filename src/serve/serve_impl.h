@@ -57,7 +57,8 @@ enum {
 struct server;
 struct job;
 /* Runs a job on this rank; rank 0 gets (status, body), the others NULL.  A
- * forward/forward_backward leaves its result typed in j->fwd instead (body NULL). */
+ * protocol's forward/forward_backward (j->fut set) leaves its result typed in
+ * j->fwd instead (body NULL). */
 typedef char *(*serve_exec_fn)(struct server *s, struct job *j, int *status);
 
 typedef struct serve_op {
