@@ -74,4 +74,44 @@ zdp_status zdp_comm_allgatherv_inplace_f32(float *buf, const int *counts, const 
 zdp_status zdp_comm_bcast_bytes(void *buf, int64_t nbytes, zdp_comm_report *stats,
                                 zdp_error *err);
 
+/* ---- a private channel (the training server, src/serve/) ----------------------
+ * A duplicate of the world communicator: its messages never match the
+ * engine's.  Broadcasts, reductions and gathers are rooted at rank 0;
+ * point-to-point messages carry one int and a tag.  A nonblocking call hands
+ * back a request that zdp_comm_test (once done), zdp_comm_wait,
+ * zdp_comm_cancel or zdp_comm_req_free releases.  Every call returns
+ * ZDP_ERR_COMM with the MPI error string on failure.  Exported (ZDP_API):
+ * the server is a library of its own, zdp_serve, over libzdp. */
+typedef struct zdp_channel zdp_channel;
+typedef struct zdp_comm_req zdp_comm_req;
+
+/* COLLECTIVE over the world. */
+ZDP_API zdp_status zdp_channel_open(zdp_channel **out, zdp_error *err);
+ZDP_API void zdp_channel_close(zdp_channel *ch); /* COLLECTIVE; NULL is a no-op */
+/* nbytes from rank 0: nonblocking (nbytes <= INT_MAX) and blocking (any size). */
+ZDP_API zdp_status zdp_channel_ibcast(zdp_channel *ch, void *buf, int64_t nbytes, zdp_comm_req **req,
+                                      zdp_error *err);
+ZDP_API zdp_status zdp_channel_bcast(zdp_channel *ch, void *buf, int64_t nbytes, zdp_error *err);
+/* SUM of n floats onto rank 0's buf (in place there; other ranks' buf is read). */
+ZDP_API zdp_status zdp_channel_reduce_sum_f32(zdp_channel *ch, float *buf, int64_t n, zdp_error *err);
+/* Rank r's nbytes land at all + r * nbytes on rank 0 (all: NULL elsewhere). */
+ZDP_API zdp_status zdp_channel_gather(zdp_channel *ch, const void *mine, int64_t nbytes, void *all,
+                                      zdp_error *err);
+ZDP_API zdp_status zdp_channel_send_int(zdp_channel *ch, int value, int dest, int tag, zdp_error *err);
+/* *value must stay put until the request completes. */
+ZDP_API zdp_status zdp_channel_isend_int(zdp_channel *ch, const int *value, int dest, int tag,
+                                         zdp_comm_req **req, zdp_error *err);
+ZDP_API zdp_status zdp_channel_irecv_int(zdp_channel *ch, int *value, int source, int tag,
+                                         zdp_comm_req **req, zdp_error *err);
+/* A message with tag from any rank, if one is waiting: received into *value
+ * and *source set; else *source = -1. */
+ZDP_API zdp_status zdp_channel_poll_int(zdp_channel *ch, int tag, int *source, int *value, zdp_error *err);
+/* *done: completed (and released); else still pending. */
+ZDP_API zdp_status zdp_comm_test(zdp_comm_req *req, bool *done, zdp_error *err);
+ZDP_API zdp_status zdp_comm_wait(zdp_comm_req *req, zdp_error *err);
+/* Cancels a pending receive and releases it. */
+ZDP_API zdp_status zdp_comm_cancel(zdp_comm_req *req, zdp_error *err);
+/* Releases a request nobody will wait for (a send that may never be received). */
+ZDP_API void zdp_comm_req_free(zdp_comm_req *req);
+
 #endif /* ZDP_COMM_H */

@@ -412,3 +412,158 @@ double zdp_dist_mean(double x) {
     return sum / zdp_dist_world_size();
 }
 
+
+/* ---- a private channel (the training server) ---------------------------------- */
+
+struct zdp_channel {
+    MPI_Comm comm;
+};
+
+struct zdp_comm_req {
+    MPI_Request r;
+};
+
+zdp_status zdp_channel_open(zdp_channel **out, zdp_error *err) {
+    *out = NULL;
+    if (!mpi_ready_()) return not_ready_("MPI_Comm_dup", err);
+    zdp_channel *ch = calloc(1, sizeof *ch);
+    if (ch == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory for a channel");
+    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &ch->comm);
+    if (rc != MPI_SUCCESS) {
+        free(ch);
+        return check_(rc, "MPI_Comm_dup", err);
+    }
+    *out = ch;
+    return ZDP_OK;
+}
+
+void zdp_channel_close(zdp_channel *ch) {
+    if (ch == NULL) return;
+    if (mpi_ready_()) MPI_Comm_free(&ch->comm);
+    free(ch);
+}
+
+/* A request for MPI to fill, or NULL with err set. */
+static zdp_comm_req *req_new_(zdp_error *err) {
+    zdp_comm_req *q = malloc(sizeof *q);
+    if (q == NULL) zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory for a request");
+    return q;
+}
+
+/* rc of the call that filled *q: on failure q is freed and *out NULL. */
+static zdp_status req_started_(int rc, const char *what, zdp_comm_req *q, zdp_comm_req **out,
+                               zdp_error *err) {
+    if (rc != MPI_SUCCESS) {
+        free(q);
+        *out = NULL;
+        return check_(rc, what, err);
+    }
+    *out = q;
+    return ZDP_OK;
+}
+
+zdp_status zdp_channel_ibcast(zdp_channel *ch, void *buf, int64_t nbytes, zdp_comm_req **req,
+                              zdp_error *err) {
+    if (nbytes > INT_MAX)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_channel_ibcast: %lld bytes, more than INT_MAX",
+                           (long long)nbytes);
+    zdp_comm_req *q = req_new_(err);
+    if (q == NULL) return ZDP_ERR_NOMEM;
+    return req_started_(MPI_Ibcast(buf, (int)nbytes, MPI_BYTE, 0, ch->comm, &q->r), "MPI_Ibcast", q, req,
+                        err);
+}
+
+zdp_status zdp_channel_bcast(zdp_channel *ch, void *buf, int64_t nbytes, zdp_error *err) {
+    for (int64_t off = 0; off < nbytes; off += CHUNK_) {
+        int64_t c = nbytes - off < CHUNK_ ? nbytes - off : CHUNK_;
+        int rc = MPI_Bcast((char *)buf + off, (int)c, MPI_BYTE, 0, ch->comm);
+        if (rc != MPI_SUCCESS) return check_(rc, "MPI_Bcast", err);
+    }
+    return ZDP_OK;
+}
+
+zdp_status zdp_channel_reduce_sum_f32(zdp_channel *ch, float *buf, int64_t n, zdp_error *err) {
+    int rank = 0;
+    MPI_Comm_rank(ch->comm, &rank);
+    for (int64_t off = 0; off < n; off += CHUNK_) {
+        int64_t c = n - off < CHUNK_ ? n - off : CHUNK_;
+        int rc = rank == 0 ? MPI_Reduce(MPI_IN_PLACE, buf + off, (int)c, MPI_FLOAT, MPI_SUM, 0, ch->comm)
+                           : MPI_Reduce(buf + off, NULL, (int)c, MPI_FLOAT, MPI_SUM, 0, ch->comm);
+        if (rc != MPI_SUCCESS) return check_(rc, "MPI_Reduce", err);
+    }
+    return ZDP_OK;
+}
+
+zdp_status zdp_channel_gather(zdp_channel *ch, const void *mine, int64_t nbytes, void *all,
+                              zdp_error *err) {
+    if (nbytes > INT_MAX)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_channel_gather: %lld bytes, more than INT_MAX",
+                           (long long)nbytes);
+    return check_(MPI_Gather(mine, (int)nbytes, MPI_BYTE, all, (int)nbytes, MPI_BYTE, 0, ch->comm),
+                  "MPI_Gather", err);
+}
+
+zdp_status zdp_channel_send_int(zdp_channel *ch, int value, int dest, int tag, zdp_error *err) {
+    return check_(MPI_Send(&value, 1, MPI_INT, dest, tag, ch->comm), "MPI_Send", err);
+}
+
+zdp_status zdp_channel_isend_int(zdp_channel *ch, const int *value, int dest, int tag,
+                                 zdp_comm_req **req, zdp_error *err) {
+    zdp_comm_req *q = req_new_(err);
+    if (q == NULL) return ZDP_ERR_NOMEM;
+    return req_started_(MPI_Isend(value, 1, MPI_INT, dest, tag, ch->comm, &q->r), "MPI_Isend", q, req, err);
+}
+
+zdp_status zdp_channel_irecv_int(zdp_channel *ch, int *value, int source, int tag,
+                                 zdp_comm_req **req, zdp_error *err) {
+    zdp_comm_req *q = req_new_(err);
+    if (q == NULL) return ZDP_ERR_NOMEM;
+    return req_started_(MPI_Irecv(value, 1, MPI_INT, source, tag, ch->comm, &q->r), "MPI_Irecv", q, req,
+                        err);
+}
+
+zdp_status zdp_channel_poll_int(zdp_channel *ch, int tag, int *source, int *value, zdp_error *err) {
+    int flag = 0;
+    MPI_Status st;
+    *source = -1;
+    int rc = MPI_Iprobe(MPI_ANY_SOURCE, tag, ch->comm, &flag, &st);
+    if (rc != MPI_SUCCESS) return check_(rc, "MPI_Iprobe", err);
+    if (!flag) return ZDP_OK;
+    rc = MPI_Recv(value, 1, MPI_INT, st.MPI_SOURCE, tag, ch->comm, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return check_(rc, "MPI_Recv", err);
+    *source = st.MPI_SOURCE;
+    return ZDP_OK;
+}
+
+zdp_status zdp_comm_test(zdp_comm_req *req, bool *done, zdp_error *err) {
+    int flag = 0;
+    int rc = MPI_Test(&req->r, &flag, MPI_STATUS_IGNORE);
+    *done = false;
+    if (rc != MPI_SUCCESS) return check_(rc, "MPI_Test", err);
+    if (flag) {
+        free(req);
+        *done = true;
+    }
+    return ZDP_OK;
+}
+
+zdp_status zdp_comm_wait(zdp_comm_req *req, zdp_error *err) {
+    int rc = MPI_Wait(&req->r, MPI_STATUS_IGNORE);
+    free(req);
+    return check_(rc, "MPI_Wait", err);
+}
+
+zdp_status zdp_comm_cancel(zdp_comm_req *req, zdp_error *err) {
+    int rc = MPI_Cancel(&req->r);
+    if (rc != MPI_SUCCESS) {
+        free(req);
+        return check_(rc, "MPI_Cancel", err);
+    }
+    return zdp_comm_wait(req, err);
+}
+
+void zdp_comm_req_free(zdp_comm_req *req) {
+    if (req == NULL) return;
+    MPI_Request_free(&req->r);
+    free(req);
+}

@@ -1,6 +1,6 @@
 /*
  * fuzz_serve_proto.c -- libFuzzer target for zdp serve's protobuf codec
- * (tools/zdp/serve_proto.c, the Tinker SDK 0.25 forward_backward): any bytes
+ * (src/serve/tinker/proto.c, the Tinker SDK 0.25 forward_backward): any bytes
  * as a ForwardBackwardRequest body.
  *
  * serve_proto_decode_fwdbwd must return NULL with a message that names a
@@ -20,7 +20,7 @@
 
 #include <jansson.h>
 
-#include "serve_proto.h"
+#include "tinker/proto.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

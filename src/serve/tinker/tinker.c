@@ -1,7 +1,8 @@
 /*
- * serve_tinker.c -- the Tinker SDK's wire protocol (docs/tinker-protocol.md)
+ * tinker/tinker.c -- the Tinker SDK's wire protocol (docs/tinker-protocol.md)
  * on top of `zdp serve`: JSON for SDK 0.18-0.24, and for SDK 0.25 the
- * protobuf forward_backward (serve_proto.c).
+ * protobuf forward_backward (tinker/proto.c).  The core reaches it only
+ * through the serve_protocol registered by serve_register_tinker.
  *
  * Everything here runs on rank 0 under s->mu, in the HTTP connection threads
  * (and in the main thread for tinker_finish_locked / tinker_tick_locked).
@@ -57,61 +58,8 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "serve.h"
-#include "serve_proto.h"
-
-/* A session is alive while it sends heartbeats (every 10 s from the SDK). */
-#define SESSION_TIMEOUT_S 30.0
-/* A finished result is kept an hour, or a minute after it was first read
- * (long enough for a client whose answer got lost to poll again), and past
- * MAX_FUTURES the oldest read ones go first: memory stays bounded for a
- * client that reads its results. */
-#define FUTURE_TTL_S 3600.0
-#define FUTURE_READ_TTL_S 60.0
-#define MAX_FUTURES 10000
-
-typedef struct future {
-    char id[32];
-    char idem[160];      /* X-Idempotency-Key of the POST that made it, or "" */
-    char model_id[160];  /* "" for requests without one */
-    int64_t seq_id;      /* 0: none */
-    bool done;
-    bool proto;          /* the request came as protobuf (SDK 0.25) */
-    bool sample;         /* an asample: its SampleResponse may go as protobuf */
-    char *result;        /* the JSON retrieve_future answers with, once done */
-    double done_at;
-    double read_at;      /* first retrieve_future that got the result, 0 before */
-    struct future *next; /* newest first */
-} future;
-
-/* A sampling session: the sampler weights file its asample requests read. */
-typedef struct sampling_session {
-    char id[128];
-    char *path;
-    struct sampling_session *next; /* newest first */
-} sampling_session;
-#define MAX_SAMPLERS 1000
-
-typedef struct session {
-    char id[32];
-    double seen; /* last heartbeat or request */
-    struct session *next;
-} session;
-
-struct tinker_state {
-    int64_t n_requests, n_sessions;
-    future *futures;
-    int64_t n_futures;
-    session *sessions;
-    /* The one model. */
-    bool live;
-    char model_id[160];
-    char model_session[32];
-    int64_t next_seq; /* the next seq_id to queue */
-    job *held;        /* arrived early, sorted by seq_id */
-    sampling_session *samplers;
-    uint64_t n_samples; /* seeds for asample requests without one */
-};
+#include "tinker/proto.h"
+#include "tinker/tinker.h"
 
 tinker_state *tinker_create(void) { return calloc(1, sizeof(tinker_state)); }
 
@@ -120,6 +68,7 @@ void tinker_destroy(tinker_state *t) {
     for (future *f = t->futures, *n; f != NULL; f = n) {
         n = f->next;
         free(f->result);
+        serve_fwd_result_free(f->fwd);
         free(f);
     }
     for (session *x = t->sessions, *n; x != NULL; x = n) {
@@ -179,7 +128,7 @@ static char *failure_(const char *category, const char *fmt, ...) {
 
 /* ---- futures and sessions (s->mu held) ---------------------------------------------- */
 
-static void prune_(tinker_state *t) {
+void tinker_prune(tinker_state *t) {
     const double now = serve_now();
     future **pp = &t->futures;
     int64_t kept = 0;
@@ -192,6 +141,7 @@ static void prune_(tinker_state *t) {
         if (old || surplus) {
             *pp = f->next;
             free(f->result);
+            serve_fwd_result_free(f->fwd);
             free(f);
             t->n_futures--;
         } else {
@@ -216,7 +166,7 @@ static void prune_sessions_(tinker_state *t) {
 }
 
 static future *new_future_(tinker_state *t, const char *idem, const char *model_id, int64_t seq) {
-    prune_(t);
+    tinker_prune(t);
     future *f = calloc(1, sizeof *f);
     if (f == NULL) return NULL;
     snprintf(f->id, sizeof f->id, "zdp-%lld", (long long)++t->n_requests);
@@ -262,6 +212,11 @@ static session *find_session_(tinker_state *t, const char *id) {
 static void touch_model_session_(tinker_state *t) {
     session *x = find_session_(t, t->model_session);
     if (x != NULL) x->seen = serve_now();
+}
+
+static void ticket_(const future *f, tinker_ticket *out) {
+    snprintf(out->id, sizeof out->id, "%s", f->id);
+    snprintf(out->model_id, sizeof out->model_id, "%s", f->model_id);
 }
 
 static enum MHD_Result reply_future_(struct MHD_Connection *c, const future *f) {
@@ -369,8 +324,18 @@ void tinker_finish_locked(server *s, job *j, int status, char *body) {
         const char *msg = json_string_value(json_object_get(json_object_get(o, "error"), "message"));
         result = failure_(status >= 500 ? "server" : "user", "%s", msg ? msg : "request failed");
         json_decref(o);
+    } else if ((j->op == OP_FWDBWD || j->op == OP_FORWARD) && j->fwd != NULL) {
+        /* Kept typed: the poll encodes it in the format it asks for. */
+        j->fut->fwd = j->fwd;
+        j->fwd = NULL;
+        j->fut->done = true;
+        j->fut->done_at = serve_now();
+        j->fut = NULL;
+        free(body);
+        serve_job_free(j);
+        return;
     } else if (j->op == OP_FWDBWD || j->op == OP_FORWARD) {
-        result = body; /* already a ForwardBackwardOutput */
+        result = body; /* not expected: a result without its typed form */
         body = NULL;
     } else if (j->op == OP_OPTIM) {
         /* OptimStepResponse is {"metrics": {...}}: drop zdp's extra fields. */
@@ -398,6 +363,20 @@ void tinker_finish_locked(server *s, job *j, int status, char *body) {
     complete_(j->fut, result);
     j->fut = NULL;
     serve_job_free(j);
+}
+
+static void destroy_(void *state) { tinker_destroy(state); }
+
+bool serve_register_tinker(server *s) {
+    s->tinker = tinker_create();
+    if (s->tinker == NULL) return false;
+    s->proto = (serve_protocol){.prefix = "/api/v1/", .state = s->tinker, .handle = tinker_handle,
+                                .content_type = SERVE_PROTO_CONTENT_TYPE,
+                                .content_type_hint = " (or " SERVE_PROTO_CONTENT_TYPE
+                                                     " for the Tinker SDK's forward_backward)",
+                                .finish = tinker_finish_locked, .tick = tinker_tick_locked,
+                                .shutdown = tinker_shutdown_locked, .destroy = destroy_};
+    return true;
 }
 
 /* ---- names on disk ------------------------------------------------------------------- */
@@ -493,7 +472,7 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
         }
         if (j->sampling_session == NULL && (!json_is_string(p) || !good_name_(json_string_value(p))))
             return serve_bad(e, 400, "path", "path: must be a name of letters, digits, '.', '_' or '-' "
-                             "(not starting with '.'), got %s", p ? serve_jtype(p) : "nothing");
+                             "(not starting with '.'), got %s", p ? zdp_json_type_name(p) : "nothing");
         const char *name = j->sampling_session != NULL ? auto_name : json_string_value(p);
         /* Inside --checkpoint-dir, even through a symbolic link placed there. */
         snprintf(rel, sizeof rel, sampler ? "%s/sampler_weights/%s.safetensors" : "%s/%s", mdir, name);
@@ -524,7 +503,7 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
         model_dir_(owner, odir, sizeof odir);
         const json_t *opt = json_object_get(root, "optimizer");
         if (opt != NULL && !json_is_boolean(opt))
-            return serve_bad(e, 400, "optimizer", "optimizer: must be a boolean, got %s", serve_jtype(opt));
+            return serve_bad(e, 400, "optimizer", "optimizer: must be a boolean, got %s", zdp_json_type_name(opt));
         const bool with_opt = opt == NULL || json_is_true(opt);
         j->op = with_opt ? OP_LOAD_STATE : OP_LOAD_WEIGHTS;
         snprintf(rel, sizeof rel, "%s/%s%s", odir, mark + 9, with_opt ? "" : "/model.safetensors");
@@ -538,37 +517,37 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
 
 /* POST forward_backward, forward, optim_step, save_weights,
  * save_weights_for_sampler, load_weights: answered with a future. */
-static enum MHD_Result submit_(server *s, struct MHD_Connection *c, const char *verb, const json_t *root,
-                               const char *idem, bool proto) {
+int tinker_submit(server *s, const char *verb, const json_t *root, const char *idem, bool proto,
+                  tinker_ticket *out, verr *e) {
     const char *model_id;
     int64_t seq;
-    verr e = {0};
-    if (!envelope_(root, &model_id, &seq, true, &e)) return reply_err_(c, e.status, e.field, "%s", e.msg);
+    if (!envelope_(root, &model_id, &seq, true, e)) return e->status;
 
     /* Validate outside the lock: parsing a large body must not stall others. */
     job *j = calloc(1, sizeof *j);
-    if (j == NULL) return reply_err_(c, 500, NULL, "out of memory");
-    const bool valid = build_job_(s, verb, root, model_id, j, &e);
+    if (j == NULL) return serve_bad(e, 500, "", "out of memory"), 500;
+    verr why = {0};
+    const bool valid = build_job_(s, verb, root, model_id, j, &why);
 
     tinker_state *t = s->tinker;
     pthread_mutex_lock(&s->mu);
     future *f = find_retry_(t, idem, model_id, seq);
     if (f != NULL) { /* a retry: the first one's answer */
-        enum MHD_Result r = reply_future_(c, f);
+        ticket_(f, out);
         pthread_mutex_unlock(&s->mu);
         serve_job_free(j);
-        return r;
+        return 200;
     }
     if (s->closed) {
         pthread_mutex_unlock(&s->mu);
         serve_job_free(j);
-        return reply_err_(c, 503, NULL, "the server is shutting down");
+        return serve_bad(e, 503, "", "the server is shutting down"), 503;
     }
     f = new_future_(t, idem, model_id, seq);
     if (f == NULL) {
         pthread_mutex_unlock(&s->mu);
         serve_job_free(j);
-        return reply_err_(c, 500, NULL, "out of memory");
+        return serve_bad(e, 500, "", "out of memory"), 500;
     }
     f->proto = proto;
     const bool mine = t->live && !strcmp(model_id, t->model_id);
@@ -587,7 +566,7 @@ static enum MHD_Result submit_(server *s, struct MHD_Connection *c, const char *
         touch_model_session_(t);
         if (!valid) {
             /* Refused, but it keeps its place: later seq_ids wait for it. */
-            complete_(f, failure_(e.status >= 500 ? "server" : "user", "%s", e.msg));
+            complete_(f, failure_(why.status >= 500 ? "server" : "user", "%s", why.msg));
             free(j->payload);
             j->payload = NULL;
             j->nbytes = 0;
@@ -600,9 +579,21 @@ static enum MHD_Result submit_(server *s, struct MHD_Connection *c, const char *
         hold_(s, j);
     }
     pthread_cond_broadcast(&s->cv_done);
-    enum MHD_Result r = reply_future_(c, f);
+    ticket_(f, out);
     pthread_mutex_unlock(&s->mu);
-    return r;
+    return 200;
+}
+
+/* forward_backward, forward, optim_step, save_weights,
+ * save_weights_for_sampler, load_weights over HTTP. */
+static enum MHD_Result submit_(server *s, struct MHD_Connection *c, const char *verb, const json_t *root,
+                               const char *idem, bool proto) {
+    tinker_ticket tk;
+    verr e = {0};
+    const int st = tinker_submit(s, verb, root, idem, proto, &tk, &e);
+    if (st != 200) return reply_err_(c, st, e.field[0] ? e.field : NULL, "%s", e.msg);
+    return reply_json_(c, 200, json_pack("{s:s,s:s*}", "request_id", tk.id, "model_id",
+                                         tk.model_id[0] ? tk.model_id : NULL));
 }
 
 /* POST create_model: one model; it attaches to the server's training state. */
@@ -715,6 +706,30 @@ static enum MHD_Result reply_result_(struct MHD_Connection *c, char *body, bool 
     return reply_bytes_(c, 200, pb, len, SERVE_PROTO_CONTENT_TYPE);
 }
 
+/* A ForwardBackwardOutput, encoded once: protobuf when the poll asks (and
+ * the request came as protobuf), else JSON.  Takes r. */
+static enum MHD_Result reply_fwd_(struct MHD_Connection *c, serve_fwd_result *r, bool proto) {
+    if (!proto) {
+        char *body = serve_fwd_result_json(r);
+        serve_fwd_result_free(r);
+        return serve_reply(c, 200, body);
+    }
+    static const char *const names[2] = {"logprobs", "elementwise_loss"};
+    static const char *const metric[1] = {"loss:sum"};
+    const float *const values[2] = {r->logprobs, r->elementwise};
+    char err[512];
+    size_t len;
+    unsigned char *pb = serve_proto_encode_fwdbwd_typed("ArrayRecord", r->n, r->off, 2, names, values, 1,
+                                                        metric, &r->loss_sum, &len, err, sizeof err);
+    serve_fwd_result_free(r);
+    if (pb == NULL) {
+        serve_utf8_fix(err);
+        return serve_reply(c, 200, failure_("server", "cannot encode the ForwardBackwardOutput as protobuf: %s",
+                                            err));
+    }
+    return reply_bytes_(c, 200, pb, len, SERVE_PROTO_CONTENT_TYPE);
+}
+
 /* POST retrieve_future: the result, or try_again after the long poll. */
 static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json_t *root) {
     const json_t *id = json_object_get(root, "request_id");
@@ -738,7 +753,9 @@ static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json
     }
     int rc = 0;
     while (!f->done && !s->closed && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&s->cv_done, &s->mu, &until);
-    char *body = f->done ? strdup(f->result) : NULL;
+    /* Copied under the lock, encoded outside it. */
+    serve_fwd_result *fwd = f->done && f->fwd != NULL ? serve_fwd_result_copy(f->fwd) : NULL;
+    char *body = f->done && f->fwd == NULL ? strdup(f->result) : NULL;
     if (f->done && f->read_at == 0) f->read_at = serve_now();
     const bool closed = s->closed;
     /* Protobuf only for a request that came as protobuf (SDK 0.25) and a
@@ -750,6 +767,7 @@ static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json
     const bool proto = (f->proto || f->sample) && accept != NULL && serve_names_type(accept, SERVE_PROTO_CONTENT_TYPE);
     const bool done = f->done;
     pthread_mutex_unlock(&s->mu);
+    if (fwd != NULL) return reply_fwd_(c, fwd, proto);
     if (done && body == NULL) return reply_err_(c, 500, NULL, "out of memory");
     if (body != NULL) return reply_result_(c, body, proto);
     if (closed) return reply_err_(c, 503, NULL, "the server is shutting down");
@@ -1009,9 +1027,196 @@ static enum MHD_Result asample_(server *s, struct MHD_Connection *c, const json_
 
 /* ---- the router ---------------------------------------------------------------------- */
 
+/* A POST endpoint: its JSON body (an object) and the X-Idempotency-Key. */
+typedef enum MHD_Result (*post_fn)(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                                   const char *idem);
+
+/* The training verbs: answered with a future. */
+static enum MHD_Result post_submit_(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                                    const char *idem) {
+    return submit_(s, c, sub, root, idem, false);
+}
+
+static enum MHD_Result post_retrieve_(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                                      const char *idem) {
+    (void)sub, (void)idem;
+    return retrieve_(s, c, root);
+}
+
+/* Chunks of one forward_backward may come in parallel: held requests put
+ * them back in seq_id order.  No protobuf, no JWT, plain httpx. */
+static enum MHD_Result post_client_config_(server *s, struct MHD_Connection *c, const char *sub,
+                                           const json_t *root, const char *idem) {
+    (void)s, (void)sub, (void)root, (void)idem;
+    return reply_json_(c, 200, json_pack("{s:b,s:i,s:i,s:b,s:b,s:b,s:b,s:b}", "parallel_fwdbwd_chunks", 1,
+                                         "fwdbwd_max_chunk_len", 1024, "fwdbwd_max_chunk_bytes_count", 5000000,
+                                         "proto_write_fwdbwd", 0, "proto_compress_fwdbwd", 0,
+                                         "use_pyqwest_transport", 0, "pjwt_auth_enabled", 0,
+                                         "create_model_via_load_weights", 0));
+}
+
+static enum MHD_Result post_dynamic_config_(server *s, struct MHD_Connection *c, const char *sub,
+                                            const json_t *root, const char *idem) {
+    (void)s, (void)sub, (void)root, (void)idem;
+    return reply_json_(c, 200, json_pack("{s:i}", "refresh_interval_sec", 300));
+}
+
+static enum MHD_Result post_create_session_(server *s, struct MHD_Connection *c, const char *sub,
+                                            const json_t *root, const char *idem) {
+    (void)sub, (void)root, (void)idem;
+    tinker_state *t = s->tinker;
+    pthread_mutex_lock(&s->mu);
+    prune_sessions_(t);
+    session *x = calloc(1, sizeof *x);
+    if (x != NULL) {
+        snprintf(x->id, sizeof x->id, "s%lld", (long long)++t->n_sessions);
+        x->seen = serve_now();
+        x->next = t->sessions;
+        t->sessions = x;
+    }
+    char id[32];
+    snprintf(id, sizeof id, "%s", x ? x->id : "");
+    pthread_mutex_unlock(&s->mu);
+    if (x == NULL) return reply_err_(c, 500, NULL, "out of memory");
+    char warn[512];
+    snprintf(warn, sizeof warn,
+             "zdp serve trains every parameter of one model (\"%s\", full fine-tuning): lora_config "
+             "is ignored, and a new create_model continues from the current weights and optimizer "
+             "state", s->opt.model_name);
+    return reply_json_(c, 200, json_pack("{s:s,s:s,s:s}", "session_id", id, "type", "create_session",
+                                         "warning_message", warn));
+}
+
+static enum MHD_Result post_heartbeat_(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                                       const char *idem) {
+    (void)sub, (void)idem;
+    const char *id = json_string_value(json_object_get(root, "session_id"));
+    pthread_mutex_lock(&s->mu);
+    session *x = id ? find_session_(s->tinker, id) : NULL;
+    if (x != NULL) x->seen = serve_now();
+    pthread_mutex_unlock(&s->mu);
+    return x ? reply_json_(c, 200, json_pack("{s:s}", "type", "session_heartbeat"))
+             : reply_err_(c, 404, "session_id", "session_id %s: unknown session", id ? id : "(missing)");
+}
+
+static enum MHD_Result post_telemetry_(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                                       const char *idem) {
+    (void)s, (void)sub, (void)root, (void)idem;
+    return reply_json_(c, 200, json_pack("{s:s}", "status", "accepted")); /* dropped */
+}
+
+static enum MHD_Result post_create_model_(server *s, struct MHD_Connection *c, const char *sub,
+                                          const json_t *root, const char *idem) {
+    (void)sub;
+    return create_model_(s, c, root, idem);
+}
+
+/* get_info and unload_model: the model named by model_id. */
+static enum MHD_Result post_model_(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                                   const char *idem) {
+    tinker_state *t = s->tinker;
+    const char *mid;
+    int64_t unused;
+    verr e = {0};
+    if (!envelope_(root, &mid, &unused, false, &e)) return reply_err_(c, e.status, e.field, "%s", e.msg);
+    const bool unload = !strcmp(sub, "unload_model");
+    pthread_mutex_lock(&s->mu);
+    const bool live = t->live, mine = live && !strcmp(mid, t->model_id);
+    future *f = NULL;
+    if (mine && unload) {
+        f = find_retry_(t, idem, "", 0);
+        if (f == NULL && (f = new_future_(t, idem, "", 0)) != NULL) {
+            t->live = false;
+            fail_held_(s, "user", "the model was unloaded");
+            complete_(f, serve_dump(json_pack("{s:s,s:s}", "model_id", mid, "type", "unload_model")));
+        }
+    } else if (mine) {
+        touch_model_session_(t);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!mine)
+        return reply_err_(c, 400, "model_id", "model_id \"%s\": not the model this server is training%s", mid,
+                          live ? "" : " (no model is loaded; call create_model)");
+    if (unload) return f ? reply_future_(c, f) : reply_err_(c, 500, NULL, "out of memory");
+    const zdp_gpt_config *mc = &s->opt.model;
+    /* GPT-2's tokenizer only fits GPT-2's vocabulary; otherwise the client
+     * brings its own (get_tokenizer would load the wrong one). */
+    const bool gpt2_vocab = mc->vocab_size == 50257;
+    return reply_json_(c, 200, json_pack("{s:s,s:{s:s,s:s,s:s*},s:b,s:n,s:s,s:s}", "model_id", mid, "model_data",
+                                         "arch", "gpt2", "model_name", s->opt.model_name, "tokenizer_id",
+                                         gpt2_vocab ? "gpt2" : NULL, "is_lora", 0, "lora_rank", "model_name",
+                                         s->opt.model_name, "type", "get_info"));
+}
+
+static enum MHD_Result post_weights_info_(server *s, struct MHD_Connection *c, const char *sub,
+                                          const json_t *root, const char *idem) {
+    (void)sub, (void)root, (void)idem;
+    return reply_json_(c, 200, json_pack("{s:s,s:b,s:i}", "base_model", s->opt.model_name, "is_lora", 0,
+                                         "lora_rank", 0));
+}
+
+static enum MHD_Result post_sampling_session_(server *s, struct MHD_Connection *c, const char *sub,
+                                              const json_t *root, const char *idem) {
+    (void)sub, (void)idem;
+    return create_sampling_session_(s, c, root);
+}
+
+static enum MHD_Result post_asample_(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                                     const char *idem) {
+    (void)sub;
+    return asample_(s, c, root, idem);
+}
+
+/* The POST route table: every endpoint under /api/v1/ that takes JSON. */
+static const struct {
+    const char *name;
+    post_fn fn;
+} post_routes_[] = {
+    {"forward_backward", post_submit_},
+    {"forward", post_submit_},
+    {"optim_step", post_submit_},
+    {"save_weights", post_submit_},
+    {"save_weights_for_sampler", post_submit_},
+    {"load_weights", post_submit_},
+    {"retrieve_future", post_retrieve_},
+    {"client/config", post_client_config_},
+    {"client/dynamic_config", post_dynamic_config_},
+    {"create_session", post_create_session_},
+    {"session_heartbeat", post_heartbeat_},
+    {"telemetry", post_telemetry_},
+    {"create_model", post_create_model_},
+    {"get_info", post_model_},
+    {"unload_model", post_model_},
+    {"weights_info", post_weights_info_},
+    {"create_sampling_session", post_sampling_session_},
+    {"asample", post_asample_},
+};
+
+/* SDK 0.25: forward_backward (forward_only = true for forward) as protobuf. */
+static enum MHD_Result post_proto_(server *s, struct MHD_Connection *c, const char *sub, const char *body,
+                                   size_t len) {
+    if (strcmp(sub, "forward_backward") != 0 && strcmp(sub, "forward") != 0)
+        return reply_err_(c, 415, "Content-Type", "POST /api/v1/%s takes JSON; only forward_backward (and "
+                          "forward) take %s", sub, SERVE_PROTO_CONTENT_TYPE);
+    char err[600];
+    bool forward_only;
+    json_t *req = serve_proto_decode_fwdbwd((const unsigned char *)body, len, &forward_only, err, sizeof err);
+    if (req == NULL)
+        return reply_err_(c, 400, "body", "the body is not a valid protobuf ForwardBackwardRequest: %s", err);
+    const char *verb = forward_only ? "forward" : "forward_backward";
+    if (!forward_only && !strcmp(sub, "forward")) { /* posted to forward: a forward */
+        json_object_set(req, "forward_input", json_object_get(req, "forward_backward_input"));
+        json_object_del(req, "forward_backward_input");
+        verb = "forward";
+    }
+    const char *idem = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Idempotency-Key");
+    enum MHD_Result r = submit_(s, c, verb, req, idem, true);
+    json_decref(req);
+    return r;
+}
+
 enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *sub, const char *method,
                               const char *body, size_t len) {
-    tinker_state *t = s->tinker;
     if (!strcmp(method, "GET")) {
         if (!strcmp(sub, "healthz")) return serve_healthz(s, c);
         if (!strcmp(sub, "get_server_capabilities"))
@@ -1030,27 +1235,7 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
                           "Content-Encoding: %s: this server takes uncompressed bodies only (its client/config "
                           "says proto_compress_fwdbwd = false)", encoding);
     const char *ctype = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
-    if (ctype != NULL && serve_names_type(ctype, SERVE_PROTO_CONTENT_TYPE)) {
-        /* SDK 0.25: forward_backward (forward_only = true for forward). */
-        if (strcmp(sub, "forward_backward") != 0 && strcmp(sub, "forward") != 0)
-            return reply_err_(c, 415, "Content-Type", "POST /api/v1/%s takes JSON; only forward_backward (and "
-                              "forward) take %s", sub, SERVE_PROTO_CONTENT_TYPE);
-        char err[600];
-        bool forward_only;
-        json_t *req = serve_proto_decode_fwdbwd((const unsigned char *)body, len, &forward_only, err, sizeof err);
-        if (req == NULL)
-            return reply_err_(c, 400, "body", "the body is not a valid protobuf ForwardBackwardRequest: %s", err);
-        const char *verb = forward_only ? "forward" : "forward_backward";
-        if (!forward_only && !strcmp(sub, "forward")) { /* posted to forward: a forward */
-            json_object_set(req, "forward_input", json_object_get(req, "forward_backward_input"));
-            json_object_del(req, "forward_backward_input");
-            verb = "forward";
-        }
-        const char *idem = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Idempotency-Key");
-        enum MHD_Result r = submit_(s, c, verb, req, idem, true);
-        json_decref(req);
-        return r;
-    }
+    if (ctype != NULL && serve_names_type(ctype, SERVE_PROTO_CONTENT_TYPE)) return post_proto_(s, c, sub, body, len);
 
     json_error_t jerr;
     json_t *root = len == 0 ? json_object() : json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -1062,114 +1247,17 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
         return reply_err_(c, 400, "body", "the body must be a JSON object");
     }
     const char *idem = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Idempotency-Key");
-    enum MHD_Result r;
-    static const char *const training[] = {"forward_backward", "forward", "optim_step", "save_weights",
-                                           "save_weights_for_sampler", "load_weights"};
-    bool is_training = false;
-    for (size_t i = 0; i < sizeof training / sizeof *training; i++)
-        is_training = is_training || !strcmp(sub, training[i]);
-
-    if (is_training) {
-        r = submit_(s, c, sub, root, idem, false);
-    } else if (!strcmp(sub, "retrieve_future")) {
-        r = retrieve_(s, c, root);
-    } else if (!strcmp(sub, "client/config")) {
-        /* Chunks of one forward_backward may come in parallel: held requests
-         * put them back in seq_id order.  No protobuf, no JWT, plain httpx. */
-        r = reply_json_(c, 200, json_pack("{s:b,s:i,s:i,s:b,s:b,s:b,s:b,s:b}", "parallel_fwdbwd_chunks", 1,
-                                          "fwdbwd_max_chunk_len", 1024, "fwdbwd_max_chunk_bytes_count",
-                                          5000000, "proto_write_fwdbwd", 0, "proto_compress_fwdbwd", 0,
-                                          "use_pyqwest_transport", 0, "pjwt_auth_enabled", 0,
-                                          "create_model_via_load_weights", 0));
-    } else if (!strcmp(sub, "client/dynamic_config")) {
-        r = reply_json_(c, 200, json_pack("{s:i}", "refresh_interval_sec", 300));
-    } else if (!strcmp(sub, "create_session")) {
-        pthread_mutex_lock(&s->mu);
-        prune_sessions_(t);
-        session *x = calloc(1, sizeof *x);
-        if (x != NULL) {
-            snprintf(x->id, sizeof x->id, "s%lld", (long long)++t->n_sessions);
-            x->seen = serve_now();
-            x->next = t->sessions;
-            t->sessions = x;
-        }
-        char id[32];
-        snprintf(id, sizeof id, "%s", x ? x->id : "");
-        pthread_mutex_unlock(&s->mu);
-        if (x == NULL) r = reply_err_(c, 500, NULL, "out of memory");
-        else {
-            char warn[512];
-            snprintf(warn, sizeof warn,
-                     "zdp serve trains every parameter of one model (\"%s\", full fine-tuning): lora_config "
-                     "is ignored, and a new create_model continues from the current weights and optimizer "
-                     "state", s->opt.model_name);
-            r = reply_json_(c, 200, json_pack("{s:s,s:s,s:s}", "session_id", id, "type", "create_session",
-                                              "warning_message", warn));
-        }
-    } else if (!strcmp(sub, "session_heartbeat")) {
-        const char *id = json_string_value(json_object_get(root, "session_id"));
-        pthread_mutex_lock(&s->mu);
-        session *x = id ? find_session_(t, id) : NULL;
-        if (x != NULL) x->seen = serve_now();
-        pthread_mutex_unlock(&s->mu);
-        r = x ? reply_json_(c, 200, json_pack("{s:s}", "type", "session_heartbeat"))
-              : reply_err_(c, 404, "session_id", "session_id %s: unknown session", id ? id : "(missing)");
-    } else if (!strcmp(sub, "telemetry")) {
-        r = reply_json_(c, 200, json_pack("{s:s}", "status", "accepted")); /* dropped */
-    } else if (!strcmp(sub, "create_model")) {
-        r = create_model_(s, c, root, idem);
-    } else if (!strcmp(sub, "get_info") || !strcmp(sub, "unload_model")) {
-        const char *mid;
-        int64_t unused;
-        verr e = {0};
-        if (!envelope_(root, &mid, &unused, false, &e)) {
-            r = reply_err_(c, e.status, e.field, "%s", e.msg);
-        } else {
-            const bool unload = !strcmp(sub, "unload_model");
-            pthread_mutex_lock(&s->mu);
-            const bool live = t->live, mine = live && !strcmp(mid, t->model_id);
-            future *f = NULL;
-            if (mine && unload) {
-                f = find_retry_(t, idem, "", 0);
-                if (f == NULL && (f = new_future_(t, idem, "", 0)) != NULL) {
-                    t->live = false;
-                    fail_held_(s, "user", "the model was unloaded");
-                    complete_(f, serve_dump(json_pack("{s:s,s:s}", "model_id", mid, "type", "unload_model")));
-                }
-            } else if (mine) {
-                touch_model_session_(t);
-            }
-            pthread_mutex_unlock(&s->mu);
-            if (!mine) {
-                r = reply_err_(c, 400, "model_id", "model_id \"%s\": not the model this server is training%s",
-                               mid, live ? "" : " (no model is loaded; call create_model)");
-            } else if (unload) {
-                r = f ? reply_future_(c, f) : reply_err_(c, 500, NULL, "out of memory");
-            } else {
-                const zdp_gpt_config *mc = &s->opt.model;
-                /* GPT-2's tokenizer only fits GPT-2's vocabulary; otherwise the
-                 * client brings its own (get_tokenizer would load the wrong one). */
-                const bool gpt2_vocab = mc->vocab_size == 50257;
-                r = reply_json_(c, 200, json_pack("{s:s,s:{s:s,s:s,s:s*},s:b,s:n,s:s,s:s}", "model_id", mid,
-                                                  "model_data", "arch", "gpt2", "model_name", s->opt.model_name,
-                                                  "tokenizer_id", gpt2_vocab ? "gpt2" : NULL, "is_lora", 0,
-                                                  "lora_rank", "model_name", s->opt.model_name, "type",
-                                                  "get_info"));
-            }
-        }
-    } else if (!strcmp(sub, "weights_info")) {
-        r = reply_json_(c, 200, json_pack("{s:s,s:b,s:i}", "base_model", s->opt.model_name, "is_lora", 0,
-                                          "lora_rank", 0));
-    } else if (!strcmp(sub, "create_sampling_session")) {
-        r = create_sampling_session_(s, c, root);
-    } else if (!strcmp(sub, "asample")) {
-        r = asample_(s, c, root, idem);
-    } else {
+    enum MHD_Result r = MHD_NO;
+    size_t i = 0;
+    const size_t n = sizeof post_routes_ / sizeof *post_routes_;
+    while (i < n && strcmp(sub, post_routes_[i].name) != 0) i++;
+    if (i < n)
+        r = post_routes_[i].fn(s, c, sub, root, idem);
+    else
         r = reply_err_(c, 404, "url", "POST /api/v1/%s: not an endpoint of zdp serve (the Tinker SDK's "
                        "training protocol: client/config, create_session, session_heartbeat, telemetry, "
                        "create_model, get_info, forward_backward, forward, optim_step, retrieve_future, "
                        "save_weights, save_weights_for_sampler, load_weights, unload_model, weights_info)", sub);
-    }
     json_decref(root);
     return r;
 }

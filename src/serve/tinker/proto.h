@@ -1,14 +1,14 @@
 /*
- * serve_proto.h -- the protobuf side of the Tinker SDK's wire protocol
+ * tinker/proto.h -- the protobuf side of the Tinker SDK's wire protocol
  * (SDK 0.25: forward_backward requests and ForwardBackwardOutput results as
  * application/x-protobuf; docs/tinker-protocol.md §0, §1.6).
  *
  * A hand-written codec for the messages of tinker_public.proto that zdp serve
  * needs, and nothing else.  The request is translated into the JSON object
  * that the JSON path already takes, so every check of the request's content
- * stays in one place (serve.c's serve_parse_fwd); the codec refuses only what
+ * stays in one place (request.c's serve_parse_fwd); the codec refuses only what
  * is not well-formed protobuf.  Depends on jansson only (the fuzz target
- * tests/fuzz/fuzz_serve_proto.c links it alone).
+ * tests/fuzz/fuzz_serve_proto.c links it through zdp_serve).
  */
 #ifndef ZDP_SERVE_PROTO_H
 #define ZDP_SERVE_PROTO_H
@@ -16,6 +16,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define SERVE_PROTO_CONTENT_TYPE "application/x-protobuf"
 
@@ -42,6 +43,16 @@ json_t *serve_proto_decode_fwdbwd(const unsigned char *buf, size_t len, bool *fo
  * Returns malloc'd bytes (*out_len of them; free()), or NULL with err set. */
 unsigned char *serve_proto_encode_fwdbwd_output(const json_t *result, size_t *out_len, char *err,
                                                 size_t errcap);
+
+/* The same ForwardBackwardOutput from typed values, without JSON: type
+ * (field 1, "" to leave out); n datums, datum i's elements [off[i],
+ * off[i + 1]) of each of the n_fields float32 outputs (names[k] ->
+ * values[k], 1-D); metrics names -> values (NaN stays NaN). */
+unsigned char *serve_proto_encode_fwdbwd_typed(const char *type, int64_t n, const int64_t *off, int n_fields,
+                                               const char *const *names, const float *const *values,
+                                               int n_metrics, const char *const *metric_names,
+                                               const double *metric_values, size_t *out_len, char *err,
+                                               size_t errcap);
 
 /* Encodes a JSON SampleResponse ({"sequences": [{"tokens", "logprobs"?,
  * "stop_reason": "stop"|"length"}]}) as the protobuf SampleResponse:

@@ -1,6 +1,6 @@
 /*
- * serve_proto.c -- a small hand-written protobuf codec for the Tinker SDK's
- * forward_backward (serve_proto.h).  No protobuf library: a tag/varint
+ * tinker/proto.c -- a small hand-written protobuf codec for the Tinker SDK's
+ * forward_backward (tinker/proto.h).  No protobuf library: a tag/varint
  * reader that checks every length against the bytes left (it never reads
  * past the buffer), and a writer.
  *
@@ -27,7 +27,8 @@
  * protobuf does; unknown fields are skipped (newer SDKs add some).
  */
 #define _POSIX_C_SOURCE 200809L
-#include "serve_proto.h"
+#include "tinker/proto.h"
+#include "bytes.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -611,26 +612,12 @@ json_t *serve_proto_decode_fwdbwd(const unsigned char *buf, size_t len, bool *fo
 /* ---- writing -------------------------------------------------------------------------- */
 
 typedef struct wbuf {
-    unsigned char *p;
-    size_t len, cap;
+    serve_bytes b;
     bool oom;
 } wbuf;
 
 static void w_raw_(wbuf *b, const void *src, size_t n) {
-    if (b->oom || n == 0) return;
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n) cap *= 2;
-        unsigned char *p = realloc(b->p, cap);
-        if (p == NULL) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, src, n);
-    b->len += n;
+    if (!b->oom && n > 0 && !serve_put(&b->b, src, n)) b->oom = true;
 }
 
 static void w_varint_(wbuf *b, uint64_t v) {
@@ -662,8 +649,8 @@ static void w_bytes_(wbuf *b, uint32_t num, const void *p, size_t n) {
 /* A sub-message (its bytes in sub) as field num of b; frees sub. */
 static void w_msg_(wbuf *b, uint32_t num, wbuf *sub) {
     if (sub->oom) b->oom = true;
-    else w_bytes_(b, num, sub->p, sub->len);
-    free(sub->p);
+    else w_bytes_(b, num, sub->b.p, sub->b.len);
+    free(sub->b.p);
     *sub = (wbuf){0};
 }
 
@@ -718,8 +705,8 @@ static bool batched_(const json_t *outs, const char *name, wbuf *bt, char *err, 
         for (size_t k = 1; same && k < rank; k++)
             same = json_equal(json_array_get(shape, k), json_array_get(shape0, k));
         if (!same) {
-            free(data.p);
-            free(offs.p);
+            free(data.b.p);
+            free(offs.b.p);
             return efail_(err, cap, "loss_fn_outputs[%zu].%s: missing, or its data, dtype or trailing shape "
                           "differs from datum 0's", i, name);
         }
@@ -733,18 +720,18 @@ static bool batched_(const json_t *outs, const char *name, wbuf *bt, char *err, 
             } else if (json_is_integer(x)) {
                 w_le_(&data, (uint64_t)(int64_t)json_integer_value(x), width);
             } else {
-                free(data.p);
-                free(offs.p);
+                free(data.b.p);
+                free(offs.b.p);
                 return efail_(err, cap, "loss_fn_outputs[%zu].%s.data[%zu]: not an integer", i, name, k);
             }
         }
-        w_le_(&offs, (uint64_t)data.len, 8);
+        w_le_(&offs, (uint64_t)data.b.len, 8);
     }
-    w_bytes_(bt, 1, data.p, data.len);
-    w_bytes_(bt, 2, offs.p, offs.len);
+    w_bytes_(bt, 1, data.b.p, data.b.len);
+    w_bytes_(bt, 2, offs.b.p, offs.b.len);
     if (data.oom || offs.oom) bt->oom = true;
-    free(data.p);
-    free(offs.p);
+    free(data.b.p);
+    free(offs.b.p);
     w_tag_(bt, 3, WT_VARINT);
     w_varint_(bt, (uint64_t)dtype);
     if (rank0 > 1) { /* packed */
@@ -780,9 +767,9 @@ unsigned char *serve_proto_encode_fwdbwd_output(const json_t *result, size_t *ou
         json_object_foreach((json_t *)first, name, unused) {
             wbuf bt = {0}, entry = {0};
             if (!batched_(outs, name, &bt, err, errcap)) {
-                free(bt.p);
-                free(rec.p);
-                free(b.p);
+                free(bt.b.p);
+                free(rec.b.p);
+                free(b.b.p);
                 return NULL;
             }
             w_bytes_(&entry, 1, name, strlen(name));
@@ -797,7 +784,7 @@ unsigned char *serve_proto_encode_fwdbwd_output(const json_t *result, size_t *ou
     const json_t *v;
     json_object_foreach((json_t *)metrics, key, v) {
         if (v != NULL && !json_is_number(v) && !json_is_null(v)) {
-            free(b.p);
+            free(b.b.p);
             return efail_(err, errcap, "metrics.%s: not a number", key), NULL;
         }
         wbuf entry = {0};
@@ -806,13 +793,62 @@ unsigned char *serve_proto_encode_fwdbwd_output(const json_t *result, size_t *ou
         w_msg_(&b, 3, &entry);
     }
     if (b.oom) {
-        free(b.p);
+        free(b.b.p);
         return efail_(err, errcap, "out of memory"), NULL;
     }
-    if (b.p == NULL) b.p = malloc(1); /* an empty message is valid protobuf */
-    if (b.p == NULL) return efail_(err, errcap, "out of memory"), NULL;
-    *out_len = b.len;
-    return b.p;
+    if (b.b.p == NULL) b.b.p = malloc(1); /* an empty message is valid protobuf */
+    if (b.b.p == NULL) return efail_(err, errcap, "out of memory"), NULL;
+    *out_len = b.b.len;
+    return b.b.p;
+}
+
+unsigned char *serve_proto_encode_fwdbwd_typed(const char *type, int64_t n, const int64_t *off, int n_fields,
+                                               const char *const *names, const float *const *values,
+                                               int n_metrics, const char *const *metric_names,
+                                               const double *metric_values, size_t *out_len, char *err,
+                                               size_t errcap) {
+    if (errcap > 0) err[0] = '\0';
+    *out_len = 0;
+    wbuf b = {0};
+    if (type != NULL && type[0]) w_bytes_(&b, 1, type, strlen(type));
+    if (n > 0) {
+        wbuf rec = {0};
+        for (int k = 0; k < n_fields; k++) {
+            /* BatchedTensor {1 data: the datums' values, 2 offsets: n + 1
+             * byte offsets, 3 dtype FLOAT32} */
+            wbuf data = {0}, offs = {0}, bt = {0}, entry = {0};
+            for (int64_t i = 0; i <= n; i++) w_le_(&offs, (uint64_t)(off[i] * 4), 8);
+            for (int64_t t = 0; t < off[n]; t++) {
+                uint32_t u;
+                memcpy(&u, &values[k][t], sizeof u);
+                w_le_(&data, u, 4);
+            }
+            w_msg_(&bt, 1, &data);
+            w_msg_(&bt, 2, &offs);
+            w_tag_(&bt, 3, WT_VARINT);
+            w_varint_(&bt, 1);
+            w_bytes_(&entry, 1, names[k], strlen(names[k]));
+            w_msg_(&entry, 2, &bt);
+            w_msg_(&rec, 2, &entry);
+        }
+        w_tag_(&rec, 3, WT_VARINT);
+        w_varint_(&rec, (uint64_t)n);
+        w_msg_(&b, 2, &rec);
+    }
+    for (int k = 0; k < n_metrics; k++) {
+        wbuf entry = {0};
+        w_bytes_(&entry, 1, metric_names[k], strlen(metric_names[k]));
+        w_double_(&entry, 2, metric_values[k]);
+        w_msg_(&b, 3, &entry);
+    }
+    if (b.oom) {
+        free(b.b.p);
+        return efail_(err, errcap, "out of memory"), NULL;
+    }
+    if (b.b.p == NULL) b.b.p = malloc(1); /* an empty message is valid protobuf */
+    if (b.b.p == NULL) return efail_(err, errcap, "out of memory"), NULL;
+    *out_len = b.b.len;
+    return b.b.p;
 }
 
 unsigned char *serve_proto_encode_sample_response(const json_t *result, size_t *out_len, char *err,
@@ -827,7 +863,7 @@ unsigned char *serve_proto_encode_sample_response(const json_t *result, size_t *
         const json_t *tok = json_object_get(q, "tokens"), *lp = json_object_get(q, "logprobs");
         const char *reason = json_string_value(json_object_get(q, "stop_reason"));
         if (!json_is_array(tok) || (lp != NULL && (!json_is_array(lp) || json_array_size(lp) != json_array_size(tok)))) {
-            free(b.p);
+            free(b.b.p);
             return efail_(err, errcap, "sequences[%zu]: tokens and logprobs must be arrays of one length", i), NULL;
         }
         wbuf sq = {0}, tb = {0}, lb = {0};
@@ -838,7 +874,7 @@ unsigned char *serve_proto_encode_sample_response(const json_t *result, size_t *
         }
         for (size_t k = 0; k < json_array_size(tok); k++)
             w_le_(&tb, (uint32_t)(int32_t)json_integer_value(json_array_get(tok, k)), 4);
-        w_bytes_(&sq, 2, tb.p ? tb.p : (void *)"", tb.len);
+        w_bytes_(&sq, 2, tb.b.p ? tb.b.p : (void *)"", tb.b.len);
         if (lp != NULL) {
             for (size_t k = 0; k < json_array_size(lp); k++) {
                 const json_t *x = json_array_get(lp, k);
@@ -847,19 +883,19 @@ unsigned char *serve_proto_encode_sample_response(const json_t *result, size_t *
                 memcpy(&bits, &f, sizeof bits);
                 w_le_(&lb, bits, 4);
             }
-            w_bytes_(&sq, 3, lb.p ? lb.p : (void *)"", lb.len);
+            w_bytes_(&sq, 3, lb.b.p ? lb.b.p : (void *)"", lb.b.len);
         }
         b.oom = b.oom || sq.oom || tb.oom || lb.oom;
-        free(tb.p);
-        free(lb.p);
+        free(tb.b.p);
+        free(lb.b.p);
         w_msg_(&b, 1, &sq);
     }
     if (b.oom) {
-        free(b.p);
+        free(b.b.p);
         return efail_(err, errcap, "out of memory"), NULL;
     }
-    if (b.p == NULL) b.p = malloc(1);
-    if (b.p == NULL) return efail_(err, errcap, "out of memory"), NULL;
-    *out_len = b.len;
-    return b.p;
+    if (b.b.p == NULL) b.b.p = malloc(1);
+    if (b.b.p == NULL) return efail_(err, errcap, "out of memory"), NULL;
+    *out_len = b.b.len;
+    return b.b.p;
 }

@@ -1,0 +1,628 @@
+/*
+ * exec.c -- a request on the engine, on every rank (docs/server.md): the
+ * forward/backward of a batch of datums spread over the ranks, the
+ * optimizer step, saves and loads, sampling, GET /info; and the op table
+ * (serve_ops) that names each op's function.
+ *
+ * Loss and gradient.  Tinker's cross_entropy is L = sum_i w_i * (-log p_i)
+ * with no normalisation, so gradients add across requests.  The GPT's loss is
+ * the mean over the micro-batch's B*T positions and the engine averages the
+ * gradient over the W ranks, so a datum of N tokens (one micro-batch, B = 1)
+ * is back-propagated with loss scale N * W:
+ *   step gradient = (1/W) sum_ranks sum_datums N*W * d(mean_N)/dθ
+ *                 = sum_datums d(sum_N)/dθ = dL/dθ.
+ * Datum i goes to rank i mod W.  Every rank makes ceil(n/W) backward() calls
+ * per request; a rank with fewer datums runs a one-token micro-batch with
+ * loss scale 0, so the stage-2 reductions stay aligned.  Per-token weights
+ * go into the model's weighted loss (zdp_gpt_batch.weights) and log p(target)
+ * comes back from the same forward (zdp_gpt_batch.logprobs).  Losses other
+ * than cross_entropy are weighted cross-entropies whose weights come from the
+ * forward's own log-probabilities (zdp_gpt_set_loss_weights,
+ * src/models/policy_loss.c).
+ */
+#define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700 /* realpath */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "serve_impl.h"
+
+/* ---- execution (every rank) ---------------------------------------------------- */
+
+void serve_die(const char *what, const zdp_error *err) {
+    char msg[ZDP_ERROR_MSG_MAX + 128];
+    snprintf(msg, sizeof msg, "%s: %s", what, err->msg);
+    zdp_dist_abort(1, msg);
+    abort(); /* not reached */
+}
+
+float **serve_views(server *s) {
+    float **v = malloc((size_t)s->model.n_params * sizeof *v);
+    if (v == NULL) return NULL;
+    for (int i = 0; i < s->model.n_params; i++) v[i] = zdp_engine_param_data(s->eng, i);
+    return v;
+}
+
+/* Per-token coefficients and losses of datum i: c_t (the weight its
+ * log-probability's gradient gets) and the summand of L at t. */
+static void datum_loss_(const fwd_header *h, int64_t N, const float *lp, const float *w,
+                        const float *q, const float *adv, float *coef, float *el, double *sum) {
+    const zdp_loss_config lc = {.clip_low = h->clip_low, .clip_high = h->clip_high, .beta = h->beta};
+    zdp_error err;
+    if (zdp_policy_loss((zdp_loss_kind)h->loss, &lc, N, lp, q, adv, w, coef, el, sum, &err) != ZDP_OK) {
+        /* Validation bounds every input (|x| <= 1e20, sampler logprobs within
+         * 1e4), so only a model whose own log-probabilities have left float
+         * range gets here.  This datum then adds no gradient, rather than
+         * leaving the ranks' backward calls out of step. */
+        fprintf(stderr, "zdp serve: rank %d: datum dropped from the gradient: %s\n", zdp_dist_rank(), err.msg);
+        for (int64_t t = 0; t < N; t++) coef[t] = 0.0f, el[t] = NAN;
+        *sum = NAN;
+    }
+}
+
+static char *exec_fwd_(server *s, job *j, int *status) {
+    serve_fwd_req rq;
+    if (!serve_fwd_req_view(j, &rq))
+        serve_die("forward_backward", &(zdp_error){.msg = "a malformed request from rank 0 (a bug in zdp)"});
+    const fwd_header h = rq.h;
+    const int64_t n = h.n, total = rq.total;
+    const int32_t *len = rq.len, *tok = rq.tokens, *tgt = rq.targets;
+    const float *w = rq.weights, *q = rq.logprobs, *adv = rq.advantages;
+    int64_t *off = malloc((size_t)(n + 1) * sizeof *off);
+    float *lp = calloc((size_t)total + 1, sizeof *lp);
+    float *coef = malloc(((size_t)total + 1) * sizeof *coef);
+    float *el = malloc(((size_t)total + 1) * sizeof *el);
+    if (off == NULL || lp == NULL || coef == NULL || el == NULL)
+        serve_die("forward_backward", &(zdp_error){.msg = "out of memory"});
+    off[0] = 0;
+    for (int64_t i = 0; i < n; i++) off[i + 1] = off[i] + len[i];
+
+    const bool bwd = j->op == OP_FWDBWD;
+    const int64_t rounds = (n + s->W - 1) / s->W;
+    static const int32_t pad = 0;
+    zdp_error err;
+    for (int64_t r = 0; r < rounds; r++) {
+        const int64_t i = r * s->W + s->R;
+        if (i < n) {
+            const int64_t o = off[i];
+            /* The model's loss is (1/N) sum_t w_t * CE_t and fills log p(target) per token. */
+            zdp_gpt_batch b = {.inputs = tok + o, .targets = tgt + o, .weights = w + o,
+                               .logprobs = lp + o, .B = 1, .T = len[i]};
+            float loss;
+            if (zdp_engine_forward(s->eng, &b, &loss, &err) != ZDP_OK) serve_die("forward", &err);
+            if (!bwd) continue;
+            if (h.loss != ZDP_LOSS_CROSS_ENTROPY) {
+                /* A policy loss: its gradient is the weighted cross-entropy's with
+                 * weights computed from this forward's log-probabilities. */
+                double unused;
+                datum_loss_(&h, len[i], lp + o, w + o, q + o, adv + o, coef + o, el + o, &unused);
+                if (zdp_gpt_set_loss_weights(&s->model, coef + o, len[i], &err) != ZDP_OK)
+                    serve_die("forward_backward", &err);
+            }
+            /* d(sum_t c_t CE_t)/dθ: times N against the mean over positions, times W
+             * against the engine's mean over ranks. */
+            if (zdp_engine_backward(s->eng, false, (float)len[i] * (float)s->W, &err) != ZDP_OK)
+                serve_die("backward", &err);
+        } else if (bwd) {
+            /* No datum left for this rank: a zero-weight micro-batch keeps the
+             * backward() count, and stage 2's reductions, equal on all ranks. */
+            zdp_gpt_batch b = {.inputs = &pad, .targets = &pad, .B = 1, .T = 1};
+            float loss;
+            if (zdp_engine_forward(s->eng, &b, &loss, &err) != ZDP_OK) serve_die("forward", &err);
+            if (zdp_engine_backward(s->eng, false, 0.0f, &err) != ZDP_OK) serve_die("backward", &err);
+        }
+    }
+    /* Each position was filled by exactly one rank, the others hold 0: a sum
+     * gathers them exactly. */
+    if (s->W > 1 && zdp_channel_reduce_sum_f32(s->ch, lp, total, &err) != ZDP_OK) serve_die("forward", &err);
+    char *body = NULL;
+    if (s->R == 0) {
+        /* Rank 0 keeps the result typed until it is encoded, once. */
+        serve_fwd_result *res = malloc(sizeof *res);
+        if (res == NULL) serve_die("forward_backward", &(zdp_error){.msg = "out of memory"});
+        *res = (serve_fwd_result){.n = n, .off = off, .logprobs = lp, .elementwise = el};
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t o = off[i];
+            double sum;
+            datum_loss_(&h, len[i], lp + o, w + o, q + o, adv + o, coef + o, el + o, &sum);
+            res->loss_sum += sum;
+        }
+        *status = 200;
+        off = NULL, lp = NULL, el = NULL;
+        if (j->fut != NULL) {
+            j->fwd = res; /* a protocol's: its poll encodes it */
+        } else {
+            /* A plain request: its one encoding, JSON, here (its time counts
+             * as the request's, in GET /info and /healthz). */
+            body = serve_fwd_result_json(res);
+            serve_fwd_result_free(res);
+        }
+    }
+    free(off);
+    free(lp);
+    free(coef);
+    free(el);
+    return body;
+}
+
+char *serve_fwd_result_json(const serve_fwd_result *r) {
+    json_t *outs = json_array();
+    for (int64_t i = 0; outs != NULL && i < r->n; i++) {
+        const int64_t len = r->off[i + 1] - r->off[i];
+        json_t *lpa = json_array(), *ela = json_array();
+        for (int64_t k = r->off[i]; k < r->off[i + 1]; k++) {
+            json_array_append_new(lpa, serve_jreal(r->logprobs[k]));
+            json_array_append_new(ela, serve_jreal(r->elementwise[k]));
+        }
+        json_array_append_new(outs, json_pack("{s:{s:o,s:s,s:[I]},s:{s:o,s:s,s:[I]}}", "logprobs", "data", lpa,
+                                              "dtype", "float32", "shape", (json_int_t)len, "elementwise_loss",
+                                              "data", ela, "dtype", "float32", "shape", (json_int_t)len));
+    }
+    json_t *metrics = json_pack("{s:o}", "loss:sum", serve_jreal(r->loss_sum));
+    return serve_dump(json_pack("{s:s,s:o,s:o}", "loss_fn_output_type", "ArrayRecord", "loss_fn_outputs", outs,
+                                "metrics", metrics));
+}
+
+serve_fwd_result *serve_fwd_result_copy(const serve_fwd_result *r) {
+    serve_fwd_result *c = malloc(sizeof *c);
+    if (c == NULL) return NULL;
+    const int64_t total = r->off[r->n];
+    *c = (serve_fwd_result){.n = r->n, .loss_sum = r->loss_sum};
+    c->off = malloc((size_t)(r->n + 1) * sizeof *c->off);
+    c->logprobs = malloc(((size_t)total + 1) * sizeof *c->logprobs);
+    c->elementwise = malloc(((size_t)total + 1) * sizeof *c->elementwise);
+    if (c->off == NULL || c->logprobs == NULL || c->elementwise == NULL) {
+        serve_fwd_result_free(c);
+        return NULL;
+    }
+    memcpy(c->off, r->off, (size_t)(r->n + 1) * sizeof *c->off);
+    memcpy(c->logprobs, r->logprobs, (size_t)total * sizeof *c->logprobs);
+    memcpy(c->elementwise, r->elementwise, (size_t)total * sizeof *c->elementwise);
+    return c;
+}
+
+void serve_fwd_result_free(serve_fwd_result *r) {
+    if (r == NULL) return;
+    free(r->off);
+    free(r->logprobs);
+    free(r->elementwise);
+    free(r);
+}
+
+/* optim_step: the request's hyperparameters (the rest keep their values),
+ * then the engine's step. */
+static char *exec_optim_(server *s, job *j, int *status) {
+    optim_payload p;
+    memcpy(&p, j->payload, sizeof p);
+    /* Nothing to apply: refused before anything changes (the request's
+     * hyperparameters included).  Every rank has the same count. */
+    if (zdp_engine_pending_backwards(s->eng) == 0) {
+        if (s->R != 0) return NULL;
+        *status = 409;
+        return serve_error_body(NULL,
+                                "optim_step: no forward_backward since the last optim_step, so there is no "
+                                "gradient to apply; nothing changed (adam_params included)");
+    }
+    zdp_hparams h, before;
+    zdp_engine_get_hparams(s->eng, &h);
+    before = h;
+    double *dst[N_ADAM] = {&h.lr, &h.beta1, &h.beta2, &h.eps, &h.weight_decay, &h.gradient_clipping};
+    bool any = false;
+    for (int k = 0; k < N_ADAM; k++)
+        if (p.has[k]) {
+            *dst[k] = p.value[k];
+            any = true;
+        }
+    zdp_error err;
+    json_t *warnings = s->R == 0 ? json_array() : NULL;
+    if (any) {
+        /* Validated on rank 0 already; every rank sets the same values, so a
+         * value the engine refuses is refused on every rank alike. */
+        if (zdp_engine_set_hparams(s->eng, &h, &err) != ZDP_OK) {
+            json_decref(warnings);
+            if (s->R != 0) return NULL;
+            *status = 400;
+            return serve_error_body("adam_params", err.msg);
+        }
+        if (s->R == 0 && s->cfg.optimizer.type == ZDP_OPTIMIZER_SGD && (p.has[1] || p.has[2] || p.has[3]))
+            json_array_append_new(warnings, json_string("the engine's optimizer is SGD (from --config): "
+                                                        "adam_params beta1, beta2 and eps have no effect"));
+    }
+    zdp_status st = zdp_engine_step(s->eng, &err);
+    if (st == ZDP_ERR_STATE) {
+        /* The step did not run: neither do the request's hyperparameters. */
+        if (any && zdp_engine_set_hparams(s->eng, &before, &err) != ZDP_OK) serve_die("optim_step", &err);
+        json_decref(warnings);
+        if (s->R != 0) return NULL;
+        *status = 409;
+        return serve_error_body(NULL,
+                                "optim_step: no forward_backward since the last optim_step, so there is no "
+                                "gradient to apply; nothing changed");
+    }
+    if (st != ZDP_OK) serve_die("optim_step", &err);
+    if (s->R != 0) return NULL;
+    *status = 200;
+    /* Metric keys have exactly one ':' (Tinker's rule). */
+    return serve_dump(json_pack("{s:{s:o,s:o},s:I,s:I,s:b,s:o}", "metrics", "grad_norm:mean",
+                                serve_jreal(zdp_engine_last_grad_norm(s->eng)), "learning_rate:mean",
+                                serve_jreal(zdp_engine_last_lr(s->eng)), "step",
+                                (json_int_t)zdp_engine_global_steps(s->eng), "global_samples",
+                                (json_int_t)zdp_engine_global_samples(s->eng), "step_applied",
+                                zdp_engine_was_step_applied(s->eng), "warnings", warnings));
+}
+
+static int status_of_(zdp_status st) {
+    return st == ZDP_ERR_NOMEM || st == ZDP_ERR_COMM || st == ZDP_ERR_INTERNAL ? 500 : 400;
+}
+
+/* Rank 0 alone: generation reads the parameters every rank already holds.
+ * Only the last block_size tokens are seen at each step. */
+static char *exec_sample_(server *s, job *j, int *status) {
+    if (s->R != 0) return NULL;
+    serve_sample_req rq;
+    if (!serve_sample_req_view(j, &rq))
+        serve_die("sample", &(zdp_error){.msg = "a malformed request (a bug in zdp)"});
+    const sample_req r = rq.r;
+    const int32_t *prompt = rq.prompt;
+    int32_t *tok = malloc((size_t)(r.n + r.max_tokens) * sizeof *tok);
+    float *logits = malloc((size_t)s->opt.model.vocab_size * sizeof *logits);
+    float **v = serve_views(s);
+    if (tok == NULL || logits == NULL || v == NULL) {
+        free(tok), free(logits), free(v);
+        *status = 500;
+        return serve_error_body(NULL, "out of memory");
+    }
+    memcpy(tok, prompt, (size_t)r.n * sizeof *tok);
+    uint64_t rng = (uint64_t)r.seed;
+    json_t *out = json_array();
+    int64_t n = r.n;
+    for (int64_t k = 0; k < r.max_tokens; k++) {
+        int t = s->opt.sample(&s->model, (const float *const *)v, tok, (int)n, r.temperature,
+                              (int)r.top_k, 1.0, &rng, logits, NULL);
+        if (t < 0) break;
+        tok[n++] = t;
+        json_array_append_new(out, json_integer(t));
+    }
+    free(tok), free(logits), free(v);
+    *status = 200;
+    return serve_dump(json_pack("{s:[{s:o,s:s}],s:I}", "sequences", "tokens", out, "stop_reason",
+                           "length", "prompt_length", (json_int_t)r.n));
+}
+
+static int64_t numel_(const zdp_param_info *p) {
+    int64_t n = 1;
+    for (int d = 0; d < p->ndim; d++) n *= p->shape[d];
+    return n;
+}
+
+void serve_free_snapshot(server *s) {
+    for (int i = 0; s->snap != NULL && i < s->model.n_params; i++) free(s->snap[i]);
+    free(s->snap);
+    free(s->snap_path);
+    s->snap = NULL;
+    s->snap_path = NULL;
+}
+
+/* Tinker's asample (rank 0 alone): num_samples continuations of the prompt
+ * from the weights in a sampler file (save_weights_for_sampler), not from the
+ * live ones, so training between save and sample changes nothing.  The file
+ * read last stays in memory.  Each token comes with the model's log p (what
+ * importance-sampling losses take as the sampler's logprobs). */
+static char *exec_sample_file_(server *s, job *j, int *status) {
+    if (s->R != 0) return NULL;
+    serve_sample_file_req rq;
+    if (!serve_sample_file_req_view(j, &rq))
+        serve_die("asample", &(zdp_error){.msg = "a malformed request (a bug in zdp)"});
+    const sample_file_header h = rq.h;
+    const int32_t *prompt = rq.prompt, *stop = rq.stop;
+    const char *path = rq.path;
+    zdp_error err = {0};
+    const int np = s->model.n_params;
+    if (s->snap_path == NULL || strcmp(s->snap_path, path) != 0) {
+        serve_free_snapshot(s);
+        s->snap = calloc((size_t)np, sizeof *s->snap);
+        s->snap_path = strdup(path);
+        bool ok = s->snap != NULL && s->snap_path != NULL;
+        for (int i = 0; ok && i < np; i++)
+            ok = (s->snap[i] = malloc((size_t)numel_(&s->model.params[i]) * sizeof(float))) != NULL;
+        zdp_status st = ok ? zdp_gpt_weights_load(path, &s->opt.model, s->model.params, np, s->snap, &err)
+                           : ZDP_ERR_NOMEM;
+        if (st != ZDP_OK) {
+            serve_free_snapshot(s);
+            *status = status_of_(st);
+            return serve_error_body("model_path", ok ? err.msg : "out of memory for the sampler weights");
+        }
+    }
+    const int64_t cap = h.n_prompt + h.max_tokens;
+    int32_t *tok = malloc((size_t)cap * sizeof *tok);
+    float *logits = malloc((size_t)s->opt.model.vocab_size * sizeof *logits);
+    if (tok == NULL || logits == NULL) {
+        free(tok), free(logits);
+        *status = 500;
+        return serve_error_body(NULL, "out of memory");
+    }
+    json_t *seqs = json_array();
+    bool failed = false;
+    for (int64_t k = 0; k < h.num_samples && !failed; k++) {
+        memcpy(tok, prompt, (size_t)h.n_prompt * sizeof *tok);
+        int64_t n = h.n_prompt;
+        uint64_t rng = h.seed + 0x9E3779B97F4A7C15ull * (uint64_t)k;
+        json_t *out = json_array(), *lps = json_array();
+        const char *reason = "length";
+        for (int64_t m = 0; m < h.max_tokens; m++) {
+            float lp;
+            int t = s->opt.sample(&s->model, (const float *const *)s->snap, tok, (int)n, h.temperature,
+                                  (int)h.top_k, h.top_p, &rng, logits, &lp);
+            if (t < 0) {
+                failed = true;
+                break;
+            }
+            tok[n++] = t;
+            json_array_append_new(out, json_integer(t));
+            json_array_append_new(lps, serve_jreal(lp));
+            bool stopped = false;
+            for (int64_t q = 0; q < h.n_stop && !stopped; q++) stopped = stop[q] == t;
+            if (stopped) {
+                reason = "stop";
+                break;
+            }
+        }
+        json_array_append_new(seqs, json_pack("{s:o,s:o,s:s}", "tokens", out, "logprobs", lps, "stop_reason",
+                                              reason));
+    }
+    free(tok), free(logits);
+    if (failed) {
+        json_decref(seqs);
+        *status = 500;
+        return serve_error_body(NULL, "sampling failed: see the server's log");
+    }
+    *status = 200;
+    return serve_dump(json_pack("{s:o,s:s}", "sequences", seqs, "type", "sample"));
+}
+
+static char *exec_save_weights_(server *s, job *j, int *status) {
+    if (s->R != 0) return NULL;
+    const char *path = (const char *)j->payload;
+    zdp_error err;
+    float **v = serve_views(s);
+    if (v == NULL) {
+        *status = 500;
+        return serve_error_body("path", "out of memory");
+    }
+    zdp_status st = zdp_gpt_weights_save(path, s->model.params, s->model.n_params,
+                                         (const float *const *)v, &err);
+    free(v);
+    if (st != ZDP_OK) {
+        *status = status_of_(st);
+        return serve_error_body("path", err.msg);
+    }
+    *status = 200;
+    return serve_dump(json_pack("{s:s,s:I}", "path", path, "step", (json_int_t)zdp_engine_global_steps(s->eng)));
+}
+
+/* path "A/B/TAG" -> dir "A/B", tag "TAG"; "TAG" -> ".", "TAG". */
+static void split_path_(const char *path, char *dir, char *tag, size_t cap) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    size_t n = strlen(buf);
+    while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
+    char *slash = strrchr(buf, '/');
+    if (slash == NULL) {
+        snprintf(dir, cap, ".");
+        snprintf(tag, cap, "%s", buf);
+    } else {
+        snprintf(tag, cap, "%s", slash + 1);
+        if (slash == buf) snprintf(dir, cap, "/");
+        else {
+            *slash = '\0';
+            snprintf(dir, cap, "%s", buf);
+        }
+    }
+}
+
+/* Every rank, after a step that failed on some: rank 0 gets why, naming
+ * each rank that failed ("rank 1: cannot create ...: Not a directory"), and
+ * the status of the first.  Each failing rank > 0 also logs its reason. */
+static void failed_ranks_(server *s, zdp_status st, const char *msg, int *first_st, char *out, size_t cap) {
+    enum { MSG = ZDP_ERROR_MSG_MAX };
+    char mine[MSG + 8];
+    memset(mine, 0, sizeof mine);
+    int32_t code = (int32_t)st;
+    memcpy(mine, &code, sizeof code);
+    snprintf(mine + 8, MSG, "%s", st == ZDP_OK ? "" : msg);
+    if (st != ZDP_OK && s->R != 0) fprintf(stderr, "[zdp rank %d] zdp serve: %s\n", s->R, msg);
+    char *all = s->R == 0 ? calloc((size_t)s->W, sizeof mine) : NULL;
+    if (s->R == 0 && all == NULL) serve_die("serve", &(zdp_error){.msg = "out of memory"});
+    zdp_error err;
+    if (zdp_channel_gather(s->ch, mine, (int64_t)sizeof mine, all, &err) != ZDP_OK) serve_die("serve", &err);
+    if (s->R != 0) return;
+    size_t n = 0;
+    out[0] = '\0';
+    *first_st = ZDP_ERR_INTERNAL;
+    bool first = true;
+    for (int r = 0; r < s->W; r++) {
+        const char *x = all + (size_t)r * sizeof mine;
+        memcpy(&code, x, sizeof code);
+        if (code == ZDP_OK) continue;
+        if (first) *first_st = code;
+        first = false;
+        if (n < cap) n += (size_t)snprintf(out + n, cap - n, "%srank %d: %s", n ? "; " : "", r, x + 8);
+    }
+    free(all);
+    serve_utf8_fix(out);
+}
+
+static char *exec_state_(server *s, job *j, int *status) {
+    const char *name = (const char *)j->payload;
+    char path[4096];
+    const bool fits = snprintf(path, sizeof path, "%s%s%s", name[0] == '/' ? "" : s->ckpt_root,
+                               name[0] == '/' ? "" : "/", name) < (int)sizeof path;
+    if (!zdp_dist_all_ok(fits)) { /* every rank, before the engine's collectives */
+        if (s->R != 0) return NULL;
+        *status = 400;
+        return serve_error_body("path", "path: too long once joined to the checkpoint folder");
+    }
+    char dir[4096], tag[4096];
+    split_path_(path, dir, tag, sizeof dir);
+    zdp_error err = {0};
+    zdp_status st;
+    if (j->op == OP_SAVE_STATE) {
+        st = zdp_engine_save_checkpoint(s->eng, dir, tag, "{\"writer\": \"zdp serve\"}", &err);
+    } else {
+        char *client = NULL;
+        st = zdp_engine_load_checkpoint(s->eng, dir, tag, &client, &err);
+        free(client);
+    }
+    bool all = zdp_dist_all_ok(st == ZDP_OK);
+    /* A load that succeeded on some ranks only would leave them apart. */
+    if (!all && st == ZDP_OK && j->op == OP_LOAD_STATE)
+        serve_die("load_state", &(zdp_error){.msg = "another rank failed to load the checkpoint"});
+    char why[2048];
+    int bad_st = 0;
+    if (!all) failed_ranks_(s, st, err.msg, &bad_st, why, sizeof why);
+    if (s->R != 0) return NULL;
+    if (!all) {
+        *status = status_of_((zdp_status)bad_st);
+        return serve_error_body("path", why);
+    }
+    *status = 200;
+    return serve_dump(json_pack("{s:s,s:I,s:I,s:I}", "path", path, "step",
+                           (json_int_t)zdp_engine_global_steps(s->eng), "global_samples",
+                           (json_int_t)zdp_engine_global_samples(s->eng), "pending_backwards",
+                           (json_int_t)zdp_engine_pending_backwards(s->eng)));
+}
+
+/* Tinker's load_weights without the optimizer: the weights of a checkpoint
+ * (its model.safetensors) and a fresh optimizer state.  Rank 0 reads into
+ * scratch memory, so a failed read changes nothing; sync_params then gives
+ * every rank the new weights. */
+static char *exec_load_weights_(server *s, job *j, int *status) {
+    const char *path = (const char *)j->payload;
+    zdp_error err = {0};
+    zdp_status st = ZDP_OK;
+    if (s->R == 0) {
+        const int np = s->model.n_params;
+        float **tmp = calloc((size_t)np, sizeof *tmp);
+        st = tmp == NULL ? ZDP_ERR_NOMEM : ZDP_OK;
+        for (int i = 0; st == ZDP_OK && i < np; i++) {
+            tmp[i] = malloc((size_t)numel_(&s->model.params[i]) * sizeof(float));
+            if (tmp[i] == NULL) st = ZDP_ERR_NOMEM;
+        }
+        if (st == ZDP_ERR_NOMEM) snprintf(err.msg, sizeof err.msg, "out of memory for the weights");
+        if (st == ZDP_OK)
+            st = zdp_gpt_weights_load(path, &s->opt.model, s->model.params, np, tmp, &err);
+        for (int i = 0; st == ZDP_OK && i < np; i++)
+            memcpy(zdp_engine_param_data(s->eng, i), tmp[i], (size_t)numel_(&s->model.params[i]) * sizeof(float));
+        for (int i = 0; tmp != NULL && i < np; i++) free(tmp[i]);
+        free(tmp);
+    }
+    int ok = st == ZDP_OK;
+    if (zdp_channel_bcast(s->ch, &ok, (int64_t)sizeof ok, &err) != ZDP_OK) serve_die("load_weights", &err);
+    if (ok) {
+        if (zdp_engine_sync_params(s->eng, &err) != ZDP_OK) serve_die("load_weights", &err);
+        zdp_engine_reset_optimizer_state(s->eng);
+    }
+    if (s->R != 0) return NULL;
+    if (!ok) {
+        *status = status_of_(st);
+        return serve_error_body("path", err.msg);
+    }
+    *status = 200;
+    return serve_dump(json_pack("{s:s,s:I}", "path", path, "step", (json_int_t)zdp_engine_global_steps(s->eng)));
+}
+
+/* The bounds of docs/server.md's "Limits" and what is in use now. */
+static json_t *limits_json_(server *s) {
+    const union MHD_DaemonInfo *ci =
+        s->daemon != NULL ? MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS) : NULL;
+    return json_pack("{s:I,s:I,s:I,s:i,s:i,s:i,s:i,s:f,s:f}", "max_body_bytes", (json_int_t)s->opt.max_body,
+                     "max_inflight_bytes", (json_int_t)s->opt.max_inflight, "inflight_bytes",
+                     (json_int_t)serve_body_inflight(s), "max_connections", s->opt.max_connections,
+                     "max_connections_per_ip", s->opt.max_connections_per_ip, "connections",
+                     ci != NULL ? (int)ci->num_connections : -1, "idle_timeout_seconds",
+                     s->opt.idle_timeout_s, "request_timeout_seconds", s->opt.request_timeout_s,
+                     "health_timeout_seconds", s->opt.health_timeout_s);
+}
+
+static char *exec_info_(server *s, job *j, int *status) {
+    (void)j;
+    zdp_memory_report m;
+    zdp_engine_memory_report(s->eng, &m);
+    int64_t mine[8] = {m.params_bytes, m.grads_bytes, m.grad_partition_bytes, m.bucket_bytes,
+                       m.optimizer_bytes, m.master_bytes, m.other_bytes, m.total_bytes};
+    int64_t *all = s->R == 0 ? malloc((size_t)s->W * sizeof mine) : NULL;
+    if (s->R == 0 && all == NULL) serve_die("info", &(zdp_error){.msg = "out of memory"});
+    zdp_error err;
+    if (zdp_channel_gather(s->ch, mine, (int64_t)sizeof mine, all, &err) != ZDP_OK) serve_die("info", &err);
+    if (s->R != 0) return NULL;
+    json_t *mem = json_array();
+    for (int r = 0; r < s->W; r++) {
+        int64_t *x = all + 8 * r;
+        json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", r,
+                                             "params_bytes", (json_int_t)x[0], "grads_bytes", (json_int_t)x[1],
+                                             "grad_partition_bytes", (json_int_t)x[2], "bucket_bytes",
+                                             (json_int_t)x[3], "optimizer_bytes", (json_int_t)x[4],
+                                             "master_bytes", (json_int_t)x[5], "other_bytes",
+                                             (json_int_t)x[6], "total_bytes", (json_int_t)x[7]));
+    }
+    free(all);
+    const zdp_gpt_config *mc = &s->opt.model;
+    const zdp_optimizer_config *oc = &s->cfg.optimizer;
+    /* What the next update uses: the config's values until an optim_step's
+     * adam_params set others. */
+    zdp_hparams hp;
+    zdp_engine_get_hparams(s->eng, &hp);
+    const char *opt = oc->type == ZDP_OPTIMIZER_SGD ? "SGD" : oc->type == ZDP_OPTIMIZER_ADAMW ? "AdamW" : "Adam";
+    json_t *o = json_pack(
+        "{s:{s:s,s:i,s:i,s:i,s:i,s:i,s:I},s:i,s:i,s:I,s:I,s:I,s:I,s:I,s:o,s:o,"
+        "s:{s:s,s:f,s:f,s:f,s:f,s:f,s:f},s:o,s:I}",
+        "model", "arch", "gpt2", "n_layer", mc->n_layer, "n_head", mc->n_head, "n_embd", mc->n_embd,
+        "vocab_size", mc->vocab_size, "block_size", mc->block_size, "n_params",
+        (json_int_t)zdp_engine_numel(s->eng), "world_size", s->W, "zero_stage", s->cfg.zero.stage, "step",
+        (json_int_t)zdp_engine_global_steps(s->eng), "global_samples",
+        (json_int_t)zdp_engine_global_samples(s->eng), "micro_steps",
+        (json_int_t)zdp_engine_micro_steps(s->eng), "skipped_steps",
+        (json_int_t)zdp_engine_skipped_steps(s->eng), "pending_backwards",
+        (json_int_t)zdp_engine_pending_backwards(s->eng), "lr", serve_jreal(zdp_engine_lr(s->eng)),
+        "last_grad_norm", serve_jreal(zdp_engine_last_grad_norm(s->eng)), "optimizer", "type", opt, "lr",
+        hp.lr, "beta1", hp.beta1, "beta2", hp.beta2, "eps", hp.eps, "weight_decay", hp.weight_decay,
+        "gradient_clipping", hp.gradient_clipping, "memory", mem, "max_body_bytes",
+        (json_int_t)s->opt.max_body);
+    /* Server-side timing by request kind (the one being answered not yet
+     * counted): how long requests waited in the FIFO and ran on the ranks. */
+    json_t *req = json_object();
+    for (int op = 0; op < SERVE_N_OPS; op++) {
+        if (s->stats[op].count == 0) continue;
+        const double n = (double)s->stats[op].count;
+        json_object_set_new(req, serve_ops[op].name,
+                            json_pack("{s:I,s:f,s:f,s:f}", "count", (json_int_t)s->stats[op].count,
+                                      "mean_queue_ms", 1e3 * s->stats[op].queue_s / n, "mean_exec_ms",
+                                      1e3 * s->stats[op].exec_s / n, "max_exec_ms",
+                                      1e3 * s->stats[op].exec_max_s));
+    }
+    json_object_set_new(o, "requests", req);
+    json_object_set_new(o, "limits", limits_json_(s));
+    *status = 200;
+    return serve_dump(o);
+}
+
+const serve_op serve_ops[SERVE_N_OPS] = {
+#define SERVE_OP_ROW_(name, str, fn, all) [OP_##name] = {OP_##name, str, fn, all},
+    SERVE_OP_MAP(SERVE_OP_ROW_)
+#undef SERVE_OP_ROW_
+};
+
+char *serve_exec(server *s, job *j, int *status) {
+    if (j->op < 0 || j->op >= SERVE_N_OPS || serve_ops[j->op].exec == NULL)
+        serve_die("serve", &(zdp_error){.msg = "unknown request type from rank 0 (a bug in zdp)"});
+    return serve_ops[j->op].exec(s, j, status);
+}

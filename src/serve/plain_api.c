@@ -1,0 +1,107 @@
+/*
+ * plain_api.c -- the plain JSON endpoints (docs/server.md): POST
+ * /forward_backward /forward /optim_step /save_weights /save_state
+ * /load_state /sample, GET /info /healthz.  A connection thread validates the
+ * whole body (request.c), queues the job and waits for its answer.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "serve_impl.h"
+
+typedef struct route {
+    const char *path, *method;
+    int op;
+} route;
+
+static const route routes_[] = {
+    {"/forward_backward", "POST", OP_FWDBWD}, {"/forward", "POST", OP_FORWARD},
+    {"/optim_step", "POST", OP_OPTIM},        {"/save_weights", "POST", OP_SAVE_WEIGHTS},
+    {"/save_state", "POST", OP_SAVE_STATE},   {"/load_state", "POST", OP_LOAD_STATE},
+    {"/info", "GET", OP_INFO},                {"/healthz", "GET", -1},
+    {"/sample", "POST", OP_SAMPLE},
+};
+#define N_ROUTES ((int)(sizeof routes_ / sizeof routes_[0]))
+
+/* Queues the job and waits for its answer (requests run one at a time, in
+ * the order they were queued). */
+static enum MHD_Result run_job_(server *s, struct MHD_Connection *c, job *j) {
+    pthread_mutex_lock(&s->mu);
+    if (s->closed || serve_stop_signal) {
+        pthread_mutex_unlock(&s->mu);
+        serve_job_free(j);
+        return serve_reply_error(c, 503, NULL, "the server is shutting down");
+    }
+    serve_enqueue_locked(s, j);
+    while (!j->done) pthread_cond_wait(&s->cv_done, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    char *body = j->body;
+    int status = j->status;
+    j->body = NULL;
+    if (body == NULL && j->fwd != NULL) body = serve_fwd_result_json(j->fwd); /* not expected */
+    serve_job_free(j);
+    return serve_reply(c, status, body);
+}
+
+enum MHD_Result serve_plain_handle(server *s, struct MHD_Connection *c, const char *url, const char *method,
+                                   const char *body, size_t len) {
+    const route *rt = NULL;
+    bool path_known = false;
+    for (int i = 0; i < N_ROUTES; i++) {
+        if (strcmp(url, routes_[i].path) != 0) continue;
+        path_known = true;
+        if (strcmp(method, routes_[i].method) == 0) rt = &routes_[i];
+    }
+    if (rt == NULL && !path_known)
+        return serve_reply_error(c, 404, "url", "%s %s: no such endpoint; POST /forward_backward /forward "
+                            "/optim_step /save_weights /save_state /load_state /sample, GET /info /healthz, and the "
+                            "Tinker SDK's /api/v1/...",
+                            method, url);
+    if (rt == NULL) {
+        const char *want = "POST";
+        for (int i = 0; i < N_ROUTES; i++)
+            if (strcmp(url, routes_[i].path) == 0) want = routes_[i].method;
+        return serve_reply_error(c, 405, "method", "%s %s: method not allowed; use %s", method, url, want);
+    }
+    if (rt->op < 0) return serve_healthz(s, c);
+    job *j = calloc(1, sizeof *j);
+    if (j == NULL) return serve_reply_error(c, 500, NULL, "out of memory");
+    j->op = rt->op;
+    if (rt->op == OP_INFO) return run_job_(s, c, j);
+
+    /* Parse and validate everything before the engine sees anything. */
+    json_error_t jerr;
+    json_t *root = len == 0 ? json_object()
+                                : json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (root == NULL) {
+        serve_job_free(j);
+        return serve_reply_error(c, 400, "body", "the body is not valid JSON: %s (line %d, column %d)",
+                            jerr.text, jerr.line, jerr.column);
+    }
+    verr e = {0};
+    bool ok;
+    if (!json_is_object(root)) {
+        ok = serve_bad(&e, 400, "body", "the body must be a JSON object, got %s", zdp_json_type_name(root));
+    } else if (rt->op == OP_FWDBWD || rt->op == OP_FORWARD) {
+        ok = serve_parse_fwd(root, "", &s->opt.model, j, &e);
+    } else if (rt->op == OP_OPTIM) {
+        static const char *const keys[] = {"adam_params"};
+        ok = serve_only_keys(root, "", keys, 1, &e) &&
+             serve_parse_optim(json_object_get(root, "adam_params"), "adam_params", false, j, &e);
+    } else if (rt->op == OP_SAMPLE) {
+        ok = serve_parse_sample(root, &s->opt.model, j, &e);
+    } else {
+        ok = serve_parse_path(s, root, j, &e);
+    }
+    json_decref(root);
+    if (!ok) {
+        serve_job_free(j);
+        return serve_reply(c, e.status, serve_error_body(e.field, e.msg));
+    }
+    return run_job_(s, c, j);
+}
+

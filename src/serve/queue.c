@@ -1,0 +1,259 @@
+/*
+ * queue.c -- the FIFO and the loops (docs/server.md, "Stopping"): rank 0's
+ * main thread takes one job at a time, broadcasts it to every rank over a
+ * private channel (src/comm, zdp_channel) when its op runs on all ranks
+ * (serve_ops[op].all_ranks), runs it (serve_exec) and hands the answer back:
+ * to the connection thread waiting on a plain request, or to its protocol
+ * (s->proto.finish).  The other ranks wait in serve_worker_loop.
+ *
+ * A signal to a rank > 0 reaches rank 0 as a TAG_STOP message, and rank 0
+ * stops every rank as for its own signal.  When idle, rank 0 sends a no-op
+ * (OP_PING) that every rank answers; /healthz names a rank that has not.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <signal.h>
+
+#include "serve_impl.h"
+
+volatile sig_atomic_t serve_stop_signal = 0;
+static void on_signal_(int sig) { serve_stop_signal = sig; }
+
+void serve_install_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal_;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+/* Point-to-point tags on the server's communicator (collectives do not
+ * match them): a rank > 0 that got SIGTERM/SIGINT tells rank 0, and every
+ * rank > 0 answers rank 0's health check. */
+enum { TAG_STOP = 1, TAG_ACK = 2 };
+
+void serve_enqueue_locked(server *s, job *j) {
+    j->queued_at = serve_now();
+    j->next = NULL;
+    if (s->tail) s->tail->next = j;
+    else s->head = j;
+    s->tail = j;
+    pthread_cond_signal(&s->cv_job);
+}
+
+/* A rank > 0 that got a signal: rank 0 alone decides when every rank
+ * leaves (it refuses what is queued and broadcasts OP_QUIT), so this rank
+ * tells it and goes on serving until then.  Exiting alone would leave the
+ * others in a collective. */
+static void notify_stop_(server *s) {
+    if (s->R == 0 || serve_stop_signal == 0 || s->stop_sent) return;
+    s->stop_sig = serve_stop_signal;
+    fprintf(stderr, "[zdp rank %d] zdp serve: %s received: asking rank 0 to stop every rank\n", s->R,
+            s->stop_sig == SIGINT ? "SIGINT" : "SIGTERM");
+    zdp_error err;
+    if (zdp_channel_isend_int(s->ch, &s->stop_sig, 0, TAG_STOP, &s->stop_req, &err) != ZDP_OK)
+        serve_die("serve", &err);
+    s->stop_sent = true;
+}
+
+/* Rank 0: has a rank > 0 asked to stop?  Then stop as if rank 0 got the
+ * signal itself. */
+static void poll_stop_(server *s) {
+    if (s->W == 1) return;
+    int from = -1, sig = 0;
+    zdp_error err;
+    if (zdp_channel_poll_int(s->ch, TAG_STOP, &from, &sig, &err) != ZDP_OK) serve_die("serve", &err);
+    if (from < 0) return;
+    printf("zdp serve: rank %d received %s: stopping every rank\n", from,
+           sig == SIGINT ? "SIGINT" : "SIGTERM");
+    fflush(stdout);
+    if (serve_stop_signal == 0) serve_stop_signal = sig;
+}
+
+/* Waits for a nonblocking collective without spinning a core: idle ranks
+ * sit here between requests (and notice a signal here). */
+static void wait_idle_(server *s, zdp_comm_req *req) {
+    bool done = false;
+    struct timespec ts = {0, 200000}; /* 0.2 ms */
+    zdp_error err;
+    for (;;) {
+        notify_stop_(s);
+        if (zdp_comm_test(req, &done, &err) != ZDP_OK) serve_die("serve", &err);
+        if (done) return;
+        nanosleep(&ts, NULL);
+        if (ts.tv_nsec < 2000000) ts.tv_nsec += 100000;
+    }
+}
+
+static void bcast_job_(server *s, int64_t hdr[2], unsigned char **payload) {
+    zdp_comm_req *req;
+    zdp_error err;
+    if (zdp_channel_ibcast(s->ch, hdr, 2 * sizeof *hdr, &req, &err) != ZDP_OK) serve_die("serve", &err);
+    wait_idle_(s, req);
+    if (hdr[0] == OP_QUIT || hdr[1] == 0) return;
+    if (s->R != 0) {
+        *payload = malloc((size_t)hdr[1]);
+        if (*payload == NULL) serve_die("serve", &(zdp_error){.msg = "out of memory for a request"});
+    }
+    if (zdp_channel_bcast(s->ch, *payload, hdr[1], &err) != ZDP_OK) serve_die("serve", &err);
+}
+
+void serve_worker_loop(server *s) {
+    for (;;) {
+        int64_t hdr[2] = {0, 0};
+        job j = {0};
+        bcast_job_(s, hdr, &j.payload);
+        if (hdr[0] == OP_QUIT) {
+            /* A stop request rank 0 never received (it was stopping anyway)
+             * must not keep this rank. */
+            if (s->stop_sent) zdp_comm_req_free(s->stop_req);
+            s->stop_req = NULL;
+            return;
+        }
+        if (hdr[0] == OP_PING) {
+            zdp_error err;
+            if (zdp_channel_send_int(s->ch, s->R, 0, TAG_ACK, &err) != ZDP_OK) serve_die("serve", &err);
+            continue;
+        }
+        j.op = (int)hdr[0];
+        j.nbytes = hdr[1];
+        int status = 0;
+        char *body = serve_exec(s, &j, &status);
+        free(body);
+        serve_fwd_result_free(j.fwd);
+        free(j.payload);
+    }
+}
+
+/* Rank 0, idle: the health check.  Every rank > 0 must answer an OP_PING;
+ * until it does, /healthz can name the first rank that has not (a rank
+ * that is stopped, stuck or starved cannot answer). */
+static void ping_(server *s) {
+    pthread_mutex_lock(&s->mu);
+    s->ping_since = serve_now();
+    s->ping_missing = -1; /* not known yet: the broadcast itself may wait */
+    pthread_mutex_unlock(&s->mu);
+    int64_t hdr[2] = {OP_PING, 0};
+    bcast_job_(s, hdr, NULL);
+    zdp_comm_req **req = malloc((size_t)s->W * sizeof *req);
+    int *ack = malloc((size_t)s->W * sizeof *ack);
+    if (req == NULL || ack == NULL) serve_die("serve", &(zdp_error){.msg = "out of memory for a health check"});
+    zdp_error err;
+    for (int r = 1; r < s->W; r++)
+        if (zdp_channel_irecv_int(s->ch, &ack[r], r, TAG_ACK, &req[r], &err) != ZDP_OK) serve_die("serve", &err);
+    struct timespec ts = {0, 200000};
+    for (int missing = 1; missing < s->W;) {
+        bool done = false;
+        if (zdp_comm_test(req[missing], &done, &err) != ZDP_OK) serve_die("serve", &err);
+        if (done) {
+            missing++;
+            continue;
+        }
+        if (serve_stop_signal) {
+            /* Stopping while a rank does not answer: give up on it. */
+            for (int r = missing; r < s->W; r++)
+                if (zdp_comm_cancel(req[r], &err) != ZDP_OK) serve_die("serve", &err);
+            break;
+        }
+        pthread_mutex_lock(&s->mu);
+        s->ping_missing = missing;
+        pthread_mutex_unlock(&s->mu);
+        nanosleep(&ts, NULL);
+        if (ts.tv_nsec < 5000000) ts.tv_nsec += 100000;
+    }
+    free(req);
+    free(ack);
+    pthread_mutex_lock(&s->mu);
+    s->ping_since = 0;
+    s->ping_missing = -1;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void serve_leader_loop(server *s) {
+    /* Health checks run when the ranks have been idle this long. */
+    const double ping_every = s->opt.health_timeout_s / 2 < 10 ? s->opt.health_timeout_s / 2 : 10;
+    double last_busy = serve_now();
+    for (;;) {
+        poll_stop_(s);
+        pthread_mutex_lock(&s->mu);
+        if (s->proto.tick != NULL) s->proto.tick(s);
+        while (s->head == NULL && !serve_stop_signal) {
+            if (s->W > 1 && serve_now() - last_busy >= ping_every) {
+                pthread_mutex_unlock(&s->mu);
+                ping_(s);
+                last_busy = serve_now();
+                pthread_mutex_lock(&s->mu);
+                continue;
+            }
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 200000000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&s->cv_job, &s->mu, &ts);
+            /* Tinker requests held back for a missing seq_id may be due. */
+            if (s->proto.tick != NULL) s->proto.tick(s);
+            poll_stop_(s);
+        }
+        if (serve_stop_signal) {
+            /* Refuse what is queued and what comes, then tell the ranks. */
+            s->closed = true;
+            for (job *q = s->head, *next; q != NULL; q = next) {
+                next = q->next;
+                if (q->fut != NULL) {
+                    s->proto.finish(s, q, 503, serve_error_body(NULL, "the server is shutting down"));
+                    continue;
+                }
+                q->status = 503;
+                q->body = serve_error_body(NULL, "the server is shutting down");
+                q->done = true;
+            }
+            if (s->proto.shutdown != NULL) s->proto.shutdown(s);
+            s->head = s->tail = NULL;
+            pthread_cond_broadcast(&s->cv_done);
+            pthread_mutex_unlock(&s->mu);
+            int64_t hdr[2] = {OP_QUIT, 0};
+            if (s->W > 1) bcast_job_(s, hdr, NULL);
+            return;
+        }
+        job *j = s->head;
+        s->head = j->next;
+        if (s->head == NULL) s->tail = NULL;
+        s->busy_op = j->op;
+        s->busy_since = serve_now();
+        pthread_mutex_unlock(&s->mu);
+
+        if (serve_ops[j->op].all_ranks && s->W > 1) {
+            int64_t hdr[2] = {j->op, j->nbytes};
+            bcast_job_(s, hdr, &j->payload);
+        }
+        int status = 500;
+        const double t0 = serve_now();
+        char *body = serve_exec(s, j, &status);
+        const double t1 = serve_now();
+        s->stats[j->op].count++;
+        s->stats[j->op].queue_s += t0 - j->queued_at;
+        s->stats[j->op].exec_s += t1 - t0;
+        if (t1 - t0 > s->stats[j->op].exec_max_s) s->stats[j->op].exec_max_s = t1 - t0;
+        last_busy = t1;
+        pthread_mutex_lock(&s->mu);
+        s->busy_op = -1;
+        if (j->fut != NULL) {
+            s->proto.finish(s, j, status, body);
+        } else {
+            j->status = status;
+            j->body = body;
+            j->done = true;
+        }
+        pthread_cond_broadcast(&s->cv_done);
+        pthread_mutex_unlock(&s->mu);
+    }
+}

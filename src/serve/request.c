@@ -1,0 +1,746 @@
+/*
+ * request.c -- what a client sends, checked once: JSON helpers, the paths a
+ * client may name, and the parsers that turn a request body (JSON, or the
+ * JSON tinker/proto.c decodes protobuf into) into a job's payload.  Nothing
+ * here touches the engine or MPI; a request refused here never reaches the
+ * ranks.
+ *
+ * Payload layouts (what every rank receives):
+ *   forward_backward / forward: fwd_header h; int32 len[h.n]; int32
+ *     tokens[total]; int32 targets[total]; float weights[total], logprobs[total],
+ *     advantages[total]   (total = sum of len)
+ *   optim_step: optim_payload
+ *   save_weights / save_state / load_state / load_weights: the path, NUL-terminated
+ *   sample: sample_req; int32 prompt[n]
+ *   asample: sample_file_header; int32 prompt[n_prompt]; int32 stop[n_stop]; path
+ * and read back only through the typed views at the end of this file
+ * (serve_fwd_req_view, ...), which check the layout.
+ */
+#define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700 /* realpath */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "serve_impl.h"
+
+const char *const serve_adam_keys[N_ADAM] = {"learning_rate", "beta1", "beta2", "eps",
+                                             "weight_decay", "grad_clip_norm"};
+
+void serve_job_free(job *j) {
+    if (j == NULL) return;
+    free(j->payload);
+    free(j->body);
+    free(j->tinker_path);
+    serve_fwd_result_free(j->fwd);
+    free(j->sampling_session);
+    free(j);
+}
+
+double serve_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- JSON helpers -------------------------------------------------------------- */
+
+char *serve_dump(json_t *o) {
+    char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    json_decref(o);
+    return s;
+}
+
+/* jansson refuses NaN and Inf: they become null. */
+json_t *serve_jreal(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+void serve_utf8_fix(char *s) {
+    unsigned char *p = (unsigned char *)s;
+    while (*p) {
+        size_t k = *p < 0x80             ? 0
+                   : (*p & 0xe0) == 0xc0 ? 1
+                   : (*p & 0xf0) == 0xe0 ? 2
+                   : (*p & 0xf8) == 0xf0 ? 3
+                                         : 9; /* not a lead byte */
+        bool ok = k <= 3;
+        for (size_t j = 1; ok && j <= k; j++) ok = (p[j] & 0xc0) == 0x80;
+        if (ok && k == 1) ok = *p >= 0xc2;
+        if (ok && k == 2) ok = !(*p == 0xe0 && p[1] < 0xa0) && !(*p == 0xed && p[1] >= 0xa0);
+        if (ok && k == 3) ok = !(*p == 0xf0 && p[1] < 0x90) && (*p < 0xf4 || (*p == 0xf4 && p[1] < 0x90));
+        if (!ok) {
+            *p++ = '?';
+            continue;
+        }
+        p += k + 1;
+    }
+}
+
+char *serve_error_body(const char *field, const char *msg) {
+    /* A message cut at a fixed size may end inside a UTF-8 character, and
+     * jansson refuses a string that is not UTF-8. */
+    char m[1200], f[300];
+    snprintf(m, sizeof m, "%s", msg);
+    serve_utf8_fix(m);
+    if (field != NULL) {
+        snprintf(f, sizeof f, "%s", field);
+        serve_utf8_fix(f);
+    }
+    return serve_dump(json_pack("{s:{s:s,s:s?}}", "error", "message", m, "field", field ? f : NULL));
+}
+
+bool serve_bad(verr *e, int status, const char *field, const char *fmt, ...) {
+    e->status = status;
+    snprintf(e->field, sizeof e->field, "%s", field);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+/* Every key of object o must be in keys[0..n). */
+bool serve_only_keys(const json_t *o, const char *where, const char *const *keys, int n,
+                       verr *e) {
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)o, k, v) {
+        bool known = false;
+        for (int i = 0; i < n && !known; i++) known = strcmp(k, keys[i]) == 0;
+        if (!known) {
+            char field[512], list[256] = "";
+            snprintf(field, sizeof field, "%s%s%s", where, where[0] ? "." : "", k);
+            for (int i = 0; i < n; i++)
+                snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", keys[i]);
+            return serve_bad(e, 400, field, "%s: unknown field; the fields here are: %s", field, list);
+        }
+    }
+    return true;
+}
+
+/* ---- paths a client sends ------------------------------------------------------ */
+
+int serve_mkdirs(const char *path) {
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(buf, 0777) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* Is p root itself or below it?  Both are absolute, without "." or "..". */
+bool serve_inside(const char *p, const char *root) {
+    size_t n = strlen(root);
+    while (n > 1 && root[n - 1] == '/') n--;
+    if (n == 1 && root[0] == '/') return true;
+    return strncmp(p, root, n) == 0 && (p[n] == '\0' || p[n] == '/');
+}
+
+bool serve_resolve_path(const server *s, const char *field, const char *name, char *out, size_t cap,
+                        verr *e) {
+    const size_t n = strlen(name);
+    if (n == 0 || n > 4000)
+        return serve_bad(e, 400, field, "%s: must be a name of 1 to 4000 bytes inside the server's "
+                         "checkpoint folder, such as \"run1/step10\"", field);
+    for (const char *p = name; *p;) {
+        while (*p == '/') p++;
+        const char *q = p;
+        while (*q && *q != '/') q++;
+        if ((q - p == 1 && p[0] == '.') || (q - p == 2 && p[0] == '.' && p[1] == '.'))
+            return serve_bad(e, 400, field, "%s = \"%s\": \".\" and \"..\" are not allowed in a path; send a "
+                             "name inside the server's checkpoint folder, such as \"run1/step10\"", field, name);
+        p = q;
+    }
+    /* The same answer whether or not anything outside exists. */
+    char outside[1400];
+    snprintf(outside, sizeof outside, "%s = \"%.1000s\": outside the folders this server may use; send a name "
+             "inside its checkpoint folder (--checkpoint-dir), such as \"run1/step10\" (the operator can allow "
+             "other folders for absolute paths with --allow-path-root DIR)", field, name);
+    char root[PATH_MAX], real[PATH_MAX], full[PATH_MAX + 4096], pre[PATH_MAX + 4096];
+    if (serve_mkdirs(s->opt.checkpoint_dir) != 0 || realpath(s->opt.checkpoint_dir, root) == NULL)
+        return serve_bad(e, 500, field, "%s: cannot create the checkpoint folder %s: %s (--checkpoint-dir)",
+                         field, s->opt.checkpoint_dir, strerror(errno));
+    if (name[0] == '/') {
+        /* An absolute path: only inside a folder the operator named (checked
+         * again on the real path below); nothing else is looked at. */
+        bool listed = serve_inside(name, root);
+        for (int i = 0; i < s->opt.n_allow_roots && !listed; i++)
+            listed = serve_inside(name, s->roots_real[i]) ||
+                     (s->opt.allow_roots[i][0] == '/' && serve_inside(name, s->opt.allow_roots[i]));
+        if (!listed) return serve_bad(e, 400, field, "%s", outside);
+        snprintf(full, sizeof full, "%s", name);
+    } else {
+        snprintf(full, sizeof full, "%s/%s", root, name);
+    }
+    size_t len = strlen(full);
+    while (len > 1 && full[len - 1] == '/') full[--len] = '\0';
+    /* The longest prefix that exists (lstat: a link at the end counts, even a
+     * dangling one), resolved with realpath: a symbolic link anywhere in it
+     * that leads outside shows.  What follows does not exist yet, so it holds
+     * no link. */
+    snprintf(pre, sizeof pre, "%s", full);
+    struct stat sb;
+    while (lstat(pre, &sb) != 0) {
+        char *slash = strrchr(pre, '/');
+        if (slash == pre) {
+            pre[1] = '\0';
+            break;
+        }
+        *slash = '\0';
+    }
+    if (realpath(pre, real) == NULL) return serve_bad(e, 400, field, "%s", outside);
+    const char *rest = full + strlen(pre);
+    while (*rest == '/') rest++;
+    const size_t rl = strlen(real);
+    if (snprintf(out, cap, "%s%s%s", real, *rest && real[rl - 1] != '/' ? "/" : "", rest) >= (int)cap)
+        return serve_bad(e, 400, field, "%s = \"%.1000s\": too long", field, name);
+    bool ok = serve_inside(out, root);
+    for (int i = 0; i < s->opt.n_allow_roots && !ok; i++) ok = serve_inside(out, s->roots_real[i]);
+    if (!ok) return serve_bad(e, 400, field, "%s", outside);
+    return true;
+}
+
+/* ---- validation ---------------------------------------------------------------- */
+
+/* Reads a loss_fn_inputs tensor: a plain JSON array, or Tinker's TensorData
+ * {data, dtype, shape}.  Integer tensors go to ints[0..N), float ones to
+ * floats[0..N).  N is the datum's model_input length. */
+static bool parse_tensor_(const json_t *v, const char *path, bool integer, int64_t N, int V, double limit,
+                          int32_t *ints, float *floats, verr *e) {
+    char field[384];
+    const json_t *arr = v;
+    char data_path[320];
+    snprintf(data_path, sizeof data_path, "%s", path);
+    if (json_is_object(v)) {
+        static const char *const keys[] = {"data", "dtype", "shape", "sparse_crow_indices",
+                                           "sparse_col_indices"};
+        if (!serve_only_keys(v, path, keys, 5, e)) return false;
+        if (json_object_get(v, "sparse_crow_indices") || json_object_get(v, "sparse_col_indices")) {
+            snprintf(field, sizeof field, "%s.sparse_crow_indices", path);
+            return serve_bad(e, 400, field, "%s: sparse CSR tensors are not supported; send dense 1-D data", path);
+        }
+        arr = json_object_get(v, "data");
+        snprintf(data_path, sizeof data_path, "%s.data", path);
+        if (arr == NULL) return serve_bad(e, 400, data_path, "%s: missing (TensorData needs data)", data_path);
+        const json_t *dt = json_object_get(v, "dtype");
+        snprintf(field, sizeof field, "%s.dtype", path);
+        if (dt != NULL) {
+            if (!json_is_string(dt))
+                return serve_bad(e, 400, field, "%s: must be a string, got %s", field, zdp_json_type_name(dt));
+            const char *s = json_string_value(dt);
+            bool ok = integer ? (!strcmp(s, "int64") || !strcmp(s, "int32"))
+                              : (!strcmp(s, "float32") || !strcmp(s, "float64") ||
+                                 !strcmp(s, "int64") || !strcmp(s, "int32"));
+            if (!ok)
+                return serve_bad(e, 400, field, "%s = \"%s\": expected %s", field, s,
+                            integer ? "\"int64\" (or \"int32\")" : "\"float32\"");
+        }
+        const json_t *sh = json_object_get(v, "shape");
+        snprintf(field, sizeof field, "%s.shape", path);
+        if (sh != NULL && !json_is_null(sh)) {
+            if (!json_is_array(sh) || json_array_size(sh) != 1 ||
+                !json_is_integer(json_array_get(sh, 0)))
+                return serve_bad(e, 400, field, "%s: must be [N] (1-D tensors only), got %s", field,
+                            json_is_array(sh) ? "another shape" : zdp_json_type_name(sh));
+            if (json_integer_value(json_array_get(sh, 0)) != N)
+                return serve_bad(e, 400, field, "%s = [%lld]: must be [%lld], the model_input length", field,
+                            (long long)json_integer_value(json_array_get(sh, 0)), (long long)N);
+        }
+    }
+    if (!json_is_array(arr))
+        return serve_bad(e, 400, data_path, "%s: must be an array of numbers or TensorData, got %s",
+                    data_path, zdp_json_type_name(arr));
+    if ((int64_t)json_array_size(arr) != N)
+        return serve_bad(e, 400, data_path, "%s: has %zu values; the model_input has %lld tokens (position i "
+                    "of the input predicts element i: the server does not shift)",
+                    data_path, json_array_size(arr), (long long)N);
+    for (int64_t i = 0; i < N; i++) {
+        const json_t *x = json_array_get(arr, (size_t)i);
+        snprintf(field, sizeof field, "%s[%lld]", data_path, (long long)i);
+        if (integer) {
+            if (!json_is_integer(x))
+                return serve_bad(e, 400, field, "%s: must be an integer token id, got %s", field, zdp_json_type_name(x));
+            json_int_t t = json_integer_value(x);
+            if (t < 0 || t >= V)
+                return serve_bad(e, 400, field, "%s = %lld: outside the vocabulary [0, %d)", field, (long long)t, V);
+            ints[i] = (int32_t)t;
+        } else {
+            if (!json_is_number(x))
+                return serve_bad(e, 400, field, "%s: must be a number, got %s", field, zdp_json_type_name(x));
+            double w = json_number_value(x);
+            if (!isfinite(w))
+                return serve_bad(e, 400, field, "%s = %g: must be a finite number", field, w);
+            if (fabs(w) > limit)
+                return serve_bad(e, 400, field, "%s = %g: |value| must be <= %g", field, w, limit);
+            floats[i] = (float)w;
+        }
+    }
+    return true;
+}
+
+/* The loss of a forward/forward_backward: Tinker's names, the loss_fn_inputs
+ * each one reads, and its loss_fn_config keys (docs/tinker-protocol.md §2). */
+typedef struct loss_spec {
+    const char *name;
+    const char *inputs[3]; /* [0] is always target_tokens */
+    int n_inputs;
+    bool optional_last;    /* cross_entropy: weights may be left out (all 1) */
+    const char *config[2];
+    int n_config;
+} loss_spec;
+
+static const loss_spec losses_[N_LOSSES] = {
+    [ZDP_LOSS_CROSS_ENTROPY] = {"cross_entropy", {"target_tokens", "weights"}, 2, true, {0}, 0},
+    [ZDP_LOSS_IMPORTANCE_SAMPLING] = {"importance_sampling", {"target_tokens", "logprobs", "advantages"},
+                                  3, false, {0}, 0},
+    [ZDP_LOSS_PPO] = {"ppo", {"target_tokens", "logprobs", "advantages"}, 3, false,
+                  {"clip_low_threshold", "clip_high_threshold"}, 2},
+    [ZDP_LOSS_CISPO] = {"cispo", {"target_tokens", "logprobs", "advantages"}, 3, false,
+                    {"clip_low_threshold", "clip_high_threshold"}, 2},
+    [ZDP_LOSS_DRO] = {"dro", {"target_tokens", "logprobs", "advantages"}, 3, false, {"beta"}, 1},
+};
+
+/* Where a float input goes in the payload (weights, logprobs, advantages). */
+static int float_slot_(const char *input) {
+    return !strcmp(input, "weights") ? 0 : !strcmp(input, "logprobs") ? 1 : 2;
+}
+
+/* "where.rest", or "rest" when where is empty. */
+static const char *at_(char *buf, size_t cap, const char *where, const char *rest) {
+    snprintf(buf, cap, "%s%s%s", where, where[0] ? "." : "", rest);
+    return buf;
+}
+
+/* loss_fn and loss_fn_config -> h (the loss and its options; no datums yet).
+ * need_loss: forward_backward must name its loss, forward may leave it out. */
+static bool parse_loss_(const json_t *root, const char *where, bool need_loss, fwd_header *out, verr *e) {
+    char lf_path[320], lc_path[320];
+    at_(lf_path, sizeof lf_path, where, "loss_fn");
+    at_(lc_path, sizeof lc_path, where, "loss_fn_config");
+    fwd_header h = {.loss = ZDP_LOSS_CROSS_ENTROPY, .clip_low = 0.8, .clip_high = 1.2, .beta = NAN};
+    const json_t *lf = json_object_get(root, "loss_fn");
+    if (lf == NULL && need_loss)
+        return serve_bad(e, 400, lf_path, "%s: missing; send \"cross_entropy\" (or importance_sampling, "
+                         "ppo, cispo, dro)", lf_path);
+    if (lf != NULL && !json_is_string(lf))
+        return serve_bad(e, 400, lf_path, "%s: must be a string, got %s", lf_path, zdp_json_type_name(lf));
+    if (lf != NULL) {
+        h.loss = -1;
+        for (int k = 0; k < N_LOSSES; k++)
+            if (!strcmp(json_string_value(lf), losses_[k].name)) h.loss = k;
+        if (h.loss < 0)
+            return serve_bad(e, 400, lf_path, "%s = \"%s\": unknown loss; the losses are cross_entropy, "
+                             "importance_sampling, ppo, cispo, dro", lf_path, json_string_value(lf));
+    }
+    const loss_spec *ls = &losses_[h.loss];
+    const json_t *lc = json_object_get(root, "loss_fn_config");
+    if (lc != NULL && !json_is_null(lc)) {
+        if (!json_is_object(lc))
+            return serve_bad(e, 400, lc_path, "%s: must be an object, got %s", lc_path, zdp_json_type_name(lc));
+        if (ls->n_config == 0 && json_object_size(lc) > 0)
+            return serve_bad(e, 400, lc_path, "%s: %s takes no options; leave it out or send {}", lc_path,
+                             ls->name);
+        if (!serve_only_keys(lc, lc_path, ls->config, ls->n_config, e)) return false;
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)lc, k, v) {
+            char f[400];
+            snprintf(f, sizeof f, "%s.%s", lc_path, k);
+            if (!json_is_number(v) || !isfinite(json_number_value(v)) || json_number_value(v) < 0)
+                return serve_bad(e, 400, f, "%s: must be a finite number >= 0", f);
+            double x = json_number_value(v);
+            if (x > 1e6) return serve_bad(e, 400, f, "%s = %g: must be <= 1e6", f, x);
+            if (!strcmp(k, "clip_low_threshold")) h.clip_low = x;
+            else if (!strcmp(k, "clip_high_threshold")) h.clip_high = x;
+            else h.beta = x;
+        }
+    }
+    if (h.loss == ZDP_LOSS_DRO && (lc == NULL || json_object_get(lc, "beta") == NULL))
+        return serve_bad(e, 400, lc_path, "%s.beta: missing; dro needs beta (the weight of "
+                         "0.5 * (logprob - sampler logprob)^2)", lc_path);
+    if (h.clip_low > 1.0 || h.clip_high < 1.0)
+        return serve_bad(e, 400, lc_path, "%s: clip_low_threshold = %g and clip_high_threshold = %g "
+                         "are ratio bounds and must satisfy low <= 1 <= high (defaults 0.8, 1.2)",
+                         lc_path, h.clip_low, h.clip_high);
+
+    *out = h;
+    return true;
+}
+
+/* A datum's model_input {chunks: [{type: "encoded_text", tokens}...]} ->
+ * dst[0..*n) (1 to T tokens, each in [0, V)).  path: the datum's JSON path. */
+static bool parse_model_input_(const json_t *d, const char *path, int T, int V, int32_t *dst, int64_t *n,
+                               verr *e) {
+    char field[512];
+    bool ok = true;
+    const json_t *mi = json_object_get(d, "model_input");
+    snprintf(field, sizeof field, "%s.model_input", path);
+    if (!json_is_object(mi))
+        return serve_bad(e, 400, field, "%s: %s; must be {\"chunks\": [...]}", field,
+                         mi ? "not an object" : "missing");
+    static const char *const mkeys[] = {"chunks"};
+    if (!serve_only_keys(mi, field, mkeys, 1, e)) return false;
+    const json_t *chunks = json_object_get(mi, "chunks");
+    snprintf(field, sizeof field, "%s.model_input.chunks", path);
+    if (!json_is_array(chunks) || json_array_size(chunks) == 0)
+        return serve_bad(e, 400, field, "%s: must be a non-empty array of chunks", field);
+    int64_t N = 0;
+    for (size_t c = 0; ok && c < json_array_size(chunks); c++) {
+        const json_t *ch = json_array_get(chunks, c);
+        char cpath[448];
+        snprintf(cpath, sizeof cpath, "%s.model_input.chunks[%zu]", path, c);
+        if (!json_is_object(ch)) {
+            ok = serve_bad(e, 400, cpath, "%s: must be an object, got %s", cpath, zdp_json_type_name(ch));
+            break;
+        }
+        static const char *const ckeys[] = {"type", "tokens"};
+        const json_t *ty = json_object_get(ch, "type");
+        if (ty != NULL && (!json_is_string(ty) || strcmp(json_string_value(ty), "encoded_text") != 0)) {
+            snprintf(field, sizeof field, "%s.type", cpath);
+            ok = serve_bad(e, 400, field, "%s: only \"encoded_text\" chunks are supported (got %s%s%s)",
+                           field, json_is_string(ty) ? "\"" : "",
+                           json_is_string(ty) ? json_string_value(ty) : zdp_json_type_name(ty),
+                           json_is_string(ty) ? "\"" : "");
+            break;
+        }
+        if (!(ok = serve_only_keys(ch, cpath, ckeys, 2, e))) break;
+        const json_t *tk = json_object_get(ch, "tokens");
+        snprintf(field, sizeof field, "%s.tokens", cpath);
+        if (!json_is_array(tk)) {
+            ok = serve_bad(e, 400, field, "%s: must be an array of token ids, got %s", field,
+                           tk ? zdp_json_type_name(tk) : "nothing");
+            break;
+        }
+        for (size_t k = 0; k < json_array_size(tk); k++) {
+            const json_t *x = json_array_get(tk, k);
+            snprintf(field, sizeof field, "%s.tokens[%zu]", cpath, k);
+            if (!json_is_integer(x)) {
+                ok = serve_bad(e, 400, field, "%s: must be an integer token id, got %s", field,
+                               zdp_json_type_name(x));
+                break;
+            }
+            json_int_t t = json_integer_value(x);
+            if (t < 0 || t >= V) {
+                ok = serve_bad(e, 400, field, "%s = %lld: outside the vocabulary [0, %d)", field,
+                               (long long)t, V);
+                break;
+            }
+            if (N >= T) {
+                snprintf(field, sizeof field, "%s.model_input", path);
+                ok = serve_bad(e, 400, field, "%s: more than %d tokens (block_size); send at most %d",
+                               field, T, T);
+                break;
+            }
+            dst[N++] = (int32_t)t;
+        }
+    }
+    if (!ok) return false;
+    if (N == 0) {
+        snprintf(field, sizeof field, "%s.model_input", path);
+        return serve_bad(e, 400, field, "%s: no tokens; a datum needs at least one", field);
+    }
+    *n = N;
+    return true;
+}
+
+/* forward_backward / forward input: {data: [Datum...], loss_fn, loss_fn_config}.
+ * payload: fwd_header, int32 len[n], int32 tokens[total], int32 targets[total],
+ * then float weights[total], logprobs[total] (the sampler's), advantages[total]
+ * (the inputs a loss does not read are 0). */
+bool serve_parse_fwd(const json_t *root, const char *where, const zdp_gpt_config *mc, job *j,
+                     verr *e) {
+    char data_path[320];
+    at_(data_path, sizeof data_path, where, "data");
+    static const char *const keys[] = {"data", "loss_fn", "loss_fn_config"};
+    if (!serve_only_keys(root, where, keys, 3, e)) return false;
+
+    fwd_header h;
+    if (!parse_loss_(root, where, j->op == OP_FWDBWD, &h, e)) return false;
+    const loss_spec *ls = &losses_[h.loss];
+
+    const json_t *data = json_object_get(root, "data");
+    if (data == NULL) return serve_bad(e, 400, data_path, "%s: missing (an array of datums)", data_path);
+    if (!json_is_array(data))
+        return serve_bad(e, 400, data_path, "%s: must be an array, got %s", data_path, zdp_json_type_name(data));
+    const size_t n = json_array_size(data);
+    if (n == 0) return serve_bad(e, 400, data_path, "%s: empty; send at least one datum", data_path);
+    if (n > (1u << 24)) return serve_bad(e, 400, data_path, "%s: %zu datums is too many", data_path, n);
+
+    const int T = mc->block_size, V = mc->vocab_size;
+    const size_t cap = n * (size_t)T;
+    int32_t *len = calloc(n, sizeof *len);
+    int32_t *tok = malloc(cap * sizeof *tok), *tgt = malloc(cap * sizeof *tgt);
+    float *fl = calloc(3 * cap, sizeof *fl); /* weights, logprobs, advantages */
+    bool ok = len != NULL && tok != NULL && tgt != NULL && fl != NULL;
+    if (!ok) serve_bad(e, 500, data_path, "out of memory for %zu datums", n);
+    int64_t total = 0;
+    char path[384], field[512];
+    for (size_t i = 0; ok && i < n; i++) {
+        const json_t *d = json_array_get(data, i);
+        snprintf(path, sizeof path, "%s[%zu]", data_path, i);
+        if (!json_is_object(d)) {
+            ok = serve_bad(e, 400, path, "%s: must be an object {model_input, loss_fn_inputs}, got %s", path,
+                           zdp_json_type_name(d));
+            break;
+        }
+        static const char *const dkeys[] = {"model_input", "loss_fn_inputs"};
+        if (!(ok = serve_only_keys(d, path, dkeys, 2, e))) break;
+        int64_t N = 0;
+        if (!(ok = parse_model_input_(d, path, T, V, tok + total, &N, e))) break;
+        const json_t *li = json_object_get(d, "loss_fn_inputs");
+        snprintf(field, sizeof field, "%s.loss_fn_inputs", path);
+        if (!json_is_object(li)) {
+            ok = serve_bad(e, 400, field, "%s: %s; %s needs %s%s%s%s", field, li ? "not an object" : "missing",
+                           ls->name, ls->inputs[0], ls->n_inputs > 1 ? ", " : "",
+                           ls->n_inputs > 1 ? ls->inputs[1] : "", ls->n_inputs > 2 ? ", advantages" : "");
+            break;
+        }
+        if (!(ok = serve_only_keys(li, field, ls->inputs, ls->n_inputs, e))) break;
+        for (int k = 0; ok && k < ls->n_inputs; k++) {
+            const json_t *tv = json_object_get(li, ls->inputs[k]);
+            char tpath[576];
+            snprintf(tpath, sizeof tpath, "%s.loss_fn_inputs.%s", path, ls->inputs[k]);
+            float *dstf = fl + (size_t)float_slot_(ls->inputs[k]) * cap + total;
+            if (tv == NULL || json_is_null(tv)) {
+                if (k == ls->n_inputs - 1 && ls->optional_last) {
+                    for (int64_t t = 0; t < N; t++) dstf[t] = 1.0f; /* no weights: all 1 */
+                    continue;
+                }
+                ok = serve_bad(e, 400, tpath, "%s: missing (%s needs it)", tpath, ls->name);
+                break;
+            }
+            /* Bounds that keep every loss coefficient within float range:
+             * the ratio exp(lp - q) is clamped at exp(ZDP_LOSS_MAX_LOG_RATIO). */
+            const double limit = !strcmp(ls->inputs[k], "logprobs") ? 1e4 : 1e20;
+            ok = k == 0 ? parse_tensor_(tv, tpath, true, N, V, 0, tgt + total, NULL, e)
+                        : parse_tensor_(tv, tpath, false, N, V, limit, NULL, dstf, e);
+        }
+        if (!ok) break;
+        len[i] = (int32_t)N;
+        total += N;
+    }
+    if (ok) {
+        serve_bytes b = {0};
+        h.n = (int64_t)n;
+        ok = serve_put(&b, &h, sizeof h) && serve_put(&b, len, n * sizeof *len) &&
+             serve_put(&b, tok, (size_t)total * sizeof *tok) && serve_put(&b, tgt, (size_t)total * sizeof *tgt);
+        for (int k = 0; ok && k < 3; k++) ok = serve_put(&b, fl + (size_t)k * cap, (size_t)total * sizeof *fl);
+        if (!ok) {
+            free(b.p);
+            serve_bad(e, 500, data_path, "out of memory");
+        } else {
+            j->payload = b.p;
+            j->nbytes = (int64_t)b.len;
+        }
+    }
+    free(len);
+    free(tok);
+    free(tgt);
+    free(fl);
+    return ok;
+}
+
+/* adam_params (Tinker's AdamParams) -> payload: optim_payload.  A field
+ * left out keeps the engine's current value, or with tinker_defaults takes
+ * AdamParams' default (docs/tinker-protocol.md §1.4: older SDKs leave the last two out). */
+bool serve_parse_optim(const json_t *ap, const char *where, bool tinker_defaults, job *j, verr *e) {
+    static const double tinker_default[N_ADAM] = {1e-4, 0.9, 0.95, 1e-12, 0.0, 0.0};
+    optim_payload p = {0};
+    for (int k = 0; k < N_ADAM && tinker_defaults; k++) {
+        p.has[k] = 1;
+        p.value[k] = tinker_default[k];
+    }
+    if (ap != NULL && !json_is_null(ap)) {
+        if (!json_is_object(ap))
+            return serve_bad(e, 400, where, "%s: must be an object, got %s", where, zdp_json_type_name(ap));
+        if (!serve_only_keys(ap, where, serve_adam_keys, N_ADAM, e)) return false;
+        for (int k = 0; k < N_ADAM; k++) {
+            const json_t *v = json_object_get(ap, serve_adam_keys[k]);
+            if (v == NULL || json_is_null(v)) continue;
+            char field[320];
+            snprintf(field, sizeof field, "%s.%s", where, serve_adam_keys[k]);
+            if (!json_is_number(v))
+                return serve_bad(e, 400, field, "%s: must be a number, got %s", field, zdp_json_type_name(v));
+            double x = json_number_value(v);
+            /* The library's ranges (zdp_hparams_check, the engine's own),
+             * checked on this field alone: the others hold valid stand-ins. */
+            zdp_hparams probe = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+            double *dst[N_ADAM] = {&probe.lr, &probe.beta1, &probe.beta2, &probe.eps, &probe.weight_decay,
+                                   &probe.gradient_clipping};
+            *dst[k] = x;
+            zdp_error herr;
+            if (zdp_hparams_check(&probe, &herr) != ZDP_OK)
+                return serve_bad(e, 400, field, "%s: %s", field, herr.msg);
+            /* The server's own, tighter caps on what a remote client may set
+             * (docs/server.md, "Threat model"): a learning rate above 10 or a
+             * clipping norm above 1e30 is a typo or an attack, never a recipe. */
+            static const double cap[N_ADAM] = {SERVE_MAX_LR, 1, 1, 1, 10, SERVE_MAX_GRAD_CLIP};
+            if (x > cap[k])
+                return serve_bad(e, 400, field, "%s = %g: must be in [0, %g] on this server", field, x, cap[k]);
+            p.has[k] = 1;
+            p.value[k] = x;
+        }
+    }
+    j->payload = malloc(sizeof p);
+    if (j->payload == NULL) return serve_bad(e, 500, where, "out of memory");
+    memcpy(j->payload, &p, sizeof p);
+    j->nbytes = (int64_t)sizeof p;
+    return true;
+}
+
+/* The payload of a path op: the path, NUL-terminated.  save_state and
+ * load_state run on every rank: their path goes relative to the checkpoint
+ * folder, which each rank resolves against its own --checkpoint-dir. */
+bool serve_set_path(const server *s, job *j, const char *path, verr *e) {
+    if ((j->op == OP_SAVE_STATE || j->op == OP_LOAD_STATE) && serve_inside(path, s->ckpt_root)) {
+        path += strlen(s->ckpt_root);
+        while (*path == '/') path++;
+        if (*path == '\0') return serve_bad(e, 400, "path", "path: needs a name inside the checkpoint folder");
+    }
+    size_t n = strlen(path);
+    j->payload = malloc(n + 1);
+    if (j->payload == NULL) return serve_bad(e, 500, "path", "out of memory");
+    memcpy(j->payload, path, n + 1);
+    j->nbytes = (int64_t)n + 1;
+    return true;
+}
+
+bool serve_parse_path(const server *s, const json_t *root, job *j, verr *e) {
+    static const char *const keys[] = {"path"};
+    if (!serve_only_keys(root, "", keys, 1, e)) return false;
+    const json_t *p = json_object_get(root, "path");
+    if (p == NULL) return serve_bad(e, 400, "path", "path: missing (a file or directory path on the server)");
+    if (!json_is_string(p)) return serve_bad(e, 400, "path", "path: must be a string, got %s", zdp_json_type_name(p));
+    size_t n = json_string_length(p);
+    const char *name = json_string_value(p);
+    if (n == 0 || strlen(name) != n) return serve_bad(e, 400, "path", "path: must be a non-empty string without NUL");
+    if (n > 4000) return serve_bad(e, 400, "path", "path: longer than 4000 bytes");
+    if (j->op != OP_SAVE_WEIGHTS) {
+        /* dir/tag: the tag is the last component. */
+        size_t m = n;
+        while (m > 0 && name[m - 1] == '/') m--;
+        if (m == 0) return serve_bad(e, 400, "path", "path = \"%s\": needs a directory name (DIR/TAG)", name);
+    }
+    /* A name inside the checkpoint folder (or an absolute path inside a
+     * folder the operator allowed); the engine gets the resolved path. */
+    char resolved[PATH_MAX + 4096];
+    if (!serve_resolve_path(s, "path", name, resolved, sizeof resolved, e)) return false;
+    return serve_set_path(s, j, resolved, e);
+}
+
+bool serve_parse_sample(const json_t *root, const zdp_gpt_config *mc, job *j, verr *e) {
+    static const char *const keys[] = {"prompt", "max_tokens", "temperature", "top_k", "seed"};
+    if (!serve_only_keys(root, "", keys, 5, e)) return false;
+    const json_t *p = json_object_get(root, "prompt");
+    /* A plain token list, or a Tinker ModelInput {chunks: [{tokens: [...]}]}. */
+    if (json_is_object(p)) {
+        const json_t *chunks = json_object_get(p, "chunks");
+        if (!json_is_array(chunks) || json_array_size(chunks) != 1 ||
+            !json_is_array(json_object_get(json_array_get(chunks, 0), "tokens")))
+            return serve_bad(e, 400, "prompt.chunks",
+                        "prompt.chunks: must hold one encoded_text chunk with \"tokens\"");
+        p = json_object_get(json_array_get(chunks, 0), "tokens");
+    }
+    if (!json_is_array(p) || json_array_size(p) < 1 || json_array_size(p) > 1000000)
+        return serve_bad(e, 400, "prompt", "prompt: must be a non-empty array of token ids (or a "
+                                      "ModelInput with one chunk)");
+    sample_req r = {.n = (int64_t)json_array_size(p), .max_tokens = 16, .temperature = 1.0};
+    const char *names[3] = {"max_tokens", "top_k", "seed"};
+    int64_t *dst[3] = {&r.max_tokens, &r.top_k, &r.seed};
+    const int64_t hi[3] = {4096, 1 << 24, INT64_MAX};
+    for (int k = 0; k < 3; k++) {
+        const json_t *v = json_object_get(root, names[k]);
+        if (v == NULL) continue;
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > hi[k])
+            return serve_bad(e, 400, names[k], "%s: must be an integer in [0, %lld]", names[k],
+                        (long long)hi[k]);
+        *dst[k] = (int64_t)json_integer_value(v);
+    }
+    const json_t *t = json_object_get(root, "temperature");
+    if (t != NULL && (!json_is_number(t) || !(json_number_value(t) >= 0) || json_number_value(t) > 100))
+        return serve_bad(e, 400, "temperature", "temperature: must be a number in [0, 100] (0 = greedy)");
+    if (t != NULL) r.temperature = json_number_value(t);
+    j->nbytes = (int64_t)sizeof r + r.n * (int64_t)sizeof(int32_t);
+    j->payload = malloc((size_t)j->nbytes);
+    if (j->payload == NULL) return serve_bad(e, 500, "prompt", "out of memory");
+    memcpy(j->payload, &r, sizeof r);
+    int32_t *tok = (int32_t *)(j->payload + sizeof r);
+    for (int64_t i = 0; i < r.n; i++) {
+        const json_t *x = json_array_get(p, (size_t)i);
+        char field[48];
+        snprintf(field, sizeof field, "prompt[%lld]", (long long)i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= mc->vocab_size)
+            return serve_bad(e, 400, field, "%s: must be a token id in [0, %d)", field, mc->vocab_size);
+        tok[i] = (int32_t)json_integer_value(x);
+    }
+    return true;
+}
+
+/* ---- typed views of payloads ------------------------------------------------------- */
+
+/* Bytes [at, at + n) of the payload, or NULL when they are not all there. */
+static const unsigned char *take_(const job *j, int64_t *at, int64_t n) {
+    if (n < 0 || *at > j->nbytes || n > j->nbytes - *at) return NULL;
+    const unsigned char *p = j->payload + *at;
+    *at += n;
+    return p;
+}
+
+bool serve_fwd_req_view(const job *j, serve_fwd_req *out) {
+    int64_t at = 0;
+    const unsigned char *h = take_(j, &at, (int64_t)sizeof out->h);
+    if (h == NULL) return false;
+    memcpy(&out->h, h, sizeof out->h);
+    const int64_t n = out->h.n;
+    if (n < 0 || n > j->nbytes / (int64_t)sizeof(int32_t)) return false;
+    out->len = (const int32_t *)take_(j, &at, n * (int64_t)sizeof(int32_t));
+    if (out->len == NULL) return false;
+    out->total = 0;
+    for (int64_t i = 0; i < n; i++) out->total += out->len[i];
+    const int64_t t4 = out->total * 4;
+    out->tokens = (const int32_t *)take_(j, &at, t4);
+    out->targets = (const int32_t *)take_(j, &at, t4);
+    out->weights = (const float *)take_(j, &at, t4);
+    out->logprobs = (const float *)take_(j, &at, t4);
+    out->advantages = (const float *)take_(j, &at, t4);
+    return out->advantages != NULL && at == j->nbytes;
+}
+
+bool serve_sample_req_view(const job *j, serve_sample_req *out) {
+    int64_t at = 0;
+    const unsigned char *h = take_(j, &at, (int64_t)sizeof out->r);
+    if (h == NULL) return false;
+    memcpy(&out->r, h, sizeof out->r);
+    if (out->r.n < 0 || out->r.n > j->nbytes) return false;
+    out->prompt = (const int32_t *)take_(j, &at, out->r.n * (int64_t)sizeof(int32_t));
+    return out->prompt != NULL && at == j->nbytes;
+}
+
+bool serve_sample_file_req_view(const job *j, serve_sample_file_req *out) {
+    int64_t at = 0;
+    const unsigned char *h = take_(j, &at, (int64_t)sizeof out->h);
+    if (h == NULL) return false;
+    memcpy(&out->h, h, sizeof out->h);
+    const int64_t np = out->h.n_prompt, ns = out->h.n_stop;
+    if (np < 0 || ns < 0 || np > j->nbytes || ns > j->nbytes) return false;
+    out->prompt = (const int32_t *)take_(j, &at, np * (int64_t)sizeof(int32_t));
+    out->stop = (const int32_t *)take_(j, &at, ns * (int64_t)sizeof(int32_t));
+    out->path = (const char *)(j->payload + at);
+    /* The path runs to the payload's last byte, a NUL. */
+    return out->stop != NULL && at < j->nbytes && j->payload[j->nbytes - 1] == '\0' &&
+           memchr(out->path, '\0', (size_t)(j->nbytes - at)) == j->payload + j->nbytes - 1;
+}

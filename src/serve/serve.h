@@ -1,0 +1,80 @@
+/*
+ * serve.h -- the training server as a library module (src/serve/, the static
+ * library zdp_serve, which alone links libmicrohttpd): what `zdp serve`
+ * (tools/zdp/serve.c, option parsing) calls.  docs/server.md is the manual,
+ * docs/architecture.md the map of the module's files.
+ *
+ * Life cycle, on every rank (each step is COLLECTIVE only where it says so):
+ *
+ *   zdp_server_create(&opt, &srv, &err)   config, model, engine, weights: this rank only
+ *   (the caller agrees across ranks; a failure on one rank stops all)
+ *   zdp_server_start(srv, &err)           COLLECTIVE: weights synced; rank 0 listens
+ *   (the caller agrees again)
+ *   zdp_server_run(srv)                   COLLECTIVE: serves until SIGINT/SIGTERM
+ *   zdp_server_destroy(srv)
+ *
+ * Errors come back as a status and a message naming the flag ("--init W:
+ * ..."); the module never exits, except through zdp_dist_abort when a
+ * collective step fails on some ranks only (no rank may be left waiting).
+ */
+#ifndef ZDP_SERVE_SERVE_H
+#define ZDP_SERVE_SERVE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "zdp/zdp.h"
+
+/* Next token after tokens[0..n) from the given weights: temperature 0 is
+ * greedy, top_k 0 = all, top_p 1 = off; *logprob (if not NULL) gets log p of
+ * the chosen token.  -1 on a model error (printed).  The caller's sampler
+ * (the tool's, tools/zdp/sample.c). */
+typedef int (*zdp_serve_sample_fn)(const zdp_model *model, const float *const *params,
+                                   const int32_t *tokens, int n, double temperature, int top_k,
+                                   double top_p, uint64_t *rng, float *logits, float *logprob);
+
+typedef struct serve_opts {
+    zdp_gpt_config model;
+    const char *config, *init, *bind;
+    const char *model_name;     /* the base_model name Tinker clients ask for */
+    const char *checkpoint_dir; /* where Tinker's save_weights writes */
+    int port;
+    int64_t max_body;
+    uint64_t seed;
+    double long_poll_s;   /* retrieve_future holds a pending future this long */
+    double seq_gap_s;     /* a missing seq_id is given up after this long */
+    /* Safety (docs/server.md, "Threat model"). */
+    const char *api_key_file;       /* --api-key-file: every request carries its key */
+    const char **allow_roots;       /* --allow-path-root: folders absolute paths may name */
+    int n_allow_roots;
+    const char **allow_hosts;       /* --allow-host: more Host names to accept */
+    int n_allow_hosts;
+    /* Resource limits (docs/server.md, "Limits"). */
+    int max_connections;        /* open connections in all */
+    int max_connections_per_ip; /* open connections from one client address */
+    int idle_timeout_s;         /* a connection silent this long is closed */
+    double request_timeout_s;   /* a request's body must arrive within this */
+    int64_t max_inflight;       /* request body bytes held at once, all connections */
+    double health_timeout_s;    /* /healthz: a request or rank check older is unhealthy */
+    zdp_serve_sample_fn sample; /* POST /sample and Tinker's asample */
+} serve_opts;
+
+typedef struct server zdp_server;
+
+/* This rank's part of start-up: loads --config, makes --checkpoint-dir, builds
+ * the model and the engine, and loads --init (or initialises from --seed).
+ * *out is set even on failure (zdp_server_destroy it).  The opts (and the
+ * strings and lists they point to) must outlive the server. */
+zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error *err);
+/* COLLECTIVE.  Gives every rank the same weights, installs the SIGINT/SIGTERM
+ * handlers; on rank 0 reads --api-key-file and --allow-path-root and starts
+ * the HTTP server (a failure there is rank 0's alone). */
+zdp_status zdp_server_start(zdp_server *s, zdp_error *err);
+/* COLLECTIVE.  Rank 0 prints the listening line and answers requests; the
+ * other ranks execute what rank 0 broadcasts.  Returns when a signal stopped
+ * every rank. */
+void zdp_server_run(zdp_server *s);
+/* Stops what zdp_server_start started and frees everything.  NULL is a no-op. */
+void zdp_server_destroy(zdp_server *s);
+
+#endif /* ZDP_SERVE_SERVE_H */

@@ -1,0 +1,357 @@
+/*
+ * serve_impl.h -- internal header of src/serve/: what the module's files
+ * share.  request.c (JSON helpers, paths, validation into payloads),
+ * exec.c (a request on the engine, every rank; the op table), queue.c (the
+ * FIFO, the leader and worker loops, signals, the health check), http.c
+ * (libmicrohttpd: guards, body budget, watchdog, /healthz, dispatch),
+ * plain_api.c (the plain JSON endpoints), server.c (start-up), and the
+ * protocols registered through serve_protocol (tinker/).
+ */
+#ifndef ZDP_SERVE_IMPL_H
+#define ZDP_SERVE_IMPL_H
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "zdp/zdp.h"
+#include "bytes.h"
+#include "comm/comm.h"
+#include "core/json.h"
+#include "models/policy_loss.h"
+#include "serve.h"
+
+/* The largest seq_id a client may send: 2^53 - 1, JSON's exact integers, so
+ * seq_id + 1 can neither overflow nor round. */
+#define SERVE_MAX_SEQ_ID ((int64_t)9007199254740991)
+
+/* The op table: every request kind the queue runs.  X(NAME, name, exec,
+ * all_ranks): OP_NAME; the name GET /info's "requests" and /healthz use; the
+ * function that runs it (exec.c; NULL: never executed); whether every rank
+ * runs it (else rank 0 alone, nothing broadcast).  The enum, the dispatch
+ * (serve_ops[]) and the per-op stats come from this one list. */
+#define SERVE_OP_MAP(X)                                                                    \
+    X(QUIT, "quit", NULL, true)              /* every rank leaves its loop */                \
+    X(FWDBWD, "forward_backward", exec_fwd_, true)                                           \
+    X(FORWARD, "forward", exec_fwd_, true)                                                   \
+    X(OPTIM, "optim_step", exec_optim_, true)                                                \
+    X(SAVE_WEIGHTS, "save_weights", exec_save_weights_, false)                               \
+    X(SAVE_STATE, "save_state", exec_state_, true)                                           \
+    X(LOAD_STATE, "load_state", exec_state_, true)                                           \
+    X(INFO, "info", exec_info_, true)                                                        \
+    X(SAMPLE, "sample", exec_sample_, false)                                                 \
+    X(LOAD_WEIGHTS, "load_weights", exec_load_weights_, true) /* fresh optimizer state */    \
+    X(NOOP, "noop", NULL, false)     /* refused before the engine: only its seq_id counts */ \
+    X(SAMPLE_FILE, "asample", exec_sample_file_, false) /* from saved sampler weights */    \
+    X(PING, "ping", NULL, true)      /* the health check: every rank answers rank 0 */
+
+enum {
+#define SERVE_OP_ENUM_(name, str, fn, all) OP_##name,
+    SERVE_OP_MAP(SERVE_OP_ENUM_)
+#undef SERVE_OP_ENUM_
+    SERVE_N_OPS
+};
+
+struct server;
+struct job;
+/* Runs a job on this rank; rank 0 gets (status, body), the others NULL.  A
+ * protocol's forward/forward_backward (j->fut set) leaves its result typed in
+ * j->fwd instead (body NULL). */
+typedef char *(*serve_exec_fn)(struct server *s, struct job *j, int *status);
+
+typedef struct serve_op {
+    int op;
+    const char *name;
+    serve_exec_fn exec;
+    bool all_ranks;
+} serve_op;
+
+extern const serve_op serve_ops[SERVE_N_OPS]; /* indexed by op */
+
+/* The head of an OP_SAMPLE_FILE payload; then int32 prompt[n_prompt],
+ * int32 stop[n_stop], and the weights file's path, NUL-terminated. */
+typedef struct sample_file_header {
+    int64_t n_prompt, max_tokens, top_k, num_samples, n_stop;
+    uint64_t seed;
+    double temperature, top_p;
+} sample_file_header;
+
+/* Optimizer hyperparameters of an optim_step, in zdp_hparams' order. */
+#define N_ADAM 6
+extern const char *const serve_adam_keys[N_ADAM];
+/* The server's caps on adam_params beyond the library's ranges
+ * (zdp_hparams_check, which allows lr up to ZDP_HPARAM_LR_MAX and any finite
+ * clipping norm): what a remote client may set. */
+#define SERVE_MAX_LR 10.0
+#define SERVE_MAX_GRAD_CLIP 1e30
+
+/* Losses (docs/tinker-protocol.md §2): zdp_loss_kind, ZDP_LOSS_CROSS_ENTROPY .. ZDP_LOSS_DRO. */
+#define N_LOSSES 5
+
+/* POST /sample {prompt: [tokens] | {chunks: [...]}, max_tokens, temperature,
+ * top_k, seed}: payload int64 n, max_tokens, top_k, seed; double temperature;
+ * int32 tokens[n]. */
+typedef struct sample_req {
+    int64_t n, max_tokens, top_k, seed;
+    double temperature;
+} sample_req;
+
+/* The head of a forward/forward_backward payload. */
+typedef struct fwd_header {
+    int64_t n;    /* datums */
+    int32_t loss; /* zdp_loss_kind */
+    int32_t unused;
+    double clip_low, clip_high, beta; /* loss_fn_config */
+} fwd_header;
+
+/* An optim_step payload: has[k] says adam_params[k] was given (or defaulted). */
+typedef struct optim_payload {
+    int32_t has[N_ADAM];
+    double value[N_ADAM];
+} optim_payload;
+
+/* The result of a forward/forward_backward, typed until a reply encodes it
+ * once, in the format asked for: JSON (serve_fwd_result_json: the plain API,
+ * Tinker's JSON polls) or protobuf (tinker/proto.c, SDK 0.25's polls). */
+typedef struct serve_fwd_result {
+    int64_t n;          /* datums */
+    int64_t *off;       /* (n + 1): datum i's tokens are [off[i], off[i + 1]) */
+    float *logprobs;    /* (off[n]) log p(target) per token */
+    float *elementwise; /* (off[n]) the loss's summand per token (NaN: dropped datum) */
+    double loss_sum;    /* the metric loss:sum */
+} serve_fwd_result;
+/* ForwardBackwardOutput as JSON text (non-finite numbers are null); NULL
+ * when out of memory. */
+char *serve_fwd_result_json(const serve_fwd_result *r);
+/* A deep copy (a poll encodes it outside the lock); NULL when out of memory. */
+serve_fwd_result *serve_fwd_result_copy(const serve_fwd_result *r);
+void serve_fwd_result_free(serve_fwd_result *r); /* NULL is a no-op */
+
+/* Typed views of a job's payload (request.c lays each one out and alone
+ * reads it back): pointers into j->payload, valid while the job lives.
+ * false when the payload does not have the op's layout (a bug in zdp). */
+typedef struct serve_fwd_req {
+    fwd_header h;             /* h.n datums, the loss and its options */
+    int64_t total;            /* tokens in all datums */
+    const int32_t *len;       /* (h.n) tokens of each datum */
+    const int32_t *tokens;    /* (total) the inputs, datum after datum */
+    const int32_t *targets;   /* (total) the token each position predicts */
+    const float *weights;     /* (total) cross_entropy's per-token weights */
+    const float *logprobs;    /* (total) the sampler's log p (policy losses) */
+    const float *advantages;  /* (total) */
+} serve_fwd_req;
+typedef struct serve_sample_req {
+    sample_req r;
+    const int32_t *prompt;    /* (r.n) */
+} serve_sample_req;
+typedef struct serve_sample_file_req {
+    sample_file_header h;
+    const int32_t *prompt;    /* (h.n_prompt) */
+    const int32_t *stop;      /* (h.n_stop) tokens that end a sequence */
+    const char *path;         /* the sampler weights file */
+} serve_sample_file_req;
+struct job;
+bool serve_fwd_req_view(const struct job *j, serve_fwd_req *out);
+bool serve_sample_req_view(const struct job *j, serve_sample_req *out);
+bool serve_sample_file_req_view(const struct job *j, serve_sample_file_req *out);
+
+struct future; /* a protocol's (tinker/): the core only passes it back */
+
+/* One validated request.  payload is what every rank receives (request.c
+ * documents each op's layout). */
+typedef struct job {
+    int op;
+    unsigned char *payload;
+    int64_t nbytes;
+    /* A Tinker request: its result goes to this future, nobody waits on the
+     * job; tinker_path is the tinker:// name a save/load answers with. */
+    struct future *fut;
+    int64_t seq_id;
+    char *tinker_path;
+    char *sampling_session; /* save_weights_for_sampler without a name: the session it opens */
+    double arrived;
+    double queued_at; /* when it entered the FIFO (serve_now) */
+    /* The answer, filled by the main thread (plain endpoints): a body, or
+     * for a forward/forward_backward the typed result. */
+    int status;
+    char *body;
+    serve_fwd_result *fwd;
+    bool done;
+    struct job *next;
+} job;
+
+typedef struct tinker_state tinker_state;
+
+/* A protocol beside the plain API (the Tinker SDK's, tinker/), registered at
+ * start-up (serve_register_tinker); the core calls it through this and never
+ * by name.  Every hook but handle runs on rank 0's main thread with s->mu
+ * held. */
+typedef struct serve_protocol {
+    const char *prefix; /* the URL prefix it owns ("/api/v1/"); GET PREFIX"healthz" is /healthz */
+    /* A POST media type it takes besides application/json (NULL: none), and
+     * what a 415 adds about it (" (or ... for ...)"). */
+    const char *content_type, *content_type_hint;
+    void *state;
+    /* A connection thread: a request under prefix (sub: the rest of the URL). */
+    enum MHD_Result (*handle)(struct server *s, struct MHD_Connection *c, const char *sub,
+                              const char *method, const char *body, size_t len);
+    /* A job of this protocol (j->fut set) finished with (status, body); frees j. */
+    void (*finish)(struct server *s, struct job *j, int status, char *body);
+    /* Now and then: queues what became due; true if it queued anything. */
+    bool (*tick)(struct server *s);
+    /* The server is stopping: fail what is held. */
+    void (*shutdown)(struct server *s);
+    void (*destroy)(void *state); /* no lock; after the HTTP server stopped */
+} serve_protocol;
+
+typedef struct server {
+    serve_opts opt;
+    zdp_config cfg;
+    zdp_model model;
+    zdp_engine *eng;
+    zdp_channel *ch; /* every rank: a private duplicate of the world (src/comm) */
+    int W, R;
+    /* rank 0: the queue; mu also guards the Tinker state */
+    pthread_mutex_t mu;
+    pthread_cond_t cv_job, cv_done;
+    job *head, *tail;
+    bool closed;
+    serve_protocol proto; /* the one protocol beside the plain API (prefix NULL: none) */
+    tinker_state *tinker; /* proto.state, typed for tinker/ */
+    /* rank 0, main thread only: per op, requests run, seconds waiting in the
+     * FIFO and seconds executing (GET /info "requests"). */
+    struct {
+        int64_t count;
+        double queue_s, exec_s, exec_max_s;
+    } stats[SERVE_N_OPS];
+    /* rank 0, main thread only: the sampler weights asample last read. */
+    char *snap_path;
+    /* every rank: realpath of --checkpoint-dir, made at start-up.  The path
+     * of a save_state/load_state job is relative to it (each rank joins its
+     * own, so ranks with their own working directories each use their own
+     * folder); other jobs carry absolute paths. */
+    char *ckpt_root;
+    float **snap;
+    bool have_model, started, watching;
+    /* rank 0: the guards every request passes (http.c, guard_). */
+    char *api_key; /* NULL: no --api-key-file */
+    size_t api_key_len;
+    char **roots_real; /* realpath of each --allow-path-root */
+    int bound_port;
+    int bind_kind; /* 0: a specific address, 1: loopback, 2: any (0.0.0.0 or ::) */
+    unsigned char bind_addr[16];
+    int bind_family;
+    /* rank 0: what /healthz reads (under mu).  busy_op/busy_since: the
+     * request running on the ranks (-1 none); ping_since: when the health
+     * check still unanswered by rank ping_missing began (0 none). */
+    int busy_op;
+    double busy_since, ping_since;
+    int ping_missing;
+    /* rank 0: request body bytes held by all connections (under body_mu). */
+    pthread_mutex_t body_mu;
+    int64_t inflight;
+    struct MHD_Daemon *daemon;
+    /* rank 0: every open connection, for the request deadline (http.c's
+     * watchdog_), under watch_mu. */
+    pthread_mutex_t watch_mu;
+    struct conn_watch *watch;
+    bool watch_stop;
+    pthread_t watch_thread;
+    /* ranks > 0: a signal asked this rank to stop and rank 0 has been told. */
+    bool stop_sent;
+    int stop_sig;
+    zdp_comm_req *stop_req;
+} server;
+
+/* A validation failure: HTTP status, the JSON path of the field, the message. */
+typedef struct verr {
+    int status;
+    char field[256];
+    char msg[1024];
+} verr;
+
+bool serve_bad(verr *e, int status, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+bool serve_only_keys(const json_t *o, const char *where, const char *const *keys, int n, verr *e);
+char *serve_dump(json_t *o); /* takes the reference */
+json_t *serve_jreal(double x);
+
+char *serve_error_body(const char *field, const char *msg);
+/* Replaces every byte that does not start a valid UTF-8 character with '?'
+ * (a message cut at a fixed size may end inside one; jansson refuses it). */
+void serve_utf8_fix(char *s);
+void serve_job_free(job *j);
+double serve_now(void);
+
+/* Request parsers.  where: the JSON path prefix of obj ("" for a whole
+ * body).  tinker_defaults: missing adam_params fields take Tinker's
+ * AdamParams defaults instead of the engine's current values. */
+bool serve_parse_fwd(const json_t *obj, const char *where, const zdp_gpt_config *mc, job *j,
+                     verr *e);
+bool serve_parse_optim(const json_t *ap, const char *where, bool tinker_defaults, job *j, verr *e);
+bool serve_set_path(const server *s, job *j, const char *path, verr *e);
+/* A path a client sent (field names it in errors) -> out, the absolute path
+ * the engine may write or read: a relative name inside --checkpoint-dir, or an
+ * absolute path inside a --allow-path-root folder; no "." or ".." component,
+ * and no symbolic link that leads outside those folders.  The error never says
+ * whether something outside exists. */
+bool serve_resolve_path(const server *s, const char *field, const char *name, char *out, size_t cap,
+                        verr *e);
+/* mkdir -p; 0 or -1 with errno. */
+int serve_mkdirs(const char *path);
+/* Case-insensitive: does the header value name the media type (as a whole
+ * item of a comma-separated list, parameters allowed)? */
+bool serve_names_type(const char *value, const char *type);
+
+/* queue.c.  The signal that asked this process to stop (0: none). */
+extern volatile sig_atomic_t serve_stop_signal;
+/* SIGINT/SIGTERM set serve_stop_signal; SIGPIPE is ignored. */
+void serve_install_signals(void);
+/* Appends j to the FIFO the main thread runs (s->mu held). */
+void serve_enqueue_locked(server *s, job *j);
+/* Rank 0's main thread until a signal stops every rank, and the other
+ * ranks' loop (what rank 0 broadcasts, until OP_QUIT). */
+void serve_leader_loop(server *s);
+void serve_worker_loop(server *s);
+
+/* exec.c.  A failure after start-up on some ranks only: the message, then
+ * zdp_dist_abort (no rank may be left waiting in a collective). */
+void serve_die(const char *what, const zdp_error *err) __attribute__((noreturn));
+/* Every rank: runs one request (serve_ops[j->op].exec); rank 0 gets the answer. */
+char *serve_exec(server *s, job *j, int *status);
+/* The engine's parameter views (malloc'd array; NULL when out of memory). */
+float **serve_views(server *s);
+/* Drops the sampler weights asample last read. */
+void serve_free_snapshot(server *s);
+/* POST /sample's body -> an OP_SAMPLE payload. */
+bool serve_parse_sample(const json_t *root, const zdp_gpt_config *mc, job *j, verr *e);
+/* POST /save_weights, /save_state, /load_state's body {"path"} -> payload. */
+bool serve_parse_path(const server *s, const json_t *root, job *j, verr *e);
+
+/* http.c (rank 0). */
+enum MHD_Result serve_reply(struct MHD_Connection *c, int status, char *body);
+enum MHD_Result serve_reply_error(struct MHD_Connection *c, int status, const char *field, const char *fmt,
+                                  ...) __attribute__((format(printf, 4, 5)));
+/* GET /healthz (and /api/v1/healthz): 200 {"status": "ok"}, or 503 naming
+ * the request or the rank that has not finished within
+ * --health-timeout-seconds. */
+enum MHD_Result serve_healthz(server *s, struct MHD_Connection *c);
+/* Request body bytes held by all connections now. */
+int64_t serve_body_inflight(server *s);
+/* Starts libmicrohttpd and the header watchdog; false with why set. */
+bool serve_http_start(server *s, char *why, size_t cap, int *port);
+void serve_http_stop(server *s);
+
+/* plain_api.c: a request outside every protocol's prefix (POST
+ * /forward_backward, GET /info, ...). */
+enum MHD_Result serve_plain_handle(server *s, struct MHD_Connection *c, const char *url, const char *method,
+                                   const char *body, size_t len);
+
+/* tinker/tinker.c: registers the Tinker SDK's protocol (/api/v1/) on s;
+ * false when out of memory. */
+bool serve_register_tinker(server *s);
+
+#endif /* ZDP_SERVE_IMPL_H */

@@ -1,0 +1,187 @@
+/*
+ * server.c -- start-up and shut-down of the training server (serve.h): the
+ * engine every rank builds, and on rank 0 the guards' files, the protocols
+ * and the HTTP server.  The request path is in the other files of
+ * src/serve/ (serve_impl.h lists them).
+ */
+#define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700 /* realpath */
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "serve_impl.h"
+
+static zdp_status fail_(zdp_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static zdp_status fail_(zdp_error *err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+    err->code = ZDP_ERR_INVALID_ARG;
+    err->rank = zdp_dist_rank();
+    return ZDP_ERR_INVALID_ARG;
+}
+
+/* --api-key-file: the key is the file's first line (surrounding blanks
+ * dropped).  A missing, unreadable or empty file is an error; a file other
+ * users may read is a warning. */
+static zdp_status load_api_key_(server *s, zdp_error *err) {
+    const char *f = s->opt.api_key_file;
+    FILE *fp = fopen(f, "r");
+    if (fp == NULL) return fail_(err, "--api-key-file %s: %s", f, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(fp), &sb) == 0 && (sb.st_mode & (S_IRGRP | S_IROTH)))
+        fprintf(stderr, "zdp serve: warning: --api-key-file %s can be read by other users (mode %03o); "
+                "chmod 600 %s\n", f, (unsigned)(sb.st_mode & 0777), f);
+    char line[4096];
+    const bool got = fgets(line, sizeof line, fp) != NULL;
+    fclose(fp);
+    char *k = line;
+    size_t n = got ? strlen(line) : 0;
+    while (n > 0 && (k[n - 1] == '\n' || k[n - 1] == '\r' || k[n - 1] == ' ' || k[n - 1] == '\t')) k[--n] = '\0';
+    while (n > 0 && (*k == ' ' || *k == '\t')) k++, n--;
+    if (n == 0) return fail_(err, "--api-key-file %s: empty; write the key on its first line", f);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)k[i] <= 0x20 || (unsigned char)k[i] >= 0x7f)
+            return fail_(err, "--api-key-file %s: the key must be printable ASCII without blanks (byte %zu is "
+                            "0x%02x)", f, i, (unsigned char)k[i]);
+    if ((s->api_key = strdup(k)) == NULL) return fail_(err, "out of memory");
+    s->api_key_len = n;
+    memset(line, 0, sizeof line);
+    return ZDP_OK;
+}
+
+/* --allow-path-root folders: each must exist; kept as real paths. */
+static zdp_status load_roots_(server *s, zdp_error *err) {
+    if (s->opt.n_allow_roots == 0) return ZDP_OK;
+    s->roots_real = calloc((size_t)s->opt.n_allow_roots, sizeof *s->roots_real);
+    if (s->roots_real == NULL) return fail_(err, "out of memory");
+    for (int i = 0; i < s->opt.n_allow_roots; i++) {
+        const char *r = s->opt.allow_roots[i];
+        struct stat sb;
+        if ((s->roots_real[i] = realpath(r, NULL)) == NULL)
+            return fail_(err, "--allow-path-root %s: %s", r, strerror(errno));
+        if (stat(s->roots_real[i], &sb) != 0 || !S_ISDIR(sb.st_mode))
+            return fail_(err, "--allow-path-root %s: not a directory", r);
+    }
+    return ZDP_OK;
+}
+
+zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error *err) {
+    server *s = calloc(1, sizeof *s);
+    *out = s;
+    if (s == NULL) return fail_(err, "out of memory");
+    s->opt = *opt;
+    s->W = zdp_dist_world_size();
+    s->R = zdp_dist_rank();
+    s->busy_op = -1;
+    s->ping_missing = -1;
+    /* Every step that can fail on this rank alone (its own config or --init
+     * file); the caller agrees across ranks before the first collective. */
+    if (zdp_config_load_file(s->opt.config, s->W, &s->cfg, err) != ZDP_OK) return err->code;
+    /* Every rank's own checkpoint folder (save_state writes a part on each). */
+    if (serve_mkdirs(s->opt.checkpoint_dir) != 0 || (s->ckpt_root = realpath(s->opt.checkpoint_dir, NULL)) == NULL)
+        return fail_(err, "--checkpoint-dir %s: cannot create or open it: %s", s->opt.checkpoint_dir,
+                     strerror(errno));
+    if (s->cfg.managed_gradient_accumulation)
+        return fail_(err, "%s: zdp serve needs unmanaged gradient accumulation (each optim_step request "
+                     "is the optimizer step); set \"managed_gradient_accumulation\": false",
+                     s->opt.config);
+    /* One datum per micro-batch: activation memory for one sequence. */
+    zdp_status st = zdp_gpt_create(&s->opt.model, 1, &s->model, err);
+    if (st != ZDP_OK) return st;
+    s->have_model = true;
+    if ((st = zdp_engine_create(&s->cfg, &s->model, &s->eng, err)) != ZDP_OK) return st;
+    float **v = serve_views(s);
+    if (v == NULL) return fail_(err, "out of memory");
+    if (s->opt.init != NULL) {
+        st = zdp_gpt_weights_load(s->opt.init, &s->opt.model, s->model.params, s->model.n_params, v, err);
+        if (st != ZDP_OK) {
+            char why[ZDP_ERROR_MSG_MAX];
+            snprintf(why, sizeof why, "%s", err->msg);
+            fail_(err, "--init %s", why);
+        }
+    } else {
+        zdp_gpt_init_params(&s->model, v, s->opt.seed);
+    }
+    free(v);
+    return st;
+}
+
+zdp_status zdp_server_start(zdp_server *s, zdp_error *err) {
+    if (zdp_engine_sync_params(s->eng, err) != ZDP_OK) serve_die("sync params", err);
+    if (zdp_channel_open(&s->ch, err) != ZDP_OK) serve_die("serve", err);
+    serve_install_signals();
+    if (s->R != 0) return ZDP_OK;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->body_mu, NULL);
+    pthread_mutex_init(&s->watch_mu, NULL);
+    pthread_cond_init(&s->cv_job, NULL);
+    pthread_cond_init(&s->cv_done, NULL);
+    s->started = true;
+    if (!serve_register_tinker(s)) return fail_(err, "out of memory");
+    zdp_status st;
+    if (s->opt.api_key_file != NULL && (st = load_api_key_(s, err)) != ZDP_OK) return st;
+    if ((st = load_roots_(s, err)) != ZDP_OK) return st;
+    char why[512];
+    int port = 0;
+    if (!serve_http_start(s, why, sizeof why, &port)) return fail_(err, "%s", why);
+    return ZDP_OK;
+}
+
+void zdp_server_run(zdp_server *s) {
+    if (s->R != 0) {
+        serve_worker_loop(s);
+        return;
+    }
+    /* The pid: SIGTERM or SIGINT to rank 0 stops every rank cleanly (a
+     * signal to mpirun makes it kill the ranks instead). */
+    const int port = s->bound_port;
+    printf("zdp serve: listening on http://%s%s%s:%d | gpt L=%d H=%d C=%d V=%d T=%d | %d rank(s) | "
+           "ZeRO stage %d | rank 0 pid %ld\n",
+           strchr(s->opt.bind, ':') ? "[" : "", s->opt.bind, strchr(s->opt.bind, ':') ? "]" : "", port,
+           s->opt.model.n_layer, s->opt.model.n_head, s->opt.model.n_embd, s->opt.model.vocab_size,
+           s->opt.model.block_size, s->W, s->cfg.zero.stage, (long)getpid());
+    if (s->api_key == NULL)
+        fprintf(stderr, "zdp serve: warning: no --api-key-file: any program that can connect to %s port %d "
+                "can train this model and write checkpoints in %s; on a shared machine give the server a "
+                "key (docs/server.md, \"Threat model\")\n", s->opt.bind, port, s->opt.checkpoint_dir);
+    fflush(stdout);
+    serve_leader_loop(s);
+    serve_http_stop(s);
+    if (s->proto.destroy != NULL) s->proto.destroy(s->proto.state);
+    s->proto = (serve_protocol){0};
+    s->tinker = NULL;
+    serve_free_snapshot(s);
+    printf("zdp serve: stopped at step %lld\n", (long long)zdp_engine_global_steps(s->eng));
+    fflush(stdout);
+}
+
+void zdp_server_destroy(zdp_server *s) {
+    if (s == NULL) return;
+    serve_http_stop(s);
+    if (s->proto.destroy != NULL) s->proto.destroy(s->proto.state);
+    serve_free_snapshot(s);
+    if (s->started) {
+        pthread_mutex_destroy(&s->mu);
+        pthread_mutex_destroy(&s->body_mu);
+        pthread_mutex_destroy(&s->watch_mu);
+        pthread_cond_destroy(&s->cv_job);
+        pthread_cond_destroy(&s->cv_done);
+    }
+    zdp_channel_close(s->ch);
+    for (int i = 0; s->roots_real != NULL && i < s->opt.n_allow_roots; i++) free(s->roots_real[i]);
+    free(s->roots_real);
+    if (s->api_key != NULL) memset(s->api_key, 0, s->api_key_len);
+    free(s->api_key);
+    free(s->ckpt_root);
+    zdp_engine_destroy(s->eng);
+    if (s->have_model) zdp_gpt_destroy(&s->model);
+    free(s);
+}

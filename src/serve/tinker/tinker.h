@@ -1,0 +1,99 @@
+/*
+ * tinker.h -- internal to src/serve/tinker/ (and the C tests in
+ * tests/serve/): the Tinker SDK's protocol, which the core reaches only
+ * through the serve_protocol that serve_register_tinker fills in.
+ */
+#ifndef ZDP_SERVE_TINKER_H
+#define ZDP_SERVE_TINKER_H
+
+#include "serve_impl.h"
+
+/* A session is alive while it sends heartbeats (every 10 s from the SDK). */
+#define SESSION_TIMEOUT_S 30.0
+/* A finished result is kept an hour, or a minute after it was first read
+ * (long enough for a client whose answer got lost to poll again), and past
+ * MAX_FUTURES the oldest read ones go first: memory stays bounded for a
+ * client that reads its results. */
+#define FUTURE_TTL_S 3600.0
+#define FUTURE_READ_TTL_S 60.0
+#define MAX_FUTURES 10000
+
+typedef struct future {
+    char id[32];
+    char idem[160];      /* X-Idempotency-Key of the POST that made it, or "" */
+    char model_id[160];  /* "" for requests without one */
+    int64_t seq_id;      /* 0: none */
+    bool done;
+    bool proto;          /* the request came as protobuf (SDK 0.25) */
+    bool sample;         /* an asample: its SampleResponse may go as protobuf */
+    char *result;        /* the JSON retrieve_future answers with, once done ... */
+    serve_fwd_result *fwd; /* ... or a ForwardBackwardOutput, typed until a poll encodes it */
+    double done_at;
+    double read_at;      /* first retrieve_future that got the result, 0 before */
+    struct future *next; /* newest first */
+} future;
+
+/* A sampling session: the sampler weights file its asample requests read. */
+typedef struct sampling_session {
+    char id[128];
+    char *path;
+    struct sampling_session *next; /* newest first */
+} sampling_session;
+#define MAX_SAMPLERS 1000
+
+typedef struct session {
+    char id[32];
+    double seen; /* last heartbeat or request */
+    struct session *next;
+} session;
+
+struct tinker_state {
+    int64_t n_requests, n_sessions;
+    future *futures;
+    int64_t n_futures;
+    session *sessions;
+    /* The one model. */
+    bool live;
+    char model_id[160];
+    char model_session[32];
+    int64_t next_seq; /* the next seq_id to queue */
+    job *held;        /* arrived early, sorted by seq_id */
+    sampling_session *samplers;
+    uint64_t n_samples; /* seeds for asample requests without one */
+};
+
+/* What a submitted request gets back: its future's id (and model_id, "" for
+ * none). */
+typedef struct tinker_ticket {
+    char id[32];
+    char model_id[160];
+} tinker_ticket;
+
+tinker_state *tinker_create(void);
+void tinker_destroy(tinker_state *t);
+/* The handler for every path under /api/v1/ (sub: the rest of the path). */
+enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *sub,
+                              const char *method, const char *body, size_t len);
+/* Main thread, s->mu held: a Tinker job finished with (status, body); the
+ * job is freed here. */
+void tinker_finish_locked(server *s, job *j, int status, char *body);
+/* Main thread, s->mu held: releases seq_ids held back longer than the gap
+ * timeout; returns true if it queued anything. */
+bool tinker_tick_locked(server *s);
+/* s->mu held: fails every held request (shutdown). */
+void tinker_shutdown_locked(server *s);
+/* A training verb (forward_backward, forward, optim_step, save_weights,
+ * save_weights_for_sampler, load_weights) with its JSON body, s->mu not
+ * held: 200 and *out (a new future, or a retry's first one: same
+ * idempotency key or same (model_id, seq_id)), the request held until its
+ * seq_id is due; or the HTTP status of a refusal with e set (a bad envelope,
+ * shutting down, out of memory).  A request refused by validation still gets
+ * a future (failed) and uses up its seq_id. */
+int tinker_submit(server *s, const char *verb, const json_t *root, const char *idem, bool proto,
+                  tinker_ticket *out, verr *e);
+/* s->mu held: drops finished futures past their time (FUTURE_TTL_S, or
+ * FUTURE_READ_TTL_S after the first read) and, past MAX_FUTURES, finished
+ * ones older than FUTURE_READ_TTL_S. */
+void tinker_prune(tinker_state *t);
+
+#endif /* ZDP_SERVE_TINKER_H */

@@ -1,0 +1,390 @@
+/*
+ * test_serve_queue.c -- the server's queue side in-process, without HTTP or
+ * MPI (src/serve/): the op table, request validation (request.c), and the
+ * Tinker protocol's seq_id holding, gap expiry, retry de-duplication and
+ * future expiry and pruning (tinker/tinker.c).  A server struct is set up by
+ * hand with a live model; requests go in through tinker_submit, and the test
+ * reads the FIFO (s->head) the leader loop would run.  Also: a typed
+ * forward_backward result encodes to the same protobuf bytes straight from
+ * its floats as through its JSON.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "serve_impl.h"
+#include "tinker/proto.h"
+#include "tinker/tinker.h"
+
+#define MODEL_ID "s1:train:0"
+
+/* A rank-0 server as zdp_server_start leaves it, minus the engine and HTTP:
+ * a tiny model shape (V = 16, T = 8), the Tinker protocol registered, one
+ * live model. */
+static server *server_(void) {
+    server *s = calloc(1, sizeof *s);
+    assert_non_null(s);
+    s->opt.model = (zdp_gpt_config){.n_layer = 1, .n_head = 1, .n_embd = 8, .vocab_size = 16, .block_size = 8};
+    s->opt.seq_gap_s = 30;
+    s->opt.model_name = "zdp-gpt";
+    s->W = 1;
+    s->busy_op = -1;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv_job, NULL);
+    pthread_cond_init(&s->cv_done, NULL);
+    assert_true(serve_register_tinker(s));
+    tinker_state *t = s->tinker;
+    t->live = true;
+    snprintf(t->model_id, sizeof t->model_id, "%s", MODEL_ID);
+    t->next_seq = 1;
+    return s;
+}
+
+static void server_free_(server *s) {
+    for (job *j = s->head, *n; j != NULL; j = n) {
+        n = j->next;
+        serve_job_free(j);
+    }
+    s->proto.destroy(s->proto.state);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv_job);
+    pthread_cond_destroy(&s->cv_done);
+    free(s);
+}
+
+/* A forward_backward body: one datum [tok, tok + 1] -> [tok + 1, tok + 2]. */
+static json_t *fwdbwd_(int64_t seq, int tok) {
+    json_t *o = json_pack("{s:s,s:I,s:{s:[{s:{s:[{s:s,s:[i,i]}]},s:{s:[i,i]}}],s:s}}", "model_id", MODEL_ID,
+                          "seq_id", (json_int_t)seq, "forward_backward_input", "data", "model_input", "chunks",
+                          "type", "encoded_text", "tokens", tok, tok + 1, "loss_fn_inputs", "target_tokens",
+                          tok + 1, tok + 2, "loss_fn", "cross_entropy");
+    assert_non_null(o);
+    return o;
+}
+
+/* Submits and returns the future's number (zdp-N -> N). */
+static int submit_(server *s, json_t *body, const char *idem) {
+    tinker_ticket tk;
+    verr e = {0};
+    int st = tinker_submit(s, "forward_backward", body, idem, false, &tk, &e);
+    json_decref(body);
+    assert_int_equal(st, 200);
+    assert_string_equal(tk.model_id, MODEL_ID);
+    assert_memory_equal(tk.id, "zdp-", 4);
+    return atoi(tk.id + 4);
+}
+
+/* The seq_ids in the FIFO, in order; returns how many. */
+static int queued_(const server *s, int64_t *seq, int cap) {
+    int n = 0;
+    for (const job *j = s->head; j != NULL; j = j->next) {
+        if (n < cap) seq[n] = j->seq_id;
+        n++;
+    }
+    return n;
+}
+
+static future *future_(server *s, int n) {
+    char id[32];
+    snprintf(id, sizeof id, "zdp-%d", n);
+    for (future *f = s->tinker->futures; f != NULL; f = f->next)
+        if (!strcmp(f->id, id)) return f;
+    return NULL;
+}
+
+/* ---- the op table -------------------------------------------------------------- */
+
+static void test_op_table(void **state) {
+    (void)state;
+    for (int op = 0; op < SERVE_N_OPS; op++) {
+        assert_int_equal(serve_ops[op].op, op);
+        assert_non_null(serve_ops[op].name);
+        for (int k = 0; k < op; k++) assert_string_not_equal(serve_ops[op].name, serve_ops[k].name);
+    }
+    /* What only rank 0 runs (nothing broadcast) and what runs nowhere. */
+    assert_false(serve_ops[OP_SAVE_WEIGHTS].all_ranks);
+    assert_false(serve_ops[OP_SAMPLE].all_ranks);
+    assert_false(serve_ops[OP_SAMPLE_FILE].all_ranks);
+    assert_true(serve_ops[OP_FWDBWD].all_ranks);
+    assert_true(serve_ops[OP_OPTIM].all_ranks);
+    assert_true(serve_ops[OP_SAVE_STATE].all_ranks);
+    assert_true(serve_ops[OP_LOAD_WEIGHTS].all_ranks);
+    assert_null(serve_ops[OP_QUIT].exec);
+    assert_null(serve_ops[OP_NOOP].exec);
+    assert_null(serve_ops[OP_PING].exec);
+    assert_non_null(serve_ops[OP_FWDBWD].exec);
+    assert_ptr_equal(serve_ops[OP_FWDBWD].exec, serve_ops[OP_FORWARD].exec);
+    assert_string_equal(serve_ops[OP_SAMPLE_FILE].name, "asample");
+    assert_string_equal(serve_ops[OP_OPTIM].name, "optim_step");
+}
+
+/* ---- request validation -------------------------------------------------------- */
+
+static void test_parse_fwd(void **state) {
+    (void)state;
+    const zdp_gpt_config mc = {.n_layer = 1, .n_head = 1, .n_embd = 8, .vocab_size = 16, .block_size = 8};
+    json_t *body = fwdbwd_(1, 3);
+    const json_t *in = json_object_get(body, "forward_backward_input");
+    job j = {0};
+    verr e = {0};
+    assert_true(serve_parse_fwd(in, "forward_backward_input", &mc, &j, &e));
+    /* fwd_header; int32 len[1]; int32 tokens[2]; int32 targets[2]; float w, q, adv [2] each */
+    assert_int_equal(j.nbytes, (int64_t)(sizeof(fwd_header) + 4 + 8 + 8 + 3 * 8));
+    serve_fwd_req rq;
+    assert_true(serve_fwd_req_view(&j, &rq));
+    assert_int_equal(rq.h.n, 1);
+    assert_int_equal(rq.h.loss, ZDP_LOSS_CROSS_ENTROPY);
+    assert_int_equal(rq.total, 2);
+    assert_int_equal(rq.len[0], 2);
+    assert_int_equal(rq.tokens[0], 3);
+    assert_int_equal(rq.targets[1], 5);
+    assert_true(rq.weights[0] == 1.0f && rq.weights[1] == 1.0f); /* no weights: all 1 */
+    /* A payload cut short is not a request. */
+    j.nbytes -= 4;
+    assert_false(serve_fwd_req_view(&j, &rq));
+    free(j.payload);
+    json_decref(body);
+
+    /* A token outside the vocabulary: 400 naming its place. */
+    body = fwdbwd_(1, 15);
+    memset(&j, 0, sizeof j);
+    assert_false(serve_parse_fwd(json_object_get(body, "forward_backward_input"), "forward_backward_input",
+                                 &mc, &j, &e));
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.field, "forward_backward_input.data[0].model_input.chunks[0].tokens[1]");
+    assert_null(j.payload);
+    json_decref(body);
+
+    /* An unknown loss. */
+    body = fwdbwd_(1, 3);
+    json_object_set_new(json_object_get(body, "forward_backward_input"), "loss_fn", json_string("kl"));
+    assert_false(serve_parse_fwd(json_object_get(body, "forward_backward_input"), "forward_backward_input",
+                                 &mc, &j, &e));
+    assert_string_equal(e.field, "forward_backward_input.loss_fn");
+    json_decref(body);
+}
+
+static bool optim_(const char *key, double x, verr *e, optim_payload *p) {
+    json_t *ap = json_pack("{s:f}", key, x);
+    job j = {0};
+    bool ok = serve_parse_optim(ap, "adam_params", false, &j, e);
+    json_decref(ap);
+    if (ok) memcpy(p, j.payload, sizeof *p);
+    free(j.payload);
+    return ok;
+}
+
+static void test_parse_optim(void **state) {
+    (void)state;
+    verr e = {0};
+    optim_payload p;
+    assert_true(optim_("learning_rate", 1e-3, &e, &p));
+    assert_int_equal(p.has[0], 1);
+    assert_true(p.value[0] == 1e-3);
+    assert_int_equal(p.has[1], 0); /* not given: the engine's value stays */
+    /* The library's ranges (zdp_hparams_check) ... */
+    static const struct {
+        const char *key;
+        double x;
+    } bad[] = {{"learning_rate", -1.0}, {"learning_rate", 1e308}, {"beta1", 1.0}, {"eps", 0.0},
+               {"eps", 2.0}, {"weight_decay", 1e300}, {"grad_clip_norm", -0.5},
+               /* ... and the server's caps on top */
+               {"learning_rate", 11.0}, {"grad_clip_norm", 1e31}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        memset(&e, 0, sizeof e);
+        assert_false(optim_(bad[i].key, bad[i].x, &e, &p));
+        assert_int_equal(e.status, 400);
+        char field[64];
+        snprintf(field, sizeof field, "adam_params.%s", bad[i].key);
+        assert_string_equal(e.field, field);
+        assert_true(e.msg[0] != '\0');
+    }
+    /* An unknown key. */
+    json_t *ap = json_pack("{s:f}", "lr", 1e-3);
+    job j = {0};
+    assert_false(serve_parse_optim(ap, "adam_params", false, &j, &e));
+    assert_string_equal(e.field, "adam_params.lr");
+    json_decref(ap);
+    /* Tinker's defaults fill what is left out. */
+    assert_true(serve_parse_optim(NULL, "adam_params", true, &j, &e));
+    memcpy(&p, j.payload, sizeof p);
+    for (int k = 0; k < N_ADAM; k++) assert_int_equal(p.has[k], 1);
+    assert_true(p.value[0] == 1e-4);
+    free(j.payload);
+}
+
+/* ---- seq_id order -------------------------------------------------------------- */
+
+static void test_seq_holding(void **state) {
+    (void)state;
+    server *s = server_();
+    int64_t seq[8];
+    /* 3 and 2 arrive before 1: held, nothing queued. */
+    submit_(s, fwdbwd_(3, 1), NULL);
+    submit_(s, fwdbwd_(2, 1), NULL);
+    assert_int_equal(queued_(s, seq, 8), 0);
+    assert_non_null(s->tinker->held);
+    /* 1 arrives: 1, 2, 3 run in that order. */
+    submit_(s, fwdbwd_(1, 1), NULL);
+    assert_int_equal(queued_(s, seq, 8), 3);
+    assert_int_equal(seq[0], 1);
+    assert_int_equal(seq[1], 2);
+    assert_int_equal(seq[2], 3);
+    assert_null(s->tinker->held);
+    assert_int_equal(s->tinker->next_seq, 4);
+    /* A refused request (a token outside the vocabulary) keeps its place:
+     * 5 waits for 4, and 4 is answered without reaching the queue. */
+    submit_(s, fwdbwd_(5, 1), NULL);
+    const int bad = submit_(s, fwdbwd_(4, 15), NULL);
+    assert_int_equal(queued_(s, seq, 8), 4);
+    assert_int_equal(seq[3], 5);
+    future *f = future_(s, bad);
+    assert_non_null(f);
+    assert_true(f->done);
+    assert_non_null(strstr(f->result, "outside the vocabulary"));
+    server_free_(s);
+}
+
+static void test_seq_gap_expiry(void **state) {
+    (void)state;
+    server *s = server_();
+    s->opt.seq_gap_s = 5;
+    int64_t seq[8];
+    submit_(s, fwdbwd_(3, 1), NULL);
+    submit_(s, fwdbwd_(4, 1), NULL);
+    pthread_mutex_lock(&s->mu);
+    assert_false(tinker_tick_locked(s)); /* not due yet */
+    assert_int_equal(queued_(s, seq, 8), 0);
+    /* The oldest held request has waited longer than --seq-gap-seconds: 1
+     * and 2 are given up, 3 and 4 run. */
+    s->tinker->held->arrived -= 6;
+    assert_true(tinker_tick_locked(s));
+    pthread_mutex_unlock(&s->mu);
+    assert_int_equal(queued_(s, seq, 8), 2);
+    assert_int_equal(seq[0], 3);
+    assert_int_equal(seq[1], 4);
+    assert_int_equal(s->tinker->next_seq, 5);
+    /* 1 arriving now is refused: its future fails, nothing is queued. */
+    const int late = submit_(s, fwdbwd_(1, 1), NULL);
+    assert_int_equal(queued_(s, seq, 8), 2);
+    future *f = future_(s, late);
+    assert_true(f->done);
+    assert_non_null(strstr(f->result, "arrived after seq_id 4 had run"));
+    server_free_(s);
+}
+
+/* ---- retries ------------------------------------------------------------------- */
+
+static void test_retry_dedup(void **state) {
+    (void)state;
+    server *s = server_();
+    int64_t seq[8];
+    const int a = submit_(s, fwdbwd_(1, 1), "key-1");
+    /* The same idempotency key (another seq_id even): the first future. */
+    assert_int_equal(submit_(s, fwdbwd_(7, 1), "key-1"), a);
+    /* The same (model_id, seq_id) under a new key: the first future too. */
+    assert_int_equal(submit_(s, fwdbwd_(1, 1), "key-2"), a);
+    assert_int_equal(submit_(s, fwdbwd_(1, 1), NULL), a);
+    assert_int_equal(queued_(s, seq, 8), 1);
+    assert_int_equal(s->tinker->n_futures, 1);
+    /* Another seq_id is another request. */
+    assert_int_not_equal(submit_(s, fwdbwd_(2, 1), "key-3"), a);
+    assert_int_equal(queued_(s, seq, 8), 2);
+    server_free_(s);
+}
+
+/* ---- futures ------------------------------------------------------------------- */
+
+static void test_future_expiry(void **state) {
+    (void)state;
+    server *s = server_();
+    tinker_state *t = s->tinker;
+    const int pending = submit_(s, fwdbwd_(1, 1), NULL);
+    const int old = submit_(s, fwdbwd_(2, 15), NULL);  /* refused: done at once */
+    const int read = submit_(s, fwdbwd_(3, 15), NULL); /* done, read a while ago */
+    const int fresh = submit_(s, fwdbwd_(4, 15), NULL);
+    future_(s, old)->done_at -= FUTURE_TTL_S + 1;
+    future_(s, read)->read_at = serve_now() - FUTURE_READ_TTL_S - 1;
+    /* A future nobody finished never goes, however old. */
+    future_(s, pending)->done_at -= 10 * FUTURE_TTL_S;
+    tinker_prune(t);
+    assert_non_null(future_(s, pending));
+    assert_null(future_(s, old));
+    assert_null(future_(s, read));
+    assert_non_null(future_(s, fresh));
+    assert_int_equal(t->n_futures, 2);
+    server_free_(s);
+}
+
+static void test_future_cap(void **state) {
+    (void)state;
+    server *s = server_();
+    tinker_state *t = s->tinker;
+    /* Past MAX_FUTURES, finished ones older than FUTURE_READ_TTL_S go (the
+     * oldest first); recent ones stay even past the cap. */
+    for (int i = 0; i < MAX_FUTURES + 10; i++) {
+        int n = submit_(s, fwdbwd_(i + 1, 15), NULL);
+        if (i < 20) future_(s, n)->done_at -= FUTURE_READ_TTL_S + 1;
+    }
+    assert_true(t->n_futures > MAX_FUTURES);
+    tinker_prune(t);
+    assert_int_equal(t->n_futures, MAX_FUTURES);
+    assert_null(future_(s, 1));
+    assert_null(future_(s, 10));
+    assert_non_null(future_(s, 11));
+    assert_non_null(future_(s, MAX_FUTURES + 10));
+    server_free_(s);
+}
+
+/* ---- typed results ------------------------------------------------------------ */
+
+static void test_fwd_result_encodings(void **state) {
+    (void)state;
+    /* 2 datums of 2 and 3 tokens, values exact in 9 digits. */
+    int64_t off[3] = {0, 2, 5};
+    float lp[5] = {-0.25f, -1.5f, -3.0f, -0.125f, -2.0f}, el[5] = {0.25f, 1.5f, 3.0f, 0.125f, 2.0f};
+    serve_fwd_result r = {.n = 2, .off = off, .logprobs = lp, .elementwise = el, .loss_sum = 6.875};
+    char *text = serve_fwd_result_json(&r);
+    assert_non_null(text);
+    json_t *o = json_loads(text, 0, NULL);
+    assert_non_null(o);
+    assert_int_equal(json_array_size(json_object_get(o, "loss_fn_outputs")), 2);
+    char err[256];
+    size_t n_json, n_typed;
+    unsigned char *a = serve_proto_encode_fwdbwd_output(o, &n_json, err, sizeof err);
+    static const char *const names[2] = {"logprobs", "elementwise_loss"};
+    static const char *const metric[1] = {"loss:sum"};
+    const float *const values[2] = {lp, el};
+    unsigned char *b = serve_proto_encode_fwdbwd_typed("ArrayRecord", r.n, r.off, 2, names, values, 1, metric,
+                                                       &r.loss_sum, &n_typed, err, sizeof err);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(n_json, n_typed);
+    assert_memory_equal(a, b, n_json);
+    /* A copy owns its arrays. */
+    serve_fwd_result *c = serve_fwd_result_copy(&r);
+    assert_non_null(c);
+    assert_true(c->off != off && c->off[2] == 5 && c->logprobs[4] == -2.0f && c->loss_sum == 6.875);
+    serve_fwd_result_free(c);
+    free(a);
+    free(b);
+    free(text);
+    json_decref(o);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_op_table),      cmocka_unit_test(test_parse_fwd),
+        cmocka_unit_test(test_parse_optim),   cmocka_unit_test(test_seq_holding),
+        cmocka_unit_test(test_seq_gap_expiry), cmocka_unit_test(test_retry_dedup),
+        cmocka_unit_test(test_future_expiry), cmocka_unit_test(test_future_cap),
+        cmocka_unit_test(test_fwd_result_encodings),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
