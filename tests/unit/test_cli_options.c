@@ -140,12 +140,63 @@ static void test_take_option_and_undashed_commands(void **state) {
     pending_[0] = '\0';
 }
 
+/* CLI_WORD: a non-empty string; CLI_LIST: repeatable, each a non-empty
+ * string appended to a realloc'ed array; both may refuse characters. */
+static void test_words_and_lists(void **state) {
+    (void)state;
+    const char *name = "default", **roots = NULL, **hosts = NULL;
+    int n_roots = 0, n_hosts = 0;
+    const cli_opt rows[] = {
+        CLI_WORD("--name", &name, NULL, NULL),
+        CLI_WORD("--tag", &name, "/", "a name without '/'"),
+        CLI_LIST("--root", &roots, &n_roots, NULL, NULL),
+        CLI_LIST("--host", &hosts, &n_hosts, ":/[", "a host name only"),
+    };
+    const int n = (int)(sizeof rows / sizeof rows[0]);
+    char a[][16] = {"--root", "/a", "--host", "h1", "--name", "n", "--root", "/b", "--host", "h2"};
+    char *argv[] = {a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9]};
+    assert_int_equal(cli_parse_options(&dashed_, rows, n, 10, argv), 0);
+    assert_string_equal(name, "n");
+    assert_int_equal(n_roots, 2);
+    assert_string_equal(roots[0], "/a");
+    assert_string_equal(roots[1], "/b");
+    assert_int_equal(n_hosts, 2);
+    assert_string_equal(hosts[0], "h1");
+    assert_string_equal(hosts[1], "h2");
+    /* A bad value leaves the list as it was. */
+    static const struct {
+        const char *flag, *value, *msg;
+    } cases[] = {
+        {"--name", "", "--name: must not be empty"},
+        {"--root", "", "--root: must not be empty"},
+        {"--host", "", "--host: must not be empty"},
+        {"--host", "h:80", "--host h:80: a host name only"},
+        {"--host", "[::1]", "--host [::1]: a host name only"},
+        {"--host", "http://h", "--host http://h: a host name only"},
+        {"--tag", "a/b", "--tag a/b: a name without '/'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pending_[0] = '\0';
+        assert_int_equal(cli_take_option(rows, n, cases[i].flag, cases[i].value), 2);
+        assert_string_equal(pending_, cases[i].msg);
+    }
+    assert_string_equal(name, "n");
+    assert_int_equal(n_hosts, 2);
+    assert_int_equal(n_roots, 2);
+    assert_int_equal(cli_take_option(rows, n, "--tag", "t"), 1);
+    assert_string_equal(name, "t");
+    free((void *)roots);
+    free((void *)hosts);
+    pending_[0] = '\0';
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_kind_is_stored),
         cmocka_unit_test(test_bad_values_name_flag_value_and_need),
         cmocka_unit_test(test_help_anywhere_before_an_error),
         cmocka_unit_test(test_take_option_and_undashed_commands),
+        cmocka_unit_test(test_words_and_lists),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

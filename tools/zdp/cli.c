@@ -133,6 +133,19 @@ bool cli_parse_double(const char *s, double lo, double hi, double *out) {
 
 /* ---- the option loop ------------------------------------------------------------- */
 
+/* Appends v to o's list: 1, or 2 with "out of memory" recorded. */
+static int append_(const cli_opt *o, const char *v) {
+    const char ***list = o->ptr;
+    const char **grown = realloc((void *)*list, (size_t)(*o->count + 1) * sizeof *grown);
+    if (grown == NULL) {
+        cli_fail("out of memory");
+        return 2;
+    }
+    grown[(*o->count)++] = v;
+    *list = grown;
+    return 1;
+}
+
 /* Stores v into o's pointer: 1, or 2 with "FLAG VALUE: NEED" recorded. */
 static int take_value_(const cli_opt *o, const char *v) {
     int64_t n = 0;
@@ -158,6 +171,18 @@ static int take_value_(const cli_opt *o, const char *v) {
             return 1;
         }
         break;
+    case CLI_OPT_WORD:
+    case CLI_OPT_LIST:
+        if (v[0] == '\0') {
+            cli_fail("%s: must not be empty", o->flag);
+            return 2;
+        }
+        if (o->reject != NULL && strpbrk(v, o->reject) != NULL) break;
+        if (o->kind == CLI_OPT_WORD) {
+            *(const char **)o->ptr = v;
+            return 1;
+        }
+        return append_(o, v);
     }
     cli_fail("%s %s: %s", o->flag, v, o->need);
     return 2;

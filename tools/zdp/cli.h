@@ -67,6 +67,9 @@ typedef enum cli_opt_kind {
     CLI_OPT_CHOICE,   /* int *: values[i] for the word choices[i]; ptr NULL: checked only */
     CLI_OPT_SCHEDULE, /* cli_schedule *: "2,5,3" (cli_parse_schedule's messages) */
     CLI_OPT_IGNORE,   /* taken, value unused (--model, which main() dispatched on) */
+    CLI_OPT_WORD,     /* const char **: the argument, not empty, none of `reject`'s characters */
+    CLI_OPT_LIST,     /* const char ***: repeatable; each argument (a WORD) is appended to a
+                       * realloc'ed array (the caller frees it) of *count entries */
 } cli_opt_kind;
 
 typedef struct cli_opt {
@@ -78,6 +81,10 @@ typedef struct cli_opt {
     const char *need;            /* what a good value is: "need an integer >= 0" */
     const char *const *choices;  /* CLI_OPT_CHOICE: the words, NULL-terminated */
     const int *values;           /* CLI_OPT_CHOICE: what each word stores */
+    int *count;                  /* CLI_OPT_LIST: the array's length */
+    /* CLI_OPT_WORD, _LIST: characters a value may not contain (NULL: any);
+     * an empty value fails with "FLAG: must not be empty". */
+    const char *reject;
 } cli_opt;
 
 #define CLI_STR(f, p) {.flag = (f), .kind = CLI_OPT_STR, .ptr = (p)}
@@ -89,6 +96,9 @@ typedef struct cli_opt {
     {.flag = (f), .kind = CLI_OPT_CHOICE, .ptr = (p), .choices = (words), .values = (vals), .need = (n)}
 #define CLI_SCHEDULE(f, p) {.flag = (f), .kind = CLI_OPT_SCHEDULE, .ptr = (p)}
 #define CLI_IGNORE(f) {.flag = (f), .kind = CLI_OPT_IGNORE}
+#define CLI_WORD(f, p, rej, n) {.flag = (f), .kind = CLI_OPT_WORD, .ptr = (p), .reject = (rej), .need = (n)}
+#define CLI_LIST(f, p, cnt, rej, n) \
+    {.flag = (f), .kind = CLI_OPT_LIST, .ptr = (p), .count = (cnt), .reject = (rej), .need = (n)}
 
 /* How a command words the two errors that are not about one value. */
 typedef struct cli_command {

@@ -73,79 +73,41 @@ static int parse_(int argc, char **argv, serve_opts *o) {
                       .max_connections_per_ip = -1, .idle_timeout_s = 15, .request_timeout_s = 60,
                       .max_inflight = -1, .health_timeout_s = 60};
     const char *model = NULL;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            if (zdp_dist_rank() == 0) usage_();
-            return 1;
-        }
-        if (strncmp(a, "--", 2) != 0 || i + 1 >= argc)
-            return cli_fail("%s: expected an option with a value (see zdp serve --help)", a);
-        const char *v = argv[++i];
-        int64_t n;
-        int shape = cli_gpt_option(a, v, &o->model);
-        if (shape == 2) return 2;
-        if (shape == 1) continue;
-        if (!strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--config")) o->config = v;
-        else if (!strcmp(a, "--init")) o->init = v;
-        else if (!strcmp(a, "--bind")) o->bind = v;
-        else if (!strcmp(a, "--port")) {
-            if (!cli_parse_i64(v, 0, 65535, &n)) return cli_fail("--port %s: need an integer in [0, 65535]", v);
-            o->port = (int)n;
-        } else if (!strcmp(a, "--max-body")) {
-            if (!cli_parse_i64(v, 2, (int64_t)1 << 34, &o->max_body))
-                return cli_fail("--max-body %s: need a byte count in [2, 2^34]", v);
-        } else if (!strcmp(a, "--model-name")) {
-            if (v[0] == '\0') return cli_fail("--model-name: must not be empty");
-            o->model_name = v;
-        } else if (!strcmp(a, "--checkpoint-dir")) {
-            if (v[0] == '\0') return cli_fail("--checkpoint-dir: must not be empty");
-            o->checkpoint_dir = v;
-        } else if (!strcmp(a, "--long-poll-seconds") || !strcmp(a, "--seq-gap-seconds")) {
-            char *end;
-            double x = strtod(v, &end);
-            if (end == v || *end != '\0' || !(x >= 0.01 && x <= 3600))
-                return cli_fail("%s %s: need seconds in [0.01, 3600]", a, v);
-            if (!strcmp(a, "--long-poll-seconds")) o->long_poll_s = x;
-            else o->seq_gap_s = x;
-        } else if (!strcmp(a, "--api-key-file")) {
-            o->api_key_file = v;
-        } else if (!strcmp(a, "--allow-path-root") || !strcmp(a, "--allow-host")) {
-            const bool root = !strcmp(a, "--allow-path-root");
-            if (v[0] == '\0') return cli_fail("%s: must not be empty", a);
-            if (!root && (strchr(v, ':') || strchr(v, '/') || strchr(v, '[')))
-                return cli_fail("--allow-host %s: a host name only (no port, scheme or brackets)", v);
-            const char ***list = root ? &o->allow_roots : &o->allow_hosts;
-            int *n_list = root ? &o->n_allow_roots : &o->n_allow_hosts;
-            const char **grown = realloc((void *)*list, (size_t)(*n_list + 1) * sizeof *grown);
-            if (grown == NULL) return cli_fail("out of memory");
-            grown[(*n_list)++] = v;
-            *list = grown;
-        } else if (!strcmp(a, "--max-connections") || !strcmp(a, "--max-connections-per-ip")) {
-            if (!cli_parse_i64(v, 1, 4096, &n)) return cli_fail("%s %s: need an integer in [1, 4096]", a, v);
-            if (!strcmp(a, "--max-connections")) o->max_connections = (int)n;
-            else o->max_connections_per_ip = (int)n;
-        } else if (!strcmp(a, "--idle-timeout-seconds")) {
-            if (!cli_parse_i64(v, 1, 3600, &n)) return cli_fail("%s %s: need whole seconds in [1, 3600]", a, v);
-            o->idle_timeout_s = (int)n;
-        } else if (!strcmp(a, "--max-inflight-bytes")) {
-            if (!cli_parse_i64(v, 2, (int64_t)1 << 40, &o->max_inflight))
-                return cli_fail("--max-inflight-bytes %s: need a byte count in [2, 2^40]", v);
-        } else if (!strcmp(a, "--request-timeout-seconds") || !strcmp(a, "--health-timeout-seconds")) {
-            char *end;
-            double x = strtod(v, &end);
-            if (end == v || *end != '\0' || !(x >= 0.1 && x <= 86400))
-                return cli_fail("%s %s: need seconds in [0.1, 86400]", a, v);
-            if (!strcmp(a, "--request-timeout-seconds")) o->request_timeout_s = x;
-            else o->health_timeout_s = x;
-        } else if (!strcmp(a, "--seed")) {
-            if (!cli_parse_i64(v, 0, INT64_MAX, &n)) return cli_fail("--seed %s: need an integer >= 0", v);
-            o->seed = (uint64_t)n;
-        } else {
-            return cli_fail("unknown option %s (see zdp serve --help)", a);
-        }
-    }
+    const cli_opt opts[] = {
+        CLI_GPT_ROWS(&o->model),
+        CLI_STR("--model", &model),
+        CLI_STR("--config", &o->config),
+        CLI_STR("--init", &o->init),
+        CLI_STR("--bind", &o->bind),
+        CLI_INT("--port", &o->port, 0, 65535, "need an integer in [0, 65535]"),
+        CLI_I64("--max-body", &o->max_body, 2, (int64_t)1 << 34, "need a byte count in [2, 2^34]"),
+        CLI_WORD("--model-name", &o->model_name, NULL, NULL),
+        CLI_WORD("--checkpoint-dir", &o->checkpoint_dir, NULL, NULL),
+        CLI_F64("--long-poll-seconds", &o->long_poll_s, 0.01, 3600, "need seconds in [0.01, 3600]"),
+        CLI_F64("--seq-gap-seconds", &o->seq_gap_s, 0.01, 3600, "need seconds in [0.01, 3600]"),
+        CLI_STR("--api-key-file", &o->api_key_file),
+        CLI_LIST("--allow-path-root", &o->allow_roots, &o->n_allow_roots, NULL, NULL),
+        CLI_LIST("--allow-host", &o->allow_hosts, &o->n_allow_hosts, ":/[",
+                 "a host name only (no port, scheme or brackets)"),
+        CLI_INT("--max-connections", &o->max_connections, 1, 4096, "need an integer in [1, 4096]"),
+        CLI_INT("--max-connections-per-ip", &o->max_connections_per_ip, 1, 4096,
+                "need an integer in [1, 4096]"),
+        CLI_INT("--idle-timeout-seconds", &o->idle_timeout_s, 1, 3600,
+                "need whole seconds in [1, 3600]"),
+        CLI_I64("--max-inflight-bytes", &o->max_inflight, 2, (int64_t)1 << 40,
+                "need a byte count in [2, 2^40]"),
+        CLI_F64("--request-timeout-seconds", &o->request_timeout_s, 0.1, 86400,
+                "need seconds in [0.1, 86400]"),
+        CLI_F64("--health-timeout-seconds", &o->health_timeout_s, 0.1, 86400,
+                "need seconds in [0.1, 86400]"),
+        CLI_U64("--seed", &o->seed, 0, INT64_MAX, "need an integer >= 0"),
+    };
+    static const cli_command cmd = {
+        .missing = "expected an option with a value (see zdp serve --help)",
+        .unknown = " (see zdp serve --help)", .dashes = true};
+    int rc = cli_parse_options(&cmd, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv);
+    if (rc == 1 && zdp_dist_rank() == 0) usage_();
+    if (rc != 0) return rc;
     if (model == NULL || strcmp(model, "gpt") != 0)
         return cli_fail("--model %s: zdp serve serves only --model gpt", model ? model : "(missing)");
     if (o->config == NULL) return cli_fail("--config CFG.json is required");
