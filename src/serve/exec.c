@@ -223,25 +223,22 @@ static char *exec_optim_(server *s, job *j, int *status) {
             any = true;
         }
     zdp_error err;
-    json_t *warnings = s->R == 0 ? json_array() : NULL;
+    bool sgd_warning = false;
     if (any) {
         /* Validated on rank 0 already; every rank sets the same values, so a
          * value the engine refuses is refused on every rank alike. */
         if (zdp_engine_set_hparams(s->eng, &h, &err) != ZDP_OK) {
-            json_decref(warnings);
             if (s->R != 0) return NULL;
             *status = 400;
             return serve_error_body("adam_params", err.msg);
         }
         if (s->R == 0 && s->cfg.optimizer.type == ZDP_OPTIMIZER_SGD && (p.has[1] || p.has[2] || p.has[3]))
-            json_array_append_new(warnings, json_string("the engine's optimizer is SGD (from --config): "
-                                                        "adam_params beta1, beta2 and eps have no effect"));
+            sgd_warning = true;
     }
     zdp_status st = zdp_engine_step(s->eng, &err);
     if (st == ZDP_ERR_STATE) {
         /* The step did not run: neither do the request's hyperparameters. */
         if (any && zdp_engine_set_hparams(s->eng, &before, &err) != ZDP_OK) serve_die("optim_step", &err);
-        json_decref(warnings);
         if (s->R != 0) return NULL;
         *status = 409;
         return serve_error_body(NULL,
@@ -251,17 +248,97 @@ static char *exec_optim_(server *s, job *j, int *status) {
     if (st != ZDP_OK) serve_die("optim_step", &err);
     if (s->R != 0) return NULL;
     *status = 200;
+    const serve_optim_result res = {.grad_norm = zdp_engine_last_grad_norm(s->eng),
+                                    .lr = zdp_engine_last_lr(s->eng),
+                                    .step = zdp_engine_global_steps(s->eng),
+                                    .global_samples = zdp_engine_global_samples(s->eng),
+                                    .step_applied = zdp_engine_was_step_applied(s->eng),
+                                    .sgd_warning = sgd_warning};
+    if (j->fut != NULL) {
+        /* A protocol's: it encodes it as it finishes. */
+        j->optim = res;
+        j->has_optim = true;
+        return NULL;
+    }
+    return serve_optim_result_json(&res, false);
+}
+
+char *serve_optim_result_json(const serve_optim_result *r, bool metrics_only) {
     /* Metric keys have exactly one ':' (Tinker's rule). */
-    return serve_dump(json_pack("{s:{s:o,s:o},s:I,s:I,s:b,s:o}", "metrics", "grad_norm:mean",
-                                serve_jreal(zdp_engine_last_grad_norm(s->eng)), "learning_rate:mean",
-                                serve_jreal(zdp_engine_last_lr(s->eng)), "step",
-                                (json_int_t)zdp_engine_global_steps(s->eng), "global_samples",
-                                (json_int_t)zdp_engine_global_samples(s->eng), "step_applied",
-                                zdp_engine_was_step_applied(s->eng), "warnings", warnings));
+    json_t *metrics = json_pack("{s:o,s:o}", "grad_norm:mean", serve_jreal(r->grad_norm), "learning_rate:mean",
+                                serve_jreal(r->lr));
+    if (metrics_only) return serve_dump(json_pack("{s:o}", "metrics", metrics));
+    json_t *warnings = json_array();
+    if (r->sgd_warning)
+        json_array_append_new(warnings, json_string("the engine's optimizer is SGD (from --config): "
+                                                    "adam_params beta1, beta2 and eps have no effect"));
+    return serve_dump(json_pack("{s:o,s:I,s:I,s:b,s:o}", "metrics", metrics, "step", (json_int_t)r->step,
+                                "global_samples", (json_int_t)r->global_samples, "step_applied", r->step_applied,
+                                "warnings", warnings));
 }
 
 static int status_of_(zdp_status st) {
     return st == ZDP_ERR_NOMEM || st == ZDP_ERR_COMM || st == ZDP_ERR_INTERNAL ? 500 : 400;
+}
+
+/* A sample's typed result: a protocol's stays typed (its poll encodes it);
+ * a plain request's is encoded here, once, as JSON (its time counts as the
+ * request's, in GET /info and /healthz).  Takes res. */
+static char *finish_sample_(job *j, serve_sample_result *res) {
+    if (j->fut != NULL) {
+        j->sample = res;
+        return NULL;
+    }
+    char *body = serve_sample_result_json(res);
+    serve_sample_result_free(res);
+    return body;
+}
+
+char *serve_sample_result_json(const serve_sample_result *r) {
+    json_t *seqs = json_array();
+    for (int64_t i = 0; seqs != NULL && i < r->n; i++) {
+        json_t *out = json_array(), *lps = r->logprobs != NULL ? json_array() : NULL;
+        for (int64_t k = r->off[i]; k < r->off[i + 1]; k++) {
+            json_array_append_new(out, json_integer(r->tokens[k]));
+            if (lps != NULL) json_array_append_new(lps, serve_jreal(r->logprobs[k]));
+        }
+        const char *reason = r->stopped[i] ? "stop" : "length";
+        json_array_append_new(seqs, lps != NULL ? json_pack("{s:o,s:o,s:s}", "tokens", out, "logprobs", lps,
+                                                            "stop_reason", reason)
+                                                : json_pack("{s:o,s:s}", "tokens", out, "stop_reason", reason));
+    }
+    if (r->prompt_length >= 0)
+        return serve_dump(json_pack("{s:o,s:I}", "sequences", seqs, "prompt_length", (json_int_t)r->prompt_length));
+    return serve_dump(json_pack("{s:o,s:s}", "sequences", seqs, "type", "sample"));
+}
+
+serve_sample_result *serve_sample_result_copy(const serve_sample_result *r) {
+    serve_sample_result *c = calloc(1, sizeof *c);
+    if (c == NULL) return NULL;
+    const int64_t total = r->off[r->n];
+    *c = (serve_sample_result){.n = r->n, .prompt_length = r->prompt_length};
+    c->off = malloc((size_t)(r->n + 1) * sizeof *c->off);
+    c->tokens = malloc(((size_t)total + 1) * sizeof *c->tokens);
+    c->stopped = malloc(((size_t)r->n + 1) * sizeof *c->stopped);
+    if (r->logprobs != NULL) c->logprobs = malloc(((size_t)total + 1) * sizeof *c->logprobs);
+    if (c->off == NULL || c->tokens == NULL || c->stopped == NULL || (r->logprobs != NULL && c->logprobs == NULL)) {
+        serve_sample_result_free(c);
+        return NULL;
+    }
+    memcpy(c->off, r->off, (size_t)(r->n + 1) * sizeof *c->off);
+    memcpy(c->tokens, r->tokens, (size_t)total * sizeof *c->tokens);
+    memcpy(c->stopped, r->stopped, (size_t)r->n * sizeof *c->stopped);
+    if (r->logprobs != NULL) memcpy(c->logprobs, r->logprobs, (size_t)total * sizeof *c->logprobs);
+    return c;
+}
+
+void serve_sample_result_free(serve_sample_result *r) {
+    if (r == NULL) return;
+    free(r->off);
+    free(r->tokens);
+    free(r->logprobs);
+    free(r->stopped);
+    free(r);
 }
 
 /* Rank 0 alone: generation reads the parameters every rank already holds.
@@ -282,20 +359,32 @@ static char *exec_sample_(server *s, job *j, int *status) {
         return serve_error_body(NULL, "out of memory");
     }
     memcpy(tok, prompt, (size_t)r.n * sizeof *tok);
+    serve_sample_result *res = calloc(1, sizeof *res);
+    if (res != NULL) {
+        res->off = calloc(2, sizeof *res->off);
+        res->tokens = malloc(((size_t)r.max_tokens + 1) * sizeof *res->tokens);
+        res->stopped = calloc(1, sizeof *res->stopped);
+    }
+    if (res == NULL || res->off == NULL || res->tokens == NULL || res->stopped == NULL) {
+        serve_sample_result_free(res);
+        free(tok), free(logits), free(v);
+        *status = 500;
+        return serve_error_body(NULL, "out of memory");
+    }
+    res->n = 1;
+    res->prompt_length = r.n;
     uint64_t rng = (uint64_t)r.seed;
-    json_t *out = json_array();
     int64_t n = r.n;
     for (int64_t k = 0; k < r.max_tokens; k++) {
         int t = s->opt.sample(&s->model, (const float *const *)v, tok, (int)n, r.temperature,
                               (int)r.top_k, 1.0, &rng, logits, NULL);
         if (t < 0) break;
         tok[n++] = t;
-        json_array_append_new(out, json_integer(t));
+        res->tokens[res->off[1]++] = t;
     }
     free(tok), free(logits), free(v);
     *status = 200;
-    return serve_dump(json_pack("{s:[{s:o,s:s}],s:I}", "sequences", "tokens", out, "stop_reason",
-                           "length", "prompt_length", (json_int_t)r.n));
+    return finish_sample_(j, res);
 }
 
 static int64_t numel_(const zdp_param_info *p) {
@@ -350,14 +439,28 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
         *status = 500;
         return serve_error_body(NULL, "out of memory");
     }
-    json_t *seqs = json_array();
+    serve_sample_result *res = calloc(1, sizeof *res);
+    const size_t all = (size_t)h.num_samples * (size_t)h.max_tokens + 1;
+    if (res != NULL) {
+        res->off = calloc((size_t)h.num_samples + 1, sizeof *res->off);
+        res->tokens = malloc(all * sizeof *res->tokens);
+        res->logprobs = malloc(all * sizeof *res->logprobs);
+        res->stopped = calloc((size_t)h.num_samples + 1, sizeof *res->stopped);
+    }
+    if (res == NULL || res->off == NULL || res->tokens == NULL || res->logprobs == NULL || res->stopped == NULL) {
+        serve_sample_result_free(res);
+        free(tok), free(logits);
+        *status = 500;
+        return serve_error_body(NULL, "out of memory");
+    }
+    res->n = h.num_samples;
+    res->prompt_length = -1;
     bool failed = false;
+    int64_t at = 0;
     for (int64_t k = 0; k < h.num_samples && !failed; k++) {
         memcpy(tok, prompt, (size_t)h.n_prompt * sizeof *tok);
         int64_t n = h.n_prompt;
         uint64_t rng = h.seed + 0x9E3779B97F4A7C15ull * (uint64_t)k;
-        json_t *out = json_array(), *lps = json_array();
-        const char *reason = "length";
         for (int64_t m = 0; m < h.max_tokens; m++) {
             float lp;
             int t = s->opt.sample(&s->model, (const float *const *)s->snap, tok, (int)n, h.temperature,
@@ -367,26 +470,25 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
                 break;
             }
             tok[n++] = t;
-            json_array_append_new(out, json_integer(t));
-            json_array_append_new(lps, serve_jreal(lp));
+            res->tokens[at] = t;
+            res->logprobs[at++] = lp;
             bool stopped = false;
             for (int64_t q = 0; q < h.n_stop && !stopped; q++) stopped = stop[q] == t;
             if (stopped) {
-                reason = "stop";
+                res->stopped[k] = true;
                 break;
             }
         }
-        json_array_append_new(seqs, json_pack("{s:o,s:o,s:s}", "tokens", out, "logprobs", lps, "stop_reason",
-                                              reason));
+        res->off[k + 1] = at;
     }
     free(tok), free(logits);
     if (failed) {
-        json_decref(seqs);
+        serve_sample_result_free(res);
         *status = 500;
         return serve_error_body(NULL, "sampling failed: see the server's log");
     }
     *status = 200;
-    return serve_dump(json_pack("{s:o,s:s}", "sequences", seqs, "type", "sample"));
+    return finish_sample_(j, res);
 }
 
 static char *exec_save_weights_(server *s, job *j, int *status) {

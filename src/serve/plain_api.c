@@ -43,6 +43,7 @@ static enum MHD_Result run_job_(server *s, struct MHD_Connection *c, job *j) {
     int status = j->status;
     j->body = NULL;
     if (body == NULL && j->fwd != NULL) body = serve_fwd_result_json(j->fwd); /* not expected */
+    if (body == NULL && j->sample != NULL) body = serve_sample_result_json(j->sample); /* not expected */
     serve_job_free(j);
     return serve_reply(c, status, body);
 }

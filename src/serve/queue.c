@@ -127,6 +127,7 @@ void serve_worker_loop(server *s) {
         char *body = serve_exec(s, &j, &status);
         free(body);
         serve_fwd_result_free(j.fwd);
+        serve_sample_result_free(j.sample);
         free(j.payload);
     }
 }

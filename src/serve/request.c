@@ -41,6 +41,7 @@ void serve_job_free(job *j) {
     free(j->body);
     free(j->tinker_path);
     serve_fwd_result_free(j->fwd);
+    serve_sample_result_free(j->sample);
     free(j->sampling_session);
     free(j);
 }

@@ -58,8 +58,8 @@ enum {
 struct server;
 struct job;
 /* Runs a job on this rank; rank 0 gets (status, body), the others NULL.  A
- * protocol's forward/forward_backward (j->fut set) leaves its result typed in
- * j->fwd instead (body NULL). */
+ * protocol's forward/forward_backward or asample (j->fut set) leaves its
+ * result typed in j->fwd or j->sample instead (body NULL). */
 typedef char *(*serve_exec_fn)(struct server *s, struct job *j, int *status);
 
 typedef struct serve_op {
@@ -130,6 +130,36 @@ char *serve_fwd_result_json(const serve_fwd_result *r);
 serve_fwd_result *serve_fwd_result_copy(const serve_fwd_result *r);
 void serve_fwd_result_free(serve_fwd_result *r); /* NULL is a no-op */
 
+/* The result of a sample (POST /sample) or an asample (Tinker's), typed the
+ * same way: JSON (serve_sample_result_json) or protobuf (tinker/proto.c's
+ * serve_proto_encode_sample_typed, a SampleResponse). */
+typedef struct serve_sample_result {
+    int64_t n;          /* sequences */
+    int64_t *off;       /* (n + 1): sequence i's tokens are [off[i], off[i + 1]) */
+    int32_t *tokens;    /* (off[n]) the sampled tokens */
+    float *logprobs;    /* (off[n]) the model's log p of each; NULL: none (POST /sample's) */
+    bool *stopped;      /* (n) stop_reason "stop" (a stop token ended it), else "length" */
+    int64_t prompt_length; /* >= 0: POST /sample's reply (with "prompt_length");
+                              -1: Tinker's SampleResponse ("type": "sample") */
+} serve_sample_result;
+/* The reply as JSON text; NULL when out of memory. */
+char *serve_sample_result_json(const serve_sample_result *r);
+/* A deep copy (a poll encodes it outside the lock); NULL when out of memory. */
+serve_sample_result *serve_sample_result_copy(const serve_sample_result *r);
+void serve_sample_result_free(serve_sample_result *r); /* NULL is a no-op */
+
+/* The result of an optim_step.  Only JSON: encoded once as the job finishes,
+ * whole for the plain API, its metrics alone for Tinker (OptimStepResponse). */
+typedef struct serve_optim_result {
+    double grad_norm, lr; /* the metrics grad_norm:mean, learning_rate:mean */
+    int64_t step, global_samples;
+    bool step_applied;
+    bool sgd_warning; /* adam_params beta1/beta2/eps given to an SGD engine */
+} serve_optim_result;
+/* metrics_only: {"metrics": {...}}; else with step, global_samples,
+ * step_applied and warnings.  NULL when out of memory. */
+char *serve_optim_result_json(const serve_optim_result *r, bool metrics_only);
+
 /* Typed views of a job's payload (request.c lays each one out and alone
  * reads it back): pointers into j->payload, valid while the job lives.
  * false when the payload does not have the op's layout (a bug in zdp). */
@@ -175,10 +205,13 @@ typedef struct job {
     double arrived;
     double queued_at; /* when it entered the FIFO (serve_now) */
     /* The answer, filled by the main thread (plain endpoints): a body, or
-     * for a forward/forward_backward the typed result. */
+     * for a protocol's forward/forward_backward or sample the typed result. */
     int status;
     char *body;
     serve_fwd_result *fwd;
+    serve_sample_result *sample;
+    bool has_optim; /* a protocol's optim_step: its result is optim (body NULL) */
+    serve_optim_result optim;
     bool done;
     struct job *next;
 } job;

@@ -5,8 +5,8 @@
  * future expiry and pruning (tinker/tinker.c).  A server struct is set up by
  * hand with a live model; requests go in through tinker_submit, and the test
  * reads the FIFO (s->head) the leader loop would run.  Also: a typed
- * forward_backward result encodes to the same protobuf bytes straight from
- * its floats as through its JSON.
+ * forward_backward or sample result encodes to the same protobuf bytes
+ * straight from its values as through its JSON, and to the expected JSON.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <math.h>
 
 #include "serve_impl.h"
 #include "tinker/proto.h"
@@ -378,13 +379,94 @@ static void test_fwd_result_encodings(void **state) {
     json_decref(o);
 }
 
+static void test_sample_result_encodings(void **state) {
+    (void)state;
+    /* 3 sequences: 2 tokens ended by a stop token, 1 token at the length
+     * limit with a non-finite logprob (null in JSON, NaN in protobuf), none. */
+    int64_t off[4] = {0, 2, 3, 3};
+    int32_t tok[3] = {3, 7, 15};
+    float lp[3] = {-0.25f, -1.5f, -INFINITY};
+    bool stopped[3] = {true, false, false};
+    serve_sample_result r = {.n = 3, .off = off, .tokens = tok, .logprobs = lp, .stopped = stopped,
+                             .prompt_length = -1};
+    char *text = serve_sample_result_json(&r);
+    assert_non_null(text);
+    assert_string_equal(text, "{\"sequences\":[{\"tokens\":[3,7],\"logprobs\":[-0.25,-1.5],\"stop_reason\":\"stop\"},"
+                              "{\"tokens\":[15],\"logprobs\":[null],\"stop_reason\":\"length\"},"
+                              "{\"tokens\":[],\"logprobs\":[],\"stop_reason\":\"length\"}],\"type\":\"sample\"}");
+    json_t *o = json_loads(text, 0, NULL);
+    assert_non_null(o);
+    char err[256];
+    size_t n_json, n_typed;
+    unsigned char *a = serve_proto_encode_sample_response(o, &n_json, err, sizeof err);
+    unsigned char *b = serve_proto_encode_sample_typed(r.n, r.off, r.tokens, r.logprobs, r.stopped, &n_typed, err,
+                                                       sizeof err);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(n_json, n_typed);
+    assert_memory_equal(a, b, n_json);
+    free(a);
+    free(b);
+    json_decref(o);
+    /* A copy owns its arrays. */
+    serve_sample_result *c = serve_sample_result_copy(&r);
+    assert_non_null(c);
+    assert_true(c->off != off && c->off[3] == 3 && c->tokens[2] == 15 && c->logprobs[1] == -1.5f &&
+                c->stopped[0] && !c->stopped[1] && c->prompt_length == -1);
+    serve_sample_result_free(c);
+    free(text);
+    /* POST /sample's: no logprobs, its prompt_length. */
+    serve_sample_result p = {.n = 1, .off = off, .tokens = tok, .stopped = &stopped[1], .prompt_length = 4};
+    text = serve_sample_result_json(&p);
+    assert_non_null(text);
+    assert_string_equal(text, "{\"sequences\":[{\"tokens\":[3,7],\"stop_reason\":\"length\"}],\"prompt_length\":4}");
+    o = json_loads(text, 0, NULL);
+    assert_non_null(o);
+    a = serve_proto_encode_sample_response(o, &n_json, err, sizeof err);
+    b = serve_proto_encode_sample_typed(p.n, p.off, p.tokens, p.logprobs, p.stopped, &n_typed, err, sizeof err);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(n_json, n_typed);
+    assert_memory_equal(a, b, n_json);
+    c = serve_sample_result_copy(&p);
+    assert_non_null(c);
+    assert_true(c->logprobs == NULL && c->off[1] == 2 && c->prompt_length == 4);
+    serve_sample_result_free(c);
+    free(a);
+    free(b);
+    free(text);
+    json_decref(o);
+}
+
+static void test_optim_result_json(void **state) {
+    (void)state;
+    serve_optim_result r = {.grad_norm = 0.5, .lr = 0.001, .step = 3, .global_samples = 12, .step_applied = true};
+    char *text = serve_optim_result_json(&r, false);
+    assert_non_null(text);
+    assert_string_equal(text, "{\"metrics\":{\"grad_norm:mean\":0.5,\"learning_rate:mean\":0.001},\"step\":3,"
+                              "\"global_samples\":12,\"step_applied\":true,\"warnings\":[]}");
+    free(text);
+    /* Tinker's OptimStepResponse: the metrics alone; a non-finite one is null. */
+    r.grad_norm = NAN;
+    r.sgd_warning = true;
+    text = serve_optim_result_json(&r, true);
+    assert_non_null(text);
+    assert_string_equal(text, "{\"metrics\":{\"grad_norm:mean\":null,\"learning_rate:mean\":0.001}}");
+    free(text);
+    text = serve_optim_result_json(&r, false);
+    assert_non_null(text);
+    assert_non_null(strstr(text, "\"warnings\":[\"the engine's optimizer is SGD"));
+    free(text);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_op_table),      cmocka_unit_test(test_parse_fwd),
         cmocka_unit_test(test_parse_optim),   cmocka_unit_test(test_seq_holding),
         cmocka_unit_test(test_seq_gap_expiry), cmocka_unit_test(test_retry_dedup),
         cmocka_unit_test(test_future_expiry), cmocka_unit_test(test_future_cap),
-        cmocka_unit_test(test_fwd_result_encodings),
+        cmocka_unit_test(test_fwd_result_encodings), cmocka_unit_test(test_sample_result_encodings),
+        cmocka_unit_test(test_optim_result_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

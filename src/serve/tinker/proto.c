@@ -899,3 +899,42 @@ unsigned char *serve_proto_encode_sample_response(const json_t *result, size_t *
     *out_len = b.b.len;
     return b.b.p;
 }
+
+unsigned char *serve_proto_encode_sample_typed(int64_t n, const int64_t *off, const int32_t *tokens,
+                                               const float *logprobs, const bool *stopped, size_t *out_len,
+                                               char *err, size_t errcap) {
+    if (errcap > 0) err[0] = '\0';
+    *out_len = 0;
+    wbuf b = {0};
+    for (int64_t i = 0; i < n; i++) {
+        wbuf sq = {0}, tb = {0}, lb = {0};
+        /* 1 stop_reason: STOP 0 (the default, so not written), LENGTH 1. */
+        if (!stopped[i]) {
+            w_tag_(&sq, 1, WT_VARINT);
+            w_varint_(&sq, 1);
+        }
+        for (int64_t k = off[i]; k < off[i + 1]; k++) w_le_(&tb, (uint32_t)tokens[k], 4);
+        w_bytes_(&sq, 2, tb.b.p ? tb.b.p : (void *)"", tb.b.len);
+        if (logprobs != NULL) {
+            for (int64_t k = off[i]; k < off[i + 1]; k++) {
+                float f = isfinite(logprobs[k]) ? logprobs[k] : NAN;
+                uint32_t bits;
+                memcpy(&bits, &f, sizeof bits);
+                w_le_(&lb, bits, 4);
+            }
+            w_bytes_(&sq, 3, lb.b.p ? lb.b.p : (void *)"", lb.b.len);
+        }
+        b.oom = b.oom || sq.oom || tb.oom || lb.oom;
+        free(tb.b.p);
+        free(lb.b.p);
+        w_msg_(&b, 1, &sq);
+    }
+    if (b.oom) {
+        free(b.b.p);
+        return efail_(err, errcap, "out of memory"), NULL;
+    }
+    if (b.b.p == NULL) b.b.p = malloc(1);
+    if (b.b.p == NULL) return efail_(err, errcap, "out of memory"), NULL;
+    *out_len = b.b.len;
+    return b.b.p;
+}

@@ -60,5 +60,12 @@ unsigned char *serve_proto_encode_fwdbwd_typed(const char *type, int64_t n, cons
  * int32 LE bytes, 3 logprobs as float32 LE bytes}.  Same contract as above. */
 unsigned char *serve_proto_encode_sample_response(const json_t *result, size_t *out_len, char *err,
                                                   size_t errcap);
+/* The same SampleResponse from a typed result (serve_sample_result's
+ * fields): n sequences, sequence i's tokens [off[i], off[i + 1]) of tokens
+ * and logprobs (NULL: none written), stopped[i] its stop_reason STOP (else
+ * LENGTH).  Non-finite logprobs go as NaN, as their JSON null did. */
+unsigned char *serve_proto_encode_sample_typed(int64_t n, const int64_t *off, const int32_t *tokens,
+                                               const float *logprobs, const bool *stopped, size_t *out_len,
+                                               char *err, size_t errcap);
 
 #endif /* ZDP_SERVE_PROTO_H */

@@ -69,6 +69,7 @@ void tinker_destroy(tinker_state *t) {
         n = f->next;
         free(f->result);
         serve_fwd_result_free(f->fwd);
+        serve_sample_result_free(f->samp);
         free(f);
     }
     for (session *x = t->sessions, *n; x != NULL; x = n) {
@@ -142,6 +143,7 @@ void tinker_prune(tinker_state *t) {
             *pp = f->next;
             free(f->result);
             serve_fwd_result_free(f->fwd);
+            serve_sample_result_free(f->samp);
             free(f);
             t->n_futures--;
         } else {
@@ -337,14 +339,27 @@ void tinker_finish_locked(server *s, job *j, int status, char *body) {
     } else if (j->op == OP_FWDBWD || j->op == OP_FORWARD) {
         result = body; /* not expected: a result without its typed form */
         body = NULL;
+    } else if (j->op == OP_OPTIM && j->has_optim) {
+        /* OptimStepResponse is {"metrics": {...}}: zdp's extra fields left out. */
+        result = serve_optim_result_json(&j->optim, true);
     } else if (j->op == OP_OPTIM) {
-        /* OptimStepResponse is {"metrics": {...}}: drop zdp's extra fields. */
+        /* Not expected: a result without its typed form. */
         json_t *o = json_loads(body, 0, NULL);
         json_t *m = json_object_get(o, "metrics");
         result = serve_dump(json_pack("{s:O}", "metrics", m ? m : json_object()));
         json_decref(o);
+    } else if (j->op == OP_SAMPLE_FILE && j->sample != NULL) {
+        /* Kept typed, like a ForwardBackwardOutput. */
+        j->fut->samp = j->sample;
+        j->sample = NULL;
+        j->fut->done = true;
+        j->fut->done_at = serve_now();
+        j->fut = NULL;
+        free(body);
+        serve_job_free(j);
+        return;
     } else if (j->op == OP_SAMPLE_FILE) {
-        result = body; /* already a SampleResponse */
+        result = body; /* not expected: a result without its typed form */
         body = NULL;
     } else {
         const char *type = j->op == OP_SAVE_STATE     ? "save_weights"
@@ -730,6 +745,27 @@ static enum MHD_Result reply_fwd_(struct MHD_Connection *c, serve_fwd_result *r,
     return reply_bytes_(c, 200, pb, len, SERVE_PROTO_CONTENT_TYPE);
 }
 
+/* A SampleResponse, encoded once: protobuf when the poll asks, else JSON.
+ * Takes r. */
+static enum MHD_Result reply_sample_(struct MHD_Connection *c, serve_sample_result *r, bool proto) {
+    if (!proto) {
+        char *body = serve_sample_result_json(r);
+        serve_sample_result_free(r);
+        return body != NULL ? serve_reply(c, 200, body) : reply_err_(c, 500, NULL, "out of memory");
+    }
+    char err[512];
+    size_t len;
+    unsigned char *pb = serve_proto_encode_sample_typed(r->n, r->off, r->tokens, r->logprobs, r->stopped, &len, err,
+                                                        sizeof err);
+    serve_sample_result_free(r);
+    if (pb == NULL) {
+        serve_utf8_fix(err);
+        return serve_reply(c, 200, failure_("server", "cannot encode the SampleResponse as protobuf: %s",
+                                            err));
+    }
+    return reply_bytes_(c, 200, pb, len, SERVE_PROTO_CONTENT_TYPE);
+}
+
 /* POST retrieve_future: the result, or try_again after the long poll. */
 static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json_t *root) {
     const json_t *id = json_object_get(root, "request_id");
@@ -755,7 +791,8 @@ static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json
     while (!f->done && !s->closed && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&s->cv_done, &s->mu, &until);
     /* Copied under the lock, encoded outside it. */
     serve_fwd_result *fwd = f->done && f->fwd != NULL ? serve_fwd_result_copy(f->fwd) : NULL;
-    char *body = f->done && f->fwd == NULL ? strdup(f->result) : NULL;
+    serve_sample_result *samp = f->done && f->samp != NULL ? serve_sample_result_copy(f->samp) : NULL;
+    char *body = f->done && f->fwd == NULL && f->samp == NULL ? strdup(f->result) : NULL;
     if (f->done && f->read_at == 0) f->read_at = serve_now();
     const bool closed = s->closed;
     /* Protobuf only for a request that came as protobuf (SDK 0.25) and a
@@ -768,6 +805,7 @@ static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json
     const bool done = f->done;
     pthread_mutex_unlock(&s->mu);
     if (fwd != NULL) return reply_fwd_(c, fwd, proto);
+    if (samp != NULL) return reply_sample_(c, samp, proto);
     if (done && body == NULL) return reply_err_(c, 500, NULL, "out of memory");
     if (body != NULL) return reply_result_(c, body, proto);
     if (closed) return reply_err_(c, 503, NULL, "the server is shutting down");

@@ -28,6 +28,7 @@ typedef struct future {
     bool sample;         /* an asample: its SampleResponse may go as protobuf */
     char *result;        /* the JSON retrieve_future answers with, once done ... */
     serve_fwd_result *fwd; /* ... or a ForwardBackwardOutput, typed until a poll encodes it */
+    serve_sample_result *samp; /* ... or a SampleResponse, likewise */
     double done_at;
     double read_at;      /* first retrieve_future that got the result, 0 before */
     struct future *next; /* newest first */
