@@ -670,6 +670,19 @@ static bool efail_(char *err, size_t cap, const char *fmt, ...) {
     return false;
 }
 
+/* A finished message: its bytes (owned by the caller, never NULL: an empty
+ * message is valid protobuf) and length, or NULL with err set when any write
+ * ran out of memory. */
+static unsigned char *w_finish_(wbuf *b, size_t *out_len, char *err, size_t errcap) {
+    if (!b->oom && b->b.p == NULL) b->oom = (b->b.p = malloc(1)) == NULL;
+    if (b->oom) {
+        free(b->b.p);
+        return efail_(err, errcap, "out of memory"), NULL;
+    }
+    *out_len = b->b.len;
+    return b->b.p;
+}
+
 /* dtype name -> (DType, element width); false if not float32/int64/int32. */
 static bool out_dtype_(const char *s, int *dtype, size_t *width) {
     if (s == NULL || !strcmp(s, "float32")) *dtype = 1, *width = 4;
@@ -792,14 +805,7 @@ unsigned char *serve_proto_encode_fwdbwd_output(const json_t *result, size_t *ou
         w_double_(&entry, 2, json_is_number(v) ? json_number_value(v) : NAN);
         w_msg_(&b, 3, &entry);
     }
-    if (b.oom) {
-        free(b.b.p);
-        return efail_(err, errcap, "out of memory"), NULL;
-    }
-    if (b.b.p == NULL) b.b.p = malloc(1); /* an empty message is valid protobuf */
-    if (b.b.p == NULL) return efail_(err, errcap, "out of memory"), NULL;
-    *out_len = b.b.len;
-    return b.b.p;
+    return w_finish_(&b, out_len, err, errcap);
 }
 
 unsigned char *serve_proto_encode_fwdbwd_typed(const char *type, int64_t n, const int64_t *off, int n_fields,
@@ -841,14 +847,7 @@ unsigned char *serve_proto_encode_fwdbwd_typed(const char *type, int64_t n, cons
         w_double_(&entry, 2, metric_values[k]);
         w_msg_(&b, 3, &entry);
     }
-    if (b.oom) {
-        free(b.b.p);
-        return efail_(err, errcap, "out of memory"), NULL;
-    }
-    if (b.b.p == NULL) b.b.p = malloc(1); /* an empty message is valid protobuf */
-    if (b.b.p == NULL) return efail_(err, errcap, "out of memory"), NULL;
-    *out_len = b.b.len;
-    return b.b.p;
+    return w_finish_(&b, out_len, err, errcap);
 }
 
 unsigned char *serve_proto_encode_sample_response(const json_t *result, size_t *out_len, char *err,
@@ -890,14 +889,7 @@ unsigned char *serve_proto_encode_sample_response(const json_t *result, size_t *
         free(lb.b.p);
         w_msg_(&b, 1, &sq);
     }
-    if (b.oom) {
-        free(b.b.p);
-        return efail_(err, errcap, "out of memory"), NULL;
-    }
-    if (b.b.p == NULL) b.b.p = malloc(1);
-    if (b.b.p == NULL) return efail_(err, errcap, "out of memory"), NULL;
-    *out_len = b.b.len;
-    return b.b.p;
+    return w_finish_(&b, out_len, err, errcap);
 }
 
 unsigned char *serve_proto_encode_sample_typed(int64_t n, const int64_t *off, const int32_t *tokens,
@@ -929,12 +921,5 @@ unsigned char *serve_proto_encode_sample_typed(int64_t n, const int64_t *off, co
         free(lb.b.p);
         w_msg_(&b, 1, &sq);
     }
-    if (b.oom) {
-        free(b.b.p);
-        return efail_(err, errcap, "out of memory"), NULL;
-    }
-    if (b.b.p == NULL) b.b.p = malloc(1);
-    if (b.b.p == NULL) return efail_(err, errcap, "out of memory"), NULL;
-    *out_len = b.b.len;
-    return b.b.p;
+    return w_finish_(&b, out_len, err, errcap);
 }
