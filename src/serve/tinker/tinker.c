@@ -696,6 +696,17 @@ static enum MHD_Result reply_bytes_(struct MHD_Connection *c, int status, unsign
     return ret;
 }
 
+/* A protobuf answer (takes pb), or, when encoding failed (pb NULL), the
+ * failure that says which message could not be encoded and why. */
+static enum MHD_Result reply_proto_(struct MHD_Connection *c, unsigned char *pb, size_t len, const char *what,
+                                    char *err) {
+    if (pb == NULL) {
+        serve_utf8_fix(err);
+        return serve_reply(c, 200, failure_("server", "cannot encode the %s as protobuf: %s", what, err));
+    }
+    return reply_bytes_(c, 200, pb, len, SERVE_PROTO_CONTENT_TYPE);
+}
+
 /* A finished ForwardBackwardOutput or SampleResponse -> its protobuf
  * encoding; anything else (an error, another verb's result) stays JSON.
  * Takes body. */
@@ -713,12 +724,7 @@ static enum MHD_Result reply_result_(struct MHD_Connection *c, char *body, bool 
                                : serve_proto_encode_fwdbwd_output(o, &len, err, sizeof err);
     json_decref(o);
     free(body);
-    if (pb == NULL) {
-        serve_utf8_fix(err);
-        return serve_reply(c, 200, failure_("server", "cannot encode the ForwardBackwardOutput as protobuf: %s",
-                                            err));
-    }
-    return reply_bytes_(c, 200, pb, len, SERVE_PROTO_CONTENT_TYPE);
+    return reply_proto_(c, pb, len, sample ? "SampleResponse" : "ForwardBackwardOutput", err);
 }
 
 /* A ForwardBackwardOutput, encoded once: protobuf when the poll asks (and
@@ -737,12 +743,7 @@ static enum MHD_Result reply_fwd_(struct MHD_Connection *c, serve_fwd_result *r,
     unsigned char *pb = serve_proto_encode_fwdbwd_typed("ArrayRecord", r->n, r->off, 2, names, values, 1,
                                                         metric, &r->loss_sum, &len, err, sizeof err);
     serve_fwd_result_free(r);
-    if (pb == NULL) {
-        serve_utf8_fix(err);
-        return serve_reply(c, 200, failure_("server", "cannot encode the ForwardBackwardOutput as protobuf: %s",
-                                            err));
-    }
-    return reply_bytes_(c, 200, pb, len, SERVE_PROTO_CONTENT_TYPE);
+    return reply_proto_(c, pb, len, "ForwardBackwardOutput", err);
 }
 
 /* A SampleResponse, encoded once: protobuf when the poll asks, else JSON.
@@ -758,12 +759,7 @@ static enum MHD_Result reply_sample_(struct MHD_Connection *c, serve_sample_resu
     unsigned char *pb = serve_proto_encode_sample_typed(r->n, r->off, r->tokens, r->logprobs, r->stopped, &len, err,
                                                         sizeof err);
     serve_sample_result_free(r);
-    if (pb == NULL) {
-        serve_utf8_fix(err);
-        return serve_reply(c, 200, failure_("server", "cannot encode the SampleResponse as protobuf: %s",
-                                            err));
-    }
-    return reply_bytes_(c, 200, pb, len, SERVE_PROTO_CONTENT_TYPE);
+    return reply_proto_(c, pb, len, "SampleResponse", err);
 }
 
 /* POST retrieve_future: the result, or try_again after the long poll. */
