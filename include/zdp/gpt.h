@@ -38,18 +38,6 @@ typedef struct zdp_gpt_config {
     int block_size; /* maximum sequence length T, e.g. 1024 */
 } zdp_gpt_config;
 
-/* One micro-batch: B sequences of T tokens (T <= block_size).  The loss is
- * (1/(B*T)) sum_{b,t} w[b][t] * (-log p(targets[b][t])): the mean
- * cross-entropy when weights is NULL (all 1); with weights, a weight 0 masks
- * a position (Tinker's loss_fn_inputs.weights; scale the loss by B*T to get
- * their plain sum). */
-typedef struct zdp_gpt_batch {
-    const int32_t *inputs;  /* (B, T) token ids in [0, V) */
-    const int32_t *targets; /* (B, T) next-token ids in [0, V) */
-    const float *weights;   /* (B, T) finite per-position loss weights, or NULL */
-    float *logprobs;        /* OUT (B, T) log p(targets) filled by forward, or NULL */
-    int B, T;
-} zdp_gpt_batch;
 
 /* Creates the model (its zdp_model interface in *out), with activation
  * memory for micro-batches of up to max_batch sequences of block_size
@@ -57,26 +45,12 @@ typedef struct zdp_gpt_batch {
 ZDP_API zdp_status zdp_gpt_create(const zdp_gpt_config *cfg, int max_batch, zdp_model *out,
                                   zdp_error *err);
 ZDP_API void zdp_gpt_destroy(zdp_model *model);
-/* Replaces the per-position loss weights of the last forward before its
- * backward: w holds B*T finite values (the last forward's B and T).  Every
- * Tinker policy loss (importance sampling, PPO, CISPO, DRO) has a gradient
- * -sum_t c_t * d(log p_t) whose coefficients c_t depend on the forward's own
- * log-probabilities, so it is back-propagated as this weighted cross-entropy
- * with w = c.  ZDP_ERR_STATE before any forward, ZDP_ERR_INVALID_ARG for a
- * wrong n or a non-finite weight (nothing changes then). */
-ZDP_API zdp_status zdp_gpt_set_loss_weights(zdp_model *model, const float *w, int64_t n,
-                                            zdp_error *err);
 ZDP_API const zdp_gpt_config *zdp_gpt_config_of(const zdp_model *model);
 /* GPT-2's initialisation, seeded: weights N(0, 0.02), the two residual
  * projections (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L)), biases 0,
  * LayerNorm weights 1. */
 ZDP_API void zdp_gpt_init_params(const zdp_model *model, float *const *params, uint64_t seed);
-/* Inference for sampling: logits (V floats) of the last position of
- * tokens[0..T) (1 <= T <= block_size).  Uses the model's activation memory,
- * so not concurrently with training calls. */
-ZDP_API zdp_status zdp_gpt_next_logits(const zdp_model *model, const float *const *params,
-                                       const int32_t *tokens, int T, float *logits,
-                                       zdp_error *err);
+/* Loss weights and sampling logits: zdp_lm_set_loss_weights, zdp_lm_next_logits. */
 
 /* ---- GPT-2 weight files ---------------------------------------------------- */
 

@@ -45,9 +45,21 @@ typedef struct zdp_model_ops {
                            zdp_grad_sink *sink, zdp_error *err);
 } zdp_model_ops;
 
+/* Causal language models (GPT-2, the Llama family) implement these on top
+ * of zdp_model_ops, so that the tool and the server drive any of them the
+ * same way: zdp_lm_set_loss_weights and zdp_lm_next_logits below. */
+typedef struct zdp_lm_ops {
+    zdp_status (*set_loss_weights)(void *self, const float *w, int64_t n, zdp_error *err);
+    zdp_status (*next_logits)(void *self, const float *const *params, const int32_t *tokens,
+                              int T, float *logits, zdp_error *err);
+} zdp_lm_ops;
+
 typedef struct zdp_model {
     void *self;                  /* the model's own state (activations) */
     const zdp_model_ops *ops;
+    const zdp_lm_ops *lm;        /* NULL unless the model is a causal LM */
+    int vocab_size;              /* causal LMs: token ids are in [0, vocab_size) */
+    int block_size;              /* causal LMs: the longest sequence forward takes */
     int n_params;                /* number of parameter tensors */
     const zdp_param_info *params; /* n_params entries, registration order */
     /* Optional (NULL: none): the model's shape as a flat JSON object of
@@ -57,6 +69,40 @@ typedef struct zdp_model {
      * n_head that no tensor shape shows. */
     const char *shape_json;
 } zdp_model;
+
+/* ---- causal language models ------------------------------------------- */
+
+/* One micro-batch of a causal LM (the forward's `batch`): B sequences of T
+ * tokens (T <= block_size).  The loss is
+ * (1/(B*T)) sum_{b,t} w[b][t] * (-log p(targets[b][t])): the mean
+ * cross-entropy when weights is NULL (all 1); with weights, a weight 0 masks
+ * a position (Tinker's loss_fn_inputs.weights; scale the loss by B*T to get
+ * their plain sum). */
+typedef struct zdp_lm_batch {
+    const int32_t *inputs;  /* (B, T) token ids in [0, V) */
+    const int32_t *targets; /* (B, T) next-token ids in [0, V) */
+    const float *weights;   /* (B, T) finite per-position loss weights, or NULL */
+    float *logprobs;        /* OUT (B, T) log p(targets) filled by forward, or NULL */
+    int B, T;
+} zdp_lm_batch;
+
+/* Replaces the per-position loss weights of the last forward before its
+ * backward: w holds B*T finite values (the last forward's B and T).  Every
+ * Tinker policy loss (importance sampling, PPO, CISPO, DRO) has a gradient
+ * -sum_t c_t * d(log p_t) whose coefficients c_t depend on the forward's own
+ * log-probabilities, so it is back-propagated as this weighted cross-entropy
+ * with w = c.  The loss that forward returned is not recomputed.
+ * ZDP_ERR_STATE before any forward, ZDP_ERR_INVALID_ARG for a model that is
+ * not a causal LM, a wrong n or a non-finite weight (nothing changes then). */
+ZDP_API zdp_status zdp_lm_set_loss_weights(zdp_model *model, const float *w, int64_t n,
+                                           zdp_error *err);
+/* Inference for sampling: logits (vocab_size floats) of the last position of
+ * tokens[0..T) (1 <= T <= block_size).  Uses the model's activation memory,
+ * so not concurrently with training calls (it also uses up the last forward:
+ * a backward must follow a new forward). */
+ZDP_API zdp_status zdp_lm_next_logits(const zdp_model *model, const float *const *params,
+                                      const int32_t *tokens, int T, float *logits,
+                                      zdp_error *err);
 
 /* ---- the MLP (DeepSpeed's test SimpleModel) ---------------------------- */
 

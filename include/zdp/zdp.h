@@ -40,6 +40,7 @@
  *   zdp/model.h   the model interface and the grad sink; the MLP
  *   zdp/engine.h  the engine, its reports and checkpoints
  *   zdp/gpt.h     the GPT-2 model and its weight files
+ *   zdp/llama.h   the Llama family (Llama 3, Qwen3, SmolLM2)
  *   zdp/data.h    token files, the arithmetic corpus, the dataset
  *   zdp/io.h      safetensors
  */
@@ -52,6 +53,7 @@
 #include "zdp/model.h"
 #include "zdp/engine.h"
 #include "zdp/gpt.h"
+#include "zdp/llama.h"
 #include "zdp/data.h"
 #include "zdp/io.h"
 

@@ -81,6 +81,7 @@ typedef struct gpt {
 } gpt;
 
 static const zdp_model_ops gpt_ops_;
+static const zdp_lm_ops gpt_lm_ops_;
 
 static gpt *gpt_of_(const zdp_model *model) {
     return model != NULL && model->ops == &gpt_ops_ ? model->self : NULL;
@@ -138,7 +139,7 @@ static zdp_status check_ids_(const gpt *m, const int32_t *ids, int B, int T, con
 static zdp_status gpt_forward_(void *self, const float *const *params, const void *batch_v,
                                float *loss, zdp_error *err) {
     gpt *m = self;
-    const zdp_gpt_batch *batch = batch_v;
+    const zdp_lm_batch *batch = batch_v;
     const char *fn = "gpt forward";
     m->have_forward = false;
     if (batch == NULL || batch->inputs == NULL || batch->targets == NULL || loss == NULL)
@@ -400,8 +401,9 @@ zdp_status zdp_gpt_create(const zdp_gpt_config *cfg, int max_batch, zdp_model *o
              "{\"model\":\"gpt\",\"n_layer\":%d,\"n_head\":%d,\"n_embd\":%d,"
              "\"vocab_size\":%d,\"block_size\":%d}",
              cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size, cfg->block_size);
-    *out = (zdp_model){.self = m, .ops = &gpt_ops_, .n_params = n_params, .params = m->info,
-                       .shape_json = m->shape_json};
+    *out = (zdp_model){.self = m, .ops = &gpt_ops_, .lm = &gpt_lm_ops_,
+                       .vocab_size = cfg->vocab_size, .block_size = cfg->block_size,
+                       .n_params = n_params, .params = m->info, .shape_json = m->shape_json};
     return ZDP_OK;
 nomem:
     out->self = m;
@@ -431,17 +433,14 @@ void zdp_gpt_destroy(zdp_model *model) {
 /* Overwrites the last forward's weights (and makes it weighted) for its
  * backward.  The loss that forward returned is not recomputed: it stays the
  * loss under the forward's own weights. */
-zdp_status zdp_gpt_set_loss_weights(zdp_model *model, const float *w, int64_t n,
-                                    zdp_error *err) {
-    const char *fn = "zdp_gpt_set_loss_weights";
-    gpt *m = gpt_of_(model);
-    if (m == NULL)
-        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: model is not a GPT (zdp_gpt_create)",
-                           fn);
+static zdp_status gpt_set_loss_weights_(void *self, const float *w, int64_t n,
+                                        zdp_error *err) {
+    const char *fn = "zdp_lm_set_loss_weights";
+    gpt *m = self;
     if (!m->have_forward)
         return zdp_err_set(err, ZDP_ERR_STATE,
                            "%s: no forward to reweight (run forward on the micro-batch first; "
-                           "a backward, a failed forward or zdp_gpt_next_logits uses it up)",
+                           "a backward, a failed forward or zdp_lm_next_logits uses it up)",
                            fn);
     const int64_t N = (int64_t)m->B * m->T;
     if (n != N)
@@ -501,18 +500,10 @@ void zdp_gpt_init_params(const zdp_model *model, float *const *params, uint64_t 
 
 /* ---- inference ---------------------------------------------------------------------- */
 
-zdp_status zdp_gpt_next_logits(const zdp_model *model, const float *const *params,
-                               const int32_t *tokens, int T, float *logits, zdp_error *err) {
-    gpt *m = gpt_of_(model);
-    const char *fn = "zdp_gpt_next_logits";
-    if (m == NULL)
-        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: model is not a GPT (zdp_gpt_create)", fn);
-    if (params == NULL || tokens == NULL || logits == NULL)
-        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: params, tokens and logits must be set",
-                           fn);
-    if (T < 1 || T > m->cfg.block_size)
-        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: T = %d: must be 1..%d (block_size)", fn,
-                           T, m->cfg.block_size);
+static zdp_status gpt_next_logits_(void *self, const float *const *params,
+                                   const int32_t *tokens, int T, float *logits, zdp_error *err) {
+    gpt *m = self;
+    const char *fn = "zdp_lm_next_logits";
     zdp_status st = check_ids_(m, tokens, 1, T, "tokens", fn, err);
     if (st != ZDP_OK) return st;
     m->have_forward = false; /* the activations are about to change */
@@ -524,3 +515,6 @@ zdp_status zdp_gpt_next_logits(const zdp_model *model, const float *const *param
     zdp_nn_lmhead_forward(logits, m->lnf, params[WTE_], 1, C, V);
     return ZDP_OK;
 }
+
+static const zdp_lm_ops gpt_lm_ops_ = {.set_loss_weights = gpt_set_loss_weights_,
+                                       .next_logits = gpt_next_logits_};

@@ -46,7 +46,7 @@ zdp_status zdp_loss_kind_from_name(const char *name, zdp_loss_kind *out, zdp_err
  * the learner does: a mismatched or corrupt q, not an importance weight
  * anyone means.  Unclamped, exp() reaches inf in float from lp - q > 88.7
  * (and in double from > 709), and an inf or NaN weight would poison the
- * whole gradient (zdp_gpt_set_loss_weights refuses it).  At 20, r * A stays
+ * whole gradient (zdp_lm_set_loss_weights refuses it).  At 20, r * A stays
  * a float for any |A| <= 1e29, so the server's input bound (|A| <= 1e20)
  * can never overflow a coefficient; the clipped kinds stay exact: cispo's
  * clip(r) and ppo's clipped branch never see r beyond hi.  Past the clamp

@@ -1,9 +1,9 @@
 /*
  * policy_loss.h -- internal: Tinker's built-in losses as per-token weights
- * for the GPT's weighted cross-entropy (zdp_gpt_set_loss_weights).
+ * for the GPT's weighted cross-entropy (zdp_lm_set_loss_weights).
  *
  * Notation, per datum of n tokens: lp[t] = log p(target_t) from the model's
- * forward (zdp_gpt_batch.logprobs), q[t] the sampler's log-probability,
+ * forward (zdp_lm_batch.logprobs), q[t] the sampler's log-probability,
  * A[t] the advantage, r[t] = exp(lp[t] - q[t]), clip(r) = min(max(r, lo), hi)
  * with lo = clip_low, hi = clip_high.  Every loss is a plain SUM over tokens
  * (no mean), L = sum_t el[t], and its gradient is
@@ -21,7 +21,7 @@
  *
  * Back-propagating L for one datum of n tokens as the GPT's micro-batch
  * (B*T = n): forward with batch.logprobs, zdp_policy_loss(..., coef, ...),
- * zdp_gpt_set_loss_weights(model, coef, n), then backward with loss scale
+ * zdp_lm_set_loss_weights(model, coef, n), then backward with loss scale
  * n (the model's loss is (1/(B*T)) sum w * CE, so scale n turns its mean into
  * the sum).
  *
@@ -69,7 +69,7 @@ ZDP_API const char *zdp_loss_kind_name(zdp_loss_kind kind);
 ZDP_API zdp_status zdp_loss_kind_from_name(const char *name, zdp_loss_kind *out, zdp_error *err);
 
 /* One datum of n >= 0 tokens: fills coef[n] (the weights for
- * zdp_gpt_set_loss_weights), elementwise[n] (el[t], may be NULL) and
+ * zdp_lm_set_loss_weights), elementwise[n] (el[t], may be NULL) and
  * *loss_sum (sum of el in double, may be NULL), per the table above.
  * Computed in double, stored as float.
  *   lp:      always required (n values).

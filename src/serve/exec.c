@@ -14,10 +14,10 @@
  * Datum i goes to rank i mod W.  Every rank makes ceil(n/W) backward() calls
  * per request; a rank with fewer datums runs a one-token micro-batch with
  * loss scale 0, so the stage-2 reductions stay aligned.  Per-token weights
- * go into the model's weighted loss (zdp_gpt_batch.weights) and log p(target)
- * comes back from the same forward (zdp_gpt_batch.logprobs).  Losses other
+ * go into the model's weighted loss (zdp_lm_batch.weights) and log p(target)
+ * comes back from the same forward (zdp_lm_batch.logprobs).  Losses other
  * than cross_entropy are weighted cross-entropies whose weights come from the
- * forward's own log-probabilities (zdp_gpt_set_loss_weights,
+ * forward's own log-probabilities (zdp_lm_set_loss_weights,
  * src/models/policy_loss.c).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -95,7 +95,7 @@ static char *exec_fwd_(server *s, job *j, int *status) {
         if (i < n) {
             const int64_t o = off[i];
             /* The model's loss is (1/N) sum_t w_t * CE_t and fills log p(target) per token. */
-            zdp_gpt_batch b = {.inputs = tok + o, .targets = tgt + o, .weights = w + o,
+            zdp_lm_batch b = {.inputs = tok + o, .targets = tgt + o, .weights = w + o,
                                .logprobs = lp + o, .B = 1, .T = len[i]};
             float loss;
             if (zdp_engine_forward(s->eng, &b, &loss, &err) != ZDP_OK) serve_die("forward", &err);
@@ -105,7 +105,7 @@ static char *exec_fwd_(server *s, job *j, int *status) {
                  * weights computed from this forward's log-probabilities. */
                 double unused;
                 datum_loss_(&h, len[i], lp + o, w + o, q + o, adv + o, coef + o, el + o, &unused);
-                if (zdp_gpt_set_loss_weights(&s->model, coef + o, len[i], &err) != ZDP_OK)
+                if (zdp_lm_set_loss_weights(&s->model, coef + o, len[i], &err) != ZDP_OK)
                     serve_die("forward_backward", &err);
             }
             /* d(sum_t c_t CE_t)/dθ: times N against the mean over positions, times W
@@ -115,7 +115,7 @@ static char *exec_fwd_(server *s, job *j, int *status) {
         } else if (bwd) {
             /* No datum left for this rank: a zero-weight micro-batch keeps the
              * backward() count, and stage 2's reductions, equal on all ranks. */
-            zdp_gpt_batch b = {.inputs = &pad, .targets = &pad, .B = 1, .T = 1};
+            zdp_lm_batch b = {.inputs = &pad, .targets = &pad, .B = 1, .T = 1};
             float loss;
             if (zdp_engine_forward(s->eng, &b, &loss, &err) != ZDP_OK) serve_die("forward", &err);
             if (zdp_engine_backward(s->eng, false, 0.0f, &err) != ZDP_OK) serve_die("backward", &err);

@@ -59,9 +59,9 @@ static data data_make_(uint64_t seed) {
 }
 
 /* Sequences [first, first + b) of global micro-batch j. */
-static zdp_gpt_batch batch_(const data *d, int64_t j, int64_t first, int b) {
+static zdp_lm_batch batch_(const data *d, int64_t j, int64_t first, int b) {
     const int64_t off = (j * GLOBAL_B + first) * T;
-    return (zdp_gpt_batch){.inputs = d->inputs + off, .targets = d->targets + off, .B = b, .T = T};
+    return (zdp_lm_batch){.inputs = d->inputs + off, .targets = d->targets + off, .B = b, .T = T};
 }
 
 static int64_t numel_(const zdp_param_info *pi) {
@@ -95,7 +95,7 @@ static float *reference_(const data *d, uint64_t seed, int64_t *n_out) {
         memset(gd, 0, (size_t)n * sizeof(double));
         for (int j = 0; j < G; j++) {
             for (int i = 0; i < np; i++) memset(g[i], 0, (size_t)numel_(&m.params[i]) * sizeof(float));
-            zdp_gpt_batch b = batch_(d, (int64_t)s * G + j, 0, GLOBAL_B);
+            zdp_lm_batch b = batch_(d, (int64_t)s * G + j, 0, GLOBAL_B);
             float loss;
             CHECK_OK(m.ops->forward(m.self, (const float *const *)p, &b, &loss, &e_));
             zdp_grad_sink *sink = zdp_grad_sink_create_dense(g, np);
@@ -153,7 +153,7 @@ static float *train_(const data *d, int stage, bool managed, const char *extra, 
     CHECK_OK(zdp_engine_sync_params(eng, &e_));
     for (int s = 0; s < STEPS; s++) {
         for (int j = 0; j < G; j++) {
-            zdp_gpt_batch mb = batch_(d, (int64_t)s * G + j, (int64_t)R * b, b);
+            zdp_lm_batch mb = batch_(d, (int64_t)s * G + j, (int64_t)R * b, b);
             float loss;
             CHECK_OK(zdp_engine_forward(eng, &mb, &loss, &e_));
             CHECK(isfinite(loss) && loss > 0.0f);
@@ -261,14 +261,14 @@ static void test_forward_error_then_train(void) {
     zdp_engine *eng;
     CHECK_OK(zdp_gpt_create(&CFG, 3, &m, &e_));
     CHECK_OK(zdp_engine_create(&cfg, &m, &eng, &e_));
-    zdp_gpt_batch bad = batch_(&d, 0, 0, 2);
+    zdp_lm_batch bad = batch_(&d, 0, 0, 2);
     int32_t ids[2 * T];
     memcpy(ids, bad.inputs, sizeof ids);
     ids[T + 1] = CFG.vocab_size;
     bad.inputs = ids;
     float loss;
     CHECK_ERR(zdp_engine_forward(eng, &bad, &loss, &err), ZDP_ERR_INVALID_ARG, err, "inputs[1][1] = 11");
-    zdp_gpt_batch good = batch_(&d, 0, 2 * R, 2);
+    zdp_lm_batch good = batch_(&d, 0, 2 * R, 2);
     CHECK_OK(zdp_engine_forward(eng, &good, &loss, &e_));
     CHECK_OK(zdp_engine_backward(eng, true, 1.0f, &e_));
     CHECK_OK(zdp_engine_step(eng, &e_));

@@ -5,7 +5,7 @@
  * Public API only, plus the dense grad sink from src/engine/engine.h:
  *   zdp_gpt_create, weights from --init (zdp_safetensors_read) or
  *   zdp_gpt_init_params(--seed), the model ops forward / backward,
- *   zdp_gpt_next_logits.
+ *   zdp_lm_next_logits.
  *
  * usage: gpt_grads --n-layer L --n-head H --n-embd C --vocab-size V
  *                  --block-size T --tokens TOKENS.safetensors
@@ -15,8 +15,8 @@
  * OUT holds, all F32:
  *   loss [1]                     forward's loss (mean cross-entropy)
  *   loss_again [1]               a second forward on the same batch
- *   next_logits [B, V]           zdp_gpt_next_logits of each whole sequence
- *   prefix_logits [T, V]         zdp_gpt_next_logits of inputs[0][0..t], t < T:
+ *   next_logits [B, V]           zdp_lm_next_logits of each whole sequence
+ *   prefix_logits [T, V]         zdp_lm_next_logits of inputs[0][0..t], t < T:
  *                                the logits of every position of sequence 0
  *   param.<name>                 the weights used (the seeded init when no --init)
  *   grad.<name>                  d loss / d param, backward with dloss = 1 into
@@ -130,7 +130,7 @@ int main(int argc, char **argv) {
     }
 
     const float *const *cp = (const float *const *)params;
-    zdp_gpt_batch batch = {.inputs = ti->data, .targets = tt->data, .B = B, .T = T};
+    zdp_lm_batch batch = {.inputs = ti->data, .targets = tt->data, .B = B, .T = T};
     float loss = 0.0f, loss2 = 0.0f;
     if (model.ops->forward(model.self, cp, &batch, &loss, &err) != ZDP_OK)
         return die_("forward", &err);
@@ -156,12 +156,12 @@ int main(int argc, char **argv) {
     if (next == NULL || prefix == NULL) return die_("out of memory", NULL);
     const int32_t *in = ti->data;
     for (int b = 0; b < B; b++)
-        if (zdp_gpt_next_logits(&model, cp, in + (size_t)b * T, T, next + (size_t)b * V, &err) !=
+        if (zdp_lm_next_logits(&model, cp, in + (size_t)b * T, T, next + (size_t)b * V, &err) !=
             ZDP_OK)
-            return die_("zdp_gpt_next_logits", &err);
+            return die_("zdp_lm_next_logits", &err);
     for (int t = 0; t < T; t++)
-        if (zdp_gpt_next_logits(&model, cp, in, t + 1, prefix + (size_t)t * V, &err) != ZDP_OK)
-            return die_("zdp_gpt_next_logits (prefix)", &err);
+        if (zdp_lm_next_logits(&model, cp, in, t + 1, prefix + (size_t)t * V, &err) != ZDP_OK)
+            return die_("zdp_lm_next_logits (prefix)", &err);
 
     const int n_out = 4 + 3 * n;
     zdp_tensor *out = calloc((size_t)n_out, sizeof *out);

@@ -443,7 +443,7 @@ typedef struct model_fx {
     float **p, **g;
     int64_t *numel;
     int32_t *inputs, *targets;
-    zdp_gpt_batch batch;
+    zdp_lm_batch batch;
 } model_fx;
 
 static int64_t numel_(const zdp_param_info *pi) {
@@ -478,7 +478,7 @@ static void fx_init_(model_fx *f, zdp_gpt_config cfg, int max_batch, int B, int 
         f->inputs[i] = (int32_t)(rng_(&s) % (uint64_t)cfg.vocab_size);
         f->targets[i] = (int32_t)(rng_(&s) % (uint64_t)cfg.vocab_size);
     }
-    f->batch = (zdp_gpt_batch){.inputs = f->inputs, .targets = f->targets, .B = B, .T = T};
+    f->batch = (zdp_lm_batch){.inputs = f->inputs, .targets = f->targets, .B = B, .T = T};
 }
 
 static void fx_free_(model_fx *f) {
@@ -620,7 +620,7 @@ static void check_next_logits_(int T) {
     fx_init_(&f, cfg, 2, 1, T, 15);
     float logits[11];
     zdp_error err;
-    assert_int_equal(zdp_gpt_next_logits(&f.m, (const float *const *)f.p, f.inputs, T, logits, &err),
+    assert_int_equal(zdp_lm_next_logits(&f.m, (const float *const *)f.p, f.inputs, T, logits, &err),
                      ZDP_OK);
     loss_ctx c = {.f = &f, .scale = 1.0f};
     f.targets[T - 1] = 0;
@@ -634,7 +634,7 @@ static void check_next_logits_(int T) {
     }
     /* The same again: next_logits is deterministic and leaves no state behind. */
     float again[11];
-    assert_int_equal(zdp_gpt_next_logits(&f.m, (const float *const *)f.p, f.inputs, T, again, &err),
+    assert_int_equal(zdp_lm_next_logits(&f.m, (const float *const *)f.p, f.inputs, T, again, &err),
                      ZDP_OK);
     assert_memory_equal(again, logits, sizeof logits);
     fx_free_(&f);
@@ -699,7 +699,7 @@ static void test_create_errors(void **state) {
     assert_null(zdp_gpt_config_of(&mlp));
     float lg[4];
     int32_t tok = 0;
-    assert_int_equal(zdp_gpt_next_logits(&mlp, NULL, &tok, 1, lg, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_lm_next_logits(&mlp, NULL, &tok, 1, lg, &err), ZDP_ERR_INVALID_ARG);
     zdp_mlp_destroy(&mlp);
 }
 
@@ -716,7 +716,7 @@ static void test_forward_errors(void **state) {
     /* backward before any forward */
     assert_int_equal(f.m.ops->backward(f.m.self, P, 1.0f, sink, &err), ZDP_ERR_STATE);
     assert_non_null(strstr(err.msg, "forward"));
-    zdp_gpt_batch b = f.batch;
+    zdp_lm_batch b = f.batch;
     b.B = 3;
     assert_int_equal(f.m.ops->forward(f.m.self, P, &b, &loss, &err), ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "batch->B = 3"));
@@ -747,11 +747,11 @@ static void test_forward_errors(void **state) {
     /* next_logits checks its inputs */
     float lg[7];
     int32_t toks[6] = {0, 1, 2, 3, 4, 5};
-    assert_int_equal(zdp_gpt_next_logits(&f.m, P, toks, 6, lg, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_lm_next_logits(&f.m, P, toks, 6, lg, &err), ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "T = 6"));
-    assert_int_equal(zdp_gpt_next_logits(&f.m, P, toks, 0, lg, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_lm_next_logits(&f.m, P, toks, 0, lg, &err), ZDP_ERR_INVALID_ARG);
     toks[3] = 9;
-    assert_int_equal(zdp_gpt_next_logits(&f.m, P, toks, 5, lg, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_lm_next_logits(&f.m, P, toks, 5, lg, &err), ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "tokens[0][3] = 9"));
     free(sink);
     fx_free_(&f);
@@ -805,7 +805,7 @@ static void test_weights_and_logprobs(void **state) {
     int32_t in[12], tg[12];
     float ones[12], twos[12], lp[12];
     for (int i = 0; i < 12; i++) in[i] = (i * 5) % 13, tg[i] = (i * 7 + 1) % 13, ones[i] = 1, twos[i] = 2;
-    zdp_gpt_batch b = {.inputs = in, .targets = tg, .B = 2, .T = 6, .logprobs = lp};
+    zdp_lm_batch b = {.inputs = in, .targets = tg, .B = 2, .T = 6, .logprobs = lp};
     float plain, w1, w2;
     const float *const *pp = (const float *const *)p;
     assert_int_equal(m.ops->forward(m.self, pp, &b, &plain, NULL), ZDP_OK);

@@ -1,21 +1,21 @@
 /*
  * test_gpt_policy_loss.c -- Tinker's policy losses as reweighted
- * cross-entropy: src/models/policy_loss.c and zdp_gpt_set_loss_weights.
+ * cross-entropy: src/models/policy_loss.c and zdp_lm_set_loss_weights.
  *
  *   - zdp_policy_loss against hand-worked values for every kind, PPO's four
  *     clip cases and its tie rule, the exponent clamp, and its errors (each
  *     names the array, index or field; a failing call writes nothing).
  *   - The point of it all: for each kind, on a tiny GPT, forward (logprobs),
- *     coefficients from zdp_policy_loss, zdp_gpt_set_loss_weights, backward
+ *     coefficients from zdp_policy_loss, zdp_lm_set_loss_weights, backward
  *     with loss scale B*T, against central finite differences of the true
  *     loss L = sum_t el_t, which this file computes itself in double from the
  *     model's forward log-probabilities at perturbed parameters (cispo with
  *     clip(r) frozen at the unperturbed point: its stop-gradient).  q is set
  *     so that lp - q falls on both sides of log 0.8 and log 1.2, with
  *     advantages of both signs, so every PPO/CISPO clip case is exercised.
- *   - zdp_gpt_set_loss_weights: the same gradient as forward with
+ *   - zdp_lm_set_loss_weights: the same gradient as forward with
  *     batch.weights; a later call wins; errors (no forward, used-up forward,
- *     wrong n, NULL, NaN/inf, not a GPT) change nothing.
+ *     wrong n, NULL, NaN/inf, not a language model) change nothing.
  */
 #include <float.h>
 #include <math.h>
@@ -351,13 +351,13 @@ static void fx_free_(model_fx *f) {
     zdp_gpt_destroy(&f->m);
 }
 
-static zdp_gpt_batch fx_batch_(const model_fx *f, const float *weights, float *logprobs) {
-    return (zdp_gpt_batch){.inputs = f->inputs, .targets = f->targets, .weights = weights,
+static zdp_lm_batch fx_batch_(const model_fx *f, const float *weights, float *logprobs) {
+    return (zdp_lm_batch){.inputs = f->inputs, .targets = f->targets, .weights = weights,
                            .logprobs = logprobs, .B = f->B, .T = f->T};
 }
 
 static void fx_forward_(model_fx *f, const float *weights, float *logprobs) {
-    const zdp_gpt_batch b = fx_batch_(f, weights, logprobs);
+    const zdp_lm_batch b = fx_batch_(f, weights, logprobs);
     float loss;
     zdp_error err;
     if (f->m.ops->forward(f->m.self, (const float *const *)f->p, &b, &loss, &err) != ZDP_OK)
@@ -537,7 +537,7 @@ static void check_kind_(zdp_loss_kind kind) {
     }
 
     /* Reweight the forward to c and back-propagate the sum: scale B*T. */
-    if (zdp_gpt_set_loss_weights(&f.m, coef, N, &err) != ZDP_OK) fail_msg("%s", err.msg);
+    if (zdp_lm_set_loss_weights(&f.m, coef, N, &err) != ZDP_OK) fail_msg("%s", err.msg);
     assert_int_equal(fx_backward_(&f, (float)N, &err), ZDP_OK);
     const double gmax = fd_check_model_(&c, 6);
     if (!(gmax > 1e-2)) fail_msg("%s: gradient %.3g is too small to test", zdp_loss_kind_name(kind), gmax);
@@ -550,7 +550,7 @@ static void test_grad_ppo(void **state) { (void)state; check_kind_(ZDP_LOSS_PPO)
 static void test_grad_cispo(void **state) { (void)state; check_kind_(ZDP_LOSS_CISPO); }
 static void test_grad_dro(void **state) { (void)state; check_kind_(ZDP_LOSS_DRO); }
 
-/* ---- zdp_gpt_set_loss_weights --------------------------------------------------- */
+/* ---- zdp_lm_set_loss_weights --------------------------------------------------- */
 
 /* Setting w after an unweighted forward is the same as forwarding with w;
  * the last call wins; setting on a weighted forward replaces its weights. */
@@ -568,13 +568,13 @@ static void test_set_loss_weights_equivalent(void **state) {
     float **want = grads_copy_(&f);
 
     fx_forward_(&f, NULL, NULL);
-    assert_int_equal(zdp_gpt_set_loss_weights(&f.m, other, N, &err), ZDP_OK);
-    assert_int_equal(zdp_gpt_set_loss_weights(&f.m, w, N, &err), ZDP_OK);
+    assert_int_equal(zdp_lm_set_loss_weights(&f.m, other, N, &err), ZDP_OK);
+    assert_int_equal(zdp_lm_set_loss_weights(&f.m, w, N, &err), ZDP_OK);
     assert_int_equal(fx_backward_(&f, 1.0f, &err), ZDP_OK);
     grads_same_(&f, want, "unweighted forward + set_loss_weights(w)");
 
     fx_forward_(&f, other, NULL);
-    assert_int_equal(zdp_gpt_set_loss_weights(&f.m, w, N, &err), ZDP_OK);
+    assert_int_equal(zdp_lm_set_loss_weights(&f.m, w, N, &err), ZDP_OK);
     assert_int_equal(fx_backward_(&f, 1.0f, &err), ZDP_OK);
     grads_same_(&f, want, "forward with other weights + set_loss_weights(w)");
     grads_free_(&f, want);
@@ -604,17 +604,17 @@ static void test_set_loss_weights_errors(void **state) {
     zdp_error err;
 
     /* Before any forward. */
-    assert_int_equal(zdp_gpt_set_loss_weights(&f.m, w, N, &err), ZDP_ERR_STATE);
+    assert_int_equal(zdp_lm_set_loss_weights(&f.m, w, N, &err), ZDP_ERR_STATE);
     assert_int_equal(err.code, ZDP_ERR_STATE);
-    assert_non_null(strstr(err.msg, "zdp_gpt_set_loss_weights"));
+    assert_non_null(strstr(err.msg, "zdp_lm_set_loss_weights"));
     assert_non_null(strstr(err.msg, "run forward"));
     /* Not a GPT; no model. */
     zdp_model mlp;
     assert_int_equal(zdp_mlp_create(4, 1, 1, &mlp, NULL), ZDP_OK);
-    assert_int_equal(zdp_gpt_set_loss_weights(&mlp, w, N, &err), ZDP_ERR_INVALID_ARG);
-    assert_non_null(strstr(err.msg, "not a GPT"));
+    assert_int_equal(zdp_lm_set_loss_weights(&mlp, w, N, &err), ZDP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "not a causal language model"));
     zdp_mlp_destroy(&mlp);
-    assert_int_equal(zdp_gpt_set_loss_weights(NULL, w, N, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_lm_set_loss_weights(NULL, w, N, &err), ZDP_ERR_INVALID_ARG);
 
     /* Reference gradients: the forward's own weights `keep`, and none. */
     fx_forward_(&f, keep, NULL);
@@ -625,45 +625,45 @@ static void test_set_loss_weights_errors(void **state) {
     float **want_plain = grads_copy_(&f);
 
     /* After its backward the forward is used up. */
-    assert_int_equal(zdp_gpt_set_loss_weights(&f.m, w, N, &err), ZDP_ERR_STATE);
+    assert_int_equal(zdp_lm_set_loss_weights(&f.m, w, N, &err), ZDP_ERR_STATE);
     /* So is it after next_logits. */
     fx_forward_(&f, NULL, NULL);
     float logits[11];
-    assert_int_equal(zdp_gpt_next_logits(&f.m, (const float *const *)f.p, f.inputs, 3, logits,
+    assert_int_equal(zdp_lm_next_logits(&f.m, (const float *const *)f.p, f.inputs, 3, logits,
                                          &err), ZDP_OK);
-    assert_int_equal(zdp_gpt_set_loss_weights(&f.m, w, N, &err), ZDP_ERR_STATE);
+    assert_int_equal(zdp_lm_set_loss_weights(&f.m, w, N, &err), ZDP_ERR_STATE);
     /* And after a failed forward. */
     int32_t bad_targets[N];
     memcpy(bad_targets, f.targets, sizeof bad_targets);
     bad_targets[7] = 11;
-    zdp_gpt_batch bb = fx_batch_(&f, NULL, NULL);
+    zdp_lm_batch bb = fx_batch_(&f, NULL, NULL);
     bb.targets = bad_targets;
     float loss;
     fx_forward_(&f, NULL, NULL);
     assert_int_equal(f.m.ops->forward(f.m.self, (const float *const *)f.p, &bb, &loss, &err),
                      ZDP_ERR_INVALID_ARG);
-    assert_int_equal(zdp_gpt_set_loss_weights(&f.m, w, N, &err), ZDP_ERR_STATE);
+    assert_int_equal(zdp_lm_set_loss_weights(&f.m, w, N, &err), ZDP_ERR_STATE);
 
     /* Each bad call on a weighted forward, then on an unweighted one: the
      * backward afterwards is exactly the one without the call. */
     for (int weighted = 1; weighted >= 0; weighted--) {
         fx_forward_(&f, weighted ? keep : NULL, NULL);
-        assert_int_equal(zdp_gpt_set_loss_weights(&f.m, w, N + 1, &err), ZDP_ERR_INVALID_ARG);
-        assert_non_null(strstr(err.msg, "zdp_gpt_set_loss_weights: n = 11"));
+        assert_int_equal(zdp_lm_set_loss_weights(&f.m, w, N + 1, &err), ZDP_ERR_INVALID_ARG);
+        assert_non_null(strstr(err.msg, "zdp_lm_set_loss_weights: n = 11"));
         assert_non_null(strstr(err.msg, "B*T = 10"));
-        assert_int_equal(zdp_gpt_set_loss_weights(&f.m, w, 5, &err), ZDP_ERR_INVALID_ARG);
+        assert_int_equal(zdp_lm_set_loss_weights(&f.m, w, 5, &err), ZDP_ERR_INVALID_ARG);
         assert_non_null(strstr(err.msg, "n = 5"));
-        assert_int_equal(zdp_gpt_set_loss_weights(&f.m, NULL, N, &err), ZDP_ERR_INVALID_ARG);
+        assert_int_equal(zdp_lm_set_loss_weights(&f.m, NULL, N, &err), ZDP_ERR_INVALID_ARG);
         assert_non_null(strstr(err.msg, "w is NULL"));
         float nan_w[N];
         memcpy(nan_w, w, sizeof nan_w);
         nan_w[7] = NAN;
-        assert_int_equal(zdp_gpt_set_loss_weights(&f.m, nan_w, N, &err), ZDP_ERR_INVALID_ARG);
+        assert_int_equal(zdp_lm_set_loss_weights(&f.m, nan_w, N, &err), ZDP_ERR_INVALID_ARG);
         assert_non_null(strstr(err.msg, "w[7] (position [1][2]) = nan"));
         assert_non_null(strstr(err.msg, "finite"));
         nan_w[7] = w[7];
         nan_w[9] = -INFINITY; /* the last one: nothing before it may be copied either */
-        assert_int_equal(zdp_gpt_set_loss_weights(&f.m, nan_w, N, &err), ZDP_ERR_INVALID_ARG);
+        assert_int_equal(zdp_lm_set_loss_weights(&f.m, nan_w, N, &err), ZDP_ERR_INVALID_ARG);
         assert_non_null(strstr(err.msg, "w[9] (position [1][4]) = -inf"));
         assert_int_equal(fx_backward_(&f, 1.0f, &err), ZDP_OK);
         grads_same_(&f, weighted ? want_keep : want_plain,

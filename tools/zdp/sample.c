@@ -52,7 +52,7 @@ int sample_next_p(const zdp_model *model, const float *const *params, const int3
     /* The model sees at most block_size tokens: keep the most recent. */
     int start = n > c->block_size ? n - c->block_size : 0;
     zdp_error err;
-    if (zdp_gpt_next_logits(model, params, tokens + start, n - start, logits, &err) != ZDP_OK) {
+    if (zdp_lm_next_logits(model, params, tokens + start, n - start, logits, &err) != ZDP_OK) {
         fprintf(stderr, "zdp: error: sampling: %s\n", err.msg);
         return -1;
     }

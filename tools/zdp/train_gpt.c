@@ -153,7 +153,7 @@ static double val_loss_(run_state *st, int64_t val_batches) {
         if (zdp_dataset_batch(st->ds, ZDP_SPLIT_VAL, j, st->R, st->W, st->b, st->T, st->inputs,
                               st->targets, &err) != ZDP_OK)
             cli_die("val batch", &err);
-        zdp_gpt_batch batch = {.inputs = st->inputs, .targets = st->targets, .B = st->b, .T = st->T};
+        zdp_lm_batch batch = {.inputs = st->inputs, .targets = st->targets, .B = st->b, .T = st->T};
         float loss;
         if (zdp_engine_forward(st->eng, &batch, &loss, &err) != ZDP_OK) cli_die("val forward", &err);
         sum += loss;
@@ -287,7 +287,7 @@ static double train_step_(run_state *st, int64_t n, int64_t *cursor) {
         if (zdp_dataset_windows(st->ds, ZDP_SPLIT_TRAIN, *cursor + (int64_t)st->R * st->b, st->b,
                                 st->T, st->inputs, st->targets, &err) != ZDP_OK)
             cli_die("data", &err);
-        zdp_gpt_batch batch = {.inputs = st->inputs, .targets = st->targets, .B = st->b, .T = st->T};
+        zdp_lm_batch batch = {.inputs = st->inputs, .targets = st->targets, .B = st->b, .T = st->T};
         float loss;
         if (zdp_engine_forward(st->eng, &batch, &loss, &err) != ZDP_OK) cli_die("forward", &err);
         loss_sum += loss;
