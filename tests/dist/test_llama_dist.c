@@ -171,6 +171,11 @@ static float *train_(const zdp_llama_config *mc, const data *d, int stage, bool 
     for (int i = 0; i < m.n_params; i++) views[i] = zdp_engine_param_data(eng, i);
     zdp_llama_init_params(&m, views, seed);
     CHECK_OK(zdp_engine_sync_params(eng, &e_));
+    /* The memory report carries the model's activations beside the engine's bytes. */
+    zdp_memory_report mr;
+    zdp_engine_memory_report(eng, &mr);
+    CHECK(m.activation_bytes > 0);
+    CHECK_EQ_I64(mr.activation_bytes, m.activation_bytes);
     int64_t mbi = 0;
     for (int s = 0; s < STEPS; s++) {
         for (int j = 0; j < counts[s]; j++, mbi++) {
