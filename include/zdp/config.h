@@ -64,7 +64,7 @@ typedef struct zdp_scheduler_config {
 ZDP_API double zdp_scheduler_lr(const zdp_scheduler_config *s, double base_lr, int64_t n);
 
 typedef struct zdp_zero_config {
-    int stage;                     /* 0, 1 or 2 (3 is rejected for now) */
+    int stage;                     /* 0, 1, 2 or 3 */
     bool overlap_comm;             /* false */
     int64_t reduce_bucket_size;    /* 262144 elements (DeepSpeed: 5e8) */
     int64_t allgather_bucket_size; /* 5e8 elements, must be even */
@@ -72,6 +72,11 @@ typedef struct zdp_zero_config {
     bool reduce_scatter;           /* true */
     zdp_offload_device offload_optimizer; /* only NONE is accepted */
     zdp_offload_device offload_param;     /* only NONE is accepted */
+    /* Stage 3 (DeepSpeed's defaults; elements, not bytes). */
+    int64_t stage3_prefetch_bucket_size;        /* 5e7 */
+    int64_t stage3_param_persistence_threshold; /* 1e5: smaller tensors stay whole */
+    int64_t stage3_max_live_parameters;         /* 1e9 */
+    int64_t stage3_max_reuse_distance;          /* 1e9 */
 } zdp_zero_config;
 
 typedef struct zdp_config {

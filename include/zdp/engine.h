@@ -31,6 +31,10 @@ typedef struct zdp_memory_report {
     int64_t optimizer_bytes;      /* optimizer state (Adam m and v, SGD momentum) */
     int64_t master_bytes;         /* fp32 master partition (16-bit training; 0 today) */
     int64_t other_bytes;          /* the engine's bookkeeping (layout, bucket tables) */
+    int64_t gathered_bytes;       /* stage 3: parameters gathered now (persistent ones
+                                     included) */
+    int64_t gathered_peak_bytes;  /* stage 3: the most fetched copies held at once since
+                                     create (persistent ones not included) */
     int64_t total_bytes;          /* the engine's bytes: the fields above */
     int64_t activation_bytes;     /* the model's activations (zdp_model.activation_bytes),
                                      held by the model, not in total_bytes */
@@ -50,9 +54,20 @@ ZDP_API zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *mod
 /* Frees everything; NULL is a no-op.  Not collective. */
 ZDP_API void zdp_engine_destroy(zdp_engine *eng);
 
-/* Writable view of parameter tensor i (NULL if out of range).  Writes are
- * allowed only between steps; call zdp_engine_sync_params afterwards. */
+/* Writable view of parameter tensor i (NULL if out of range, and at ZeRO
+ * stage 3, where no rank holds whole tensors: use zdp_engine_set_param /
+ * zdp_engine_get_param).  Writes are allowed only between steps; call
+ * zdp_engine_sync_params afterwards. */
 ZDP_API float *zdp_engine_param_data(zdp_engine *eng, int i);
+/* Copies tensor i's values (numel floats) into what this rank holds of it
+ * (all of it at stages 0-2, its partition's slice at stage 3).  Every rank
+ * passes the same values (at stage 3 sync_params cannot broadcast a tensor
+ * rank 0 does not hold).  Between steps only. */
+ZDP_API zdp_status zdp_engine_set_param(zdp_engine *eng, int i, const float *data,
+                                        zdp_error *err);
+/* COLLECTIVE at stage 3 (every rank calls it for the same i): copies tensor
+ * i's values into out (numel floats), gathering it from the partitions. */
+ZDP_API zdp_status zdp_engine_get_param(zdp_engine *eng, int i, float *out, zdp_error *err);
 /* COLLECTIVE.  Broadcasts rank 0's parameters to every rank (as DeepSpeed
  * does at initialisation) and refreshes the optimizer's view of them. */
 ZDP_API zdp_status zdp_engine_sync_params(zdp_engine *eng, zdp_error *err);

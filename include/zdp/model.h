@@ -26,6 +26,40 @@ typedef struct zdp_grad_sink zdp_grad_sink;
 ZDP_API float *zdp_grad_acquire(zdp_grad_sink *sink, int param_index);
 ZDP_API void zdp_grad_release(zdp_grad_sink *sink, int param_index);
 
+/* The param source: a model asks for the parameters of each layer before it
+ * uses them and gives them back after (DeepSpeed's fetch/release hooks
+ * around each submodule).  zdp_param_fetch returns the table of n_params
+ * pointers in which entries [first, first + count) are valid until the
+ * matching zdp_param_release(src, first, count); other entries must not be
+ * read.  At ZeRO stages 0-2 (and for a dense source) every entry is always
+ * valid and both calls cost nothing; at stage 3 the fetch all-gathers the
+ * range from the ranks' partitions (every rank makes the same calls in the
+ * same order, as the model's code is the same on every rank).  Fetching a
+ * range that is live again returns the same pointers (it is released as
+ * often as it was fetched); a range that overlaps a live one without being
+ * equal to it is refused.  Ranges left live at the end of a forward or
+ * backward are released by the engine.  Fails (*table NULL) on misuse
+ * (a range out of bounds or overlapping a live one) or a failed gather; the
+ * forward or backward must then return the status. */
+typedef struct zdp_param_source zdp_param_source;
+ZDP_API zdp_status zdp_param_fetch(zdp_param_source *src, int first, int count,
+                                   const float *const **table, zdp_error *err);
+ZDP_API void zdp_param_release(zdp_param_source *src, int first, int count);
+/* A source over caller-owned whole tensors (tests, references, sampling
+ * with plain arrays): params[i] for i < n_params; free() it. */
+ZDP_API zdp_param_source *zdp_param_source_create_dense(const float *const *params,
+                                                        int n_params);
+
+/* A model's forward / backward over caller-owned whole tensors (params[i]
+ * for every tensor), through a dense param source: references and tests. */
+struct zdp_model;
+ZDP_API zdp_status zdp_model_forward_dense(const struct zdp_model *model,
+                                           const float *const *params, const void *batch,
+                                           float *loss, zdp_error *err);
+ZDP_API zdp_status zdp_model_backward_dense(const struct zdp_model *model,
+                                            const float *const *params, float dloss,
+                                            zdp_grad_sink *sink, zdp_error *err);
+
 typedef struct zdp_param_info {
     const char *name;            /* "linears.0.weight" */
     int ndim;
@@ -33,15 +67,16 @@ typedef struct zdp_param_info {
 } zdp_param_info;
 
 /* What the engine needs from a model.  Parameters live in the engine's flat
- * buffer: params[i] points at tensor i (see zdp_param_info for its shape). */
+ * buffer (or its partitions, at stage 3): the model reads them through the
+ * param source, tensor i with the shape zdp_param_info gives. */
 typedef struct zdp_model_ops {
     /* Runs the forward pass on one micro-batch and keeps what backward needs.
      * *loss: the micro-batch's loss (for example mean cross-entropy). */
-    zdp_status (*forward)(void *self, const float *const *params,
-                          const void *batch, float *loss, zdp_error *err);
+    zdp_status (*forward)(void *self, zdp_param_source *src, const void *batch, float *loss,
+                          zdp_error *err);
     /* Back-propagates d(objective)/d(loss) = dloss from the last forward,
      * adding every parameter's gradient through the sink. */
-    zdp_status (*backward)(void *self, const float *const *params, float dloss,
+    zdp_status (*backward)(void *self, zdp_param_source *src, float dloss,
                            zdp_grad_sink *sink, zdp_error *err);
 } zdp_model_ops;
 
@@ -50,7 +85,7 @@ typedef struct zdp_model_ops {
  * same way: zdp_lm_set_loss_weights and zdp_lm_next_logits below. */
 typedef struct zdp_lm_ops {
     zdp_status (*set_loss_weights)(void *self, const float *w, int64_t n, zdp_error *err);
-    zdp_status (*next_logits)(void *self, const float *const *params, const int32_t *tokens,
+    zdp_status (*next_logits)(void *self, zdp_param_source *src, const int32_t *tokens,
                               int T, float *logits, zdp_error *err);
 } zdp_lm_ops;
 

@@ -231,6 +231,16 @@ static const key_spec zero_keys_[] = {
            "write an even bucket size in elements, e.g. 5e8"),
     K_BOOL_("contiguous_gradients", offsetof(zdp_zero_config, contiguous_gradients), true),
     K_BOOL_("reduce_scatter", offsetof(zdp_zero_config, reduce_scatter), true),
+    /* Stage 3, with DeepSpeed's defaults (docs/config.md). */
+    K_INT_("stage3_prefetch_bucket_size", offsetof(zdp_zero_config, stage3_prefetch_bucket_size),
+           5e7, 0, "write a number of elements >= 0 (0 turns prefetch off), e.g. 5e7"),
+    K_INT_("stage3_param_persistence_threshold",
+           offsetof(zdp_zero_config, stage3_param_persistence_threshold), 1e5, 0,
+           "write a number of elements >= 0 (0: every tensor is partitioned), e.g. 1e5"),
+    K_INT_("stage3_max_live_parameters", offsetof(zdp_zero_config, stage3_max_live_parameters),
+           1e9, 0, "write a number of elements >= 0, e.g. 1e9"),
+    K_INT_("stage3_max_reuse_distance", offsetof(zdp_zero_config, stage3_max_reuse_distance), 1e9,
+           0, "write a number of elements >= 0, e.g. 1e9"),
     K_CUSTOM_("offload_optimizer"),
     K_CUSTOM_("offload_param"),
     K_CUSTOM_("cpu_offload"),
@@ -243,11 +253,7 @@ static const key_spec zero_keys_[] = {
     K_UNUSED_("load_from_fp32_weights"),
     K_UNUSED_("elastic_checkpoint"),
     K_UNUSED_("sub_group_size"),
-    K_UNUSED_("stage3_prefetch_bucket_size"),
-    K_UNUSED_("stage3_param_persistence_threshold"),
     K_UNUSED_("stage3_model_persistence_threshold"),
-    K_UNUSED_("stage3_max_live_parameters"),
-    K_UNUSED_("stage3_max_reuse_distance"),
     K_UNUSED_("stage3_gather_16bit_weights_on_model_save"),
     K_UNUSED_("legacy_stage1"),
 };
@@ -540,8 +546,9 @@ static zdp_status parse_block_(parse_ctx *ctx, const json_t *obj, const char *pr
 
 static zdp_status stage_range_error_(zdp_error *err, long long stage) {
     return zdp_err_set(err, ZDP_ERR_CONFIG,
-                       "zero_optimization.stage = %lld: supported values are 0, 1, 2; "
-                       "set 2 for optimizer+gradient sharding", stage);
+                       "zero_optimization.stage = %lld: supported values are 0, 1, 2, 3; "
+                       "set 2 for optimizer+gradient sharding, 3 to partition the "
+                       "parameters too", stage);
 }
 
 static zdp_status parse_offload_(parse_ctx *ctx, const json_t *v, const char *path,
@@ -590,7 +597,7 @@ static zdp_status parse_zero_(parse_ctx *ctx, const json_t *v, zdp_zero_config *
     if (s != NULL) {
         int64_t stage = 0;
         st = read_int_(ctx, "zero_optimization.stage", s, -DBL_MAX, DBL_MAX,
-                       "set 0, 1 or 2 (2 shards optimizer state and gradients)", &stage);
+                       "set 0, 1, 2 or 3 (2 shards optimizer state and gradients, 3 parameters too)", &stage);
         if (st != ZDP_OK) return st;
         if (stage < 0 || stage > 3) return stage_range_error_(ctx->err, (long long)stage);
         z->stage = (int)stage;
@@ -1165,11 +1172,20 @@ static zdp_status validate_(const zdp_config *c, int derived, zdp_error *err) {
     if ((st = check_fields_(c, err)) != ZDP_OK) return st;
 
     const zdp_zero_config *z = &c->zero;
-    /* 2. stage 3 */
-    if (z->stage == 3)
-        return zdp_err_set(err, ZDP_ERR_UNSUPPORTED,
-                           "zero_optimization.stage = 3: ZeRO stage 3 is not implemented in "
-                           "zdp yet; use stage 2 (gradient + optimizer-state sharding)");
+    /* 2. stage 3's keys (set by hand, they skip the parser's checks) */
+    const struct {
+        const char *key;
+        int64_t v;
+    } s3[] = {{"stage3_prefetch_bucket_size", z->stage3_prefetch_bucket_size},
+              {"stage3_param_persistence_threshold", z->stage3_param_persistence_threshold},
+              {"stage3_max_live_parameters", z->stage3_max_live_parameters},
+              {"stage3_max_reuse_distance", z->stage3_max_reuse_distance}};
+    for (size_t k = 0; k < sizeof s3 / sizeof s3[0]; k++)
+        if (s3[k].v < 0)
+            return zdp_err_set(err, ZDP_ERR_CONFIG,
+                               "zero_optimization.%s = %lld: must be >= 0 (elements); fix: "
+                               "remove it for DeepSpeed's default",
+                               s3[k].key, (long long)s3[k].v);
     /* 3. offload (a "none" block is not offload, docs/deepspeed.md §3.7) */
     static const char *const dev_names[] = {"none", "cpu", "nvme"};
     if (z->offload_optimizer != ZDP_OFFLOAD_NONE)

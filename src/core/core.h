@@ -41,6 +41,7 @@ typedef enum zdp_mem_category {
     ZDP_MEM_OPTIMIZER,
     ZDP_MEM_MASTER,
     ZDP_MEM_OTHER,
+    ZDP_MEM_GATHERED, /* stage 3: parameters gathered for the model, and persistent ones */
     ZDP_MEM_NCATEGORIES
 } zdp_mem_category;
 

@@ -7,7 +7,7 @@
  * (unpadded) parameter range, one file per rank, so a loading job of any
  * size rebuilds the flat state and cuts its own partition.  Gradients of a
  * window in progress are rank-local (stages 0/1) or averaged over the saving
- * job's ranks (stage 2), so a mid-window checkpoint resumes only at the same
+ * job's ranks (stages 2/3), so a mid-window checkpoint resumes only at the same
  * world size and stage.
  *
  * Integrity: meta.json lists the size and FNV-1a 64 of every other file,
@@ -220,7 +220,7 @@ static void rank_range_(const zdp_engine *e, int64_t *lo, int64_t *hi) {
 }
 
 /* Optimizer arrays are indexed from the optimizer's own origin: 0 at stage 0
- * (the whole buffer), r*P at stages 1/2 (the partition). */
+ * (the whole buffer), r*P at stages 1/2/3 (the partition). */
 static int64_t optim_origin_(const zdp_engine *e) {
     return e->cfg.zero.stage == 0 ? 0 : (int64_t)e->rank * e->lay.part;
 }
@@ -262,7 +262,9 @@ static zdp_status write_model_file_(zdp_engine *e, const char *path, zdp_error *
     if (t == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "checkpoint: out of memory");
     for (int i = 0; i < m->n_params; i++) {
         t[i] = (zdp_tensor){.name = (char *)m->params[i].name, .dtype = ZDP_DTYPE_F32,
-                            .ndim = m->params[i].ndim, .data = e->param_ptrs[i],
+                            .ndim = m->params[i].ndim,
+                            .data = e->save_params != NULL ? e->save_params + e->lay.offsets[i]
+                                                           : e->param_ptrs[i],
                             .nbytes = (size_t)e->lay.numels[i] * sizeof(float)};
         memcpy(t[i].shape, m->params[i].shape, sizeof t[i].shape);
     }
@@ -554,6 +556,26 @@ zdp_status zdp_engine_save_checkpoint(zdp_engine *e, const char *dir, const char
         json_decref(client);
         return st;
     }
+    /* Stage 3: the model file is the same whole-model file as at stages 0-2
+     * (so the checkpoint loads at any stage and world size): every rank
+     * takes part in gathering it, tensor by tensor, and rank 0 writes it. */
+    if (e->cfg.zero.stage == 3) {
+        e->save_params = malloc((size_t)e->lay.numel * sizeof(float));
+        int64_t bad[1] = {e->save_params == NULL};
+        if ((st = zdp_engine_allreduce_i64_(e, bad, 1, err)) == ZDP_OK && bad[0] != 0)
+            st = zdp_err_set(err, ZDP_ERR_NOMEM,
+                             "save_checkpoint: %lld rank(s) cannot hold the %lld parameters "
+                             "gathered for the model file",
+                             (long long)bad[0], (long long)e->lay.numel);
+        for (int i = 0; st == ZDP_OK && i < e->lay.n_tensors; i++)
+            st = zdp_engine_get_param(e, i, e->save_params + e->lay.offsets[i], err);
+        if (st != ZDP_OK) {
+            free(e->save_params);
+            e->save_params = NULL;
+            json_decref(client);
+            return st;
+        }
+    }
     char tmpdir[PATH_MAX_], final[PATH_MAX_];
     snprintf(tmpdir, sizeof tmpdir, "%s/%s.tmp", dir, tag);
     snprintf(final, sizeof final, "%s/%s", dir, tag);
@@ -570,6 +592,8 @@ zdp_status zdp_engine_save_checkpoint(zdp_engine *e, const char *dir, const char
     st = save_commit_(e, dir, tag, tmpdir, final, client, rec, err);
 out:
     free(rec);
+    free(e->save_params);
+    e->save_params = NULL;
     json_decref(client);
     return st;
 }
@@ -965,8 +989,17 @@ static zdp_status stage_(zdp_engine *e, const ckpt_view *v, staged *s, zdp_error
 /* Puts the staged state into the engine (cannot fail). */
 static void commit_(zdp_engine *e, const ckpt_view *v, staged *s) {
     const int64_t n = e->lay.numel, P = e->lay.part;
-    memcpy(e->params, s->params, (size_t)n * sizeof(float));
-    memset(e->params + n, 0, (size_t)(e->lay.padded - n) * sizeof(float));
+    if (e->cfg.zero.stage < 3) {
+        memcpy(e->params, s->params, (size_t)n * sizeof(float));
+        memset(e->params + n, 0, (size_t)(e->lay.padded - n) * sizeof(float));
+    } else {
+        /* Stage 3 keeps its partition: [r*P, (r+1)*P), zeros past numel. */
+        const int64_t plo = (int64_t)e->rank * P;
+        const int64_t have = n - plo < P ? (n - plo > 0 ? n - plo : 0) : P;
+        memset(e->params, 0, (size_t)P * sizeof(float));
+        if (have > 0) memcpy(e->params, s->params + plo, (size_t)have * sizeof(float));
+        e->persist_stale = true;
+    }
     /* The optimizer's range: everything at stage 0, the partition at 1/2. */
     int64_t origin = optim_origin_(e), len = e->optim.n;
     int64_t avail = n - origin < len ? n - origin : len;

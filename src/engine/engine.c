@@ -62,6 +62,7 @@ typedef enum op_kind {
     OP_ALLGATHER_PARAMS,  /* stages 1/2: all-gather the updated partitions */
     OP_BCAST_PARAMS,      /* rank 0's parameters to everyone */
     OP_ALLREDUCE_I64,     /* SUM all-reduce of `bucket` int64s (checkpoint agreement) */
+    OP_GATHER_RANGE,      /* stage 3: all-gather the flat range [lo, hi) into buf */
 } op_kind;
 
 /* The agreement all-reduce: {in_step, count, count^2, sumsq}, summed over
@@ -84,6 +85,7 @@ typedef struct engine_op {
     zdp_engine *e;
     void *buf;
     int bucket;
+    int64_t lo, hi; /* OP_GATHER_RANGE */
 } engine_op;
 
 /* Stages 1/2: divide the bucket by W in place (DeepSpeed's order), reduce-
@@ -97,7 +99,7 @@ static zdp_status reduce_bucket_(zdp_engine *e, int b, float *buf, zdp_error *er
     const int64_t mine = zdp_layout_owned(&e->lay, e->rank, bk->lo, bk->hi);
     const int64_t dst = (bk->lo > plo ? bk->lo : plo) - plo; /* into grad_part */
     const int64_t src = (bk->lo > plo ? bk->lo : plo) - bk->lo; /* into the bucket */
-    const bool accumulate = e->cfg.zero.stage == 2;
+    const bool accumulate = e->cfg.zero.stage >= 2;
     /* This backward's agreement failed (on every rank alike): no rank
      * reduces, so the ranks stay matched collective for collective. */
     if (e->stream_skip) return ZDP_OK;
@@ -149,6 +151,25 @@ static zdp_status allgather_params_(zdp_engine *e, zdp_error *err) {
     return ZDP_OK;
 }
 
+/* Stage 3: the flat range [lo, hi) whole into buf (hi - lo floats): each
+ * rank puts in the piece its partition holds, then one all-gather. */
+static zdp_status gather_range_(zdp_engine *e, float *buf, int64_t lo, int64_t hi,
+                                zdp_error *err) {
+    const int64_t P = e->lay.part;
+    for (int r = 0; r < e->world; r++) {
+        int64_t a = lo > r * P ? lo : r * P, b = hi < (r + 1) * P ? hi : (r + 1) * P;
+        e->ag_counts[r] = b > a ? (int)(b - a) : 0;
+        e->ag_displs[r] = b > a ? (int)(a - lo) : 0;
+    }
+    const int64_t plo = (int64_t)e->rank * P;
+    const int64_t a = lo > plo ? lo : plo;
+    if (e->ag_counts[e->rank] > 0)
+        memcpy(buf + e->ag_displs[e->rank], e->params + (a - plo),
+               (size_t)e->ag_counts[e->rank] * sizeof(float));
+    if (e->world == 1) return ZDP_OK;
+    return zdp_comm_allgatherv_inplace_f32(buf, e->ag_counts, e->ag_displs, &e->comm_total, err);
+}
+
 /* Runs on the stream thread. */
 static zdp_status run_op_(void *arg, zdp_error *err) {
     const engine_op *op = arg;
@@ -175,6 +196,8 @@ static zdp_status run_op_(void *arg, zdp_error *err) {
                                     &e->comm_total, err);
     case OP_ALLREDUCE_I64:
         return zdp_comm_allreduce_sum_i64(op->buf, op->bucket, &e->comm_total, err);
+    case OP_GATHER_RANGE:
+        return gather_range_(e, op->buf, op->lo, op->hi, err);
     }
     return zdp_err_set(err, ZDP_ERR_INTERNAL, "comm stream: unknown operation %d", (int)op->kind);
 }
@@ -362,6 +385,157 @@ static void sink_end_(zdp_engine *e) {
      * grad_part is read only by step(), which waits for the stream first. */
 }
 
+/* ---- the param source ---------------------------------------------------- */
+
+zdp_param_source *zdp_param_source_create_dense(const float *const *params, int n_params) {
+    zdp_param_source *s = calloc(1, sizeof *s);
+    if (s != NULL) {
+        s->dense = params;
+        s->n_dense = n_params;
+    }
+    return s;
+}
+
+/* Stage 3: the persistent tensors whole again after their partitions
+ * changed (an update, set_param, a checkpoint load): one gather per run of
+ * consecutive persistent tensors.  Every rank gets here alike (the calls
+ * that make it stale are made on every rank). */
+static zdp_status persist_refresh_(zdp_engine *e, zdp_error *err) {
+    if (!e->persist_stale) return ZDP_OK;
+    const int nt = e->lay.n_tensors;
+    uint64_t last = 0;
+    for (int i = 0; i < nt;) {
+        if (e->persist_off[i] < 0) {
+            i++;
+            continue;
+        }
+        int j = i;
+        while (j + 1 < nt && e->persist_off[j + 1] >= 0) j++;
+        engine_op op = {.kind = OP_GATHER_RANGE, .e = e, .buf = e->persist + e->persist_off[i],
+                        .lo = e->lay.offsets[i], .hi = e->lay.offsets[j] + e->lay.numels[j]};
+        last = zdp_stream_enqueue(e->stream, run_op_, &op, sizeof op);
+        i = j + 1;
+    }
+    zdp_status st = last > 0 ? wait_(e, last, err) : ZDP_OK;
+    if (st == ZDP_OK) e->persist_stale = false;
+    return st;
+}
+
+static int64_t gathered_now_(const zdp_engine *e) {
+    return e->mem.bytes[ZDP_MEM_GATHERED] - e->persist_elems * (int64_t)sizeof(float);
+}
+
+/* Stage 3's fetch: the same live range again, the persistent copies, or a
+ * new gather of the range's flat extent. */
+static zdp_status fetch3_(zdp_engine *e, int first, int count, zdp_error *err) {
+    const zdp_param_info *pi = e->model->params;
+    if (!e->in_pass)
+        return zdp_err_set(err, ZDP_ERR_STATE,
+                           "zdp_param_fetch(%d, %d) (%s): outside the model's forward or "
+                           "backward; at ZeRO stage 3 parameters are gathered only while the "
+                           "engine runs the model",
+                           first, count, pi[first].name);
+    const int last = first + count - 1;
+    int rec = e->live_of[first];
+    if (rec >= 0 && e->recs[rec].first == first && e->recs[rec].count == count) {
+        e->recs[rec].refs++;
+        return ZDP_OK;
+    }
+    bool all_persistent = true;
+    for (int i = first; i <= last; i++) {
+        if (e->live_of[i] >= 0) {
+            const gather_rec *r = &e->recs[e->live_of[i]];
+            return zdp_err_set(err, ZDP_ERR_STATE,
+                               "zdp_param_fetch(%d, %d): tensor %d (%s) is live in the fetch of "
+                               "[%d, %d); fetch exactly that range again or release it first",
+                               first, count, i, pi[i].name, r->first, r->first + r->count);
+        }
+        if (e->persist_off[i] < 0) all_persistent = false;
+    }
+    zdp_status st = persist_refresh_(e, err);
+    if (st != ZDP_OK || all_persistent) return st;
+    const int64_t lo = e->lay.offsets[first], hi = e->lay.offsets[last] + e->lay.numels[last];
+    gather_rec *r = &e->recs[e->n_recs];
+    *r = (gather_rec){.first = first, .count = count, .refs = 1, .elems = hi - lo};
+    r->buf = zdp_alloc(&e->mem, ZDP_MEM_GATHERED, (size_t)r->elems * sizeof(float));
+    if (r->buf == NULL)
+        return zdp_err_set(err, ZDP_ERR_NOMEM,
+                           "zdp_param_fetch(%d, %d): cannot allocate %lld bytes on rank %d to "
+                           "gather %s..%s",
+                           first, count, (long long)(r->elems * 4), e->rank, pi[first].name,
+                           pi[last].name);
+    engine_op op = {.kind = OP_GATHER_RANGE, .e = e, .buf = r->buf, .lo = lo, .hi = hi};
+    if ((st = wait_(e, zdp_stream_enqueue(e->stream, run_op_, &op, sizeof op), err)) != ZDP_OK) {
+        zdp_free(&e->mem, ZDP_MEM_GATHERED, r->buf, (size_t)r->elems * sizeof(float));
+        return st;
+    }
+    for (int i = first; i <= last; i++) {
+        e->live_of[i] = e->n_recs;
+        if (e->persist_off[i] < 0) e->table[i] = r->buf + (e->lay.offsets[i] - lo);
+    }
+    e->n_recs++;
+    if (gathered_now_(e) > e->gathered_peak) e->gathered_peak = gathered_now_(e);
+    return ZDP_OK;
+}
+
+zdp_status zdp_param_fetch(zdp_param_source *src, int first, int count,
+                           const float *const **table, zdp_error *err) {
+    if (table != NULL) *table = NULL;
+    if (src == NULL || table == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_param_fetch: src and table must be set");
+    const int n = src->eng != NULL ? src->eng->lay.n_tensors : src->n_dense;
+    if (first < 0 || count < 1 || first > n - count)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "zdp_param_fetch: tensors [%d, %d + %d) out of the model's %d; the "
+                           "model asked for a layer it does not have",
+                           first, first, count, n);
+    if (src->eng == NULL) {
+        *table = src->dense;
+        return ZDP_OK;
+    }
+    zdp_engine *e = src->eng;
+    if (e->cfg.zero.stage < 3) {
+        *table = (const float *const *)e->param_ptrs;
+        return ZDP_OK;
+    }
+    zdp_status st = fetch3_(e, first, count, err);
+    if (st == ZDP_OK) *table = e->table;
+    return st;
+}
+
+/* Frees record k (moving the last record into its slot). */
+static void rec_free_(zdp_engine *e, int k) {
+    gather_rec *r = &e->recs[k];
+    for (int i = r->first; i < r->first + r->count; i++) {
+        e->live_of[i] = -1;
+        e->table[i] = e->persist_off[i] >= 0 ? e->persist + e->persist_off[i] : NULL;
+    }
+    zdp_free(&e->mem, ZDP_MEM_GATHERED, r->buf, (size_t)r->elems * sizeof(float));
+    const int lastk = --e->n_recs;
+    if (k != lastk) {
+        e->recs[k] = e->recs[lastk];
+        for (int i = e->recs[k].first; i < e->recs[k].first + e->recs[k].count; i++)
+            e->live_of[i] = k;
+    }
+}
+
+void zdp_param_release(zdp_param_source *src, int first, int count) {
+    if (src == NULL || src->eng == NULL || src->eng->cfg.zero.stage < 3) return;
+    zdp_engine *e = src->eng;
+    if (first < 0 || count < 1 || first > e->lay.n_tensors - count) return;
+    const int k = e->live_of[first];
+    /* A release that matches no live fetch (or a persistent range) has
+     * nothing to free. */
+    if (k < 0 || e->recs[k].first != first || e->recs[k].count != count) return;
+    if (--e->recs[k].refs == 0) rec_free_(e, k);
+}
+
+/* After the model's forward or backward: what it left live goes back. */
+static void pass_end_(zdp_engine *e) {
+    e->in_pass = false;
+    while (e->n_recs > 0) rec_free_(e, e->n_recs - 1);
+}
+
 /* ---- create / destroy --------------------------------------------------- */
 
 /* Every engine allocation goes through zdp_alloc, so the memory report is
@@ -394,7 +568,38 @@ static void log_memory_report_(const zdp_engine *e) {
             (long long)m.activation_bytes);
 }
 
-/* Buckets and their buffers (stages 1/2). */
+/* Stage 3's fetch tables and the persistent tensors: those with fewer
+ * elements than stage3_param_persistence_threshold stay whole on every rank
+ * (DeepSpeed keeps small tensors such as biases and norms out of the
+ * per-layer gathers). */
+static zdp_status stage3_init_(zdp_engine *e, zdp_error *err) {
+    const int nt = e->lay.n_tensors;
+    zdp_status st;
+    if ((st = alloc_(e, &e->table, nt, sizeof(float *), ZDP_MEM_OTHER, "stage 3", err)) ||
+        (st = alloc_(e, &e->live_of, nt, sizeof(int), ZDP_MEM_OTHER, "stage 3", err)) ||
+        (st = alloc_(e, &e->recs, nt, sizeof(gather_rec), ZDP_MEM_OTHER, "stage 3", err)) ||
+        (st = alloc_(e, &e->persist_off, nt, sizeof(int64_t), ZDP_MEM_OTHER, "stage 3", err)))
+        return st;
+    const int64_t thr = e->cfg.zero.stage3_param_persistence_threshold;
+    for (int i = 0; i < nt; i++) {
+        e->live_of[i] = -1;
+        e->persist_off[i] = -1;
+        if (e->lay.numels[i] < thr) {
+            e->persist_off[i] = e->persist_elems;
+            e->persist_elems += e->lay.numels[i];
+        }
+    }
+    if (e->persist_elems > 0 &&
+        (st = alloc_(e, &e->persist, e->persist_elems, sizeof(float), ZDP_MEM_GATHERED,
+                     "persistent parameters", err)))
+        return st;
+    for (int i = 0; i < nt; i++)
+        if (e->persist_off[i] >= 0) e->table[i] = e->persist + e->persist_off[i];
+    e->persist_stale = true;
+    return ZDP_OK;
+}
+
+/* Buckets and their buffers (stages 1/2/3). */
 static zdp_status plan_buckets_(zdp_engine *e, zdp_error *err) {
     const zdp_model *model = e->model;
     zdp_bucket *plan = NULL;
@@ -494,8 +699,9 @@ zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model, zdp_
                          (long long)e->lay.padded, INT32_MAX);
         goto fail;
     }
-    if ((st = alloc_(e, &e->params, e->lay.padded, sizeof(float), ZDP_MEM_PARAMS, "parameters",
-                     err)) ||
+    /* Stage 3 keeps only this rank's partition of the parameters. */
+    const int64_t held = stage == 3 ? e->lay.part : e->lay.padded;
+    if ((st = alloc_(e, &e->params, held, sizeof(float), ZDP_MEM_PARAMS, "parameters", err)) ||
         (st = alloc_(e, &e->param_ptrs, nt, sizeof(float *), ZDP_MEM_OTHER, "engine", err)) ||
         (st = alloc_(e, &e->sink.state, nt, 1, ZDP_MEM_OTHER, "engine", err)) ||
         (st = alloc_(e, &e->rs_counts, world, sizeof(int), ZDP_MEM_OTHER, "engine", err)) ||
@@ -504,8 +710,10 @@ zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model, zdp_
         (st = alloc_(e, &e->agree_gather, 2 * (int64_t)world, sizeof(int64_t), ZDP_MEM_OTHER,
                      "engine", err)))
         goto fail;
-    for (int i = 0; i < nt; i++) e->param_ptrs[i] = e->params + e->lay.offsets[i];
+    for (int i = 0; i < nt && stage < 3; i++) e->param_ptrs[i] = e->params + e->lay.offsets[i];
     e->sink.eng = e;
+    e->src.eng = e;
+    if (stage == 3 && (st = stage3_init_(e, err)) != ZDP_OK) goto fail;
 
     if (stage < 2 && (st = alloc_(e, &e->grads, e->lay.padded, sizeof(float), ZDP_MEM_GRADS,
                                   "gradients", err)))
@@ -546,7 +754,14 @@ void zdp_engine_destroy(zdp_engine *e) {
     for (int b = 0; e->bucket_buf != NULL && b < nb; b++)
         free_(e, e->bucket_buf[b], e->bucket_elems, fb, ZDP_MEM_BUCKETS);
     zdp_optim_free(&e->optim, &e->mem);
-    free_(e, e->params, e->lay.padded, fb, ZDP_MEM_PARAMS);
+    if (e->recs != NULL) pass_end_(e);
+    free_(e, e->persist, e->persist_elems, fb, ZDP_MEM_GATHERED);
+    free_(e, e->table, nt, sizeof(float *), ZDP_MEM_OTHER);
+    free_(e, e->live_of, nt, sizeof(int), ZDP_MEM_OTHER);
+    free_(e, e->recs, nt, sizeof(gather_rec), ZDP_MEM_OTHER);
+    free_(e, e->persist_off, nt, sizeof(int64_t), ZDP_MEM_OTHER);
+    free_(e, e->params, e->cfg.zero.stage == 3 ? e->lay.part : e->lay.padded, fb,
+          ZDP_MEM_PARAMS);
     free_(e, e->grads, e->lay.padded, fb, ZDP_MEM_GRADS);
     free_(e, e->grad_part, e->lay.part, fb, ZDP_MEM_GRAD_PARTITION);
     free_(e, e->rs_scratch, e->rs_scratch_elems, fb, ZDP_MEM_BUCKETS);
@@ -578,8 +793,76 @@ float *zdp_engine_param_data(zdp_engine *e, int i) {
     return e->param_ptrs[i];
 }
 
+static zdp_status param_index_(const zdp_engine *e, int i, const void *p, const char *fn,
+                               zdp_error *err) {
+    if (e == NULL || p == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: engine and data must not be NULL", fn);
+    if (i < 0 || i >= e->lay.n_tensors)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: tensor %d: the model has %d (0..%d)",
+                           fn, i, e->lay.n_tensors, e->lay.n_tensors - 1);
+    return ZDP_OK;
+}
+
+/* Stage 3: this rank's slice of the flat range [lo, hi): elements [a, b). */
+static void owned_range_(const zdp_engine *e, int64_t lo, int64_t hi, int64_t *a, int64_t *b) {
+    const int64_t plo = (int64_t)e->rank * e->lay.part, phi = plo + e->lay.part;
+    *a = lo > plo ? lo : plo;
+    *b = hi < phi ? hi : phi;
+    if (*b < *a) *b = *a;
+}
+
+zdp_status zdp_engine_set_param(zdp_engine *e, int i, const float *data, zdp_error *err) {
+    zdp_status st = param_index_(e, i, data, "zdp_engine_set_param", err);
+    if (st != ZDP_OK) return st;
+    const int64_t lo = e->lay.offsets[i], n = e->lay.numels[i];
+    if (e->cfg.zero.stage < 3) {
+        memcpy(e->param_ptrs[i], data, (size_t)n * sizeof(float));
+        return ZDP_OK;
+    }
+    int64_t a, b;
+    owned_range_(e, lo, lo + n, &a, &b);
+    if (b > a)
+        memcpy(e->params + (a - (int64_t)e->rank * e->lay.part), data + (a - lo),
+               (size_t)(b - a) * sizeof(float));
+    e->persist_stale = true;
+    return ZDP_OK;
+}
+
+zdp_status zdp_engine_get_param(zdp_engine *e, int i, float *out, zdp_error *err) {
+    zdp_status st = param_index_(e, i, out, "zdp_engine_get_param", err);
+    if (st != ZDP_OK) return st;
+    const int64_t lo = e->lay.offsets[i], n = e->lay.numels[i];
+    if (e->cfg.zero.stage < 3) {
+        memcpy(out, e->param_ptrs[i], (size_t)n * sizeof(float));
+        return ZDP_OK;
+    }
+    engine_op op = {.kind = OP_GATHER_RANGE, .e = e, .buf = out, .lo = lo, .hi = lo + n};
+    return wait_(e, zdp_stream_enqueue(e->stream, run_op_, &op, sizeof op), err);
+}
+
+/* Stage 3: the padding at the end of the last partition stays zero. */
+static void zero_padding_(zdp_engine *e) {
+    if (e->cfg.zero.stage < 3) {
+        memset(e->params + e->lay.numel, 0,
+               (size_t)(e->lay.padded - e->lay.numel) * sizeof(float));
+        return;
+    }
+    int64_t a, b;
+    owned_range_(e, e->lay.numel, e->lay.padded, &a, &b);
+    if (b > a)
+        memset(e->params + (a - (int64_t)e->rank * e->lay.part), 0,
+               (size_t)(b - a) * sizeof(float));
+}
+
 zdp_status zdp_engine_sync_params(zdp_engine *e, zdp_error *err) {
     if (e == NULL) return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "engine is NULL");
+    if (e->cfg.zero.stage == 3) {
+        /* No rank holds what rank 0 would broadcast: each keeps the slice
+         * zdp_engine_set_param wrote (the same values on every rank). */
+        zero_padding_(e);
+        e->persist_stale = true;
+        return ZDP_OK;
+    }
     /* Padding must stay zero: it is part of the partitions the optimizer sees. */
     memset(e->params + e->lay.numel, 0, (size_t)(e->lay.padded - e->lay.numel) * sizeof(float));
     if (e->world == 1) return ZDP_OK;
@@ -595,8 +878,9 @@ zdp_status zdp_engine_forward(zdp_engine *e, const void *batch, float *loss, zdp
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_engine_forward: engine and loss must not be NULL");
     e->have_forward = false;
     double t0 = now_();
-    zdp_status st = e->model->ops->forward(e->model->self, (const float *const *)e->param_ptrs,
-                                           batch, loss, err);
+    e->in_pass = true;
+    zdp_status st = e->model->ops->forward(e->model->self, &e->src, batch, loss, err);
+    pass_end_(e);
     e->timing_window.forward_s += now_() - t0;
     if (st != ZDP_OK) return st;
     e->have_forward = true;
@@ -625,7 +909,7 @@ zdp_status zdp_engine_backward(zdp_engine *e, bool scale_wrt_gas, float loss_sca
     /* Stage 2 reduces inside backward: its agreement goes first on the
      * stream, so a rank already in step() meets an all-reduce of the same
      * shape rather than a reduce-scatter (docs/training.md). */
-    const bool agree = e->cfg.zero.stage == 2 && e->world > 1;
+    const bool agree = e->cfg.zero.stage >= 2 && e->world > 1;
     if (agree) {
         const double c = (double)(e->window_backwards + 1);
         e->bwd_agree[0] = 0.0;
@@ -634,8 +918,9 @@ zdp_status zdp_engine_backward(zdp_engine *e, bool scale_wrt_gas, float loss_sca
         e->bwd_agree[3] = 0.0;
         e->bwd_agree_event = enqueue_(e, OP_AGREE_BACKWARD, e->bwd_agree, -1);
     }
-    zdp_status st = e->model->ops->backward(e->model->self, (const float *const *)e->param_ptrs,
-                                            dloss, &e->sink, err);
+    e->in_pass = true;
+    zdp_status st = e->model->ops->backward(e->model->self, &e->src, dloss, &e->sink, err);
+    pass_end_(e);
     /* Finish the reductions even after a model failure, so that this rank
      * issues the same collectives as the others before reporting. */
     sink_end_(e);
@@ -798,6 +1083,10 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
         double c = (norm + 1e-6) / e->clip;
         if (c > 1.0) scale = (float)(1.0 / c);
     }
+    /* What this rank updates: everything (stage 0), its slice of the whole
+     * buffer (stages 1/2), or the partition it holds (stage 3). */
+    float *p = stage == 0 || stage == 3 ? e->params : e->params + plo;
+    const float *g = stage == 0 ? e->grads : e->grad_part;
     if (!overflow) {
         /* An update that would leave a parameter or optimizer state
          * non-finite (a huge lr, a gradient that overflows when squared) is
@@ -805,8 +1094,6 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
          * computes the same update on every rank; stages 1/2 update
          * partitions, so the ranks agree on the verdict (a one-double
          * all-reduce). */
-        const float *p = stage == 0 ? e->params : e->params + plo;
-        const float *g = stage == 0 ? e->grads : e->grad_part;
         const double t_check = now_();
         double bad = zdp_optim_update_finite(&e->optim, p, g, scale, lr) ? 0.0 : 1.0;
         e->timing_window.optimizer_s += now_() - t_check; /* the wait below is comm wait */
@@ -817,18 +1104,15 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
     }
     if (!overflow && !refused) {
         const double t_opt = now_();
-        if (stage == 0) {
-            zdp_optim_step(&e->optim, e->params, e->grads, scale, lr);
-        } else {
-            zdp_optim_step(&e->optim, e->params + plo, e->grad_part, scale, lr);
-            /* The padding at the end of the last partition must stay zero. */
-            memset(e->params + e->lay.numel, 0,
-                   (size_t)(e->lay.padded - e->lay.numel) * sizeof(float));
-        }
+        zdp_optim_step(&e->optim, p, g, scale, lr);
+        /* The padding at the end of the last partition must stay zero. */
+        if (stage >= 1) zero_padding_(e);
+        e->persist_stale = stage == 3;
         e->timing_window.optimizer_s += now_() - t_opt;
         e->last_lr = lr;
         e->sched_iter++;
-        if (stage >= 1 && e->world > 1 &&
+        /* Stage 3 gathers what the model fetches instead. */
+        if ((stage == 1 || stage == 2) && e->world > 1 &&
             (st = run_sync_(e, OP_ALLGATHER_PARAMS, NULL, err)) != ZDP_OK)
             return st;
     }
@@ -1036,6 +1320,8 @@ void zdp_engine_memory_report(const zdp_engine *e, zdp_memory_report *m) {
         .optimizer_bytes = b[ZDP_MEM_OPTIMIZER],
         .master_bytes = b[ZDP_MEM_MASTER],
         .other_bytes = b[ZDP_MEM_OTHER],
+        .gathered_bytes = b[ZDP_MEM_GATHERED],
+        .gathered_peak_bytes = e->gathered_peak,
         .activation_bytes = e->model->activation_bytes,
     };
     int64_t total = 0;

@@ -27,6 +27,21 @@ struct zdp_grad_sink {
     zdp_error comm_err;
 };
 
+/* The param source (zdp/model.h).  Dense: caller-owned whole tensors. */
+struct zdp_param_source {
+    zdp_engine *eng;           /* NULL for a dense source */
+    const float *const *dense; /* dense source: (n_dense) tensors */
+    int n_dense;
+};
+
+/* Stage 3: one live fetch of tensors [first, first + count), gathered into
+ * buf (elems floats, the range's flat extent). */
+typedef struct gather_rec {
+    int first, count, refs;
+    float *buf;
+    int64_t elems;
+} gather_rec;
+
 struct zdp_engine {
     zdp_config cfg;
     const zdp_model *model;
@@ -34,8 +49,8 @@ struct zdp_engine {
     zdp_mem_counter mem;
     zdp_layout lay;
 
-    float *params;       /* (padded) */
-    float **param_ptrs;  /* (n_tensors) views into params */
+    float *params;       /* (padded); stage 3: (P) this rank's partition only */
+    float **param_ptrs;  /* (n_tensors) views into params; stage 3: NULL entries */
     float *grads;        /* (padded) stages 0/1, else NULL */
     float *grad_part;    /* (P) stages 1/2, else NULL */
 
@@ -79,6 +94,25 @@ struct zdp_engine {
     zdp_step_timing timing_window, timing_last;
 
     zdp_grad_sink sink;
+    zdp_param_source src;
+
+    /* Stage 3 (docs/deepspeed.md §4.8): what fetch hands out.  table[i] is
+     * tensor i's gathered copy while a fetch holds it, or its persistent
+     * copy (tensors under stage3_param_persistence_threshold stay whole in
+     * `persist`, refreshed after each update); live_of[i] is the record
+     * holding tensor i, -1 if none. */
+    const float **table;   /* (n_tensors) */
+    int *live_of;          /* (n_tensors) */
+    gather_rec *recs;      /* (n_tensors) live fetches, the first n_recs used */
+    int n_recs;
+    float *persist;        /* (persist_elems) persistent tensors, whole */
+    int64_t persist_elems;
+    int64_t *persist_off;  /* (n_tensors) offset into persist, -1 if not persistent */
+    bool persist_stale;    /* persist must be re-gathered before it is read */
+    bool in_pass;          /* inside the model's forward or backward */
+    int64_t gathered_peak; /* most bytes of fetched (non-persistent) copies at once */
+    float *save_params;    /* stage 3, during a checkpoint save: the whole model
+                              (numel), gathered for rank 0's model file */
     zdp_optim optim;
 
     /* DeepSpeed's engine state (docs/deepspeed.md §2.1). */

@@ -89,16 +89,23 @@ static gpt *gpt_of_(const zdp_model *model) {
 
 /* ---- forward ------------------------------------------------------------------------ */
 
-/* Embedding and every block on inputs (B,T); returns the last residual (B*T, C). */
-static const float *trunk_forward_(gpt *m, const float *const *P, const int32_t *inputs, int B,
-                                   int T) {
+/* Embedding and every block on inputs (B,T), each fetched from the param
+ * source while it computes; *out: the last residual (B*T, C). */
+static zdp_status trunk_forward_(gpt *m, zdp_param_source *src, const int32_t *inputs, int B,
+                                 int T, const float **out, zdp_error *err) {
     const int64_t C = m->cfg.n_embd, NH = m->cfg.n_head, N = (int64_t)B * T;
     const int64_t rows = (int64_t)m->max_batch * m->cfg.block_size;
     const int64_t att_slice = (int64_t)m->max_batch * NH * m->cfg.block_size * m->cfg.block_size;
+    const float *const *P;
+    zdp_status st = zdp_param_fetch(src, WTE_, 2, &P, err); /* wte, wpe */
+    if (st != ZDP_OK) return st;
     zdp_nn_embedding_forward(m->encoded, inputs, P[WTE_], P[WPE_], B, T, C);
+    zdp_param_release(src, WTE_, 2);
     const float *x = m->encoded;
     for (int l = 0; l < m->cfg.n_layer; l++) {
-        const float *const *lp = P + LAYER0_ + PER_LAYER * l;
+        const int p0 = LAYER0_ + PER_LAYER * l;
+        if ((st = zdp_param_fetch(src, p0, PER_LAYER, &P, err)) != ZDP_OK) return st;
+        const float *const *lp = P + p0;
         const int64_t r = l * rows;
         float *ln1 = m->ln1 + r * C, *qkv = m->qkv + r * 3 * C, *atty = m->atty + r * C;
         float *res_mid = m->res_mid + r * C, *ln2 = m->ln2 + r * C;
@@ -116,9 +123,27 @@ static const float *trunk_forward_(gpt *m, const float *const *P, const int32_t 
         zdp_nn_gelu_forward(fch_gelu, fch, N * 4 * C);
         zdp_nn_matmul_forward(m->proj, fch_gelu, lp[FPROJ_W], lp[FPROJ_B], N, 4 * C, C);
         zdp_nn_residual_forward(res_out, res_mid, m->proj, N * C);
+        zdp_param_release(src, p0, PER_LAYER);
         x = res_out;
     }
-    return x;
+    *out = x;
+    return ZDP_OK;
+}
+
+/* ln_f on the last residual rows x (n, C), then the tied lm_head into out (n, V). */
+static zdp_status head_forward_(gpt *m, zdp_param_source *src, const float *x, int64_t n,
+                                float *out, zdp_error *err) {
+    const int64_t C = m->cfg.n_embd, V = m->cfg.vocab_size;
+    const int lnf = LAYER0_ + PER_LAYER * m->cfg.n_layer;
+    const float *const *P;
+    zdp_status st = zdp_param_fetch(src, lnf, 2, &P, err);
+    if (st != ZDP_OK) return st;
+    zdp_nn_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, x, P[lnf], P[lnf + 1], n, C);
+    zdp_param_release(src, lnf, 2);
+    if ((st = zdp_param_fetch(src, WTE_, 1, &P, err)) != ZDP_OK) return st;
+    zdp_nn_lmhead_forward(out, m->lnf, P[WTE_], n, C, V);
+    zdp_param_release(src, WTE_, 1);
+    return ZDP_OK;
 }
 
 /* Token ids (B,T) must lie in [0, V): the first bad one is named. */
@@ -136,7 +161,7 @@ static zdp_status check_ids_(const gpt *m, const int32_t *ids, int B, int T, con
     return ZDP_OK;
 }
 
-static zdp_status gpt_forward_(void *self, const float *const *params, const void *batch_v,
+static zdp_status gpt_forward_(void *self, zdp_param_source *src, const void *batch_v,
                                float *loss, zdp_error *err) {
     gpt *m = self;
     const zdp_lm_batch *batch = batch_v;
@@ -158,7 +183,7 @@ static zdp_status gpt_forward_(void *self, const float *const *params, const voi
     if (st == ZDP_OK) st = check_ids_(m, batch->targets, B, T, "targets", fn, err);
     if (st != ZDP_OK) return st;
 
-    const int64_t C = m->cfg.n_embd, V = m->cfg.vocab_size, N = (int64_t)B * T;
+    const int64_t V = m->cfg.vocab_size, N = (int64_t)B * T;
     memcpy(m->inputs, batch->inputs, (size_t)N * sizeof(int32_t));
     memcpy(m->targets, batch->targets, (size_t)N * sizeof(int32_t));
     m->weighted = batch->weights != NULL;
@@ -171,11 +196,10 @@ static zdp_status gpt_forward_(void *self, const float *const *params, const voi
                                    (double)batch->weights[n]);
         memcpy(m->weights, batch->weights, (size_t)N * sizeof(float));
     }
-    const float *x = trunk_forward_(m, params, m->inputs, B, T);
-    const int lnf = LAYER0_ + PER_LAYER * m->cfg.n_layer;
-    zdp_nn_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, x, params[lnf], params[lnf + 1], N,
-                             C);
-    zdp_nn_lmhead_forward(m->probs, m->lnf, params[WTE_], N, C, V);
+    const float *x;
+    if ((st = trunk_forward_(m, src, m->inputs, B, T, &x, err)) != ZDP_OK ||
+        (st = head_forward_(m, src, x, N, m->probs, err)) != ZDP_OK)
+        return st;
     *loss = (float)zdp_nn_softmax_crossentropy_forward(m->probs, m->probs, m->targets,
                                                        m->weighted ? m->weights : NULL,
                                                        batch->logprobs, N, V);
@@ -199,7 +223,7 @@ static zdp_status acquire_(zdp_grad_sink *sink, const gpt *m, int i, float **gi,
     return ZDP_OK;
 }
 
-static zdp_status gpt_backward_(void *self, const float *const *params, float dloss,
+static zdp_status gpt_backward_(void *self, zdp_param_source *src, float dloss,
                                 zdp_grad_sink *sink, zdp_error *err) {
     gpt *m = self;
     if (!m->have_forward)
@@ -215,20 +239,27 @@ static zdp_status gpt_backward_(void *self, const float *const *params, float dl
     const int64_t att_slice = (int64_t)m->max_batch * NH * m->cfg.block_size * m->cfg.block_size;
     const int lnf = LAYER0_ + PER_LAYER * L;
     float *dw = NULL, *db = NULL, *dwte = NULL, *dwpe = NULL;
+    const float *const *params;
     zdp_status st;
 
     /* Loss and lm_head: wte's first contribution (it stays acquired). */
     zdp_nn_softmax_crossentropy_backward(m->probs, m->probs, m->targets,
                                          m->weighted ? m->weights : NULL, dloss, N, V);
-    if ((st = acquire_(sink, m, WTE_, &dwte, -1, NULL, err)) != ZDP_OK) return st;
+    if ((st = acquire_(sink, m, WTE_, &dwte, -1, NULL, err)) != ZDP_OK ||
+        (st = zdp_param_fetch(src, WTE_, 1, &params, err)) != ZDP_OK)
+        return st;
     zdp_nn_lmhead_backward(m->dbuf, dwte, m->probs, m->lnf, params[WTE_], N, C, V);
+    zdp_param_release(src, WTE_, 1);
 
     /* ln_f: the residual stream's gradient starts here. */
     const float *x_last = m->res_out + (int64_t)(L - 1) * rows * C; /* L >= 1 */
-    if ((st = acquire_(sink, m, lnf, &dw, lnf + 1, &db, err)) != ZDP_OK) return st;
+    if ((st = acquire_(sink, m, lnf, &dw, lnf + 1, &db, err)) != ZDP_OK ||
+        (st = zdp_param_fetch(src, lnf, 2, &params, err)) != ZDP_OK)
+        return st;
     memset(m->dres, 0, (size_t)(N * C) * sizeof(float));
     zdp_nn_layernorm_backward(m->dres, dw, db, m->dbuf, x_last, params[lnf], m->lnf_mean,
                               m->lnf_rstd, N, C);
+    zdp_param_release(src, lnf, 2);
     zdp_grad_release(sink, lnf + 1);
     zdp_grad_release(sink, lnf);
 
@@ -237,6 +268,7 @@ static zdp_status gpt_backward_(void *self, const float *const *params, float dl
      * stream's gradient and the ln backwards add into it. */
     for (int l = L - 1; l >= 0; l--) {
         const int p0 = LAYER0_ + PER_LAYER * l;
+        if ((st = zdp_param_fetch(src, p0, PER_LAYER, &params, err)) != ZDP_OK) return st;
         const float *const *lp = params + p0;
         const int64_t r = l * rows;
         const float *x_in = l > 0 ? m->res_out + (r - rows) * C : m->encoded;
@@ -277,6 +309,7 @@ static zdp_status gpt_backward_(void *self, const float *const *params, float dl
                                   m->ln1_rstd + r, N, C);
         zdp_grad_release(sink, p0 + LN1_B);
         zdp_grad_release(sink, p0 + LN1_W);
+        zdp_param_release(src, p0, PER_LAYER);
     }
 
     /* Embeddings: wpe, then wte's second contribution, and wte is done. */
@@ -494,20 +527,16 @@ void zdp_gpt_init_params(const zdp_model *model, float *const *params, uint64_t 
 
 /* ---- inference ---------------------------------------------------------------------- */
 
-static zdp_status gpt_next_logits_(void *self, const float *const *params,
-                                   const int32_t *tokens, int T, float *logits, zdp_error *err) {
+static zdp_status gpt_next_logits_(void *self, zdp_param_source *src, const int32_t *tokens,
+                                   int T, float *logits, zdp_error *err) {
     gpt *m = self;
     const char *fn = "zdp_lm_next_logits";
     zdp_status st = check_ids_(m, tokens, 1, T, "tokens", fn, err);
     if (st != ZDP_OK) return st;
     m->have_forward = false; /* the activations are about to change */
-    const int64_t C = m->cfg.n_embd, V = m->cfg.vocab_size;
-    const int lnf = LAYER0_ + PER_LAYER * m->cfg.n_layer;
-    const float *x = trunk_forward_(m, params, tokens, 1, T);
-    zdp_nn_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, x + (int64_t)(T - 1) * C,
-                             params[lnf], params[lnf + 1], 1, C);
-    zdp_nn_lmhead_forward(logits, m->lnf, params[WTE_], 1, C, V);
-    return ZDP_OK;
+    const float *x;
+    if ((st = trunk_forward_(m, src, tokens, 1, T, &x, err)) != ZDP_OK) return st;
+    return head_forward_(m, src, x + (int64_t)(T - 1) * m->cfg.n_embd, 1, logits, err);
 }
 
 static const zdp_lm_ops gpt_lm_ops_ = {.set_loss_weights = gpt_set_loss_weights_,

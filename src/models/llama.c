@@ -103,9 +103,10 @@ static const char *arch_name_(zdp_llama_arch a) { return a == ZDP_ARCH_QWEN3 ? "
 
 /* ---- forward ------------------------------------------------------------------------ */
 
-/* Embedding and every block on inputs (B,T); returns the last residual (B*T, H). */
-static const float *trunk_forward_(llama *m, const float *const *P, const int32_t *inputs, int B,
-                                   int T) {
+/* Embedding and every block on inputs (B,T), each fetched from the param
+ * source while it computes; *out: the last residual (B*T, H). */
+static zdp_status trunk_forward_(llama *m, zdp_param_source *src, const int32_t *inputs, int B,
+                                 int T, const float **out, zdp_error *err) {
     const zdp_llama_config *c = &m->cfg;
     const int64_t H = c->hidden, NH = c->n_head, KV = c->n_kv_head, hd = c->head_dim;
     const int64_t F = c->ffn, QD = NH * hd, KD = KV * hd, N = (int64_t)B * T;
@@ -113,10 +114,16 @@ static const float *trunk_forward_(llama *m, const float *const *P, const int32_
     const int64_t att_slice = (int64_t)m->max_batch * NH * c->block_size * c->block_size;
     const float eps = c->rms_norm_eps;
     const layer_idx *li = &m->li;
+    const float *const *P;
+    zdp_status st = zdp_param_fetch(src, EMBED_, 1, &P, err);
+    if (st != ZDP_OK) return st;
     zdp_nn_token_embedding_forward(m->encoded, inputs, P[EMBED_], N, H);
+    zdp_param_release(src, EMBED_, 1);
     const float *x = m->encoded;
     for (int l = 0; l < c->n_layer; l++) {
-        const float *const *lp = P + LAYER0_ + li->n * l;
+        const int p0 = LAYER0_ + li->n * l;
+        if ((st = zdp_param_fetch(src, p0, li->n, &P, err)) != ZDP_OK) return st;
+        const float *const *lp = P + p0;
         const int64_t r = l * rows;
 #define B_(idx) ((idx) >= 0 ? lp[idx] : NULL)
         float *ln1 = m->ln1 + r * H, *q = m->q + r * QD, *k = m->k + r * KD, *v = m->v + r * KD;
@@ -149,9 +156,26 @@ static const float *trunk_forward_(llama *m, const float *const *P, const int32_
         memcpy(res_out, res_mid, (size_t)(N * H) * sizeof(float));
         zdp_nn_linear_forward(res_out, act, lp[li->down], NULL, N, F, H, 1);
 #undef B_
+        zdp_param_release(src, p0, li->n);
         x = res_out;
     }
-    return x;
+    *out = x;
+    return ZDP_OK;
+}
+
+/* The final norm on the last residual rows x (n, H), then lm_head into out (n, V). */
+static zdp_status head_forward_(llama *m, zdp_param_source *src, const float *x, int64_t n,
+                                float *out, zdp_error *err) {
+    const int64_t H = m->cfg.hidden, V = m->cfg.vocab_size;
+    const float *const *P;
+    zdp_status st = zdp_param_fetch(src, m->norm, 1, &P, err);
+    if (st != ZDP_OK) return st;
+    zdp_nn_rmsnorm_forward(m->lnf, m->lnf_rstd, x, P[m->norm], n, H, m->cfg.rms_norm_eps);
+    zdp_param_release(src, m->norm, 1);
+    if ((st = zdp_param_fetch(src, m->lm_head, 1, &P, err)) != ZDP_OK) return st;
+    zdp_nn_lmhead_forward(out, m->lnf, P[m->lm_head], n, H, V);
+    zdp_param_release(src, m->lm_head, 1);
+    return ZDP_OK;
 }
 
 /* Token ids (B,T) must lie in [0, V): the first bad one is named. */
@@ -169,7 +193,7 @@ static zdp_status check_ids_(const llama *m, const int32_t *ids, int B, int T, c
     return ZDP_OK;
 }
 
-static zdp_status llama_forward_(void *self, const float *const *params, const void *batch_v,
+static zdp_status llama_forward_(void *self, zdp_param_source *src, const void *batch_v,
                                  float *loss, zdp_error *err) {
     llama *m = self;
     const zdp_lm_batch *batch = batch_v;
@@ -191,7 +215,7 @@ static zdp_status llama_forward_(void *self, const float *const *params, const v
     if (st == ZDP_OK) st = check_ids_(m, batch->targets, B, T, "targets", fn, err);
     if (st != ZDP_OK) return st;
 
-    const int64_t H = m->cfg.hidden, V = m->cfg.vocab_size, N = (int64_t)B * T;
+    const int64_t V = m->cfg.vocab_size, N = (int64_t)B * T;
     memcpy(m->inputs, batch->inputs, (size_t)N * sizeof(int32_t));
     memcpy(m->targets, batch->targets, (size_t)N * sizeof(int32_t));
     m->weighted = batch->weights != NULL;
@@ -204,9 +228,10 @@ static zdp_status llama_forward_(void *self, const float *const *params, const v
                                    (double)batch->weights[n]);
         memcpy(m->weights, batch->weights, (size_t)N * sizeof(float));
     }
-    const float *x = trunk_forward_(m, params, m->inputs, B, T);
-    zdp_nn_rmsnorm_forward(m->lnf, m->lnf_rstd, x, params[m->norm], N, H, m->cfg.rms_norm_eps);
-    zdp_nn_lmhead_forward(m->probs, m->lnf, params[m->lm_head], N, H, V);
+    const float *x;
+    if ((st = trunk_forward_(m, src, m->inputs, B, T, &x, err)) != ZDP_OK ||
+        (st = head_forward_(m, src, x, N, m->probs, err)) != ZDP_OK)
+        return st;
     *loss = (float)zdp_nn_softmax_crossentropy_forward(m->probs, m->probs, m->targets,
                                                        m->weighted ? m->weights : NULL,
                                                        batch->logprobs, N, V);
@@ -261,7 +286,7 @@ static zdp_status rmsnorm_bwd_(zdp_grad_sink *sink, const llama *m, const float 
     return ZDP_OK;
 }
 
-static zdp_status llama_backward_(void *self, const float *const *params, float dloss,
+static zdp_status llama_backward_(void *self, zdp_param_source *src, float dloss,
                                   zdp_grad_sink *sink, zdp_error *err) {
     llama *m = self;
     if (!m->have_forward)
@@ -280,22 +305,28 @@ static zdp_status llama_backward_(void *self, const float *const *params, float 
     const layer_idx *li = &m->li;
     const bool tied = c->tie_word_embeddings != 0;
     float *dembed = NULL, *dhead = NULL;
+    const float *const *params;
     zdp_status st;
 
     /* Loss and lm_head (the tied embed_tokens' first contribution: it stays acquired). */
     zdp_nn_softmax_crossentropy_backward(m->probs, m->probs, m->targets,
                                          m->weighted ? m->weights : NULL, dloss, N, V);
-    if ((st = acquire_(sink, m, m->lm_head, &dhead, err)) != ZDP_OK) return st;
+    if ((st = acquire_(sink, m, m->lm_head, &dhead, err)) != ZDP_OK ||
+        (st = zdp_param_fetch(src, m->lm_head, 1, &params, err)) != ZDP_OK)
+        return st;
     zdp_nn_lmhead_backward(m->dbuf, dhead, m->probs, m->lnf, params[m->lm_head], N, H, V);
+    zdp_param_release(src, m->lm_head, 1);
     if (tied) dembed = dhead;
     else release_(sink, m->lm_head);
 
     /* norm: the residual stream's gradient starts here. */
     const float *x_last = m->res_out + (int64_t)(L - 1) * rows * H; /* L >= 1 */
     memset(m->dres, 0, (size_t)(N * H) * sizeof(float));
-    if ((st = rmsnorm_bwd_(sink, m, params, m->norm, m->dres, m->dbuf, x_last, m->lnf_rstd, N, H,
+    if ((st = zdp_param_fetch(src, m->norm, 1, &params, err)) != ZDP_OK ||
+        (st = rmsnorm_bwd_(sink, m, params, m->norm, m->dres, m->dbuf, x_last, m->lnf_rstd, N, H,
                            err)) != ZDP_OK)
         return st;
+    zdp_param_release(src, m->norm, 1);
 
     /* Blocks, last first.  The residual adds pass dres through unchanged, so
      * one buffer carries the residual stream's gradient and the norm
@@ -304,6 +335,7 @@ static zdp_status llama_backward_(void *self, const float *const *params, float 
         const int p0 = LAYER0_ + li->n * l;
         const int64_t r = l * rows;
         const float *x_in = l > 0 ? m->res_out + (r - rows) * H : m->encoded;
+        if ((st = zdp_param_fetch(src, p0, li->n, &params, err)) != ZDP_OK) return st;
 #define I_(idx) ((idx) >= 0 ? p0 + (idx) : -1)
         /* MLP: down, then silu(gate) * up, then gate and up into dbuf. */
         /* d act = dres @ down: linear backwards add, so into a zeroed dgate. */
@@ -355,6 +387,7 @@ static zdp_status llama_backward_(void *self, const float *const *params, float 
                                m->ln1_rstd + r, N, H, err)) != ZDP_OK)
             return st;
 #undef I_
+        zdp_param_release(src, p0, li->n);
     }
 
     /* embed_tokens: the embedding's contribution (the tied one's second), and it is done. */
@@ -700,19 +733,15 @@ void zdp_llama_init_params(const zdp_model *model, float *const *params, uint64_
 
 /* ---- inference ---------------------------------------------------------------------- */
 
-static zdp_status llama_next_logits_(void *self, const float *const *params,
-                                     const int32_t *tokens, int T, float *logits,
-                                     zdp_error *err) {
+static zdp_status llama_next_logits_(void *self, zdp_param_source *src, const int32_t *tokens,
+                                     int T, float *logits, zdp_error *err) {
     llama *m = self;
     zdp_status st = check_ids_(m, tokens, 1, T, "tokens", "zdp_lm_next_logits", err);
     if (st != ZDP_OK) return st;
     m->have_forward = false; /* the activations are about to change */
-    const int64_t H = m->cfg.hidden, V = m->cfg.vocab_size;
-    const float *x = trunk_forward_(m, params, tokens, 1, T);
-    zdp_nn_rmsnorm_forward(m->lnf, m->lnf_rstd, x + (int64_t)(T - 1) * H, params[m->norm], 1, H,
-                           m->cfg.rms_norm_eps);
-    zdp_nn_lmhead_forward(logits, m->lnf, params[m->lm_head], 1, H, V);
-    return ZDP_OK;
+    const float *x;
+    if ((st = trunk_forward_(m, src, tokens, 1, T, &x, err)) != ZDP_OK) return st;
+    return head_forward_(m, src, x + (int64_t)(T - 1) * m->cfg.hidden, 1, logits, err);
 }
 
 static const zdp_lm_ops llama_lm_ops_ = {.set_loss_weights = llama_set_loss_weights_,

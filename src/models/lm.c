@@ -2,6 +2,8 @@
  * lm.c -- the causal-LM calls of zdp/model.h: argument checks shared by every
  * language model, then the model's own zdp_lm_ops.
  */
+#include <stdlib.h>
+
 #include "../core/core.h"
 
 static zdp_status check_lm_(const zdp_model *model, const char *fn, zdp_error *err) {
@@ -30,5 +32,27 @@ zdp_status zdp_lm_next_logits(const zdp_model *model, const float *const *params
     if (T < 1 || T > model->block_size)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: T = %d: must be 1..%d (block_size)", fn,
                            T, model->block_size);
-    return model->lm->next_logits(model->self, params, tokens, T, logits, err);
+    zdp_param_source *src = zdp_param_source_create_dense(params, model->n_params);
+    if (src == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory", fn);
+    st = model->lm->next_logits(model->self, src, tokens, T, logits, err);
+    free(src);
+    return st;
+}
+
+zdp_status zdp_model_forward_dense(const zdp_model *model, const float *const *params,
+                                   const void *batch, float *loss, zdp_error *err) {
+    zdp_param_source *src = zdp_param_source_create_dense(params, model->n_params);
+    if (src == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "model forward: out of memory");
+    zdp_status st = model->ops->forward(model->self, src, batch, loss, err);
+    free(src);
+    return st;
+}
+
+zdp_status zdp_model_backward_dense(const zdp_model *model, const float *const *params,
+                                    float dloss, zdp_grad_sink *sink, zdp_error *err) {
+    zdp_param_source *src = zdp_param_source_create_dense(params, model->n_params);
+    if (src == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "model backward: out of memory");
+    zdp_status st = model->ops->backward(model->self, src, dloss, sink, err);
+    free(src);
+    return st;
 }

@@ -34,7 +34,7 @@ typedef struct mlp {
 
 #define ACT_(m, i) ((m)->acts + (int64_t)(i) * (m)->max_batch * (m)->H)
 
-static zdp_status mlp_forward_(void *self, const float *const *params, const void *batch_v,
+static zdp_status mlp_forward_(void *self, zdp_param_source *src, const void *batch_v,
                                float *loss, zdp_error *err) {
     mlp *m = self;
     const zdp_mlp_batch *batch = batch_v;
@@ -59,16 +59,25 @@ static zdp_status mlp_forward_(void *self, const float *const *params, const voi
         float *out = ACT_(m, i + 1);
         const float *in = ACT_(m, i);
         int a = m->L > 1 ? i / 2 : 0;
-        zdp_nn_linear_forward(out, in, params[2 * a], params[2 * a + 1], N, H, H, 0);
-        if (m->L > 1)
-            zdp_nn_linear_forward(out, in, params[2 * i], params[2 * i + 1], N, H, H, 1);
+        /* Step i reads linears[i/2] and linears[i]: each fetched as one
+         * range (the same range twice at step 0). */
+        const float *const *pa, *const *pi;
+        zdp_status st = zdp_param_fetch(src, 2 * a, 2, &pa, err);
+        if (st != ZDP_OK) return st;
+        zdp_nn_linear_forward(out, in, pa[2 * a], pa[2 * a + 1], N, H, H, 0);
+        if (m->L > 1) {
+            if ((st = zdp_param_fetch(src, 2 * i, 2, &pi, err)) != ZDP_OK) return st;
+            zdp_nn_linear_forward(out, in, pi[2 * i], pi[2 * i + 1], N, H, H, 1);
+            zdp_param_release(src, 2 * i, 2);
+        }
+        zdp_param_release(src, 2 * a, 2);
     }
     double l = zdp_nn_crossentropy_forward(m->probs, ACT_(m, m->L), m->y_copy, N, H);
     *loss = (float)l;
     return ZDP_OK;
 }
 
-static zdp_status mlp_backward_(void *self, const float *const *params, float dloss,
+static zdp_status mlp_backward_(void *self, zdp_param_source *src, float dloss,
                                 zdp_grad_sink *sink, zdp_error *err) {
     mlp *m = self;
     const int64_t N = m->n, H = m->H;
@@ -84,8 +93,12 @@ static zdp_status mlp_backward_(void *self, const float *const *params, float dl
             float *db = zdp_grad_acquire(sink, 2 * j + 1);
             if (dw == NULL || db == NULL)
                 return zdp_err_set(err, ZDP_ERR_INTERNAL, "mlp backward: grad sink refused layer %d", j);
-            zdp_nn_linear_backward(i > 0 ? m->dx_next : NULL, dw, db, m->dx, in, params[2 * j], N,
-                                   H, H);
+            const float *const *p;
+            zdp_status st = zdp_param_fetch(src, 2 * j, 2, &p, err);
+            if (st != ZDP_OK) return st;
+            zdp_nn_linear_backward(i > 0 ? m->dx_next : NULL, dw, db, m->dx, in, p[2 * j], N, H,
+                                   H);
+            zdp_param_release(src, 2 * j, 2);
         }
         /* linears[i] is complete: its first use in forward was step i. */
         zdp_grad_release(sink, 2 * i + 1);

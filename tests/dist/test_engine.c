@@ -1207,7 +1207,9 @@ static void test_create_rejections(void) {
     CHECK_OK(zdp_mlp_create(4, 2, 1, &model, &e_));
     zdp_config bad = cfg;
     bad.zero.stage = 3;
-    CHECK_ERR(zdp_engine_create(&bad, &model, &eng, &err), ZDP_ERR_UNSUPPORTED, err, "stage");
+    bad.zero.stage3_param_persistence_threshold = -1;
+    CHECK_ERR(zdp_engine_create(&bad, &model, &eng, &err), ZDP_ERR_CONFIG, err,
+              "stage3_param_persistence_threshold");
     CHECK(eng == NULL);
     bad = cfg;
     bad.world_size = W + 1;

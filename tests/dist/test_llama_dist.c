@@ -116,9 +116,9 @@ static float *reference_(const zdp_llama_config *mc, const data *d, const int *c
                 memset(g[i], 0, (size_t)numel_(&m.params[i]) * sizeof(float));
             zdp_lm_batch b = batch_(d, mb, 0, GLOBAL_B);
             float loss;
-            CHECK_OK(m.ops->forward(m.self, (const float *const *)p, &b, &loss, &e_));
+            CHECK_OK(zdp_model_forward_dense(&m, (const float *const *)p, &b, &loss, &e_));
             zdp_grad_sink *sink = zdp_grad_sink_create_dense(g, np);
-            CHECK_OK(m.ops->backward(m.self, (const float *const *)p, 1.0f / (float)counts[s],
+            CHECK_OK(zdp_model_backward_dense(&m, (const float *const *)p, 1.0f / (float)counts[s],
                                      sink, &e_));
             free(sink);
             for (int i = 0, k = 0; i < np; i++)
@@ -167,9 +167,15 @@ static float *train_(const zdp_llama_config *mc, const data *d, int stage, bool 
     zdp_engine *eng;
     if (zdp_llama_create(mc, b, &m, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
     if (zdp_engine_create(&cfg, &m, &eng, &err) != ZDP_OK) CHECK_FAIL_("engine: %s", err.msg);
+    /* Every stage through set_param / get_param: at stage 3 no rank holds
+     * whole tensors for zdp_engine_param_data to show. */
+    int64_t n = 0;
+    for (int i = 0; i < m.n_params; i++) n += numel_(&m.params[i]);
+    float *out = malloc((size_t)n * sizeof(float));
     float **views = calloc((size_t)m.n_params, sizeof(float *));
-    for (int i = 0; i < m.n_params; i++) views[i] = zdp_engine_param_data(eng, i);
+    for (int i = 0, k = 0; i < m.n_params; k += (int)numel_(&m.params[i]), i++) views[i] = out + k;
     zdp_llama_init_params(&m, views, seed);
+    for (int i = 0; i < m.n_params; i++) CHECK_OK(zdp_engine_set_param(eng, i, views[i], &e_));
     CHECK_OK(zdp_engine_sync_params(eng, &e_));
     /* The memory report carries the model's activations beside the engine's bytes. */
     zdp_memory_report mr;
@@ -203,14 +209,35 @@ static float *train_(const zdp_llama_config *mc, const data *d, int stage, bool 
         CHECK(isfinite(zdp_engine_last_grad_norm(eng)) && zdp_engine_last_grad_norm(eng) > 0.0);
     }
     CHECK_EQ_I64(zdp_engine_skipped_steps(eng), 0);
-    int64_t n = 0;
-    for (int i = 0; i < m.n_params; i++) n += numel_(&m.params[i]);
     CHECK_EQ_I64(zdp_engine_numel(eng), n);
-    float *out = malloc((size_t)n * sizeof(float));
-    for (int i = 0, k = 0; i < m.n_params; i++) {
-        memcpy(out + k, zdp_engine_param_data(eng, i),
-               (size_t)numel_(&m.params[i]) * sizeof(float));
-        k += (int)numel_(&m.params[i]);
+    for (int i = 0; i < m.n_params; i++) CHECK_OK(zdp_engine_get_param(eng, i, views[i], &e_));
+    if (stage == 3) {
+        /* Only the partition is held; between passes nothing gathered is
+         * live but the persistent tensors, and a run that partitions every
+         * tensor gathered at most one layer plus the largest other range. */
+        zdp_engine_memory_report(eng, &mr);
+        CHECK_EQ_I64(mr.params_bytes, zdp_engine_partition_numel(eng) * 4);
+        CHECK(zdp_engine_param_data(eng, 0) == NULL);
+        int64_t persist = 0;
+        const int64_t thr = cfg.zero.stage3_param_persistence_threshold;
+        for (int i = 0; i < m.n_params; i++)
+            if (numel_(&m.params[i]) < thr) persist += numel_(&m.params[i]);
+        CHECK_EQ_I64(mr.gathered_bytes, persist * 4);
+        if (thr == 0) {
+            /* The model holds one range at a time: embed_tokens, a layer,
+             * the norm or lm_head -- the peak is the largest of them. */
+            const int per = (m.n_params - 2 - (mc->tie_word_embeddings ? 0 : 1)) / mc->n_layer;
+            int64_t largest = numel_(&m.params[0]);
+            for (int l = 0; l < mc->n_layer; l++) {
+                int64_t layer = 0;
+                for (int i = 1 + l * per; i < 1 + (l + 1) * per; i++) layer += numel_(&m.params[i]);
+                if (layer > largest) largest = layer;
+            }
+            if (numel_(&m.params[m.n_params - 1]) > largest)
+                largest = numel_(&m.params[m.n_params - 1]);
+            CHECK_EQ_I64(mr.gathered_peak_bytes, 4 * largest);
+        }
+        if (persist == n) CHECK_EQ_I64(mr.gathered_peak_bytes, 0);
     }
     free(views);
     zdp_engine_destroy(eng);
@@ -227,7 +254,17 @@ static void check_model_(const char *name, const zdp_llama_config *mc, uint64_t 
     const struct {
         int stage;
         const char *extra;
-    } runs[] = {{0, ""}, {1, ""}, {2, ""}, {2, ", \"overlap_comm\": true"}};
+    } runs[] = {{0, ""},
+                {1, ""},
+                {2, ""},
+                {2, ", \"overlap_comm\": true"},
+                /* Stage 3: every tensor gathered per layer; with overlap_comm; the
+                 * default threshold (every tensor of these tiny models stays whole);
+                 * a threshold that keeps only the small ones whole. */
+                {3, ", \"stage3_param_persistence_threshold\": 0"},
+                {3, ", \"stage3_param_persistence_threshold\": 0, \"overlap_comm\": true"},
+                {3, ""},
+                {3, ", \"stage3_param_persistence_threshold\": 20, \"overlap_comm\": true"}};
     const int nruns = (int)(sizeof runs / sizeof runs[0]);
     for (int managed = 0; managed < 2; managed++)
         for (int r = 0; r < nruns; r++) {

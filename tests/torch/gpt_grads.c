@@ -132,22 +132,22 @@ int main(int argc, char **argv) {
     const float *const *cp = (const float *const *)params;
     zdp_lm_batch batch = {.inputs = ti->data, .targets = tt->data, .B = B, .T = T};
     float loss = 0.0f, loss2 = 0.0f;
-    if (model.ops->forward(model.self, cp, &batch, &loss, &err) != ZDP_OK)
+    if (zdp_model_forward_dense(&model, cp, &batch, &loss, &err) != ZDP_OK)
         return die_("forward", &err);
     zdp_grad_sink *sink = zdp_grad_sink_create_dense(grads, n);
     if (sink == NULL) return die_("out of memory", NULL);
-    if (model.ops->backward(model.self, cp, 1.0f, sink, &err) != ZDP_OK)
+    if (zdp_model_backward_dense(&model, cp, 1.0f, sink, &err) != ZDP_OK)
         return die_("backward", &err);
     free(sink);
 
     /* Accumulation: copy, then add 0.5 x the gradient through the sink. */
     for (int i = 0; i < n; i++)
         memcpy(accum[i], grads[i], (size_t)numel_(&model.params[i]) * sizeof(float));
-    if (model.ops->forward(model.self, cp, &batch, &loss2, &err) != ZDP_OK)
+    if (zdp_model_forward_dense(&model, cp, &batch, &loss2, &err) != ZDP_OK)
         return die_("forward (second)", &err);
     sink = zdp_grad_sink_create_dense(accum, n);
     if (sink == NULL) return die_("out of memory", NULL);
-    if (model.ops->backward(model.self, cp, 0.5f, sink, &err) != ZDP_OK)
+    if (zdp_model_backward_dense(&model, cp, 0.5f, sink, &err) != ZDP_OK)
         return die_("backward (second)", &err);
     free(sink);
 

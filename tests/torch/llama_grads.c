@@ -174,11 +174,11 @@ int main(int argc, char **argv) {
                           .weights = tw != NULL ? tw->data : NULL, .logprobs = logprobs,
                           .B = B, .T = T};
     float loss = 0.0f, loss2 = 0.0f;
-    if (model.ops->forward(model.self, cp, &batch, &loss, &err) != ZDP_OK)
+    if (zdp_model_forward_dense(&model, cp, &batch, &loss, &err) != ZDP_OK)
         return die_("forward", &err);
     zdp_grad_sink *sink = zdp_grad_sink_create_dense(grads, n);
     if (sink == NULL) return die_("out of memory", NULL);
-    if (model.ops->backward(model.self, cp, 1.0f, sink, &err) != ZDP_OK)
+    if (zdp_model_backward_dense(&model, cp, 1.0f, sink, &err) != ZDP_OK)
         return die_("backward", &err);
     free(sink);
 
@@ -186,11 +186,11 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; i++)
         memcpy(accum[i], grads[i], (size_t)numel_(&model.params[i]) * sizeof(float));
     batch.logprobs = NULL;
-    if (model.ops->forward(model.self, cp, &batch, &loss2, &err) != ZDP_OK)
+    if (zdp_model_forward_dense(&model, cp, &batch, &loss2, &err) != ZDP_OK)
         return die_("forward (second)", &err);
     sink = zdp_grad_sink_create_dense(accum, n);
     if (sink == NULL) return die_("out of memory", NULL);
-    if (model.ops->backward(model.self, cp, 0.5f, sink, &err) != ZDP_OK)
+    if (zdp_model_backward_dense(&model, cp, 0.5f, sink, &err) != ZDP_OK)
         return die_("backward (second)", &err);
     free(sink);
 

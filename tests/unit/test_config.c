@@ -137,6 +137,11 @@ static void test_defaults(void **state) {
     assert_false(c.zero.overlap_comm);
     assert_int_equal(c.zero.reduce_bucket_size, 262144);
     assert_int_equal(c.zero.allgather_bucket_size, 500000000);
+    /* Stage 3: DeepSpeed's defaults. */
+    assert_int_equal(c.zero.stage3_prefetch_bucket_size, 50000000);
+    assert_int_equal(c.zero.stage3_param_persistence_threshold, 100000);
+    assert_int_equal(c.zero.stage3_max_live_parameters, 1000000000);
+    assert_int_equal(c.zero.stage3_max_reuse_distance, 1000000000);
     assert_true(c.zero.contiguous_gradients);
     assert_true(c.zero.reduce_scatter);
     assert_int_equal(c.zero.offload_optimizer, ZDP_OFFLOAD_NONE);
@@ -382,8 +387,8 @@ static void test_stage_out_of_range(void **state) {
     (void)state;
     EXPECT_FAIL("{\"train_batch_size\": 8, " OPT_ADAM ", \"zero_optimization\": {\"stage\": 4}}", 1,
                 ZDP_ERR_CONFIG,
-                "zero_optimization.stage = 4: supported values are 0, 1, 2; set 2 for "
-                "optimizer+gradient sharding");
+                "zero_optimization.stage = 4: supported values are 0, 1, 2, 3; set 2 for "
+                "optimizer+gradient sharding, 3 to partition the parameters too");
     EXPECT_FAIL("{\"train_batch_size\": 8, " OPT_ADAM ", \"zero_optimization\": {\"stage\": -1}}", 1,
                 ZDP_ERR_CONFIG, "zero_optimization.stage = -1: supported values are 0, 1, 2");
 }
@@ -632,12 +637,18 @@ typedef struct reject_case {
 } reject_case;
 
 static const reject_case reject_cases_[] = {
-    {"\"zero_optimization\": {\"stage\": 3}", ZDP_ERR_UNSUPPORTED,
-     "zero_optimization.stage = 3: ZeRO stage 3 is not implemented in zdp yet; use stage 2 "
-     "(gradient + optimizer-state sharding)"},
-    /* stage 3 comes before offload */
+    /* Stage 3's keys: a wrong type or range names the key and the fix. */
+    {"\"zero_optimization\": {\"stage\": 3, \"stage3_max_live_parameters\": -1}", ZDP_ERR_CONFIG,
+     "zero_optimization.stage3_max_live_parameters"},
+    {"\"zero_optimization\": {\"stage\": 3, \"stage3_prefetch_bucket_size\": \"big\"}",
+     ZDP_ERR_CONFIG, "zero_optimization.stage3_prefetch_bucket_size"},
+    {"\"zero_optimization\": {\"stage\": 3, \"stage3_param_persistence_threshold\": 1.5}",
+     ZDP_ERR_CONFIG, "zero_optimization.stage3_param_persistence_threshold"},
+    {"\"zero_optimization\": {\"stage\": 3, \"stage3_max_reuse_distance\": -5}", ZDP_ERR_CONFIG,
+     "zero_optimization.stage3_max_reuse_distance"},
+    /* Offload stays rejected at stage 3. */
     {"\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"cpu\"}}",
-     ZDP_ERR_UNSUPPORTED, "ZeRO stage 3 is not implemented"},
+     ZDP_ERR_UNSUPPORTED, "offload"},
     {"\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}",
      ZDP_ERR_UNSUPPORTED,
      "zero_optimization.offload_optimizer.device = \"cpu\": optimizer offload is not implemented "
@@ -807,7 +818,8 @@ static void test_validate_hand_built(void **state) {
     EXPECT_VALIDATE(&c, ZDP_ERR_CONFIG, "zero_optimization.stage = 7: supported values are 0, 1, 2");
     hand_built_(&c);
     c.zero.stage = 3;
-    EXPECT_VALIDATE(&c, ZDP_ERR_UNSUPPORTED, "ZeRO stage 3 is not implemented in zdp yet");
+    c.zero.stage3_max_live_parameters = -2;
+    EXPECT_VALIDATE(&c, ZDP_ERR_CONFIG, "zero_optimization.stage3_max_live_parameters = -2: must be >= 0");
     hand_built_(&c);
     c.zero.allgather_bucket_size = 3;
     EXPECT_VALIDATE(&c, ZDP_ERR_CONFIG, "multiple of nccl_start_alignment_factor, 2");

@@ -499,7 +499,7 @@ static double model_obj_(void *v) {
     loss_ctx *c = v;
     float loss;
     zdp_error err;
-    if (c->f->m.ops->forward(c->f->m.self, (const float *const *)c->f->p, &c->f->batch, &loss,
+    if (zdp_model_forward_dense(&c->f->m, (const float *const *)c->f->p, &c->f->batch, &loss,
                              &err) != ZDP_OK)
         fail_msg("%s", err.msg);
     return c->scale * (double)loss;
@@ -510,10 +510,10 @@ static float fx_grad_(model_fx *f, float dloss) {
     for (int i = 0; i < f->m.n_params; i++) memset(f->g[i], 0, (size_t)f->numel[i] * sizeof(float));
     float loss;
     zdp_error err;
-    assert_int_equal(f->m.ops->forward(f->m.self, (const float *const *)f->p, &f->batch, &loss, &err),
+    assert_int_equal(zdp_model_forward_dense(&f->m, (const float *const *)f->p, &f->batch, &loss, &err),
                      ZDP_OK);
     zdp_grad_sink *sink = zdp_grad_sink_create_dense(f->g, f->m.n_params);
-    assert_int_equal(f->m.ops->backward(f->m.self, (const float *const *)f->p, dloss, sink, &err),
+    assert_int_equal(zdp_model_backward_dense(&f->m, (const float *const *)f->p, dloss, sink, &err),
                      ZDP_OK);
     free(sink);
     return loss;
@@ -600,8 +600,8 @@ static void test_backward_adds(void **state) {
     memcpy(once, f.g[0], (size_t)f.numel[0] * sizeof(float));
     float loss;
     zdp_grad_sink *sink = zdp_grad_sink_create_dense(f.g, f.m.n_params);
-    assert_int_equal(f.m.ops->forward(f.m.self, (const float *const *)f.p, &f.batch, &loss, NULL), ZDP_OK);
-    assert_int_equal(f.m.ops->backward(f.m.self, (const float *const *)f.p, 1.0f, sink, NULL), ZDP_OK);
+    assert_int_equal(zdp_model_forward_dense(&f.m, (const float *const *)f.p, &f.batch, &loss, NULL), ZDP_OK);
+    assert_int_equal(zdp_model_backward_dense(&f.m, (const float *const *)f.p, 1.0f, sink, NULL), ZDP_OK);
     free(sink);
     for (int64_t k = 0; k < f.numel[0]; k++) assert_true(fabs(f.g[0][k] - 2.0f * once[k]) <= 1e-6f * (1.0f + fabsf(once[k])));
     free(once);
@@ -714,36 +714,36 @@ static void test_forward_errors(void **state) {
     float loss;
     zdp_grad_sink *sink = zdp_grad_sink_create_dense(f.g, f.m.n_params);
     /* backward before any forward */
-    assert_int_equal(f.m.ops->backward(f.m.self, P, 1.0f, sink, &err), ZDP_ERR_STATE);
+    assert_int_equal(zdp_model_backward_dense(&f.m, P, 1.0f, sink, &err), ZDP_ERR_STATE);
     assert_non_null(strstr(err.msg, "forward"));
     zdp_lm_batch b = f.batch;
     b.B = 3;
-    assert_int_equal(f.m.ops->forward(f.m.self, P, &b, &loss, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_model_forward_dense(&f.m, P, &b, &loss, &err), ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "batch->B = 3"));
     b.B = 0;
-    assert_int_equal(f.m.ops->forward(f.m.self, P, &b, &loss, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_model_forward_dense(&f.m, P, &b, &loss, &err), ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "batch->B = 0"));
     b = f.batch;
     b.T = 6;
-    assert_int_equal(f.m.ops->forward(f.m.self, P, &b, &loss, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_model_forward_dense(&f.m, P, &b, &loss, &err), ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "batch->T = 6"));
     b = f.batch;
     f.inputs[1 * 5 + 2] = 7;
-    assert_int_equal(f.m.ops->forward(f.m.self, P, &b, &loss, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_model_forward_dense(&f.m, P, &b, &loss, &err), ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "inputs[1][2] = 7"));
     f.inputs[1 * 5 + 2] = 6;
     f.targets[4] = -1;
-    assert_int_equal(f.m.ops->forward(f.m.self, P, &b, &loss, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_model_forward_dense(&f.m, P, &b, &loss, &err), ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "targets[0][4] = -1"));
     b.inputs = NULL;
-    assert_int_equal(f.m.ops->forward(f.m.self, P, &b, &loss, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_model_forward_dense(&f.m, P, &b, &loss, &err), ZDP_ERR_INVALID_ARG);
     /* A failed forward leaves nothing for backward. */
-    assert_int_equal(f.m.ops->backward(f.m.self, P, 1.0f, sink, &err), ZDP_ERR_STATE);
+    assert_int_equal(zdp_model_backward_dense(&f.m, P, 1.0f, sink, &err), ZDP_ERR_STATE);
     /* One backward per forward. */
     f.targets[4] = 0;
-    assert_int_equal(f.m.ops->forward(f.m.self, P, &f.batch, &loss, &err), ZDP_OK);
-    assert_int_equal(f.m.ops->backward(f.m.self, P, 1.0f, sink, &err), ZDP_OK);
-    assert_int_equal(f.m.ops->backward(f.m.self, P, 1.0f, sink, &err), ZDP_ERR_STATE);
+    assert_int_equal(zdp_model_forward_dense(&f.m, P, &f.batch, &loss, &err), ZDP_OK);
+    assert_int_equal(zdp_model_backward_dense(&f.m, P, 1.0f, sink, &err), ZDP_OK);
+    assert_int_equal(zdp_model_backward_dense(&f.m, P, 1.0f, sink, &err), ZDP_ERR_STATE);
     /* next_logits checks its inputs */
     float lg[7];
     int32_t toks[6] = {0, 1, 2, 3, 4, 5};
@@ -808,19 +808,19 @@ static void test_weights_and_logprobs(void **state) {
     zdp_lm_batch b = {.inputs = in, .targets = tg, .B = 2, .T = 6, .logprobs = lp};
     float plain, w1, w2;
     const float *const *pp = (const float *const *)p;
-    assert_int_equal(m.ops->forward(m.self, pp, &b, &plain, NULL), ZDP_OK);
+    assert_int_equal(zdp_model_forward_dense(&m, pp, &b, &plain, NULL), ZDP_OK);
     double mean_lp = 0;
     for (int i = 0; i < 12; i++) mean_lp += lp[i] / 12.0;
     assert_true(fabs(plain + mean_lp) < 1e-5);
     b.weights = ones;
-    assert_int_equal(m.ops->forward(m.self, pp, &b, &w1, NULL), ZDP_OK);
+    assert_int_equal(zdp_model_forward_dense(&m, pp, &b, &w1, NULL), ZDP_OK);
     assert_true(w1 == plain);
     b.weights = twos;
-    assert_int_equal(m.ops->forward(m.self, pp, &b, &w2, NULL), ZDP_OK);
+    assert_int_equal(zdp_model_forward_dense(&m, pp, &b, &w2, NULL), ZDP_OK);
     assert_true(fabs(w2 - 2 * plain) < 1e-6);
     twos[3] = NAN;
     zdp_error err;
-    assert_int_equal(m.ops->forward(m.self, pp, &b, &w2, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_model_forward_dense(&m, pp, &b, &w2, &err), ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "weights[0][3]"));
     for (int i = 0; i < m.n_params; i++) free(p[i]);
     zdp_gpt_destroy(&m);

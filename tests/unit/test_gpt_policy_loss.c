@@ -360,7 +360,7 @@ static void fx_forward_(model_fx *f, const float *weights, float *logprobs) {
     const zdp_lm_batch b = fx_batch_(f, weights, logprobs);
     float loss;
     zdp_error err;
-    if (f->m.ops->forward(f->m.self, (const float *const *)f->p, &b, &loss, &err) != ZDP_OK)
+    if (zdp_model_forward_dense(&f->m, (const float *const *)f->p, &b, &loss, &err) != ZDP_OK)
         fail_msg("%s", err.msg);
 }
 
@@ -368,7 +368,7 @@ static void fx_forward_(model_fx *f, const float *weights, float *logprobs) {
 static zdp_status fx_backward_(model_fx *f, float dloss, zdp_error *err) {
     for (int i = 0; i < f->m.n_params; i++) memset(f->g[i], 0, (size_t)f->numel[i] * sizeof(float));
     zdp_grad_sink *sink = zdp_grad_sink_create_dense(f->g, f->m.n_params);
-    const zdp_status st = f->m.ops->backward(f->m.self, (const float *const *)f->p, dloss, sink, err);
+    const zdp_status st = zdp_model_backward_dense(&f->m, (const float *const *)f->p, dloss, sink, err);
     free(sink);
     return st;
 }
@@ -640,7 +640,7 @@ static void test_set_loss_weights_errors(void **state) {
     bb.targets = bad_targets;
     float loss;
     fx_forward_(&f, NULL, NULL);
-    assert_int_equal(f.m.ops->forward(f.m.self, (const float *const *)f.p, &bb, &loss, &err),
+    assert_int_equal(zdp_model_forward_dense(&f.m, (const float *const *)f.p, &bb, &loss, &err),
                      ZDP_ERR_INVALID_ARG);
     assert_int_equal(zdp_lm_set_loss_weights(&f.m, w, N, &err), ZDP_ERR_STATE);
 

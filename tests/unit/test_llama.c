@@ -624,7 +624,7 @@ static double model_obj_(void *v) {
     loss_ctx *c = v;
     float loss;
     zdp_error err;
-    if (c->f->m.ops->forward(c->f->m.self, (const float *const *)c->f->p, &c->f->batch, &loss,
+    if (zdp_model_forward_dense(&c->f->m, (const float *const *)c->f->p, &c->f->batch, &loss,
                              &err) != ZDP_OK)
         fail_msg("%s", err.msg);
     return c->scale * (double)loss;
@@ -636,10 +636,10 @@ static float fx_grad_(model_fx *f, float dloss) {
         memset(f->g[i], 0, (size_t)f->numel[i] * sizeof(float));
     float loss;
     zdp_error err;
-    if (f->m.ops->forward(f->m.self, (const float *const *)f->p, &f->batch, &loss, &err) != ZDP_OK)
+    if (zdp_model_forward_dense(&f->m, (const float *const *)f->p, &f->batch, &loss, &err) != ZDP_OK)
         fail_msg("%s", err.msg);
     zdp_grad_sink *sink = zdp_grad_sink_create_dense(f->g, f->m.n_params);
-    if (f->m.ops->backward(f->m.self, (const float *const *)f->p, dloss, sink, &err) != ZDP_OK)
+    if (zdp_model_backward_dense(&f->m, (const float *const *)f->p, dloss, sink, &err) != ZDP_OK)
         fail_msg("%s", err.msg);
     free(sink);
     return loss;
@@ -719,10 +719,10 @@ static void test_backward_adds(void **state) {
     /* A second forward and a backward with dloss 0.5 into the same buffers. */
     float loss;
     zdp_error err;
-    assert_int_equal(f.m.ops->forward(f.m.self, (const float *const *)f.p, &f.batch, &loss, &err),
+    assert_int_equal(zdp_model_forward_dense(&f.m, (const float *const *)f.p, &f.batch, &loss, &err),
                      ZDP_OK);
     zdp_grad_sink *sink = zdp_grad_sink_create_dense(f.g, f.m.n_params);
-    assert_int_equal(f.m.ops->backward(f.m.self, (const float *const *)f.p, 0.5f, sink, &err),
+    assert_int_equal(zdp_model_backward_dense(&f.m, (const float *const *)f.p, 0.5f, sink, &err),
                      ZDP_OK);
     free(sink);
     for (int i = 0; i < f.m.n_params; i++)
@@ -730,7 +730,7 @@ static void test_backward_adds(void **state) {
             assert_true(fabs(f.g[i][k] - 1.5f * g1[i][k]) <= 1e-5 + 1e-4 * fabs(g1[i][k]));
     /* A backward without a forward is refused. */
     sink = zdp_grad_sink_create_dense(f.g, f.m.n_params);
-    assert_int_equal(f.m.ops->backward(f.m.self, (const float *const *)f.p, 1.0f, sink, &err),
+    assert_int_equal(zdp_model_backward_dense(&f.m, (const float *const *)f.p, 1.0f, sink, &err),
                      ZDP_ERR_STATE);
     free(sink);
     for (int i = 0; i < f.m.n_params; i++) free(g1[i]);
@@ -754,7 +754,7 @@ static void test_next_logits(void **state) {
         float loss;
         zdp_error err;
         assert_int_equal(
-            f.m.ops->forward(f.m.self, (const float *const *)f.p, &f.batch, &loss, &err), ZDP_OK);
+            zdp_model_forward_dense(&f.m, (const float *const *)f.p, &f.batch, &loss, &err), ZDP_OK);
     }
     for (int t = 1; t <= T; t++) {
         zdp_error err;
@@ -800,14 +800,14 @@ static void test_weights(void **state) {
     for (int i = 0; i < f.m.n_params; i++) memset(f.g[i], 0, (size_t)f.numel[i] * sizeof(float));
     float loss;
     zdp_error err;
-    assert_int_equal(f.m.ops->forward(f.m.self, (const float *const *)f.p, &f.batch, &loss, &err),
+    assert_int_equal(zdp_model_forward_dense(&f.m, (const float *const *)f.p, &f.batch, &loss, &err),
                      ZDP_OK);
     assert_int_equal(zdp_lm_set_loss_weights(&f.m, w, 7, &err), ZDP_ERR_INVALID_ARG);
     float bad[8] = {0, 0, NAN, 0, 0, 0, 0, 0};
     assert_int_equal(zdp_lm_set_loss_weights(&f.m, bad, 8, &err), ZDP_ERR_INVALID_ARG);
     assert_int_equal(zdp_lm_set_loss_weights(&f.m, w, 8, &err), ZDP_OK);
     zdp_grad_sink *sink = zdp_grad_sink_create_dense(f.g, f.m.n_params);
-    assert_int_equal(f.m.ops->backward(f.m.self, (const float *const *)f.p, 1.0f, sink, &err),
+    assert_int_equal(zdp_model_backward_dense(&f.m, (const float *const *)f.p, 1.0f, sink, &err),
                      ZDP_OK);
     free(sink);
     for (int i = 0; i < f.m.n_params; i++) {
@@ -828,19 +828,19 @@ static void test_forward_errors(void **state) {
     zdp_error err;
     const float *const *P = (const float *const *)f.p;
     f.inputs[5] = 11;
-    assert_int_equal(f.m.ops->forward(f.m.self, P, &f.batch, &loss, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_model_forward_dense(&f.m, P, &f.batch, &loss, &err), ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "inputs[1][1] = 11"));
     f.inputs[5] = 0;
     f.targets[0] = -1;
-    assert_int_equal(f.m.ops->forward(f.m.self, P, &f.batch, &loss, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_model_forward_dense(&f.m, P, &f.batch, &loss, &err), ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "targets[0][0] = -1"));
     f.targets[0] = 0;
     f.batch.T = 7;
-    assert_int_equal(f.m.ops->forward(f.m.self, P, &f.batch, &loss, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_model_forward_dense(&f.m, P, &f.batch, &loss, &err), ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "batch->T = 7"));
     f.batch.T = 4;
     f.batch.B = 3;
-    assert_int_equal(f.m.ops->forward(f.m.self, P, &f.batch, &loss, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_model_forward_dense(&f.m, P, &f.batch, &loss, &err), ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "batch->B = 3"));
     f.batch.B = 2;
     int32_t bad[2] = {0, 12};

@@ -28,7 +28,7 @@ static float uniform_(uint64_t *s) { return (float)((double)(rng_(s) >> 11) * 0x
 /* Loss at params (forward only), in float as the model computes it. */
 static double loss_at_(zdp_model *m, float *const *p, const zdp_mlp_batch *b) {
     float loss = 0.0f;
-    assert_int_equal(m->ops->forward(m->self, (const float *const *)p, b, &loss, NULL), ZDP_OK);
+    assert_int_equal(zdp_model_forward_dense(m, (const float *const *)p, b, &loss, NULL), ZDP_OK);
     return loss;
 }
 
@@ -52,9 +52,9 @@ static void check_fd_(int H, int L, int64_t N) {
 
     /* Analytic gradient of 0.5 * loss (dloss = 0.5 checks the scaling too). */
     float loss;
-    assert_int_equal(m.ops->forward(m.self, (const float *const *)p, &b, &loss, &err), ZDP_OK);
+    assert_int_equal(zdp_model_forward_dense(&m, (const float *const *)p, &b, &loss, &err), ZDP_OK);
     zdp_grad_sink *sink = zdp_grad_sink_create_dense(g, m.n_params);
-    assert_int_equal(m.ops->backward(m.self, (const float *const *)p, 0.5f, sink, &err), ZDP_OK);
+    assert_int_equal(zdp_model_backward_dense(&m, (const float *const *)p, 0.5f, sink, &err), ZDP_OK);
     free(sink);
 
     /* Central differences in float with a step that balances rounding and
@@ -120,10 +120,10 @@ static void test_bad_inputs(void **state) {
     int64_t y[2] = {0, 3};
     zdp_mlp_batch b = {.x = x, .y = y, .n = 2};
     float loss;
-    assert_int_equal(m.ops->forward(m.self, (const float *const *)p, &b, &loss, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_model_forward_dense(&m, (const float *const *)p, &b, &loss, &err), ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "y[1] = 3"));
     b.n = 3;
-    assert_int_equal(m.ops->forward(m.self, (const float *const *)p, &b, &loss, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_model_forward_dense(&m, (const float *const *)p, &b, &loss, &err), ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "batch->n = 3"));
     zdp_mlp_destroy(&m);
 }
