@@ -154,6 +154,10 @@ ZDP_API int64_t zdp_engine_pending_backwards(const zdp_engine *eng);
 ZDP_API double zdp_engine_last_grad_norm(const zdp_engine *eng);
 ZDP_API const zdp_config *zdp_engine_config(const zdp_engine *eng);
 ZDP_API void zdp_engine_memory_report(const zdp_engine *eng, zdp_memory_report *out);
+/* COLLECTIVE.  Every rank's memory report: out[r] for each rank r (world
+ * size entries), the same on every rank. */
+ZDP_API zdp_status zdp_engine_memory_report_all(zdp_engine *eng, zdp_memory_report *out,
+                                                zdp_error *err);
 
 /* Collectives, for the communication report. */
 typedef enum zdp_collective {

@@ -1329,6 +1329,17 @@ void zdp_engine_memory_report(const zdp_engine *e, zdp_memory_report *m) {
     m->total_bytes = total;
 }
 
+zdp_status zdp_engine_memory_report_all(zdp_engine *e, zdp_memory_report *out, zdp_error *err) {
+    if (e == NULL || out == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "zdp_engine_memory_report_all: engine and out must not be NULL");
+    /* Each rank fills its own row, zeros elsewhere: the sum is the gather. */
+    enum { K = (int)(sizeof(zdp_memory_report) / sizeof(int64_t)) };
+    memset(out, 0, (size_t)e->world * sizeof *out);
+    zdp_engine_memory_report(e, &out[e->rank]);
+    return zdp_engine_allreduce_i64_(e, (int64_t *)out, K * e->world, err);
+}
+
 void zdp_engine_comm_report(const zdp_engine *e, bool last_step, zdp_comm_report *out) {
     *out = last_step ? e->comm_last_step : e->comm_total;
 }

@@ -93,6 +93,12 @@ zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error 
         return fail_(err, "%s: zdp serve needs unmanaged gradient accumulation (each optim_step request "
                      "is the optimizer step); set \"managed_gradient_accumulation\": false",
                      s->opt.config);
+    /* The server reads and writes whole tensors (sampling, load/save of
+     * weights) through zdp_engine_param_data, which stage 3 does not have. */
+    if (s->cfg.zero.stage == 3)
+        return fail_(err, "%s: zero_optimization.stage = 3: zdp serve does not run ZeRO stage 3 "
+                     "yet (sampling and weight load/save need whole tensors); use stage 2",
+                     s->opt.config);
     /* One datum per micro-batch: activation memory for one sequence. */
     zdp_status st = zdp_gpt_create(&s->opt.model, 1, &s->model, err);
     if (st != ZDP_OK) return st;

@@ -342,3 +342,94 @@ void cli_ckpt_after_step(zdp_engine *eng, const cli_ckpt *c, int64_t cursor, boo
     if (zdp_engine_save_checkpoint(eng, c->save_dir, tag, client, &err) != ZDP_OK)
         cli_die("checkpoint", &err);
 }
+
+/* ---- the engine's parameters as whole tensors ---------------------------- */
+
+float **cli_params_views(zdp_engine *eng, const zdp_model *model, bool gather) {
+    const int np = model->n_params;
+    float **v = calloc((size_t)np, sizeof *v);
+    if (v == NULL) {
+        cli_fail("out of memory for %d tensor views", np);
+        return NULL;
+    }
+    if (zdp_engine_config(eng)->zero.stage < 3) {
+        for (int i = 0; i < np; i++) v[i] = zdp_engine_param_data(eng, i);
+        return v;
+    }
+    /* Stage 3: one block for every tensor, views[0] at its start. */
+    int64_t n = zdp_engine_numel(eng);
+    float *block = calloc((size_t)n, sizeof(float));
+    int rc = block == NULL ? cli_fail("out of memory for the whole model (%lld parameters; ZeRO "
+                                      "stage 3 gathers it here)",
+                                      (long long)n)
+                           : 0;
+    /* The gathers are collective: every rank has its block first. */
+    if (gather) rc = cli_agree(rc);
+    for (int i = 0; rc == 0 && i < np; i++) v[i] = block + zdp_engine_param_offset(eng, i);
+    zdp_error err = {0};
+    for (int i = 0; rc == 0 && gather && i < np; i++)
+        if (zdp_engine_get_param(eng, i, v[i], &err) != ZDP_OK) rc = cli_fail("%s", err.msg);
+    if (rc != 0) {
+        free(block);
+        free(v);
+        return NULL;
+    }
+    return v;
+}
+
+int cli_params_push(zdp_engine *eng, const zdp_model *model, float **views) {
+    zdp_error err = {0};
+    if (zdp_engine_config(eng)->zero.stage == 3)
+        for (int i = 0; i < model->n_params; i++)
+            if (zdp_engine_set_param(eng, i, views[i], &err) != ZDP_OK) return cli_fail("%s", err.msg);
+    if (zdp_engine_sync_params(eng, &err) != ZDP_OK) return cli_fail("%s", err.msg);
+    return 0;
+}
+
+void cli_params_free(zdp_engine *eng, float **views) {
+    if (views == NULL) return;
+    if (zdp_engine_config(eng)->zero.stage == 3) free(views[0]);
+    free(views);
+}
+
+/* ---- --memory-report ---------------------------------------------------------- */
+
+const char *const cli_on_off_words[] = {"on", "off", NULL};
+const int cli_on_off_values[] = {1, 0};
+
+int cli_memory_report(zdp_engine *eng) {
+    const int W = zdp_dist_world_size();
+    zdp_memory_report *m = calloc((size_t)W, sizeof *m);
+    zdp_error err = {0};
+    /* calloc failing on one rank alone would leave the others waiting. */
+    if (!zdp_dist_all_ok(m != NULL)) {
+        free(m);
+        return cli_fail("--memory-report: out of memory");
+    }
+    if (zdp_engine_memory_report_all(eng, m, &err) != ZDP_OK) {
+        free(m);
+        return cli_fail("--memory-report: %s", err.msg);
+    }
+    if (zdp_dist_rank() == 0) {
+        for (int r = 0; r < W; r++) {
+            const struct {
+                const char *name;
+                int64_t bytes;
+            } rows[] = {{"params", m[r].params_bytes},
+                        {"grads", m[r].grads_bytes},
+                        {"grad_partition", m[r].grad_partition_bytes},
+                        {"buckets", m[r].bucket_bytes},
+                        {"optimizer", m[r].optimizer_bytes},
+                        {"gathered", m[r].gathered_bytes},
+                        {"gathered_peak", m[r].gathered_peak_bytes},
+                        {"other", m[r].other_bytes},
+                        {"total", m[r].total_bytes},
+                        {"activations", m[r].activation_bytes}};
+            for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++)
+                printf("memory | rank %d | %s | %lld B\n", r, rows[k].name, (long long)rows[k].bytes);
+        }
+        fflush(stdout);
+    }
+    free(m);
+    return 0;
+}

@@ -173,6 +173,26 @@ int cli_max_skipped_option(const char *v, int64_t *max);
  * every rank returns the same. */
 int cli_skip_guard(const zdp_engine *eng, int64_t max, int64_t *run);
 
+/* The engine's parameters as whole tensors (views[i] for tensor i): at ZeRO
+ * stages 0-2 the engine's own buffers; at stage 3 a copy gathered from the
+ * partitions (COLLECTIVE: every rank calls it, gather = true) or a zeroed
+ * copy to fill and push (gather = false, not collective).  NULL (message
+ * printed) on failure.  cli_params_push writes the views back (every rank
+ * alike) and syncs; cli_params_free frees a copy. */
+float **cli_params_views(zdp_engine *eng, const zdp_model *model, bool gather);
+int cli_params_push(zdp_engine *eng, const zdp_model *model, float **views);
+void cli_params_free(zdp_engine *eng, float **views);
+
+/* COLLECTIVE.  --memory-report: rank 0 prints every rank's engine memory,
+ * one line per rank and category ("memory | rank R | CATEGORY | N B").
+ * 0, or cli_fail's code. */
+int cli_memory_report(zdp_engine *eng);
+/* The --memory-report row: on or off (int *p: 1 or 0). */
+#define CLI_MEMORY_REPORT_ROW(p) \
+    CLI_CHOICE("--memory-report", (p), cli_on_off_words, cli_on_off_values, "on or off")
+extern const char *const cli_on_off_words[];
+extern const int cli_on_off_values[];
+
 /* NaN or Inf in loaded data or weights is refused at load: 0 when all n
  * values are finite, else cli_fail's code with "FLAG PATH: NAME[row, col] =
  * VALUE" (cols > 0: a row-major matrix; 0: a flat index). */

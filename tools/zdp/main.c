@@ -41,6 +41,7 @@ typedef struct train_opts {
     const char *model, *config, *init, *data, *save_weights;
     int hidden, layers;
     int64_t steps, samples, max_skipped;
+    int memory_report; /* --memory-report on: every rank's memory after the first step */
     uint64_t seed;
     cli_schedule schedule;
     cli_ckpt ckpt;
@@ -84,6 +85,7 @@ static void usage_train_(void) {
            "  --seed N                  seed for weights and generated data (default 42)\n"
            "  --max-skipped-steps K     stop with an error after K skipped steps in a row\n"
            "                            (NaN/Inf gradient or update; default 100, 0 = never)\n"
+           "  --memory-report on|off    every rank's memory by category after the first step\n"
            "  --save-dir DIR            write checkpoints DIR/global_step{N}/ and DIR/latest\n"
            "  --save-every K            ... every K optimizer steps (and after the last)\n"
            "  --resume DIR              continue from DIR/latest (--steps counts all steps)\n");
@@ -117,6 +119,7 @@ static int parse_train_args_(int argc, char **argv, train_opts *o) {
         CLI_STR("--data", &o->data),
         CLI_STR("--save-weights", &o->save_weights),
         CLI_MAX_SKIPPED_ROW(&o->max_skipped),
+        CLI_MEMORY_REPORT_ROW(&o->memory_report),
         CLI_SCHEDULE("--schedule", &o->schedule),
         CLI_INT("--hidden", &o->hidden, 1, 65536, "need an integer in 1..65536"),
         CLI_INT("--layers", &o->layers, 1, 1024, "need an integer in 1..1024"),
@@ -237,7 +240,7 @@ done:
 }
 
 /* Copies INIT's linears.* tensors into the engine, checking names and shapes. */
-static int load_init_(zdp_engine *eng, const zdp_model *model, const char *path) {
+static int load_init_(float *const *views, const zdp_model *model, const char *path) {
     zdp_safetensors st;
     zdp_error err;
     if (zdp_safetensors_read(path, &st, &err) != ZDP_OK) return cli_fail("--init %s", err.msg);
@@ -255,8 +258,8 @@ static int load_init_(zdp_engine *eng, const zdp_model *model, const char *path)
                 snprintf(want, sizeof want, "F32 [%lld]", (long long)p->shape[0]);
             rc = tensor_cli_fail(path, p->name, t, want);
         } else {
-            memcpy(zdp_engine_param_data(eng, i), t->data, t->nbytes);
-            rc = cli_check_finite("--init", path, p->name, zdp_engine_param_data(eng, i),
+            memcpy(views[i], t->data, t->nbytes);
+            rc = cli_check_finite("--init", path, p->name, views[i],
                                   (int64_t)(t->nbytes / sizeof(float)),
                                   p->ndim == 2 ? p->shape[1] : 0);
         }
@@ -275,7 +278,7 @@ static int load_init_(zdp_engine *eng, const zdp_model *model, const char *path)
     return rc;
 }
 
-static int save_weights_(zdp_engine *eng, const zdp_model *model, const char *path) {
+static int save_weights_(float *const *views, const zdp_model *model, const char *path) {
     zdp_tensor *ts = calloc((size_t)model->n_params, sizeof *ts);
     if (ts == NULL) return cli_fail("--save-weights: out of memory");
     for (int i = 0; i < model->n_params; i++) {
@@ -283,7 +286,7 @@ static int save_weights_(zdp_engine *eng, const zdp_model *model, const char *pa
         int64_t n = 1;
         for (int d = 0; d < p->ndim; d++) n *= p->shape[d];
         ts[i] = (zdp_tensor){.name = (char *)p->name, .dtype = ZDP_DTYPE_F32, .ndim = p->ndim,
-                             .data = zdp_engine_param_data(eng, i),
+                             .data = views[i],
                              .nbytes = (size_t)n * sizeof(float)};
         memcpy(ts[i].shape, p->shape, sizeof p->shape);
     }
@@ -318,7 +321,8 @@ static int train_loop_(zdp_engine *eng, const train_opts *o, const dataset *d, i
     zdp_error err;
     int rc = 0;
     int64_t skipped_run = 0;
-    for (int64_t s = zdp_engine_global_steps(eng); s < o->steps && rc == 0; s++) {
+    const int64_t first = zdp_engine_global_steps(eng);
+    for (int64_t s = first; s < o->steps && rc == 0; s++) {
         int64_t n = cli_window(&o->schedule, managed, G, s);
         double loss_sum = 0.0;
         for (int64_t k = 0; k < n; k++, cursor += W * b) {
@@ -337,6 +341,7 @@ static int train_loop_(zdp_engine *eng, const train_opts *o, const dataset *d, i
             if (managed && zdp_engine_step(eng, &err) != ZDP_OK) cli_die("step", &err);
         }
         if (!managed && zdp_engine_step(eng, &err) != ZDP_OK) cli_die("step", &err);
+        if (o->memory_report && s == first && (rc = cli_memory_report(eng)) != 0) break;
         double mean_loss = zdp_dist_mean(loss_sum / (double)n);
         if (r == 0) {
             printf("step %lld | loss %.6f | global_samples %lld | grad_norm %.6f%s\n",
@@ -381,13 +386,13 @@ static int cmd_train_(int argc, char **argv) {
     if (rc == 0 && zdp_mlp_create(o.hidden, o.layers, cfg.micro_batch_size, &model, &err) != ZDP_OK)
         rc = cli_fail("%s", err.msg);
     if (rc == 0 && zdp_engine_create(&cfg, &model, &eng, &err) != ZDP_OK) rc = cli_fail("%s", err.msg);
-    if (rc == 0 && o.init != NULL) {
-        rc = load_init_(eng, &model, o.init);
-    } else if (rc == 0) {
-        float *views[2048];
-        for (int i = 0; i < model.n_params; i++) views[i] = zdp_engine_param_data(eng, i);
+    /* Filled here, pushed into the engine after the start-up agreement. */
+    float **views = NULL;
+    if (rc == 0 && (views = cli_params_views(eng, &model, false)) == NULL) rc = 1;
+    if (rc == 0 && o.init != NULL)
+        rc = load_init_(views, &model, o.init);
+    else if (rc == 0)
         zdp_mlp_init_params(&model, views, o.seed);
-    }
     if (rc == 0)
         rc = o.data != NULL ? load_data_(&data, o.data, o.hidden)
                             : generate_data_(&data, o.hidden, o.samples, o.seed);
@@ -395,7 +400,9 @@ static int cmd_train_(int argc, char **argv) {
     if (rc == 0 && o.save_weights != NULL && zdp_dist_rank() == 0)
         rc = cli_check_output("--save-weights", o.save_weights, false);
     if ((rc = cli_agree(rc)) != 0) goto done;
-    if (zdp_engine_sync_params(eng, &err) != ZDP_OK) cli_die("sync params", &err);
+    if (cli_params_push(eng, &model, views) != 0) cli_die("sync params", &err);
+    cli_params_free(eng, views);
+    views = NULL;
     int64_t cursor = 0;
     if ((rc = cli_ckpt_resume(eng, &o.ckpt, &cursor)) != 0) goto done;
     if (zdp_dist_rank() == 0)
@@ -409,10 +416,16 @@ static int cmd_train_(int argc, char **argv) {
     if ((rc = train_loop_(eng, &o, &data, cursor)) != 0) goto done;
 
     if (o.save_weights != NULL) {
-        int mine = zdp_dist_rank() == 0 ? save_weights_(eng, &model, o.save_weights) : 0;
+        /* At stage 3 every rank takes part in gathering the whole model. */
+        if ((views = cli_params_views(eng, &model, true)) == NULL) {
+            rc = 1;
+            goto done;
+        }
+        int mine = zdp_dist_rank() == 0 ? save_weights_(views, &model, o.save_weights) : 0;
         if (!zdp_dist_all_ok(mine == 0)) rc = 1;
     }
 done:
+    if (eng != NULL) cli_params_free(eng, views);
     free(data.x);
     free(data.y);
     zdp_engine_destroy(eng);

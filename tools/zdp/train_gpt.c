@@ -42,6 +42,7 @@ typedef struct gpt_opts {
     int64_t steps, val_every, val_batches, arith_lines, max_skipped;
     double val_fraction; /* < 0: the default for the data kind */
     int progress;        /* -1 auto, 0 plain lines, 1 progress line */
+    int memory_report;   /* --memory-report on: every rank's memory after the first step */
     int data_format;     /* a zdp_token_format (--data-format): ZDP_TOKENS_AUTO by default */
     cli_ckpt ckpt;
     uint64_t seed;
@@ -70,6 +71,7 @@ static void usage_(void) {
            "  --steps S (200)  --schedule n1,n2,... (unmanaged)  --seed N (42)\n"
            "  --max-skipped-steps K (100) stop with an error after K skipped steps in a row\n"
            "                            (NaN/Inf gradient or update; 0 = never)\n"
+           "  --memory-report on|off     every rank's memory by category after the first step\n"
            "  --init FILE                GPT2LMHeadModel safetensors or llm.c .bin weights\n"
            "  --save-weights FILE        GPT2LMHeadModel safetensors (rank 0)\n"
            "  --val-every N (50)  --val-batches K (8, per rank)\n"
@@ -115,6 +117,7 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
         CLI_U64("--seed", &o->seed, 0, INT64_MAX, "need an integer >= 0"),
         CLI_MAX_SKIPPED_ROW(&o->max_skipped),
         CLI_CHOICE("--progress", &o->progress, progress, progress_values, "on, off or auto"),
+        CLI_MEMORY_REPORT_ROW(&o->memory_report),
     };
     static const cli_command cmd = {
         .missing = "expected an option with a value (see zdp train --model gpt --help)",
@@ -142,6 +145,7 @@ typedef struct run_state {
     char csv_path[4096], svg_path[4096];
     double t_start;     /* when the loop started, for the ETA */
     int64_t first_step; /* the step it started at (resumed runs: > 0) */
+    float **views;      /* whole tensors: the start-up's to push, the end's gathered */
 } run_state;
 
 /* Mean val loss over val_batches micro-batches per rank, all ranks. */
@@ -188,10 +192,10 @@ static int open_data_(const gpt_opts *o, run_state *st) {
 
 /* The engine's parameters: --init's weights, or a fresh initialisation. */
 static int init_params_(gpt_opts *o, run_state *st) {
-    float **views = malloc((size_t)st->model.n_params * sizeof *views);
-    if (views == NULL) return cli_fail("out of memory");
+    /* Filled here, pushed into the engine after the start-up agreement. */
+    float **views = st->views = cli_params_views(st->eng, &st->model, false);
+    if (views == NULL) return 1;
     int rc = 0;
-    for (int i = 0; i < st->model.n_params; i++) views[i] = zdp_engine_param_data(st->eng, i);
     if (o->init != NULL) {
         zdp_error err;
         if (zdp_gpt_weights_load(o->init, &o->model, st->model.params, st->model.n_params,
@@ -200,7 +204,6 @@ static int init_params_(gpt_opts *o, run_state *st) {
     } else {
         zdp_gpt_init_params(&st->model, views, o->seed);
     }
-    free(views);
     return rc;
 }
 
@@ -314,6 +317,8 @@ static int train_loop_(const gpt_opts *o, run_state *st, int64_t cursor) {
         const double t0 = cli_now();
         const double mean_loss = train_step_(st, n, &cursor);
         const double dt = cli_now() - t0;
+        if (o->memory_report && step == st->first_step && (rc = cli_memory_report(st->eng)) != 0)
+            break;
         const int64_t gstep = zdp_engine_global_steps(st->eng);
         double val = NAN;
         if (o->val_every > 0 && (gstep % o->val_every == 0 || step + 1 == o->steps))
@@ -336,14 +341,12 @@ static void report_end_(const gpt_opts *o, run_state *st) {
     if (st->log.n > 0 && metrics_plot_svg(&st->log, st->svg_path, title) == 0)
         printf("metrics: %s, loss curve: %s\n", st->csv_path, st->svg_path);
     metrics_close(&st->log);
-    float **views = malloc((size_t)st->model.n_params * sizeof *views);
+    float **views = st->views;
     if (views != NULL) {
-        for (int i = 0; i < st->model.n_params; i++) views[i] = zdp_engine_param_data(st->eng, i);
         if (st->arith)
             sample_arith_report(&st->model, (const float *const *)views, st->ds, 200);
         else if (o->model.vocab_size == 256)
             sample_print(&st->model, (const float *const *)views, "\n", 200, 0.8, 40, o->seed);
-        free(views);
     }
     fflush(stdout);
 }
@@ -354,17 +357,14 @@ static int save_weights_(const gpt_opts *o, run_state *st) {
     int mine = 0;
     if (st->R == 0) {
         zdp_error err;
-        float **views = malloc((size_t)st->model.n_params * sizeof *views);
+        float **views = st->views;
         if (views == NULL) mine = 1;
-        for (int i = 0; views != NULL && i < st->model.n_params; i++)
-            views[i] = zdp_engine_param_data(st->eng, i);
         if (views != NULL &&
             zdp_gpt_weights_save_model(o->save_weights, &st->model, (const float *const *)views,
                                        &err) != ZDP_OK) {
             fprintf(stderr, "zdp: error: --save-weights %s\n", err.msg);
             mine = 1;
         }
-        free(views);
     }
     return zdp_dist_all_ok(mine == 0) ? 0 : 1;
 }
@@ -381,7 +381,9 @@ int cmd_train_gpt(int argc, char **argv) {
     run_state st = {.W = zdp_dist_world_size(), .R = zdp_dist_rank()};
     rc = startup_(&o, &st, rc);
     if ((rc = cli_agree(rc)) != 0) goto done;
-    if (zdp_engine_sync_params(st.eng, &err) != ZDP_OK) cli_die("sync params", &err);
+    if (cli_params_push(st.eng, &st.model, st.views) != 0) cli_die("sync params", &err);
+    cli_params_free(st.eng, st.views);
+    st.views = NULL;
     /* Windows consumed so far, over all ranks (the checkpoint's data position). */
     int64_t cursor = 0;
     if ((rc = cli_ckpt_resume(st.eng, &o.ckpt, &cursor)) != 0) goto done;
@@ -412,11 +414,18 @@ int cmd_train_gpt(int argc, char **argv) {
     }
 
     if ((rc = train_loop_(&o, &st, cursor)) != 0) goto done;
+    /* The whole model for the report and --save-weights (at stage 3 every
+     * rank takes part in gathering it). */
+    if ((st.views = cli_params_views(st.eng, &st.model, true)) == NULL) {
+        rc = 1;
+        goto done;
+    }
     if (st.R == 0) report_end_(&o, &st);
     if (o.save_weights != NULL) rc = save_weights_(&o, &st);
 done:
     free(st.inputs);
     free(st.targets);
+    if (st.eng != NULL) cli_params_free(st.eng, st.views);
     zdp_engine_destroy(st.eng);
     zdp_gpt_destroy(&st.model);
     zdp_dataset_destroy(st.ds);
