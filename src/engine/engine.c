@@ -425,8 +425,125 @@ static int64_t gathered_now_(const zdp_engine *e) {
     return e->mem.bytes[ZDP_MEM_GATHERED] - e->persist_elems * (int64_t)sizeof(float);
 }
 
-/* Stage 3's fetch: the same live range again, the persistent copies, or a
- * new gather of the range's flat extent. */
+/* ---- stage 3 prefetch ---- */
+
+static int64_t extent_(const zdp_engine *e, int first, int count) {
+    const int last = first + count - 1;
+    return e->lay.offsets[last] + e->lay.numels[last] - e->lay.offsets[first];
+}
+
+static void peak_update_(zdp_engine *e) {
+    if (gathered_now_(e) > e->gathered_peak) e->gathered_peak = gathered_now_(e);
+}
+
+/* Drops prefetch k (its gather has run or the stream has stopped). */
+static void pf_remove_(zdp_engine *e, int k, bool free_buf) {
+    gather_rec *r = &e->pf[k];
+    for (int i = r->first; i < r->first + r->count; i++) e->pf_of[i] = -1;
+    e->pf_elems -= r->elems;
+    if (free_buf) zdp_free(&e->mem, ZDP_MEM_GATHERED, r->buf, (size_t)r->elems * sizeof(float));
+    for (int j = k; j + 1 < e->n_pf; j++) {
+        e->pf[j] = e->pf[j + 1];
+        for (int i = e->pf[j].first; i < e->pf[j].first + e->pf[j].count; i++) e->pf_of[i] = j;
+    }
+    e->n_pf--;
+}
+
+/* Every prefetch not asked for: waited for (its buffer is being written on
+ * the stream) and freed.  wait = false once the stream is gone (destroy). */
+static void pf_cancel_all_(zdp_engine *e, bool wait) {
+    while (e->n_pf > 0) {
+        if (wait) {
+            zdp_error ignored = {0};
+            (void)zdp_stream_wait(e->stream, e->pf[e->n_pf - 1].event, &ignored);
+        }
+        pf_remove_(e, e->n_pf - 1, true);
+    }
+}
+
+/* One fetch against the pass's trace: recorded on the first pass of its
+ * kind, compared on later ones (a different fetch ends prefetching for the
+ * rest of the pass). */
+static void trace_note_(zdp_engine *e, int first, int count) {
+    fetch_trace *t = &e->trace[e->pass_kind];
+    if (!t->done) {
+        if (t->len < t->cap) {
+            t->first[t->len] = first;
+            t->count[t->len] = count;
+            t->len++;
+        }
+        return;
+    }
+    if (e->trace_ok && e->trace_pos < t->len && t->first[e->trace_pos] == first &&
+        t->count[e->trace_pos] == count)
+        e->trace_pos++;
+    else
+        e->trace_ok = false;
+}
+
+/* Queues the gathers of the next trace entries, ahead of the model, while
+ * the prefetched elements stay within stage3_prefetch_bucket_size and all
+ * gathered ones within stage3_max_live_parameters.  Every rank runs the same
+ * model code, so every rank queues the same gathers in the same order. */
+static void prefetch_more_(zdp_engine *e) {
+    const fetch_trace *t = &e->trace[e->pass_kind];
+    const zdp_zero_config *z = &e->cfg.zero;
+    if (z->stage3_prefetch_bucket_size <= 0 || !t->done || !e->trace_ok) return;
+    if (e->next_pf < e->trace_pos) e->next_pf = e->trace_pos;
+    while (e->next_pf < t->len) {
+        const int f = t->first[e->next_pf], c = t->count[e->next_pf];
+        bool skip = true; /* all persistent, or already live or prefetched */
+        for (int i = f; i < f + c; i++) {
+            if (e->live_of[i] >= 0 || e->pf_of[i] >= 0) {
+                skip = true;
+                break;
+            }
+            if (e->persist_off[i] < 0) skip = false;
+        }
+        if (skip) {
+            e->next_pf++;
+            continue;
+        }
+        const int64_t n = extent_(e, f, c);
+        const int64_t live = gathered_now_(e) / (int64_t)sizeof(float);
+        if (e->pf_elems + n > z->stage3_prefetch_bucket_size ||
+            live + n > z->stage3_max_live_parameters)
+            return;
+        float *buf = zdp_alloc(&e->mem, ZDP_MEM_GATHERED, (size_t)n * sizeof(float));
+        if (buf == NULL) return; /* the model's own fetch will report it */
+        engine_op op = {.kind = OP_GATHER_RANGE, .e = e, .buf = buf, .lo = e->lay.offsets[f],
+                        .hi = e->lay.offsets[f] + n};
+        gather_rec *r = &e->pf[e->n_pf];
+        *r = (gather_rec){.first = f, .count = c, .buf = buf, .elems = n,
+                          .event = zdp_stream_enqueue(e->stream, run_op_, &op, sizeof op)};
+        for (int i = f; i < f + c; i++) e->pf_of[i] = e->n_pf;
+        e->n_pf++;
+        e->pf_elems += n;
+        e->next_pf++;
+        peak_update_(e);
+    }
+}
+
+/* A prefetched range the model asks for becomes live. */
+static zdp_status pf_take_(zdp_engine *e, int k, zdp_error *err) {
+    gather_rec p = e->pf[k];
+    zdp_status st = wait_(e, p.event, err);
+    pf_remove_(e, k, st != ZDP_OK);
+    if (st != ZDP_OK) return st;
+    const int64_t lo = e->lay.offsets[p.first];
+    p.refs = 1;
+    e->recs[e->n_recs] = p;
+    for (int i = p.first; i < p.first + p.count; i++) {
+        e->live_of[i] = e->n_recs;
+        if (e->persist_off[i] < 0) e->table[i] = p.buf + (e->lay.offsets[i] - lo);
+    }
+    e->n_recs++;
+    e->prefetch_hits++;
+    return ZDP_OK;
+}
+
+/* Stage 3's fetch: the same live range again, the persistent copies, a
+ * prefetched range, or a new gather of the range's flat extent. */
 static zdp_status fetch3_(zdp_engine *e, int first, int count, zdp_error *err) {
     const zdp_param_info *pi = e->model->params;
     if (!e->in_pass)
@@ -436,6 +553,19 @@ static zdp_status fetch3_(zdp_engine *e, int first, int count, zdp_error *err) {
                            "engine runs the model",
                            first, count, pi[first].name);
     const int last = first + count - 1;
+    trace_note_(e, first, count);
+    int k = e->pf_of[first];
+    if (k >= 0 && e->pf[k].first == first && e->pf[k].count == count) {
+        zdp_status st = pf_take_(e, k, err);
+        if (st == ZDP_OK) prefetch_more_(e);
+        return st;
+    }
+    for (int i = first; i <= last; i++)
+        if (e->pf_of[i] >= 0) { /* the model left the trace: drop what was gathered ahead */
+            pf_cancel_all_(e, true);
+            e->trace_ok = false;
+            break;
+        }
     int rec = e->live_of[first];
     if (rec >= 0 && e->recs[rec].first == first && e->recs[rec].count == count) {
         e->recs[rec].refs++;
@@ -453,7 +583,11 @@ static zdp_status fetch3_(zdp_engine *e, int first, int count, zdp_error *err) {
         if (e->persist_off[i] < 0) all_persistent = false;
     }
     zdp_status st = persist_refresh_(e, err);
-    if (st != ZDP_OK || all_persistent) return st;
+    if (st != ZDP_OK) return st;
+    if (all_persistent) {
+        prefetch_more_(e);
+        return ZDP_OK;
+    }
     const int64_t lo = e->lay.offsets[first], hi = e->lay.offsets[last] + e->lay.numels[last];
     gather_rec *r = &e->recs[e->n_recs];
     *r = (gather_rec){.first = first, .count = count, .refs = 1, .elems = hi - lo};
@@ -474,7 +608,8 @@ static zdp_status fetch3_(zdp_engine *e, int first, int count, zdp_error *err) {
         if (e->persist_off[i] < 0) e->table[i] = r->buf + (e->lay.offsets[i] - lo);
     }
     e->n_recs++;
-    if (gathered_now_(e) > e->gathered_peak) e->gathered_peak = gathered_now_(e);
+    peak_update_(e);
+    prefetch_more_(e);
     return ZDP_OK;
 }
 
@@ -530,11 +665,34 @@ void zdp_param_release(zdp_param_source *src, int first, int count) {
     if (--e->recs[k].refs == 0) rec_free_(e, k);
 }
 
-/* After the model's forward or backward: what it left live goes back. */
-static void pass_end_(zdp_engine *e) {
-    e->in_pass = false;
-    while (e->n_recs > 0) rec_free_(e, e->n_recs - 1);
+/* Before the model's forward or backward (stage 3): the persistent tensors
+ * are brought up to date (the fetches may all be served by prefetches), the
+ * trace of this kind of pass starts over, and its first gathers are queued
+ * at once. */
+static zdp_status pass_begin_(zdp_engine *e, int kind, zdp_error *err) {
+    e->in_pass = true;
+    if (e->recs == NULL) return ZDP_OK;
+    e->pass_kind = kind;
+    e->trace_pos = 0;
+    e->next_pf = 0;
+    e->trace_ok = true;
+    zdp_status st = persist_refresh_(e, err);
+    if (st == ZDP_OK) prefetch_more_(e);
+    return st;
 }
+
+/* After the model's forward or backward: what it left live goes back, and
+ * so does whatever was prefetched for it and not asked for.  wait = false
+ * only once the stream is gone (destroy). */
+static void pass_end_wait_(zdp_engine *e, bool wait) {
+    e->in_pass = false;
+    if (e->recs == NULL) return;
+    pf_cancel_all_(e, wait);
+    while (e->n_recs > 0) rec_free_(e, e->n_recs - 1);
+    e->trace[e->pass_kind].done = true;
+}
+
+static void pass_end_(zdp_engine *e) { pass_end_wait_(e, true); }
 
 /* ---- create / destroy --------------------------------------------------- */
 
@@ -578,11 +736,25 @@ static zdp_status stage3_init_(zdp_engine *e, zdp_error *err) {
     if ((st = alloc_(e, &e->table, nt, sizeof(float *), ZDP_MEM_OTHER, "stage 3", err)) ||
         (st = alloc_(e, &e->live_of, nt, sizeof(int), ZDP_MEM_OTHER, "stage 3", err)) ||
         (st = alloc_(e, &e->recs, nt, sizeof(gather_rec), ZDP_MEM_OTHER, "stage 3", err)) ||
-        (st = alloc_(e, &e->persist_off, nt, sizeof(int64_t), ZDP_MEM_OTHER, "stage 3", err)))
+        (st = alloc_(e, &e->persist_off, nt, sizeof(int64_t), ZDP_MEM_OTHER, "stage 3", err)) ||
+        (st = alloc_(e, &e->pf, nt, sizeof(gather_rec), ZDP_MEM_OTHER, "stage 3", err)) ||
+        (st = alloc_(e, &e->pf_of, nt, sizeof(int), ZDP_MEM_OTHER, "stage 3", err)))
         return st;
+    /* A model fetches each tensor a few times per pass (GPT-2's wte twice
+     * in forward); a longer pass is traced up to the cap, and prefetch
+     * follows the part recorded. */
+    for (int k = 0; k < 2; k++) {
+        e->trace[k].cap = 4 * nt + 16;
+        if ((st = alloc_(e, &e->trace[k].first, e->trace[k].cap, sizeof(int), ZDP_MEM_OTHER,
+                         "stage 3", err)) ||
+            (st = alloc_(e, &e->trace[k].count, e->trace[k].cap, sizeof(int), ZDP_MEM_OTHER,
+                         "stage 3", err)))
+            return st;
+    }
     const int64_t thr = e->cfg.zero.stage3_param_persistence_threshold;
     for (int i = 0; i < nt; i++) {
         e->live_of[i] = -1;
+        e->pf_of[i] = -1;
         e->persist_off[i] = -1;
         if (e->lay.numels[i] < thr) {
             e->persist_off[i] = e->persist_elems;
@@ -754,12 +926,18 @@ void zdp_engine_destroy(zdp_engine *e) {
     for (int b = 0; e->bucket_buf != NULL && b < nb; b++)
         free_(e, e->bucket_buf[b], e->bucket_elems, fb, ZDP_MEM_BUCKETS);
     zdp_optim_free(&e->optim, &e->mem);
-    if (e->recs != NULL) pass_end_(e);
+    pass_end_wait_(e, false); /* the stream has run everything */
     free_(e, e->persist, e->persist_elems, fb, ZDP_MEM_GATHERED);
     free_(e, e->table, nt, sizeof(float *), ZDP_MEM_OTHER);
     free_(e, e->live_of, nt, sizeof(int), ZDP_MEM_OTHER);
     free_(e, e->recs, nt, sizeof(gather_rec), ZDP_MEM_OTHER);
     free_(e, e->persist_off, nt, sizeof(int64_t), ZDP_MEM_OTHER);
+    free_(e, e->pf, nt, sizeof(gather_rec), ZDP_MEM_OTHER);
+    free_(e, e->pf_of, nt, sizeof(int), ZDP_MEM_OTHER);
+    for (int k = 0; k < 2; k++) {
+        free_(e, e->trace[k].first, e->trace[k].cap, sizeof(int), ZDP_MEM_OTHER);
+        free_(e, e->trace[k].count, e->trace[k].cap, sizeof(int), ZDP_MEM_OTHER);
+    }
     free_(e, e->params, e->cfg.zero.stage == 3 ? e->lay.part : e->lay.padded, fb,
           ZDP_MEM_PARAMS);
     free_(e, e->grads, e->lay.padded, fb, ZDP_MEM_GRADS);
@@ -871,15 +1049,29 @@ zdp_status zdp_engine_sync_params(zdp_engine *e, zdp_error *err) {
 
 /* ---- forward / backward -------------------------------------------------- */
 
-static zdp_status disagree_fail_(zdp_engine *e, bool in_step, int64_t count, zdp_error *err);
+/* Where a rank met the disagreement. */
+enum { IN_BACKWARD = 0, IN_STEP = 1, IN_FORWARD = 2 };
+static zdp_status disagree_fail_(zdp_engine *e, int where, int64_t count, zdp_error *err);
 
 zdp_status zdp_engine_forward(zdp_engine *e, const void *batch, float *loss, zdp_error *err) {
     if (e == NULL || loss == NULL)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_engine_forward: engine and loss must not be NULL");
     e->have_forward = false;
     double t0 = now_();
-    e->in_pass = true;
-    zdp_status st = e->model->ops->forward(e->model->self, &e->src, batch, loss, err);
+    /* Stage 3 gathers inside forward: its agreement goes first, so a rank
+     * already in step() (it made fewer backward() calls) meets an all-reduce
+     * of the same shape rather than a gather, and both see the disagreement
+     * (as stage 2's backward, docs/training.md). */
+    if (e->cfg.zero.stage == 3 && e->world > 1) {
+        const double c = (double)(e->window_backwards + 1);
+        double agree[AGREE_N_] = {0.0, c, c * c, 0.0};
+        zdp_status ast = run_sync_(e, OP_ALLREDUCE_NORM, agree, err);
+        if (ast != ZDP_OK) return ast;
+        if (agree_verdict_(agree, e->world) != 0)
+            return disagree_fail_(e, IN_FORWARD, e->window_backwards + 1, err);
+    }
+    zdp_status st = pass_begin_(e, PASS_FORWARD, err);
+    if (st == ZDP_OK) st = e->model->ops->forward(e->model->self, &e->src, batch, loss, err);
     pass_end_(e);
     e->timing_window.forward_s += now_() - t0;
     if (st != ZDP_OK) return st;
@@ -918,8 +1110,8 @@ zdp_status zdp_engine_backward(zdp_engine *e, bool scale_wrt_gas, float loss_sca
         e->bwd_agree[3] = 0.0;
         e->bwd_agree_event = enqueue_(e, OP_AGREE_BACKWARD, e->bwd_agree, -1);
     }
-    e->in_pass = true;
-    zdp_status st = e->model->ops->backward(e->model->self, &e->src, dloss, &e->sink, err);
+    zdp_status st = pass_begin_(e, PASS_BACKWARD, err);
+    if (st == ZDP_OK) st = e->model->ops->backward(e->model->self, &e->src, dloss, &e->sink, err);
     pass_end_(e);
     /* Finish the reductions even after a model failure, so that this rank
      * issues the same collectives as the others before reporting. */
@@ -931,7 +1123,7 @@ zdp_status zdp_engine_backward(zdp_engine *e, bool scale_wrt_gas, float loss_sca
         zdp_error aerr = {0};
         zdp_status ast = wait_(e, e->bwd_agree_event, &aerr);
         if (ast == ZDP_OK && agree_verdict_(e->bwd_agree, e->world) != 0)
-            return disagree_fail_(e, false, e->window_backwards + 1, err);
+            return disagree_fail_(e, IN_BACKWARD, e->window_backwards + 1, err);
         if (ast != ZDP_OK && st == ZDP_OK) {
             if (err != NULL) *err = aerr;
             return ast;
@@ -971,12 +1163,13 @@ static zdp_status no_backward_error_(const zdp_engine *e, zdp_error *err) {
                        (long long)e->global_steps);
 }
 
-static zdp_status disagree_fail_(zdp_engine *e, bool in_step, int64_t count, zdp_error *err) {
+static zdp_status disagree_fail_(zdp_engine *e, int where, int64_t count, zdp_error *err) {
+    static const char *const names[] = {"backward()", "step()", "forward()"};
     zdp_error gerr = {0};
     (void)reclaim_all_(e, &gerr); /* skipped reductions of this backward */
     memset(e->agree_gather, 0, 2 * (size_t)e->world * sizeof(int64_t));
     e->agree_gather[2 * e->rank] = count;
-    e->agree_gather[2 * e->rank + 1] = in_step ? 1 : 0;
+    e->agree_gather[2 * e->rank + 1] = where;
     zdp_status gst = zdp_engine_allreduce_i64_(e, e->agree_gather, 2 * e->world, &gerr);
     if (e->grads != NULL) memset(e->grads, 0, (size_t)e->lay.padded * sizeof(float));
     if (e->grad_part != NULL) memset(e->grad_part, 0, (size_t)e->lay.part * sizeof(float));
@@ -987,8 +1180,9 @@ static zdp_status disagree_fail_(zdp_engine *e, bool in_step, int64_t count, zdp
     for (int r = 0; r < e->world && n + 48 < sizeof who; r++) {
         if (gst != ZDP_OK && r != e->rank) continue; /* only ours is known */
         const int64_t *g = e->agree_gather + 2 * r;
-        n += (size_t)snprintf(who + n, sizeof who - n, "%srank %d: %lld%s", n ? ", " : "", r,
-                              (long long)g[0], g[1] ? " (in step())" : " (in backward())");
+        const int w = g[1] >= 0 && g[1] <= 2 ? (int)g[1] : 0;
+        n += (size_t)snprintf(who + n, sizeof who - n, "%srank %d: %lld (in %s)", n ? ", " : "",
+                              r, (long long)g[0], names[w]);
     }
     if (n + 48 >= sizeof who) snprintf(who + n, sizeof who - n, ", ...");
     return zdp_err_set(err, ZDP_ERR_STATE,
@@ -997,7 +1191,7 @@ static zdp_status disagree_fail_(zdp_engine *e, bool in_step, int64_t count, zdp
                        "times before step() (managed mode: set_gradient_accumulation_boundary "
                        "alike on every rank).  The window's gradients were dropped on every "
                        "rank; parameters, optimizer state and counters are unchanged",
-                       in_step ? "step()" : "backward()", who);
+                       names[where], who);
 }
 
 bool zdp_engine_is_gradient_accumulation_boundary(const zdp_engine *e) {
@@ -1067,7 +1261,7 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
     double agree[AGREE_N_] = {1.0, nb, nb * nb, sumsq};
     if ((st = run_sync_(e, OP_ALLREDUCE_NORM, agree, err)) != ZDP_OK) return st;
     if (agree_verdict_(agree, e->world) != 0)
-        return disagree_fail_(e, true, e->window_backwards, err);
+        return disagree_fail_(e, IN_STEP, e->window_backwards, err);
     /* Every rank's window is empty: the reductions moved zeros. */
     if (e->window_backwards == 0) return no_backward_error_(e, err);
     sumsq = agree[3];
@@ -1304,6 +1498,8 @@ const zdp_config *zdp_engine_config(const zdp_engine *e) { return &e->cfg; }
 int64_t zdp_engine_numel(const zdp_engine *e) { return e->lay.numel; }
 int64_t zdp_engine_padded_numel(const zdp_engine *e) { return e->lay.padded; }
 int64_t zdp_engine_partition_numel(const zdp_engine *e) { return e->lay.part; }
+
+int64_t zdp_engine_prefetch_hits(const zdp_engine *e) { return e->prefetch_hits; }
 
 int64_t zdp_engine_param_offset(const zdp_engine *e, int i) {
     if (i < 0 || i >= e->lay.n_tensors) return -1;

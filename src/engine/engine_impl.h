@@ -40,7 +40,18 @@ typedef struct gather_rec {
     int first, count, refs;
     float *buf;
     int64_t elems;
+    uint64_t event; /* prefetched: the gather's stream event */
 } gather_rec;
+
+/* Stage 3's prefetch follows the order of the fetches of the first forward
+ * and of the first backward (DeepSpeed's trace), one trace per kind of
+ * pass. */
+enum { PASS_FORWARD = 0, PASS_BACKWARD = 1 };
+typedef struct fetch_trace {
+    int *first, *count; /* (cap) the fetches in order */
+    int len, cap;
+    bool done;          /* recorded: later passes replay it */
+} fetch_trace;
 
 struct zdp_engine {
     zdp_config cfg;
@@ -111,6 +122,18 @@ struct zdp_engine {
     bool persist_stale;    /* persist must be re-gathered before it is read */
     bool in_pass;          /* inside the model's forward or backward */
     int64_t gathered_peak; /* most bytes of fetched (non-persistent) copies at once */
+    /* Prefetch (stage3_prefetch_bucket_size > 0): gathers queued ahead of
+     * the model, in trace order, until it asks for them. */
+    fetch_trace trace[2];
+    int pass_kind;         /* PASS_* of the pass running */
+    int trace_pos;         /* the next trace entry the model should ask for */
+    bool trace_ok;         /* this pass still follows its trace */
+    int next_pf;           /* the next trace entry to consider prefetching */
+    gather_rec *pf;        /* (n_tensors) prefetched, oldest first, the first n_pf used */
+    int n_pf;
+    int *pf_of;            /* (n_tensors) the pf entry holding tensor i, -1 if none */
+    int64_t pf_elems;      /* elements prefetched and not yet asked for */
+    int64_t prefetch_hits; /* fetches served by a prefetch (tests, benchmarks) */
     float *save_params;    /* stage 3, during a checkpoint save: the whole model
                               (numel), gathered for rank 0's model file */
     zdp_optim optim;

@@ -36,6 +36,14 @@ static void config_(zdp_config *cfg, const char *json) {
     if (st != ZDP_OK) CHECK_FAIL_("config: %s", err.msg);
 }
 
+/* Writes all parameters from a flat copy (unpadded, registration order)
+ * and syncs. */
+static void params_set_(run *rn, const float *flat) {
+    for (int i = 0; i < rn->model.n_params; i++)
+        CHECK_OK(zdp_engine_set_param(rn->eng, i, flat + zdp_engine_param_offset(rn->eng, i), &e_));
+    CHECK_OK(zdp_engine_sync_params(rn->eng, &e_));
+}
+
 /* Seeded weights, the same on every rank; parameters start identical for
  * every engine built with the same H, L and seed. */
 static void run_init_(run *rn, const char *json, int H, int L, int64_t max_batch, uint64_t seed) {
@@ -46,10 +54,15 @@ static void run_init_(run *rn, const char *json, int H, int L, int64_t max_batch
     if (zdp_mlp_create(H, L, max_batch, &rn->model, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
     if (zdp_engine_create(&rn->cfg, &rn->model, &rn->eng, &err) != ZDP_OK)
         CHECK_FAIL_("engine: %s", err.msg);
-    float *views[64];
-    for (int i = 0; i < rn->model.n_params; i++) views[i] = zdp_engine_param_data(rn->eng, i);
+    /* Through set_param, which every stage has (stage 3 holds no whole
+     * tensor for zdp_engine_param_data to show). */
+    const int64_t n = zdp_engine_numel(rn->eng);
+    float *flat = malloc((size_t)n * sizeof(float)), *views[64];
+    for (int i = 0; i < rn->model.n_params; i++)
+        views[i] = flat + zdp_engine_param_offset(rn->eng, i);
     zdp_mlp_init_params(&rn->model, views, seed);
-    CHECK_OK(zdp_engine_sync_params(rn->eng, &e_));
+    params_set_(rn, flat);
+    free(flat);
 }
 
 static void run_free_(run *rn) {
@@ -61,7 +74,8 @@ static void run_free_(run *rn) {
 static float *params_copy_(run *rn) {
     int64_t n = zdp_engine_numel(rn->eng);
     float *out = malloc((size_t)n * sizeof(float));
-    memcpy(out, zdp_engine_param_data(rn->eng, 0), (size_t)n * sizeof(float));
+    for (int i = 0; i < rn->model.n_params; i++)
+        CHECK_OK(zdp_engine_get_param(rn->eng, i, out + zdp_engine_param_offset(rn->eng, i), &e_));
     return out;
 }
 
@@ -116,8 +130,13 @@ static const char *stage_json_(int stage, int G, bool managed, const char *extra
              "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": %d, "
              "\"steps_per_print\": 1, \"managed_gradient_accumulation\": %s, "
              "\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 1e-3}}, "
-             "\"zero_optimization\": {\"stage\": %d %s}}",
-             G, managed ? "true" : "false", stage, extra);
+             "\"zero_optimization\": {\"stage\": %d%s %s}}",
+             G, managed ? "true" : "false", stage,
+             /* Stage 3 with every tensor partitioned and gathered per layer. */
+             stage == 3 && strstr(extra, "persistence") == NULL
+                 ? ", \"stage3_param_persistence_threshold\": 0"
+                 : "",
+             extra);
     return buf;
 }
 
@@ -255,25 +274,29 @@ static void test_backward_count_mismatch(int stage, bool managed, int first, int
     int made = 0;
     for (int k = 0; k < mine && st == ZDP_OK; k++) {
         zdp_mlp_batch b = batch_(&d, k, 1);
-        fwd_(&rn, &b);
-        st = zdp_engine_backward(rn.eng, true, 1.0f, &err);
+        float loss;
+        st = zdp_engine_forward(rn.eng, &b, &loss, &err);
+        if (st == ZDP_OK) st = zdp_engine_backward(rn.eng, true, 1.0f, &err);
         made++;
     }
     const bool in_step = st == ZDP_OK;
     if (in_step) st = zdp_engine_step(rn.eng, &err);
-    /* Only stage 2 can stop a rank inside backward, and only a rank with more calls. */
-    CHECK(in_step || (stage == 2 && mine > (R == 0 ? others : first)));
+    /* Only stages 2 and 3 can stop a rank inside backward (stage 3: inside
+     * forward, which gathers), and only a rank with more calls. */
+    CHECK(in_step || (stage >= 2 && mine > (R == 0 ? others : first)));
     CHECK_ERR(st, ZDP_ERR_STATE, err, "different numbers of backward() calls");
-    CHECK_ERR(st, ZDP_ERR_STATE, err, in_step ? "step():" : "backward():");
-    /* At stage 2 a rank with more calls stops at the first one past the
-     * others' count. */
-    const int seen0 = stage == 2 && first > others ? others + 1 : first;
-    const int seen1 = stage == 2 && others > first ? first + 1 : others;
-    CHECK_EQ_I64(made, R == 0 ? seen0 : seen1);
+    const char *pass = stage == 3 ? "forward()" : "backward()";
     char want[64];
-    snprintf(want, sizeof want, "rank 0: %d (in %s", seen0, seen0 > seen1 && stage == 2 ? "backward()" : "step()");
+    snprintf(want, sizeof want, "%s:", in_step ? "step()" : pass);
     CHECK_ERR(st, ZDP_ERR_STATE, err, want);
-    snprintf(want, sizeof want, "rank %d: %d (in %s", W - 1, seen1, seen1 > seen0 && stage == 2 ? "backward()" : "step()");
+    /* At stages 2/3 a rank with more calls stops at the first one past the
+     * others' count. */
+    const int seen0 = stage >= 2 && first > others ? others + 1 : first;
+    const int seen1 = stage >= 2 && others > first ? first + 1 : others;
+    CHECK_EQ_I64(made, R == 0 ? seen0 : seen1);
+    snprintf(want, sizeof want, "rank 0: %d (in %s", seen0, seen0 > seen1 && stage >= 2 ? pass : "step()");
+    CHECK_ERR(st, ZDP_ERR_STATE, err, want);
+    snprintf(want, sizeof want, "rank %d: %d (in %s", W - 1, seen1, seen1 > seen0 && stage >= 2 ? pass : "step()");
     CHECK_ERR(st, ZDP_ERR_STATE, err, want);
     float *after = params_copy_(&rn);
     CHECK(memcmp(before, after, (size_t)zdp_engine_numel(rn.eng) * sizeof(float)) == 0);
@@ -422,16 +445,17 @@ static void test_stages_match_reference(int H, int L, int64_t bucket, bool manag
     float *ref = malloc((size_t)n * sizeof(float));
     for (int64_t i = 0; i < n; i++) ref[i] = (float)p[i];
 
-    float *got[3];
-    for (int stage = 0; stage < 3; stage++) {
+    float *got[4];
+    for (int stage = 0; stage < 4; stage++) {
         char json[1024];
         snprintf(json, sizeof json,
                  "{\"train_batch_size\": %d, \"train_micro_batch_size_per_gpu\": %lld, "
                  "\"gradient_clipping\": 0.5, \"managed_gradient_accumulation\": %s, "
                  "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-2, "
                  "\"weight_decay\": 0.01}}, \"zero_optimization\": {\"stage\": %d, "
-                 "\"reduce_bucket_size\": %lld, \"allgather_bucket_size\": 10}}",
-                 global_b * G, (long long)b, managed ? "true" : "false", stage, (long long)bucket);
+                 "\"reduce_bucket_size\": %lld, \"allgather_bucket_size\": 10%s}}",
+                 global_b * G, (long long)b, managed ? "true" : "false", stage, (long long)bucket,
+                 stage == 3 ? ", \"stage3_param_persistence_threshold\": 0" : "");
         run rn;
         run_init_(&rn, json, H, L, b, 5);
         for (int s = 0; s < steps; s++) {
@@ -449,12 +473,14 @@ static void test_stages_match_reference(int H, int L, int64_t bucket, bool manag
         got[stage] = params_copy_(&rn);
         run_free_(&rn);
     }
-    for (int stage = 0; stage < 3; stage++)
+    for (int stage = 0; stage < 4; stage++)
         CHECK_CLOSE(got[stage], ref, n, 1e-4, 2e-5, "stage vs double reference");
-    /* fp32 stages against each other: tighter. */
+    /* fp32 stages against each other: tighter; stage 3 does stage 2's
+     * reductions and update, so bitwise. */
     CHECK_CLOSE(got[1], got[0], n, 1e-5, 1e-6, "stage 1 vs stage 0");
     CHECK_CLOSE(got[2], got[0], n, 1e-5, 1e-6, "stage 2 vs stage 0");
-    for (int stage = 0; stage < 3; stage++) free(got[stage]);
+    CHECK(memcmp(got[3], got[2], (size_t)n * sizeof(float)) == 0);
+    for (int stage = 0; stage < 4; stage++) free(got[stage]);
     free(ref);
     free(p);
     free(g);
@@ -781,9 +807,7 @@ static void test_reset_optimizer_state(int stage, bool sgd) {
     /* A fresh engine from the same config, given A's parameters and
      * hyperparameters from before that step, and the same micro-batch. */
     run_init_(&fresh, json, 5, 3, 1, 42);
-    memcpy(zdp_engine_param_data(fresh.eng, 0), before,
-           (size_t)zdp_engine_numel(fresh.eng) * sizeof(float));
-    CHECK_OK(zdp_engine_sync_params(fresh.eng, &e_));
+    params_set_(&fresh, before);
     CHECK_OK(zdp_engine_set_hparams(fresh.eng, &ha, &e_));
     fwd_(&fresh, &mb);
     CHECK_OK(zdp_engine_backward(fresh.eng, false, 1.0f, &e_));
@@ -1135,14 +1159,19 @@ static void test_comm_report(int stage, bool managed) {
 /* overlap_comm changes scheduling only: the same operations in the same
  * order, so the same bits, with buckets smaller than one tensor and larger
  * than the model, managed and unmanaged, over several steps. */
+/* Stage 2 and stage 3 (with and without prefetch), overlap_comm off and
+ * on: all bitwise equal. */
 static void test_overlap_comm_bitwise(bool managed, int64_t bucket) {
-    float *p[2];
-    for (int overlap = 0; overlap < 2; overlap++) {
-        char extra[128];
-        snprintf(extra, sizeof extra, ", \"reduce_bucket_size\": %lld, \"overlap_comm\": %s",
-                 (long long)bucket, overlap ? "true" : "false");
+    float *p[6];
+    for (int v = 0; v < 6; v++) {
+        const int stage = v < 2 ? 2 : 3, overlap = v % 2;
+        char extra[256];
+        snprintf(extra, sizeof extra,
+                 ", \"reduce_bucket_size\": %lld, \"overlap_comm\": %s, "
+                 "\"stage3_param_persistence_threshold\": %d, \"stage3_prefetch_bucket_size\": %d",
+                 (long long)bucket, overlap ? "true" : "false", v >= 4 ? 10 : 0, v >= 4 ? 100 : 0);
         run rn;
-        run_init_(&rn, stage_json_(2, 3, managed, extra), 9, 4, 2, 8);
+        run_init_(&rn, stage_json_(stage, 3, managed, extra), 9, 4, 2, 8);
         data d = data_make_(9, 24 * W, 51);
         for (int s = 0; s < 4; s++) {
             int n = managed ? 3 : 1 + s % 3;
@@ -1154,13 +1183,18 @@ static void test_overlap_comm_bitwise(bool managed, int64_t bucket) {
             }
             if (!managed) CHECK_OK(zdp_engine_step(rn.eng, &e_));
         }
-        p[overlap] = params_copy_(&rn);
+        p[v] = params_copy_(&rn);
         data_free_(&d);
         run_free_(&rn);
     }
-    CHECK(memcmp(p[0], p[1], (size_t)(4 * (81 + 9)) * sizeof(float)) == 0);
+    for (int v = 1; v < 6; v++) {
+        if (memcmp(p[0], p[v], (size_t)(4 * (81 + 9)) * sizeof(float)) != 0)
+            CHECK_FAIL_("overlap_comm bitwise (managed %d, bucket %lld): variant %d (stage %d, "
+                        "overlap %d) differs from stage 2 without overlap",
+                        (int)managed, (long long)bucket, v, v < 2 ? 2 : 3, v % 2);
+        free(p[v]);
+    }
     free(p[0]);
-    free(p[1]);
 }
 
 /* The reported norm is the single-process norm of the averaged gradient. */
@@ -1178,7 +1212,9 @@ static void test_grad_norm_is_global(int stage) {
     run_init_(&rn, json, H, L, b, 3);
     const int64_t n = zdp_engine_numel(rn.eng);
     double *p = calloc((size_t)n, sizeof(double)), *g = calloc((size_t)n, sizeof(double));
-    for (int64_t i = 0; i < n; i++) p[i] = zdp_engine_param_data(rn.eng, 0)[i];
+    float *p0 = params_copy_(&rn);
+    for (int64_t i = 0; i < n; i++) p[i] = p0[i];
+    free(p0);
     ref_grad_(p, H, L, d.x, d.y, 12, 1.0, g);
     double sq = 0.0;
     for (int64_t i = 0; i < n; i++) sq += g[i] * g[i];
@@ -1239,7 +1275,7 @@ int main(int argc, char **argv) {
         zdp_set_log(quiet_log_, NULL);
     }
     int n = 0;
-    for (int stage = 0; stage < 3; stage++) {
+    for (int stage = 0; stage < 4; stage++) {
         test_step_always_applies_update(stage), n++;
         test_managed_baseline_applies_only_on_boundary(stage), n++;
         test_unmanaged_matches_managed(stage), n++;

@@ -223,21 +223,33 @@ static float *train_(const zdp_llama_config *mc, const data *d, int stage, bool 
         for (int i = 0; i < m.n_params; i++)
             if (numel_(&m.params[i]) < thr) persist += numel_(&m.params[i]);
         CHECK_EQ_I64(mr.gathered_bytes, persist * 4);
-        if (thr == 0) {
-            /* The model holds one range at a time: embed_tokens, a layer,
-             * the norm or lm_head -- the peak is the largest of them. */
-            const int per = (m.n_params - 2 - (mc->tie_word_embeddings ? 0 : 1)) / mc->n_layer;
-            int64_t largest = numel_(&m.params[0]);
-            for (int l = 0; l < mc->n_layer; l++) {
-                int64_t layer = 0;
-                for (int i = 1 + l * per; i < 1 + (l + 1) * per; i++) layer += numel_(&m.params[i]);
-                if (layer > largest) largest = layer;
-            }
-            if (numel_(&m.params[m.n_params - 1]) > largest)
-                largest = numel_(&m.params[m.n_params - 1]);
-            CHECK_EQ_I64(mr.gathered_peak_bytes, 4 * largest);
+        /* The model holds one range at a time: embed_tokens, a layer, the
+         * norm or lm_head. */
+        const int per = (m.n_params - 2 - (mc->tie_word_embeddings ? 0 : 1)) / mc->n_layer;
+        int64_t largest = numel_(&m.params[0]);
+        for (int l = 0; l < mc->n_layer; l++) {
+            int64_t layer = 0;
+            for (int i = 1 + l * per; i < 1 + (l + 1) * per; i++) layer += numel_(&m.params[i]);
+            if (layer > largest) largest = layer;
         }
+        if (numel_(&m.params[m.n_params - 1]) > largest) largest = numel_(&m.params[m.n_params - 1]);
+        /* Without prefetch the peak is the largest of those ranges. */
+        if (thr == 0 && cfg.zero.stage3_prefetch_bucket_size == 0)
+            CHECK_EQ_I64(mr.gathered_peak_bytes, 4 * largest);
         if (persist == n) CHECK_EQ_I64(mr.gathered_peak_bytes, 0);
+        /* Prefetch: on by default, every fetch after the first pass of
+         * each kind served ahead (the whole trace fits the default bucket);
+         * off with a 0 bucket. */
+        if (persist < n) {
+            if (cfg.zero.stage3_prefetch_bucket_size == 0) CHECK_EQ_I64(zdp_engine_prefetch_hits(eng), 0);
+            else if (cfg.zero.stage3_max_live_parameters >= n) CHECK(zdp_engine_prefetch_hits(eng) > 0);
+        }
+        /* The bound: what is gathered never exceeds max_live_parameters
+         * beyond the one range the model itself asks for. */
+        if (cfg.zero.stage3_max_live_parameters < n) {
+            CHECK(mr.gathered_peak_bytes <= 4 * (cfg.zero.stage3_max_live_parameters + largest));
+            CHECK(zdp_engine_prefetch_hits(eng) > 0);
+        }
     }
     free(views);
     zdp_engine_destroy(eng);
@@ -258,14 +270,22 @@ static void check_model_(const char *name, const zdp_llama_config *mc, uint64_t 
                 {1, ""},
                 {2, ""},
                 {2, ", \"overlap_comm\": true"},
-                /* Stage 3: every tensor gathered per layer; with overlap_comm; the
-                 * default threshold (every tensor of these tiny models stays whole);
-                 * a threshold that keeps only the small ones whole. */
+                /* Stage 3: every tensor gathered per layer, without and with
+                 * prefetch and overlap_comm; the default threshold (every tensor
+                 * of these tiny models stays whole); a threshold that keeps only
+                 * the small ones whole; prefetch bounded by a small
+                 * max_live_parameters and bucket. */
+                {3, ", \"stage3_param_persistence_threshold\": 0, \"stage3_prefetch_bucket_size\": 0"},
                 {3, ", \"stage3_param_persistence_threshold\": 0"},
                 {3, ", \"stage3_param_persistence_threshold\": 0, \"overlap_comm\": true"},
+                {3, ", \"stage3_param_persistence_threshold\": 0, \"overlap_comm\": true, "
+                    "\"stage3_prefetch_bucket_size\": 0"},
                 {3, ""},
-                {3, ", \"stage3_param_persistence_threshold\": 20, \"overlap_comm\": true"}};
+                {3, ", \"stage3_param_persistence_threshold\": 20, \"overlap_comm\": true"},
+                {3, ", \"stage3_param_persistence_threshold\": 0, \"stage3_max_live_parameters\": 200, "
+                    "\"stage3_prefetch_bucket_size\": 150"}};
     const int nruns = (int)(sizeof runs / sizeof runs[0]);
+    float *s2 = NULL; /* stage 2's parameters (plain), the same schedule */
     for (int managed = 0; managed < 2; managed++)
         for (int r = 0; r < nruns; r++) {
             float *got = train_(mc, &d, runs[r].stage, managed, runs[r].extra, seed);
@@ -274,8 +294,19 @@ static void check_model_(const char *name, const zdp_llama_config *mc, uint64_t 
                      runs[r].stage, runs[r].extra,
                      managed ? "managed" : "unmanaged (1, 3, 2 backwards)");
             CHECK_CLOSE(got, ref[managed], n, 1e-5, 1e-6, what);
+            /* Stage 3 does stage 2's reductions and update on the same
+             * partitions, with or without prefetch and overlap: bitwise. */
+            if (runs[r].stage == 2 && runs[r].extra[0] == '\0') {
+                free(s2);
+                s2 = got;
+                continue;
+            }
+            if (runs[r].stage == 3 && memcmp(got, s2, (size_t)n * sizeof(float)) != 0)
+                CHECK_FAIL_("%s stage 3%s %s: not bitwise equal to stage 2", name, runs[r].extra,
+                            managed ? "managed" : "unmanaged");
             free(got);
         }
+    free(s2);
     /* Training moved the parameters, differently for the two schedules. */
     zdp_model m;
     CHECK_OK(zdp_llama_create(mc, 1, &m, &e_));
