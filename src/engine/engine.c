@@ -1,6 +1,6 @@
 /*
  * engine.c -- the forward / backward / step state machine, its counters, and
- * the ZeRO stage 0/1/2 gradient paths.
+ * the ZeRO stage 0/1/2/3 paths.
  *
  * What lives where (one owner per buffer, all counted in eng->mem):
  *   params     (padded)  the flat parameter buffer; the model reads views of it
@@ -31,6 +31,11 @@
  * for them before reading grad_part.  Without overlap_comm, backward waits
  * for each bucket.  The operations and their order are the same either way,
  * so are the bits.
+ *   stage 3:   gradients exactly as stage 2; params holds only the partition,
+ *              and the model's zdp_param_fetch gathers a layer on the stream
+ *              (prefetched ahead in the order the first pass recorded); the
+ *              update runs on the partition with no all-gather after it
+ *              (docs/deepspeed.md §4.8).
  * Not here: MPI (src/comm), update formulas (src/optim), layout (src/zero).
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */

@@ -1,6 +1,7 @@
 /*
  * lm.c -- the causal-LM calls of zdp/model.h: argument checks shared by every
- * language model, then the model's own zdp_lm_ops.
+ * language model, then the model's own zdp_lm_ops; and a model's forward /
+ * backward over whole caller-owned tensors (a dense param source).
  */
 #include <stdlib.h>
 
