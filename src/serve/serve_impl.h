@@ -82,11 +82,6 @@ typedef struct sample_file_header {
 /* Optimizer hyperparameters of an optim_step, in zdp_hparams' order. */
 #define N_ADAM 6
 extern const char *const serve_adam_keys[N_ADAM];
-/* The server's caps on adam_params beyond the library's ranges
- * (zdp_hparams_check, which allows lr up to ZDP_HPARAM_LR_MAX and any finite
- * clipping norm): what a remote client may set. */
-#define SERVE_MAX_LR 10.0
-#define SERVE_MAX_GRAD_CLIP 1e30
 
 /* Losses (docs/tinker-protocol.md §2): zdp_loss_kind, ZDP_LOSS_CROSS_ENTROPY .. ZDP_LOSS_DRO. */
 #define N_LOSSES 5
