@@ -42,6 +42,7 @@ void serve_job_free(job *j) {
     free(j->tinker_path);
     serve_fwd_result_free(j->fwd);
     serve_sample_result_free(j->sample);
+    serve_save_result_free(j->saved);
     free(j->sampling_session);
     free(j);
 }

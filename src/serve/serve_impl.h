@@ -58,8 +58,8 @@ enum {
 struct server;
 struct job;
 /* Runs a job on this rank; rank 0 gets (status, body), the others NULL.  A
- * protocol's forward/forward_backward or asample (j->fut set) leaves its
- * result typed in j->fwd or j->sample instead (body NULL). */
+ * protocol's job (j->fut set) that succeeds leaves its result typed instead
+ * (body NULL): j->fwd, j->sample, j->optim or j->saved. */
 typedef char *(*serve_exec_fn)(struct server *s, struct job *j, int *status);
 
 typedef struct serve_op {
@@ -155,6 +155,26 @@ typedef struct serve_optim_result {
  * step_applied and warnings.  NULL when out of memory. */
 char *serve_optim_result_json(const serve_optim_result *r, bool metrics_only);
 
+/* The result of a save or a load (save_weights, save_state, load_state,
+ * load_weights), typed until encoded once: the plain API's JSON as the job
+ * finishes (serve_save_result_json), or a protocol's when its poll asks
+ * (tinker/: {"path": tinker://..., "type", "sampling_session_id"?}, JSON
+ * whatever the poll's Accept, as no SDK reads these as protobuf). */
+typedef struct serve_save_result {
+    int op;    /* OP_SAVE_WEIGHTS, OP_SAVE_STATE, OP_LOAD_STATE or OP_LOAD_WEIGHTS */
+    char *path; /* the file or checkpoint the engine wrote or read */
+    int64_t step, global_samples, pending_backwards; /* the engine's counters after it */
+    /* Set by a protocol as the job finishes (NULL for the plain API): the name
+     * its client knows the file by, and the sampling session it opened. */
+    char *name, *session;
+} serve_save_result;
+/* The plain API's reply: {"path", "step"}, and for save_state/load_state
+ * also "global_samples" and "pending_backwards".  NULL when out of memory. */
+char *serve_save_result_json(const serve_save_result *r);
+/* A deep copy (a poll encodes it outside the lock); NULL when out of memory. */
+serve_save_result *serve_save_result_copy(const serve_save_result *r);
+void serve_save_result_free(serve_save_result *r); /* NULL is a no-op */
+
 /* Typed views of a job's payload (request.c lays each one out and alone
  * reads it back): pointers into j->payload, valid while the job lives.
  * false when the payload does not have the op's layout (a bug in zdp). */
@@ -200,11 +220,13 @@ typedef struct job {
     double arrived;
     double queued_at; /* when it entered the FIFO (serve_now) */
     /* The answer, filled by the main thread (plain endpoints): a body, or
-     * for a protocol's forward/forward_backward or sample the typed result. */
+     * for a protocol's forward/forward_backward, sample, optim_step, save or
+     * load the typed result. */
     int status;
     char *body;
     serve_fwd_result *fwd;
     serve_sample_result *sample;
+    serve_save_result *saved; /* a protocol's save or load (body NULL) */
     bool has_optim; /* a protocol's optim_step: its result is optim (body NULL) */
     serve_optim_result optim;
     bool done;

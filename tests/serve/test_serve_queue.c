@@ -459,6 +459,73 @@ static void test_optim_result_json(void **state) {
     free(text);
 }
 
+static void test_save_result_encodings(void **state) {
+    (void)state;
+    /* The plain API's JSON: a checkpoint's with the engine's counters, a
+     * weights file's with the step alone. */
+    serve_save_result r = {.op = OP_SAVE_STATE, .path = "/ck/run/step3", .step = 3, .global_samples = 12,
+                           .pending_backwards = 0};
+    char *text = serve_save_result_json(&r);
+    assert_non_null(text);
+    assert_string_equal(text, "{\"path\":\"/ck/run/step3\",\"step\":3,\"global_samples\":12,"
+                              "\"pending_backwards\":0}");
+    free(text);
+    r.op = OP_LOAD_WEIGHTS;
+    text = serve_save_result_json(&r);
+    assert_string_equal(text, "{\"path\":\"/ck/run/step3\",\"step\":3}");
+    free(text);
+
+    /* Tinker's: save_weights_for_sampler without a name, through the queue.
+     * The job finishes with its typed result; the future keeps it typed, with
+     * the tinker:// name and the sampling session it opened; the poll's
+     * encoding is the SDK's JSON. */
+    server *s = server_();
+    char dir[] = "/tmp/zdp-test-save-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    s->opt.checkpoint_dir = dir;
+    json_t *body = json_pack("{s:s,s:i}", "model_id", MODEL_ID, "seq_id", 1);
+    tinker_ticket tk;
+    verr e = {0};
+    assert_int_equal(tinker_submit(s, "save_weights_for_sampler", body, NULL, false, &tk, &e), 200);
+    json_decref(body);
+    job *j = s->head;
+    assert_non_null(j);
+    assert_int_equal(j->op, OP_SAVE_WEIGHTS);
+    s->head = s->tail = NULL;
+    serve_save_result done = {.op = j->op, .path = (char *)j->payload, .step = 7};
+    j->saved = serve_save_result_copy(&done);
+    assert_non_null(j->saved);
+    pthread_mutex_lock(&s->mu);
+    tinker_finish_locked(s, j, 200, NULL);
+    pthread_mutex_unlock(&s->mu);
+    future *f = future_(s, atoi(tk.id + 4));
+    assert_non_null(f);
+    assert_true(f->done);
+    assert_null(f->result);
+    assert_non_null(f->saved);
+    text = tinker_save_result_json(f->saved);
+    assert_non_null(text);
+    assert_string_equal(text, "{\"path\":\"tinker://" MODEL_ID "/sampler_weights/sampler-1\",\"type\":"
+                              "\"save_weights_for_sampler\",\"sampling_session_id\":\"" MODEL_ID ":sample:1\"}");
+    free(text);
+    /* The same typed result, the plain API's way. */
+    text = serve_save_result_json(f->saved);
+    assert_non_null(strstr(text, "sampler_weights/sampler-1.safetensors\",\"step\":7}"));
+    free(text);
+    /* A copy owns its strings (a poll encodes it outside the lock). */
+    serve_save_result *c = serve_save_result_copy(f->saved);
+    assert_non_null(c);
+    assert_true(c->name != f->saved->name && !strcmp(c->session, f->saved->session) && c->step == 7);
+    serve_save_result_free(c);
+    /* The sampling session names the written file. */
+    assert_non_null(s->tinker->samplers);
+    assert_string_equal(s->tinker->samplers->path, f->saved->path);
+    server_free_(s);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_op_table),      cmocka_unit_test(test_parse_fwd),
@@ -466,7 +533,7 @@ int main(void) {
         cmocka_unit_test(test_seq_gap_expiry), cmocka_unit_test(test_retry_dedup),
         cmocka_unit_test(test_future_expiry), cmocka_unit_test(test_future_cap),
         cmocka_unit_test(test_fwd_result_encodings), cmocka_unit_test(test_sample_result_encodings),
-        cmocka_unit_test(test_optim_result_json),
+        cmocka_unit_test(test_optim_result_json), cmocka_unit_test(test_save_result_encodings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

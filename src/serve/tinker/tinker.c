@@ -70,6 +70,7 @@ void tinker_destroy(tinker_state *t) {
         free(f->result);
         serve_fwd_result_free(f->fwd);
         serve_sample_result_free(f->samp);
+        serve_save_result_free(f->saved);
         free(f);
     }
     for (session *x = t->sessions, *n; x != NULL; x = n) {
@@ -144,6 +145,7 @@ void tinker_prune(tinker_state *t) {
             free(f->result);
             serve_fwd_result_free(f->fwd);
             serve_sample_result_free(f->samp);
+            serve_save_result_free(f->saved);
             free(f);
             t->n_futures--;
         } else {
@@ -361,17 +363,28 @@ void tinker_finish_locked(server *s, job *j, int status, char *body) {
     } else if (j->op == OP_SAMPLE_FILE) {
         result = body; /* not expected: a result without its typed form */
         body = NULL;
-    } else {
-        const char *type = j->op == OP_SAVE_STATE     ? "save_weights"
-                           : j->op == OP_SAVE_WEIGHTS ? "save_weights_for_sampler"
-                                                      : "load_weights";
-        /* save_weights_for_sampler without a name opens a sampling session on
+    } else if (j->saved != NULL) {
+        /* A save or load, kept typed until a poll encodes it.
+         * save_weights_for_sampler without a name opens a sampling session on
          * the file (save_weights_and_get_sampling_client). */
-        if (j->sampling_session != NULL && !add_sampler_(s->tinker, j->sampling_session, (const char *)j->payload))
+        serve_save_result *r = j->saved;
+        if (j->sampling_session != NULL && !add_sampler_(s->tinker, j->sampling_session, r->path)) {
             result = failure_("server", "out of memory");
-        else
-            result = serve_dump(json_pack("{s:s,s:s,s:s*}", "path", j->tinker_path, "type", type,
-                                          "sampling_session_id", j->sampling_session));
+        } else {
+            r->name = j->tinker_path;
+            r->session = j->sampling_session;
+            j->tinker_path = j->sampling_session = NULL;
+            j->saved = NULL;
+            j->fut->saved = r;
+            j->fut->done = true;
+            j->fut->done_at = serve_now();
+            j->fut = NULL;
+            free(body);
+            serve_job_free(j);
+            return;
+        }
+    } else {
+        result = failure_("server", "%s finished without its result (a bug in zdp)", serve_ops[j->op].name);
     }
     free(body);
     if (result == NULL) result = failure_("server", "out of memory");
@@ -746,6 +759,14 @@ static enum MHD_Result reply_fwd_(struct MHD_Connection *c, serve_fwd_result *r,
     return reply_proto_(c, pb, len, "ForwardBackwardOutput", err);
 }
 
+char *tinker_save_result_json(const serve_save_result *r) {
+    const char *type = r->op == OP_SAVE_STATE     ? "save_weights"
+                       : r->op == OP_SAVE_WEIGHTS ? "save_weights_for_sampler"
+                                                  : "load_weights";
+    return serve_dump(json_pack("{s:s,s:s,s:s*}", "path", r->name != NULL ? r->name : "", "type", type,
+                                "sampling_session_id", r->session));
+}
+
 /* A SampleResponse, encoded once: protobuf when the poll asks, else JSON.
  * Takes r. */
 static enum MHD_Result reply_sample_(struct MHD_Connection *c, serve_sample_result *r, bool proto) {
@@ -788,7 +809,8 @@ static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json
     /* Copied under the lock, encoded outside it. */
     serve_fwd_result *fwd = f->done && f->fwd != NULL ? serve_fwd_result_copy(f->fwd) : NULL;
     serve_sample_result *samp = f->done && f->samp != NULL ? serve_sample_result_copy(f->samp) : NULL;
-    char *body = f->done && f->fwd == NULL && f->samp == NULL ? strdup(f->result) : NULL;
+    serve_save_result *saved = f->done && f->saved != NULL ? serve_save_result_copy(f->saved) : NULL;
+    char *body = f->done && f->fwd == NULL && f->samp == NULL && f->saved == NULL ? strdup(f->result) : NULL;
     if (f->done && f->read_at == 0) f->read_at = serve_now();
     const bool closed = s->closed;
     /* Protobuf only for a request that came as protobuf (SDK 0.25) and a
@@ -802,6 +824,11 @@ static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json
     pthread_mutex_unlock(&s->mu);
     if (fwd != NULL) return reply_fwd_(c, fwd, proto);
     if (samp != NULL) return reply_sample_(c, samp, proto);
+    if (saved != NULL) { /* JSON whatever the Accept: no SDK reads these as protobuf */
+        body = tinker_save_result_json(saved);
+        serve_save_result_free(saved);
+        return body != NULL ? serve_reply(c, 200, body) : reply_err_(c, 500, NULL, "out of memory");
+    }
     if (done && body == NULL) return reply_err_(c, 500, NULL, "out of memory");
     if (body != NULL) return reply_result_(c, body, proto);
     if (closed) return reply_err_(c, 503, NULL, "the server is shutting down");
