@@ -19,6 +19,7 @@
 
 #include "zdp/zdp.h"
 #include "bytes.h"
+#include "fwd_input.h"
 #include "comm/comm.h"
 #include "core/json.h"
 #include "models/policy_loss.h"
@@ -326,6 +327,8 @@ typedef struct verr {
 bool serve_bad(verr *e, int status, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 bool serve_only_keys(const json_t *o, const char *where, const char *const *keys, int n, verr *e);
+/* The same for one name, however it was decoded. */
+bool serve_only_name(const char *name, const char *where, const char *const *keys, int n, verr *e);
 char *serve_dump(json_t *o); /* takes the reference */
 json_t *serve_jreal(double x);
 
@@ -336,9 +339,17 @@ void serve_utf8_fix(char *s);
 void serve_job_free(job *j);
 double serve_now(void);
 
+/* The checks of every forward/forward_backward (the loss and its options,
+ * datums, tokens against the model's vocabulary and block size, tensors
+ * against the loss's inputs) and the payload j gets.  where: the JSON path
+ * of the input ("forward_backward_input"), which every message names; j->op
+ * (OP_FWDBWD or OP_FORWARD) says whether loss_fn is required. */
+bool serve_fwd_build(const serve_fwd_in *in, const char *where, const zdp_gpt_config *mc, job *j, verr *e);
+
 /* Request parsers.  where: the JSON path prefix of obj ("" for a whole
  * body).  tinker_defaults: missing adam_params fields take Tinker's
  * AdamParams defaults instead of the engine's current values. */
+/* JSON -> serve_fwd_in (its format's checks) -> serve_fwd_build. */
 bool serve_parse_fwd(const json_t *obj, const char *where, const zdp_gpt_config *mc, job *j,
                      verr *e);
 bool serve_parse_optim(const json_t *ap, const char *where, bool tinker_defaults, job *j, verr *e);

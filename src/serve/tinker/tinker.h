@@ -7,6 +7,7 @@
 #define ZDP_SERVE_TINKER_H
 
 #include "serve_impl.h"
+#include "tinker/proto.h"
 
 /* A session is alive while it sends heartbeats (every 10 s from the SDK). */
 #define SESSION_TIMEOUT_S 30.0
@@ -96,6 +97,11 @@ int tinker_submit(server *s, const char *verb, const json_t *root, const char *i
 /* A finished save or load as the SDK reads it: {"path": tinker://...,
  * "type", "sampling_session_id"?}.  NULL when out of memory. */
 char *tinker_save_result_json(const serve_save_result *r);
+/* The same for a protobuf forward_backward (SDK 0.25), decoded: its
+ * envelope checked as the JSON one, its data by serve_fwd_build (forward:
+ * a forward, as forward_input). */
+int tinker_submit_proto(server *s, const serve_proto_fwdbwd *rq, bool forward, const char *idem,
+                        tinker_ticket *out, verr *e);
 /* s->mu held: drops finished futures past their time (FUTURE_TTL_S, or
  * FUTURE_READ_TTL_S after the first read) and, past MAX_FUTURES, finished
  * ones older than FUTURE_READ_TTL_S. */
