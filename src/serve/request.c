@@ -604,7 +604,7 @@ static const serve_tensor_in *find_input_(const serve_datum_in *d, const char *n
 /* payload: fwd_header, int32 len[n], int32 tokens[total], int32 targets[total],
  * then float weights[total], logprobs[total] (the sampler's), advantages[total]
  * (the inputs a loss does not read are 0). */
-bool serve_fwd_build(const serve_fwd_in *in, const char *where, const zdp_gpt_config *mc, job *j, verr *e) {
+bool serve_fwd_build(const serve_fwd_in *in, const char *where, int V, int T, job *j, verr *e) {
     char data_path[320];
     at_(data_path, sizeof data_path, where, "data");
     fwd_header h;
@@ -614,7 +614,6 @@ bool serve_fwd_build(const serve_fwd_in *in, const char *where, const zdp_gpt_co
     if (n == 0) return serve_bad(e, 400, data_path, "%s: empty; send at least one datum", data_path);
     if (n > (1 << 24)) return serve_bad(e, 400, data_path, "%s: %lld datums is too many", data_path, (long long)n);
 
-    const int T = mc->block_size, V = mc->vocab_size;
     const size_t cap = (size_t)n * (size_t)T;
     int32_t *len = calloc((size_t)n, sizeof *len);
     int32_t *tok = malloc(cap * sizeof *tok), *tgt = malloc(cap * sizeof *tgt);
@@ -684,7 +683,8 @@ bool serve_fwd_build(const serve_fwd_in *in, const char *where, const zdp_gpt_co
 
 bool serve_parse_fwd(const json_t *root, const char *where, const zdp_gpt_config *mc, job *j, verr *e) {
     serve_fwd_in in = {0};
-    const bool ok = json_fwd_(root, where, &in, e) && serve_fwd_build(&in, where, mc, j, e);
+    const bool ok =
+        json_fwd_(root, where, &in, e) && serve_fwd_build(&in, where, mc->vocab_size, mc->block_size, j, e);
     serve_fwd_in_free(&in);
     return ok;
 }

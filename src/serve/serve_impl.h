@@ -340,11 +340,11 @@ void serve_job_free(job *j);
 double serve_now(void);
 
 /* The checks of every forward/forward_backward (the loss and its options,
- * datums, tokens against the model's vocabulary and block size, tensors
+ * datums, tokens against the model's vocabulary V and block size T, tensors
  * against the loss's inputs) and the payload j gets.  where: the JSON path
  * of the input ("forward_backward_input"), which every message names; j->op
  * (OP_FWDBWD or OP_FORWARD) says whether loss_fn is required. */
-bool serve_fwd_build(const serve_fwd_in *in, const char *where, const zdp_gpt_config *mc, job *j, verr *e);
+bool serve_fwd_build(const serve_fwd_in *in, const char *where, int V, int T, job *j, verr *e);
 
 /* Request parsers.  where: the JSON path prefix of obj ("" for a whole
  * body).  tinker_defaults: missing adam_params fields take Tinker's

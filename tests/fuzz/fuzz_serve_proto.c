@@ -112,10 +112,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     (void)touch_(&rq.in);
 
     /* The checks every forward_backward passes, JSON or protobuf. */
-    const zdp_gpt_config mc = {.n_layer = 1, .n_head = 1, .n_embd = 8, .vocab_size = 64, .block_size = 16};
     job j = {.op = rq.forward_only ? OP_FORWARD : OP_FWDBWD};
     verr e = {0};
-    if (serve_fwd_build(&rq.in, rq.forward_only ? "forward_input" : "forward_backward_input", &mc, &j, &e)) {
+    if (serve_fwd_build(&rq.in, rq.forward_only ? "forward_input" : "forward_backward_input", 64, 16, &j, &e)) {
         serve_fwd_req view;
         check_(serve_fwd_req_view(&j, &view), "a built payload reads back");
         check_(view.h.n == rq.in.n, "one datum per datum sent");

@@ -274,7 +274,7 @@ static void test_proto_typed_request(void **state) {
     /* The same payload, byte for byte, from protobuf and from JSON. */
     job a = {.op = OP_FWDBWD}, b = {.op = OP_FWDBWD};
     verr e = {0};
-    assert_true(serve_fwd_build(&rq.in, "forward_backward_input", &mc, &a, &e));
+    assert_true(serve_fwd_build(&rq.in, "forward_backward_input", 16, 8, &a, &e));
     assert_true(serve_parse_fwd(json, "forward_backward_input", &mc, &b, &e));
     assert_int_equal(a.nbytes, b.nbytes);
     assert_memory_equal(a.payload, b.payload, (size_t)a.nbytes);
@@ -295,7 +295,7 @@ static void test_proto_typed_request(void **state) {
     assert_true(serve_proto_decode_fwdbwd(body.b, body.n, &rq, err, sizeof err));
     memset(&a, 0, sizeof a);
     a.op = OP_FWDBWD;
-    assert_false(serve_fwd_build(&rq.in, "forward_backward_input", &mc, &a, &ep));
+    assert_false(serve_fwd_build(&rq.in, "forward_backward_input", 16, 8, &a, &ep));
     assert_string_equal(ep.field, "forward_backward_input.data[1].model_input.chunks[0].tokens[0]");
     assert_string_equal(ep.field, ej.field);
     assert_string_equal(ep.msg, ej.msg);
@@ -311,7 +311,7 @@ static void test_proto_typed_request(void **state) {
     assert_true(isnan(rq.in.data[1].inputs[1].reals[1]));
     memset(&a, 0, sizeof a);
     a.op = OP_FWDBWD;
-    assert_false(serve_fwd_build(&rq.in, "forward_backward_input", &mc, &a, &ep));
+    assert_false(serve_fwd_build(&rq.in, "forward_backward_input", 16, 8, &a, &ep));
     assert_string_equal(ep.field, "forward_backward_input.data[1].loss_fn_inputs.logprobs.data[1]");
     assert_non_null(strstr(ep.msg, "= nan: must be a finite number"));
     serve_proto_fwdbwd_free(&rq);

@@ -639,8 +639,8 @@ int tinker_submit_proto(server *s, const serve_proto_fwdbwd *rq, bool forward, c
     if (j == NULL) return serve_bad(e, 500, "", "out of memory"), 500;
     j->op = forward ? OP_FORWARD : OP_FWDBWD;
     verr why = {0};
-    const bool valid =
-        serve_fwd_build(&rq->in, forward ? "forward_input" : "forward_backward_input", &s->opt.model, j, &why);
+    const bool valid = serve_fwd_build(&rq->in, forward ? "forward_input" : "forward_backward_input",
+                                       s->opt.model.vocab_size, s->opt.model.block_size, j, &why);
     return queue_job_(s, rq->model_id, rq->seq_id, j, valid, &why, idem, true, out, e);
 }
 
