@@ -285,6 +285,7 @@ static void test_proto_typed_request(void **state) {
     free(a.payload);
     free(b.payload);
     serve_proto_fwdbwd_free(&rq);
+    json_decref(json);
 
     /* A token outside the vocabulary: the same field and message both ways. */
     ppo_request_(0.5f, 16, &body, &json);
