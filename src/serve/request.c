@@ -520,13 +520,16 @@ static bool check_model_input_(const serve_datum_in *d, const char *path, int T,
                              ch->type_label);
         }
         for (int64_t k = 0; k < ch->n; k++) {
-            snprintf(field, sizeof field, "%s.tokens[%lld]", cpath, (long long)k);
-            if (k == ch->not_int.at)
-                return serve_bad(e, 400, field, "%s: must be an integer token id, got %s", field, ch->not_int.what);
-            const int64_t t = ch->tokens[k];
-            if (t < 0 || t >= V)
+            const bool not_int = k == ch->not_int.at;
+            const int64_t t = not_int ? 0 : ch->tokens[k];
+            if (not_int || t < 0 || t >= V) { /* the path is written only for a refusal */
+                snprintf(field, sizeof field, "%s.tokens[%lld]", cpath, (long long)k);
+                if (not_int)
+                    return serve_bad(e, 400, field, "%s: must be an integer token id, got %s", field,
+                                     ch->not_int.what);
                 return serve_bad(e, 400, field, "%s = %lld: outside the vocabulary [0, %d)", field, (long long)t,
                                  V);
+            }
             if (N >= T) {
                 snprintf(field, sizeof field, "%s.model_input", path);
                 return serve_bad(e, 400, field, "%s: more than %d tokens (block_size); send at most %d", field, T,
@@ -573,23 +576,30 @@ static bool check_tensor_(const serve_tensor_in *t, const char *path, bool integ
         return serve_bad(e, 400, data_path, "%s: has %lld values; the model_input has %lld tokens (position i "
                          "of the input predicts element i: the server does not shift)", data_path, (long long)t->n,
                          (long long)N);
+    /* The element's path is written only for a refusal. */
     for (int64_t i = 0; i < N; i++) {
-        snprintf(field, sizeof field, "%s[%lld]", data_path, (long long)i);
         if (integer) {
-            if (i == t->not_int.at)
+            const bool not_int = i == t->not_int.at;
+            const int64_t x = not_int ? 0 : t->ints[i];
+            if (!not_int && x >= 0 && x < V) {
+                ints[i] = (int32_t)x;
+                continue;
+            }
+            snprintf(field, sizeof field, "%s[%lld]", data_path, (long long)i);
+            if (not_int)
                 return serve_bad(e, 400, field, "%s: must be an integer token id, got %s", field, t->not_int.what);
-            const int64_t x = t->ints[i];
-            if (x < 0 || x >= V)
-                return serve_bad(e, 400, field, "%s = %lld: outside the vocabulary [0, %d)", field, (long long)x, V);
-            ints[i] = (int32_t)x;
-        } else {
-            if (i == t->not_num.at)
-                return serve_bad(e, 400, field, "%s: must be a number, got %s", field, t->not_num.what);
-            const double w = t->reals[i];
-            if (!isfinite(w)) return serve_bad(e, 400, field, "%s = %g: must be a finite number", field, w);
-            if (fabs(w) > limit) return serve_bad(e, 400, field, "%s = %g: |value| must be <= %g", field, w, limit);
-            floats[i] = (float)w;
+            return serve_bad(e, 400, field, "%s = %lld: outside the vocabulary [0, %d)", field, (long long)x, V);
         }
+        const bool not_num = i == t->not_num.at;
+        const double w = not_num ? 0.0 : t->reals[i];
+        if (!not_num && isfinite(w) && fabs(w) <= limit) {
+            floats[i] = (float)w;
+            continue;
+        }
+        snprintf(field, sizeof field, "%s[%lld]", data_path, (long long)i);
+        if (not_num) return serve_bad(e, 400, field, "%s: must be a number, got %s", field, t->not_num.what);
+        if (!isfinite(w)) return serve_bad(e, 400, field, "%s = %g: must be a finite number", field, w);
+        return serve_bad(e, 400, field, "%s = %g: |value| must be <= %g", field, w, limit);
     }
     return true;
 }
