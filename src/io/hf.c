@@ -264,7 +264,15 @@ static zdp_status hf_parse_llama_(const hf_cfg_ *c, bool qwen3, zdp_hf_config *o
     double d = 0;
     if (s == ZDP_OK) s = hf_num_(c, root, "rms_norm_eps", 1e-6, true, &d, err);
     m->rms_norm_eps = (float)d;
+    /* zdp computes in fp32: an eps that rounds to 0 or overflows is no eps. */
+    if (s == ZDP_OK && !(m->rms_norm_eps > 0 && isfinite(m->rms_norm_eps)))
+        s = zdp_err_set(err, ZDP_ERR_CONFIG, "%s: key \"rms_norm_eps\" = %g is %s in fp32; fix "
+                        "the file", c->path, d, m->rms_norm_eps > 0 ? "infinite" : "0");
     if (s == ZDP_OK) s = hf_num_(c, root, "initializer_range", 0.02, false, &m->initializer_range, err);
+    if (s == ZDP_OK && m->initializer_range < 0)
+        s = zdp_err_set(err, ZDP_ERR_CONFIG, "%s: key \"initializer_range\" = %g: expected a "
+                        "number >= 0 (a standard deviation); fix the file", c->path,
+                        m->initializer_range);
     if (s == ZDP_OK) s = hf_rope_(c, m, err);
     bool b = false;
     if (s == ZDP_OK) s = hf_bool_(c, "attention_bias", false, &b, err);
