@@ -18,8 +18,9 @@
  * expected parameter list is derived from the config here, and the caller's
  * params must match it by name and shape (any order).
  *
- * Not here: writing llm.c checkpoints, reading config.json, sharded
- * (model-00001-of-0000N) safetensors checkpoints, untied lm_head weights.
+ * Not here: writing llm.c checkpoints, untied lm_head weights; whole
+ * Hugging Face folders (config.json, sharded model-00001-of-0000N files)
+ * are hf.c's.
  */
 #define _POSIX_C_SOURCE 200809L
 
