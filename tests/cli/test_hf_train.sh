@@ -159,6 +159,7 @@ grep -qF "model.safetensors.index.json" "$T/out" || fail "missing shard: the ind
 expect_error 2 "--block-size 64: --model-dir $T/m's max_position_embeddings is 32" \
   train --model-dir "$T/m" --config "$T/ds.json" --data "$T/tok.npy" --block-size 64
 expect_error 2 "--n-layer: the model comes from --model-dir" "${TRAIN[@]}" --n-layer 2
+expect_error 2 "--save-model-dir" "${TRAIN[@]}" --steps 1 --save-model-dir "$T/no/such/dir"
 npy "$T/oov.npy" 500 97 97
 expect_error 2 "token 97 at position 499 is outside the vocabulary of --model-dir" \
   train --model-dir "$T/m" --config "$T/ds.json" --data "$T/oov.npy" --block-size 8
