@@ -103,8 +103,8 @@ ZDP_API zdp_status zdp_hf_weights_load(const char *dir, const zdp_model *model,
  * ZDP_HF_MAX_SHARD_BYTES) one model.safetensors; above it shards
  * model-0000k-of-0000n.safetensors, filled in registration order until the
  * next tensor would pass the limit (a larger tensor gets a shard alone), and
- * model.safetensors.index.json.  DIR is created if missing (its parent must
- * exist).  Each file is written atomically (a temporary file, then rename):
+ * model.safetensors.index.json.  DIR is created if missing (with the
+ * directories above it).  Each file is written atomically (a temporary file, then rename):
  * the shards, then config.json, then the index last; weight files of an
  * earlier save into DIR that this one does not write are removed, so DIR
  * never mixes two saves.  Other files in DIR (a tokenizer) are left alone.

@@ -1091,9 +1091,9 @@ zdp_status zdp_hf_save(const char *dir, const zdp_model *model, const float *con
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_hf_save: dtype %s: zdp writes F32 or "
                            "BF16", zdp_dtype_name(dtype));
     if (max_shard_bytes <= 0) max_shard_bytes = ZDP_HF_MAX_SHARD_BYTES;
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        return zdp_err_set(err, ZDP_ERR_IO, "%s: cannot create the folder: %s (its parent must "
-                           "exist)", dir, strerror(errno));
+    if (zdp_mkdirs(dir) != 0)
+        return zdp_err_set(err, ZDP_ERR_IO, "%s: cannot create the folder: %s", dir,
+                           strerror(errno));
     struct stat sb;
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return zdp_err_set(err, ZDP_ERR_IO, "%s: exists and is not a directory; choose another "

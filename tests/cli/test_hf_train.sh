@@ -131,7 +131,10 @@ expect_error 1 "--kv-heads 3: must divide --heads 4" init-model --arch llama --l
 expect_error 1 "--rope-scaling yarn:2" init-model --arch llama --layers 1 --hidden 8 --heads 2 \
   --ffn 8 --vocab 9 --rope-scaling yarn:2 --out "$T/x"
 expect_error 1 "cannot create the folder" init-model --arch llama --layers 1 --hidden 8 --heads 2 \
-  --ffn 8 --vocab 9 --out "$T/no/such/dir"
+  --ffn 8 --vocab 9 --out "$T/tok.npy/dir"
+expect_ok 1 init-model --arch llama --layers 1 --hidden 8 --heads 2 --ffn 8 --vocab 9 \
+  --out "$T/new/parents/dir"
+[ -f "$T/new/parents/dir/config.json" ] || fail "init-model --out with missing parents"
 
 expect_error 2 "$T/none: cannot open the model folder" train --model-dir "$T/none" --config "$T/ds.json" --data "$T/tok.npy"
 mkdir -p "$T/b1"
@@ -159,7 +162,8 @@ grep -qF "model.safetensors.index.json" "$T/out" || fail "missing shard: the ind
 expect_error 2 "--block-size 64: --model-dir $T/m's max_position_embeddings is 32" \
   train --model-dir "$T/m" --config "$T/ds.json" --data "$T/tok.npy" --block-size 64
 expect_error 2 "--n-layer: the model comes from --model-dir" "${TRAIN[@]}" --n-layer 2
-expect_error 2 "--save-model-dir" "${TRAIN[@]}" --steps 1 --save-model-dir "$T/no/such/dir"
+expect_error 2 "--save-model-dir" "${TRAIN[@]}" --steps 1 --save-model-dir "$T/tok.npy/dir"
+grep -q "^step 1 " "$T/out" && fail "--save-model-dir under a file: refused only after training"
 npy "$T/oov.npy" 500 97 97
 expect_error 2 "token 97 at position 499 is outside the vocabulary of --model-dir" \
   train --model-dir "$T/m" --config "$T/ds.json" --data "$T/oov.npy" --block-size 8
