@@ -115,7 +115,8 @@ ZDP_API zdp_status zdp_hf_save(const char *dir, const zdp_model *model, const fl
 
 /* Copies the tokenizer files found in `from` (tokenizer.json,
  * tokenizer_config.json, special_tokens_map.json, vocab.json, merges.txt,
- * added_tokens.json, encoder.json, vocab.bpe) into `to`, each atomically;
+ * added_tokens.json, encoder.json, vocab.bpe, and generation_config.json,
+ * whose token ids generation stops on) into `to`, each atomically;
  * *n_copied (may be NULL) counts them.  A `from` with none of them is
  * ZDP_ERR_IO naming the folder and the files looked for. */
 ZDP_API zdp_status zdp_hf_copy_tokenizer(const char *from, const char *to, int *n_copied,

@@ -1178,6 +1178,9 @@ done:
 static const char *const hf_tokenizer_files_[] = {
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
     "merges.txt", "added_tokens.json", "encoder.json", "vocab.bpe",
+    /* Not the tokenizer's, but its eos/bos ids are what generate() stops on;
+     * zdp's config.json does not carry token ids. */
+    "generation_config.json",
 };
 
 zdp_status zdp_hf_copy_tokenizer(const char *from, const char *to, int *n_copied,

@@ -777,8 +777,10 @@ static void test_copy_tokenizer(void **state) {
     write_text_(from, "tokenizer.json", "{\"model\": {}}");
     write_text_(from, "tokenizer_config.json", "{}");
     write_text_(from, "other.txt", "x");
+    write_text_(from, "generation_config.json", "{\"eos_token_id\": 2}");
     assert_int_equal(zdp_hf_copy_tokenizer(from, to, &n, &err), ZDP_OK);
-    assert_int_equal(n, 2);
+    assert_int_equal(n, 3);
+    assert_true(exists_(to, "generation_config.json"));
     assert_true(exists_(to, "tokenizer.json"));
     assert_false(exists_(to, "other.txt"));
 }
