@@ -43,6 +43,7 @@
  *   zdp/llama.h   the Llama family (Llama 3, Qwen3, SmolLM2)
  *   zdp/data.h    token files, the arithmetic corpus, the dataset
  *   zdp/io.h      safetensors
+ *   zdp/hf.h      Hugging Face folders (config.json, sharded safetensors), the model factory
  */
 #ifndef ZDP_ZDP_H
 #define ZDP_ZDP_H
@@ -56,5 +57,6 @@
 #include "zdp/llama.h"
 #include "zdp/data.h"
 #include "zdp/io.h"
+#include "zdp/hf.h"
 
 #endif /* ZDP_ZDP_H */
