@@ -55,6 +55,7 @@
 #include "zdp/engine.h"
 #include "zdp/gpt.h"
 #include "zdp/llama.h"
+#include "zdp/lora.h"
 #include "zdp/data.h"
 #include "zdp/io.h"
 #include "zdp/hf.h"
