@@ -9,6 +9,7 @@
  * the LoRA model's own loss and a double product; the PEFT folder written
  * and read back; every refusal naming its field.
  */
+#define _DEFAULT_SOURCE /* mkdtemp */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -453,6 +454,139 @@ static void test_merge(void **state) {
     fx_free_(&f);
 }
 
+/* ---- the PEFT folder ------------------------------------------------------------------ */
+
+static char *slurp_(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) fail_msg("%s: cannot open", path);
+    char *buf = calloc(1, 1 << 16);
+    size_t n = fread(buf, 1, (1 << 16) - 1, f);
+    (void)n;
+    fclose(f);
+    return buf;
+}
+
+static void write_text_(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    fputs(text, f);
+    fclose(f);
+}
+
+static void expect_load_err_(const char *dir, const zdp_model *base, float *const *bp,
+                             zdp_lora_config c, const char *want) {
+    zdp_model m;
+    zdp_error err;
+    assert_int_equal(zdp_lora_create(base, (const float *const *)bp, &c, &m, &err), ZDP_OK);
+    float **p = alloc_params_(&m);
+    assert_int_equal(zdp_lora_load_adapter(dir, &m, p, &err), ZDP_ERR_INVALID_ARG);
+    if (strstr(err.msg, want) == NULL) fail_msg("error '%s' lacks '%s'", err.msg, want);
+    free_params_(&m, p);
+    zdp_lora_destroy(&m);
+}
+
+static void expect_config_err_(const char *dir, const char *json, const char *want) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    write_text_(path, json);
+    zdp_lora_config c;
+    zdp_error err;
+    assert_int_equal(zdp_lora_read_adapter_config(dir, &c, &err), ZDP_ERR_INVALID_ARG);
+    if (strstr(err.msg, want) == NULL) fail_msg("error '%s' lacks '%s'", err.msg, want);
+}
+
+static void test_peft_folder(void **state) {
+    (void)state;
+    char dir[] = "/tmp/zdp_lora_testXXXXXX";
+    assert_non_null(mkdtemp(dir));
+    zdp_error err;
+    fx f;
+    zdp_llama_config c = tiny_llama_();
+    fx_init_(&f, &c, NULL, (zdp_lora_config){.rank = 2, .alpha = 16, .targets = ZDP_LORA_ATTN | ZDP_LORA_UNEMBED, .seed = 4}, 0.3f);
+    assert_int_equal(zdp_lora_save_adapter(dir, &f.m, (const float *const *)f.p, "tiny-llama", &err), ZDP_OK);
+    char path[512];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    char *text = slurp_(path);
+    const char *want[] = {"\"peft_type\": \"LORA\"", "\"r\": 2", "\"lora_alpha\": 16",
+                          "\"q_proj\"", "\"o_proj\"", "\"lm_head\"", "\"fan_in_fan_out\": false",
+                          "\"bias\": \"none\"", "\"task_type\": \"CAUSAL_LM\"",
+                          "\"base_model_name_or_path\": \"tiny-llama\""};
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
+        if (strstr(text, want[k]) == NULL) fail_msg("adapter_config.json lacks %s:\n%s", want[k], text);
+    assert_null(strstr(text, "gate_proj"));
+    free(text);
+    /* Read back: the config, then the tensors bitwise. */
+    zdp_lora_config rc;
+    assert_int_equal(zdp_lora_read_adapter_config(dir, &rc, &err), ZDP_OK);
+    assert_int_equal(rc.rank, 2);
+    assert_true(rc.alpha == 16.0f);
+    assert_int_equal(rc.targets, ZDP_LORA_ATTN | ZDP_LORA_UNEMBED);
+    zdp_model m2;
+    assert_int_equal(zdp_lora_create(&f.base, (const float *const *)f.bp, &rc, &m2, &err), ZDP_OK);
+    float **p2 = alloc_params_(&m2);
+    assert_int_equal(zdp_lora_load_adapter(dir, &m2, p2, &err), ZDP_OK);
+    for (int i = 0; i < m2.n_params; i++)
+        assert_memory_equal(p2[i], f.p[i], (size_t)numel_(&m2.params[i]) * sizeof(float));
+    free_params_(&m2, p2);
+    zdp_lora_destroy(&m2);
+    /* Another rank: the tensor and both shapes named. */
+    expect_load_err_(dir, &f.base, f.bp, (zdp_lora_config){.rank = 3, .alpha = 16, .targets = ZDP_LORA_ATTN | ZDP_LORA_UNEMBED},
+                     "tensor base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight has shape [2, 8], this base and rank need [3, 8]");
+    /* Other targets: a missing tensor, an extra one. */
+    expect_load_err_(dir, &f.base, f.bp, (zdp_lora_config){.rank = 2, .alpha = 16, .targets = ZDP_LORA_ALL},
+                     "mlp.gate_proj.lora_A.weight [2, 8] is missing");
+    expect_load_err_(dir, &f.base, f.bp, (zdp_lora_config){.rank = 2, .alpha = 16, .targets = ZDP_LORA_ATTN},
+                     "tensor base_model.model.lm_head.lora_A.weight is not one of this LoRA model's");
+    /* Another base (hidden 12): shapes differ. */
+    zdp_llama_config wide = tiny_llama_();
+    wide.hidden = 12;
+    zdp_model wb;
+    assert_int_equal(zdp_llama_create(&wide, 1, &wb, &err), ZDP_OK);
+    float **wp = alloc_params_(&wb);
+    expect_load_err_(dir, &wb, wp, rc, "has shape [2, 8], this base and rank need [2, 12]");
+    free_params_(&wb, wp);
+    zdp_llama_destroy(&wb);
+    fx_free_(&f);
+
+    /* GPT-2: Conv1D flagged, the two c_proj told apart. */
+    fx_init_(&f, NULL, &tiny_gpt_, (zdp_lora_config){.rank = 2, .alpha = 8, .targets = ZDP_LORA_ATTN}, 0.3f);
+    assert_int_equal(zdp_lora_save_adapter(dir, &f.m, (const float *const *)f.p, NULL, &err), ZDP_OK);
+    text = slurp_(path);
+    if (strstr(text, "\"attn.c_proj\"") == NULL || strstr(text, "mlp.c_proj") != NULL ||
+        strstr(text, "\"fan_in_fan_out\": true") == NULL ||
+        strstr(text, "\"base_model_name_or_path\": null") == NULL)
+        fail_msg("GPT-2 adapter_config.json:\n%s", text);
+    free(text);
+    assert_int_equal(zdp_lora_read_adapter_config(dir, &rc, &err), ZDP_OK);
+    assert_int_equal(rc.targets, ZDP_LORA_ATTN);
+    fx_free_(&f);
+
+    /* adapter_config.json refusals, each naming its key. */
+    expect_config_err_(dir, "{\"peft_type\": \"IA3\", \"r\": 2, \"target_modules\": [\"q_proj\"]}",
+                       "peft_type = IA3");
+    expect_config_err_(dir, "{\"peft_type\": \"LORA\", \"r\": 0, \"target_modules\": [\"q_proj\"]}", "r:");
+    expect_config_err_(dir, "{\"peft_type\": \"LORA\", \"r\": 4, \"target_modules\": [\"q_proj\", \"v_proj\"]}",
+                       "target_modules lacks k_proj");
+    expect_config_err_(dir, "{\"peft_type\": \"LORA\", \"r\": 4, \"target_modules\": [\"embed_tokens\"]}",
+                       "target_modules[0] = embed_tokens");
+    expect_config_err_(dir, "{\"peft_type\": \"LORA\", \"r\": 4, \"bias\": \"all\", \"target_modules\": [\"lm_head\"]}",
+                       "bias = all");
+    expect_config_err_(dir, "{\"peft_type\": \"LORA\", \"r\": 4, \"use_rslora\": true, \"target_modules\": [\"lm_head\"]}",
+                       "use_rslora");
+    /* PEFT's all-linear and GPT-2's bare c_proj are understood. */
+    write_text_(path, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": \"all-linear\"}");
+    assert_int_equal(zdp_lora_read_adapter_config(dir, &rc, &err), ZDP_OK);
+    assert_int_equal(rc.targets, ZDP_LORA_ATTN | ZDP_LORA_MLP);
+    write_text_(path, "{\"peft_type\": \"LORA\", \"r\": 4, \"fan_in_fan_out\": true, \"target_modules\": [\"c_attn\", \"c_proj\", \"c_fc\"]}");
+    assert_int_equal(zdp_lora_read_adapter_config(dir, &rc, &err), ZDP_OK);
+    assert_int_equal(rc.targets, ZDP_LORA_ATTN | ZDP_LORA_MLP);
+    assert_true(rc.alpha == 32.0f);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 /* ---- refusals ---------------------------------------------------------------------- */
 
 static void expect_create_err_(const zdp_model *base, float *const *bp, zdp_lora_config c,
@@ -518,7 +652,8 @@ int main(void) {
         cmocka_unit_test(test_fresh_is_base), cmocka_unit_test(test_fd_llama),
         cmocka_unit_test(test_fd_qwen3_tied), cmocka_unit_test(test_fd_gpt),
         cmocka_unit_test(test_fresh_grads),   cmocka_unit_test(test_shared_base),
-        cmocka_unit_test(test_merge),         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_merge),         cmocka_unit_test(test_peft_folder),
+        cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
