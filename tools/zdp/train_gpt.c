@@ -16,6 +16,7 @@
  *       [--block-size T] [--save-model-dir OUT] [--save-dtype F32|BF16] [...]
  *       [--lora-rank r [--lora-alpha a] [--lora-targets attn,mlp,unembed]
  *        [--save-adapter-dir OUT]]   (LoRA over the folder's frozen weights)
+ *       [--adapter DIR [--save-adapter-dir OUT]]  (LoRA from a PEFT adapter folder)
  *
  * Contract (stable; see docs/training.md): INIT/OUT use GPT2LMHeadModel
  * names and layouts; --data is an llm.c token shard or any file read as
@@ -53,6 +54,7 @@ typedef struct gpt_opts {
     int64_t lora_rank;
     double lora_alpha;
     const char *lora_targets, *save_adapter_dir;
+    const char *adapter; /* --adapter: start from this PEFT folder (its config is the LoRA's) */
     int64_t steps, val_every, val_batches, arith_lines, max_skipped;
     double val_fraction; /* < 0: the default for the data kind */
     int progress;        /* -1 auto, 0 plain lines, 1 progress line */
@@ -102,6 +104,8 @@ static void usage_(void) {
            "  --lora-targets LIST (all) attn, mlp, unembed, comma-separated\n"
            "  --save-adapter-dir OUT    at the end, a PEFT adapter folder (rank 0); merge\n"
            "                            it with zdp lora merge\n"
+           "  --adapter DIR             start from a PEFT adapter folder instead (its\n"
+           "                            adapter_config.json gives rank, alpha and targets)\n"
            "  --val-every N (50)  --val-batches K (8, per rank)\n"
            "  --out-dir DIR (zdp-out)    metrics.csv and loss.svg\n"
            "  --save-dir DIR --save-every K   checkpoints DIR/global_step{N}/, DIR/latest\n"
@@ -163,6 +167,7 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
         CLI_F64("--lora-alpha", &o->lora_alpha, 1e-30, 1e30, "need a number > 0"),
         CLI_WORD("--lora-targets", &o->lora_targets, NULL, NULL),
         CLI_WORD("--save-adapter-dir", &o->save_adapter_dir, NULL, NULL),
+        CLI_WORD("--adapter", &o->adapter, NULL, NULL),
     };
     static const cli_command cmd = {
         .missing = "expected an option with a value (see zdp train --model gpt --help)",
@@ -171,12 +176,28 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
     if (rc == 1 && zdp_dist_rank() == 0) usage_();
     if (rc != 0) return rc;
     if (o->config == NULL) return cli_fail("--config CFG.json is required");
-    bool lora_flag = false;
-    for (int i = 0; i < argc; i++)
-        lora_flag = lora_flag || strncmp(argv[i], "--lora-", 7) == 0 ||
-                    strcmp(argv[i], "--save-adapter-dir") == 0;
-    if (lora_flag && o->lora_rank == 0)
-        return cli_fail("--lora-alpha, --lora-targets and --save-adapter-dir need --lora-rank r");
+    bool lora_flag = false, save_flag = false;
+    for (int i = 0; i < argc; i++) {
+        lora_flag = lora_flag || strncmp(argv[i], "--lora-", 7) == 0;
+        save_flag = save_flag || strcmp(argv[i], "--save-adapter-dir") == 0;
+    }
+    if (o->adapter != NULL && lora_flag)
+        return cli_fail("--adapter %s: its adapter_config.json sets rank, alpha and targets; "
+                        "drop --lora-rank, --lora-alpha and --lora-targets", o->adapter);
+    if (o->adapter != NULL) {
+        zdp_lora_config ac;
+        zdp_error aerr;
+        if (zdp_lora_read_adapter_config(o->adapter, &ac, &aerr) != ZDP_OK)
+            return cli_fail("--adapter %s", aerr.msg);
+        o->lora_rank = ac.rank;
+        o->lora_alpha = ac.alpha;
+        static char tn[32]; /* one parse per run */
+        zdp_lora_targets_name(ac.targets, tn, sizeof tn);
+        o->lora_targets = tn;
+    }
+    if ((lora_flag || save_flag) && o->lora_rank == 0)
+        return cli_fail("--lora-alpha, --lora-targets and --save-adapter-dir need --lora-rank r "
+                        "(or --adapter DIR)");
     if (o->lora_rank > 0 && o->model_dir == NULL)
         return cli_fail("--lora-rank: LoRA adapts a pretrained model; give its folder with "
                         "--model-dir DIR");
@@ -321,7 +342,11 @@ static int init_params_(gpt_opts *o, run_state *st) {
     if (views == NULL) return cli_fail("out of memory");
     int rc = 0;
     for (int i = 0; i < st->model.n_params; i++) views[i] = zdp_engine_param_data(st->eng, i);
-    if (o->lora_rank > 0) {
+    if (o->adapter != NULL) {
+        zdp_error err;
+        if (zdp_lora_load_adapter(o->adapter, &st->model, views, &err) != ZDP_OK)
+            rc = cli_fail("--adapter %s", err.msg);
+    } else if (o->lora_rank > 0) {
         zdp_lora_init_params(&st->model, views); /* the folder's weights are the base's */
     } else if (o->model_dir != NULL) {
         zdp_error err;
