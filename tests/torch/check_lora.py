@@ -27,7 +27,9 @@ and B are parameters of the optimizer.  Per case:
 
 Cases: qwen3 (tied, GQA, q/k norm) every target at -np 1 ZeRO 0 managed G 2
 and -np 2 ZeRO 2 unmanaged --schedule 2,1,3; llama (untied, biases, llama3
-rope) attn+mlp at -np 3 ZeRO 1 managed G 2.  Exit 0 when all agree.
+rope) attn+mlp at -np 3 ZeRO 1 managed G 2; GPT-2 (a gpt2 folder written
+here from bench/torch/gpt_torch.py's model; Conv1D sites, fan_in_fan_out)
+attn+mlp at -np 2 ZeRO 1 unmanaged --schedule 1,2.  Exit 0 when all agree.
 """
 
 import argparse
@@ -52,6 +54,13 @@ STEPS = 5
 T = 16
 GROUPS = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
           "mlp": ("gate_proj", "up_proj", "down_proj"), "unembed": ("lm_head",)}
+GPT_GROUPS = {"attn": ("attn.c_attn", "attn.c_proj"), "mlp": ("mlp.c_fc", "mlp.c_proj")}
+
+
+def conv1d_forward(conv, a, b, s):
+    """GPT-2's Conv1D (weight [in, out]) with PEFT's fan_in_fan_out adapter."""
+    return lambda x: torch.addmm(conv.bias, x.reshape(-1, x.shape[-1]), conv.weight).view(
+        x.shape[:-1] + (conv.weight.shape[1],)) + F.linear(F.linear(x, a), b) * s
 
 
 class LoraRef(torch.nn.Module):
@@ -78,8 +87,11 @@ class LoraRef(torch.nn.Module):
                 if "forward" in vars(mod):  # an earlier wrapper's
                     del mod.forward
                 continue
-            mod.forward = (lambda lin, a, b: lambda x: F.linear(x, lin.weight, lin.bias) +
-                           F.linear(F.linear(x, a), b) * s)(mod, *ab)
+            if isinstance(mod, gt.Conv1D):
+                mod.forward = conv1d_forward(mod, *ab, s)
+            else:
+                mod.forward = (lambda lin, a, b: lambda x: F.linear(x, lin.weight, lin.bias) +
+                               F.linear(F.linear(x, a), b) * s)(mod, *ab)
         head = pair("lm_head")
         if head is not None:
             # llama_ref computes logits = F.linear(h, head_weight()): the adapter
@@ -96,14 +108,14 @@ class LoraRef(torch.nn.Module):
         return {n: p.detach() for n, p in zip(self.names, self.ps)}
 
 
-def write_adapter(folder, tensors, r, alpha, targets):
+def write_adapter(folder, tensors, r, alpha, targets, gpt):
     os.makedirs(folder, exist_ok=True)
     gt.write_safetensors(os.path.join(folder, "adapter_model.safetensors"),
                          {n: t.float() for n, t in tensors.items()}, {"format": "pt"})
-    mods = [m for g in targets for m in GROUPS[g]]
+    mods = [m for g in targets for m in (GPT_GROUPS if gpt else GROUPS)[g]]
     with open(os.path.join(folder, "adapter_config.json"), "w") as f:
         json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": alpha,
-                   "target_modules": mods, "bias": "none", "fan_in_fan_out": False}, f)
+                   "target_modules": mods, "bias": "none", "fan_in_fan_out": gpt}, f)
 
 
 def read_adapter(folder):
@@ -114,11 +126,16 @@ def adapter_shapes(m, r, targets):
     """PEFT's names and shapes for llama_ref model m."""
     out = {}
     mods = {mm for g in targets for mm in GROUPS[g]}
+    gmods = {mm for g in targets for mm in GPT_GROUPS.get(g, ())}
     for name, mod in m.named_modules():
         leaf = name.split(".")[-1]
         if leaf in mods and isinstance(mod, torch.nn.Linear):
             out[f"base_model.model.{name}.lora_A.weight"] = (r, mod.in_features)
             out[f"base_model.model.{name}.lora_B.weight"] = (mod.out_features, r)
+        if isinstance(mod, gt.Conv1D) and ".".join(name.split(".")[-2:]) in gmods:
+            n_in, n_out = mod.weight.shape
+            out[f"base_model.model.{name}.lora_A.weight"] = (r, n_in)
+            out[f"base_model.model.{name}.lora_B.weight"] = (n_out, r)
     if "unembed" in targets:
         V, H = m.head_weight().shape
         out["base_model.model.lm_head.lora_A.weight"] = (r, H)
@@ -168,13 +185,35 @@ def run_case(a, rep, work, label, shape, targets, r, alpha, W, stage, managed, G
     print(f"== {label}: r {r}, alpha {alpha}, {','.join(targets)}; -np {W}, ZeRO {stage}, "
           f"{'managed, G %d' % G if managed else 'unmanaged, --schedule ' + schedule}")
     folder = os.path.join(work, label + ".base")
-    if sh([a.zdp, "init-model"] + shape + ["--seed", "5", "--out", folder], rep,
-          f"{label}: init-model") is None:
-        return
+    gpt = shape[0] == "gpt2"
+    if gpt:  # a GPT-2 folder written here: config.json + GPT2LMHeadModel's tensors
+        cfg = gt.GPTConfig(**shape[1])
+        m = gt.GPT(cfg)
+        m.init_weights(torch.Generator().manual_seed(5))
+        with torch.no_grad():  # wider than 0.02: gradients the check can see
+            for n, p in m.named_parameters():
+                if n.endswith(".weight") and p.dim() == 2:
+                    p.mul_(8.0)
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump({"model_type": "gpt2", "n_layer": cfg.n_layer, "n_head": cfg.n_head,
+                       "n_embd": cfg.n_embd, "vocab_size": cfg.vocab_size,
+                       "n_positions": cfg.block_size}, f)
+        gt.write_safetensors(os.path.join(folder, "model.safetensors"),
+                             [(n, p.detach().float()) for n, p in m.named_parameters()],
+                             {"format": "pt"})
+        m = gt.GPT(cfg)
+        m.load_state_dict({n: t.float() for n, t in read_folder(folder).items()}, strict=True)
+        vocab = cfg.vocab_size
+    else:
+        if sh([a.zdp, "init-model"] + shape + ["--seed", "5", "--out", folder], rep,
+              f"{label}: init-model") is None:
+            return
+        m, cfg = ref_model(folder)
+        vocab = cfg.vocab_size
     base_digest = digest(folder)
-    m, cfg = ref_model(folder)
     m.double()
-    tokens = gt.synthetic_tokens(cfg.vocab_size, 4000, seed=3)
+    tokens = gt.synthetic_tokens(vocab, 4000, seed=3)
     data = os.path.join(work, label + ".npy")
     write_npy_int32(data, tokens)
     mp = [a.mpirun, "-np", str(W), "--oversubscribe", a.zdp, "train", "--model-dir", folder,
@@ -190,7 +229,7 @@ def run_case(a, rep, work, label, shape, targets, r, alpha, W, stage, managed, G
           for n, s in adapter_shapes(m, r, targets).items()}
     a0 = {n: t.float().double() for n, t in a0.items()}  # what the F32 file holds
     a0_dir, a1_dir = os.path.join(work, label + ".a0"), os.path.join(work, label + ".a1")
-    write_adapter(a0_dir, a0, r, alpha, targets)
+    write_adapter(a0_dir, a0, r, alpha, targets, gpt)
     sgd = os.path.join(work, label + ".sgd.json")
     write_cfg(sgd, 2, G, W, managed, stage, sgd=True)
     if sh(mp + ["--config", sgd, "--steps", "1", "--adapter", a0_dir, "--save-adapter-dir",
@@ -256,7 +295,8 @@ def run_case(a, rep, work, label, shape, targets, r, alpha, W, stage, managed, G
         key = f"base_model.model.{mod}.lora_A.weight"
         if key in fin64:
             src = base.get(n, base.get("model.embed_tokens.weight") if n == "lm_head.weight" else None)
-            exp = src.double() + (fin64[key.replace("lora_A", "lora_B")] @ fin64[key]) * s
+            delta = (fin64[key.replace("lora_A", "lora_B")] @ fin64[key]) * s
+            exp = src.double() + (delta.t() if gpt else delta)  # Conv1D: [in, out]
             rel = float((w.double() - exp).abs().max() / exp.abs().max())
             if rel > 1e-6:
                 bad.append(f"{n} ({rel:.1e})")
@@ -292,6 +332,9 @@ def main():
                  "2,1,3")
         run_case(a, rep, work, "llama-np3-stage1-managed", llama, ["attn", "mlp"], 3, 32, 3, 1,
                  True, 2, None)
+        gpt2 = ["gpt2", dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=T)]
+        run_case(a, rep, work, "gpt2-np2-stage1-unmanaged", gpt2, ["attn", "mlp"], 4, 16, 2, 1,
+                 False, 1, "1,2")
     if rep.failures:
         print(f"check_lora: {len(rep.failures)} FAILED:")
         for f in rep.failures:

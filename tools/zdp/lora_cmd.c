@@ -10,7 +10,9 @@
  * the head: the folder gets lm_head.weight = embedding + product and
  * tie_word_embeddings false, the embedding unchanged.  GPT-2 always ties
  * its head, so an lm_head adapter on it is refused.  One process: ranks > 0
- * do nothing.
+ * do nothing.  A GPT-2 base is built with block_size n_positions (its wpe
+ * has that many rows), so its activations for one sequence of that length
+ * are allocated, if never used.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -64,8 +66,11 @@ static int merge_(const char *base_dir, const char *adapter_dir, const char *out
     int rc = 0;
     if (zdp_hf_config_read(base_dir, &hc, &err) != ZDP_OK)
         return cli_fail("--model-dir %s", err.msg);
-    /* One token of activations: nothing runs, the model holds the parameter list. */
-    if (zdp_hf_model_create(&hc, 1, 1, &base, &err) != ZDP_OK)
+    /* Nothing runs: the model only holds the parameter list, so one token of
+     * activations -- except GPT-2, whose wpe has block_size rows: all of the
+     * folder's n_positions, so that the merged folder keeps every row. */
+    const int block = hc.family == ZDP_HF_GPT2 ? hc.max_position_embeddings : 1;
+    if (zdp_hf_model_create(&hc, block, 1, &base, &err) != ZDP_OK)
         return cli_fail("--model-dir %s: %s", base_dir, err.msg);
     bp = alloc_(&base);
     if (!complete_(bp, &base)) rc = cli_fail("out of memory for the base weights");
