@@ -9,9 +9,11 @@
  * One base model and its weights; per round, a full fine-tuning engine
  * (every weight a parameter) and a LoRA engine (the adapters only, over the
  * same base weights) each take 1 warm-up step and --steps timed steps of
- * Adam on the same micro-batches, alternating which goes first; the line
- * printed per mode is the median over all timed steps of all rounds of the
- * step's wall time, with the engine's forward / backward / optimizer split.
+ * Adam on the same micro-batches, alternating which goes first; per mode,
+ * the medians over all timed steps of all rounds of the calling thread's
+ * CPU time for the step, its forward and its backward (the figure to quote
+ * on a shared machine, with OPENBLAS_NUM_THREADS=1 at -np 1), and of the
+ * wall times the engine reports.
  * Memory: the engine's bytes (parameters, gradients, optimizer state) of
  * each mode, the LoRA model's own scratch, and the base weights the LoRA
  * models share.  Not a test: no assertions beyond "it ran".
@@ -27,6 +29,14 @@
 static double now_(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* This thread's CPU time: with single-threaded BLAS the work a call did,
+ * whatever else the machine runs (wall time on a shared machine is not). */
+static double cpu_(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -46,7 +56,8 @@ static void die_(const char *what, const zdp_error *err) {
 }
 
 typedef struct timing {
-    double *step, *fwd, *bwd, *opt;
+    double *step, *fwd, *bwd, *opt; /* wall ms */
+    double *cstep, *cfwd, *cbwd;    /* CPU ms of the calling thread */
     int n;
     zdp_memory_report mem;
     int64_t numel;
@@ -67,13 +78,18 @@ static void run_(const zdp_config *cfg, const zdp_model *m, float *const *src, i
     zdp_engine_memory_report(eng, &t->mem);
     t->numel = zdp_engine_numel(eng);
     for (int s = 0; s < steps + 1; s++) {
-        const double t0 = now_();
+        const double t0 = now_(), c0 = cpu_();
         float loss;
         if (zdp_engine_forward(eng, &batches[s], &loss, &err) != ZDP_OK) die_("forward", &err);
+        const double c1 = cpu_();
         if (zdp_engine_backward(eng, true, 1.0f, &err) != ZDP_OK) die_("backward", &err);
+        const double c2 = cpu_();
         if (zdp_engine_step(eng, &err) != ZDP_OK) die_("step", &err);
-        const double dt = now_() - t0;
+        const double dt = now_() - t0, c3 = cpu_();
         if (s == 0) continue; /* warm-up */
+        t->cstep[t->n] = 1e3 * (c3 - c0);
+        t->cfwd[t->n] = 1e3 * (c1 - c0);
+        t->cbwd[t->n] = 1e3 * (c2 - c1);
         zdp_step_timing st;
         zdp_engine_step_timing(eng, &st);
         t->step[t->n] = 1e3 * dt;
@@ -175,7 +191,10 @@ int main(int argc, char **argv) {
         t[k] = (timing){.step = calloc((size_t)cap, sizeof(double)),
                         .fwd = calloc((size_t)cap, sizeof(double)),
                         .bwd = calloc((size_t)cap, sizeof(double)),
-                        .opt = calloc((size_t)cap, sizeof(double))};
+                        .opt = calloc((size_t)cap, sizeof(double)),
+                        .cstep = calloc((size_t)cap, sizeof(double)),
+                        .cfwd = calloc((size_t)cap, sizeof(double)),
+                        .cbwd = calloc((size_t)cap, sizeof(double))};
     for (int r = 0; r < rounds; r++)
         for (int k = 0; k < 2; k++) {
             const int mode = (r + k) % 2; /* alternate which goes first */
@@ -183,21 +202,28 @@ int main(int argc, char **argv) {
             else run_(&cfg, &lora, ap, steps, batches, &t[1]);
         }
     if (zdp_dist_rank() == 0) {
-        printf("%s L=%d H=%d NH=%d%s F=%d V=%d T=%d b=%d W=%d, LoRA rank %d targets %s; "
+        printf("%s L=%d H=%d NH=%d KV=%d F=%d V=%d T=%d b=%d W=%d, LoRA rank %d targets %s; "
                "%d rounds x %d steps, medians\n",
-               gpt ? "gpt" : "llama", L, H, NH, gpt ? "" : " (KV 2)", gpt ? 4 * H : F, V, T, b,
-               W, rank, targets, rounds, steps);
+               gpt ? "gpt" : "llama", L, H, NH, gpt ? NH : KV, gpt ? 4 * H : F, V, T, b, W, rank,
+               targets, rounds, steps);
         const char *names[2] = {"full", "lora"};
-        double med[2][4];
+        double med[2][4], cmed[2][3];
         for (int k = 0; k < 2; k++) {
             med[k][0] = median_(t[k].step, t[k].n);
             med[k][1] = median_(t[k].fwd, t[k].n);
             med[k][2] = median_(t[k].bwd, t[k].n);
             med[k][3] = median_(t[k].opt, t[k].n);
-            printf("%s: step_ms=%.1f fwd_ms=%.1f bwd_ms=%.1f opt_ms=%.1f params=%lld "
+            cmed[k][0] = median_(t[k].cstep, t[k].n);
+            cmed[k][1] = median_(t[k].cfwd, t[k].n);
+            cmed[k][2] = median_(t[k].cbwd, t[k].n);
+            printf("%s: cpu: step_ms=%.1f fwd_ms=%.1f bwd_ms=%.1f | wall: step_ms=%.1f "
+                   "fwd_ms=%.1f bwd_ms=%.1f opt_ms=%.1f\n",
+                   names[k], cmed[k][0], cmed[k][1], cmed[k][2], med[k][0], med[k][1],
+                   med[k][2], med[k][3]);
+            printf("%s: params=%lld "
                    "engine_mib=%.2f (params %.2f, grads %.2f, optimizer %.2f) "
                    "model_scratch_mib=%.2f\n",
-                   names[k], med[k][0], med[k][1], med[k][2], med[k][3], (long long)t[k].numel,
+                   names[k], (long long)t[k].numel,
                    t[k].mem.total_bytes / 1048576.0, t[k].mem.params_bytes / 1048576.0,
                    (t[k].mem.grads_bytes + t[k].mem.grad_partition_bytes) / 1048576.0,
                    t[k].mem.optimizer_bytes / 1048576.0,
@@ -209,9 +235,12 @@ int main(int argc, char **argv) {
             for (int d = 0; d < base.params[i].ndim; d++) n *= base.params[i].shape[d];
             base_bytes += n * 4;
         }
-        printf("ratio lora/full: step %.3f, backward %.3f, forward %.3f; base weights (shared by "
-               "every LoRA model) %.2f MiB, base activations (shared) %.2f MiB\n",
-               med[1][0] / med[0][0], med[1][2] / med[0][2], med[1][1] / med[0][1],
+        printf("ratio lora/full (cpu): step %.3f, forward %.3f, backward %.3f; (wall) step "
+               "%.3f\n",
+               cmed[1][0] / cmed[0][0], cmed[1][1] / cmed[0][1], cmed[1][2] / cmed[0][2],
+               med[1][0] / med[0][0]);
+        printf("base weights (shared by every LoRA model) %.2f MiB, base activations (shared) "
+               "%.2f MiB\n",
                base_bytes / 1048576.0, base.activation_bytes / 1048576.0);
     }
     zdp_lora_destroy(&lora);
