@@ -4,7 +4,8 @@
 # startup line counting adapter parameters), --save-adapter-dir writes a
 # PEFT folder, `zdp lora merge` writes a merged model folder whose val loss
 # is the LoRA model's (tied Qwen3 with an lm_head adapter: the head comes
-# out untied; untied Llama with attn,mlp), and bad input (rank 0, a rank
+# out untied; untied Llama with attn,mlp), checkpoints of the adapters resume
+# exactly (and refuse another rank), and bad input (rank 0, a rank
 # larger than a target, an unknown target, LoRA flags without --lora-rank or
 # without --model-dir, --save-model-dir with LoRA, an adapter for another
 # base, a missing adapter folder): one message naming the flag or tensor,
@@ -103,6 +104,15 @@ expect_ok 2 "${TRAIN0[@]}" --model-dir "$T/ml"  # -np 2: the same val batches
 val_ml=$(last_val)
 python3 -c "import sys; a,b=float('$val_l'),float('$val_ml'); sys.exit(0 if abs(a-b) <= 2e-4*abs(a) else 1)" ||
   fail "merged llama val loss $val_ml != LoRA val loss $val_l"
+
+# Checkpoints hold the adapters: 2 steps, resume to 4 = the -np 1 run's steps 3-4; a
+# checkpoint of another rank is refused naming the key.
+expect_ok 2 "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 4 --lora-alpha 8 --steps 2 \
+  --save-dir "$T/ck" --save-every 2
+expect_ok 2 "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 4 --lora-alpha 8 --resume "$T/ck"
+[ "$(losses)" = "$(echo "$ref" | tail -2)" ] || fail "--resume: steps 3-4 $(losses) vs $ref"
+expect_error 2 "lora_rank" "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 2 --lora-alpha 8 \
+  --resume "$T/ck"
 
 # Bad input.
 expect_error 1 "--lora-rank" "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 0
