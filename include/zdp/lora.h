@@ -33,7 +33,7 @@ enum {
 
 typedef struct zdp_lora_config {
     int rank;       /* r >= 1, at most min(in, out) of every targeted linear */
-    float alpha;    /* lora_alpha > 0 (ZDP_LORA_DEFAULT_ALPHA unless told); scaling alpha / rank */
+    float alpha;    /* lora_alpha > 0; 0 means ZDP_LORA_DEFAULT_ALPHA (32); scaling alpha / rank */
     int targets;    /* ZDP_LORA_* bits, at least one */
     uint64_t seed;  /* A's initialisation */
 } zdp_lora_config;

@@ -200,10 +200,10 @@ static zdp_status check_config_(const zdp_lora_config *c, zdp_error *err) {
                            "%s: rank = %d: must be at least 1 (PEFT's r, Tinker's "
                            "LoraConfig.rank; 8 to 64 is usual)",
                            fn, c->rank);
-    if (!(c->alpha > 0.0f) || !isfinite(c->alpha))
+    if (!(c->alpha >= 0.0f) || !isfinite(c->alpha))
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
-                           "%s: alpha = %g: must be finite and > 0 (PEFT's lora_alpha; %g unless "
-                           "told)",
+                           "%s: alpha = %g: must be finite and > 0 (PEFT's lora_alpha; 0 for the "
+                           "default %g)",
                            fn, (double)c->alpha, (double)ZDP_LORA_DEFAULT_ALPHA);
     if (c->targets <= 0 || (c->targets & ~ZDP_LORA_ALL) != 0)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
@@ -232,7 +232,8 @@ zdp_status zdp_lora_create(const zdp_model *base, const float *const *base_param
     lora *m = calloc(1, sizeof *m);
     if (m == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory", fn);
     m->cfg = *cfg;
-    m->scale = cfg->alpha / (float)cfg->rank;
+    if (m->cfg.alpha == 0.0f) m->cfg.alpha = ZDP_LORA_DEFAULT_ALPHA;
+    m->scale = m->cfg.alpha / (float)cfg->rank;
     m->base = base;
     m->base_params = base_params;
     m->nsites = nsites;
@@ -300,7 +301,7 @@ zdp_status zdp_lora_create(const zdp_model *base, const float *const *base_param
     snprintf(m->shape_json, sizeof m->shape_json,
              "{\"model\":\"lora-%s\",\"lora_rank\":%d,\"lora_alpha\":\"%g\",\"lora_targets\":"
              "\"%s\"%s%s",
-             bname, cfg->rank, (double)cfg->alpha, tnames, model_end != NULL ? "," : "}",
+             bname, cfg->rank, (double)m->cfg.alpha, tnames, model_end != NULL ? "," : "}",
              model_end != NULL ? model_end + 2 : "");
     *out = (zdp_model){.self = m, .ops = &lora_ops_, .lm = &lora_lm_ops_,
                        .vocab_size = base->vocab_size, .block_size = base->block_size,

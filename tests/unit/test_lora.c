@@ -616,8 +616,16 @@ static void test_refusals(void **state) {
     zdp_lora_destroy(&ok);
     expect_create_err_(&f.base, f.bp, (zdp_lora_config){.rank = 9, .alpha = 32, .targets = ZDP_LORA_MLP},
                        "mlp.gate_proj's dimensions (in 8, out 12)");
-    expect_create_err_(&f.base, f.bp, (zdp_lora_config){.rank = 2, .alpha = 0, .targets = 7},
-                       "alpha = 0");
+    expect_create_err_(&f.base, f.bp, (zdp_lora_config){.rank = 2, .alpha = -1, .targets = 7},
+                       "alpha = -1");
+    expect_create_err_(&f.base, f.bp, (zdp_lora_config){.rank = 2, .alpha = INFINITY, .targets = 7},
+                       "alpha = inf");
+    /* alpha 0: the default, 32. */
+    zdp_lora_config dflt = {.rank = 2, .targets = ZDP_LORA_MLP};
+    assert_int_equal(zdp_lora_create(&f.base, (const float *const *)f.bp, &dflt, &ok, &err), ZDP_OK);
+    assert_true(zdp_lora_config_of(&ok)->alpha == 32.0f);
+    assert_non_null(strstr(ok.shape_json, "\"lora_alpha\":\"32\""));
+    zdp_lora_destroy(&ok);
     expect_create_err_(&f.base, f.bp, (zdp_lora_config){.rank = 2, .alpha = NAN, .targets = 7},
                        "alpha = nan");
     expect_create_err_(&f.base, f.bp, (zdp_lora_config){.rank = 2, .alpha = 32, .targets = 0},
