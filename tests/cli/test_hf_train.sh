@@ -2,7 +2,8 @@
 # `zdp init-model` and `zdp train --model-dir` through the command line: a
 # folder trains at -np 1, 2, 3 and 4 with the same per-step losses (the same
 # windows whatever W: train_batch_size is fixed); --save-model-dir writes a
-# folder that trains on; --save-dir/--resume continue exactly; and bad input
+# folder that trains on; --save-dir/--resume continue exactly; an llm.c shard
+# trains as the .npy of the same tokens; a GPT-2 folder round trip; and bad input
 # (a missing or malformed config.json, an unknown model_type, a refused key,
 # a tensor missing, a missing shard, a token outside the vocabulary, a text
 # file, shape flags next to --model-dir, a block size past
@@ -100,6 +101,29 @@ expect_ok 2 train --model-dir "$T/sh" --config "$T/ds.json" --data "$T/tok.npy" 
   --block-size 8 --steps 3 --progress off --out-dir "$T/o"
 losses | cmp -s - <(head -3 "$T/loss.2") || fail "the sharded folder trains differently"
 
+# llm.c token shards (uint16) load as well as .npy.
+python3 - "$T/tok.bin" <<'PY'
+import struct, sys
+toks = [(i * 7919 + i // 3) % 97 for i in range(3000)]
+hdr = struct.pack("<3i", 20240520, 1, len(toks)) + bytes(1012)
+open(sys.argv[1], "wb").write(hdr + struct.pack("<%dH" % len(toks), *toks))
+PY
+expect_ok 2 train --model-dir "$T/m" --config "$T/ds.json" --data "$T/tok.bin" --block-size 8 \
+  --steps 3 --progress off --out-dir "$T/o"
+losses | cmp -s - "$T/loss.2" || fail "the llm.c shard of the same tokens trains differently from the .npy"
+
+# A GPT-2 folder: written by --model gpt --save-model-dir, trained by --model-dir.
+cat >"$T/gpt.json" <<'JSON'
+{"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}
+JSON
+expect_ok 2 train --model gpt --n-layer 1 --n-head 2 --n-embd 16 --vocab-size 97 --block-size 16 \
+  --config "$T/gpt.json" --data "$T/tok.npy" --steps 1 --progress off --out-dir "$T/o" \
+  --save-model-dir "$T/g"
+grep -qF '"model_type": "gpt2"' "$T/g/config.json" || fail "--model gpt --save-model-dir: not a gpt2 folder"
+expect_ok 2 train --model-dir "$T/g" --config "$T/gpt.json" --data "$T/tok.npy" --block-size 8 \
+  --steps 1 --progress off --out-dir "$T/o"
+grep -qF "zdp train: gpt L=1 H=2 C=16 V=97 T=8" "$T/out" || { fail "--model-dir gpt2 folder"; cat "$T/out"; }
+
 # ---- bad input ----------------------------------------------------------------
 expect_error 1 "--arch is required" init-model --layers 1 --hidden 8 --heads 2 --ffn 8 --vocab 9 --out "$T/x"
 expect_error 1 "--kv-heads 3: must divide --heads 4" init-model --arch llama --layers 1 --hidden 8 \
@@ -107,7 +131,10 @@ expect_error 1 "--kv-heads 3: must divide --heads 4" init-model --arch llama --l
 expect_error 1 "--rope-scaling yarn:2" init-model --arch llama --layers 1 --hidden 8 --heads 2 \
   --ffn 8 --vocab 9 --rope-scaling yarn:2 --out "$T/x"
 expect_error 1 "cannot create the folder" init-model --arch llama --layers 1 --hidden 8 --heads 2 \
-  --ffn 8 --vocab 9 --out "$T/no/such/dir"
+  --ffn 8 --vocab 9 --out "$T/tok.npy/dir"
+expect_ok 1 init-model --arch llama --layers 1 --hidden 8 --heads 2 --ffn 8 --vocab 9 \
+  --out "$T/new/parents/dir"
+[ -f "$T/new/parents/dir/config.json" ] || fail "init-model --out with missing parents"
 
 expect_error 2 "$T/none: cannot open the model folder" train --model-dir "$T/none" --config "$T/ds.json" --data "$T/tok.npy"
 mkdir -p "$T/b1"
@@ -135,6 +162,8 @@ grep -qF "model.safetensors.index.json" "$T/out" || fail "missing shard: the ind
 expect_error 2 "--block-size 64: --model-dir $T/m's max_position_embeddings is 32" \
   train --model-dir "$T/m" --config "$T/ds.json" --data "$T/tok.npy" --block-size 64
 expect_error 2 "--n-layer: the model comes from --model-dir" "${TRAIN[@]}" --n-layer 2
+expect_error 2 "--save-model-dir" "${TRAIN[@]}" --steps 1 --save-model-dir "$T/tok.npy/dir"
+grep -q "^step 1 " "$T/out" && fail "--save-model-dir under a file: refused only after training"
 npy "$T/oov.npy" 500 97 97
 expect_error 2 "token 97 at position 499 is outside the vocabulary of --model-dir" \
   train --model-dir "$T/m" --config "$T/ds.json" --data "$T/oov.npy" --block-size 8
