@@ -18,7 +18,12 @@
  * the lm_head's contribution first and the token embedding's at the very end,
  * so it stays acquired through the whole backward.  Since the engine plans
  * buckets from the last registered tensor to the first, buckets complete in
- * order.  Not here: any parallelism or communication (the engine's job).
+ * order.  With adapters attached (adapter.h, lora.c) the same code runs
+ * frozen: each Conv1D site and the lm_head hand their output to the
+ * adapter in forward and their output gradient in backward, no base
+ * tensor is acquired, no dW is computed, and backward stops below the
+ * lowest adapted block.  Not here: any parallelism or communication (the
+ * engine's job).
  */
 #include <limits.h>
 #include <math.h>

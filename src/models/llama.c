@@ -23,7 +23,11 @@
  * projections, input_layernorm: the order their gradients complete), and
  * embed_tokens last.  A tied embed_tokens gets lm_head's gradient first and
  * the embedding's at the very end, so it stays acquired through the whole
- * backward.  Not here: config.json (hf.c), parallelism (the engine).
+ * backward.  With adapters attached (adapter.h, lora.c) the same code runs
+ * frozen: each projection and the lm_head hand their output to the adapter
+ * in forward and their output gradient in backward, no base tensor is
+ * acquired, no dW is computed, and backward stops below the lowest adapted
+ * block.  Not here: config.json (hf.c), parallelism (the engine).
  */
 #include <limits.h>
 #include <math.h>
