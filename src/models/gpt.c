@@ -82,11 +82,11 @@ typedef struct gpt {
     float *proj;                 /* (BT, C) scratch: c_proj outputs before the residual add */
     /* Backward scratch. */
     float *dres;                 /* (BT, C) gradient of the residual stream */
+    float *dnorm;                /* (2C) a frozen LayerNorm's discarded weight and bias gradients */
     float *dbuf;                 /* (BT, C) gradient of an ln output / attention output */
     float *dqkv;                 /* (BT, 3C) */
     float *dfch;                 /* (BT, 4C) */
     float *datt;                 /* (T, T) attention scratch */
-    float *dnorm;                /* (2C) a frozen LayerNorm's discarded weight and bias gradients */
 
     char *names;          /* n_params * NAME_MAX_ */
     zdp_param_info *info; /* (n_params) */
@@ -444,6 +444,7 @@ zdp_status zdp_gpt_create(const zdp_gpt_config *cfg, int max_batch, zdp_model *o
 
     /* Slice one block; each slice starts on a 64-byte boundary. */
     struct { float **p; int64_t n; } slices[] = {
+        {&m->dnorm, 2 * C},
         {&m->encoded, BT * C},      {&m->ln1, L * BT * C},         {&m->ln2, L * BT * C},
         {&m->ln1_mean, L * BT},     {&m->ln1_rstd, L * BT},        {&m->ln2_mean, L * BT},
         {&m->ln2_rstd, L * BT},     {&m->qkv, L * BT * 3 * C},     {&m->att, L * BT * NH * Tm},
@@ -452,7 +453,6 @@ zdp_status zdp_gpt_create(const zdp_gpt_config *cfg, int max_batch, zdp_model *o
         {&m->lnf_mean, BT},         {&m->lnf_rstd, BT},            {&m->probs, BT * V},
         {&m->proj, BT * C},         {&m->dres, BT * C},            {&m->dbuf, BT * C},
         {&m->dqkv, BT * 3 * C},     {&m->dfch, BT * 4 * C},        {&m->datt, Tm * Tm},
-        {&m->dnorm, 2 * C},
     };
     const int nslices = (int)(sizeof slices / sizeof slices[0]);
     int64_t total = 0;

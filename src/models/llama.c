@@ -90,13 +90,13 @@ typedef struct llama {
     float *probs;             /* (BT, V) softmax; backward turns it into dlogits */
     /* Backward scratch. */
     float *dres;              /* (BT, H) gradient of the residual stream */
+    float *dnorm;             /* (max(H, hd)) a frozen norm weight's discarded gradient */
     float *dbuf;              /* (BT, H) gradient of a norm output */
     float *dq, *dk, *dv;      /* (BT, QD), (BT, KD), (BT, KD) */
     float *dqn, *dkn;         /* (BT, QD), (BT, KD) gradients before the q/k norm (qk_norm only) */
     float *datty;             /* (BT, QD) */
     float *dgate, *dup;       /* (BT, F) */
     float *datt;              /* (T, T) attention scratch */
-    float *dnorm;             /* (max(H, hd)) a frozen norm weight's discarded gradient */
 
     char *names;          /* n_params * NAME_MAX_ */
     zdp_param_info *info; /* (n_params) */
@@ -605,6 +605,7 @@ zdp_status zdp_llama_create(const zdp_llama_config *cfg, int max_batch, zdp_mode
 
     /* Slice one block; each slice starts on a 64-byte boundary. */
     struct { float **p; int64_t n; } slices[] = {
+        {&m->dnorm, H > hd ? H : hd},
         {&m->cos, Tm * hd / 2},    {&m->sin, Tm * hd / 2},       {&m->encoded, BT * H},
         {&m->ln1, L * BT * H},     {&m->ln2, L * BT * H},        {&m->ln1_rstd, L * BT},
         {&m->ln2_rstd, L * BT},    {&m->q, L * BT * QD},         {&m->k, L * BT * KD},
@@ -617,7 +618,6 @@ zdp_status zdp_llama_create(const zdp_llama_config *cfg, int max_batch, zdp_mode
         {&m->dq, BT * QD},         {&m->dk, BT * KD},            {&m->dv, BT * KD},
         {&m->dqn, QN * BT * QD},   {&m->dkn, QN * BT * KD},      {&m->datty, BT * QD},
         {&m->dgate, BT * F},       {&m->dup, BT * F},            {&m->datt, Tm * Tm},
-        {&m->dnorm, H > hd ? H : hd},
     };
     const int nslices = (int)(sizeof slices / sizeof slices[0]);
     int64_t total = 0;
