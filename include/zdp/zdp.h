@@ -41,6 +41,7 @@
  *   zdp/engine.h  the engine, its reports and checkpoints
  *   zdp/gpt.h     the GPT-2 model and its weight files
  *   zdp/llama.h   the Llama family (Llama 3, Qwen3, SmolLM2)
+ *   zdp/lora.h    LoRA adapters over GPT-2 and the Llama family; PEFT adapter folders
  *   zdp/data.h    token files, the arithmetic corpus, the dataset
  *   zdp/io.h      safetensors
  *   zdp/hf.h      Hugging Face folders (config.json, sharded safetensors), the model factory
@@ -55,6 +56,7 @@
 #include "zdp/engine.h"
 #include "zdp/gpt.h"
 #include "zdp/llama.h"
+#include "zdp/lora.h"
 #include "zdp/data.h"
 #include "zdp/io.h"
 #include "zdp/hf.h"

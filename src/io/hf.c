@@ -958,6 +958,10 @@ static zdp_status hf_write_json_(const char *path, json_t *root, zdp_error *err)
     return s;
 }
 
+zdp_status zdp_io_write_json(const char *path, json_t *root, zdp_error *err) {
+    return hf_write_json_(path, root, err);
+}
+
 /* A float as the shortest decimal that reads back as the same float (rms
  * eps 1e-6f is written 1e-06, not 9.99999997e-07). */
 static double hf_short_(float f) {

@@ -10,6 +10,8 @@
 
 #include <stdbool.h>
 
+#include <jansson.h>
+
 /* True for the dtypes zdp reads weights from: F32, F16 and BF16. */
 bool zdp_io_dtype_float(zdp_dtype t);
 /* Element i of a little-endian F32, F16 or BF16 tensor as fp32 (exact: every
@@ -22,5 +24,10 @@ int64_t zdp_io_numel(const int64_t *shape, int ndim);
 /* fp32 -> bfloat16, round to nearest even (torch's .to(torch.bfloat16));
  * NaN stays a quiet NaN, infinities stay infinite. */
 uint16_t zdp_io_f32_to_bf16(float f);
+
+/* Writes root (taking its reference) to path as indented JSON with a final
+ * newline, atomically (temporary file, fsync, rename): hf.c's config.json
+ * writer, shared with lora_io.c's adapter_config.json. */
+zdp_status zdp_io_write_json(const char *path, json_t *root, zdp_error *err);
 
 #endif /* ZDP_IO_H */

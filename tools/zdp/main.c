@@ -35,6 +35,7 @@
 int cmd_train_gpt(int argc, char **argv); /* train_gpt.c */
 int cmd_serve(int argc, char **argv);     /* serve.c */
 int cmd_init_model(int argc, char **argv); /* init_model.c */
+int cmd_lora(int argc, char **argv);       /* lora_cmd.c */
 
 /* ---- options ---------------------------------------------------------------- */
 
@@ -58,6 +59,7 @@ static const struct {
     {"gen-data", "write the MLP dataset or the arithmetic corpus to a file"},
     {"init-model", "write a randomly initialised Llama/Qwen3 model as a Hugging Face folder"},
     {"ckpt", "describe a checkpoint, or export its full fp32 weights"},
+    {"lora", "merge a PEFT LoRA adapter folder into its base model folder (lora merge)"},
 };
 
 static void usage_commands_(FILE *f) {
@@ -564,6 +566,8 @@ int main(int argc, char **argv) {
         rc = cmd_gen_data_(argc - 2, argv + 2);
     else if (strcmp(argv[1], "init-model") == 0)
         rc = cmd_init_model(argc - 2, argv + 2);
+    else if (strcmp(argv[1], "lora") == 0)
+        rc = cmd_lora(argc - 2, argv + 2);
     else
         rc = cmd_serve(argc - 2, argv + 2);
     /* A command that failed without meeting the others (one that runs on

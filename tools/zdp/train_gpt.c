@@ -14,6 +14,9 @@
  *       [--val-fraction F] [--out-dir DIR] [--seed N]
  *   mpirun -np W zdp train --model-dir DIR --config CFG.json --data FILE
  *       [--block-size T] [--save-model-dir OUT] [--save-dtype F32|BF16] [...]
+ *       [--lora-rank r [--lora-alpha a] [--lora-targets attn,mlp,unembed]
+ *        [--save-adapter-dir OUT]]   (LoRA over the folder's frozen weights)
+ *       [--adapter DIR [--save-adapter-dir OUT]]  (LoRA from a PEFT adapter folder)
  *
  * Contract (stable; see docs/training.md): INIT/OUT use GPT2LMHeadModel
  * names and layouts; --data is an llm.c token shard or any file read as
@@ -47,6 +50,11 @@ typedef struct gpt_opts {
     const char *config, *init, *data, *save_weights, *out_dir;
     const char *model_dir, *save_model_dir; /* Hugging Face folders in and out */
     int save_dtype;                         /* a zdp_dtype: F32 or BF16 */
+    /* LoRA (docs/lora.md): lora_rank 0 trains every weight. */
+    int64_t lora_rank;
+    double lora_alpha;
+    const char *lora_targets, *save_adapter_dir;
+    const char *adapter; /* --adapter: start from this PEFT folder (its config is the LoRA's) */
     int64_t steps, val_every, val_batches, arith_lines, max_skipped;
     double val_fraction; /* < 0: the default for the data kind */
     int progress;        /* -1 auto, 0 plain lines, 1 progress line */
@@ -89,6 +97,15 @@ static void usage_(void) {
            "  --save-model-dir OUT       at the end, a Hugging Face folder (config.json,\n"
            "                            safetensors, the tokenizer of --model-dir) (rank 0)\n"
            "  --save-dtype F32|BF16 (F32) the dtype --save-model-dir writes\n"
+           "LoRA (with --model-dir; docs/lora.md):\n"
+           "  --lora-rank r             train rank-r adapters over the folder's frozen\n"
+           "                            weights instead of every weight\n"
+           "  --lora-alpha a (32)       scaling a / r\n"
+           "  --lora-targets LIST (all) attn, mlp, unembed, comma-separated\n"
+           "  --save-adapter-dir OUT    at the end, a PEFT adapter folder (rank 0); merge\n"
+           "                            it with zdp lora merge\n"
+           "  --adapter DIR             start from a PEFT adapter folder instead (its\n"
+           "                            adapter_config.json gives rank, alpha and targets)\n"
            "  --val-every N (50)  --val-batches K (8, per rank)\n"
            "  --out-dir DIR (zdp-out)    metrics.csv and loss.svg\n"
            "  --save-dir DIR --save-every K   checkpoints DIR/global_step{N}/, DIR/latest\n"
@@ -104,7 +121,8 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
     *o = (gpt_opts){.model = CLI_GPT_DEFAULT,
                     .steps = 200, .val_every = 50, .val_batches = 8, .arith_lines = CLI_ARITH_LINES,
                     .val_fraction = -1, .seed = 42, .out_dir = "zdp-out", .progress = -1,
-                    .data_format = ZDP_TOKENS_AUTO, .max_skipped = CLI_MAX_SKIPPED_DEFAULT};
+                    .data_format = ZDP_TOKENS_AUTO, .max_skipped = CLI_MAX_SKIPPED_DEFAULT,
+                    .lora_alpha = ZDP_LORA_DEFAULT_ALPHA, .lora_targets = "all"};
     static const char *const formats[] = {"auto", "llmc", "npy", "bytes", NULL};
     static const int format_values[] = {ZDP_TOKENS_AUTO, ZDP_TOKENS_SHARD, ZDP_TOKENS_NPY,
                                         ZDP_TOKENS_BYTES};
@@ -145,6 +163,11 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
         CLI_U64("--seed", &o->seed, 0, INT64_MAX, "need an integer >= 0"),
         CLI_MAX_SKIPPED_ROW(&o->max_skipped),
         CLI_CHOICE("--progress", &o->progress, progress, progress_values, "on, off or auto"),
+        CLI_I64("--lora-rank", &o->lora_rank, 1, 1 << 20, "need an integer >= 1"),
+        CLI_F64("--lora-alpha", &o->lora_alpha, 1e-30, 1e30, "need a number > 0"),
+        CLI_WORD("--lora-targets", &o->lora_targets, NULL, NULL),
+        CLI_WORD("--save-adapter-dir", &o->save_adapter_dir, NULL, NULL),
+        CLI_WORD("--adapter", &o->adapter, NULL, NULL),
     };
     static const cli_command cmd = {
         .missing = "expected an option with a value (see zdp train --model gpt --help)",
@@ -153,6 +176,39 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
     if (rc == 1 && zdp_dist_rank() == 0) usage_();
     if (rc != 0) return rc;
     if (o->config == NULL) return cli_fail("--config CFG.json is required");
+    bool lora_flag = false, save_flag = false;
+    for (int i = 0; i < argc; i++) {
+        lora_flag = lora_flag || strncmp(argv[i], "--lora-", 7) == 0;
+        save_flag = save_flag || strcmp(argv[i], "--save-adapter-dir") == 0;
+    }
+    if (o->adapter != NULL && lora_flag)
+        return cli_fail("--adapter %s: its adapter_config.json sets rank, alpha and targets; "
+                        "drop --lora-rank, --lora-alpha and --lora-targets", o->adapter);
+    if (o->adapter != NULL) {
+        zdp_lora_config ac;
+        zdp_error aerr;
+        if (zdp_lora_read_adapter_config(o->adapter, &ac, &aerr) != ZDP_OK)
+            return cli_fail("--adapter %s", aerr.msg);
+        o->lora_rank = ac.rank;
+        o->lora_alpha = ac.alpha;
+        static char tn[32]; /* one parse per run */
+        zdp_lora_targets_name(ac.targets, tn, sizeof tn);
+        o->lora_targets = tn;
+    }
+    if ((lora_flag || save_flag) && o->lora_rank == 0)
+        return cli_fail("--lora-alpha, --lora-targets and --save-adapter-dir need --lora-rank r "
+                        "(or --adapter DIR)");
+    if (o->lora_rank > 0 && o->model_dir == NULL)
+        return cli_fail("--lora-rank: LoRA adapts a pretrained model; give its folder with "
+                        "--model-dir DIR");
+    if (o->lora_rank > 0 && o->save_model_dir != NULL)
+        return cli_fail("--save-model-dir with --lora-rank: save the adapter with "
+                        "--save-adapter-dir OUT, then write the merged model with zdp lora "
+                        "merge --model-dir %s --adapter OUT --out DIR", o->model_dir);
+    int targets;
+    zdp_error terr;
+    if (zdp_lora_targets_parse(o->lora_targets, &targets, &terr) != ZDP_OK)
+        return cli_fail("--lora-targets %s", terr.msg);
     if (o->model_dir == NULL) return 0;
     /* The folder's config.json is the shape and its safetensors the weights. */
     static const char *const shape_flags[] = {"--n-layer", "--n-head", "--n-embd", "--vocab-size",
@@ -173,6 +229,10 @@ typedef struct run_state {
     zdp_engine *eng;
     zdp_model model;
     zdp_hf_config hf; /* --model-dir's config.json */
+    /* With --lora-rank: model is the LoRA model over base, whose weights
+     * (base_params, one array per tensor) the engine never sees. */
+    zdp_model base;
+    float **base_params;
     int vocab;        /* the model's vocabulary, known before the model exists */
     zdp_dataset *ds;
     bool arith;           /* the generated arithmetic corpus (no --data) */
@@ -282,7 +342,13 @@ static int init_params_(gpt_opts *o, run_state *st) {
     if (views == NULL) return cli_fail("out of memory");
     int rc = 0;
     for (int i = 0; i < st->model.n_params; i++) views[i] = zdp_engine_param_data(st->eng, i);
-    if (o->model_dir != NULL) {
+    if (o->adapter != NULL) {
+        zdp_error err;
+        if (zdp_lora_load_adapter(o->adapter, &st->model, views, &err) != ZDP_OK)
+            rc = cli_fail("--adapter %s", err.msg);
+    } else if (o->lora_rank > 0) {
+        zdp_lora_init_params(&st->model, views); /* the folder's weights are the base's */
+    } else if (o->model_dir != NULL) {
         zdp_error err;
         if (zdp_hf_weights_load(o->model_dir, &st->model, views, &err) != ZDP_OK)
             rc = cli_fail("--model-dir %s", err.msg);
@@ -296,6 +362,41 @@ static int init_params_(gpt_opts *o, run_state *st) {
     }
     free(views);
     return rc;
+}
+
+/* --lora-rank: the folder's model becomes the frozen base, its weights
+ * loaded outside the engine, and st->model the LoRA model over it.  0 or
+ * cli_fail's code. */
+static int lora_start_(const gpt_opts *o, run_state *st) {
+    zdp_error err;
+    st->base = st->model;
+    memset(&st->model, 0, sizeof st->model);
+    st->base_params = calloc((size_t)st->base.n_params, sizeof *st->base_params);
+    if (st->base_params == NULL) return cli_fail("out of memory");
+    for (int i = 0; i < st->base.n_params; i++) {
+        const zdp_param_info *p = &st->base.params[i];
+        int64_t n = 1;
+        for (int d = 0; d < p->ndim; d++) n *= p->shape[d];
+        if ((st->base_params[i] = malloc((size_t)n * sizeof(float))) == NULL)
+            return cli_fail("out of memory for the base weights");
+    }
+    if (zdp_hf_weights_load(o->model_dir, &st->base, st->base_params, &err) != ZDP_OK)
+        return cli_fail("--model-dir %s", err.msg);
+    zdp_lora_config lc = {.rank = (int)o->lora_rank, .alpha = (float)o->lora_alpha,
+                          .seed = o->seed};
+    if (zdp_lora_targets_parse(o->lora_targets, &lc.targets, &err) != ZDP_OK ||
+        zdp_lora_create(&st->base, (const float *const *)st->base_params, &lc, &st->model,
+                        &err) != ZDP_OK)
+        return cli_fail("--lora-rank %d: %s", lc.rank, err.msg);
+    return 0;
+}
+
+static void lora_free_(run_state *st) {
+    if (st->base_params != NULL)
+        for (int i = 0; i < st->base.n_params; i++) free(st->base_params[i]);
+    free(st->base_params);
+    zdp_lora_destroy(&st->model);
+    zdp_model_destroy(&st->base);
 }
 
 /* Everything that can fail on one rank alone (its own copy of the config,
@@ -319,6 +420,8 @@ static int startup_(gpt_opts *o, run_state *st, int rc) {
         rc = cli_check_output("--save-weights", o->save_weights, false);
     if (rc == 0 && o->save_model_dir != NULL && st->R == 0)
         rc = cli_check_output("--save-model-dir", o->save_model_dir, true);
+    if (rc == 0 && o->save_adapter_dir != NULL && st->R == 0)
+        rc = cli_check_output("--save-adapter-dir", o->save_adapter_dir, true);
     st->b = rc == 0 ? (int)st->cfg.micro_batch_size : 0;
     st->T = o->model.block_size;
     st->vocab = o->model.vocab_size;
@@ -344,6 +447,7 @@ static int startup_(gpt_opts *o, run_state *st, int rc) {
         ms = o->model_dir != NULL ? zdp_hf_model_create(&st->hf, st->T, st->b, &st->model, &err)
                                   : zdp_gpt_create(&o->model, st->b, &st->model, &err);
     if (rc == 0 && ms != ZDP_OK) rc = cli_fail("%s", err.msg);
+    if (rc == 0 && o->lora_rank > 0) rc = lora_start_(o, st);
     if (rc == 0) st->T = st->model.block_size;
     if (rc == 0 && zdp_engine_create(&st->cfg, &st->model, &st->eng, &err) != ZDP_OK)
         rc = cli_fail("%s", err.msg);
@@ -445,8 +549,9 @@ static int train_loop_(const gpt_opts *o, run_state *st, int64_t cursor) {
 
 /* "gpt L=4 H=4 C=128 V=256" or "llama L=2 H=64 NH=4 KV=2 hd=16 F=128 V=512". */
 static const char *model_shape_(const run_state *st, char *buf, size_t cap) {
-    const zdp_gpt_config *g = zdp_gpt_config_of(&st->model);
-    const zdp_llama_config *l = zdp_llama_config_of(&st->model);
+    const zdp_model *m = st->base.self != NULL ? &st->base : &st->model;
+    const zdp_gpt_config *g = zdp_gpt_config_of(m);
+    const zdp_llama_config *l = zdp_llama_config_of(m);
     if (g != NULL)
         snprintf(buf, cap, "gpt L=%d H=%d C=%d V=%d", g->n_layer, g->n_head, g->n_embd,
                  g->vocab_size);
@@ -530,6 +635,28 @@ static int save_model_dir_(const gpt_opts *o, run_state *st) {
     return zdp_dist_all_ok(mine == 0) ? 0 : 1;
 }
 
+/* COLLECTIVE.  --save-adapter-dir, written by rank 0: the PEFT folder.  0,
+ * or 1 on every rank when it failed. */
+static int save_adapter_dir_(const gpt_opts *o, run_state *st) {
+    int mine = 0;
+    if (st->R == 0) {
+        zdp_error err;
+        float **views = malloc((size_t)st->model.n_params * sizeof *views);
+        if (views == NULL) mine = 1;
+        for (int i = 0; views != NULL && i < st->model.n_params; i++)
+            views[i] = zdp_engine_param_data(st->eng, i);
+        if (views != NULL &&
+            zdp_lora_save_adapter(o->save_adapter_dir, &st->model, (const float *const *)views,
+                                  o->model_dir, &err) != ZDP_OK) {
+            fprintf(stderr, "zdp: error: --save-adapter-dir %s\n", err.msg);
+            mine = 1;
+        }
+        if (mine == 0) printf("saved the adapter to %s\n", o->save_adapter_dir);
+        free(views);
+    }
+    return zdp_dist_all_ok(mine == 0) ? 0 : 1;
+}
+
 int cmd_train_gpt(int argc, char **argv) {
     gpt_opts o;
     int rc = parse_(argc, argv, &o);
@@ -570,6 +697,15 @@ int cmd_train_gpt(int argc, char **argv) {
                st.arith ? "arithmetic corpus" : o.data,
                (long long)zdp_dataset_n_tokens(st.ds, ZDP_SPLIT_TRAIN),
                (long long)zdp_dataset_n_tokens(st.ds, ZDP_SPLIT_VAL));
+        if (st.base.self != NULL) {
+            const zdp_lora_config *lc = zdp_lora_config_of(&st.model);
+            char tn[32];
+            zdp_lora_targets_name(lc->targets, tn, sizeof tn);
+            printf("LoRA: rank %d, alpha %g, targets %s: %lld adapter parameters train, the "
+                   "base's %d tensors are frozen\n",
+                   lc->rank, (double)lc->alpha, tn, (long long)zdp_engine_numel(st.eng),
+                   st.base.n_params);
+        }
         fflush(stdout);
     }
 
@@ -577,11 +713,13 @@ int cmd_train_gpt(int argc, char **argv) {
     if (st.R == 0) report_end_(&o, &st);
     if (o.save_weights != NULL) rc = save_weights_(&o, &st);
     if (rc == 0 && o.save_model_dir != NULL) rc = save_model_dir_(&o, &st);
+    if (rc == 0 && o.save_adapter_dir != NULL) rc = save_adapter_dir_(&o, &st);
 done:
     free(st.inputs);
     free(st.targets);
     zdp_engine_destroy(st.eng);
-    zdp_model_destroy(&st.model);
+    if (st.base.self != NULL) lora_free_(&st);
+    else zdp_model_destroy(&st.model);
     zdp_dataset_destroy(st.ds);
     return rc;
 }
