@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libopenblas-dev
-          libjansson-dev libcmocka-dev libmicrohttpd-dev)
+          libjansson-dev libcmocka-dev libmicrohttpd-dev libpcre2-dev libicu-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
