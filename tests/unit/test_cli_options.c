@@ -190,8 +190,35 @@ static void test_words_and_lists(void **state) {
     pending_[0] = '\0';
 }
 
+/* CLI_SWITCH: the flag alone sets its bool; the next word is the next option. */
+static void test_switches_take_no_value(void **state) {
+    (void)state;
+    const char *dir = NULL;
+    bool decode = false, special = false;
+    const cli_opt rows[] = {
+        CLI_STR("--tokenizer", &dir),
+        CLI_SWITCH("--decode", &decode),
+        CLI_SWITCH("--special", &special),
+    };
+    char a[][16] = {"--decode", "--tokenizer", "d", "--special"};
+    char *argv[] = {a[0], a[1], a[2], a[3]};
+    assert_int_equal(cli_parse_options(&dashed_, rows, 3, 3, argv), 0);
+    assert_true(decode);
+    assert_false(special);
+    assert_string_equal(dir, "d");
+    assert_int_equal(cli_parse_options(&dashed_, rows, 3, 1, argv + 3), 0);
+    assert_true(special);
+    /* A switch is not a value: "--tokenizer --decode" lacks the directory. */
+    char *argv2[] = {a[1], a[0]};
+    pending_[0] = '\0';
+    assert_int_equal(cli_parse_options(&dashed_, rows, 3, 2, argv2), 2);
+    assert_string_equal(pending_, "--tokenizer: expected an option with a value (see --help)");
+    pending_[0] = '\0';
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_switches_take_no_value),
         cmocka_unit_test(test_every_kind_is_stored),
         cmocka_unit_test(test_bad_values_name_flag_value_and_need),
         cmocka_unit_test(test_help_anywhere_before_an_error),
