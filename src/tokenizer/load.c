@@ -167,10 +167,13 @@ static zdp_status load_vocab_(load_ctx_ *L, json_t *vocab, const char *key) {
     char buf[1024];
     json_object_foreach(vocab, tok, v) {
         json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;
-        if (id < 0 || id >= TOK_MAX_ID_)
+        if (id < 0 || id >= TOK_MAX_ID_) {
+            char seen[48];
+            if (json_is_integer(v)) snprintf(seen, sizeof seen, "%lld", (long long)json_integer_value(v));
+            else snprintf(seen, sizeof seen, "%s", zdp_json_type_name(v));
             return fmt_(L, "%s[\"%.64s\"] = %s: a token id must be an integer in 0..%d", key, tok,
-                        json_is_integer(v) ? "out of range" : zdp_json_type_name(v),
-                        TOK_MAX_ID_ - 1);
+                        seen, TOK_MAX_ID_ - 1);
+        }
         size_t n = strlen(tok);
         char *bytes = n <= sizeof buf ? buf : malloc(n);
         if (bytes == NULL) return zdp_err_set(L->err, ZDP_ERR_NOMEM, "%s: out of memory", L->file);
