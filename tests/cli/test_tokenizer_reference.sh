@@ -16,7 +16,7 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ZDP=$1
-SHARED=${ZDP_SHARED:-$HERE/../../../shared}
+SHARED=${ZDP_SHARED:-$(cd "$HERE/../../.." && pwd)/shared}
 LIB=$SHARED/vendor/lenml-tokenizers/main.js
 TOK=$SHARED/data/tokenizers
 
