@@ -441,6 +441,15 @@ static zdp_status load_pretok_(load_ctx_ *L, json_t *p, const char *key, bool *b
         *byte_level = true;
         return add_stage_(L, key, s);
     }
+    if (strcmp(type, "Digits") == 0) {
+        /* SmolLM2's: ASCII digits apart from the rest, each alone with
+         * individual_digits, as the reference's pattern says. */
+        const char *rx = bool_key_(p, "individual_digits", false) ? "[^0-9]+|[0-9]" : "[^0-9]+|[0-9]+";
+        tok_stage s = {.mode = TOK_SPLIT_MATCHES};
+        s.re = zdp_tok_compile_(rx, strlen(rx), false, why, sizeof why);
+        if (s.re == NULL) return zdp_err_set(L->err, ZDP_ERR_INTERNAL, "Digits regex: %s", why);
+        return add_stage_(L, key, s);
+    }
     if (strcmp(type, "Split") == 0) {
         json_t *pat = json_object_get(p, "pattern");
         json_t *rx = json_is_object(pat) ? json_object_get(pat, "Regex") : NULL;
@@ -464,7 +473,7 @@ static zdp_status load_pretok_(load_ctx_ *L, json_t *p, const char *key, bool *b
         return add_stage_(L, key, s);
     }
     return unsupported_(L, "%s.type = \"%.64s\": not supported; zdp reads byte-level BPE "
-                           "(pre-tokenizers Split, ByteLevel and Sequence of them)", key, type);
+                           "(pre-tokenizers Split, Digits, ByteLevel and Sequence of them)", key, type);
 }
 
 /* ---- added tokens ------------------------------------------------------------------------ */

@@ -65,7 +65,7 @@ static char *bl_(const char *s) {
  * merge k's result is id 256 + k. */
 static const char *const merges_[][2] = {
     {"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {" ", "w"}, {"a", "b"}, {"b", "c"},
-    {"a", "a"}, {" w", "o"}, {"'", "S"}, {"\xc5", "\xbf"}, {"'", "\xc5\xbf"},
+    {"a", "a"}, {" w", "o"}, {"'", "S"}, {"\xc5", "\xbf"}, {"'", "\xc5\xbf"}, {"1", "2"},
 };
 #define N_MERGES_ (sizeof merges_ / sizeof merges_[0])
 
@@ -214,6 +214,18 @@ static void test_split_behaviours_and_prefix_space(void **state) {
                            "\"invert\": true}, {\"type\": \"ByteLevel\", \"add_prefix_space\": "
                            "false, \"use_regex\": false}]}", NULL, NULL));
     EXPECT(t, "abbc", 0, 'b', 'b');
+    zdp_tokenizer_destroy(t);
+    /* Digits (SmolLM2's): ASCII digits apart, each alone with individual_digits. */
+    t = load_(tiny_(false, "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\", "
+                           "\"individual_digits\": true}, {\"type\": \"ByteLevel\", "
+                           "\"add_prefix_space\": false, \"use_regex\": false}]}", NULL, NULL));
+    EXPECT(t, "a12b", 0, 'a', '1', '2', 'b');
+    EXPECT(t, "hello world", 0, 259, 264, 'r', 'l', 'd');
+    zdp_tokenizer_destroy(t);
+    t = load_(tiny_(false, "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\", "
+                           "\"individual_digits\": false}, {\"type\": \"ByteLevel\", "
+                           "\"add_prefix_space\": false, \"use_regex\": false}]}", NULL, NULL));
+    EXPECT(t, "a12b", 0, 'a', 268, 'b');
     zdp_tokenizer_destroy(t);
     /* add_prefix_space: "world" becomes " world". */
     t = load_(tiny_(false, "{\"type\": \"ByteLevel\", \"add_prefix_space\": true}", NULL, NULL));
@@ -407,16 +419,16 @@ static void test_folder_config_and_gpt2_files(void **state) {
         strcat(bpe, bl_(merges_[k][1]));
         strcat(bpe, "\n");
     }
-    json_object_set_new(enc, "<|endoftext|>", json_integer(268));
+    json_object_set_new(enc, "<|endoftext|>", json_integer(290));
     text = json_dumps(enc, 0);
     json_decref(enc);
     write_(dir, "encoder.json", text);
     free(text);
     write_(dir, "vocab.bpe", bpe);
     assert_int_equal(zdp_tokenizer_load(dir, &t, &err), ZDP_OK);
-    EXPECT(t, "hello world<|endoftext|>", ZDP_TOKENIZE_SPECIAL, 259, 264, 'r', 'l', 'd', 268);
-    assert_int_equal(zdp_tokenizer_eos_id(t), 268);
-    assert_int_equal(zdp_tokenizer_bos_id(t), 268);
+    EXPECT(t, "hello world<|endoftext|>", ZDP_TOKENIZE_SPECIAL, 259, 264, 'r', 'l', 'd', 290);
+    assert_int_equal(zdp_tokenizer_eos_id(t), 290);
+    assert_int_equal(zdp_tokenizer_bos_id(t), 290);
     zdp_tokenizer_destroy(t);
     /* A broken merge line names vocab.bpe and the line. */
     write_(dir, "vocab.bpe", "#version: 0.2\nh e\nnope\n");
