@@ -52,8 +52,9 @@ static void push_(ids_vec_ *o, int32_t id) {
 /* ---- the word cache (per call) ---------------------------------------------- */
 
 /* A pre-token seen before gets its ids from here: natural text repeats its
- * words, and BPE is the costly part. */
-#define CACHE_BITS_ 16
+ * words, and BPE is the costly part.  Its size follows the text's (a short
+ * prompt gets a small table), at most 2^16 slots, cleared when half full. */
+#define CACHE_MAX_BITS_ 16
 #define CACHE_MAX_KEY_ 64
 
 typedef struct cache_slot_ {
@@ -66,9 +67,10 @@ typedef struct cache_slot_ {
 /* What one encode call owns: the cache, BPE scratch, PCRE2 match data. */
 typedef struct enc_ctx_ {
     const zdp_tokenizer *t;
+    size_t text_len;      /* the whole input's, to size the cache */
     ids_vec_ out;
-    cache_slot_ *cache;   /* (1 << CACHE_BITS_), lazily allocated */
-    size_t cache_used;
+    cache_slot_ *cache;   /* (cache_cap), lazily allocated */
+    size_t cache_cap, cache_used;
     int32_t *sym;         /* (scratch_cap) symbol ids */
     int32_t *nxt, *prv;   /* (scratch_cap) links, -1 at the ends */
     struct heap_ent_ *heap; /* (3 * scratch_cap) */
@@ -78,7 +80,7 @@ typedef struct enc_ctx_ {
 } enc_ctx_;
 
 static void cache_clear_(enc_ctx_ *c) {
-    for (size_t i = 0; i < ((size_t)1 << CACHE_BITS_); i++) {
+    for (size_t i = 0; i < c->cache_cap; i++) {
         free(c->cache[i].ids);
         c->cache[i].ids = NULL;
         c->cache[i].key_len = 0;
@@ -87,7 +89,7 @@ static void cache_clear_(enc_ctx_ *c) {
 }
 
 static cache_slot_ *cache_find_(enc_ctx_ *c, const char *s, size_t n, uint64_t h, bool *hit) {
-    const size_t mask = ((size_t)1 << CACHE_BITS_) - 1;
+    const size_t mask = c->cache_cap - 1;
     for (size_t i = h & mask;; i = (i + 1) & mask) {
         cache_slot_ *e = &c->cache[i];
         if (e->key_len == 0) {
@@ -183,9 +185,14 @@ static void bpe_(enc_ctx_ *c, const char *s, size_t n) {
     cache_slot_ *slot = NULL;
     uint64_t h = 0;
     if (n <= CACHE_MAX_KEY_) {
-        if (c->cache == NULL) c->cache = calloc((size_t)1 << CACHE_BITS_, sizeof *c->cache);
+        if (c->cache == NULL) {
+            c->cache_cap = 256;
+            while (c->cache_cap < ((size_t)1 << CACHE_MAX_BITS_) && c->cache_cap * 16 < c->text_len)
+                c->cache_cap *= 2;
+            c->cache = calloc(c->cache_cap, sizeof *c->cache);
+        }
         if (c->cache != NULL) {
-            if (c->cache_used >= ((size_t)1 << (CACHE_BITS_ - 1))) cache_clear_(c);
+            if (c->cache_used >= c->cache_cap / 2) cache_clear_(c);
             bool hit;
             h = tok_hash_(s, n);
             slot = cache_find_(c, s, n, h, &hit);
@@ -457,7 +464,7 @@ zdp_status zdp_tokenizer_encode(const zdp_tokenizer *t, const char *text, size_t
     if (n_ids) *n_ids = 0;
     if (t == NULL || ids == NULL || n_ids == NULL || (text == NULL && len > 0))
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_tokenizer_encode: NULL argument");
-    enc_ctx_ c = {.t = t};
+    enc_ctx_ c = {.t = t, .text_len = len};
     const unsigned char *u = (const unsigned char *)text;
     size_t start = 0;
     for (size_t i = 0; i < len && !c.out.oom;) {

@@ -120,11 +120,16 @@ static zdp_status unsupported_(load_ctx_ *L, const char *fmt, ...) {
     return zdp_err_set(L->err, ZDP_ERR_UNSUPPORTED, "%s: %s", L->file, msg);
 }
 
-/* Makes room for ids up to max_id (the arrays grow, never shrink). */
+/* Makes room for ids up to max_id (the arrays grow by doubling, so loading
+ * ids in order copies them O(n) times in all, not O(n^2)). */
 static zdp_status reserve_ids_(load_ctx_ *L, int32_t max_id) {
     zdp_tokenizer *t = L->t;
     if (max_id < t->n_vocab) return ZDP_OK;
-    int32_t n = max_id + 1;
+    if (max_id < t->tok_cap) {
+        t->n_vocab = max_id + 1;
+        return ZDP_OK;
+    }
+    int32_t n = max_id + 1 > 2 * t->tok_cap ? max_id + 1 : 2 * t->tok_cap;
     char **a = realloc(t->tok, (size_t)n * sizeof *a);
     if (a) t->tok = a;
     uint32_t *b = realloc(t->tok_len, (size_t)n * sizeof *b);
@@ -132,12 +137,13 @@ static zdp_status reserve_ids_(load_ctx_ *L, int32_t max_id) {
     bool *c = realloc(t->tok_bpe, (size_t)n * sizeof *c);
     if (c) t->tok_bpe = c;
     if (!a || !b || !c) return zdp_err_set(L->err, ZDP_ERR_NOMEM, "%s: out of memory", L->file);
-    for (int32_t i = t->n_vocab; i < n; i++) {
+    for (int32_t i = t->tok_cap; i < n; i++) {
         t->tok[i] = NULL;
         t->tok_len[i] = 0;
         t->tok_bpe[i] = false;
     }
-    t->n_vocab = n;
+    t->tok_cap = n;
+    t->n_vocab = max_id + 1;
     return ZDP_OK;
 }
 

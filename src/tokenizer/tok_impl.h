@@ -49,6 +49,7 @@ typedef struct tok_merge_slot {
 
 struct zdp_tokenizer {
     int32_t n_vocab;    /* largest id + 1 */
+    int32_t tok_cap;    /* room in tok, tok_len, tok_bpe (grown by doubling) */
     char **tok;         /* (n_vocab) each id's bytes, as decode writes them; NULL = no such id */
     uint32_t *tok_len;  /* (n_vocab) */
     bool *tok_bpe;      /* (n_vocab) the id is a model.vocab entry (not only an added token) */
