@@ -143,7 +143,7 @@ static heap_ent_ heap_pop_(heap_ent_ *h, size_t *n) {
 
 static bool scratch_reserve_(enc_ctx_ *c, size_t n) {
     if (n <= c->scratch_cap) return true;
-    size_t cap = n < 256 ? 256 : n * 2;
+    size_t cap = n < 256 ? 256 : n > 2 * c->scratch_cap ? n : 2 * c->scratch_cap;
     int32_t *a = realloc(c->sym, cap * sizeof *a);
     if (a) c->sym = a;
     int32_t *b = realloc(c->nxt, cap * sizeof *b);
@@ -324,8 +324,9 @@ char *zdp_tok_nfc_(const char *s, size_t n, size_t *out_n, bool *failed) {
         if (U_FAILURE(e)) goto fail;
         return NULL;
     }
-    /* NFC grows text at most 3x (Unicode's stated bound). */
-    const int32_t cap = 3 * n16 + 16;
+    /* NFC grows text at most 3x (Unicode's stated bound); 4x leaves room. */
+    if (n16 > INT32_MAX / 5) goto fail;
+    const int32_t cap = 4 * n16 + 16;
     UChar *v = malloc((size_t)cap * sizeof *v);
     char *out = NULL;
     int32_t nv = 0, n8 = 0;

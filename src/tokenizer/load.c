@@ -26,6 +26,11 @@
  * 151,669), low enough that a corrupt file cannot make zdp allocate gigabytes. */
 #define TOK_MAX_ID_ (1 << 24)
 
+/* zdp_json_type_name, with a missing key said as such. */
+static const char *type_name_(const json_t *v) {
+    return v == NULL ? "nothing (the key is missing)" : zdp_json_type_name(v);
+}
+
 /* GPT-2's pre-tokenizer regex (ByteLevel with use_regex), as the reference writes it. */
 static const char gpt2_pattern_[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
@@ -167,7 +172,7 @@ static zdp_status load_vocab_(load_ctx_ *L, json_t *vocab, const char *key) {
     zdp_tokenizer *t = L->t;
     if (!json_is_object(vocab))
         return fmt_(L, "%s: expected an object of token -> id, got %s", key,
-                    zdp_json_type_name(vocab));
+                    type_name_(vocab));
     const char *tok;
     json_t *v;
     char buf[1024];
@@ -176,7 +181,7 @@ static zdp_status load_vocab_(load_ctx_ *L, json_t *vocab, const char *key) {
         if (id < 0 || id >= TOK_MAX_ID_) {
             char seen[48];
             if (json_is_integer(v)) snprintf(seen, sizeof seen, "%lld", (long long)json_integer_value(v));
-            else snprintf(seen, sizeof seen, "%s", zdp_json_type_name(v));
+            else snprintf(seen, sizeof seen, "%s", type_name_(v));
             return fmt_(L, "%s[\"%.64s\"] = %s: a token id must be an integer in 0..%d", key, tok,
                         seen, TOK_MAX_ID_ - 1);
         }
@@ -262,7 +267,7 @@ static zdp_status merges_alloc_(load_ctx_ *L, size_t n) {
 /* model.merges: "a b" strings (older files) or ["a", "b"] pairs (newer). */
 static zdp_status load_merges_(load_ctx_ *L, json_t *merges, const char *key) {
     if (!json_is_array(merges))
-        return fmt_(L, "%s: expected an array of merges, got %s", key, zdp_json_type_name(merges));
+        return fmt_(L, "%s: expected an array of merges, got %s", key, type_name_(merges));
     if (json_array_size(merges) > (size_t)INT32_MAX) return fmt_(L, "%s: too many merges", key);
     zdp_status st = merges_alloc_(L, json_array_size(merges));
     size_t i;
@@ -284,7 +289,7 @@ static zdp_status load_merges_(load_ctx_ *L, json_t *merges, const char *key) {
                             json_string_value(b), json_string_length(b));
         } else {
             return fmt_(L, "%s[%zu]: expected \"a b\" or [\"a\", \"b\"], got %s", key, i,
-                        zdp_json_type_name(m));
+                        type_name_(m));
         }
     }
     return st;
@@ -388,7 +393,7 @@ static bool bool_key_(json_t *o, const char *k, bool dflt) {
 static zdp_status load_normalizer_(load_ctx_ *L, json_t *n, const char *key) {
     if (n == NULL || json_is_null(n)) return ZDP_OK;
     const char *type = json_is_object(n) ? str_key_(n, "type") : NULL;
-    if (type == NULL) return fmt_(L, "%s: expected an object with a \"type\", got %s", key, zdp_json_type_name(n));
+    if (type == NULL) return fmt_(L, "%s: expected an object with a \"type\", got %s", key, type_name_(n));
     if (strcmp(type, "NFC") == 0) {
         L->t->nfc = true;
         return ZDP_OK;
@@ -422,7 +427,7 @@ static zdp_status add_stage_(load_ctx_ *L, const char *key, tok_stage s) {
 static zdp_status load_pretok_(load_ctx_ *L, json_t *p, const char *key, bool *byte_level) {
     if (p == NULL || json_is_null(p)) return ZDP_OK;
     const char *type = json_is_object(p) ? str_key_(p, "type") : NULL;
-    if (type == NULL) return fmt_(L, "%s: expected an object with a \"type\", got %s", key, zdp_json_type_name(p));
+    if (type == NULL) return fmt_(L, "%s: expected an object with a \"type\", got %s", key, type_name_(p));
     char why[300];
     if (strcmp(type, "Sequence") == 0) {
         json_t *list = json_object_get(p, "pretokenizers");
@@ -506,7 +511,7 @@ static zdp_status add_added_(load_ctx_ *L, const char *content, size_t len, int3
 
 static zdp_status load_added_(load_ctx_ *L, json_t *list) {
     if (list == NULL || json_is_null(list)) return ZDP_OK;
-    if (!json_is_array(list)) return fmt_(L, "added_tokens: expected an array, got %s", zdp_json_type_name(list));
+    if (!json_is_array(list)) return fmt_(L, "added_tokens: expected an array, got %s", type_name_(list));
     size_t i;
     json_t *a;
     json_array_foreach(list, i, a) {
@@ -532,7 +537,7 @@ static zdp_status load_added_(load_ctx_ *L, json_t *list) {
 /* ---- tokenizer.json ------------------------------------------------------------------------ */
 
 static zdp_status load_model_(load_ctx_ *L, json_t *model) {
-    if (!json_is_object(model)) return fmt_(L, "model: expected an object, got %s", zdp_json_type_name(model));
+    if (!json_is_object(model)) return fmt_(L, "model: expected an object, got %s", type_name_(model));
     const char *type = str_key_(model, "type");
     if (type != NULL && strcmp(type, "BPE") != 0)
         return unsupported_(L, "model.type = \"%.64s\": not supported; zdp reads byte-level "
@@ -558,7 +563,7 @@ static zdp_status load_model_(load_ctx_ *L, json_t *model) {
 }
 
 static zdp_status load_tokenizer_json_(load_ctx_ *L, json_t *root) {
-    if (!json_is_object(root)) return fmt_(L, "expected a JSON object, got %s", zdp_json_type_name(root));
+    if (!json_is_object(root)) return fmt_(L, "expected a JSON object, got %s", type_name_(root));
     zdp_status st = load_model_(L, json_object_get(root, "model"));
     if (st != ZDP_OK) return st;
     st = load_normalizer_(L, json_object_get(root, "normalizer"), "normalizer");

@@ -514,6 +514,14 @@ static void test_malformed_names_file_and_key(void **state) {
     assert_int_equal(zdp_tokenizer_load_json(text, strlen(text), "f.json", &t, &err), ZDP_ERR_UNSUPPORTED);
     assert_non_null(strstr(err.msg, "model.vocab[\"a b"));
     free(text);
+    /* No "model" key at all (found by fuzz_tokenizer). */
+    root = tiny_(false, bytelevel_, NULL, NULL);
+    json_object_del(root, "model");
+    text = json_dumps(root, 0);
+    json_decref(root);
+    assert_int_equal(zdp_tokenizer_load_json(text, strlen(text), "f.json", &t, &err), ZDP_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "f.json: model: expected an object, got nothing (the key is missing)"));
+    free(text);
 }
 
 int main(void) {
