@@ -103,8 +103,8 @@ ZDP_API zdp_status zdp_hf_weights_load(const char *dir, const zdp_model *model,
  * ZDP_HF_MAX_SHARD_BYTES) one model.safetensors; above it shards
  * model-0000k-of-0000n.safetensors, filled in registration order until the
  * next tensor would pass the limit (a larger tensor gets a shard alone), and
- * model.safetensors.index.json.  DIR is created if missing (its parent must
- * exist).  Each file is written atomically (a temporary file, then rename):
+ * model.safetensors.index.json.  DIR is created if missing (with the
+ * directories above it).  Each file is written atomically (a temporary file, then rename):
  * the shards, then config.json, then the index last; weight files of an
  * earlier save into DIR that this one does not write are removed, so DIR
  * never mixes two saves.  Other files in DIR (a tokenizer) are left alone.
@@ -115,7 +115,8 @@ ZDP_API zdp_status zdp_hf_save(const char *dir, const zdp_model *model, const fl
 
 /* Copies the tokenizer files found in `from` (tokenizer.json,
  * tokenizer_config.json, special_tokens_map.json, vocab.json, merges.txt,
- * added_tokens.json, encoder.json, vocab.bpe) into `to`, each atomically;
+ * added_tokens.json, encoder.json, vocab.bpe, and generation_config.json,
+ * whose token ids generation stops on) into `to`, each atomically;
  * *n_copied (may be NULL) counts them.  A `from` with none of them is
  * ZDP_ERR_IO naming the folder and the files looked for. */
 ZDP_API zdp_status zdp_hf_copy_tokenizer(const char *from, const char *to, int *n_copied,

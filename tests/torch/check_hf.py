@@ -22,10 +22,10 @@
       filling rule, transformers' names and [out, in] shapes (those of
       llama_ref's parameters), no lm_head.weight when tied, torch_dtype.
   bf16: a BF16 folder written by zdp (init-model --dtype BF16) holds exactly
-      torch's round-to-nearest-even of the F32 folder of the same seed; a BF16
-      folder written here (Python) loads into zdp bit-exactly (train --steps 0
-      --save-model-dir gives back the bfloat16 values as F32); an F32 folder
-      read and written again by zdp is byte-identical in its tensors.
+      torch's round-to-nearest-even of the F32 folder of the same seed; BF16
+      and F16 folders written here (Python) load into zdp exactly (train
+      --steps 0 --save-model-dir gives back their values as F32); an F32
+      folder read and written again by zdp has the same tensors.
 
 Exit status 0 when everything agrees, 1 otherwise.
 """
@@ -226,7 +226,7 @@ def check_layout(a, rep, work):
 
 
 def check_bf16(a, rep, work):
-    print("== bf16: zdp's BF16 files, a Python BF16 folder into zdp, F32 read back identically")
+    print("== bf16: zdp's BF16 files; Python BF16 and F16 folders into zdp; F32 read back")
     shape = ["--arch", "llama", "--layers", "1", "--hidden", "16", "--heads", "4", "--kv-heads",
              "2", "--ffn", "24", "--vocab", "40", "--attention-bias"]
     f32, b16 = os.path.join(work, "f32"), os.path.join(work, "b16")
@@ -241,23 +241,27 @@ def check_bf16(a, rep, work):
            not torch.equal(w16[n], w32[n].to(torch.bfloat16))]
     rep.check("bf16: zdp's BF16 = torch's rounding of the F32 weights", not bad, f"{bad}")
 
-    # A BF16 folder written here: the Python writer, then zdp reads it.
-    py = os.path.join(work, "py-bf16")
-    os.makedirs(py, exist_ok=True)
+    # BF16 and F16 folders written here (the Python writer), then read by zdp.
     with open(os.path.join(f32, "config.json")) as f:
         c = json.load(f)
-    c["torch_dtype"] = "bfloat16"
-    with open(os.path.join(py, "config.json"), "w") as f:
-        json.dump(c, f)
-    gen = torch.Generator().manual_seed(1)
-    src = {n: (torch.randn(t.shape, generator=gen) * 0.05).to(torch.bfloat16) for n, t in w32.items()}
-    gt.write_safetensors(os.path.join(py, "model.safetensors"), src, {"format": "pt"})
+    written = {f32: w32}
+    for dt, tdt in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+        py = os.path.join(work, "py-" + dt)
+        os.makedirs(py, exist_ok=True)
+        c["torch_dtype"] = dt
+        with open(os.path.join(py, "config.json"), "w") as f:
+            json.dump(c, f)
+        gen = torch.Generator().manual_seed(1)
+        written[py] = {n: (torch.randn(t.shape, generator=gen) * 0.05).to(tdt)
+                       for n, t in w32.items()}
+        gt.write_safetensors(os.path.join(py, "model.safetensors"), written[py], {"format": "pt"})
     tokens = gt.synthetic_tokens(40, 400, seed=1)
     data = os.path.join(work, "bf16.npy")
     write_npy_int32(data, tokens)
     ds = os.path.join(work, "bf16.ds.json")
     write_cfg(ds, 2, 1, 1, True, 0)
-    for name, folder in (("python BF16", py), ("zdp F32", f32)):
+    for folder, want in written.items():
+        name = os.path.basename(folder)
         out = folder + ".back"
         if sh([a.mpirun, "-np", "1", a.zdp, "train", "--model-dir", folder, "--config", ds,
                "--data", data, "--block-size", "8", "--steps", "0", "--save-model-dir", out,
@@ -265,7 +269,6 @@ def check_bf16(a, rep, work):
               f"bf16: {name} through zdp") is None:
             return
         back = read_folder(out)
-        want = src if folder == py else w32
         bad = [n for n in want if not torch.equal(back[n], want[n].float())]
         rep.check(f"bf16: {name} folder loads exactly", not bad and set(back) == set(want), f"{bad}")
 

@@ -269,6 +269,10 @@ static void test_config_refusals(void **state) {
          "\"hidden_size\" = 0", "out of range"},
         {"{\"model_type\": \"llama\", \"rms_norm_eps\": -1}", ZDP_ERR_CONFIG,
          "\"rms_norm_eps\" = -1", "> 0"},
+        {"{\"model_type\": \"llama\", \"rms_norm_eps\": 1e-65}", ZDP_ERR_CONFIG,
+         "\"rms_norm_eps\" = 1e-65", "0 in fp32"},
+        {"{\"model_type\": \"llama\", \"initializer_range\": -0.1}", ZDP_ERR_CONFIG,
+         "\"initializer_range\" = -0.1", ">= 0"},
         {"{\"model_type\": \"llama\", \"tie_word_embeddings\": \"yes\"}", ZDP_ERR_FORMAT,
          "\"tie_word_embeddings\"", "true or false"},
         {"{\"model_type\": \"gpt2\", \"activation_function\": \"relu\"}", ZDP_ERR_UNSUPPORTED,
@@ -682,6 +686,25 @@ static void test_bad_index(void **state) {
     assert_non_null(strstr(err.msg, "model-0000"));
     assert_non_null(strstr(err.msg, "different saves"));
     for (int i = 0; i < t.model.n_params; i++) assert_true(d[i][0] == 123.0f);
+    /* A tensor a shard holds that the index does not list. */
+    char ipath[1024];
+    snprintf(ipath, sizeof ipath, "%s/model.safetensors.index.json", dir);
+    FILE *fi = fopen(ipath, "r");
+    char itext[8192];
+    size_t ilen = fread(itext, 1, sizeof itext - 1, fi);
+    fclose(fi);
+    itext[ilen] = '\0';
+    const char *entry = "    \"model.layers.0.input_layernorm.weight\": "; /* not the last */
+    char *at = strstr(itext, entry);
+    assert_non_null(at);
+    char *eol = strchr(at, '\n');
+    memmove(at, eol + 1, strlen(eol + 1) + 1);
+    write_text_(dir, "model.safetensors.index.json", itext);
+    zdp_error e1 = {0};
+    zdp_status s1 = zdp_hf_weights_load(dir, &t.model, d, &e1);
+    if (s1 != ZDP_ERR_FORMAT || strstr(e1.msg, "tensor \"model.layers.0.input_layernorm.weight\" is not listed") == NULL)
+        fail_msg("unlisted tensor: status %d, \"%s\"", (int)s1, e1.msg);
+    for (int i = 0; i < t.model.n_params; i++) assert_true(d[i][0] == 123.0f);
     /* Malformed index files. */
     static const struct { const char *text, *msg; } bad[] = {
         {"{\"weight_map\": ", "not valid JSON"},
@@ -754,8 +777,10 @@ static void test_copy_tokenizer(void **state) {
     write_text_(from, "tokenizer.json", "{\"model\": {}}");
     write_text_(from, "tokenizer_config.json", "{}");
     write_text_(from, "other.txt", "x");
+    write_text_(from, "generation_config.json", "{\"eos_token_id\": 2}");
     assert_int_equal(zdp_hf_copy_tokenizer(from, to, &n, &err), ZDP_OK);
-    assert_int_equal(n, 2);
+    assert_int_equal(n, 3);
+    assert_true(exists_(to, "generation_config.json"));
     assert_true(exists_(to, "tokenizer.json"));
     assert_false(exists_(to, "other.txt"));
 }

@@ -53,7 +53,7 @@ static void usage_(void) {
            "  --seed S (42)  --dtype F32|BF16 (F32)\n"
            "  --max-shard-bytes N       shard the safetensors above N bytes (default 5e9)\n"
            "  --tokenizer DIR           copy DIR's tokenizer files into the folder\n"
-           "  --out DIR                 the folder (created; its parent must exist)\n");
+           "  --out DIR                 the folder (created, with missing parents)\n");
 }
 
 /* "llama3:8,1,4,8192" or "linear:2" into cfg.  0 or cli_fail's code. */

@@ -313,6 +313,12 @@ static int startup_(gpt_opts *o, run_state *st, int rc) {
     if (rc == 0 && st->cfg.micro_batch_size > 4096)
         rc = cli_fail("train_micro_batch_size_per_gpu = %lld: the GPT trainer takes at most "
                       "4096 sequences per micro-batch", (long long)st->cfg.micro_batch_size);
+    /* The outputs before anything large is read: a model folder can be GBs. */
+    if (rc == 0) rc = cli_ckpt_prepare(&o->ckpt);
+    if (rc == 0 && o->save_weights != NULL && st->R == 0) /* only rank 0 writes it */
+        rc = cli_check_output("--save-weights", o->save_weights, false);
+    if (rc == 0 && o->save_model_dir != NULL && st->R == 0)
+        rc = cli_check_output("--save-model-dir", o->save_model_dir, true);
     st->b = rc == 0 ? (int)st->cfg.micro_batch_size : 0;
     st->T = o->model.block_size;
     st->vocab = o->model.vocab_size;
@@ -342,11 +348,6 @@ static int startup_(gpt_opts *o, run_state *st, int rc) {
     if (rc == 0 && zdp_engine_create(&st->cfg, &st->model, &st->eng, &err) != ZDP_OK)
         rc = cli_fail("%s", err.msg);
     if (rc == 0) rc = init_params_(o, st);
-    if (rc == 0) rc = cli_ckpt_prepare(&o->ckpt);
-    if (rc == 0 && o->save_weights != NULL && st->R == 0) /* only rank 0 writes it */
-        rc = cli_check_output("--save-weights", o->save_weights, false);
-    if (rc == 0 && o->save_model_dir != NULL && st->R == 0)
-        rc = cli_check_output("--save-model-dir", o->save_model_dir, true);
     return rc;
 }
 
