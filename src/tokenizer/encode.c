@@ -400,6 +400,15 @@ static size_t rtrim_(const char *s, size_t n) {
 /* The longest added token at s[0..n) that flags allow, or NULL. */
 static const tok_added *added_at_(const zdp_tokenizer *t, const char *s, size_t n,
                                   unsigned flags) {
+    const unsigned char *u = (const unsigned char *)s;
+    /* Most text never starts one (HTML's "<d" against Llama 3's 256 "<|"): the
+     * first two bytes rule it out before any comparison. */
+    if (!t->added_first[u[0]]) return NULL;
+    if (!t->added_single[u[0]]) {
+        if (n < 2) return NULL;
+        const unsigned pair = (unsigned)u[0] << 8 | u[1];
+        if (!(t->added_two[pair >> 3] & (1u << (pair & 7)))) return NULL;
+    }
     const tok_added *best = NULL;
     for (int i = 0; i < t->n_added; i++) {
         const tok_added *a = &t->added[i];
@@ -416,8 +425,7 @@ static void valid_(enc_ctx_ *c, const char *s, size_t n, unsigned flags) {
     size_t start = 0;
     bool strip_next = false;
     for (size_t i = 0; i < n;) {
-        const tok_added *a = NULL;
-        if (t->added_first[(unsigned char)s[i]]) a = added_at_(t, s + i, n - i, flags);
+        const tok_added *a = added_at_(t, s + i, n - i, flags);
         if (a == NULL) {
             i++;
             continue;

@@ -503,7 +503,13 @@ static zdp_status add_added_(load_ctx_ *L, const char *content, size_t len, int3
     memcpy(text, content, len);
     text[len] = '\0';
     t->added[t->n_added++] = (tok_added){text, len, id, special, lstrip, rstrip};
-    t->added_first[(unsigned char)content[0]] = 1;
+    const unsigned char b0 = (unsigned char)content[0];
+    t->added_first[b0] = 1;
+    if (len == 1) t->added_single[b0] = 1;
+    else {
+        const unsigned pair = (unsigned)b0 << 8 | (unsigned char)content[1];
+        t->added_two[pair >> 3] |= (uint8_t)(1u << (pair & 7));
+    }
     if (len > t->added_max_len) t->added_max_len = len;
     /* An added token decodes to its text, also where model.vocab has the id. */
     return set_token_(L, id, content, len, id < t->n_vocab && t->tok_bpe[id]);

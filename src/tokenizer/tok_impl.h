@@ -61,6 +61,8 @@ struct zdp_tokenizer {
     int n_added;
     size_t added_max_len;
     uint8_t added_first[256]; /* a byte an added token starts with */
+    uint8_t added_single[256]; /* a one-byte added token is this byte */
+    uint8_t added_two[65536 / 8]; /* bit (b0 << 8 | b1): an added token starts with b0 b1 */
     tok_stage stages[TOK_MAX_STAGES];
     int n_stages;
     bool nfc;           /* normalizer NFC */

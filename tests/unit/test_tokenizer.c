@@ -263,14 +263,17 @@ static void test_added_tokens(void **state) {
         "[{\"id\": 400, \"content\": \"<|e|>\", \"special\": true},"
         " {\"id\": 401, \"content\": \"<|e|>x\", \"special\": true},"
         " {\"id\": 402, \"content\": \"<t>\", \"special\": false},"
-        " {\"id\": 403, \"content\": \"[L]\", \"special\": true, \"lstrip\": true, \"rstrip\": true}]"));
+        " {\"id\": 403, \"content\": \"[L]\", \"special\": true, \"lstrip\": true, \"rstrip\": true},"
+        " {\"id\": 404, \"content\": \"#\", \"special\": false}]"));
     EXPECT(t, "ab<|e|>ab", ZDP_TOKENIZE_SPECIAL, 261, 400, 261);
     EXPECT(t, "<|e|>xab", ZDP_TOKENIZE_SPECIAL, 401, 261); /* the longest match */
     /* Without the flag a special token's text is text; a non-special one still matches. */
     EXPECT(t, "<|e|><t>", 0, '<', '|', 'e', '|', '>', 402);
     EXPECT(t, "ab  [L]  ab", ZDP_TOKENIZE_SPECIAL, 261, 403, 261); /* lstrip, rstrip */
+    EXPECT(t, "a#b#", 0, 'a', 404, 'b', 404);              /* a one-byte added token */
+    EXPECT(t, "<t<|e<t>", ZDP_TOKENIZE_SPECIAL, '<', 't', '<', '|', 'e', 402);
     assert_int_equal(zdp_tokenizer_token_id(t, "<|e|>"), 400);
-    assert_int_equal(zdp_tokenizer_vocab_size(t), 404);
+    assert_int_equal(zdp_tokenizer_vocab_size(t), 405);
     char *out = NULL;
     size_t n = 0;
     zdp_error err;
