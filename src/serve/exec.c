@@ -351,7 +351,7 @@ static char *exec_sample_(server *s, job *j, int *status) {
     const sample_req r = rq.r;
     const int32_t *prompt = rq.prompt;
     int32_t *tok = malloc((size_t)(r.n + r.max_tokens) * sizeof *tok);
-    float *logits = malloc((size_t)s->opt.model.vocab_size * sizeof *logits);
+    float *logits = malloc((size_t)s->model.vocab_size * sizeof *logits);
     float **v = serve_views(s);
     if (tok == NULL || logits == NULL || v == NULL) {
         free(tok), free(logits), free(v);
@@ -423,7 +423,7 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
         bool ok = s->snap != NULL && s->snap_path != NULL;
         for (int i = 0; ok && i < np; i++)
             ok = (s->snap[i] = malloc((size_t)numel_(&s->model.params[i]) * sizeof(float))) != NULL;
-        zdp_status st = ok ? zdp_gpt_weights_load(path, &s->opt.model, s->model.params, np, s->snap, &err)
+        zdp_status st = ok ? s->opt.lm.load(s->opt.lm.ctx, path, &s->model, s->snap, &err)
                            : ZDP_ERR_NOMEM;
         if (st != ZDP_OK) {
             serve_free_snapshot(s);
@@ -433,7 +433,7 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
     }
     const int64_t cap = h.n_prompt + h.max_tokens;
     int32_t *tok = malloc((size_t)cap * sizeof *tok);
-    float *logits = malloc((size_t)s->opt.model.vocab_size * sizeof *logits);
+    float *logits = malloc((size_t)s->model.vocab_size * sizeof *logits);
     if (tok == NULL || logits == NULL) {
         free(tok), free(logits);
         *status = 500;
@@ -500,8 +500,7 @@ static char *exec_save_weights_(server *s, job *j, int *status) {
         *status = 500;
         return serve_error_body("path", "out of memory");
     }
-    zdp_status st = zdp_gpt_weights_save(path, s->model.params, s->model.n_params,
-                                         (const float *const *)v, &err);
+    zdp_status st = s->opt.lm.save(s->opt.lm.ctx, path, &s->model, (const float *const *)v, &err);
     free(v);
     if (st != ZDP_OK) {
         *status = status_of_(st);
@@ -621,7 +620,7 @@ static char *exec_load_weights_(server *s, job *j, int *status) {
         }
         if (st == ZDP_ERR_NOMEM) snprintf(err.msg, sizeof err.msg, "out of memory for the weights");
         if (st == ZDP_OK)
-            st = zdp_gpt_weights_load(path, &s->opt.model, s->model.params, np, tmp, &err);
+            st = s->opt.lm.load(s->opt.lm.ctx, path, &s->model, tmp, &err);
         for (int i = 0; st == ZDP_OK && i < np; i++)
             memcpy(zdp_engine_param_data(s->eng, i), tmp[i], (size_t)numel_(&s->model.params[i]) * sizeof(float));
         for (int i = 0; tmp != NULL && i < np; i++) free(tmp[i]);
@@ -655,6 +654,23 @@ static json_t *limits_json_(server *s) {
                      "health_timeout_seconds", s->opt.health_timeout_s);
 }
 
+/* /info's model: its arch, the shape it records (zdp_model.shape_json, a
+ * flat object: GPT's n_layer, n_head, n_embd; the Llama family's config),
+ * vocab_size, block_size and the parameter count. */
+static json_t *model_json_(server *s) {
+    json_t *o = json_pack("{s:s}", "arch", s->opt.lm.arch);
+    json_t *shape = s->model.shape_json != NULL ? json_loads(s->model.shape_json, 0, NULL) : NULL;
+    if (json_is_object(shape)) {
+        json_object_del(shape, "model");
+        json_object_update(o, shape);
+    }
+    json_decref(shape);
+    json_object_set_new(o, "vocab_size", json_integer(s->model.vocab_size));
+    json_object_set_new(o, "block_size", json_integer(s->model.block_size));
+    json_object_set_new(o, "n_params", json_integer((json_int_t)zdp_engine_numel(s->eng)));
+    return o;
+}
+
 static char *exec_info_(server *s, job *j, int *status) {
     (void)j;
     zdp_memory_report m;
@@ -677,7 +693,6 @@ static char *exec_info_(server *s, job *j, int *status) {
                                              (json_int_t)x[6], "total_bytes", (json_int_t)x[7]));
     }
     free(all);
-    const zdp_gpt_config *mc = &s->opt.model;
     const zdp_optimizer_config *oc = &s->cfg.optimizer;
     /* What the next update uses: the config's values until an optim_step's
      * adam_params set others. */
@@ -685,11 +700,9 @@ static char *exec_info_(server *s, job *j, int *status) {
     zdp_engine_get_hparams(s->eng, &hp);
     const char *opt = oc->type == ZDP_OPTIMIZER_SGD ? "SGD" : oc->type == ZDP_OPTIMIZER_ADAMW ? "AdamW" : "Adam";
     json_t *o = json_pack(
-        "{s:{s:s,s:i,s:i,s:i,s:i,s:i,s:I},s:i,s:i,s:I,s:I,s:I,s:I,s:I,s:o,s:o,"
+        "{s:o,s:i,s:i,s:I,s:I,s:I,s:I,s:I,s:o,s:o,"
         "s:{s:s,s:f,s:f,s:f,s:f,s:f,s:f},s:o,s:I}",
-        "model", "arch", "gpt2", "n_layer", mc->n_layer, "n_head", mc->n_head, "n_embd", mc->n_embd,
-        "vocab_size", mc->vocab_size, "block_size", mc->block_size, "n_params",
-        (json_int_t)zdp_engine_numel(s->eng), "world_size", s->W, "zero_stage", s->cfg.zero.stage, "step",
+        "model", model_json_(s), "world_size", s->W, "zero_stage", s->cfg.zero.stage, "step",
         (json_int_t)zdp_engine_global_steps(s->eng), "global_samples",
         (json_int_t)zdp_engine_global_samples(s->eng), "micro_steps",
         (json_int_t)zdp_engine_micro_steps(s->eng), "skipped_steps",

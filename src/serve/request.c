@@ -462,7 +462,7 @@ static bool parse_model_input_(const json_t *d, const char *path, int T, int V, 
  * payload: fwd_header, int32 len[n], int32 tokens[total], int32 targets[total],
  * then float weights[total], logprobs[total] (the sampler's), advantages[total]
  * (the inputs a loss does not read are 0). */
-bool serve_parse_fwd(const json_t *root, const char *where, const zdp_gpt_config *mc, job *j,
+bool serve_parse_fwd(const json_t *root, const char *where, const zdp_model *mc, job *j,
                      verr *e) {
     char data_path[320];
     at_(data_path, sizeof data_path, where, "data");
@@ -643,7 +643,7 @@ bool serve_parse_path(const server *s, const json_t *root, job *j, verr *e) {
     return serve_set_path(s, j, resolved, e);
 }
 
-bool serve_parse_sample(const json_t *root, const zdp_gpt_config *mc, job *j, verr *e) {
+bool serve_parse_sample(const json_t *root, const zdp_model *mc, job *j, verr *e) {
     static const char *const keys[] = {"prompt", "max_tokens", "temperature", "top_k", "seed"};
     if (!serve_only_keys(root, "", keys, 5, e)) return false;
     const json_t *p = json_object_get(root, "prompt");

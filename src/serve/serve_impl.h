@@ -322,7 +322,7 @@ double serve_now(void);
 /* Request parsers.  where: the JSON path prefix of obj ("" for a whole
  * body).  tinker_defaults: missing adam_params fields take Tinker's
  * AdamParams defaults instead of the engine's current values. */
-bool serve_parse_fwd(const json_t *obj, const char *where, const zdp_gpt_config *mc, job *j,
+bool serve_parse_fwd(const json_t *obj, const char *where, const zdp_model *mc, job *j,
                      verr *e);
 bool serve_parse_optim(const json_t *ap, const char *where, bool tinker_defaults, job *j, verr *e);
 bool serve_set_path(const server *s, job *j, const char *path, verr *e);
@@ -360,7 +360,7 @@ float **serve_views(server *s);
 /* Drops the sampler weights asample last read. */
 void serve_free_snapshot(server *s);
 /* POST /sample's body -> an OP_SAMPLE payload. */
-bool serve_parse_sample(const json_t *root, const zdp_gpt_config *mc, job *j, verr *e);
+bool serve_parse_sample(const json_t *root, const zdp_model *mc, job *j, verr *e);
 /* POST /save_weights, /save_state, /load_state's body {"path"} -> payload. */
 bool serve_parse_path(const server *s, const json_t *root, job *j, verr *e);
 

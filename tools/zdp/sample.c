@@ -47,10 +47,9 @@ static float top_p_cut_(const float *logits, int V, float cut, int best, double 
 int sample_next_p(const zdp_model *model, const float *const *params, const int32_t *tokens, int n,
                   double temperature, int top_k, double top_p, uint64_t *rng, float *logits,
                   float *logprob) {
-    const zdp_gpt_config *c = zdp_gpt_config_of(model);
-    const int V = c->vocab_size;
+    const int V = model->vocab_size;
     /* The model sees at most block_size tokens: keep the most recent. */
-    int start = n > c->block_size ? n - c->block_size : 0;
+    int start = n > model->block_size ? n - model->block_size : 0;
     zdp_error err;
     if (zdp_lm_next_logits(model, params, tokens + start, n - start, logits, &err) != ZDP_OK) {
         fprintf(stderr, "zdp: error: sampling: %s\n", err.msg);

@@ -16,6 +16,65 @@
 #include "serve/serve.h"
 #include "zdp/zdp.h"
 
+/* ---- the served model: a GPT from the shape flags ------------------------------ */
+
+typedef struct gpt_src {
+    zdp_gpt_config cfg;
+    const char *init; /* --init, or NULL: --seed */
+    uint64_t seed;
+    char summary[128];
+} gpt_src;
+
+static zdp_status gpt_create_(void *ctx, zdp_model *out, zdp_error *err) {
+    return zdp_gpt_create(&((gpt_src *)ctx)->cfg, 1, out, err);
+}
+
+static void gpt_destroy_(void *ctx, zdp_model *model) {
+    (void)ctx;
+    zdp_gpt_destroy(model);
+}
+
+static zdp_status gpt_load_(void *ctx, const char *path, const zdp_model *model, float *const *dst,
+                            zdp_error *err) {
+    return zdp_gpt_weights_load(path, &((gpt_src *)ctx)->cfg, model->params, model->n_params, dst, err);
+}
+
+static zdp_status gpt_init_(void *ctx, const zdp_model *model, float *const *dst, zdp_error *err) {
+    const gpt_src *g = ctx;
+    if (g->init == NULL) {
+        zdp_gpt_init_params(model, dst, g->seed);
+        return ZDP_OK;
+    }
+    zdp_status st = gpt_load_(ctx, g->init, model, dst, err);
+    if (st != ZDP_OK) {
+        /* "--init " in front of the loader's message (which names the file). */
+        static const char flag[] = "--init ";
+        size_t n = strnlen(err->msg, sizeof err->msg - sizeof flag);
+        memmove(err->msg + sizeof flag - 1, err->msg, n);
+        memcpy(err->msg, flag, sizeof flag - 1);
+        err->msg[n + sizeof flag - 1] = '\0';
+    }
+    return st;
+}
+
+static zdp_status gpt_save_(void *ctx, const char *path, const zdp_model *model, const float *const *src,
+                            zdp_error *err) {
+    (void)ctx;
+    return zdp_gpt_weights_save(path, model->params, model->n_params, src, err);
+}
+
+static zdp_serve_model gpt_model_(gpt_src *g) {
+    const zdp_gpt_config *c = &g->cfg;
+    snprintf(g->summary, sizeof g->summary, "gpt L=%d H=%d C=%d V=%d T=%d", c->n_layer, c->n_head, c->n_embd,
+             c->vocab_size, c->block_size);
+    /* GPT-2's tokenizer only fits GPT-2's vocabulary; otherwise the client
+     * brings its own (get_tokenizer would load the wrong one). */
+    return (zdp_serve_model){.ctx = g, .arch = "gpt2", .summary = g->summary,
+                             .tokenizer_id = c->vocab_size == 50257 ? "gpt2" : NULL,
+                             .base_weights = g->init, .create = gpt_create_, .destroy = gpt_destroy_,
+                             .init = gpt_init_, .load = gpt_load_, .save = gpt_save_};
+}
+
 /* ---- options ------------------------------------------------------------------ */
 
 static void usage_(void) {
@@ -65,19 +124,20 @@ static void usage_(void) {
            "                                     health check is older than S\n");
 }
 
-static int parse_(int argc, char **argv, serve_opts *o) {
-    *o = (serve_opts){.model = CLI_GPT_DEFAULT,
-                      .bind = "127.0.0.1", .port = 8000, .max_body = 16 << 20, .seed = 42,
+static int parse_(int argc, char **argv, serve_opts *o, gpt_src *g) {
+    *g = (gpt_src){.cfg = CLI_GPT_DEFAULT, .seed = 42};
+    *o = (serve_opts){
+                      .bind = "127.0.0.1", .port = 8000, .max_body = 16 << 20,
                       .model_name = "zdp-gpt", .checkpoint_dir = "zdp-serve-checkpoints",
                       .long_poll_s = 30, .seq_gap_s = 30, .max_connections = 512,
                       .max_connections_per_ip = -1, .idle_timeout_s = 15, .request_timeout_s = 60,
                       .max_inflight = -1, .health_timeout_s = 60};
     const char *model = NULL;
     const cli_opt opts[] = {
-        CLI_GPT_ROWS(&o->model),
+        CLI_GPT_ROWS(&g->cfg),
         CLI_STR("--model", &model),
         CLI_STR("--config", &o->config),
-        CLI_STR("--init", &o->init),
+        CLI_STR("--init", &g->init),
         CLI_STR("--bind", &o->bind),
         CLI_INT("--port", &o->port, 0, 65535, "need an integer in [0, 65535]"),
         CLI_I64("--max-body", &o->max_body, 2, (int64_t)1 << 34, "need a byte count in [2, 2^34]"),
@@ -100,7 +160,7 @@ static int parse_(int argc, char **argv, serve_opts *o) {
                 "need seconds in [0.1, 86400]"),
         CLI_F64("--health-timeout-seconds", &o->health_timeout_s, 0.1, 86400,
                 "need seconds in [0.1, 86400]"),
-        CLI_U64("--seed", &o->seed, 0, INT64_MAX, "need an integer >= 0"),
+        CLI_U64("--seed", &g->seed, 0, INT64_MAX, "need an integer >= 0"),
     };
     static const cli_command cmd = {
         .missing = "expected an option with a value (see zdp serve --help)",
@@ -111,6 +171,7 @@ static int parse_(int argc, char **argv, serve_opts *o) {
     if (model == NULL || strcmp(model, "gpt") != 0)
         return cli_fail("--model %s: zdp serve serves only --model gpt", model ? model : "(missing)");
     if (o->config == NULL) return cli_fail("--config CFG.json is required");
+    o->lm = gpt_model_(g);
     /* Default: 64, and no more than --max-connections. */
     if (o->max_connections_per_ip < 0) o->max_connections_per_ip = o->max_connections < 64 ? o->max_connections : 64;
     if (o->max_connections_per_ip > o->max_connections)
@@ -129,7 +190,8 @@ static int parse_(int argc, char **argv, serve_opts *o) {
 
 int cmd_serve(int argc, char **argv) {
     serve_opts opt;
-    int rc = parse_(argc, argv, &opt);
+    gpt_src gpt;
+    int rc = parse_(argc, argv, &opt, &gpt);
     zdp_server *s = NULL;
     if (rc == 1) { /* --help */
         rc = 0;

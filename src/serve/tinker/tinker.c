@@ -460,7 +460,7 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
         if (!json_is_object(in))
             return serve_bad(e, 400, key, "%s: %s; must be {data, loss_fn, loss_fn_config}", key,
                              in ? "not an object" : "missing");
-        return serve_parse_fwd(in, key, &s->opt.model, j, e);
+        return serve_parse_fwd(in, key, &s->model, j, e);
     }
     if (!strcmp(verb, "optim_step")) {
         j->op = OP_OPTIM;
@@ -846,11 +846,11 @@ static bool base_file_(const server *s, const json_t *base, char *out, size_t ca
     if (!json_is_string(base) || strcmp(json_string_value(base), s->opt.model_name) != 0)
         return serve_bad(e, 400, "base_model", "base_model: this server serves \"%s\" (--model-name)",
                          s->opt.model_name);
-    if (s->opt.init == NULL)
+    if (s->opt.lm.base_weights == NULL)
         return serve_bad(e, 400, "base_model", "base_model: the server started from a seeded initialisation, "
                          "not a weights file (no --init), so there is nothing to sample from; save the "
                          "weights with save_weights_for_sampler and sample from that path");
-    snprintf(out, cap, "%s", s->opt.init);
+    snprintf(out, cap, "%s", s->opt.lm.base_weights);
     return true;
 }
 
@@ -878,8 +878,8 @@ static enum MHD_Result create_sampling_session_(server *s, struct MHD_Connection
 
 /* asample's body -> an OP_SAMPLE_FILE job (file: the weights to read). */
 static bool sample_job_(server *s, const json_t *root, const char *file, job *j, verr *e) {
-    const int V = s->opt.model.vocab_size;
-    sample_file_header h = {.max_tokens = s->opt.model.block_size, .num_samples = 1, .temperature = 1.0,
+    const int V = s->model.vocab_size;
+    sample_file_header h = {.max_tokens = s->model.block_size, .num_samples = 1, .temperature = 1.0,
                             .top_p = 1.0};
     const json_t *ns = json_object_get(root, "num_samples");
     if (ns != NULL && (!json_is_integer(ns) || json_integer_value(ns) < 1 || json_integer_value(ns) > 64))
@@ -1172,13 +1172,11 @@ static enum MHD_Result post_model_(server *s, struct MHD_Connection *c, const ch
         return reply_err_(c, 400, "model_id", "model_id \"%s\": not the model this server is training%s", mid,
                           live ? "" : " (no model is loaded; call create_model)");
     if (unload) return f ? reply_future_(c, f) : reply_err_(c, 500, NULL, "out of memory");
-    const zdp_gpt_config *mc = &s->opt.model;
-    /* GPT-2's tokenizer only fits GPT-2's vocabulary; otherwise the client
-     * brings its own (get_tokenizer would load the wrong one). */
-    const bool gpt2_vocab = mc->vocab_size == 50257;
+    /* tokenizer_id: what the caller named (a model folder's path, "gpt2" for
+     * GPT-2's vocabulary), else null: the client brings its own. */
     return reply_json_(c, 200, json_pack("{s:s,s:{s:s,s:s,s:s*},s:b,s:n,s:s,s:s}", "model_id", mid, "model_data",
-                                         "arch", "gpt2", "model_name", s->opt.model_name, "tokenizer_id",
-                                         gpt2_vocab ? "gpt2" : NULL, "is_lora", 0, "lora_rank", "model_name",
+                                         "arch", s->opt.lm.arch, "model_name", s->opt.model_name, "tokenizer_id",
+                                         s->opt.lm.tokenizer_id, "is_lora", 0, "lora_rank", "model_name",
                                          s->opt.model_name, "type", "get_info"));
 }
 
@@ -1256,7 +1254,7 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
         if (!strcmp(sub, "get_server_capabilities"))
             return reply_json_(c, 200, json_pack("{s:[{s:s,s:i}]}", "supported_models", "model_name",
                                                  s->opt.model_name, "max_context_length",
-                                                 s->opt.model.block_size));
+                                                 s->model.block_size));
         return reply_err_(c, 404, "url", "GET /api/v1/%s: no such endpoint (GET healthz, "
                           "get_server_capabilities; everything else is POST)", sub);
     }
