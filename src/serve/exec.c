@@ -401,6 +401,36 @@ void serve_free_snapshot(server *s) {
     s->snap_path = NULL;
 }
 
+/* Whether text[0..n) holds one of the n_str NUL-terminated strings at strs. */
+static bool has_stop_(const char *text, size_t n, const char *strs, int64_t n_str) {
+    for (int64_t q = 0; q < n_str; q++, strs += strlen(strs) + 1) {
+        const size_t m = strlen(strs);
+        for (size_t i = 0; m <= n && i <= n - m; i++)
+            if (memcmp(text + i, strs, m) == 0) return true;
+    }
+    return false;
+}
+
+/* String stops (docs/server.md, "Stop sequences"): -1 while the text of the
+ * generated tokens gen[0..n) holds no stop string; once it does, how many
+ * tokens to return: the longest prefix whose text holds none, so the stop
+ * string is not returned (nor a token it begins inside).  -2: decode failed. */
+static int64_t stop_cut_(server *s, const int32_t *gen, int64_t n, const char *strs, int64_t n_str) {
+    for (int64_t m = n; m >= 0; m--) {
+        size_t len = 0;
+        char *text = s->opt.lm.decode(s->opt.lm.ctx, gen, m, &len);
+        if (text == NULL) {
+            fprintf(stderr, "zdp serve: sampling: cannot decode %lld generated tokens for the stop strings\n",
+                    (long long)m);
+            return -2;
+        }
+        const bool hit = has_stop_(text, len, strs, n_str);
+        free(text);
+        if (!hit) return m == n ? -1 : m;
+    }
+    return 0;
+}
+
 /* Tinker's asample (rank 0 alone): num_samples continuations of the prompt
  * from the weights in a sampler file (save_weights_for_sampler), not from the
  * live ones, so training between save and sample changes nothing.  The file
@@ -474,6 +504,18 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
             res->logprobs[at++] = lp;
             bool stopped = false;
             for (int64_t q = 0; q < h.n_stop && !stopped; q++) stopped = stop[q] == t;
+            if (!stopped && h.n_stop_str > 0) {
+                const int64_t keep = stop_cut_(s, res->tokens + res->off[k], at - res->off[k], rq.stop_str,
+                                               h.n_stop_str);
+                if (keep == -2) {
+                    failed = true;
+                    break;
+                }
+                if (keep >= 0) {
+                    at = res->off[k] + keep;
+                    stopped = true;
+                }
+            }
             if (stopped) {
                 res->stopped[k] = true;
                 break;

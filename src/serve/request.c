@@ -740,6 +740,13 @@ bool serve_sample_file_req_view(const job *j, serve_sample_file_req *out) {
     if (np < 0 || ns < 0 || np > j->nbytes || ns > j->nbytes) return false;
     out->prompt = (const int32_t *)take_(j, &at, np * (int64_t)sizeof(int32_t));
     out->stop = (const int32_t *)take_(j, &at, ns * (int64_t)sizeof(int32_t));
+    if (out->prompt == NULL || out->stop == NULL || out->h.n_stop_str < 0 || out->h.n_stop_str > j->nbytes) return false;
+    out->stop_str = (const char *)(j->payload + at);
+    for (int64_t k = 0; k < out->h.n_stop_str; k++) {
+        const unsigned char *end = at < j->nbytes ? memchr(j->payload + at, '\0', (size_t)(j->nbytes - at)) : NULL;
+        if (end == NULL) return false;
+        at = end - j->payload + 1;
+    }
     out->path = (const char *)(j->payload + at);
     /* The path runs to the payload's last byte, a NUL. */
     return out->stop != NULL && at < j->nbytes && j->payload[j->nbytes - 1] == '\0' &&

@@ -72,9 +72,10 @@ typedef struct serve_op {
 extern const serve_op serve_ops[SERVE_N_OPS]; /* indexed by op */
 
 /* The head of an OP_SAMPLE_FILE payload; then int32 prompt[n_prompt],
- * int32 stop[n_stop], and the weights file's path, NUL-terminated. */
+ * int32 stop[n_stop], n_stop_str stop strings (each NUL-terminated, one
+ * after another), and the weights file's path, NUL-terminated. */
 typedef struct sample_file_header {
-    int64_t n_prompt, max_tokens, top_k, num_samples, n_stop;
+    int64_t n_prompt, max_tokens, top_k, num_samples, n_stop, n_stop_str;
     uint64_t seed;
     double temperature, top_p;
 } sample_file_header;
@@ -181,6 +182,7 @@ typedef struct serve_sample_file_req {
     sample_file_header h;
     const int32_t *prompt;    /* (h.n_prompt) */
     const int32_t *stop;      /* (h.n_stop) tokens that end a sequence */
+    const char *stop_str;     /* h.n_stop_str NUL-terminated strings that end a sequence, one after another */
     const char *path;         /* the sampler weights file */
 } serve_sample_file_req;
 struct job;

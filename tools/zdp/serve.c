@@ -63,6 +63,17 @@ static zdp_status gpt_save_(void *ctx, const char *path, const zdp_model *model,
     return zdp_gpt_weights_save(path, model->params, model->n_params, src, err);
 }
 
+/* A byte-level GPT (vocab 256, as zdp sample reads prompts): id = byte. */
+static char *bytes_decode_(void *ctx, const int32_t *ids, int64_t n, size_t *len) {
+    (void)ctx;
+    char *t = malloc((size_t)n + 1);
+    if (t == NULL) return NULL;
+    for (int64_t i = 0; i < n; i++) t[i] = (char)(unsigned char)ids[i];
+    t[n] = '\0';
+    *len = (size_t)n;
+    return t;
+}
+
 static zdp_serve_model gpt_model_(gpt_src *g) {
     const zdp_gpt_config *c = &g->cfg;
     snprintf(g->summary, sizeof g->summary, "gpt L=%d H=%d C=%d V=%d T=%d", c->n_layer, c->n_head, c->n_embd,
@@ -72,7 +83,8 @@ static zdp_serve_model gpt_model_(gpt_src *g) {
     return (zdp_serve_model){.ctx = g, .arch = "gpt2", .summary = g->summary,
                              .tokenizer_id = c->vocab_size == 50257 ? "gpt2" : NULL,
                              .base_weights = g->init, .create = gpt_create_, .destroy = gpt_destroy_,
-                             .init = gpt_init_, .load = gpt_load_, .save = gpt_save_};
+                             .init = gpt_init_, .load = gpt_load_, .save = gpt_save_,
+                             .decode = c->vocab_size == 256 ? bytes_decode_ : NULL};
 }
 
 /* ---- options ------------------------------------------------------------------ */

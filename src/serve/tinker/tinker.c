@@ -876,6 +876,42 @@ static enum MHD_Result create_sampling_session_(server *s, struct MHD_Connection
     return reply_json_(c, 200, json_pack("{s:s,s:s}", "sampling_session_id", id, "type", "create_sampling_session"));
 }
 
+/* sampling_params.stop (Tinker's SamplingParams.stop: a string, strings or
+ * token ids) -> token ids (int32) in ids, strings (each NUL-terminated) in
+ * strs.  Strings need the served model's tokenizer (docs/server.md, "Stop
+ * sequences"). */
+static bool stops_(const server *s, const json_t *v, serve_bytes *ids, serve_bytes *strs, int64_t *n_str,
+                   verr *e) {
+    const char *f = "sampling_params.stop";
+    const int V = s->model.vocab_size;
+    if (!json_is_array(v) && !json_is_string(v))
+        return serve_bad(e, 400, f, "%s: must be a string, a list of strings or a list of token ids", f);
+    const size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    if (n > 64) return serve_bad(e, 400, f, "%s: at most 64 stop sequences", f);
+    for (size_t k = 0; k < n; k++) {
+        const json_t *x = json_is_array(v) ? json_array_get(v, k) : v;
+        if (json_is_string(x)) {
+            const char *t = json_string_value(x);
+            const size_t len = json_string_length(x);
+            if (s->opt.lm.decode == NULL)
+                return serve_bad(e, 400, f, "%s[%zu]: a string stop needs the model's tokenizer, and this server "
+                                 "has none (serve a model folder with its tokenizer, --model-dir); send token "
+                                 "ids [id, ...]", f, k);
+            if (len == 0 || len > 1024 || strlen(t) != len)
+                return serve_bad(e, 400, f, "%s[%zu]: must be a non-empty string of at most 1024 bytes without "
+                                 "NUL", f, k);
+            if (!serve_put(strs, t, len + 1)) return serve_bad(e, 500, f, "out of memory");
+            ++*n_str;
+        } else if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= V) {
+            return serve_bad(e, 400, f, "%s[%zu]: must be a token id in [0, %d) or a string", f, k, V);
+        } else {
+            int32_t t = (int32_t)json_integer_value(x);
+            if (!serve_put(ids, &t, sizeof t)) return serve_bad(e, 500, f, "out of memory");
+        }
+    }
+    return true;
+}
+
 /* asample's body -> an OP_SAMPLE_FILE job (file: the weights to read). */
 static bool sample_job_(server *s, const json_t *root, const char *file, job *j, verr *e) {
     const int V = s->model.vocab_size;
@@ -929,7 +965,7 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
     if (h.n_prompt == 0) return serve_bad(e, 400, "prompt", "prompt: no tokens");
     /* sampling_params */
     const json_t *sp = json_object_get(root, "sampling_params");
-    serve_bytes stops = {0};
+    serve_bytes stops = {0}, stop_str = {0};
     bool ok = true;
     if (sp != NULL && !json_is_null(sp)) {
         const json_t *v;
@@ -962,30 +998,15 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
                 ok = serve_bad(e, 400, "sampling_params.seed", "sampling_params.seed: must be an integer >= 0");
             else h.seed = (uint64_t)json_integer_value(v) + 1; /* 0 below means "none given" */
         }
-        if (ok && (v = json_object_get(sp, "stop")) != NULL && !json_is_null(v)) {
-            /* Token ids only: a string needs the tokenizer, which the server does not have. */
-            bool strings = json_is_string(v);
-            for (size_t k = 0; json_is_array(v) && k < json_array_size(v) && ok; k++) {
-                const json_t *x = json_array_get(v, k);
-                if (json_is_string(x)) strings = true;
-                else if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= V)
-                    ok = serve_bad(e, 400, "sampling_params.stop", "sampling_params.stop[%zu]: must be a token "
-                                   "id in [0, %d)", k, V);
-                else {
-                    int32_t t = (int32_t)json_integer_value(x);
-                    if (!serve_put(&stops, &t, sizeof t)) ok = serve_bad(e, 500, "sampling_params.stop", "out of memory");
-                }
-            }
-            if (ok && (strings || !json_is_array(v)))
-                ok = serve_bad(e, 400, "sampling_params.stop", "sampling_params.stop: only token ids are "
-                               "supported (the server has no tokenizer); send [id, ...]");
-        }
+        if (ok && (v = json_object_get(sp, "stop")) != NULL && !json_is_null(v))
+            ok = stops_(s, v, &stops, &stop_str, &h.n_stop_str, e);
     }
     if (ok) {
         h.n_stop = (int64_t)(stops.len / sizeof(int32_t));
         serve_bytes b = {0};
         ok = serve_put(&b, &h, sizeof h) && serve_put(&b, tokens.p, tokens.len) &&
-             serve_put(&b, stops.p, stops.len) && serve_put(&b, file, strlen(file) + 1);
+             serve_put(&b, stops.p, stops.len) && serve_put(&b, stop_str.p, stop_str.len) &&
+             serve_put(&b, file, strlen(file) + 1);
         if (!ok) {
             free(b.p);
             serve_bad(e, 500, "prompt", "out of memory");
@@ -997,6 +1018,7 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
     }
     free(tokens.p);
     free(stops.p);
+    free(stop_str.p);
     return ok;
 }
 
