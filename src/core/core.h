@@ -55,4 +55,7 @@ void *zdp_alloc(zdp_mem_counter *counter, zdp_mem_category cat, size_t nbytes);
 /* Frees p (allocated with nbytes under cat) and uncounts it; NULL is a no-op. */
 void zdp_free(zdp_mem_counter *counter, zdp_mem_category cat, void *p, size_t nbytes);
 
+/* N(0, 1) from splitmix64 (Box-Muller): the models' seeded initialisers. */
+double zdp_rand_normal(uint64_t *state);
+
 #endif /* ZDP_CORE_H */

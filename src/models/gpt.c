@@ -470,13 +470,6 @@ const zdp_gpt_config *zdp_gpt_config_of(const zdp_model *model) {
 
 /* ---- initialisation ------------------------------------------------------------------ */
 
-/* N(0, 1) by Box-Muller from two uniforms, u1 in (0, 1], u2 in [0, 1). */
-static double normal_(uint64_t *s) {
-    const double u1 = (double)((zdp_splitmix64(s) >> 11) + 1) * 0x1.0p-53;
-    const double u2 = (double)(zdp_splitmix64(s) >> 11) * 0x1.0p-53;
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
 void zdp_gpt_init_params(const zdp_model *model, float *const *params, uint64_t seed) {
     const gpt *m = gpt_of_(model);
     if (m == NULL || params == NULL) return;
@@ -493,7 +486,7 @@ void zdp_gpt_init_params(const zdp_model *model, float *const *params, uint64_t 
             memset(params[i], 0, (size_t)n * sizeof(float));
         } else {
             const double sd = kind == APROJ_W || kind == FPROJ_W ? std_res : std;
-            for (int64_t k = 0; k < n; k++) params[i][k] = (float)(sd * normal_(&s));
+            for (int64_t k = 0; k < n; k++) params[i][k] = (float)(sd * zdp_rand_normal(&s));
         }
     }
 }

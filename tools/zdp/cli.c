@@ -152,6 +152,7 @@ static int take_value_(const cli_opt *o, const char *v) {
     switch (o->kind) {
     case CLI_OPT_STR: *(const char **)o->ptr = v; return 1;
     case CLI_OPT_IGNORE: return 1;
+    case CLI_OPT_SWITCH: *(bool *)o->ptr = true; return 1; /* cli_parse_options takes no value */
     case CLI_OPT_SCHEDULE: return cli_parse_schedule(v, o->ptr) == 0 ? 1 : 2;
     case CLI_OPT_I64:
     case CLI_OPT_INT:
@@ -199,6 +200,14 @@ int cli_parse_options(const cli_command *cmd, const cli_opt *opts, int n, int ar
     for (int i = 0; i < argc; i += 2) {
         const char *a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 1;
+        /* A switch takes no value: the next argument is the next option. */
+        int k = 0;
+        while (k < n && !(opts[k].kind == CLI_OPT_SWITCH && strcmp(a, opts[k].flag) == 0)) k++;
+        if (k < n) {
+            *(bool *)opts[k].ptr = true;
+            i--;
+            continue;
+        }
         if ((cmd->dashes && strncmp(a, "--", 2) != 0) || i + 1 >= argc)
             return cli_fail("%s: %s", a, cmd->missing);
         int taken = cli_take_option(opts, n, a, argv[i + 1]);

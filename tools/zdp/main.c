@@ -34,6 +34,7 @@
 
 int cmd_train_gpt(int argc, char **argv); /* train_gpt.c */
 int cmd_serve(int argc, char **argv);     /* serve.c */
+int cmd_tokenize(int argc, char **argv);  /* tokenize.c */
 
 /* ---- options ---------------------------------------------------------------- */
 
@@ -56,6 +57,7 @@ static const struct {
     {"serve", "a training server: forward_backward / optim_step over HTTP"},
     {"gen-data", "write the MLP dataset or the arithmetic corpus to a file"},
     {"ckpt", "describe a checkpoint, or export its full fp32 weights"},
+    {"tokenize", "text -> token ids, or ids -> text (--decode), with a model folder's tokenizer"},
 };
 
 static void usage_commands_(FILE *f) {
@@ -557,6 +559,8 @@ int main(int argc, char **argv) {
         rc = cmd_ckpt_(argc - 2, argv + 2);
     else if (strcmp(argv[1], "gen-data") == 0)
         rc = cmd_gen_data_(argc - 2, argv + 2);
+    else if (strcmp(argv[1], "tokenize") == 0)
+        rc = cmd_tokenize(argc - 2, argv + 2);
     else
         rc = cmd_serve(argc - 2, argv + 2);
     /* A command that failed without meeting the others (one that runs on
