@@ -23,7 +23,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include "../core/core.h"
+#include "io.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -178,53 +178,6 @@ static const char *gio_cfg_str_(const zdp_gpt_config *cfg, char *buf, size_t cap
              "block_size = %d", cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size,
              cfg->block_size);
     return buf;
-}
-
-/* ---- dtype conversion ------------------------------------------------------ */
-
-static float gio_bits_to_f32_(uint32_t bits) {
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static float gio_bf16_to_f32_(uint16_t h) {
-    return gio_bits_to_f32_((uint32_t)h << 16);
-}
-
-/* IEEE binary16 -> binary32, exact (every half is a float). */
-static float gio_f16_to_f32_(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    if (exp == 0x1f) return gio_bits_to_f32_(sign | 0x7f800000u | (man << 13)); /* inf, nan */
-    if (exp != 0) return gio_bits_to_f32_(sign | ((exp + 112u) << 23) | (man << 13));
-    if (man == 0) return gio_bits_to_f32_(sign);
-    /* Subnormal: man * 2^-24, exact in float. */
-    float f = (float)man * (1.0f / 16777216.0f);
-    return sign ? -f : f;
-}
-
-static uint16_t gio_u16_(const unsigned char *p) {
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-/* Element i of a little-endian tensor as fp32 (F32, F16 or BF16). */
-static float gio_elem_(const zdp_tensor *t, int64_t i) {
-    const unsigned char *p = t->data;
-    switch (t->dtype) {
-    case ZDP_DTYPE_F16: return gio_f16_to_f32_(gio_u16_(p + 2 * i));
-    case ZDP_DTYPE_BF16: return gio_bf16_to_f32_(gio_u16_(p + 2 * i));
-    default: {
-        float f;
-        memcpy(&f, p + 4 * i, sizeof f);
-        return f;
-    }
-    }
-}
-
-static bool gio_dtype_ok_(zdp_dtype t) {
-    return t == ZDP_DTYPE_F32 || t == ZDP_DTYPE_F16 || t == ZDP_DTYPE_BF16;
 }
 
 /* ---- safetensors ----------------------------------------------------------- */
@@ -432,7 +385,7 @@ static zdp_status gio_load_safetensors_(const char *path, const zdp_gpt_config *
                                      "config to match it");
             goto done;
         }
-        if (!gio_dtype_ok_(t->dtype)) {
+        if (!zdp_io_dtype_float(t->dtype)) {
             s = zdp_err_set(err, ZDP_ERR_UNSUPPORTED,
                             "%s: tensor \"%s\": dtype %s; zdp loads F32, F16 and BF16 weights "
                             "(convert with torch: model.float().save_pretrained(...))", path,
@@ -447,7 +400,7 @@ static zdp_status gio_load_safetensors_(const char *path, const zdp_gpt_config *
     const zdp_tensor *wte = gio_find_(&st, expected[0].name);
     if (lm_head != NULL) {
         if (!gio_same_shape_(lm_head->shape, lm_head->ndim, wte->shape, wte->ndim) ||
-            !gio_dtype_ok_(lm_head->dtype)) {
+            !zdp_io_dtype_float(lm_head->dtype)) {
             s = zdp_err_set(err, ZDP_ERR_UNSUPPORTED,
                             "%s: tensor \"%s\": shape %s dtype %s, but zdp ties lm_head to "
                             "\"%s\" (shape %s); an untied or resized head is not supported",
@@ -459,7 +412,7 @@ static zdp_status gio_load_safetensors_(const char *path, const zdp_gpt_config *
         }
         int64_t n = gio_numel_(wte->shape, wte->ndim);
         for (int64_t i = 0; i < n; i++) {
-            float x = gio_elem_(lm_head, i), y = gio_elem_(wte, i);
+            float x = zdp_io_f32_at(lm_head, i), y = zdp_io_f32_at(wte, i);
             if (memcmp(&x, &y, sizeof x) != 0) {
                 s = zdp_err_set(err, ZDP_ERR_UNSUPPORTED,
                                 "%s: tensor \"%s\" differs from \"%s\" (first at element %"
@@ -479,7 +432,7 @@ static zdp_status gio_load_safetensors_(const char *path, const zdp_gpt_config *
         if (t->dtype == ZDP_DTYPE_F32) {
             memcpy(out, t->data, (size_t)n * sizeof(float));
         } else {
-            for (int64_t i = 0; i < n; i++) out[i] = gio_elem_(t, i);
+            for (int64_t i = 0; i < n; i++) out[i] = zdp_io_f32_at(t, i);
         }
     }
     zdp_log(0, "%s: loaded %d GPT-2 tensors from safetensors (%s%s)%s%s", path, n_exp,
@@ -543,8 +496,8 @@ static int64_t gio_llmc_slice_(int t, const gio_llmc_hdr_ *h, int64_t *rows, int
 static bool gio_read_floats_(FILE *f, bool bf16, void *raw, float *out, int64_t n) {
     if (!bf16) return fread(out, sizeof(float), (size_t)n, f) == (size_t)n;
     if (fread(raw, 2, (size_t)n, f) != (size_t)n) return false;
-    const unsigned char *p = raw;
-    for (int64_t i = 0; i < n; i++) out[i] = gio_bf16_to_f32_(gio_u16_(p + 2 * i));
+    const zdp_tensor t = {.dtype = ZDP_DTYPE_BF16, .data = raw};
+    for (int64_t i = 0; i < n; i++) out[i] = zdp_io_f32_at(&t, i);
     return true;
 }
 

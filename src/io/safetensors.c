@@ -25,7 +25,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include "../core/core.h"
+#include "io.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -77,6 +77,56 @@ const char *zdp_dtype_name(zdp_dtype t) {
 
 size_t zdp_dtype_size(zdp_dtype t) {
     return st_dtype_valid_(t) ? st_dtypes_[t].size : 0;
+}
+
+/* ---- conversion to and from fp32 (io.h) --------------------------------- */
+
+static float st_bits_f32_(uint32_t bits) {
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* IEEE binary16 -> binary32, exact (every half is a float). */
+static float st_f16_to_f32_(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    if (exp == 0x1f) return st_bits_f32_(sign | 0x7f800000u | (man << 13)); /* inf, nan */
+    if (exp != 0) return st_bits_f32_(sign | ((exp + 112u) << 23) | (man << 13));
+    if (man == 0) return st_bits_f32_(sign);
+    /* Subnormal: man * 2^-24, exact in float. */
+    float f = (float)man * (1.0f / 16777216.0f);
+    return sign ? -f : f;
+}
+
+bool zdp_io_dtype_float(zdp_dtype t) {
+    return t == ZDP_DTYPE_F32 || t == ZDP_DTYPE_F16 || t == ZDP_DTYPE_BF16;
+}
+
+float zdp_io_f32_at(const zdp_tensor *t, int64_t i) {
+    const unsigned char *p = t->data;
+    switch (t->dtype) {
+    case ZDP_DTYPE_F16: return st_f16_to_f32_((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
+    case ZDP_DTYPE_BF16:
+        return st_bits_f32_((uint32_t)(p[2 * i] | (p[2 * i + 1] << 8)) << 16);
+    case ZDP_DTYPE_F32: {
+        float f;
+        memcpy(&f, p + 4 * i, sizeof f);
+        return f;
+    }
+    default: return 0.0f;
+    }
+}
+
+uint16_t zdp_io_f32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x0040u); /* NaN */
+    /* Adding 0x7fff plus the kept part's lowest bit rounds half to even;
+     * a carry into the exponent is the right result (up to infinity). */
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
 }
 
 /* ---- shared helpers ---------------------------------------------------- */

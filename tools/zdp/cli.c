@@ -153,6 +153,7 @@ static int take_value_(const cli_opt *o, const char *v) {
     case CLI_OPT_STR: *(const char **)o->ptr = v; return 1;
     case CLI_OPT_IGNORE: return 1;
     case CLI_OPT_SWITCH: *(bool *)o->ptr = true; return 1; /* cli_parse_options takes no value */
+    case CLI_OPT_FLAG: *(int *)o->ptr = (int)o->lo; return 1; /* cli_take_option's caller */
     case CLI_OPT_SCHEDULE: return cli_parse_schedule(v, o->ptr) == 0 ? 1 : 2;
     case CLI_OPT_I64:
     case CLI_OPT_INT:
@@ -202,9 +203,12 @@ int cli_parse_options(const cli_command *cmd, const cli_opt *opts, int n, int ar
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 1;
         /* A switch takes no value: the next argument is the next option. */
         int k = 0;
-        while (k < n && !(opts[k].kind == CLI_OPT_SWITCH && strcmp(a, opts[k].flag) == 0)) k++;
+        while (k < n && !((opts[k].kind == CLI_OPT_SWITCH || opts[k].kind == CLI_OPT_FLAG) &&
+                          strcmp(a, opts[k].flag) == 0))
+            k++;
         if (k < n) {
-            *(bool *)opts[k].ptr = true;
+            if (opts[k].kind == CLI_OPT_SWITCH) *(bool *)opts[k].ptr = true;
+            else *(int *)opts[k].ptr = (int)opts[k].lo;
             i--;
             continue;
         }

@@ -1,6 +1,10 @@
 /*
- * train_gpt.c -- `zdp train --model gpt`: a GPT-2 family model trained on
- * text, token shards or zdp's own arithmetic corpus.
+ * train_gpt.c -- `zdp train --model gpt` and `zdp train --model-dir DIR`: a
+ * causal LM (GPT-2 from flags, or any model a Hugging Face folder describes:
+ * GPT-2, Llama, Qwen3, through zdp_hf_model_create) trained on text, token
+ * shards, .npy token arrays or zdp's own arithmetic corpus.  One code path
+ * for every model: only start-up (which model, which weights) and the
+ * optional folder written at the end differ.
  *
  *   mpirun -np W zdp train --model gpt --n-layer L --n-head H --n-embd C
  *       --vocab-size V --block-size T --config CFG.json [--init INIT.safetensors]
@@ -8,6 +12,8 @@
  *       [--steps S] [--schedule n1,...]
  *       [--save-weights OUT.safetensors] [--val-every N] [--val-batches K]
  *       [--val-fraction F] [--out-dir DIR] [--seed N]
+ *   mpirun -np W zdp train --model-dir DIR --config CFG.json --data FILE
+ *       [--block-size T] [--save-model-dir OUT] [--save-dtype F32|BF16] [...]
  *
  * Contract (stable; see docs/training.md): INIT/OUT use GPT2LMHeadModel
  * names and layouts; --data is an llm.c token shard or any file read as
@@ -39,6 +45,8 @@
 typedef struct gpt_opts {
     zdp_gpt_config model;
     const char *config, *init, *data, *save_weights, *out_dir;
+    const char *model_dir, *save_model_dir; /* Hugging Face folders in and out */
+    int save_dtype;                         /* a zdp_dtype: F32 or BF16 */
     int64_t steps, val_every, val_batches, arith_lines, max_skipped;
     double val_fraction; /* < 0: the default for the data kind */
     int progress;        /* -1 auto, 0 plain lines, 1 progress line */
@@ -54,15 +62,21 @@ static void usage_(void) {
            "model (defaults: the demo model on the arithmetic corpus):\n"
            "  --n-layer L (4)  --n-head H (4)  --n-embd C (128)  --vocab-size V (256)\n"
            "  --block-size T (64)\n"
+           "  --model-dir DIR           a Hugging Face folder (config.json + safetensors:\n"
+           "                            llama, qwen3, gpt2) instead of the flags above; its\n"
+           "                            weights are the start; --block-size T (default\n"
+           "                            min(max_position_embeddings, 1024)) must be <= its\n"
+           "                            max_position_embeddings\n"
            "data:\n"
-           "  --data FILE               an llm.c token shard (magic 20240520) or any file,\n"
-           "                            read as bytes (vocab 256); default: zdp's generated\n"
+           "  --data FILE               an llm.c token shard (magic 20240520), a .npy 1-D\n"
+           "                            uint16/int32/uint32 token array, or any file, read\n"
+           "                            as bytes (vocab 256); default: zdp's generated\n"
            "                            arithmetic corpus (lines \"a+b=c\")\n"
-           "  --data-format auto|llmc|bytes   how --data is read (auto): llmc = a token\n"
-           "                            shard; bytes = one token per byte; auto = a shard if\n"
-           "                            it starts with the magic, an error if it looks like a\n"
-           "                            damaged shard (a .bin name, or a shard's header with\n"
-           "                            a damaged magic), bytes otherwise\n"
+           "  --data-format auto|llmc|npy|bytes   how --data is read (auto): llmc = a token\n"
+           "                            shard; npy = a NumPy array; bytes = one token per\n"
+           "                            byte; auto = .npy or a shard by their magic, an error\n"
+           "                            if it looks like a damaged shard (a .bin name, or a\n"
+           "                            shard's header with a damaged magic), bytes otherwise\n"
            "  --data-order sequential   the only order (window w = tokens [wT, wT+T])\n"
            "  --val-fraction F          tokens at the end kept for val loss (default 0.1;\n"
            "                            0 for token shards, whose val data is another file)\n"
@@ -71,7 +85,10 @@ static void usage_(void) {
            "  --max-skipped-steps K (100) stop with an error after K skipped steps in a row\n"
            "                            (NaN/Inf gradient or update; 0 = never)\n"
            "  --init FILE                GPT2LMHeadModel safetensors or llm.c .bin weights\n"
-           "  --save-weights FILE        GPT2LMHeadModel safetensors (rank 0)\n"
+           "  --save-weights FILE        GPT2LMHeadModel safetensors (rank 0; GPT flags only)\n"
+           "  --save-model-dir OUT       at the end, a Hugging Face folder (config.json,\n"
+           "                            safetensors, the tokenizer of --model-dir) (rank 0)\n"
+           "  --save-dtype F32|BF16 (F32) the dtype --save-model-dir writes\n"
            "  --val-every N (50)  --val-batches K (8, per rank)\n"
            "  --out-dir DIR (zdp-out)    metrics.csv and loss.svg\n"
            "  --save-dir DIR --save-every K   checkpoints DIR/global_step{N}/, DIR/latest\n"
@@ -88,8 +105,17 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
                     .steps = 200, .val_every = 50, .val_batches = 8, .arith_lines = CLI_ARITH_LINES,
                     .val_fraction = -1, .seed = 42, .out_dir = "zdp-out", .progress = -1,
                     .data_format = ZDP_TOKENS_AUTO, .max_skipped = CLI_MAX_SKIPPED_DEFAULT};
-    static const char *const formats[] = {"auto", "llmc", "bytes", NULL};
-    static const int format_values[] = {ZDP_TOKENS_AUTO, ZDP_TOKENS_SHARD, ZDP_TOKENS_BYTES};
+    static const char *const formats[] = {"auto", "llmc", "npy", "bytes", NULL};
+    static const int format_values[] = {ZDP_TOKENS_AUTO, ZDP_TOKENS_SHARD, ZDP_TOKENS_NPY,
+                                        ZDP_TOKENS_BYTES};
+    static const char *const dtypes[] = {"F32", "BF16", NULL};
+    static const int dtype_values[] = {ZDP_DTYPE_F32, ZDP_DTYPE_BF16};
+    o->save_dtype = ZDP_DTYPE_F32;
+    /* With a folder the shape is its config.json's, the block size the
+     * factory's default unless given. */
+    bool folder = false;
+    for (int i = 0; i < argc; i++) folder = folder || strcmp(argv[i], "--model-dir") == 0;
+    if (folder) o->model.block_size = 0;
     static const char *const orders[] = {"sequential", NULL};
     static const char *const progress[] = {"on", "off", "auto", NULL};
     static const int progress_values[] = {1, 0, -1};
@@ -101,7 +127,11 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
         CLI_STR("--init", &o->init),
         CLI_STR("--data", &o->data),
         CLI_CHOICE("--data-format", &o->data_format, formats, format_values,
-                   "auto, llmc (an llm.c token shard) or bytes (one token per byte)"),
+                   "auto, llmc (an llm.c token shard), npy (a NumPy token array) or bytes (one "
+                   "token per byte)"),
+        CLI_WORD("--model-dir", &o->model_dir, NULL, NULL),
+        CLI_WORD("--save-model-dir", &o->save_model_dir, NULL, NULL),
+        CLI_CHOICE("--save-dtype", &o->save_dtype, dtypes, dtype_values, "F32 or BF16"),
         CLI_STR("--save-weights", &o->save_weights),
         CLI_STR("--out-dir", &o->out_dir),
         CLI_CHOICE("--data-order", NULL, orders, NULL,
@@ -123,6 +153,18 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
     if (rc == 1 && zdp_dist_rank() == 0) usage_();
     if (rc != 0) return rc;
     if (o->config == NULL) return cli_fail("--config CFG.json is required");
+    if (o->model_dir == NULL) return 0;
+    /* The folder's config.json is the shape and its safetensors the weights. */
+    static const char *const shape_flags[] = {"--n-layer", "--n-head", "--n-embd", "--vocab-size",
+                                              "--init"};
+    for (int i = 0; i < argc; i++)
+        for (size_t k = 0; k < sizeof shape_flags / sizeof shape_flags[0]; k++)
+            if (strcmp(argv[i], shape_flags[k]) == 0)
+                return cli_fail("%s: the model comes from --model-dir %s (its config.json and "
+                                "weights); drop %s", shape_flags[k], o->model_dir, shape_flags[k]);
+    if (o->save_weights != NULL)
+        return cli_fail("--save-weights: with --model-dir, save a folder with --save-model-dir "
+                        "OUT");
     return 0;
 }
 
@@ -130,6 +172,8 @@ typedef struct run_state {
     zdp_config cfg;
     zdp_engine *eng;
     zdp_model model;
+    zdp_hf_config hf; /* --model-dir's config.json */
+    int vocab;        /* the model's vocabulary, known before the model exists */
     zdp_dataset *ds;
     bool arith;           /* the generated arithmetic corpus (no --data) */
     zdp_token_format fmt; /* how the data is read */
@@ -161,6 +205,36 @@ static double val_loss_(run_state *st, int64_t val_batches) {
     return zdp_dist_mean(sum / (double)val_batches);
 }
 
+/* Text as --data for a model folder: tokenized with the folder's tokenizer.
+ * The hook for it; until the tokenizer lands, a clear refusal.  0 or
+ * cli_fail's code. */
+static int open_text_data_(const gpt_opts *o, run_state *st, double val_fraction) {
+    (void)st;
+    (void)val_fraction;
+    return cli_fail("--data %s: read as text (bytes), but --model-dir %s needs token ids: give "
+                    "an llm.c token shard or a .npy token array (or --data-format llmc|npy if "
+                    "the file is one)", o->data, o->model_dir);
+}
+
+/* The first token of the dataset outside [0, V): -1 if none, else its
+ * position in the file (train split first, then val). */
+static int64_t first_outside_(const zdp_dataset *ds, int V, int32_t *tok) {
+    int64_t base = 0;
+    for (int sp = 0; sp < 2; sp++) {
+        const zdp_split split = sp == 0 ? ZDP_SPLIT_TRAIN : ZDP_SPLIT_VAL;
+        const int32_t *t = zdp_dataset_tokens(ds, split);
+        const int64_t n = zdp_dataset_n_tokens(ds, split);
+        for (int64_t i = 0; i < n; i++) {
+            if (t[i] >= V) {
+                *tok = t[i];
+                return base + i;
+            }
+        }
+        base += n;
+    }
+    return -1;
+}
+
 /* The data, checked against the model's vocabulary and block size: the
  * generated arithmetic corpus without --data.  0 or cli_fail's code. */
 static int open_data_(const gpt_opts *o, run_state *st) {
@@ -168,15 +242,31 @@ static int open_data_(const gpt_opts *o, run_state *st) {
     st->fmt = st->arith ? ZDP_TOKENS_BYTES : (zdp_token_format)o->data_format;
     if (st->fmt == ZDP_TOKENS_AUTO && zdp_tokens_detect(o->data, &st->fmt, &err) != ZDP_OK)
         return cli_fail("--data: %s", err.msg);
-    double vf = o->val_fraction >= 0 ? o->val_fraction : (st->fmt == ZDP_TOKENS_SHARD ? 0.0 : 0.1);
-    zdp_status s = st->arith ? zdp_dataset_create_arith(o->seed, o->arith_lines,
+    if (o->model_dir != NULL && st->arith)
+        return cli_fail("--model-dir %s needs --data FILE (token ids in its vocabulary); the "
+                        "arithmetic corpus is for byte-level models", o->model_dir);
+    double vf = o->val_fraction >= 0 ? o->val_fraction
+                : (st->fmt == ZDP_TOKENS_SHARD || st->fmt == ZDP_TOKENS_NPY ? 0.0 : 0.1);
+    if (o->model_dir != NULL && st->fmt == ZDP_TOKENS_BYTES) {
+        int rc = open_text_data_(o, st, vf);
+        if (rc != 0) return rc;
+    }
+    zdp_status s = st->ds != NULL ? ZDP_OK
+                   : st->arith ? zdp_dataset_create_arith(o->seed, o->arith_lines,
                                                         CLI_ARITH_MAX_OPERAND, vf, &st->ds, &err)
                              : zdp_dataset_open(o->data, st->fmt, vf, &st->ds, &err);
     if (s != ZDP_OK) return cli_fail("--data: %s", err.msg);
-    if (zdp_dataset_max_token(st->ds) >= o->model.vocab_size)
-        return cli_fail("--data %s: token %d is outside the vocabulary (--vocab-size %d); fix: "
-                        "raise --vocab-size%s", st->arith ? "(generated)" : o->data,
-                        zdp_dataset_max_token(st->ds), o->model.vocab_size,
+    int32_t tok = 0;
+    const int64_t at = first_outside_(st->ds, st->vocab, &tok);
+    if (at >= 0 && o->model_dir != NULL)
+        return cli_fail("--data %s: token %d at position %lld is outside the vocabulary of "
+                        "--model-dir %s (vocab_size %d); fix: tokenize the data with that "
+                        "model's tokenizer", o->data, tok, (long long)at, o->model_dir,
+                        st->vocab);
+    if (at >= 0)
+        return cli_fail("--data %s: token %d at position %lld is outside the vocabulary "
+                        "(--vocab-size %d); fix: raise --vocab-size%s",
+                        st->arith ? "(generated)" : o->data, tok, (long long)at, st->vocab,
                         st->fmt == ZDP_TOKENS_BYTES ? " to 256 for byte-level text" : "");
     if (zdp_dataset_n_windows(st->ds, ZDP_SPLIT_TRAIN, st->T) == 0)
         return cli_fail("--data %s: the train split has %lld tokens, fewer than --block-size + 1 "
@@ -192,7 +282,11 @@ static int init_params_(gpt_opts *o, run_state *st) {
     if (views == NULL) return cli_fail("out of memory");
     int rc = 0;
     for (int i = 0; i < st->model.n_params; i++) views[i] = zdp_engine_param_data(st->eng, i);
-    if (o->init != NULL) {
+    if (o->model_dir != NULL) {
+        zdp_error err;
+        if (zdp_hf_weights_load(o->model_dir, &st->model, views, &err) != ZDP_OK)
+            rc = cli_fail("--model-dir %s", err.msg);
+    } else if (o->init != NULL) {
         zdp_error err;
         if (zdp_gpt_weights_load(o->init, &o->model, st->model.params, st->model.n_params,
                                  views, &err) != ZDP_OK)
@@ -221,17 +315,38 @@ static int startup_(gpt_opts *o, run_state *st, int rc) {
                       "4096 sequences per micro-batch", (long long)st->cfg.micro_batch_size);
     st->b = rc == 0 ? (int)st->cfg.micro_batch_size : 0;
     st->T = o->model.block_size;
+    st->vocab = o->model.vocab_size;
+    if (rc == 0 && o->model_dir != NULL) {
+        if (zdp_hf_config_read(o->model_dir, &st->hf, &err) != ZDP_OK)
+            rc = cli_fail("--model-dir %s", err.msg);
+        else
+            st->vocab = st->hf.family == ZDP_HF_GPT2 ? st->hf.gpt.vocab_size
+                                                     : st->hf.llama.vocab_size;
+        if (rc == 0 && st->T > st->hf.max_position_embeddings)
+            rc = cli_fail("--block-size %d: --model-dir %s's max_position_embeddings is %d; "
+                          "use --block-size <= %d", st->T, o->model_dir,
+                          st->hf.max_position_embeddings, st->hf.max_position_embeddings);
+        if (rc == 0 && st->T == 0)
+            st->T = st->hf.max_position_embeddings < ZDP_HF_DEFAULT_BLOCK
+                        ? st->hf.max_position_embeddings : ZDP_HF_DEFAULT_BLOCK;
+    }
     /* Data first: its vocabulary must fit the model. */
     st->arith = o->data == NULL;
     if (rc == 0) rc = open_data_(o, st);
-    if (rc == 0 && zdp_gpt_create(&o->model, st->b, &st->model, &err) != ZDP_OK)
-        rc = cli_fail("%s", err.msg);
+    zdp_status ms = ZDP_OK;
+    if (rc == 0)
+        ms = o->model_dir != NULL ? zdp_hf_model_create(&st->hf, st->T, st->b, &st->model, &err)
+                                  : zdp_gpt_create(&o->model, st->b, &st->model, &err);
+    if (rc == 0 && ms != ZDP_OK) rc = cli_fail("%s", err.msg);
+    if (rc == 0) st->T = st->model.block_size;
     if (rc == 0 && zdp_engine_create(&st->cfg, &st->model, &st->eng, &err) != ZDP_OK)
         rc = cli_fail("%s", err.msg);
     if (rc == 0) rc = init_params_(o, st);
     if (rc == 0) rc = cli_ckpt_prepare(&o->ckpt);
     if (rc == 0 && o->save_weights != NULL && st->R == 0) /* only rank 0 writes it */
         rc = cli_check_output("--save-weights", o->save_weights, false);
+    if (rc == 0 && o->save_model_dir != NULL && st->R == 0)
+        rc = cli_check_output("--save-model-dir", o->save_model_dir, true);
     return rc;
 }
 
@@ -327,21 +442,37 @@ static int train_loop_(const gpt_opts *o, run_state *st, int64_t cursor) {
     return rc;
 }
 
+/* "gpt L=4 H=4 C=128 V=256" or "llama L=2 H=64 NH=4 KV=2 hd=16 F=128 V=512". */
+static const char *model_shape_(const run_state *st, char *buf, size_t cap) {
+    const zdp_gpt_config *g = zdp_gpt_config_of(&st->model);
+    const zdp_llama_config *l = zdp_llama_config_of(&st->model);
+    if (g != NULL)
+        snprintf(buf, cap, "gpt L=%d H=%d C=%d V=%d", g->n_layer, g->n_head, g->n_embd,
+                 g->vocab_size);
+    else if (l != NULL)
+        snprintf(buf, cap, "%s L=%d H=%d NH=%d KV=%d hd=%d F=%d V=%d",
+                 l->arch == ZDP_ARCH_QWEN3 ? "qwen3" : "llama", l->n_layer, l->hidden, l->n_head,
+                 l->n_kv_head, l->head_dim, l->ffn, l->vocab_size);
+    else
+        snprintf(buf, cap, "model");
+    return buf;
+}
+
 /* Rank 0, after training: the loss curve, and what the model learned, in
  * words (a sample; for the arithmetic corpus, held-out accuracy). */
 static void report_end_(const gpt_opts *o, run_state *st) {
-    char title[160];
-    snprintf(title, sizeof title, "zdp gpt L=%d C=%d T=%d, %d rank(s), ZeRO-%d", o->model.n_layer,
-             o->model.n_embd, st->T, st->W, st->cfg.zero.stage);
+    char title[160], shape[96];
+    snprintf(title, sizeof title, "zdp %s T=%d, %d rank(s), ZeRO-%d",
+             model_shape_(st, shape, sizeof shape), st->T, st->W, st->cfg.zero.stage);
     if (st->log.n > 0 && metrics_plot_svg(&st->log, st->svg_path, title) == 0)
         printf("metrics: %s, loss curve: %s\n", st->csv_path, st->svg_path);
     metrics_close(&st->log);
     float **views = malloc((size_t)st->model.n_params * sizeof *views);
     if (views != NULL) {
         for (int i = 0; i < st->model.n_params; i++) views[i] = zdp_engine_param_data(st->eng, i);
-        if (st->arith)
+        if (st->arith && zdp_gpt_config_of(&st->model) != NULL)
             sample_arith_report(&st->model, (const float *const *)views, st->ds, 200);
-        else if (o->model.vocab_size == 256)
+        else if (zdp_gpt_config_of(&st->model) != NULL && st->vocab == 256)
             sample_print(&st->model, (const float *const *)views, "\n", 200, 0.8, 40, o->seed);
         free(views);
     }
@@ -364,6 +495,35 @@ static int save_weights_(const gpt_opts *o, run_state *st) {
             fprintf(stderr, "zdp: error: --save-weights %s\n", err.msg);
             mine = 1;
         }
+        free(views);
+    }
+    return zdp_dist_all_ok(mine == 0) ? 0 : 1;
+}
+
+/* COLLECTIVE.  --save-model-dir, written by rank 0: the folder, with
+ * --model-dir's tokenizer files when it has any.  0, or 1 on every rank
+ * when it failed. */
+static int save_model_dir_(const gpt_opts *o, run_state *st) {
+    int mine = 0;
+    if (st->R == 0) {
+        zdp_error err;
+        float **views = malloc((size_t)st->model.n_params * sizeof *views);
+        if (views == NULL) mine = 1;
+        for (int i = 0; views != NULL && i < st->model.n_params; i++)
+            views[i] = zdp_engine_param_data(st->eng, i);
+        if (views != NULL &&
+            zdp_hf_save(o->save_model_dir, &st->model, (const float *const *)views,
+                        (zdp_dtype)o->save_dtype, 0, &err) != ZDP_OK) {
+            fprintf(stderr, "zdp: error: --save-model-dir %s\n", err.msg);
+            mine = 1;
+        }
+        int copied = 0;
+        /* A folder without a tokenizer has nothing to copy; that is fine. */
+        if (mine == 0 && o->model_dir != NULL)
+            (void)zdp_hf_copy_tokenizer(o->model_dir, o->save_model_dir, &copied, &err);
+        if (mine == 0)
+            printf("saved the model to %s (%s%s)\n", o->save_model_dir,
+                   zdp_dtype_name((zdp_dtype)o->save_dtype), copied > 0 ? ", with the tokenizer" : "");
         free(views);
     }
     return zdp_dist_all_ok(mine == 0) ? 0 : 1;
@@ -399,9 +559,10 @@ int cmd_train_gpt(int argc, char **argv) {
         if (metrics_open(&st.log, st.csv_path) != 0)
             fprintf(stderr, "zdp: warning: cannot write %s (%s); metrics go only to stdout\n",
                     st.csv_path, strerror(errno));
-        printf("zdp train: gpt L=%d H=%d C=%d V=%d T=%d | %d rank(s) | ZeRO stage %d | %s "
+        char shape[96];
+        printf("zdp train: %s T=%d | %d rank(s) | ZeRO stage %d | %s "
                "accumulation | B %lld = b %d x G %lld x W %d | data %s: %lld train tokens, %lld val\n",
-               o.model.n_layer, o.model.n_head, o.model.n_embd, o.model.vocab_size, st.T, st.W,
+               model_shape_(&st, shape, sizeof shape), st.T, st.W,
                st.cfg.zero.stage, managed ? "managed" : "unmanaged",
                (long long)st.cfg.train_batch_size, st.b,
                (long long)st.cfg.gradient_accumulation_steps, st.W,
@@ -414,11 +575,12 @@ int cmd_train_gpt(int argc, char **argv) {
     if ((rc = train_loop_(&o, &st, cursor)) != 0) goto done;
     if (st.R == 0) report_end_(&o, &st);
     if (o.save_weights != NULL) rc = save_weights_(&o, &st);
+    if (rc == 0 && o.save_model_dir != NULL) rc = save_model_dir_(&o, &st);
 done:
     free(st.inputs);
     free(st.targets);
     zdp_engine_destroy(st.eng);
-    zdp_gpt_destroy(&st.model);
+    zdp_model_destroy(&st.model);
     zdp_dataset_destroy(st.ds);
     return rc;
 }
