@@ -55,9 +55,22 @@ run() {
 }
 
 # A byte-level GPT: its decode is the bytes themselves.
-for np in 1 2; do
+for np in ${NPS:-1}; do
   run $np zdp-bytes gpt2 - --model gpt --n-layer 2 --n-head 2 --n-embd 32 --vocab-size 256 --block-size 64 -- bytes
 done
+
+# A tiny Llama folder with a real tokenizer: text through `zdp tokenize`.
+TOK="$SHARED/data/tokenizers/llama3"
+if [ -f "$TOK/tokenizer.json" ]; then
+  "$ZDP" init-model --arch llama --layers 2 --hidden 64 --heads 4 --kv-heads 2 --ffn 128 --vocab 128256 --tie \
+    --max-pos 256 --tokenizer "$TOK" --out "$T/tiny-llama" >"$T/init.log" 2>&1 || { fail "init-model"; cat "$T/init.log"; }
+  for np in ${NPS:-1 3}; do
+    run $np tiny-llama llama "$(cd "$T/tiny-llama" && pwd -P)" --model-dir "$T/tiny-llama" --block-size 64 -- \
+      "$ZDP" tokenize --tokenizer "$T/tiny-llama"
+  done
+else
+  echo "note: no $TOK/tokenizer.json: the Llama folder checks did not run (byte-level GPT only)"
+fi
 
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
 echo "test_serve_lm: all checks passed"

@@ -35,6 +35,7 @@ def fail(msg):
 class Codec:
     def __init__(self, argv):
         self.cmd = None if argv == ["bytes"] else argv
+        self.piece = {}
 
     def encode(self, text):
         if self.cmd is None:
@@ -43,14 +44,25 @@ class Codec:
         return [int(x) for x in out.split()]
 
     def decode(self, ids):
-        """The text of ids, as bytes (what the server matches stop strings in)."""
+        """The text of ids, as bytes (what the server matches stop strings in):
+        byte-level BPE, so the bytes of each token, one after another.  Each
+        token's bytes come once from the command's --decode."""
         if self.cmd is None:
             return bytes(ids)
-        if not ids:
-            return b""
-        res = subprocess.run(self.cmd + ["--decode"], input=" ".join(map(str, ids)).encode(),
-                             capture_output=True, check=True)
-        return res.stdout
+        missing = sorted(set(ids) - set(self.piece))
+        if missing:
+            # One call: each id on its own between two copies of a marker id
+            # (its text learnt first), so the pieces can be split apart.
+            run = lambda x: subprocess.run(self.cmd + ["--decode"], input=x.encode(), capture_output=True,  # noqa
+                                           check=True).stdout
+            marker = self.cmd and self.encode("\u2603")
+            mtext = run(" ".join(map(str, marker)))
+            out = run(" ".join(" ".join(map(str, marker + [i])) for i in missing) + " " + " ".join(map(str, marker)))
+            parts = out.split(mtext)
+            if len(parts) != len(missing) + 2:
+                raise RuntimeError("cannot split the decoded pieces")
+            self.piece.update(zip(missing, parts[1:-1]))
+        return b"".join(self.piece[i] for i in ids)
 
 
 def plain(url, method, path, body=None):

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "lm_dir.h"
 #include "sample.h"
 #include "serve/serve.h"
 #include "zdp/zdp.h"
@@ -87,10 +88,54 @@ static zdp_serve_model gpt_model_(gpt_src *g) {
                              .decode = c->vocab_size == 256 ? bytes_decode_ : NULL};
 }
 
+/* ---- the served model: a Hugging Face folder (--model-dir) ----------------------- */
+
+static zdp_status dir_create_(void *ctx, zdp_model *out, zdp_error *err) {
+    return lm_dir_create(ctx, 1, out, err);
+}
+
+static void dir_destroy_(void *ctx, zdp_model *model) {
+    (void)ctx;
+    zdp_model_destroy(model);
+}
+
+static zdp_status dir_init_(void *ctx, const zdp_model *model, float *const *dst, zdp_error *err) {
+    const lm_dir *d = ctx;
+    return zdp_hf_weights_load(d->dir, model, dst, err);
+}
+
+static zdp_status dir_load_(void *ctx, const char *path, const zdp_model *model, float *const *dst,
+                            zdp_error *err) {
+    return lm_dir_load(ctx, path, model, dst, err);
+}
+
+static zdp_status dir_save_(void *ctx, const char *path, const zdp_model *model, const float *const *src,
+                            zdp_error *err) {
+    return lm_dir_save(ctx, path, model, src, err);
+}
+
+static char *dir_decode_(void *ctx, const int32_t *ids, int64_t n, size_t *len) {
+    const lm_dir *d = ctx;
+    char *text = NULL;
+    zdp_error err;
+    return zdp_tokenizer_decode(d->tok, ids, (size_t)n, &text, len, &err) == ZDP_OK ? text : NULL;
+}
+
+/* tokenizer_id: the folder's absolute path, which AutoTokenizer.from_pretrained
+ * loads when the folder holds the tokenizer; base_model sampling reads the
+ * folder's weights. */
+static zdp_serve_model dir_model_(lm_dir *d) {
+    return (zdp_serve_model){.ctx = d, .arch = d->arch, .summary = d->summary,
+                             .tokenizer_id = d->tok != NULL ? d->real : NULL, .base_weights = d->real,
+                             .create = dir_create_, .destroy = dir_destroy_, .init = dir_init_,
+                             .load = dir_load_, .save = dir_save_, .decode = d->tok != NULL ? dir_decode_ : NULL};
+}
+
 /* ---- options ------------------------------------------------------------------ */
 
 static void usage_(void) {
     printf("usage: mpirun -np W zdp serve --config CFG.json --model gpt [options]\n"
+           "       mpirun -np W zdp serve --config CFG.json --model-dir DIR [--block-size T] [options]\n"
            "\n"
            "A training server: rank 0 answers HTTP (JSON, Tinker's data shapes), every rank\n"
            "trains.  Endpoints: POST /forward_backward /forward /optim_step /save_weights\n"
@@ -98,7 +143,12 @@ static void usage_(void) {
            "/api/v1/... (docs/server.md).\n"
            "\n"
            "  --config CFG.json          ds_config with \"managed_gradient_accumulation\": false\n"
-           "  --model gpt                the only model served\n"
+           "  --model-dir DIR            a Hugging Face folder (Llama 3, Qwen3, SmolLM2, GPT-2): its\n"
+           "                             config, weights and tokenizer (string stops, get_info's\n"
+           "                             tokenizer_id = the folder); --block-size T (default\n"
+           "                             min(max_position_embeddings, 1024)); --model-name default:\n"
+           "                             the folder's name\n"
+           "  --model gpt                a GPT-2 from the shape flags:\n"
            "  --n-layer L (4)  --n-head H (4)  --n-embd C (128)  --vocab-size V (256)\n"
            "  --block-size T (64)\n"
            "  --init FILE                GPT2LMHeadModel safetensors or llm.c .bin weights\n"
@@ -136,11 +186,13 @@ static void usage_(void) {
            "                                     health check is older than S\n");
 }
 
-static int parse_(int argc, char **argv, serve_opts *o, gpt_src *g) {
-    *g = (gpt_src){.cfg = CLI_GPT_DEFAULT, .seed = 42};
+static int parse_(int argc, char **argv, serve_opts *o, gpt_src *g, lm_dir *d) {
+    /* Shape flags start at 0, so that --model-dir can tell which were given. */
+    *g = (gpt_src){.seed = 42};
+    const char *model_dir = NULL;
     *o = (serve_opts){
                       .bind = "127.0.0.1", .port = 8000, .max_body = 16 << 20,
-                      .model_name = "zdp-gpt", .checkpoint_dir = "zdp-serve-checkpoints",
+                      .checkpoint_dir = "zdp-serve-checkpoints",
                       .long_poll_s = 30, .seq_gap_s = 30, .max_connections = 512,
                       .max_connections_per_ip = -1, .idle_timeout_s = 15, .request_timeout_s = 60,
                       .max_inflight = -1, .health_timeout_s = 60};
@@ -148,6 +200,7 @@ static int parse_(int argc, char **argv, serve_opts *o, gpt_src *g) {
     const cli_opt opts[] = {
         CLI_GPT_ROWS(&g->cfg),
         CLI_STR("--model", &model),
+        CLI_STR("--model-dir", &model_dir),
         CLI_STR("--config", &o->config),
         CLI_STR("--init", &g->init),
         CLI_STR("--bind", &o->bind),
@@ -180,10 +233,30 @@ static int parse_(int argc, char **argv, serve_opts *o, gpt_src *g) {
     int rc = cli_parse_options(&cmd, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv);
     if (rc == 1 && zdp_dist_rank() == 0) usage_();
     if (rc != 0) return rc;
-    if (model == NULL || strcmp(model, "gpt") != 0)
-        return cli_fail("--model %s: zdp serve serves only --model gpt", model ? model : "(missing)");
     if (o->config == NULL) return cli_fail("--config CFG.json is required");
-    o->lm = gpt_model_(g);
+    const bool name_given = o->model_name != NULL;
+    if (!name_given) o->model_name = "zdp-gpt";
+    const zdp_gpt_config *c = &g->cfg;
+    if (model_dir != NULL) {
+        if (model != NULL || g->init != NULL || c->n_layer || c->n_head || c->n_embd || c->vocab_size)
+            return cli_fail("--model-dir %s: the folder gives the model and its weights; drop --model, --init and "
+                            "the shape flags (--block-size alone may be given)", model_dir);
+        if ((rc = lm_dir_open(model_dir, c->block_size, false, d)) != 0) return rc;
+        o->lm = dir_model_(d);
+        /* The default base_model name: the folder's own ("SmolLM2-135M"). */
+        if (!name_given) o->model_name = d->name;
+    } else if (model == NULL || strcmp(model, "gpt") != 0) {
+        return cli_fail("--model %s: zdp serve serves --model gpt or a folder, --model-dir DIR",
+                        model ? model : "(missing)");
+    } else {
+        const zdp_gpt_config def = CLI_GPT_DEFAULT;
+        g->cfg = (zdp_gpt_config){.n_layer = c->n_layer ? c->n_layer : def.n_layer,
+                                  .n_head = c->n_head ? c->n_head : def.n_head,
+                                  .n_embd = c->n_embd ? c->n_embd : def.n_embd,
+                                  .vocab_size = c->vocab_size ? c->vocab_size : def.vocab_size,
+                                  .block_size = c->block_size ? c->block_size : def.block_size};
+        o->lm = gpt_model_(g);
+    }
     /* Default: 64, and no more than --max-connections. */
     if (o->max_connections_per_ip < 0) o->max_connections_per_ip = o->max_connections < 64 ? o->max_connections : 64;
     if (o->max_connections_per_ip > o->max_connections)
@@ -203,7 +276,8 @@ static int parse_(int argc, char **argv, serve_opts *o, gpt_src *g) {
 int cmd_serve(int argc, char **argv) {
     serve_opts opt;
     gpt_src gpt;
-    int rc = parse_(argc, argv, &opt, &gpt);
+    lm_dir dir = {0};
+    int rc = parse_(argc, argv, &opt, &gpt, &dir);
     zdp_server *s = NULL;
     if (rc == 1) { /* --help */
         rc = 0;
@@ -224,5 +298,6 @@ done:
     zdp_server_destroy(s);
     free((void *)opt.allow_roots);
     free((void *)opt.allow_hosts);
+    lm_dir_close(&dir);
     return rc;
 }
