@@ -92,11 +92,6 @@ ZDP_API const zdp_llama_config *zdp_llama_config_of(const zdp_model *model);
  * N(0, initializer_range), biases 0, RMSNorm weights 1. */
 ZDP_API void zdp_llama_init_params(const zdp_model *model, float *const *params, uint64_t seed);
 
-/* Bytes of the model's own activation memory (allocated at create for
- * max_batch x block_size tokens, all layers kept for backward); 0 when the
- * model is not from zdp_llama_create.  The memory report shows it. */
-ZDP_API int64_t zdp_llama_activation_bytes(const zdp_model *model);
-
 #ifdef __cplusplus
 }
 #endif

@@ -403,7 +403,8 @@ zdp_status zdp_gpt_create(const zdp_gpt_config *cfg, int max_batch, zdp_model *o
              cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size, cfg->block_size);
     *out = (zdp_model){.self = m, .ops = &gpt_ops_, .lm = &gpt_lm_ops_,
                        .vocab_size = cfg->vocab_size, .block_size = cfg->block_size,
-                       .n_params = n_params, .params = m->info, .shape_json = m->shape_json};
+                       .n_params = n_params, .params = m->info, .shape_json = m->shape_json,
+                       .activation_bytes = total * (int64_t)sizeof(float)};
     return ZDP_OK;
 nomem:
     out->self = m;

@@ -12,7 +12,7 @@
  * Parameters are registered in zdp/llama.h's order with transformers' names
  * and [out, in] layouts.  Activations for max_batch x block_size tokens are
  * allocated once at create (one block, owned here, not counted by the
- * engine; zdp_llama_activation_bytes reports its size); forward keeps every
+ * engine; zdp_model.activation_bytes reports its size); forward keeps every
  * layer's activations for backward.  The rotary tables (cos, sin of
  * position * inv_freq) are computed once at create, in double.
  *
@@ -58,7 +58,6 @@ typedef struct llama {
     float *weights;     /* (max_batch*block_size) per-position loss weights of the last forward */
     bool weighted;      /* the last forward had weights */
     char shape_json[320]; /* zdp_model.shape_json */
-    int64_t act_bytes;  /* the activation block's size */
 
     /* Activations: one allocation, sliced below.  Per-layer arrays hold L
      * slices of max_batch*block_size rows; a forward with B, T uses the first
@@ -583,7 +582,6 @@ zdp_status zdp_llama_create(const zdp_llama_config *cfg, int max_batch, zdp_mode
     m->mem = aligned_alloc(64, (size_t)total * sizeof(float));
     if (m->mem == NULL) goto nomem;
     memset(m->mem, 0, (size_t)total * sizeof(float));
-    m->act_bytes = total * (int64_t)sizeof(float);
     int64_t off = 0;
     for (int i = 0; i < nslices; i++) {
         *slices[i].p = m->mem + off;
@@ -610,7 +608,8 @@ zdp_status zdp_llama_create(const zdp_llama_config *cfg, int max_batch, zdp_mode
              cfg->attention_bias, cfg->tie_word_embeddings);
     *out = (zdp_model){.self = m, .ops = &llama_ops_, .lm = &llama_lm_ops_,
                        .vocab_size = cfg->vocab_size, .block_size = cfg->block_size,
-                       .n_params = n_params, .params = m->info, .shape_json = m->shape_json};
+                       .n_params = n_params, .params = m->info, .shape_json = m->shape_json,
+                       .activation_bytes = total * (int64_t)sizeof(float)};
     return ZDP_OK;
 nomem:
     out->self = m;
@@ -641,11 +640,6 @@ void zdp_llama_destroy(zdp_model *model) {
 const zdp_llama_config *zdp_llama_config_of(const zdp_model *model) {
     const llama *m = llama_of_(model);
     return m != NULL ? &m->cfg : NULL;
-}
-
-int64_t zdp_llama_activation_bytes(const zdp_model *model) {
-    const llama *m = llama_of_(model);
-    return m != NULL ? m->act_bytes : 0;
 }
 
 /* Overwrites the last forward's weights (and makes it weighted) for its

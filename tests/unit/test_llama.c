@@ -370,7 +370,21 @@ static void check_params_(const zdp_llama_config *cfg, const want_param *want, i
     assert_int_equal(m.vocab_size, cfg->vocab_size);
     assert_int_equal(m.block_size, cfg->block_size);
     assert_int_equal(zdp_llama_config_of(&m)->n_kv_head, cfg->n_kv_head);
-    assert_true(zdp_llama_activation_bytes(&m) > 0);
+    /* Activation bytes: at least every layer's kept arrays for max_batch (2)
+     * x block_size rows, at most that plus the per-step scratch and padding. */
+    {
+        const int64_t BT = 2 * (int64_t)cfg->block_size, L = cfg->n_layer, H = cfg->hidden;
+        const int64_t QD = (int64_t)cfg->n_head * cfg->head_dim;
+        const int64_t KD = (int64_t)cfg->n_kv_head * cfg->head_dim, F = cfg->ffn;
+        const int64_t kept = L * BT * (5 * H + 3 * QD + 3 * KD + 3 * F + 2 +
+                                       (int64_t)cfg->n_head * cfg->block_size) +
+                             BT * ((int64_t)cfg->vocab_size + H);
+        const int64_t scratch = BT * (2 * H + 4 * QD + 4 * KD + 2 * F) +
+                                (int64_t)cfg->block_size * (cfg->block_size + cfg->head_dim) +
+                                L * BT * (cfg->n_head + cfg->n_kv_head) + 40 * 16;
+        assert_true(m.activation_bytes >= 4 * kept);
+        assert_true(m.activation_bytes <= 4 * (kept + scratch));
+    }
     zdp_llama_destroy(&m);
 }
 
