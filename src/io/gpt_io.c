@@ -18,8 +18,9 @@
  * expected parameter list is derived from the config here, and the caller's
  * params must match it by name and shape (any order).
  *
- * Not here: writing llm.c checkpoints, reading config.json, sharded
- * (model-00001-of-0000N) safetensors checkpoints, untied lm_head weights.
+ * Not here: writing llm.c checkpoints, untied lm_head weights; whole
+ * Hugging Face folders (config.json, sharded model-00001-of-0000N files)
+ * are hf.c's.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -94,26 +95,11 @@ static void gio_expected_(const zdp_gpt_config *cfg, gio_param_ *out) {
     gio_set_(&out[k + 1], GIO_PREFIX "ln_f.bias", C, 0);
 }
 
-/* "[4, 8]" into buf. */
-static const char *gio_shape_str_(const int64_t *shape, int ndim, char *buf, size_t cap) {
-    size_t len = (size_t)snprintf(buf, cap, "[");
-    for (int i = 0; i < ndim && len < cap; i++)
-        len += (size_t)snprintf(buf + len, cap - len, "%s%" PRId64, i ? ", " : "", shape[i]);
-    if (len < cap) snprintf(buf + len, cap - len, "]");
-    return buf;
-}
-
 static bool gio_same_shape_(const int64_t *a, int na, const int64_t *b, int nb) {
     if (na != nb) return false;
     for (int i = 0; i < na; i++)
         if (a[i] != b[i]) return false;
     return true;
-}
-
-static int64_t gio_numel_(const int64_t *shape, int ndim) {
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= shape[i];
-    return n;
 }
 
 /* The name without the "transformer." prefix. */
@@ -166,8 +152,8 @@ static zdp_status gio_check_params_(const char *path, const zdp_gpt_config *cfg,
                                "%s: params[%d] \"%s\" has shape %s, but the config implies %s; "
                                "pass the params of a model created with this config", path, i,
                                params[i].name,
-                               gio_shape_str_(params[i].shape, params[i].ndim, a, sizeof a),
-                               gio_shape_str_(expected[e].shape, expected[e].ndim, b, sizeof b));
+                               zdp_io_shape_str(params[i].shape, params[i].ndim, a, sizeof a),
+                               zdp_io_shape_str(expected[e].shape, expected[e].ndim, b, sizeof b));
         map[e] = i;
     }
     return ZDP_OK;
@@ -224,16 +210,16 @@ static zdp_status gio_st_check_config_(const char *path, const zdp_safetensors *
                            "%s: tensor \"%s\": file shape %s, model shape %s; the file is for "
                            "vocab_size = %" PRId64 ", n_embd = %" PRId64 " (config: %s); set "
                            "vocab_size and n_embd to the file's", path, wte->name,
-                           gio_shape_str_(wte->shape, 2, a, sizeof a),
-                           gio_shape_str_(want_wte, 2, b, sizeof b), wte->shape[0],
+                           zdp_io_shape_str(wte->shape, 2, a, sizeof a),
+                           zdp_io_shape_str(want_wte, 2, b, sizeof b), wte->shape[0],
                            wte->shape[1], gio_cfg_str_(cfg, cs, sizeof cs));
     if (wpe != NULL && wpe->ndim == 2 && !gio_same_shape_(wpe->shape, 2, want_wpe, 2))
         return zdp_err_set(err, ZDP_ERR_CONFIG,
                            "%s: tensor \"%s\": file shape %s, model shape %s; the file is for "
                            "block_size = %" PRId64 ", n_embd = %" PRId64 " (config: %s); set "
                            "block_size to the file's (zdp does not crop or extend wpe)", path,
-                           wpe->name, gio_shape_str_(wpe->shape, 2, a, sizeof a),
-                           gio_shape_str_(want_wpe, 2, b, sizeof b), wpe->shape[0],
+                           wpe->name, zdp_io_shape_str(wpe->shape, 2, a, sizeof a),
+                           zdp_io_shape_str(want_wpe, 2, b, sizeof b), wpe->shape[0],
                            wpe->shape[1], gio_cfg_str_(cfg, cs, sizeof cs));
     long max_layer = -1;
     const char *max_name = NULL;
@@ -346,7 +332,7 @@ static zdp_status gio_load_safetensors_(const char *path, const zdp_gpt_config *
                                 "GPT-2 (%s), so there is nowhere to load it; zdp reads "
                                 "GPT2LMHeadModel files (names as in zdp.h, \"" GIO_PREFIX
                                 "\" prefix optional)", path, name,
-                                gio_shape_str_(st.tensors[i].shape, st.tensors[i].ndim, a,
+                                zdp_io_shape_str(st.tensors[i].shape, st.tensors[i].ndim, a,
                                                sizeof a), gio_cfg_str_(cfg, cs, sizeof cs));
             goto done;
         }
@@ -364,7 +350,7 @@ static zdp_status gio_load_safetensors_(const char *path, const zdp_gpt_config *
                             "shape %s (config: %s); the file has %d tensors and is not a "
                             "complete GPT2LMHeadModel checkpoint for this config", path,
                             expected[e].name, gio_strip_(expected[e].name),
-                            gio_shape_str_(expected[e].shape, expected[e].ndim, a, sizeof a),
+                            zdp_io_shape_str(expected[e].shape, expected[e].ndim, a, sizeof a),
                             gio_cfg_str_(cfg, cs, sizeof cs), st.n);
             goto done;
         }
@@ -374,8 +360,8 @@ static zdp_status gio_load_safetensors_(const char *path, const zdp_gpt_config *
                           t->shape[1] == expected[e].shape[0];
             s = zdp_err_set(err, ZDP_ERR_CONFIG,
                             "%s: tensor \"%s\": file shape %s, model shape %s (config: %s); %s",
-                            path, t->name, gio_shape_str_(t->shape, t->ndim, a, sizeof a),
-                            gio_shape_str_(expected[e].shape, expected[e].ndim, b, sizeof b),
+                            path, t->name, zdp_io_shape_str(t->shape, t->ndim, a, sizeof a),
+                            zdp_io_shape_str(expected[e].shape, expected[e].ndim, b, sizeof b),
                             gio_cfg_str_(cfg, cs, sizeof cs),
                             linear ? "the file stores it transposed, as torch.nn.Linear "
                                      "[out, in] (nanoGPT); zdp and GPT2LMHeadModel use Conv1D "
@@ -405,12 +391,12 @@ static zdp_status gio_load_safetensors_(const char *path, const zdp_gpt_config *
                             "%s: tensor \"%s\": shape %s dtype %s, but zdp ties lm_head to "
                             "\"%s\" (shape %s); an untied or resized head is not supported",
                             path, lm_head->name,
-                            gio_shape_str_(lm_head->shape, lm_head->ndim, a, sizeof a),
+                            zdp_io_shape_str(lm_head->shape, lm_head->ndim, a, sizeof a),
                             zdp_dtype_name(lm_head->dtype), wte->name,
-                            gio_shape_str_(wte->shape, wte->ndim, b, sizeof b));
+                            zdp_io_shape_str(wte->shape, wte->ndim, b, sizeof b));
             goto done;
         }
-        int64_t n = gio_numel_(wte->shape, wte->ndim);
+        int64_t n = zdp_io_numel(wte->shape, wte->ndim);
         for (int64_t i = 0; i < n; i++) {
             float x = zdp_io_f32_at(lm_head, i), y = zdp_io_f32_at(wte, i);
             if (memcmp(&x, &y, sizeof x) != 0) {
@@ -428,7 +414,7 @@ static zdp_status gio_load_safetensors_(const char *path, const zdp_gpt_config *
     for (int e = 0; e < n_exp; e++) {
         const zdp_tensor *t = gio_find_(&st, expected[e].name);
         float *out = dst[map[e]];
-        int64_t n = gio_numel_(t->shape, t->ndim);
+        int64_t n = zdp_io_numel(t->shape, t->ndim);
         if (t->dtype == ZDP_DTYPE_F32) {
             memcpy(out, t->data, (size_t)n * sizeof(float));
         } else {
@@ -656,7 +642,7 @@ static zdp_status gio_check_finite_(const char *path, const zdp_param_info *para
                                     float *const *dst, zdp_error *err) {
     for (int i = 0; i < n_params; i++) {
         const zdp_param_info *p = &params[i];
-        const int64_t n = gio_numel_(p->shape, p->ndim);
+        const int64_t n = zdp_io_numel(p->shape, p->ndim);
         const int64_t cols = p->ndim == 2 ? p->shape[1] : n;
         for (int64_t k = 0; k < n; k++) {
             if (isfinite(dst[i][k])) continue;
@@ -760,7 +746,7 @@ static zdp_status gio_save_(const char *path, const zdp_param_info *params, int 
         t[i].ndim = params[i].ndim;
         memcpy(t[i].shape, params[i].shape, sizeof t[i].shape);
         t[i].data = (void *)src[i];
-        t[i].nbytes = (size_t)gio_numel_(params[i].shape, params[i].ndim) * sizeof(float);
+        t[i].nbytes = (size_t)zdp_io_numel(params[i].shape, params[i].ndim) * sizeof(float);
         for (int d = 0; d < params[i].ndim; d++) {
             if (params[i].shape[d] < 0) {
                 free(t);

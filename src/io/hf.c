@@ -264,7 +264,15 @@ static zdp_status hf_parse_llama_(const hf_cfg_ *c, bool qwen3, zdp_hf_config *o
     double d = 0;
     if (s == ZDP_OK) s = hf_num_(c, root, "rms_norm_eps", 1e-6, true, &d, err);
     m->rms_norm_eps = (float)d;
+    /* zdp computes in fp32: an eps that rounds to 0 or overflows is no eps. */
+    if (s == ZDP_OK && !(m->rms_norm_eps > 0 && isfinite(m->rms_norm_eps)))
+        s = zdp_err_set(err, ZDP_ERR_CONFIG, "%s: key \"rms_norm_eps\" = %g is %s in fp32; fix "
+                        "the file", c->path, d, m->rms_norm_eps > 0 ? "infinite" : "0");
     if (s == ZDP_OK) s = hf_num_(c, root, "initializer_range", 0.02, false, &m->initializer_range, err);
+    if (s == ZDP_OK && m->initializer_range < 0)
+        s = zdp_err_set(err, ZDP_ERR_CONFIG, "%s: key \"initializer_range\" = %g: expected a "
+                        "number >= 0 (a standard deviation); fix the file", c->path,
+                        m->initializer_range);
     if (s == ZDP_OK) s = hf_rope_(c, m, err);
     bool b = false;
     if (s == ZDP_OK) s = hf_bool_(c, "attention_bias", false, &b, err);
@@ -628,21 +636,6 @@ done:
 
 /* ---- weights in ------------------------------------------------------------------ */
 
-/* "[4, 8]" into buf. */
-static const char *hf_shape_str_(const int64_t *shape, int ndim, char *buf, size_t cap) {
-    size_t len = (size_t)snprintf(buf, cap, "[");
-    for (int i = 0; i < ndim && len < cap; i++)
-        len += (size_t)snprintf(buf + len, cap - len, "%s%" PRId64, i ? ", " : "", shape[i]);
-    if (len < cap) snprintf(buf + len, cap - len, "]");
-    return buf;
-}
-
-static int64_t hf_numel_(const int64_t *shape, int ndim) {
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= shape[i];
-    return n;
-}
-
 /* The folder's weight files, all read, and the index when sharded. */
 typedef struct hf_folder_ {
     const char *dir;
@@ -792,7 +785,7 @@ static zdp_status hf_map_(const hf_folder_ *f, const zdp_model *model, bool gpt,
                                    "parameter of the model config.json describes (%d tensors, "
                                    "e.g. \"%s\"); the weights are of another architecture or "
                                    "config.json is wrong: fix config.json or remove the tensor",
-                                   f->paths[k], t->name, hf_shape_str_(t->shape, t->ndim, a,
+                                   f->paths[k], t->name, zdp_io_shape_str(t->shape, t->ndim, a,
                                    sizeof a), model->n_params, model->params[0].name);
             }
             if (slot->file >= 0)
@@ -815,7 +808,7 @@ static zdp_status hf_check_(const hf_folder_ *f, const zdp_model *model, bool gp
         if (loc[p].file < 0)
             return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: tensor \"%s\" is missing; the model "
                                "config.json describes needs it with shape %s%s", where, pi->name,
-                               hf_shape_str_(pi->shape, pi->ndim, a, sizeof a),
+                               zdp_io_shape_str(pi->shape, pi->ndim, a, sizeof a),
                                strcmp(pi->name, "lm_head.weight") == 0
                                    ? " (config.json says tie_word_embeddings false: set it to "
                                      "true if lm_head is the embedding)"
@@ -832,8 +825,8 @@ static zdp_status hf_check_(const hf_folder_ *f, const zdp_model *model, bool gp
                               t->shape[1] == pi->shape[0];
             return zdp_err_set(err, ZDP_ERR_CONFIG, "%s: tensor \"%s\": file shape %s, model "
                                "shape %s; %s", file, t->name,
-                               hf_shape_str_(t->shape, t->ndim, a, sizeof a),
-                               hf_shape_str_(pi->shape, pi->ndim, b, sizeof b),
+                               zdp_io_shape_str(t->shape, t->ndim, a, sizeof a),
+                               zdp_io_shape_str(pi->shape, pi->ndim, b, sizeof b),
                                transposed ? "the file's is transposed: transformers saves "
                                             "Linear weights [out, in]; write them that way"
                                           : "config.json does not describe these weights: fix "
@@ -844,7 +837,7 @@ static zdp_status hf_check_(const hf_folder_ *f, const zdp_model *model, bool gp
             return zdp_err_set(err, ZDP_ERR_UNSUPPORTED, "%s: tensor \"%s\" has dtype %s; zdp "
                                "loads F32, F16 and BF16 weights (convert the file)", file,
                                t->name, zdp_dtype_name(t->dtype));
-        const int64_t n = hf_numel_(pi->shape, pi->ndim);
+        const int64_t n = zdp_io_numel(pi->shape, pi->ndim);
         const int64_t cols = pi->ndim == 2 ? pi->shape[1] : n;
         for (int64_t i = 0; i < n; i++) {
             float v = zdp_io_f32_at(t, i);
@@ -871,15 +864,15 @@ static zdp_status hf_check_lm_head_(const hf_folder_ *f, const zdp_model *model,
     char a[64], b[64];
     bool same = h->ndim == e->ndim && h->ndim == 2 && h->shape[0] == e->shape[0] &&
                 h->shape[1] == e->shape[1] && zdp_io_dtype_float(h->dtype);
-    int64_t n = same ? hf_numel_(h->shape, 2) : 0, i = 0;
+    int64_t n = same ? zdp_io_numel(h->shape, 2) : 0, i = 0;
     while (same && i < n && zdp_io_f32_at(h, i) == zdp_io_f32_at(e, i)) i++;
     if (same && i == n) return ZDP_OK;
     return zdp_err_set(err, ZDP_ERR_UNSUPPORTED, "%s: tensor \"%s\" (shape %s) differs from "
                        "\"%s\" (shape %s)%s, but the model ties them (config.json: GPT-2, or "
                        "tie_word_embeddings true); loading would drop a trained head: set "
                        "tie_word_embeddings false in config.json if the head is untied",
-                       f->paths[lm->file], h->name, hf_shape_str_(h->shape, h->ndim, a, sizeof a),
-                       model->params[0].name, hf_shape_str_(e->shape, e->ndim, b, sizeof b),
+                       f->paths[lm->file], h->name, zdp_io_shape_str(h->shape, h->ndim, a, sizeof a),
+                       model->params[0].name, zdp_io_shape_str(e->shape, e->ndim, b, sizeof b),
                        same ? " in value" : "");
 }
 
@@ -902,7 +895,7 @@ zdp_status zdp_hf_weights_load(const char *dir, const zdp_model *model, float *c
     if (s == ZDP_OK) s = hf_check_lm_head_(&f, model, loc, &lm, err);
     zdp_dtype seen = ZDP_DTYPE_F32;
     for (int p = 0; s == ZDP_OK && p < model->n_params; p++) {
-        const int64_t n = hf_numel_(model->params[p].shape, model->params[p].ndim);
+        const int64_t n = zdp_io_numel(model->params[p].shape, model->params[p].ndim);
         for (int64_t i = 0; i < n; i++) dst[p][i] = zdp_io_f32_at(loc[p].t, i);
         if (loc[p].t->dtype != ZDP_DTYPE_F32) seen = loc[p].t->dtype;
     }
@@ -1119,7 +1112,7 @@ zdp_status zdp_hf_save(const char *dir, const zdp_model *model, const float *con
     }
     for (int i = 0; i < n && s == ZDP_OK; i++) {
         const zdp_param_info *p = &model->params[i];
-        const int64_t numel = hf_numel_(p->shape, p->ndim);
+        const int64_t numel = zdp_io_numel(p->shape, p->ndim);
         t[i] = (zdp_tensor){.name = (char *)p->name, .dtype = dtype, .ndim = p->ndim,
                             .nbytes = (size_t)numel * esize};
         memcpy(t[i].shape, p->shape, sizeof t[i].shape);

@@ -100,6 +100,12 @@ static float st_f16_to_f32_(uint16_t h) {
     return sign ? -f : f;
 }
 
+int64_t zdp_io_numel(const int64_t *shape, int ndim) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    return n;
+}
+
 bool zdp_io_dtype_float(zdp_dtype t) {
     return t == ZDP_DTYPE_F32 || t == ZDP_DTYPE_F16 || t == ZDP_DTYPE_BF16;
 }
@@ -152,7 +158,7 @@ static bool st_nbytes_(const int64_t *shape, int ndim, size_t elem_size, uint64_
 }
 
 /* "[4, 8]" into buf (truncated if it does not fit, which it always does). */
-static const char *st_shape_str_(const int64_t *shape, int ndim, char *buf, size_t cap) {
+const char *zdp_io_shape_str(const int64_t *shape, int ndim, char *buf, size_t cap) {
     size_t len = (size_t)snprintf(buf, cap, "[");
     for (int i = 0; i < ndim && len < cap; i++)
         len += (size_t)snprintf(buf + len, cap - len, "%s%" PRId64, i ? ", " : "", shape[i]);
@@ -325,14 +331,14 @@ static zdp_status st_parse_entry_(const char *path, const char *name, json_t *v,
         return zdp_err_set(err, ZDP_ERR_FORMAT,
                            "%s: tensor \"%s\": dtype %s shape %s needs more than 2^64 bytes "
                            "(overflow); the file is corrupt", path, name,
-                           st_dtypes_[e->dtype].name, st_shape_str_(e->shape, e->ndim, shp, sizeof shp));
+                           st_dtypes_[e->dtype].name, zdp_io_shape_str(e->shape, e->ndim, shp, sizeof shp));
     if (e->end - e->begin != need)
         return zdp_err_set(err, ZDP_ERR_FORMAT,
                            "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] span "
                            "%" PRIu64 " bytes but dtype %s shape %s needs %" PRIu64 "; the "
                            "file is corrupt or was written by a buggy tool", path, name,
                            e->begin, e->end, e->end - e->begin, st_dtypes_[e->dtype].name,
-                           st_shape_str_(e->shape, e->ndim, shp, sizeof shp), need);
+                           zdp_io_shape_str(e->shape, e->ndim, shp, sizeof shp), need);
     return ZDP_OK;
 }
 
@@ -633,12 +639,12 @@ static zdp_status st_add_entry_(json_t *root, const zdp_tensor *tensors, int i,
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
                            "%s: tensor \"%s\": dtype %s shape %s needs more than 2^64 bytes",
                            path, t->name, st_dtypes_[t->dtype].name,
-                           st_shape_str_(t->shape, t->ndim, shp, sizeof shp));
+                           zdp_io_shape_str(t->shape, t->ndim, shp, sizeof shp));
     if ((uint64_t)t->nbytes != need)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
                            "%s: tensor \"%s\": nbytes is %zu but dtype %s shape %s needs %"
                            PRIu64, path, t->name, t->nbytes, st_dtypes_[t->dtype].name,
-                           st_shape_str_(t->shape, t->ndim, shp, sizeof shp), need);
+                           zdp_io_shape_str(t->shape, t->ndim, shp, sizeof shp), need);
     if (t->data == NULL && t->nbytes > 0)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: tensor \"%s\": data is NULL", path,
                            t->name);
