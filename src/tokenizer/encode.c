@@ -74,6 +74,7 @@ typedef struct enc_ctx_ {
     struct heap_ent_ *heap; /* (3 * scratch_cap) */
     size_t scratch_cap;
     pcre2_match_data *md[TOK_MAX_STAGES];
+    int re_error; /* a PCRE2 failure other than "no match" (0: none) */
 } enc_ctx_;
 
 static void cache_clear_(enc_ctx_ *c) {
@@ -274,7 +275,12 @@ static void stage_(enc_ctx_ *c, int k, const char *s, size_t n) {
     size_t at = 0, gap = 0; /* the next search start; the end of the last match */
     while (at < n) {
         int rc = pcre2_match(st->re, (PCRE2_SPTR)s, n, at, PCRE2_NO_UTF_CHECK, c->md[k], NULL);
-        if (rc < 0) break; /* no more matches (or a match-limit error: the rest is a gap) */
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) { /* a resource limit: never tokenize the rest some other way */
+            c->re_error = rc;
+            c->out.oom = true;
+            break;
+        }
         const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(c->md[k]);
         const size_t m0 = ov[0], m1 = ov[1];
         if (m1 == m0) { /* an empty match is no piece; step one character on, as JS does */
@@ -474,6 +480,13 @@ zdp_status zdp_tokenizer_encode(const zdp_tokenizer *t, const char *text, size_t
     for (int k = 0; k < TOK_MAX_STAGES; k++) pcre2_match_data_free(c.md[k]);
     if (c.out.oom) {
         free(c.out.v);
+        if (c.re_error != 0) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(c.re_error, msg, sizeof msg);
+            return zdp_err_set(err, ZDP_ERR_INTERNAL, "zdp_tokenizer_encode: the pre-tokenizer "
+                               "regex failed on %zu bytes of text: %s (PCRE2 error %d)", len,
+                               (const char *)msg, c.re_error);
+        }
         return zdp_err_set(err, ZDP_ERR_NOMEM, "zdp_tokenizer_encode: out of memory (%zu bytes "
                            "of text)", len);
     }

@@ -167,10 +167,13 @@ static zdp_status load_vocab_(load_ctx_ *L, json_t *vocab, const char *key) {
     char buf[1024];
     json_object_foreach(vocab, tok, v) {
         json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;
-        if (id < 0 || id >= TOK_MAX_ID_)
+        if (id < 0 || id >= TOK_MAX_ID_) {
+            char seen[48];
+            if (json_is_integer(v)) snprintf(seen, sizeof seen, "%lld", (long long)json_integer_value(v));
+            else snprintf(seen, sizeof seen, "%s", zdp_json_type_name(v));
             return fmt_(L, "%s[\"%.64s\"] = %s: a token id must be an integer in 0..%d", key, tok,
-                        json_is_integer(v) ? "out of range" : zdp_json_type_name(v),
-                        TOK_MAX_ID_ - 1);
+                        seen, TOK_MAX_ID_ - 1);
+        }
         size_t n = strlen(tok);
         char *bytes = n <= sizeof buf ? buf : malloc(n);
         if (bytes == NULL) return zdp_err_set(L->err, ZDP_ERR_NOMEM, "%s: out of memory", L->file);
@@ -438,6 +441,15 @@ static zdp_status load_pretok_(load_ctx_ *L, json_t *p, const char *key, bool *b
         *byte_level = true;
         return add_stage_(L, key, s);
     }
+    if (strcmp(type, "Digits") == 0) {
+        /* SmolLM2's: ASCII digits apart from the rest, each alone with
+         * individual_digits, as the reference's pattern says. */
+        const char *rx = bool_key_(p, "individual_digits", false) ? "[^0-9]+|[0-9]" : "[^0-9]+|[0-9]+";
+        tok_stage s = {.mode = TOK_SPLIT_MATCHES};
+        s.re = zdp_tok_compile_(rx, strlen(rx), false, why, sizeof why);
+        if (s.re == NULL) return zdp_err_set(L->err, ZDP_ERR_INTERNAL, "Digits regex: %s", why);
+        return add_stage_(L, key, s);
+    }
     if (strcmp(type, "Split") == 0) {
         json_t *pat = json_object_get(p, "pattern");
         json_t *rx = json_is_object(pat) ? json_object_get(pat, "Regex") : NULL;
@@ -461,7 +473,7 @@ static zdp_status load_pretok_(load_ctx_ *L, json_t *p, const char *key, bool *b
         return add_stage_(L, key, s);
     }
     return unsupported_(L, "%s.type = \"%.64s\": not supported; zdp reads byte-level BPE "
-                           "(pre-tokenizers Split, ByteLevel and Sequence of them)", key, type);
+                           "(pre-tokenizers Split, Digits, ByteLevel and Sequence of them)", key, type);
 }
 
 /* ---- added tokens ------------------------------------------------------------------------ */

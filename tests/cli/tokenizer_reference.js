@@ -275,7 +275,7 @@ function bench(lib, dir, corpusPath, runs) {
 const [cmd, ...a] = process.argv.slice(2);
 let rc = 2;
 if (cmd === "corpus") {
-  const shakespeare = fs.readFileSync(a[2] || path.join(__dirname, "../../../shared/data/tinyshakespeare.txt"), "utf8");
+  const shakespeare = fs.readFileSync(a[2] || path.join(__dirname, "..", "..", "..", "shared", "data", "tinyshakespeare.txt"), "utf8");
   fs.writeFileSync(a[0], makeCorpus(shakespeare, Number(a[1] || 1.1)));
   rc = 0;
 } else if (cmd === "compare") rc = compare(a[0], a[1], a[2], a[3], a[4]);

@@ -90,7 +90,7 @@ static int parse_ids_(char *s, int32_t **ids, size_t *n) {
     return 0;
 }
 
-static int encode_(const zdp_tokenizer *tok, const char *text, size_t len, bool special) {
+static int encode_(const zdp_tokenizer *tok, const char *text, size_t len, int special) {
     int32_t *ids = NULL;
     size_t n = 0;
     zdp_error err;
@@ -121,11 +121,11 @@ static int decode_(const zdp_tokenizer *tok, char *text) {
 
 int cmd_tokenize(int argc, char **argv) {
     const char *dir = NULL;
-    bool decode = false, special = false;
+    int decode = 0, special = 0;
     const cli_opt opts[] = {
         CLI_STR("--tokenizer", &dir),
-        CLI_SWITCH("--decode", &decode),
-        CLI_SWITCH("--special", &special),
+        CLI_FLAG("--decode", &decode, 1),
+        CLI_FLAG("--special", &special, 1),
     };
     static const cli_command cmd = {.missing = "missing value (see zdp tokenize --help)",
                                     .unknown = " for tokenize (see zdp tokenize --help)",
