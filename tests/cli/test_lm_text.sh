@@ -10,13 +10,15 @@
 #     --prompt` continues it greedily (text in and out through the tokenizer).
 #   - refusals: text with a folder that has no tokenizer, --model-dir with
 #     --weights, an empty prompt.
-# Exit 77 (skipped) when ../shared has no GPT-2 tokenizer.
+# Exit 77 (skipped) when the shared folder beside the repository (ZDP_SHARED
+# overrides where) has no GPT-2 tokenizer.
 # usage: test_lm_text.sh ZDP_BINARY MPIEXEC
 set -u
 ZDP=$1
 MPIEXEC=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
-TOK="$HERE/../../../shared/data/tokenizers/gpt2"
+SHARED=${ZDP_SHARED:-$(cd "$HERE/../../.." && pwd)/shared}
+TOK="$SHARED/data/tokenizers/gpt2"
 PY=${PYTHON:-python3}
 [ -f "$TOK/encoder.json" ] || { echo "SKIP: no GPT-2 tokenizer at $TOK (encoder.json + vocab.bpe)"; exit 77; }
 T=$(mktemp -d)

@@ -2,7 +2,8 @@
 # `zdp serve` on any causal LM through the real Tinker SDK and the plain API
 # (tests/serve/lm_check.py): a byte-level GPT (vocab 256: id = byte), and a
 # tiny Llama folder from `zdp init-model` with a real tokenizer when
-# ../shared/data/tokenizers has one.  get_info's arch and tokenizer_id,
+# the shared folder beside the repository (ZDP_SHARED overrides where) has
+# one in data/tokenizers/, and the Tinker SDK comes from its tinker-sdk.sh.  get_info's arch and tokenizer_id,
 # training, sampling from sampler weights, string and token stop sequences,
 # save/load_state.  Exit 77 (skipped) with the reason when the SDK cannot be
 # imported.
@@ -12,7 +13,7 @@ ZDP=$1
 MPIEXEC=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 CHECK="$HERE/../serve/lm_check.py"
-SHARED="$HERE/../../../shared"
+SHARED=${ZDP_SHARED:-$(cd "$HERE/../../.." && pwd)/shared}
 T=$(mktemp -d)
 source "$HERE/serve_lib.sh"
 trap 'stop_server; rm -rf "$T"' EXIT

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """lm_check.py -- drives a running `zdp serve` with the real Tinker SDK
-(eval "$(bash ../shared/tinker-sdk.sh)" makes it importable) and its plain
+(test_serve_lm.sh makes it importable) and its plain
 API, for tests/cli/test_serve_lm.sh: get_info's arch and tokenizer_id, /info's
 model, training lowers the loss, sampling through a sampler-weights file,
 string stop sequences (docs/server.md, "Stop sequences"), token stops,
