@@ -25,6 +25,8 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include "../core/core.h"
+#include "../core/json.h"
 #include "io.h"
 
 #include <errno.h>
@@ -166,20 +168,6 @@ const char *zdp_io_shape_str(const int64_t *shape, int ndim, char *buf, size_t c
     return buf;
 }
 
-static const char *st_json_type_name_(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "an unknown JSON value";
-}
-
 /* ---- reader ------------------------------------------------------------ */
 
 /* One header entry after validation; name borrows from the JSON tree. */
@@ -223,7 +211,7 @@ static zdp_status st_parse_dtype_(const char *path, const char *name, json_t *v,
     if (!json_is_string(v))
         return zdp_err_set(err, ZDP_ERR_FORMAT,
                            "%s: tensor \"%s\": dtype is %s, expected a string (one of "
-                           ST_DTYPE_LIST ")", path, name, st_json_type_name_(v));
+                           ST_DTYPE_LIST ")", path, name, zdp_json_type_name(v));
     const char *s = json_string_value(v);
     for (int t = 0; t < ST_NDTYPES; t++) {
         if (strcmp(s, st_dtypes_[t].name) == 0) {
@@ -241,7 +229,7 @@ static zdp_status st_parse_shape_(const char *path, const char *name, json_t *v,
     if (!json_is_array(v))
         return zdp_err_set(err, ZDP_ERR_FORMAT,
                            "%s: tensor \"%s\": shape is %s, expected an array of "
-                           "non-negative integers", path, name, st_json_type_name_(v));
+                           "non-negative integers", path, name, zdp_json_type_name(v));
     size_t ndim = json_array_size(v);
     if (ndim > ZDP_MAX_DIMS)
         return zdp_err_set(err, ZDP_ERR_FORMAT,
@@ -253,7 +241,7 @@ static zdp_status st_parse_shape_(const char *path, const char *name, json_t *v,
         if (!json_is_integer(d))
             return zdp_err_set(err, ZDP_ERR_FORMAT,
                                "%s: tensor \"%s\": shape[%zu] is %s, expected a non-negative "
-                               "integer", path, name, i, st_json_type_name_(d));
+                               "integer", path, name, i, zdp_json_type_name(d));
         json_int_t x = json_integer_value(d);
         if (x < 0)
             return zdp_err_set(err, ZDP_ERR_FORMAT,
@@ -269,7 +257,7 @@ static zdp_status st_parse_offsets_(const char *path, const char *name, json_t *
     if (!json_is_array(v) || json_array_size(v) != 2)
         return zdp_err_set(err, ZDP_ERR_FORMAT,
                            "%s: tensor \"%s\": data_offsets is %s%s, expected [begin, end] "
-                           "(two non-negative integers)", path, name, st_json_type_name_(v),
+                           "(two non-negative integers)", path, name, zdp_json_type_name(v),
                            json_is_array(v) ? " of the wrong length" : "");
     json_int_t be[2];
     for (size_t i = 0; i < 2; i++) {
@@ -278,7 +266,7 @@ static zdp_status st_parse_offsets_(const char *path, const char *name, json_t *
             return zdp_err_set(err, ZDP_ERR_FORMAT,
                                "%s: tensor \"%s\": data_offsets[%zu] is %s, expected a "
                                "non-negative integer", path, name, i,
-                               json_is_integer(x) ? "negative" : st_json_type_name_(x));
+                               json_is_integer(x) ? "negative" : zdp_json_type_name(x));
         be[i] = json_integer_value(x);
     }
     e->begin = (uint64_t)be[0];
@@ -301,7 +289,7 @@ static zdp_status st_parse_entry_(const char *path, const char *name, json_t *v,
     if (!json_is_object(v))
         return zdp_err_set(err, ZDP_ERR_FORMAT,
                            "%s: tensor \"%s\": entry is %s, expected an object with dtype, "
-                           "shape and data_offsets", path, name, st_json_type_name_(v));
+                           "shape and data_offsets", path, name, zdp_json_type_name(v));
     const char *key;
     json_t *field;
     json_object_foreach(v, key, field) {
@@ -348,14 +336,14 @@ static zdp_status st_check_metadata_(const char *path, json_t *v, zdp_error *err
     if (!json_is_object(v))
         return zdp_err_set(err, ZDP_ERR_FORMAT,
                            "%s: " ST_METADATA_KEY " is %s, expected an object of string "
-                           "values", path, st_json_type_name_(v));
+                           "values", path, zdp_json_type_name(v));
     const char *key;
     json_t *val;
     json_object_foreach(v, key, val) {
         if (!json_is_string(val))
             return zdp_err_set(err, ZDP_ERR_FORMAT,
                                "%s: " ST_METADATA_KEY ".\"%s\" is %s, expected a string",
-                               path, key, st_json_type_name_(val));
+                               path, key, zdp_json_type_name(val));
     }
     return ZDP_OK;
 }
@@ -450,7 +438,7 @@ static zdp_status st_parse_header_(const char *path, const char *header, uint64_
     if (!json_is_object(r))
         return zdp_err_set(err, ZDP_ERR_FORMAT,
                            "%s: header is %s, expected an object mapping tensor names to "
-                           "{dtype, shape, data_offsets}", path, st_json_type_name_(r));
+                           "{dtype, shape, data_offsets}", path, zdp_json_type_name(r));
 
     size_t n_keys = json_object_size(r);
     st_entry_ *e = calloc(n_keys > 0 ? n_keys : 1, sizeof *e);

@@ -533,6 +533,53 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
     return finish_sample_(j, res);
 }
 
+/* Rank 0, a save or load that succeeded: its typed result.  A protocol's
+ * stays typed (its poll encodes it); a plain request's is encoded here, once,
+ * as JSON (its time counts as the request's). */
+static char *finish_save_(server *s, job *j, const char *path) {
+    serve_save_result r = {.op = j->op, .path = (char *)path, .step = zdp_engine_global_steps(s->eng),
+                           .global_samples = zdp_engine_global_samples(s->eng),
+                           .pending_backwards = zdp_engine_pending_backwards(s->eng)};
+    if (j->fut == NULL) return serve_save_result_json(&r);
+    if ((j->saved = serve_save_result_copy(&r)) == NULL)
+        serve_die("serve", &(zdp_error){.msg = "out of memory for a save's result"});
+    return NULL;
+}
+
+char *serve_save_result_json(const serve_save_result *r) {
+    if (r->op == OP_SAVE_STATE || r->op == OP_LOAD_STATE)
+        return serve_dump(json_pack("{s:s,s:I,s:I,s:I}", "path", r->path, "step", (json_int_t)r->step,
+                                    "global_samples", (json_int_t)r->global_samples, "pending_backwards",
+                                    (json_int_t)r->pending_backwards));
+    return serve_dump(json_pack("{s:s,s:I}", "path", r->path, "step", (json_int_t)r->step));
+}
+
+/* strdup of s, or NULL for NULL; false when out of memory. */
+static bool dup_(const char *s, char **out) {
+    *out = s != NULL ? strdup(s) : NULL;
+    return s == NULL || *out != NULL;
+}
+
+serve_save_result *serve_save_result_copy(const serve_save_result *r) {
+    serve_save_result *c = malloc(sizeof *c);
+    if (c == NULL) return NULL;
+    *c = *r;
+    c->path = c->name = c->session = NULL;
+    if (!dup_(r->path, &c->path) || !dup_(r->name, &c->name) || !dup_(r->session, &c->session)) {
+        serve_save_result_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void serve_save_result_free(serve_save_result *r) {
+    if (r == NULL) return;
+    free(r->path);
+    free(r->name);
+    free(r->session);
+    free(r);
+}
+
 static char *exec_save_weights_(server *s, job *j, int *status) {
     if (s->R != 0) return NULL;
     const char *path = (const char *)j->payload;
@@ -549,7 +596,7 @@ static char *exec_save_weights_(server *s, job *j, int *status) {
         return serve_error_body("path", err.msg);
     }
     *status = 200;
-    return serve_dump(json_pack("{s:s,s:I}", "path", path, "step", (json_int_t)zdp_engine_global_steps(s->eng)));
+    return finish_save_(s, j, path);
 }
 
 /* path "A/B/TAG" -> dir "A/B", tag "TAG"; "TAG" -> ".", "TAG". */
@@ -638,10 +685,7 @@ static char *exec_state_(server *s, job *j, int *status) {
         return serve_error_body("path", why);
     }
     *status = 200;
-    return serve_dump(json_pack("{s:s,s:I,s:I,s:I}", "path", path, "step",
-                           (json_int_t)zdp_engine_global_steps(s->eng), "global_samples",
-                           (json_int_t)zdp_engine_global_samples(s->eng), "pending_backwards",
-                           (json_int_t)zdp_engine_pending_backwards(s->eng)));
+    return finish_save_(s, j, path);
 }
 
 /* Tinker's load_weights without the optimizer: the weights of a checkpoint
@@ -680,7 +724,7 @@ static char *exec_load_weights_(server *s, job *j, int *status) {
         return serve_error_body("path", err.msg);
     }
     *status = 200;
-    return serve_dump(json_pack("{s:s,s:I}", "path", path, "step", (json_int_t)zdp_engine_global_steps(s->eng)));
+    return finish_save_(s, j, path);
 }
 
 /* The bounds of docs/server.md's "Limits" and what is in use now. */

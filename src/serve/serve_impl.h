@@ -19,6 +19,7 @@
 
 #include "zdp/zdp.h"
 #include "bytes.h"
+#include "fwd_input.h"
 #include "comm/comm.h"
 #include "core/json.h"
 #include "models/policy_loss.h"
@@ -58,8 +59,8 @@ enum {
 struct server;
 struct job;
 /* Runs a job on this rank; rank 0 gets (status, body), the others NULL.  A
- * protocol's forward/forward_backward or asample (j->fut set) leaves its
- * result typed in j->fwd or j->sample instead (body NULL). */
+ * protocol's job (j->fut set) that succeeds leaves its result typed instead
+ * (body NULL): j->fwd, j->sample, j->optim or j->saved. */
 typedef char *(*serve_exec_fn)(struct server *s, struct job *j, int *status);
 
 typedef struct serve_op {
@@ -83,11 +84,6 @@ typedef struct sample_file_header {
 /* Optimizer hyperparameters of an optim_step, in zdp_hparams' order. */
 #define N_ADAM 6
 extern const char *const serve_adam_keys[N_ADAM];
-/* The server's caps on adam_params beyond the library's ranges
- * (zdp_hparams_check, which allows lr up to ZDP_HPARAM_LR_MAX and any finite
- * clipping norm): what a remote client may set. */
-#define SERVE_MAX_LR 10.0
-#define SERVE_MAX_GRAD_CLIP 1e30
 
 /* Losses (docs/tinker-protocol.md §2): zdp_loss_kind, ZDP_LOSS_CROSS_ENTROPY .. ZDP_LOSS_DRO. */
 #define N_LOSSES 5
@@ -161,6 +157,26 @@ typedef struct serve_optim_result {
  * step_applied and warnings.  NULL when out of memory. */
 char *serve_optim_result_json(const serve_optim_result *r, bool metrics_only);
 
+/* The result of a save or a load (save_weights, save_state, load_state,
+ * load_weights), typed until encoded once: the plain API's JSON as the job
+ * finishes (serve_save_result_json), or a protocol's when its poll asks
+ * (tinker/: {"path": tinker://..., "type", "sampling_session_id"?}, JSON
+ * whatever the poll's Accept, as no SDK reads these as protobuf). */
+typedef struct serve_save_result {
+    int op;    /* OP_SAVE_WEIGHTS, OP_SAVE_STATE, OP_LOAD_STATE or OP_LOAD_WEIGHTS */
+    char *path; /* the file or checkpoint the engine wrote or read */
+    int64_t step, global_samples, pending_backwards; /* the engine's counters after it */
+    /* Set by a protocol as the job finishes (NULL for the plain API): the name
+     * its client knows the file by, and the sampling session it opened. */
+    char *name, *session;
+} serve_save_result;
+/* The plain API's reply: {"path", "step"}, and for save_state/load_state
+ * also "global_samples" and "pending_backwards".  NULL when out of memory. */
+char *serve_save_result_json(const serve_save_result *r);
+/* A deep copy (a poll encodes it outside the lock); NULL when out of memory. */
+serve_save_result *serve_save_result_copy(const serve_save_result *r);
+void serve_save_result_free(serve_save_result *r); /* NULL is a no-op */
+
 /* Typed views of a job's payload (request.c lays each one out and alone
  * reads it back): pointers into j->payload, valid while the job lives.
  * false when the payload does not have the op's layout (a bug in zdp). */
@@ -207,11 +223,13 @@ typedef struct job {
     double arrived;
     double queued_at; /* when it entered the FIFO (serve_now) */
     /* The answer, filled by the main thread (plain endpoints): a body, or
-     * for a protocol's forward/forward_backward or sample the typed result. */
+     * for a protocol's forward/forward_backward, sample, optim_step, save or
+     * load the typed result. */
     int status;
     char *body;
     serve_fwd_result *fwd;
     serve_sample_result *sample;
+    serve_save_result *saved; /* a protocol's save or load (body NULL) */
     bool has_optim; /* a protocol's optim_step: its result is optim (body NULL) */
     serve_optim_result optim;
     bool done;
@@ -311,6 +329,8 @@ typedef struct verr {
 bool serve_bad(verr *e, int status, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 bool serve_only_keys(const json_t *o, const char *where, const char *const *keys, int n, verr *e);
+/* The same for one name, however it was decoded. */
+bool serve_only_name(const char *name, const char *where, const char *const *keys, int n, verr *e);
 char *serve_dump(json_t *o); /* takes the reference */
 json_t *serve_jreal(double x);
 
@@ -321,9 +341,17 @@ void serve_utf8_fix(char *s);
 void serve_job_free(job *j);
 double serve_now(void);
 
+/* The checks of every forward/forward_backward (the loss and its options,
+ * datums, tokens against the model's vocabulary V and block size T, tensors
+ * against the loss's inputs) and the payload j gets.  where: the JSON path
+ * of the input ("forward_backward_input"), which every message names; j->op
+ * (OP_FWDBWD or OP_FORWARD) says whether loss_fn is required. */
+bool serve_fwd_build(const serve_fwd_in *in, const char *where, int V, int T, job *j, verr *e);
+
 /* Request parsers.  where: the JSON path prefix of obj ("" for a whole
  * body).  tinker_defaults: missing adam_params fields take Tinker's
  * AdamParams defaults instead of the engine's current values. */
+/* JSON -> serve_fwd_in (its format's checks) -> serve_fwd_build. */
 bool serve_parse_fwd(const json_t *obj, const char *where, const zdp_model *mc, job *j,
                      verr *e);
 bool serve_parse_optim(const json_t *ap, const char *where, bool tinker_defaults, job *j, verr *e);

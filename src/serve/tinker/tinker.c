@@ -30,9 +30,10 @@
  * Protobuf (SDK 0.25).  0.25 posts every forward_backward -- and forward, as
  * forward_backward with forward_only = true -- as application/x-protobuf
  * (client/config's proto_write_fwdbwd is no longer read), and takes the
- * ForwardBackwardOutput only as protobuf.  The body is decoded into the JSON
- * object the JSON path takes and goes the same way from there (one
- * validation).  Its future remembers that it came as protobuf: retrieve_future
+ * ForwardBackwardOutput only as protobuf.  The body is decoded straight into
+ * the typed request the JSON path also produces (fwd_input.h), and
+ * serve_fwd_build checks it for both (one validation; the envelope's checks,
+ * check_model_id_ and check_seq_id_, are shared too).  Its future remembers that it came as protobuf: retrieve_future
  * answers it in protobuf when the poll's Accept names application/x-protobuf
  * (errors and try_again stay JSON, which 0.25 reads).  A JSON request always
  * gets JSON: 0.18-0.24 send JSON (proto_write_fwdbwd is false here), and
@@ -70,6 +71,7 @@ void tinker_destroy(tinker_state *t) {
         free(f->result);
         serve_fwd_result_free(f->fwd);
         serve_sample_result_free(f->samp);
+        serve_save_result_free(f->saved);
         free(f);
     }
     for (session *x = t->sessions, *n; x != NULL; x = n) {
@@ -144,6 +146,7 @@ void tinker_prune(tinker_state *t) {
             free(f->result);
             serve_fwd_result_free(f->fwd);
             serve_sample_result_free(f->samp);
+            serve_save_result_free(f->saved);
             free(f);
             t->n_futures--;
         } else {
@@ -361,17 +364,28 @@ void tinker_finish_locked(server *s, job *j, int status, char *body) {
     } else if (j->op == OP_SAMPLE_FILE) {
         result = body; /* not expected: a result without its typed form */
         body = NULL;
-    } else {
-        const char *type = j->op == OP_SAVE_STATE     ? "save_weights"
-                           : j->op == OP_SAVE_WEIGHTS ? "save_weights_for_sampler"
-                                                      : "load_weights";
-        /* save_weights_for_sampler without a name opens a sampling session on
+    } else if (j->saved != NULL) {
+        /* A save or load, kept typed until a poll encodes it.
+         * save_weights_for_sampler without a name opens a sampling session on
          * the file (save_weights_and_get_sampling_client). */
-        if (j->sampling_session != NULL && !add_sampler_(s->tinker, j->sampling_session, (const char *)j->payload))
+        serve_save_result *r = j->saved;
+        if (j->sampling_session != NULL && !add_sampler_(s->tinker, j->sampling_session, r->path)) {
             result = failure_("server", "out of memory");
-        else
-            result = serve_dump(json_pack("{s:s,s:s,s:s*}", "path", j->tinker_path, "type", type,
-                                          "sampling_session_id", j->sampling_session));
+        } else {
+            r->name = j->tinker_path;
+            r->session = j->sampling_session;
+            j->tinker_path = j->sampling_session = NULL;
+            j->saved = NULL;
+            j->fut->saved = r;
+            j->fut->done = true;
+            j->fut->done_at = serve_now();
+            j->fut = NULL;
+            free(body);
+            serve_job_free(j);
+            return;
+        }
+    } else {
+        result = failure_("server", "%s finished without its result (a bug in zdp)", serve_ops[j->op].name);
     }
     free(body);
     if (result == NULL) result = failure_("server", "out of memory");
@@ -425,24 +439,36 @@ static void model_dir_(const char *model_id, char *out, size_t cap) {
 
 /* ---- request parsing ------------------------------------------------------------------- */
 
+/* The envelope's checks, the same for JSON and protobuf: model_id a
+ * non-empty string under 160 bytes (NULL: not a string; given: sent at all). */
+static bool check_model_id_(bool given, const char *m, size_t len, verr *e) {
+    if (m == NULL || len == 0 || len >= 160)
+        return serve_bad(e, 400, "model_id", "model_id: %s; send the model_id create_model returned",
+                         given ? "must be a non-empty string" : "missing");
+    return true;
+}
+
+/* seq_id in [1, SERVE_MAX_SEQ_ID]: bounded, so the next one due, seq_id + 1,
+ * neither overflows nor rounds. */
+static bool check_seq_id_(int64_t seq, verr *e) {
+    if (seq < 1 || seq > SERVE_MAX_SEQ_ID)
+        return serve_bad(e, 400, "seq_id", "seq_id = %lld: must be in [1, 2^53 - 1]; the SDK numbers a "
+                         "model's requests 1, 2, 3, ...", (long long)seq);
+    return true;
+}
+
 /* model_id (a string) and seq_id (an integer >= 1) of a training verb. */
 static bool envelope_(const json_t *root, const char **model_id, int64_t *seq, bool need_seq, verr *e) {
     const json_t *m = json_object_get(root, "model_id");
-    if (!json_is_string(m) || json_string_length(m) == 0 || json_string_length(m) >= 160)
-        return serve_bad(e, 400, "model_id", "model_id: %s; send the model_id create_model returned",
-                         m ? "must be a non-empty string" : "missing");
+    if (!check_model_id_(m != NULL, json_string_value(m), json_string_length(m), e)) return false;
     *model_id = json_string_value(m);
     *seq = 0;
     const json_t *q = json_object_get(root, "seq_id");
     if (!need_seq) return true;
-    /* Bounded: the next seq_id due is seq_id + 1. */
-    if (!json_is_integer(q) || json_integer_value(q) < 1 || json_integer_value(q) > SERVE_MAX_SEQ_ID) {
-        if (json_is_integer(q))
-            return serve_bad(e, 400, "seq_id", "seq_id = %lld: must be in [1, 2^53 - 1]; the SDK numbers a "
-                             "model's requests 1, 2, 3, ...", (long long)json_integer_value(q));
+    if (!json_is_integer(q))
         return serve_bad(e, 400, "seq_id", "seq_id: %s; the SDK numbers a model's requests 1, 2, 3, ...",
                          q ? "must be an integer >= 1" : "missing");
-    }
+    if (!check_seq_id_((int64_t)json_integer_value(q), e)) return false;
     *seq = (int64_t)json_integer_value(q);
     return true;
 }
@@ -530,20 +556,10 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
     return serve_bad(e, 404, "url", "%s: not a training verb (a bug in zdp)", verb);
 }
 
-/* POST forward_backward, forward, optim_step, save_weights,
- * save_weights_for_sampler, load_weights: answered with a future. */
-int tinker_submit(server *s, const char *verb, const json_t *root, const char *idem, bool proto,
-                  tinker_ticket *out, verr *e) {
-    const char *model_id;
-    int64_t seq;
-    if (!envelope_(root, &model_id, &seq, true, e)) return e->status;
-
-    /* Validate outside the lock: parsing a large body must not stall others. */
-    job *j = calloc(1, sizeof *j);
-    if (j == NULL) return serve_bad(e, 500, "", "out of memory"), 500;
-    verr why = {0};
-    const bool valid = build_job_(s, verb, root, model_id, j, &why);
-
+/* A built job (valid: else refused with why) onto model_id's order: its
+ * future, or a retry's first one. */
+static int queue_job_(server *s, const char *model_id, int64_t seq, job *j, bool valid, const verr *why,
+                      const char *idem, bool proto, tinker_ticket *out, verr *e) {
     tinker_state *t = s->tinker;
     pthread_mutex_lock(&s->mu);
     future *f = find_retry_(t, idem, model_id, seq);
@@ -581,7 +597,7 @@ int tinker_submit(server *s, const char *verb, const json_t *root, const char *i
         touch_model_session_(t);
         if (!valid) {
             /* Refused, but it keeps its place: later seq_ids wait for it. */
-            complete_(f, failure_(why.status >= 500 ? "server" : "user", "%s", why.msg));
+            complete_(f, failure_(why->status >= 500 ? "server" : "user", "%s", why->msg));
             free(j->payload);
             j->payload = NULL;
             j->nbytes = 0;
@@ -599,6 +615,41 @@ int tinker_submit(server *s, const char *verb, const json_t *root, const char *i
     return 200;
 }
 
+/* POST forward_backward, forward, optim_step, save_weights,
+ * save_weights_for_sampler, load_weights: answered with a future. */
+int tinker_submit(server *s, const char *verb, const json_t *root, const char *idem, bool proto,
+                  tinker_ticket *out, verr *e) {
+    const char *model_id;
+    int64_t seq;
+    if (!envelope_(root, &model_id, &seq, true, e)) return e->status;
+
+    /* Validate outside the lock: parsing a large body must not stall others. */
+    job *j = calloc(1, sizeof *j);
+    if (j == NULL) return serve_bad(e, 500, "", "out of memory"), 500;
+    verr why = {0};
+    const bool valid = build_job_(s, verb, root, model_id, j, &why);
+    return queue_job_(s, model_id, seq, j, valid, &why, idem, proto, out, e);
+}
+
+int tinker_submit_proto(server *s, const serve_proto_fwdbwd *rq, bool forward, const char *idem,
+                        tinker_ticket *out, verr *e) {
+    if (!check_model_id_(true, rq->model_id, strlen(rq->model_id), e) || !check_seq_id_(rq->seq_id, e))
+        return e->status;
+    job *j = calloc(1, sizeof *j);
+    if (j == NULL) return serve_bad(e, 500, "", "out of memory"), 500;
+    j->op = forward ? OP_FORWARD : OP_FWDBWD;
+    verr why = {0};
+    const bool valid = serve_fwd_build(&rq->in, forward ? "forward_input" : "forward_backward_input",
+                                       s->model.vocab_size, s->model.block_size, j, &why);
+    return queue_job_(s, rq->model_id, rq->seq_id, j, valid, &why, idem, true, out, e);
+}
+
+/* A submitted request's answer: its future's id (and model_id). */
+static enum MHD_Result reply_ticket_(struct MHD_Connection *c, const tinker_ticket *tk) {
+    return reply_json_(c, 200, json_pack("{s:s,s:s*}", "request_id", tk->id, "model_id",
+                                         tk->model_id[0] ? tk->model_id : NULL));
+}
+
 /* forward_backward, forward, optim_step, save_weights,
  * save_weights_for_sampler, load_weights over HTTP. */
 static enum MHD_Result submit_(server *s, struct MHD_Connection *c, const char *verb, const json_t *root,
@@ -607,8 +658,7 @@ static enum MHD_Result submit_(server *s, struct MHD_Connection *c, const char *
     verr e = {0};
     const int st = tinker_submit(s, verb, root, idem, proto, &tk, &e);
     if (st != 200) return reply_err_(c, st, e.field[0] ? e.field : NULL, "%s", e.msg);
-    return reply_json_(c, 200, json_pack("{s:s,s:s*}", "request_id", tk.id, "model_id",
-                                         tk.model_id[0] ? tk.model_id : NULL));
+    return reply_ticket_(c, &tk);
 }
 
 /* POST create_model: one model; it attaches to the server's training state. */
@@ -746,6 +796,14 @@ static enum MHD_Result reply_fwd_(struct MHD_Connection *c, serve_fwd_result *r,
     return reply_proto_(c, pb, len, "ForwardBackwardOutput", err);
 }
 
+char *tinker_save_result_json(const serve_save_result *r) {
+    const char *type = r->op == OP_SAVE_STATE     ? "save_weights"
+                       : r->op == OP_SAVE_WEIGHTS ? "save_weights_for_sampler"
+                                                  : "load_weights";
+    return serve_dump(json_pack("{s:s,s:s,s:s*}", "path", r->name != NULL ? r->name : "", "type", type,
+                                "sampling_session_id", r->session));
+}
+
 /* A SampleResponse, encoded once: protobuf when the poll asks, else JSON.
  * Takes r. */
 static enum MHD_Result reply_sample_(struct MHD_Connection *c, serve_sample_result *r, bool proto) {
@@ -788,7 +846,8 @@ static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json
     /* Copied under the lock, encoded outside it. */
     serve_fwd_result *fwd = f->done && f->fwd != NULL ? serve_fwd_result_copy(f->fwd) : NULL;
     serve_sample_result *samp = f->done && f->samp != NULL ? serve_sample_result_copy(f->samp) : NULL;
-    char *body = f->done && f->fwd == NULL && f->samp == NULL ? strdup(f->result) : NULL;
+    serve_save_result *saved = f->done && f->saved != NULL ? serve_save_result_copy(f->saved) : NULL;
+    char *body = f->done && f->fwd == NULL && f->samp == NULL && f->saved == NULL ? strdup(f->result) : NULL;
     if (f->done && f->read_at == 0) f->read_at = serve_now();
     const bool closed = s->closed;
     /* Protobuf only for a request that came as protobuf (SDK 0.25) and a
@@ -802,6 +861,11 @@ static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json
     pthread_mutex_unlock(&s->mu);
     if (fwd != NULL) return reply_fwd_(c, fwd, proto);
     if (samp != NULL) return reply_sample_(c, samp, proto);
+    if (saved != NULL) { /* JSON whatever the Accept: no SDK reads these as protobuf */
+        body = tinker_save_result_json(saved);
+        serve_save_result_free(saved);
+        return body != NULL ? serve_reply(c, 200, body) : reply_err_(c, 500, NULL, "out of memory");
+    }
     if (done && body == NULL) return reply_err_(c, 500, NULL, "out of memory");
     if (body != NULL) return reply_result_(c, body, proto);
     if (closed) return reply_err_(c, 503, NULL, "the server is shutting down");
@@ -1253,20 +1317,20 @@ static enum MHD_Result post_proto_(server *s, struct MHD_Connection *c, const ch
         return reply_err_(c, 415, "Content-Type", "POST /api/v1/%s takes JSON; only forward_backward (and "
                           "forward) take %s", sub, SERVE_PROTO_CONTENT_TYPE);
     char err[600];
-    bool forward_only;
-    json_t *req = serve_proto_decode_fwdbwd((const unsigned char *)body, len, &forward_only, err, sizeof err);
-    if (req == NULL)
+    serve_proto_fwdbwd rq;
+    if (!serve_proto_decode_fwdbwd((const unsigned char *)body, len, &rq, err, sizeof err)) {
+        serve_proto_fwdbwd_free(&rq);
         return reply_err_(c, 400, "body", "the body is not a valid protobuf ForwardBackwardRequest: %s", err);
-    const char *verb = forward_only ? "forward" : "forward_backward";
-    if (!forward_only && !strcmp(sub, "forward")) { /* posted to forward: a forward */
-        json_object_set(req, "forward_input", json_object_get(req, "forward_backward_input"));
-        json_object_del(req, "forward_backward_input");
-        verb = "forward";
     }
+    /* Posted to forward: a forward, whatever forward_only says. */
+    const bool forward = rq.forward_only || !strcmp(sub, "forward");
     const char *idem = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Idempotency-Key");
-    enum MHD_Result r = submit_(s, c, verb, req, idem, true);
-    json_decref(req);
-    return r;
+    tinker_ticket tk;
+    verr e = {0};
+    const int st = tinker_submit_proto(s, &rq, forward, idem, &tk, &e);
+    serve_proto_fwdbwd_free(&rq);
+    if (st != 200) return reply_err_(c, st, e.field[0] ? e.field : NULL, "%s", e.msg);
+    return reply_ticket_(c, &tk);
 }
 
 enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *sub, const char *method,

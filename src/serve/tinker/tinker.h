@@ -7,6 +7,7 @@
 #define ZDP_SERVE_TINKER_H
 
 #include "serve_impl.h"
+#include "tinker/proto.h"
 
 /* A session is alive while it sends heartbeats (every 10 s from the SDK). */
 #define SESSION_TIMEOUT_S 30.0
@@ -29,6 +30,7 @@ typedef struct future {
     char *result;        /* the JSON retrieve_future answers with, once done ... */
     serve_fwd_result *fwd; /* ... or a ForwardBackwardOutput, typed until a poll encodes it */
     serve_sample_result *samp; /* ... or a SampleResponse, likewise */
+    serve_save_result *saved;  /* ... or a save or load (name: its tinker:// path) */
     double done_at;
     double read_at;      /* first retrieve_future that got the result, 0 before */
     struct future *next; /* newest first */
@@ -92,6 +94,14 @@ void tinker_shutdown_locked(server *s);
  * a future (failed) and uses up its seq_id. */
 int tinker_submit(server *s, const char *verb, const json_t *root, const char *idem, bool proto,
                   tinker_ticket *out, verr *e);
+/* A finished save or load as the SDK reads it: {"path": tinker://...,
+ * "type", "sampling_session_id"?}.  NULL when out of memory. */
+char *tinker_save_result_json(const serve_save_result *r);
+/* The same for a protobuf forward_backward (SDK 0.25), decoded: its
+ * envelope checked as the JSON one, its data by serve_fwd_build (forward:
+ * a forward, as forward_input). */
+int tinker_submit_proto(server *s, const serve_proto_fwdbwd *rq, bool forward, const char *idem,
+                        tinker_ticket *out, verr *e);
 /* s->mu held: drops finished futures past their time (FUTURE_TTL_S, or
  * FUTURE_READ_TTL_S after the first read) and, past MAX_FUTURES, finished
  * ones older than FUTURE_READ_TTL_S. */
