@@ -341,6 +341,46 @@ void serve_sample_result_free(serve_sample_result *r) {
     free(r);
 }
 
+/* Whether text[0..n) holds one of the n_str NUL-terminated strings at strs. */
+static bool has_stop_(const char *text, size_t n, const char *strs, int64_t n_str) {
+    for (int64_t q = 0; q < n_str; q++, strs += strlen(strs) + 1) {
+        const size_t m = strlen(strs);
+        for (size_t i = 0; m <= n && i <= n - m; i++)
+            if (memcmp(text + i, strs, m) == 0) return true;
+    }
+    return false;
+}
+
+/* String stops (docs/server.md, "Stop sequences"): -1 while the text of the
+ * generated tokens gen[0..n) holds no stop string; once it does, how many
+ * tokens to return: the longest prefix whose text holds none, so the stop
+ * string is not returned (nor a token it begins inside).  -2: decode failed. */
+static int64_t stop_cut_(server *s, const int32_t *gen, int64_t n, const char *strs, int64_t n_str) {
+    for (int64_t m = n; m >= 0; m--) {
+        size_t len = 0;
+        char *text = s->opt.lm.decode(s->opt.lm.ctx, gen, m, &len);
+        if (text == NULL) {
+            fprintf(stderr, "zdp serve: sampling: cannot decode %lld generated tokens for the stop strings\n",
+                    (long long)m);
+            return -2;
+        }
+        const bool hit = has_stop_(text, len, strs, n_str);
+        free(text);
+        if (!hit) return m == n ? -1 : m;
+    }
+    return 0;
+}
+
+/* After the generated tokens gen[0..n) (t = gen[n-1] the newest): -1 to go
+ * on; else how many to return: all n when t is a stop token (it is kept),
+ * stop_cut_'s count when the text holds a stop string; -2: decode failed. */
+static int64_t stop_at_(server *s, const int32_t *gen, int64_t n, const int32_t *stop, int64_t n_stop,
+                        const char *strs, int64_t n_str) {
+    for (int64_t q = 0; q < n_stop; q++)
+        if (stop[q] == gen[n - 1]) return n;
+    return n_str > 0 ? stop_cut_(s, gen, n, strs, n_str) : -1;
+}
+
 /* Rank 0 alone: generation reads the parameters every rank already holds.
  * Only the last block_size tokens are seen at each step. */
 static char *exec_sample_(server *s, job *j, int *status) {
@@ -381,6 +421,18 @@ static char *exec_sample_(server *s, job *j, int *status) {
         if (t < 0) break;
         tok[n++] = t;
         res->tokens[res->off[1]++] = t;
+        const int64_t keep = stop_at_(s, res->tokens, res->off[1], rq.stop, r.n_stop, rq.stop_str, r.n_stop_str);
+        if (keep == -2) {
+            serve_sample_result_free(res);
+            free(tok), free(logits), free(v);
+            *status = 500;
+            return serve_error_body("stop", "sampling failed: see the server's log");
+        }
+        if (keep >= 0) {
+            res->off[1] = keep;
+            res->stopped[0] = true;
+            break;
+        }
     }
     free(tok), free(logits), free(v);
     *status = 200;
@@ -399,36 +451,6 @@ void serve_free_snapshot(server *s) {
     free(s->snap_path);
     s->snap = NULL;
     s->snap_path = NULL;
-}
-
-/* Whether text[0..n) holds one of the n_str NUL-terminated strings at strs. */
-static bool has_stop_(const char *text, size_t n, const char *strs, int64_t n_str) {
-    for (int64_t q = 0; q < n_str; q++, strs += strlen(strs) + 1) {
-        const size_t m = strlen(strs);
-        for (size_t i = 0; m <= n && i <= n - m; i++)
-            if (memcmp(text + i, strs, m) == 0) return true;
-    }
-    return false;
-}
-
-/* String stops (docs/server.md, "Stop sequences"): -1 while the text of the
- * generated tokens gen[0..n) holds no stop string; once it does, how many
- * tokens to return: the longest prefix whose text holds none, so the stop
- * string is not returned (nor a token it begins inside).  -2: decode failed. */
-static int64_t stop_cut_(server *s, const int32_t *gen, int64_t n, const char *strs, int64_t n_str) {
-    for (int64_t m = n; m >= 0; m--) {
-        size_t len = 0;
-        char *text = s->opt.lm.decode(s->opt.lm.ctx, gen, m, &len);
-        if (text == NULL) {
-            fprintf(stderr, "zdp serve: sampling: cannot decode %lld generated tokens for the stop strings\n",
-                    (long long)m);
-            return -2;
-        }
-        const bool hit = has_stop_(text, len, strs, n_str);
-        free(text);
-        if (!hit) return m == n ? -1 : m;
-    }
-    return 0;
 }
 
 /* Tinker's asample (rank 0 alone): num_samples continuations of the prompt
@@ -502,21 +524,14 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
             tok[n++] = t;
             res->tokens[at] = t;
             res->logprobs[at++] = lp;
-            bool stopped = false;
-            for (int64_t q = 0; q < h.n_stop && !stopped; q++) stopped = stop[q] == t;
-            if (!stopped && h.n_stop_str > 0) {
-                const int64_t keep = stop_cut_(s, res->tokens + res->off[k], at - res->off[k], rq.stop_str,
-                                               h.n_stop_str);
-                if (keep == -2) {
-                    failed = true;
-                    break;
-                }
-                if (keep >= 0) {
-                    at = res->off[k] + keep;
-                    stopped = true;
-                }
+            const int64_t keep = stop_at_(s, res->tokens + res->off[k], at - res->off[k], stop, h.n_stop,
+                                          rq.stop_str, h.n_stop_str);
+            if (keep == -2) {
+                failed = true;
+                break;
             }
-            if (stopped) {
+            if (keep >= 0) {
+                at = res->off[k] + keep;
                 res->stopped[k] = true;
                 break;
             }

@@ -92,7 +92,7 @@ extern const char *const serve_adam_keys[N_ADAM];
  * top_k, seed}: payload int64 n, max_tokens, top_k, seed; double temperature;
  * int32 tokens[n]. */
 typedef struct sample_req {
-    int64_t n, max_tokens, top_k, seed;
+    int64_t n, max_tokens, top_k, seed, n_stop, n_stop_str;
     double temperature;
 } sample_req;
 
@@ -192,6 +192,8 @@ typedef struct serve_fwd_req {
 } serve_fwd_req;
 typedef struct serve_sample_req {
     sample_req r;
+    const int32_t *stop;      /* (r.n_stop) tokens that end the sequence */
+    const char *stop_str;     /* r.n_stop_str NUL-terminated strings, one after another */
     const int32_t *prompt;    /* (r.n) */
 } serve_sample_req;
 typedef struct serve_sample_file_req {
@@ -389,8 +391,15 @@ char *serve_exec(server *s, job *j, int *status);
 float **serve_views(server *s);
 /* Drops the sampler weights asample last read. */
 void serve_free_snapshot(server *s);
-/* POST /sample's body -> an OP_SAMPLE payload. */
-bool serve_parse_sample(const json_t *root, const zdp_model *mc, job *j, verr *e);
+/* POST /sample's body -> an OP_SAMPLE payload.  can_decode: the served
+ * model has a tokenizer, so stop strings are taken. */
+bool serve_parse_sample(const json_t *root, const zdp_model *mc, bool can_decode, job *j, verr *e);
+/* A stop field (Tinker's SamplingParams.stop: a string, strings or token ids
+ * in [0, V)) -> token ids (int32) in ids, strings (each NUL-terminated) in
+ * strs, *n_str of them.  Strings only when can_decode (docs/server.md,
+ * "Stop sequences"). */
+bool serve_parse_stops(const json_t *v, const char *field, int V, bool can_decode, serve_bytes *ids,
+                       serve_bytes *strs, int64_t *n_str, verr *e);
 /* POST /save_weights, /save_state, /load_state's body {"path"} -> payload. */
 bool serve_parse_path(const server *s, const json_t *root, job *j, verr *e);
 

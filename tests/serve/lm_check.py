@@ -186,6 +186,19 @@ def main(argv):
     st, js = plain(url, "POST", "/sample", {"prompt": ids[:8], "max_tokens": 24, "temperature": 0})
     if st != 200 or js["sequences"][0]["tokens"] != gen:
         fail("after load_state, greedy /sample %s, wanted %s" % (js, gen))
+    # The plain /sample takes the same stops.
+    for stops in tries + [[gen[5]]]:
+        if any(isinstance(x, int) for x in stops):
+            want_tokens, want_reason = gen[:gen.index(gen[5]) + 1], "stop"
+        else:
+            want_tokens, want_reason = expected_stop(codec, gen, stops)
+        st, js = plain(url, "POST", "/sample", {"prompt": ids[:8], "max_tokens": 24, "temperature": 0, "stop": stops})
+        got = js.get("sequences", [{}])[0]
+        if st != 200 or got.get("tokens") != want_tokens or got.get("stop_reason") != want_reason:
+            fail("/sample stop %r: %s %s, wanted %s (%s)" % (stops, st, js, want_tokens, want_reason))
+    st, js = plain(url, "POST", "/sample", {"prompt": ids[:8], "stop": [""]})
+    if st != 400 or "stop" not in json.dumps(js):
+        fail("/sample with an empty stop string: %s %s (wanted 400 naming stop)" % (st, js))
     print("lm_check: %d failure(s)" % FAILURES, flush=True)
     return min(FAILURES, 100)
 

@@ -940,42 +940,6 @@ static enum MHD_Result create_sampling_session_(server *s, struct MHD_Connection
     return reply_json_(c, 200, json_pack("{s:s,s:s}", "sampling_session_id", id, "type", "create_sampling_session"));
 }
 
-/* sampling_params.stop (Tinker's SamplingParams.stop: a string, strings or
- * token ids) -> token ids (int32) in ids, strings (each NUL-terminated) in
- * strs.  Strings need the served model's tokenizer (docs/server.md, "Stop
- * sequences"). */
-static bool stops_(const server *s, const json_t *v, serve_bytes *ids, serve_bytes *strs, int64_t *n_str,
-                   verr *e) {
-    const char *f = "sampling_params.stop";
-    const int V = s->model.vocab_size;
-    if (!json_is_array(v) && !json_is_string(v))
-        return serve_bad(e, 400, f, "%s: must be a string, a list of strings or a list of token ids", f);
-    const size_t n = json_is_array(v) ? json_array_size(v) : 1;
-    if (n > 64) return serve_bad(e, 400, f, "%s: at most 64 stop sequences", f);
-    for (size_t k = 0; k < n; k++) {
-        const json_t *x = json_is_array(v) ? json_array_get(v, k) : v;
-        if (json_is_string(x)) {
-            const char *t = json_string_value(x);
-            const size_t len = json_string_length(x);
-            if (s->opt.lm.decode == NULL)
-                return serve_bad(e, 400, f, "%s[%zu]: a string stop needs the model's tokenizer, and this server "
-                                 "has none (serve a model folder with its tokenizer, --model-dir); send token "
-                                 "ids [id, ...]", f, k);
-            if (len == 0 || len > 1024 || strlen(t) != len)
-                return serve_bad(e, 400, f, "%s[%zu]: must be a non-empty string of at most 1024 bytes without "
-                                 "NUL", f, k);
-            if (!serve_put(strs, t, len + 1)) return serve_bad(e, 500, f, "out of memory");
-            ++*n_str;
-        } else if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= V) {
-            return serve_bad(e, 400, f, "%s[%zu]: must be a token id in [0, %d) or a string", f, k, V);
-        } else {
-            int32_t t = (int32_t)json_integer_value(x);
-            if (!serve_put(ids, &t, sizeof t)) return serve_bad(e, 500, f, "out of memory");
-        }
-    }
-    return true;
-}
-
 /* asample's body -> an OP_SAMPLE_FILE job (file: the weights to read). */
 static bool sample_job_(server *s, const json_t *root, const char *file, job *j, verr *e) {
     const int V = s->model.vocab_size;
@@ -1063,7 +1027,8 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
             else h.seed = (uint64_t)json_integer_value(v) + 1; /* 0 below means "none given" */
         }
         if (ok && (v = json_object_get(sp, "stop")) != NULL && !json_is_null(v))
-            ok = stops_(s, v, &stops, &stop_str, &h.n_stop_str, e);
+            ok = serve_parse_stops(v, "sampling_params.stop", s->model.vocab_size, s->opt.lm.decode != NULL, &stops,
+                                   &stop_str, &h.n_stop_str, e);
     }
     if (ok) {
         h.n_stop = (int64_t)(stops.len / sizeof(int32_t));
