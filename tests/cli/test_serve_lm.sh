@@ -45,9 +45,15 @@ run() {
   while [ "$1" != "--" ]; do args+=("$1"); shift; done
   shift
   local log="$T/$name-np$np.log"
-  start_server "$np" "$log" "${args[@]}" --config "$T/cfg.json" --model-name "$name" \
-    --checkpoint-dir "$T/ck-$name-$np" || return
-  timeout 300 $PY "$CHECK" "$URL" "$name" "$arch" "$tok" "$TEXT" "$@" || fail "lm_check $name at -np $np"
+  # Started here, not by start_server: a sanitizer build takes longer than
+  # its 30 s to load a real tokenizer and a 128k-token vocabulary.
+  timeout 900 "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" serve "${args[@]}" --config "$T/cfg.json" \
+    --model-name "$name" --checkpoint-dir "$T/ck-$name-$np" --port 0 >"$log" 2>&1 &
+  SERVER_PID=$!
+  if ! wait_listening "$SERVER_PID" "$log" 3000; then
+    fail "$name: server at -np $np did not start"; cat "$log"; stop_server; return
+  fi
+  timeout 600 $PY "$CHECK" "$URL" "$name" "$arch" "$tok" "$TEXT" "$@" || fail "lm_check $name at -np $np"
   stop_server
   if [ $SERVER_RC -ne 0 ] || ! grep -q "zdp serve: stopped" "$log"; then
     fail "$name -np $np: no clean stop (exit $SERVER_RC)"; tail -20 "$log"

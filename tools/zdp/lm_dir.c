@@ -21,7 +21,7 @@ static bool is_file_(const char *dir, const char *name) {
     return snprintf(p, sizeof p, "%s/%s", dir, name) < (int)sizeof p && stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
-int lm_dir_open(const char *dir, int block_size, bool need_tokenizer, lm_dir *out) {
+int lm_dir_open(const char *dir, int block_size, bool load_tokenizer, bool need_tokenizer, lm_dir *out) {
     *out = (lm_dir){.dir = dir, .block_size = block_size};
     zdp_error err;
     if (zdp_hf_config_read(dir, &out->cfg, &err) != ZDP_OK) return cli_fail("--model-dir %s", err.msg);
@@ -34,8 +34,8 @@ int lm_dir_open(const char *dir, int block_size, bool need_tokenizer, lm_dir *ou
     /* The files zdp_tokenizer_load reads; a folder with none has no tokenizer. */
     const bool has_tok = is_file_(dir, "tokenizer.json") || is_file_(dir, "encoder.json") ||
                          is_file_(dir, "vocab.json");
-    if (!has_tok) {
-        if (need_tokenizer)
+    if (!has_tok || !load_tokenizer) {
+        if (need_tokenizer && !has_tok)
             return cli_fail("--model-dir %s: no tokenizer (tokenizer.json, or GPT-2's encoder.json + vocab.bpe) in "
                             "the folder; copy one in (zdp init-model --tokenizer DIR does) or give token ids",
                             dir);

@@ -22,10 +22,11 @@ typedef struct lm_dir {
     char summary[192];     /* "llama L=2 H=64 NH=4 KV=2 V=... T=... (DIR)", once created */
 } lm_dir;
 
-/* Reads DIR/config.json and, when the folder has tokenizer files, its
- * tokenizer; need_tokenizer: a folder without one is an error naming the fix.
- * 0 or cli_fail's code (the message names --model-dir and the file). */
-int lm_dir_open(const char *dir, int block_size, bool need_tokenizer, lm_dir *out);
+/* Reads DIR/config.json and, when the folder has tokenizer files and
+ * load_tokenizer, its tokenizer; need_tokenizer: a folder without one is an
+ * error naming the fix.  0 or cli_fail's code (the message names
+ * --model-dir and the file). */
+int lm_dir_open(const char *dir, int block_size, bool load_tokenizer, bool need_tokenizer, lm_dir *out);
 void lm_dir_close(lm_dir *d);
 /* The model for micro-batches of max_batch sequences (zdp_model_destroy
  * frees it); fills d->summary.  0 or cli_fail's code. */

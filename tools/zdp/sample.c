@@ -248,7 +248,7 @@ static int infer_config_(const zdp_safetensors *st, int n_head, zdp_gpt_config *
 static int sample_dir_(const char *dir, int block_size, const char *prompt, int max_tokens,
                        double temperature, int top_k, double top_p, uint64_t seed) {
     lm_dir d;
-    int rc = lm_dir_open(dir, block_size, true, &d);
+    int rc = lm_dir_open(dir, block_size, true, true, &d);
     zdp_model model = {0};
     float **views = NULL;
     int32_t *ids = NULL, *tok = NULL;
