@@ -44,6 +44,7 @@
  *   zdp/lora.h    LoRA adapters over GPT-2 and the Llama family; PEFT adapter folders
  *   zdp/data.h    token files, the arithmetic corpus, the dataset
  *   zdp/io.h      safetensors
+ *   zdp/tokenizer.h  byte-level BPE tokenizers (tokenizer.json, GPT-2)
  *   zdp/hf.h      Hugging Face folders (config.json, sharded safetensors), the model factory
  */
 #ifndef ZDP_ZDP_H
@@ -59,6 +60,7 @@
 #include "zdp/lora.h"
 #include "zdp/data.h"
 #include "zdp/io.h"
+#include "zdp/tokenizer.h"
 #include "zdp/hf.h"
 
 #endif /* ZDP_ZDP_H */
