@@ -23,6 +23,7 @@
 #define _POSIX_C_SOURCE 200809L
 #define _XOPEN_SOURCE 700 /* realpath */
 #include <errno.h>
+#include <ftw.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -770,6 +771,53 @@ static json_t *model_json_(server *s) {
     json_object_set_new(o, "block_size", json_integer(s->model.block_size));
     json_object_set_new(o, "n_params", json_integer((json_int_t)zdp_engine_numel(s->eng)));
     return o;
+}
+
+static int unlink_one_(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+/* Removes path (a file, or a folder and everything in it); a path that is
+ * not there is nothing to do.  0, or -1 with errno. */
+static int remove_tree_(const char *path) {
+    struct stat sb;
+    if (lstat(path, &sb) != 0) return errno == ENOENT ? 0 : -1;
+    return S_ISDIR(sb.st_mode) ? nftw(path, unlink_one_, 16, FTW_DEPTH | FTW_PHYS) : remove(path);
+}
+
+/* DELETE of a Tinker checkpoint (tinker/runs.c): the payload is its path
+ * relative to the checkpoint folder; every rank removes its own part.  Rank
+ * 0 first, then the others, so ranks sharing one folder never remove the
+ * same files at once.  On the queue, so never while a load of it runs. */
+static char *exec_delete_(server *s, job *j, int *status) {
+    char path[4096];
+    const bool fits = snprintf(path, sizeof path, "%s/%s", s->ckpt_root, (const char *)j->payload) <
+                      (int)sizeof path;
+    int rc = fits && s->R == 0 ? remove_tree_(path) : 0;
+    int code = errno;
+    const bool first = zdp_dist_all_ok(rc == 0); /* rank 0 done: the others' turn */
+    if (fits && s->R != 0 && first) {
+        rc = remove_tree_(path);
+        code = errno;
+    }
+    char msg[ZDP_ERROR_MSG_MAX];
+    snprintf(msg, sizeof msg, "cannot remove %.600s in the checkpoint folder: %s", (const char *)j->payload,
+             fits ? strerror(code) : "path too long");
+    const zdp_status st = fits && rc == 0 ? ZDP_OK : ZDP_ERR_IO;
+    const bool all = zdp_dist_all_ok(st == ZDP_OK);
+    char why[2048];
+    int bad_st = 0;
+    if (!all) failed_ranks_(s, st, msg, &bad_st, why, sizeof why);
+    if (s->R != 0) return NULL;
+    /* asample keeps the last sampler weights it read: not these any more. */
+    if (s->snap_path != NULL && !strcmp(s->snap_path, path)) serve_free_snapshot(s);
+    if (!all) {
+        *status = 500;
+        return serve_error_body("checkpoint_id", why);
+    }
+    *status = 200;
+    return serve_dump(json_pack("{s:s}", "deleted", (const char *)j->payload));
 }
 
 static char *exec_info_(server *s, job *j, int *status) {

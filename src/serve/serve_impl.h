@@ -47,7 +47,8 @@
     X(LOAD_WEIGHTS, "load_weights", exec_load_weights_, true) /* fresh optimizer state */    \
     X(NOOP, "noop", NULL, false)     /* refused before the engine: only its seq_id counts */ \
     X(SAMPLE_FILE, "asample", exec_sample_file_, false) /* from saved sampler weights */    \
-    X(PING, "ping", NULL, true)      /* the health check: every rank answers rank 0 */
+    X(PING, "ping", NULL, true)      /* the health check: every rank answers rank 0 */        \
+    X(DELETE_CKPT, "delete_checkpoint", exec_delete_, true) /* each rank its own part */
 
 enum {
 #define SERVE_OP_ENUM_(name, str, fn, all) OP_##name,
@@ -235,6 +236,12 @@ typedef struct job {
     bool has_optim; /* a protocol's optim_step: its result is optim (body NULL) */
     serve_optim_result optim;
     bool done;
+    /* Nobody waits for it (a protocol's own job, e.g. an expired
+     * checkpoint's delete): the main thread frees it once run. */
+    bool detached;
+    /* A protocol's save: when the checkpoint expires, seconds since the
+     * epoch (0: never; Tinker's ttl_seconds). */
+    double expires;
     struct job *next;
 } job;
 
@@ -423,7 +430,8 @@ enum MHD_Result serve_plain_handle(server *s, struct MHD_Connection *c, const ch
                                    const char *body, size_t len);
 
 /* tinker/tinker.c: registers the Tinker SDK's protocol (/api/v1/) on s;
- * false when out of memory. */
-bool serve_register_tinker(server *s);
+ * false with why set (out of memory, an unreadable session counter in
+ * --checkpoint-dir). */
+bool serve_register_tinker(server *s, char *why, size_t cap);
 
 #endif /* ZDP_SERVE_IMPL_H */

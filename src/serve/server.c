@@ -119,11 +119,11 @@ zdp_status zdp_server_start(zdp_server *s, zdp_error *err) {
     pthread_cond_init(&s->cv_job, NULL);
     pthread_cond_init(&s->cv_done, NULL);
     s->started = true;
-    if (!serve_register_tinker(s)) return fail_(err, "out of memory");
+    char why[512];
+    if (!serve_register_tinker(s, why, sizeof why)) return fail_(err, "%s", why);
     zdp_status st;
     if (s->opt.api_key_file != NULL && (st = load_api_key_(s, err)) != ZDP_OK) return st;
     if ((st = load_roots_(s, err)) != ZDP_OK) return st;
-    char why[512];
     int port = 0;
     if (!serve_http_start(s, why, sizeof why, &port)) return fail_(err, "%s", why);
     return ZDP_OK;

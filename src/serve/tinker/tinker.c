@@ -117,6 +117,16 @@ static enum MHD_Result reply_err_(struct MHD_Connection *c, int status, const ch
                                             status >= 500 ? "server" : "user", "field", field));
 }
 
+enum MHD_Result tinker_reply_error(struct MHD_Connection *c, int status, const char *field, const char *fmt,
+                                   ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return reply_err_(c, status, field, "%s", msg);
+}
+
 /* A failed future's result: the SDK raises RequestFailedError(error, category). */
 static char *failure_(const char *category, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static char *failure_(const char *category, const char *fmt, ...) {
@@ -259,18 +269,20 @@ static void hold_(server *s, job *j) {
 
 bool tinker_tick_locked(server *s) {
     tinker_state *t = s->tinker;
-    if (t == NULL || t->held == NULL) return false;
+    if (t == NULL) return false;
+    const bool swept = tinker_runs_sweep_locked(s);
+    if (t->held == NULL) return swept;
     double oldest = t->held->arrived;
     for (job *j = t->held; j != NULL; j = j->next)
         if (j->arrived < oldest) oldest = j->arrived;
-    if (serve_now() - oldest < s->opt.seq_gap_s) return false;
+    if (serve_now() - oldest < s->opt.seq_gap_s) return swept;
     fprintf(stderr,
             "zdp serve: warning: model %s: seq_id %lld..%lld never arrived within %g s "
             "(--seq-gap-seconds); running seq_id %lld and later without them\n",
             t->model_id, (long long)t->next_seq, (long long)t->held->seq_id - 1, s->opt.seq_gap_s,
             (long long)t->held->seq_id);
     t->next_seq = t->held->seq_id;
-    return release_(s);
+    return release_(s) || swept;
 }
 
 /* Fails every held request with msg (shutdown, a replaced or unloaded model). */
@@ -369,6 +381,8 @@ void tinker_finish_locked(server *s, job *j, int status, char *body) {
          * save_weights_for_sampler without a name opens a sampling session on
          * the file (save_weights_and_get_sampling_client). */
         serve_save_result *r = j->saved;
+        if ((j->op == OP_SAVE_STATE || j->op == OP_SAVE_WEIGHTS) && j->tinker_path != NULL)
+            tinker_runs_set_expiry(s, j->tinker_path, j->expires);
         if (j->sampling_session != NULL && !add_sampler_(s->tinker, j->sampling_session, r->path)) {
             result = failure_("server", "out of memory");
         } else {
@@ -396,22 +410,25 @@ void tinker_finish_locked(server *s, job *j, int status, char *body) {
 
 static void destroy_(void *state) { tinker_destroy(state); }
 
-bool serve_register_tinker(server *s) {
+bool serve_register_tinker(server *s, char *why, size_t cap) {
     s->tinker = tinker_create();
-    if (s->tinker == NULL) return false;
+    if (s->tinker == NULL) {
+        snprintf(why, cap, "out of memory");
+        return false;
+    }
     s->proto = (serve_protocol){.prefix = "/api/v1/", .state = s->tinker, .handle = tinker_handle,
                                 .content_type = SERVE_PROTO_CONTENT_TYPE,
                                 .content_type_hint = " (or " SERVE_PROTO_CONTENT_TYPE
                                                      " for the Tinker SDK's forward_backward)",
                                 .finish = tinker_finish_locked, .tick = tinker_tick_locked,
                                 .shutdown = tinker_shutdown_locked, .destroy = destroy_};
-    return true;
+    return tinker_runs_restore(s, why, cap);
 }
 
 /* ---- names on disk ------------------------------------------------------------------- */
 
 /* A checkpoint name from a client: one path component. */
-static bool good_name_(const char *n) {
+bool tinker_good_name(const char *n) {
     size_t len = strlen(n);
     if (len == 0 || len > 200 || n[0] == '.') return false;
     for (size_t i = 0; i < len; i++) {
@@ -511,13 +528,31 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
             if ((j->sampling_session = strdup(sid)) == NULL) return serve_bad(e, 500, "path", "out of memory");
             p = NULL;
         }
-        if (j->sampling_session == NULL && (!json_is_string(p) || !good_name_(json_string_value(p))))
+        if (j->sampling_session == NULL && (!json_is_string(p) || !tinker_good_name(json_string_value(p))))
             return serve_bad(e, 400, "path", "path: must be a name of letters, digits, '.', '_' or '-' "
                              "(not starting with '.'), got %s", p ? zdp_json_type_name(p) : "nothing");
         const char *name = j->sampling_session != NULL ? auto_name : json_string_value(p);
+        /* ttl_seconds: the checkpoint is removed that long after it was
+         * written (tinker/runs.c); null or absent: kept until deleted. */
+        const json_t *ttl = json_object_get(root, "ttl_seconds");
+        if (ttl != NULL && !json_is_null(ttl) && (!json_is_integer(ttl) || json_integer_value(ttl) < 1 ||
+                                                  json_integer_value(ttl) > 100LL * 365 * 86400))
+            return serve_bad(e, 400, "ttl_seconds", "ttl_seconds: must be null or an integer of seconds in "
+                             "[1, 100 years], got %s", json_is_integer(ttl) ? "an integer out of range"
+                                                                            : zdp_json_type_name(ttl));
+        j->expires = json_is_integer(ttl) ? (double)time(NULL) + (double)json_integer_value(ttl) : 0;
         /* Inside --checkpoint-dir, even through a symbolic link placed there. */
         snprintf(rel, sizeof rel, sampler ? "%s/sampler_weights/%s.safetensors" : "%s/%s", mdir, name);
         if (!serve_resolve_path(s, "path", rel, path, sizeof path, e)) return false;
+        /* save_state(name, overwrite=False), the SDK's default: a name
+         * that exists is refused, never silently replaced. */
+        const json_t *ow = json_object_get(root, "overwrite");
+        if (ow != NULL && !json_is_boolean(ow))
+            return serve_bad(e, 400, "overwrite", "overwrite: must be a boolean, got %s", zdp_json_type_name(ow));
+        struct stat sb;
+        if (!sampler && !json_is_true(ow) && stat(path, &sb) == 0)
+            return serve_bad(e, 400, "overwrite", "path \"%s\": model %s already has a checkpoint of that "
+                             "name; pass overwrite=True to replace it, or choose another name", name, model_id);
         snprintf(dir, sizeof dir, "%s", path);
         *strrchr(dir, '/') = '\0';
         if (serve_mkdirs(dir) != 0)
@@ -536,7 +571,7 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
                              "save_weights returned");
         const char *v = json_string_value(p) + strlen(pre);
         const char *mark = strstr(v, "/weights/");
-        if (mark == NULL || mark == v || !good_name_(mark + 9) || (size_t)(mark - v) >= 160)
+        if (mark == NULL || mark == v || !tinker_good_name(mark + 9) || (size_t)(mark - v) >= 160)
             return serve_bad(e, 400, "path", "path = \"%s\": must be tinker://MODEL_ID/weights/NAME "
                              "(sampler weights cannot be loaded for training)", json_string_value(p));
         char owner[160], odir[160];
@@ -712,6 +747,10 @@ static enum MHD_Result create_model_(server *s, struct MHD_Connection *c, const 
                     model_id);
             fail_held_(s, "user", "the model was replaced by a newer create_model");
         }
+        char mdir[160], why[PATH_MAX + 200];
+        model_dir_(model_id, mdir, sizeof mdir);
+        if (!tinker_runs_record(s, model_id, mdir, 0, why, sizeof why))
+            fprintf(stderr, "zdp serve: %s: list_training_runs will not show %s\n", why, model_id);
         if (!t->live || strcmp(t->model_id, model_id) != 0) {
             snprintf(t->model_id, sizeof t->model_id, "%s", model_id);
             snprintf(t->model_session, sizeof t->model_session, "%s", json_string_value(sid));
@@ -888,7 +927,7 @@ static bool weights_file_(const server *s, const char *tinker_path, char *out, s
         const char *mark = strstr(v, kinds[k]);
         if (mark == NULL || mark == v || (size_t)(mark - v) >= 160) continue;
         const char *name = mark + strlen(kinds[k]);
-        if (!good_name_(name)) break;
+        if (!tinker_good_name(name)) break;
         char owner[160], odir[160];
         snprintf(owner, sizeof owner, "%.*s", (int)(mark - v), v);
         model_dir_(owner, odir, sizeof odir);
@@ -1153,8 +1192,15 @@ static enum MHD_Result post_create_session_(server *s, struct MHD_Connection *c,
     pthread_mutex_lock(&s->mu);
     prune_sessions_(t);
     session *x = calloc(1, sizeof *x);
+    char why[PATH_MAX + 200];
+    int64_t n = 0;
+    if (x != NULL && !tinker_runs_next_session(s, &n, why, sizeof why)) {
+        pthread_mutex_unlock(&s->mu);
+        free(x);
+        return reply_err_(c, 500, NULL, "%s", why);
+    }
     if (x != NULL) {
-        snprintf(x->id, sizeof x->id, "s%lld", (long long)++t->n_sessions);
+        snprintf(x->id, sizeof x->id, "s%lld", (long long)n);
         x->seen = serve_now();
         x->next = t->sessions;
         t->sessions = x;
@@ -1302,15 +1348,19 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
                               const char *body, size_t len) {
     if (!strcmp(method, "GET")) {
         if (!strcmp(sub, "healthz")) return serve_healthz(s, c);
+        if (!strncmp(sub, "training_runs", 13) || !strcmp(sub, "checkpoints")) return tinker_runs_get(s, c, sub);
         if (!strcmp(sub, "get_server_capabilities"))
             return reply_json_(c, 200, json_pack("{s:[{s:s,s:i}]}", "supported_models", "model_name",
                                                  s->opt.model_name, "max_context_length",
                                                  s->model.block_size));
         return reply_err_(c, 404, "url", "GET /api/v1/%s: no such endpoint (GET healthz, "
-                          "get_server_capabilities; everything else is POST)", sub);
+                          "get_server_capabilities, training_runs, training_runs/ID, "
+                          "training_runs/ID/checkpoints, checkpoints; everything else is POST)", sub);
     }
+    if (!strcmp(method, "DELETE")) return tinker_runs_delete(s, c, sub);
     if (strcmp(method, "POST") != 0)
-        return reply_err_(c, 405, "method", "%s /api/v1/%s: method not allowed; use POST", method, sub);
+        return reply_err_(c, 405, "method", "%s /api/v1/%s: method not allowed; use POST (GET and DELETE "
+                          "for training runs and checkpoints)", method, sub);
 
     const char *encoding = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Encoding");
     if (encoding != NULL && encoding[0] && !serve_names_type(encoding, "identity"))
