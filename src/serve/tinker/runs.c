@@ -87,11 +87,18 @@ static void iso_time_(double t, char *out, size_t cap) {
 
 bool tinker_runs_record(server *s, const char *model_id, const char *dir_name, int lora_rank, char *why,
                         size_t cap) {
-    char dir[PATH_MAX + 200], path[PATH_MAX + 220];
-    snprintf(dir, sizeof dir, "%s/%s", s->ckpt_root, dir_name);
-    snprintf(path, sizeof path, "%s/run.json", dir);
+    char rel[400], path[PATH_MAX + 4096], dir[PATH_MAX + 4096];
+    snprintf(rel, sizeof rel, "%s/run.json", dir_name);
+    /* Inside --checkpoint-dir, even through a symbolic link placed there. */
+    verr e = {0};
+    if (!serve_resolve_path(s, "model_id", rel, path, sizeof path, &e)) {
+        snprintf(why, cap, "%s", e.msg);
+        return false;
+    }
     struct stat sb;
     if (stat(path, &sb) == 0) return true; /* the same run again (a retried create_model) */
+    snprintf(dir, sizeof dir, "%s", path);
+    *strrchr(dir, '/') = '\0';
     if (serve_mkdirs(dir) != 0) {
         snprintf(why, cap, "cannot create %s: %s (--checkpoint-dir)", dir, strerror(errno));
         return false;
@@ -256,12 +263,21 @@ static json_t *training_run_(const server *s, const char *dir_name, const json_t
     return o;
 }
 
+/* A folder of the checkpoint folder itself, not a link (which could lead
+ * outside it). */
+static bool real_dir_(const server *s, const char *dir_name) {
+    char p[PATH_MAX + 300];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/%s", s->ckpt_root, dir_name);
+    return lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
 /* The run folders with a record, as (dir name, record) pairs in two arrays. */
 static void runs_(const server *s, json_t *dirs, json_t *recs) {
     DIR *d = opendir(s->ckpt_root);
     if (d == NULL) return;
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        if (e->d_name[0] == '.') continue;
+        if (e->d_name[0] == '.' || !real_dir_(s, e->d_name)) continue;
         json_t *rec = read_run_(s, e->d_name);
         if (rec == NULL) continue;
         json_array_append_new(dirs, json_string(e->d_name));
@@ -446,7 +462,7 @@ bool tinker_runs_sweep_locked(server *s) {
     if (d == NULL) return false;
     bool queued = false;
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        if (e->d_name[0] == '.') continue;
+        if (e->d_name[0] == '.' || !real_dir_(s, e->d_name)) continue;
         char path[PATH_MAX + 300];
         struct stat sb;
         snprintf(path, sizeof path, "%s/%s/expires.json", s->ckpt_root, e->d_name);
@@ -459,10 +475,13 @@ bool tinker_runs_sweep_locked(server *s) {
             if (json_number_value(v) > now) continue;
             const bool sampler = !strncmp(ck, "sampler_weights/", 16);
             const char *name = sampler ? ck + 16 : !strncmp(ck, "weights/", 8) ? ck + 8 : NULL;
-            char rel[700];
+            char rel[700], full[PATH_MAX + 4096];
             job *j = NULL;
-            if (name != NULL && tinker_good_name(name)) {
-                snprintf(rel, sizeof rel, sampler ? "%s/sampler_weights/%s.safetensors" : "%s/%s", e->d_name, name);
+            verr ve = {0};
+            if (name != NULL && tinker_good_name(name) &&
+                snprintf(rel, sizeof rel, sampler ? "%s/sampler_weights/%s.safetensors" : "%s/%s", e->d_name,
+                         name) < (int)sizeof rel &&
+                serve_resolve_path(s, "checkpoint_id", rel, full, sizeof full, &ve)) {
                 const size_t len = strlen(rel) + 1;
                 if ((j = calloc(1, sizeof *j)) == NULL || (j->payload = malloc(len)) == NULL) {
                     free(j);
@@ -512,7 +531,9 @@ enum MHD_Result tinker_runs_delete(server *s, struct MHD_Connection *c, const ch
     json_decref(rec);
     char rel[700], full[PATH_MAX + 800];
     snprintf(rel, sizeof rel, sampler ? "%s/sampler_weights/%s.safetensors" : "%s/%s", dir_name, name);
-    snprintf(full, sizeof full, "%s/%s", s->ckpt_root, rel);
+    verr e = {0};
+    if (!serve_resolve_path(s, "checkpoint_id", rel, full, sizeof full, &e))
+        return tinker_reply_error(c, e.status, "checkpoint_id", "%s", e.msg);
     struct stat sb;
     if (lstat(full, &sb) != 0 || (sampler ? !S_ISREG(sb.st_mode) : !S_ISDIR(sb.st_mode)))
         return tinker_reply_error(c, 404, "checkpoint_id", "checkpoint_id \"%s\": training run %s has no such "
