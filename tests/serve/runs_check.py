@@ -106,7 +106,26 @@ def main():
     if [r.training_run_id for r in runs.training_runs] != [run_id]:
         fail(f"list_training_runs: {runs}")
 
-    rest.delete_checkpoint(run_id, "weights/gone").result()
+    if rest.get_training_run_by_tinker_path(kept).result().training_run_id != run_id:
+        fail("get_training_run_by_tinker_path: not the run")
+    info = rest.get_weights_info_by_tinker_path(kept).result()
+    if info.base_model != name or info.is_lora:
+        fail(f"get_weights_info_by_tinker_path: {info}")
+    # set_checkpoint_ttl_from_tinker_path: an expiry shows, None clears it.
+    rest.set_checkpoint_ttl_from_tinker_path(kept, 3600).result()
+    exp = {c.tinker_path: c.expires_at for c in rest.list_checkpoints(run_id).result().checkpoints}
+    if exp.get(kept) is None:
+        fail(f"set_checkpoint_ttl(3600): expires_at {exp.get(kept)}")
+    rest.set_checkpoint_ttl_from_tinker_path(kept, None).result()
+    exp = {c.tinker_path: c.expires_at for c in rest.list_checkpoints(run_id).result().checkpoints}
+    if exp.get(kept) is not None:
+        fail(f"set_checkpoint_ttl(None): expires_at {exp.get(kept)}, want None")
+    expect_status(lambda: rest.set_checkpoint_ttl_from_tinker_path(kept, -5).result(), 400, "ttl_seconds",
+                  "set_checkpoint_ttl(-5)")
+    expect_status(lambda: rest.get_checkpoint_archive_url_from_tinker_path(kept).result(), 404,
+                  "no such endpoint", "get_checkpoint_archive_url (not offered)")
+
+    rest.delete_checkpoint_from_tinker_path(gone).result()
     rest.delete_checkpoint(run_id, "sampler_weights/s1w").result()
     left = sorted(c.checkpoint_id for c in rest.list_checkpoints(run_id).result().checkpoints)
     if left != ["weights/kept"]:

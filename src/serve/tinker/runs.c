@@ -508,36 +508,78 @@ bool tinker_runs_sweep_locked(server *s) {
 
 /* ---- delete ------------------------------------------------------------------------ */
 
-/* DELETE training_runs/ID/checkpoints/(weights|sampler_weights)/NAME: a job
- * on the queue (every rank removes its own part), answered when done. */
-enum MHD_Result tinker_runs_delete(server *s, struct MHD_Connection *c, const char *sub) {
+/* A checkpoint a route names, "training_runs/ID/checkpoints/CK" (CK:
+ * weights/NAME or sampler_weights/NAME): its run id, CK, and its path
+ * relative to the checkpoint folder; false with e set (400 or 404, naming
+ * the field) when it is not one that exists. */
+static bool checkpoint_of_(server *s, const char *sub, char *run_id, size_t rcap, char *ck, size_t ccap,
+                           char *rel, size_t relcap, verr *e) {
     const char *id = sub + strlen("training_runs/");
     const char *mark = strstr(id, "/checkpoints/");
-    if (strncmp(sub, "training_runs/", 14) != 0 || mark == NULL || mark == id)
-        return tinker_reply_error(c, 404, "url", "DELETE /api/v1/%s: no such endpoint (DELETE "
-                                  "training_runs/ID/checkpoints/weights/NAME or .../sampler_weights/NAME)", sub);
-    char run_id[200], dir_name[300];
-    snprintf(run_id, sizeof run_id, "%.*s", (int)(mark - id), id);
-    const char *ck = mark + strlen("/checkpoints/");
+    if (strncmp(sub, "training_runs/", 14) != 0 || mark == NULL || mark == id || (size_t)(mark - id) >= rcap)
+        return serve_bad(e, 404, "url", "/api/v1/%s: no such endpoint (training_runs/ID/checkpoints/"
+                         "weights/NAME or .../sampler_weights/NAME)", sub);
+    snprintf(run_id, rcap, "%.*s", (int)(mark - id), id);
+    snprintf(ck, ccap, "%s", mark + strlen("/checkpoints/"));
     const bool sampler = !strncmp(ck, "sampler_weights/", 16);
     const char *name = sampler ? ck + 16 : !strncmp(ck, "weights/", 8) ? ck + 8 : NULL;
     if (name == NULL || !tinker_good_name(name))
-        return tinker_reply_error(c, 400, "checkpoint_id", "checkpoint_id \"%s\": must be weights/NAME or "
-                                  "sampler_weights/NAME, as list_checkpoints names it", ck);
+        return serve_bad(e, 400, "checkpoint_id", "checkpoint_id \"%s\": must be weights/NAME or "
+                         "sampler_weights/NAME, as list_checkpoints names it", ck);
+    char dir_name[300];
     json_t *rec = NULL;
     if (!find_run_(s, run_id, dir_name, sizeof dir_name, &rec))
-        return tinker_reply_error(c, 404, "training_run_id", "training_run_id \"%s\": no such training run in "
-                                  "this server's --checkpoint-dir", run_id);
+        return serve_bad(e, 404, "training_run_id", "training_run_id \"%s\": no such training run in this "
+                         "server's --checkpoint-dir", run_id);
     json_decref(rec);
-    char rel[700], full[PATH_MAX + 800];
-    snprintf(rel, sizeof rel, sampler ? "%s/sampler_weights/%s.safetensors" : "%s/%s", dir_name, name);
-    verr e = {0};
-    if (!serve_resolve_path(s, "checkpoint_id", rel, full, sizeof full, &e))
-        return tinker_reply_error(c, e.status, "checkpoint_id", "%s", e.msg);
+    char full[PATH_MAX + 800];
+    if (snprintf(rel, relcap, sampler ? "%s/sampler_weights/%s.safetensors" : "%s/%s", dir_name, name) >=
+        (int)relcap)
+        return serve_bad(e, 400, "checkpoint_id", "checkpoint_id: too long");
+    if (!serve_resolve_path(s, "checkpoint_id", rel, full, sizeof full, e)) return false;
     struct stat sb;
     if (lstat(full, &sb) != 0 || (sampler ? !S_ISREG(sb.st_mode) : !S_ISDIR(sb.st_mode)))
-        return tinker_reply_error(c, 404, "checkpoint_id", "checkpoint_id \"%s\": training run %s has no such "
-                                  "checkpoint (list_checkpoints names them)", ck, run_id);
+        return serve_bad(e, 404, "checkpoint_id", "checkpoint_id \"%s\": training run %s has no such "
+                         "checkpoint (list_checkpoints names them)", ck, run_id);
+    return true;
+}
+
+/* PUT training_runs/ID/checkpoints/CK/ttl {"ttl_seconds": N | null}: the
+ * checkpoint expires N seconds from now, or never (RestClient's
+ * set_checkpoint_ttl_from_tinker_path). */
+enum MHD_Result tinker_runs_set_ttl(server *s, struct MHD_Connection *c, const char *sub, const char *body,
+                                    size_t len) {
+    char route[700], run_id[200], ck[600], rel[700];
+    const size_t n = strlen(sub);
+    snprintf(route, sizeof route, "%.*s", (int)(n > 4 ? n - 4 : 0), sub); /* without "/ttl" */
+    verr e = {0};
+    if (!checkpoint_of_(s, route, run_id, sizeof run_id, ck, sizeof ck, rel, sizeof rel, &e))
+        return tinker_reply_error(c, e.status, e.field, "%s", e.msg);
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, NULL);
+    const json_t *ttl = json_object_get(root, "ttl_seconds");
+    const bool ok = json_is_object(root) && ttl != NULL &&
+                    (json_is_null(ttl) || (json_is_integer(ttl) && json_integer_value(ttl) >= 1 &&
+                                           json_integer_value(ttl) <= 100LL * 365 * 86400));
+    const double expires = ok && json_is_integer(ttl) ? (double)time(NULL) + (double)json_integer_value(ttl) : 0;
+    json_decref(root);
+    if (!ok)
+        return tinker_reply_error(c, 400, "ttl_seconds", "ttl_seconds: the body must be {\"ttl_seconds\": N} "
+                                  "with N seconds in [1, 100 years], or null for no expiry");
+    char tp[900];
+    snprintf(tp, sizeof tp, "tinker://%s/%s", run_id, ck);
+    pthread_mutex_lock(&s->mu);
+    tinker_runs_set_expiry(s, tp, expires);
+    pthread_mutex_unlock(&s->mu);
+    return serve_reply(c, 200, serve_dump(json_object()));
+}
+
+/* DELETE training_runs/ID/checkpoints/(weights|sampler_weights)/NAME: a job
+ * on the queue (every rank removes its own part), answered when done. */
+enum MHD_Result tinker_runs_delete(server *s, struct MHD_Connection *c, const char *sub) {
+    char run_id[200], ck[600], rel[700];
+    verr e = {0};
+    if (!checkpoint_of_(s, sub, run_id, sizeof run_id, ck, sizeof ck, rel, sizeof rel, &e))
+        return tinker_reply_error(c, e.status, e.field, "%s", e.msg);
     job *j = calloc(1, sizeof *j);
     const size_t len = strlen(rel) + 1;
     if (j == NULL || (j->payload = malloc(len)) == NULL) {
@@ -561,7 +603,7 @@ enum MHD_Result tinker_runs_delete(server *s, struct MHD_Connection *c, const ch
     j->body = NULL;
     serve_job_free(j);
     if (status == 200) { /* its ttl_seconds, if any, goes with it */
-        char tp[700];
+        char tp[900];
         snprintf(tp, sizeof tp, "tinker://%s/%s", run_id, ck);
         pthread_mutex_lock(&s->mu);
         tinker_runs_set_expiry(s, tp, 0);

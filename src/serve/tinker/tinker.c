@@ -1358,9 +1358,12 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
                           "training_runs/ID/checkpoints, checkpoints; everything else is POST)", sub);
     }
     if (!strcmp(method, "DELETE")) return tinker_runs_delete(s, c, sub);
+    const size_t sub_len = strlen(sub);
+    if (!strcmp(method, "PUT") && sub_len > 4 && !strcmp(sub + sub_len - 4, "/ttl"))
+        return tinker_runs_set_ttl(s, c, sub, body, len);
     if (strcmp(method, "POST") != 0)
-        return reply_err_(c, 405, "method", "%s /api/v1/%s: method not allowed; use POST (GET and DELETE "
-                          "for training runs and checkpoints)", method, sub);
+        return reply_err_(c, 405, "method", "%s /api/v1/%s: method not allowed; use POST (GET, DELETE "
+                          "and PUT .../ttl for training runs and checkpoints)", method, sub);
 
     const char *encoding = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Encoding");
     if (encoding != NULL && encoding[0] && !serve_names_type(encoding, "identity"))

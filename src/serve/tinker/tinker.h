@@ -135,6 +135,9 @@ void tinker_runs_set_expiry(server *s, const char *tinker_path, double expires);
 bool tinker_runs_sweep_locked(server *s);
 /* GET training_runs, training_runs/ID, training_runs/ID/checkpoints, checkpoints. */
 enum MHD_Result tinker_runs_get(server *s, struct MHD_Connection *c, const char *sub);
+/* PUT training_runs/ID/checkpoints/(weights|sampler_weights)/NAME/ttl (s->mu not held). */
+enum MHD_Result tinker_runs_set_ttl(server *s, struct MHD_Connection *c, const char *sub, const char *body,
+                                    size_t len);
 /* DELETE training_runs/ID/checkpoints/(weights|sampler_weights)/NAME (s->mu not held). */
 enum MHD_Result tinker_runs_delete(server *s, struct MHD_Connection *c, const char *sub);
 
