@@ -116,16 +116,16 @@ def main(argv):
     ids = codec.encode(text)
     if any(not 0 <= t < V for t in ids):
         fail("the codec gave ids outside [0, %d)" % V)
-    n = min(T, 32)
+    n = min(T, 24)
     data = [types.Datum(model_input=types.ModelInput.from_ints(ids[i:i + n]),
                         loss_fn_inputs={"target_tokens": ids[i + 1:i + n + 1]})
             for i in range(0, min(len(ids) - n - 1, 4 * n), n)]
     losses = []
-    for _ in range(12):
+    for _ in range(8):
         out = tc.forward_backward(data, "cross_entropy").result()
         losses.append(out.metrics["loss:sum"])
-        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-    print("lm_check: loss:sum %.3f -> %.3f over 12 steps" % (losses[0], losses[-1]), flush=True)
+        tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+    print("lm_check: loss:sum %.3f -> %.3f over 8 steps" % (losses[0], losses[-1]), flush=True)
     if not losses[-1] < 0.7 * losses[0]:
         fail("training did not lower the loss: %s" % losses)
 
