@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <math.h>
@@ -31,7 +32,7 @@
 static server *server_(void) {
     server *s = calloc(1, sizeof *s);
     assert_non_null(s);
-    s->opt.model = (zdp_gpt_config){.n_layer = 1, .n_head = 1, .n_embd = 8, .vocab_size = 16, .block_size = 8};
+    s->model = (zdp_model){.vocab_size = 16, .block_size = 8};
     s->opt.seq_gap_s = 30;
     s->opt.model_name = "zdp-gpt";
     s->W = 1;
@@ -39,7 +40,8 @@ static server *server_(void) {
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv_job, NULL);
     pthread_cond_init(&s->cv_done, NULL);
-    assert_true(serve_register_tinker(s));
+    char why[512];
+    assert_true(serve_register_tinker(s, why, sizeof why));
     tinker_state *t = s->tinker;
     t->live = true;
     snprintf(t->model_id, sizeof t->model_id, "%s", MODEL_ID);
@@ -129,7 +131,7 @@ static void test_op_table(void **state) {
 
 static void test_parse_fwd(void **state) {
     (void)state;
-    const zdp_gpt_config mc = {.n_layer = 1, .n_head = 1, .n_embd = 8, .vocab_size = 16, .block_size = 8};
+    const zdp_model mc = {.vocab_size = 16, .block_size = 8};
     json_t *body = fwdbwd_(1, 3);
     const json_t *in = json_object_get(body, "forward_backward_input");
     job j = {0};
@@ -258,7 +260,7 @@ static void ppo_request_(float w, int32_t first, pb_ *out, json_t **json) {
 
 static void test_proto_typed_request(void **state) {
     (void)state;
-    const zdp_gpt_config mc = {.n_layer = 1, .n_head = 1, .n_embd = 8, .vocab_size = 16, .block_size = 8};
+    const zdp_model mc = {.vocab_size = 16, .block_size = 8};
     pb_ body;
     json_t *json;
     ppo_request_(0.5f, 4, &body, &json);
@@ -678,6 +680,45 @@ static void test_save_result_encodings(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* The session counter in --checkpoint-dir (tinker/runs.c): restored at
+ * start-up, advanced and written before a number is handed out, so a new
+ * server on the same folder never repeats a session (and so run) id; a
+ * file that is not one integer stops start-up naming it. */
+static void test_session_counter(void **state) {
+    (void)state;
+    char root[] = "/tmp/zdp-serve-counter-XXXXXX", file[128], why[512];
+    assert_non_null(mkdtemp(root));
+    snprintf(file, sizeof file, "%s/.zdp-sessions", root);
+    server *s = server_();
+    s->ckpt_root = root;
+    assert_true(tinker_runs_restore(s, why, sizeof why)); /* no file yet: from 0 */
+    int64_t n = 0;
+    assert_true(tinker_runs_next_session(s, &n, why, sizeof why));
+    assert_int_equal(n, 1);
+    assert_true(tinker_runs_next_session(s, &n, why, sizeof why));
+    assert_int_equal(n, 2);
+    server_free_(s);
+
+    s = server_(); /* a restart */
+    s->ckpt_root = root;
+    assert_true(tinker_runs_restore(s, why, sizeof why));
+    assert_true(tinker_runs_next_session(s, &n, why, sizeof why));
+    assert_int_equal(n, 3);
+    server_free_(s);
+
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs("3 junk\n", f);
+    fclose(f);
+    s = server_();
+    s->ckpt_root = root;
+    assert_false(tinker_runs_restore(s, why, sizeof why));
+    assert_non_null(strstr(why, ".zdp-sessions must hold one integer"));
+    server_free_(s);
+    remove(file);
+    rmdir(root);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_op_table),      cmocka_unit_test(test_parse_fwd),
@@ -686,7 +727,7 @@ int main(void) {
         cmocka_unit_test(test_future_expiry), cmocka_unit_test(test_future_cap),
         cmocka_unit_test(test_fwd_result_encodings), cmocka_unit_test(test_sample_result_encodings),
         cmocka_unit_test(test_optim_result_json), cmocka_unit_test(test_save_result_encodings),
-        cmocka_unit_test(test_proto_typed_request),
+        cmocka_unit_test(test_proto_typed_request), cmocka_unit_test(test_session_counter),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

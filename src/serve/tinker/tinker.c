@@ -117,6 +117,16 @@ static enum MHD_Result reply_err_(struct MHD_Connection *c, int status, const ch
                                             status >= 500 ? "server" : "user", "field", field));
 }
 
+enum MHD_Result tinker_reply_error(struct MHD_Connection *c, int status, const char *field, const char *fmt,
+                                   ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return reply_err_(c, status, field, "%s", msg);
+}
+
 /* A failed future's result: the SDK raises RequestFailedError(error, category). */
 static char *failure_(const char *category, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static char *failure_(const char *category, const char *fmt, ...) {
@@ -259,18 +269,20 @@ static void hold_(server *s, job *j) {
 
 bool tinker_tick_locked(server *s) {
     tinker_state *t = s->tinker;
-    if (t == NULL || t->held == NULL) return false;
+    if (t == NULL) return false;
+    const bool swept = tinker_runs_sweep_locked(s);
+    if (t->held == NULL) return swept;
     double oldest = t->held->arrived;
     for (job *j = t->held; j != NULL; j = j->next)
         if (j->arrived < oldest) oldest = j->arrived;
-    if (serve_now() - oldest < s->opt.seq_gap_s) return false;
+    if (serve_now() - oldest < s->opt.seq_gap_s) return swept;
     fprintf(stderr,
             "zdp serve: warning: model %s: seq_id %lld..%lld never arrived within %g s "
             "(--seq-gap-seconds); running seq_id %lld and later without them\n",
             t->model_id, (long long)t->next_seq, (long long)t->held->seq_id - 1, s->opt.seq_gap_s,
             (long long)t->held->seq_id);
     t->next_seq = t->held->seq_id;
-    return release_(s);
+    return release_(s) || swept;
 }
 
 /* Fails every held request with msg (shutdown, a replaced or unloaded model). */
@@ -369,6 +381,8 @@ void tinker_finish_locked(server *s, job *j, int status, char *body) {
          * save_weights_for_sampler without a name opens a sampling session on
          * the file (save_weights_and_get_sampling_client). */
         serve_save_result *r = j->saved;
+        if ((j->op == OP_SAVE_STATE || j->op == OP_SAVE_WEIGHTS) && j->tinker_path != NULL)
+            tinker_runs_set_expiry(s, j->tinker_path, j->expires);
         if (j->sampling_session != NULL && !add_sampler_(s->tinker, j->sampling_session, r->path)) {
             result = failure_("server", "out of memory");
         } else {
@@ -396,22 +410,25 @@ void tinker_finish_locked(server *s, job *j, int status, char *body) {
 
 static void destroy_(void *state) { tinker_destroy(state); }
 
-bool serve_register_tinker(server *s) {
+bool serve_register_tinker(server *s, char *why, size_t cap) {
     s->tinker = tinker_create();
-    if (s->tinker == NULL) return false;
+    if (s->tinker == NULL) {
+        snprintf(why, cap, "out of memory");
+        return false;
+    }
     s->proto = (serve_protocol){.prefix = "/api/v1/", .state = s->tinker, .handle = tinker_handle,
                                 .content_type = SERVE_PROTO_CONTENT_TYPE,
                                 .content_type_hint = " (or " SERVE_PROTO_CONTENT_TYPE
                                                      " for the Tinker SDK's forward_backward)",
                                 .finish = tinker_finish_locked, .tick = tinker_tick_locked,
                                 .shutdown = tinker_shutdown_locked, .destroy = destroy_};
-    return true;
+    return tinker_runs_restore(s, why, cap);
 }
 
 /* ---- names on disk ------------------------------------------------------------------- */
 
 /* A checkpoint name from a client: one path component. */
-static bool good_name_(const char *n) {
+bool tinker_good_name(const char *n) {
     size_t len = strlen(n);
     if (len == 0 || len > 200 || n[0] == '.') return false;
     for (size_t i = 0; i < len; i++) {
@@ -486,7 +503,7 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
         if (!json_is_object(in))
             return serve_bad(e, 400, key, "%s: %s; must be {data, loss_fn, loss_fn_config}", key,
                              in ? "not an object" : "missing");
-        return serve_parse_fwd(in, key, &s->opt.model, j, e);
+        return serve_parse_fwd(in, key, &s->model, j, e);
     }
     if (!strcmp(verb, "optim_step")) {
         j->op = OP_OPTIM;
@@ -511,13 +528,31 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
             if ((j->sampling_session = strdup(sid)) == NULL) return serve_bad(e, 500, "path", "out of memory");
             p = NULL;
         }
-        if (j->sampling_session == NULL && (!json_is_string(p) || !good_name_(json_string_value(p))))
+        if (j->sampling_session == NULL && (!json_is_string(p) || !tinker_good_name(json_string_value(p))))
             return serve_bad(e, 400, "path", "path: must be a name of letters, digits, '.', '_' or '-' "
                              "(not starting with '.'), got %s", p ? zdp_json_type_name(p) : "nothing");
         const char *name = j->sampling_session != NULL ? auto_name : json_string_value(p);
+        /* ttl_seconds: the checkpoint is removed that long after it was
+         * written (tinker/runs.c); null or absent: kept until deleted. */
+        const json_t *ttl = json_object_get(root, "ttl_seconds");
+        if (ttl != NULL && !json_is_null(ttl) && (!json_is_integer(ttl) || json_integer_value(ttl) < 1 ||
+                                                  json_integer_value(ttl) > 100LL * 365 * 86400))
+            return serve_bad(e, 400, "ttl_seconds", "ttl_seconds: must be null or an integer of seconds in "
+                             "[1, 100 years], got %s", json_is_integer(ttl) ? "an integer out of range"
+                                                                            : zdp_json_type_name(ttl));
+        j->expires = json_is_integer(ttl) ? (double)time(NULL) + (double)json_integer_value(ttl) : 0;
         /* Inside --checkpoint-dir, even through a symbolic link placed there. */
         snprintf(rel, sizeof rel, sampler ? "%s/sampler_weights/%s.safetensors" : "%s/%s", mdir, name);
         if (!serve_resolve_path(s, "path", rel, path, sizeof path, e)) return false;
+        /* save_state(name, overwrite=False), the SDK's default: a name
+         * that exists is refused, never silently replaced. */
+        const json_t *ow = json_object_get(root, "overwrite");
+        if (ow != NULL && !json_is_boolean(ow))
+            return serve_bad(e, 400, "overwrite", "overwrite: must be a boolean, got %s", zdp_json_type_name(ow));
+        struct stat sb;
+        if (!sampler && !json_is_true(ow) && stat(path, &sb) == 0)
+            return serve_bad(e, 400, "overwrite", "path \"%s\": model %s already has a checkpoint of that "
+                             "name; pass overwrite=True to replace it, or choose another name", name, model_id);
         snprintf(dir, sizeof dir, "%s", path);
         *strrchr(dir, '/') = '\0';
         if (serve_mkdirs(dir) != 0)
@@ -536,7 +571,7 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
                              "save_weights returned");
         const char *v = json_string_value(p) + strlen(pre);
         const char *mark = strstr(v, "/weights/");
-        if (mark == NULL || mark == v || !good_name_(mark + 9) || (size_t)(mark - v) >= 160)
+        if (mark == NULL || mark == v || !tinker_good_name(mark + 9) || (size_t)(mark - v) >= 160)
             return serve_bad(e, 400, "path", "path = \"%s\": must be tinker://MODEL_ID/weights/NAME "
                              "(sampler weights cannot be loaded for training)", json_string_value(p));
         char owner[160], odir[160];
@@ -640,7 +675,7 @@ int tinker_submit_proto(server *s, const serve_proto_fwdbwd *rq, bool forward, c
     j->op = forward ? OP_FORWARD : OP_FWDBWD;
     verr why = {0};
     const bool valid = serve_fwd_build(&rq->in, forward ? "forward_input" : "forward_backward_input",
-                                       s->opt.model.vocab_size, s->opt.model.block_size, j, &why);
+                                       s->model.vocab_size, s->model.block_size, j, &why);
     return queue_job_(s, rq->model_id, rq->seq_id, j, valid, &why, idem, true, out, e);
 }
 
@@ -712,6 +747,10 @@ static enum MHD_Result create_model_(server *s, struct MHD_Connection *c, const 
                     model_id);
             fail_held_(s, "user", "the model was replaced by a newer create_model");
         }
+        char mdir[160], why[PATH_MAX + 200];
+        model_dir_(model_id, mdir, sizeof mdir);
+        if (!tinker_runs_record(s, model_id, mdir, 0, why, sizeof why))
+            fprintf(stderr, "zdp serve: %s: list_training_runs will not show %s\n", why, model_id);
         if (!t->live || strcmp(t->model_id, model_id) != 0) {
             snprintf(t->model_id, sizeof t->model_id, "%s", model_id);
             snprintf(t->model_session, sizeof t->model_session, "%s", json_string_value(sid));
@@ -888,7 +927,7 @@ static bool weights_file_(const server *s, const char *tinker_path, char *out, s
         const char *mark = strstr(v, kinds[k]);
         if (mark == NULL || mark == v || (size_t)(mark - v) >= 160) continue;
         const char *name = mark + strlen(kinds[k]);
-        if (!good_name_(name)) break;
+        if (!tinker_good_name(name)) break;
         char owner[160], odir[160];
         snprintf(owner, sizeof owner, "%.*s", (int)(mark - v), v);
         model_dir_(owner, odir, sizeof odir);
@@ -910,11 +949,11 @@ static bool base_file_(const server *s, const json_t *base, char *out, size_t ca
     if (!json_is_string(base) || strcmp(json_string_value(base), s->opt.model_name) != 0)
         return serve_bad(e, 400, "base_model", "base_model: this server serves \"%s\" (--model-name)",
                          s->opt.model_name);
-    if (s->opt.init == NULL)
+    if (s->opt.lm.base_weights == NULL)
         return serve_bad(e, 400, "base_model", "base_model: the server started from a seeded initialisation, "
                          "not a weights file (no --init), so there is nothing to sample from; save the "
                          "weights with save_weights_for_sampler and sample from that path");
-    snprintf(out, cap, "%s", s->opt.init);
+    snprintf(out, cap, "%s", s->opt.lm.base_weights);
     return true;
 }
 
@@ -942,8 +981,8 @@ static enum MHD_Result create_sampling_session_(server *s, struct MHD_Connection
 
 /* asample's body -> an OP_SAMPLE_FILE job (file: the weights to read). */
 static bool sample_job_(server *s, const json_t *root, const char *file, job *j, verr *e) {
-    const int V = s->opt.model.vocab_size;
-    sample_file_header h = {.max_tokens = s->opt.model.block_size, .num_samples = 1, .temperature = 1.0,
+    const int V = s->model.vocab_size;
+    sample_file_header h = {.max_tokens = s->model.block_size, .num_samples = 1, .temperature = 1.0,
                             .top_p = 1.0};
     const json_t *ns = json_object_get(root, "num_samples");
     if (ns != NULL && (!json_is_integer(ns) || json_integer_value(ns) < 1 || json_integer_value(ns) > 64))
@@ -993,7 +1032,7 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
     if (h.n_prompt == 0) return serve_bad(e, 400, "prompt", "prompt: no tokens");
     /* sampling_params */
     const json_t *sp = json_object_get(root, "sampling_params");
-    serve_bytes stops = {0};
+    serve_bytes stops = {0}, stop_str = {0};
     bool ok = true;
     if (sp != NULL && !json_is_null(sp)) {
         const json_t *v;
@@ -1026,30 +1065,16 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
                 ok = serve_bad(e, 400, "sampling_params.seed", "sampling_params.seed: must be an integer >= 0");
             else h.seed = (uint64_t)json_integer_value(v) + 1; /* 0 below means "none given" */
         }
-        if (ok && (v = json_object_get(sp, "stop")) != NULL && !json_is_null(v)) {
-            /* Token ids only: a string needs the tokenizer, which the server does not have. */
-            bool strings = json_is_string(v);
-            for (size_t k = 0; json_is_array(v) && k < json_array_size(v) && ok; k++) {
-                const json_t *x = json_array_get(v, k);
-                if (json_is_string(x)) strings = true;
-                else if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= V)
-                    ok = serve_bad(e, 400, "sampling_params.stop", "sampling_params.stop[%zu]: must be a token "
-                                   "id in [0, %d)", k, V);
-                else {
-                    int32_t t = (int32_t)json_integer_value(x);
-                    if (!serve_put(&stops, &t, sizeof t)) ok = serve_bad(e, 500, "sampling_params.stop", "out of memory");
-                }
-            }
-            if (ok && (strings || !json_is_array(v)))
-                ok = serve_bad(e, 400, "sampling_params.stop", "sampling_params.stop: only token ids are "
-                               "supported (the server has no tokenizer); send [id, ...]");
-        }
+        if (ok && (v = json_object_get(sp, "stop")) != NULL && !json_is_null(v))
+            ok = serve_parse_stops(v, "sampling_params.stop", s->model.vocab_size, s->opt.lm.decode != NULL, &stops,
+                                   &stop_str, &h.n_stop_str, e);
     }
     if (ok) {
         h.n_stop = (int64_t)(stops.len / sizeof(int32_t));
         serve_bytes b = {0};
         ok = serve_put(&b, &h, sizeof h) && serve_put(&b, tokens.p, tokens.len) &&
-             serve_put(&b, stops.p, stops.len) && serve_put(&b, file, strlen(file) + 1);
+             serve_put(&b, stops.p, stops.len) && serve_put(&b, stop_str.p, stop_str.len) &&
+             serve_put(&b, file, strlen(file) + 1);
         if (!ok) {
             free(b.p);
             serve_bad(e, 500, "prompt", "out of memory");
@@ -1061,6 +1086,7 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
     }
     free(tokens.p);
     free(stops.p);
+    free(stop_str.p);
     return ok;
 }
 
@@ -1166,8 +1192,15 @@ static enum MHD_Result post_create_session_(server *s, struct MHD_Connection *c,
     pthread_mutex_lock(&s->mu);
     prune_sessions_(t);
     session *x = calloc(1, sizeof *x);
+    char why[PATH_MAX + 200];
+    int64_t n = 0;
+    if (x != NULL && !tinker_runs_next_session(s, &n, why, sizeof why)) {
+        pthread_mutex_unlock(&s->mu);
+        free(x);
+        return reply_err_(c, 500, NULL, "%s", why);
+    }
     if (x != NULL) {
-        snprintf(x->id, sizeof x->id, "s%lld", (long long)++t->n_sessions);
+        snprintf(x->id, sizeof x->id, "s%lld", (long long)n);
         x->seen = serve_now();
         x->next = t->sessions;
         t->sessions = x;
@@ -1236,13 +1269,11 @@ static enum MHD_Result post_model_(server *s, struct MHD_Connection *c, const ch
         return reply_err_(c, 400, "model_id", "model_id \"%s\": not the model this server is training%s", mid,
                           live ? "" : " (no model is loaded; call create_model)");
     if (unload) return f ? reply_future_(c, f) : reply_err_(c, 500, NULL, "out of memory");
-    const zdp_gpt_config *mc = &s->opt.model;
-    /* GPT-2's tokenizer only fits GPT-2's vocabulary; otherwise the client
-     * brings its own (get_tokenizer would load the wrong one). */
-    const bool gpt2_vocab = mc->vocab_size == 50257;
+    /* tokenizer_id: what the caller named (a model folder's path, "gpt2" for
+     * GPT-2's vocabulary), else null: the client brings its own. */
     return reply_json_(c, 200, json_pack("{s:s,s:{s:s,s:s,s:s*},s:b,s:n,s:s,s:s}", "model_id", mid, "model_data",
-                                         "arch", "gpt2", "model_name", s->opt.model_name, "tokenizer_id",
-                                         gpt2_vocab ? "gpt2" : NULL, "is_lora", 0, "lora_rank", "model_name",
+                                         "arch", s->opt.lm.arch, "model_name", s->opt.model_name, "tokenizer_id",
+                                         s->opt.lm.tokenizer_id, "is_lora", 0, "lora_rank", "model_name",
                                          s->opt.model_name, "type", "get_info"));
 }
 
@@ -1317,15 +1348,22 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
                               const char *body, size_t len) {
     if (!strcmp(method, "GET")) {
         if (!strcmp(sub, "healthz")) return serve_healthz(s, c);
+        if (!strncmp(sub, "training_runs", 13) || !strcmp(sub, "checkpoints")) return tinker_runs_get(s, c, sub);
         if (!strcmp(sub, "get_server_capabilities"))
             return reply_json_(c, 200, json_pack("{s:[{s:s,s:i}]}", "supported_models", "model_name",
                                                  s->opt.model_name, "max_context_length",
-                                                 s->opt.model.block_size));
+                                                 s->model.block_size));
         return reply_err_(c, 404, "url", "GET /api/v1/%s: no such endpoint (GET healthz, "
-                          "get_server_capabilities; everything else is POST)", sub);
+                          "get_server_capabilities, training_runs, training_runs/ID, "
+                          "training_runs/ID/checkpoints, checkpoints; everything else is POST)", sub);
     }
+    if (!strcmp(method, "DELETE")) return tinker_runs_delete(s, c, sub);
+    const size_t sub_len = strlen(sub);
+    if (!strcmp(method, "PUT") && sub_len > 4 && !strcmp(sub + sub_len - 4, "/ttl"))
+        return tinker_runs_set_ttl(s, c, sub, body, len);
     if (strcmp(method, "POST") != 0)
-        return reply_err_(c, 405, "method", "%s /api/v1/%s: method not allowed; use POST", method, sub);
+        return reply_err_(c, 405, "method", "%s /api/v1/%s: method not allowed; use POST (GET, DELETE "
+                          "and PUT .../ttl for training runs and checkpoints)", method, sub);
 
     const char *encoding = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Encoding");
     if (encoding != NULL && encoding[0] && !serve_names_type(encoding, "identity"))
