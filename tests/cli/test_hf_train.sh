@@ -168,7 +168,7 @@ npy "$T/oov.npy" 500 97 97
 expect_error 2 "token 97 at position 499 is outside the vocabulary of --model-dir" \
   train --model-dir "$T/m" --config "$T/ds.json" --data "$T/oov.npy" --block-size 8
 echo "plain text, not token ids" >"$T/text.txt"
-expect_error 2 "needs token ids" train --model-dir "$T/m" --config "$T/ds.json" --data "$T/text.txt" --block-size 8
+expect_error 2 "is text, which needs --model-dir" train --model-dir "$T/m" --config "$T/ds.json" --data "$T/text.txt" --block-size 8
 expect_error 2 "--model-dir $T/m needs --data FILE" train --model-dir "$T/m" --config "$T/ds.json" --block-size 8
 
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
