@@ -41,9 +41,10 @@ NPS=1 TSAN_OPTIONS="halt_on_error=1" bash tests/cli/test_tinker.sh build-tsan/bi
 if command -v clang >/dev/null 2>&1; then
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZDP_BUILD_TESTS=ON \
     -DZDP_SANITIZE="address;undefined" -DZDP_FUZZ=ON -DZDP_BUILD_BENCH=OFF >/dev/null
-  cmake --build build-fuzz -j"$jobs" --target fuzz_safetensors fuzz_ckpt_meta
+  cmake --build build-fuzz -j"$jobs" --target fuzz_safetensors fuzz_ckpt_meta fuzz_hf_config \
+    fuzz_hf_index
   fuzz_s=${ZDP_FUZZ_SECONDS:-0}
-  for t in safetensors:safetensors ckpt_meta:meta; do
+  for t in safetensors:safetensors ckpt_meta:meta hf_config:hf_config hf_index:hf_index; do
     name=${t%%:*} corpus=tests/fuzz/corpus/${t##*:}
     dict=tests/fuzz/${t##*:}.dict
     if [ "$fuzz_s" -gt 0 ]; then

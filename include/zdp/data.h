@@ -19,14 +19,21 @@ extern "C" {
  *     then n_tokens little-endian uint16 tokens.  The file length must be
  *     exactly 1024 + 2 * n_tokens bytes.
  *   ZDP_TOKENS_BYTES: any file, one token per byte (0..255, vocab 256),
- *     so a text file trains a byte-level model. */
+ *     so a text file trains a byte-level model.
+ *   ZDP_TOKENS_NPY: a NumPy .npy file (format 1.0, 2.0 or 3.0) holding a
+ *     1-D little-endian array of uint16 ('<u2'), int32 ('<i4') or uint32
+ *     ('<u4') tokens, for vocabularies above 65,535 (Qwen3: 151,936).  The
+ *     header's shape and the file length must agree; a negative or > 2^31-1
+ *     token is an error naming its position. */
 typedef enum zdp_token_format {
     ZDP_TOKENS_SHARD,
     ZDP_TOKENS_BYTES,
     ZDP_TOKENS_AUTO, /* decided by zdp_tokens_detect */
+    ZDP_TOKENS_NPY,
 } zdp_token_format;
 
 /* What ZDP_TOKENS_AUTO reads `path` as (docs/training.md, "Data formats"):
+ *   - .npy when it starts with NumPy's magic (the byte 0x93, then "NUMPY");
  *   - a shard when its first int32 is the llm.c magic 20240520;
  *   - ZDP_ERR_FORMAT when it is not, but the file looks like a damaged
  *     shard: its name ends in ".bin", or it has a whole 1024-byte header

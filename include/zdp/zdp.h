@@ -41,8 +41,11 @@
  *   zdp/engine.h  the engine, its reports and checkpoints
  *   zdp/gpt.h     the GPT-2 model and its weight files
  *   zdp/llama.h   the Llama family (Llama 3, Qwen3, SmolLM2)
+ *   zdp/lora.h    LoRA adapters over GPT-2 and the Llama family; PEFT adapter folders
  *   zdp/data.h    token files, the arithmetic corpus, the dataset
  *   zdp/io.h      safetensors
+ *   zdp/tokenizer.h  byte-level BPE tokenizers (tokenizer.json, GPT-2)
+ *   zdp/hf.h      Hugging Face folders (config.json, sharded safetensors), the model factory
  */
 #ifndef ZDP_ZDP_H
 #define ZDP_ZDP_H
@@ -54,7 +57,10 @@
 #include "zdp/engine.h"
 #include "zdp/gpt.h"
 #include "zdp/llama.h"
+#include "zdp/lora.h"
 #include "zdp/data.h"
 #include "zdp/io.h"
+#include "zdp/tokenizer.h"
+#include "zdp/hf.h"
 
 #endif /* ZDP_ZDP_H */

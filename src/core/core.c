@@ -1,12 +1,17 @@
 /*
- * core.c -- status names, error records, logging, counted allocation.
+ * core.c -- status names, error records, logging, counted allocation,
+ * creating a directory path.
  */
+#define _POSIX_C_SOURCE 200809L
+
 #include "core.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 const char *zdp_status_name(zdp_status s) {
     switch (s) {
@@ -112,4 +117,20 @@ void zdp_free(zdp_mem_counter *counter, zdp_mem_category cat, void *p, size_t nb
     if (nbytes == 0) nbytes = 1;
     if (counter != NULL) counter->bytes[cat] -= (int64_t)nbytes;
     free(p);
+}
+
+/* ---- directories ---- */
+
+int zdp_mkdirs(const char *path) {
+    char buf[4096];
+    if (strlen(path) >= sizeof buf) return errno = ENAMETOOLONG, -1;
+    strcpy(buf, path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
+    return 0;
 }

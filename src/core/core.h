@@ -59,4 +59,8 @@ void zdp_free(zdp_mem_counter *counter, zdp_mem_category cat, void *p, size_t nb
 /* N(0, 1) from splitmix64 (Box-Muller): the models' seeded initialisers. */
 double zdp_rand_normal(uint64_t *state);
 
+/* mkdir -p: creates path and the directories above it that are missing
+ * (mode 0777 less the umask).  0, or -1 with errno set. */
+int zdp_mkdirs(const char *path);
+
 #endif /* ZDP_CORE_H */

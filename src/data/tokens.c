@@ -11,6 +11,8 @@
  *   - raw bytes: every byte of any file is one token (vocab 256).
  *   - the arithmetic corpus: "a+b=c\n" lines from splitmix64, specified
  *     exactly in zdp.h so a Python script can regenerate the same bytes.
+ *   - .npy: NumPy 1-D uint16/int32/uint32 arrays (Qwen3-sized vocabularies),
+ *     header (magic, dtype, shape) checked against the file length.
  *
  * Tokens are int32 in memory.  Not here: tokenisers (BPE), multi-shard
  * globs, memory-mapping.
@@ -140,6 +142,135 @@ static zdp_status tok_read_bytes_(const char *path, FILE *f, int64_t file_bytes,
     return ZDP_OK;
 }
 
+/* ---- .npy ------------------------------------------------------------------ */
+
+/* NumPy's format (numpy.lib.format): "\x93NUMPY", major, minor, a header
+ * length (uint16 for 1.0, uint32 for 2.0/3.0), then a Python dict literal
+ * {'descr': '<u2', 'fortran_order': False, 'shape': (n,), } padded with
+ * spaces and a '\n', then the array's bytes. */
+#define NPY_MAGIC "\x93NUMPY"
+#define NPY_MAGIC_LEN 6
+#define NPY_MAX_HEADER 65536
+
+/* The value after 'key': in the header dict, or NULL. */
+static const char *tok_npy_value_(const char *hdr, const char *key) {
+    char pat[32];
+    snprintf(pat, sizeof pat, "'%s':", key);
+    const char *p = strstr(hdr, pat);
+    if (p == NULL) return NULL;
+    p += strlen(pat);
+    while (*p == ' ') p++;
+    return p;
+}
+
+static zdp_status tok_read_npy_(const char *path, FILE *f, int64_t file_bytes, int32_t **tokens,
+                                int64_t *n_tokens, zdp_error *err) {
+    unsigned char pre[12];
+    if (file_bytes < 10 || fread(pre, 1, 10, f) != 10 || memcmp(pre, NPY_MAGIC, NPY_MAGIC_LEN) != 0)
+        return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: not a .npy file (no \\x93NUMPY magic); "
+                           "save the tokens with numpy.save", path);
+    const int major = pre[6];
+    int64_t hlen, start;
+    if (major == 1) {
+        hlen = pre[8] | (pre[9] << 8);
+        start = 10;
+    } else if (major == 2 || major == 3) {
+        if (file_bytes < 12 || fread(pre + 10, 1, 2, f) != 2)
+            return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: .npy header truncated", path);
+        hlen = (int64_t)tok_le32_(pre + 8) & 0xffffffffll;
+        start = 12;
+    } else {
+        return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: .npy format version %d.%d; zdp reads 1.0, "
+                           "2.0 and 3.0 (numpy.save writes them)", path, major, pre[7]);
+    }
+    if (hlen > NPY_MAX_HEADER || start + hlen > file_bytes)
+        return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: .npy header length %" PRId64 " does not "
+                           "fit the %" PRId64 "-byte file; the file is truncated or corrupt",
+                           path, hlen, file_bytes);
+    char hdr[NPY_MAX_HEADER + 1];
+    if (fread(hdr, 1, (size_t)hlen, f) != (size_t)hlen)
+        return zdp_err_set(err, ZDP_ERR_IO, "%s: reading the .npy header: %s", path,
+                           ferror(f) ? strerror(errno) : "unexpected end of file");
+    hdr[hlen] = '\0';
+    if (memchr(hdr, '\0', (size_t)hlen) != NULL)
+        return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: .npy header holds a NUL byte; the file is "
+                           "corrupt", path);
+    const char *descr = tok_npy_value_(hdr, "descr"), *fo = tok_npy_value_(hdr, "fortran_order");
+    const char *shape = tok_npy_value_(hdr, "shape");
+    if (descr == NULL || fo == NULL || shape == NULL)
+        return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: .npy header \"%.200s\" lacks 'descr', "
+                           "'fortran_order' or 'shape'; the file is corrupt", path, hdr);
+    /* uint16 for vocabularies up to 65,535, int32/uint32 above (Qwen3's 151,936). */
+    static const struct { const char *descr; int size; bool is_signed; } kinds[] = {
+        {"'<u2'", 2, false}, {"'<i4'", 4, true}, {"'<u4'", 4, false},
+    };
+    int kind = -1;
+    for (int k = 0; k < 3; k++)
+        if (strncmp(descr, kinds[k].descr, strlen(kinds[k].descr)) == 0) kind = k;
+    if (kind < 0) {
+        const char *end = strchr(descr, ',');
+        return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: .npy dtype %.*s; zdp reads 1-D token "
+                           "arrays of uint16 ('<u2'), int32 ('<i4') or uint32 ('<u4'); fix: "
+                           "np.save(path, tokens.astype(np.int32))", path,
+                           end ? (int)(end - descr) : 16, descr);
+    }
+    char *endp;
+    if (*shape != '(')
+        return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: .npy shape %.32s is not a tuple", path, shape);
+    errno = 0;
+    long long n = strtoll(shape + 1, &endp, 10);
+    while (*endp == ' ') endp++;
+    const char *close = strchr(shape, ')');
+    bool one_d = endp != shape + 1 && errno == 0 && n >= 0 && endp[0] == ',' && close != NULL;
+    for (const char *q = endp + (one_d ? 1 : 0); one_d && q < close; q++) one_d = *q == ' ';
+    if (!one_d)
+        return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: .npy shape %.*s: zdp reads a 1-D token "
+                           "array (shape (n,)); fix: np.save(path, tokens.reshape(-1))", path,
+                           close ? (int)(close - shape + 1) : 32, shape);
+    const int size = kinds[kind].size;
+    const int64_t want = start + hlen + (int64_t)n * size;
+    if (file_bytes != want)
+        return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: .npy header says %lld tokens of %d bytes "
+                           "(%" PRId64 " bytes in all) but the file has %" PRId64 " bytes; it is "
+                           "%s", path, n, size, want, file_bytes,
+                           file_bytes < want ? "truncated" : "corrupt (extra bytes)");
+    if (n == 0)
+        return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: the .npy array is empty, so it has no "
+                           "tokens", path);
+    if ((uint64_t)n > SIZE_MAX / 4)
+        return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: %lld tokens is too many", path, n);
+    int32_t *out = malloc((size_t)n * sizeof *out);
+    unsigned char *raw = malloc((size_t)n * (size_t)size);
+    if (out == NULL || raw == NULL) {
+        free(out);
+        free(raw);
+        return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for %lld tokens", path, n);
+    }
+    zdp_status s = ZDP_OK;
+    if (fread(raw, (size_t)size, (size_t)n, f) != (size_t)n)
+        s = zdp_err_set(err, ZDP_ERR_IO, "%s: reading %lld tokens: %s", path, n,
+                        ferror(f) ? strerror(errno) : "unexpected end of file (was the file "
+                        "changed while it was read?)");
+    for (long long i = 0; s == ZDP_OK && i < n; i++) {
+        const unsigned char *p = raw + i * size;
+        int64_t v = size == 2 ? (int64_t)(p[0] | (p[1] << 8))
+                    : kinds[kind].is_signed ? (int64_t)tok_le32_(p)
+                                            : (int64_t)((uint32_t)tok_le32_(p));
+        if (v < 0 || v > INT32_MAX)
+            s = zdp_err_set(err, ZDP_ERR_FORMAT, "%s: token %lld (position %lld) = %" PRId64
+                            ": token ids are in [0, vocab_size); fix the array", path, i, i, v);
+        out[i] = (int32_t)v;
+    }
+    free(raw);
+    if (s != ZDP_OK) {
+        free(out);
+        return s;
+    }
+    *tokens = out;
+    *n_tokens = n;
+    return ZDP_OK;
+}
+
 /* The rule of zdp.h's zdp_tokens_detect.  A file that starts with the magic
  * is a shard; one that does not is bytes only when nothing about it says
  * "shard": a damaged magic must not turn a shard into 2 tokens per uint16
@@ -158,6 +289,10 @@ zdp_status zdp_tokens_detect(const char *path, zdp_token_format *format, zdp_err
     int bad = ferror(f) || fstat(fileno(f), &sb) != 0;
     fclose(f);
     if (bad) return zdp_err_set(err, ZDP_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+    if (got >= NPY_MAGIC_LEN && memcmp(hd, NPY_MAGIC, NPY_MAGIC_LEN) == 0) {
+        *format = ZDP_TOKENS_NPY;
+        return ZDP_OK;
+    }
     const int32_t magic = got >= 4 ? tok_le32_(hd) : 0;
     if (magic == ZDP_SHARD_MAGIC) {
         *format = ZDP_TOKENS_SHARD;
@@ -197,10 +332,11 @@ zdp_status zdp_tokens_read(const char *path, zdp_token_format format, int32_t **
     if (path == NULL || tokens == NULL || n_tokens == NULL)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
                            "zdp_tokens_read: path, tokens and n_tokens must not be NULL");
-    if (format != ZDP_TOKENS_SHARD && format != ZDP_TOKENS_BYTES && format != ZDP_TOKENS_AUTO)
+    if (format != ZDP_TOKENS_SHARD && format != ZDP_TOKENS_BYTES && format != ZDP_TOKENS_AUTO &&
+        format != ZDP_TOKENS_NPY)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
-                           "%s: token format %d is not ZDP_TOKENS_SHARD, ZDP_TOKENS_BYTES or "
-                           "ZDP_TOKENS_AUTO", path, (int)format);
+                           "%s: token format %d is not ZDP_TOKENS_SHARD, ZDP_TOKENS_BYTES, "
+                           "ZDP_TOKENS_NPY or ZDP_TOKENS_AUTO", path, (int)format);
     if (format == ZDP_TOKENS_AUTO) {
         zdp_status d = zdp_tokens_detect(path, &format, err);
         if (d != ZDP_OK) return d;
@@ -216,6 +352,8 @@ zdp_status zdp_tokens_read(const char *path, zdp_token_format format, int32_t **
         s = zdp_err_set(err, ZDP_ERR_IO, "%s: not a regular file", path);
     else if (format == ZDP_TOKENS_SHARD)
         s = tok_read_shard_(path, f, (int64_t)sb.st_size, tokens, n_tokens, err);
+    else if (format == ZDP_TOKENS_NPY)
+        s = tok_read_npy_(path, f, (int64_t)sb.st_size, tokens, n_tokens, err);
     else
         s = tok_read_bytes_(path, f, (int64_t)sb.st_size, tokens, n_tokens, err);
     fclose(f);

@@ -167,20 +167,6 @@ static int write_atomic_(const char *path, const char *text) {
     return 0;
 }
 
-static int mkdirs_(const char *path) {
-    char buf[PATH_MAX_];
-    if (strlen(path) >= sizeof buf) return errno = ENAMETOOLONG, -1;
-    strcpy(buf, path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
-    return 0;
-}
-
 /* Removes a directory of plain files (one level; checkpoints have no more). */
 static void rmdir_files_(const char *dir) {
     DIR *d = opendir(dir);
@@ -383,7 +369,7 @@ static zdp_status save_prepare_(zdp_engine *e, const char *tmpdir, zdp_error *er
     zdp_error local = {0};
     if (e->rank == 0) {
         rmdir_files_(tmpdir);
-        if (mkdirs_(tmpdir) != 0) {
+        if (zdp_mkdirs(tmpdir) != 0) {
             ok[0] = 1;
             zdp_err_set(&local, ZDP_ERR_IO, "save_checkpoint: cannot create %s: %s", tmpdir,
                         strerror(errno));

@@ -850,6 +850,13 @@ zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model, zdp_
                            "config was derived for world size %d but the job has %d ranks; load "
                            "it with zdp_config_load_file(path, zdp_dist_world_size(), ...)",
                            cfg->world_size, world);
+    /* A LoRA model's base weights are borrowed (zdp_lora_create), not the
+     * engine's, so stage 3 could partition only the adapters: refused. */
+    if (cfg->zero.stage == 3 && zdp_lora_config_of(model) != NULL)
+        return zdp_err_set(err, ZDP_ERR_CONFIG,
+                           "zero_optimization.stage = 3: a LoRA model is not supported at ZeRO "
+                           "stage 3 (its base weights are borrowed whole, not partitioned by the "
+                           "engine; only the adapters would be); use stage 0, 1 or 2");
 
     zdp_engine *e = calloc(1, sizeof *e);
     if (e == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "engine: out of memory");
@@ -1430,21 +1437,27 @@ static zdp_status check_hparam_(const char *name, double v, double lo, bool lo_o
                        range, fix);
 }
 
-zdp_status zdp_hparams_check(const zdp_hparams *h, zdp_error *err) {
+zdp_status zdp_hparams_check_from(const zdp_hparams *h, zdp_hparams_from from, zdp_error *err) {
     if (h == NULL) return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "hparams: NULL pointer");
+    const bool client = from == ZDP_HPARAMS_FROM_CLIENT;
+    const double lr_max = client ? ZDP_HPARAM_CLIENT_LR_MAX : ZDP_HPARAM_LR_MAX;
+    const double clip_max = client ? ZDP_HPARAM_CLIENT_CLIP_MAX : HUGE_VAL;
     zdp_status st;
-    if ((st = check_hparam_("lr", h->lr, 0.0, false, ZDP_HPARAM_LR_MAX, false,
-                            "use e.g. 1e-3", err)) ||
+    if ((st = check_hparam_("lr", h->lr, 0.0, false, lr_max, false, "use e.g. 1e-3", err)) ||
         (st = check_hparam_("beta1", h->beta1, 0.0, false, 1.0, true, "use e.g. 0.9", err)) ||
         (st = check_hparam_("beta2", h->beta2, 0.0, false, 1.0, true, "use e.g. 0.999", err)) ||
         (st = check_hparam_("eps", h->eps, 0.0, true, ZDP_HPARAM_EPS_MAX, false, "use e.g. 1e-8",
                             err)) ||
         (st = check_hparam_("weight_decay", h->weight_decay, 0.0, false,
                             ZDP_HPARAM_WEIGHT_DECAY_MAX, false, "use 0 or e.g. 0.01", err)) ||
-        (st = check_hparam_("gradient_clipping", h->gradient_clipping, 0.0, false, HUGE_VAL,
+        (st = check_hparam_("gradient_clipping", h->gradient_clipping, 0.0, false, clip_max,
                             false, "use e.g. 1.0, or 0 to turn clipping off", err)))
         return st;
     return ZDP_OK;
+}
+
+zdp_status zdp_hparams_check(const zdp_hparams *h, zdp_error *err) {
+    return zdp_hparams_check_from(h, ZDP_HPARAMS_FROM_PROGRAM, err);
 }
 
 zdp_status zdp_engine_set_hparams(zdp_engine *e, const zdp_hparams *h, zdp_error *err) {

@@ -18,12 +18,13 @@
  * expected parameter list is derived from the config here, and the caller's
  * params must match it by name and shape (any order).
  *
- * Not here: writing llm.c checkpoints, reading config.json, sharded
- * (model-00001-of-0000N) safetensors checkpoints, untied lm_head weights.
+ * Not here: writing llm.c checkpoints, untied lm_head weights; whole
+ * Hugging Face folders (config.json, sharded model-00001-of-0000N files)
+ * are hf.c's.
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include "../core/core.h"
+#include "io.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -94,26 +95,11 @@ static void gio_expected_(const zdp_gpt_config *cfg, gio_param_ *out) {
     gio_set_(&out[k + 1], GIO_PREFIX "ln_f.bias", C, 0);
 }
 
-/* "[4, 8]" into buf. */
-static const char *gio_shape_str_(const int64_t *shape, int ndim, char *buf, size_t cap) {
-    size_t len = (size_t)snprintf(buf, cap, "[");
-    for (int i = 0; i < ndim && len < cap; i++)
-        len += (size_t)snprintf(buf + len, cap - len, "%s%" PRId64, i ? ", " : "", shape[i]);
-    if (len < cap) snprintf(buf + len, cap - len, "]");
-    return buf;
-}
-
 static bool gio_same_shape_(const int64_t *a, int na, const int64_t *b, int nb) {
     if (na != nb) return false;
     for (int i = 0; i < na; i++)
         if (a[i] != b[i]) return false;
     return true;
-}
-
-static int64_t gio_numel_(const int64_t *shape, int ndim) {
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= shape[i];
-    return n;
 }
 
 /* The name without the "transformer." prefix. */
@@ -166,8 +152,8 @@ static zdp_status gio_check_params_(const char *path, const zdp_gpt_config *cfg,
                                "%s: params[%d] \"%s\" has shape %s, but the config implies %s; "
                                "pass the params of a model created with this config", path, i,
                                params[i].name,
-                               gio_shape_str_(params[i].shape, params[i].ndim, a, sizeof a),
-                               gio_shape_str_(expected[e].shape, expected[e].ndim, b, sizeof b));
+                               zdp_io_shape_str(params[i].shape, params[i].ndim, a, sizeof a),
+                               zdp_io_shape_str(expected[e].shape, expected[e].ndim, b, sizeof b));
         map[e] = i;
     }
     return ZDP_OK;
@@ -178,53 +164,6 @@ static const char *gio_cfg_str_(const zdp_gpt_config *cfg, char *buf, size_t cap
              "block_size = %d", cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size,
              cfg->block_size);
     return buf;
-}
-
-/* ---- dtype conversion ------------------------------------------------------ */
-
-static float gio_bits_to_f32_(uint32_t bits) {
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static float gio_bf16_to_f32_(uint16_t h) {
-    return gio_bits_to_f32_((uint32_t)h << 16);
-}
-
-/* IEEE binary16 -> binary32, exact (every half is a float). */
-static float gio_f16_to_f32_(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    if (exp == 0x1f) return gio_bits_to_f32_(sign | 0x7f800000u | (man << 13)); /* inf, nan */
-    if (exp != 0) return gio_bits_to_f32_(sign | ((exp + 112u) << 23) | (man << 13));
-    if (man == 0) return gio_bits_to_f32_(sign);
-    /* Subnormal: man * 2^-24, exact in float. */
-    float f = (float)man * (1.0f / 16777216.0f);
-    return sign ? -f : f;
-}
-
-static uint16_t gio_u16_(const unsigned char *p) {
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-/* Element i of a little-endian tensor as fp32 (F32, F16 or BF16). */
-static float gio_elem_(const zdp_tensor *t, int64_t i) {
-    const unsigned char *p = t->data;
-    switch (t->dtype) {
-    case ZDP_DTYPE_F16: return gio_f16_to_f32_(gio_u16_(p + 2 * i));
-    case ZDP_DTYPE_BF16: return gio_bf16_to_f32_(gio_u16_(p + 2 * i));
-    default: {
-        float f;
-        memcpy(&f, p + 4 * i, sizeof f);
-        return f;
-    }
-    }
-}
-
-static bool gio_dtype_ok_(zdp_dtype t) {
-    return t == ZDP_DTYPE_F32 || t == ZDP_DTYPE_F16 || t == ZDP_DTYPE_BF16;
 }
 
 /* ---- safetensors ----------------------------------------------------------- */
@@ -271,16 +210,16 @@ static zdp_status gio_st_check_config_(const char *path, const zdp_safetensors *
                            "%s: tensor \"%s\": file shape %s, model shape %s; the file is for "
                            "vocab_size = %" PRId64 ", n_embd = %" PRId64 " (config: %s); set "
                            "vocab_size and n_embd to the file's", path, wte->name,
-                           gio_shape_str_(wte->shape, 2, a, sizeof a),
-                           gio_shape_str_(want_wte, 2, b, sizeof b), wte->shape[0],
+                           zdp_io_shape_str(wte->shape, 2, a, sizeof a),
+                           zdp_io_shape_str(want_wte, 2, b, sizeof b), wte->shape[0],
                            wte->shape[1], gio_cfg_str_(cfg, cs, sizeof cs));
     if (wpe != NULL && wpe->ndim == 2 && !gio_same_shape_(wpe->shape, 2, want_wpe, 2))
         return zdp_err_set(err, ZDP_ERR_CONFIG,
                            "%s: tensor \"%s\": file shape %s, model shape %s; the file is for "
                            "block_size = %" PRId64 ", n_embd = %" PRId64 " (config: %s); set "
                            "block_size to the file's (zdp does not crop or extend wpe)", path,
-                           wpe->name, gio_shape_str_(wpe->shape, 2, a, sizeof a),
-                           gio_shape_str_(want_wpe, 2, b, sizeof b), wpe->shape[0],
+                           wpe->name, zdp_io_shape_str(wpe->shape, 2, a, sizeof a),
+                           zdp_io_shape_str(want_wpe, 2, b, sizeof b), wpe->shape[0],
                            wpe->shape[1], gio_cfg_str_(cfg, cs, sizeof cs));
     long max_layer = -1;
     const char *max_name = NULL;
@@ -393,7 +332,7 @@ static zdp_status gio_load_safetensors_(const char *path, const zdp_gpt_config *
                                 "GPT-2 (%s), so there is nowhere to load it; zdp reads "
                                 "GPT2LMHeadModel files (names as in zdp.h, \"" GIO_PREFIX
                                 "\" prefix optional)", path, name,
-                                gio_shape_str_(st.tensors[i].shape, st.tensors[i].ndim, a,
+                                zdp_io_shape_str(st.tensors[i].shape, st.tensors[i].ndim, a,
                                                sizeof a), gio_cfg_str_(cfg, cs, sizeof cs));
             goto done;
         }
@@ -411,7 +350,7 @@ static zdp_status gio_load_safetensors_(const char *path, const zdp_gpt_config *
                             "shape %s (config: %s); the file has %d tensors and is not a "
                             "complete GPT2LMHeadModel checkpoint for this config", path,
                             expected[e].name, gio_strip_(expected[e].name),
-                            gio_shape_str_(expected[e].shape, expected[e].ndim, a, sizeof a),
+                            zdp_io_shape_str(expected[e].shape, expected[e].ndim, a, sizeof a),
                             gio_cfg_str_(cfg, cs, sizeof cs), st.n);
             goto done;
         }
@@ -421,8 +360,8 @@ static zdp_status gio_load_safetensors_(const char *path, const zdp_gpt_config *
                           t->shape[1] == expected[e].shape[0];
             s = zdp_err_set(err, ZDP_ERR_CONFIG,
                             "%s: tensor \"%s\": file shape %s, model shape %s (config: %s); %s",
-                            path, t->name, gio_shape_str_(t->shape, t->ndim, a, sizeof a),
-                            gio_shape_str_(expected[e].shape, expected[e].ndim, b, sizeof b),
+                            path, t->name, zdp_io_shape_str(t->shape, t->ndim, a, sizeof a),
+                            zdp_io_shape_str(expected[e].shape, expected[e].ndim, b, sizeof b),
                             gio_cfg_str_(cfg, cs, sizeof cs),
                             linear ? "the file stores it transposed, as torch.nn.Linear "
                                      "[out, in] (nanoGPT); zdp and GPT2LMHeadModel use Conv1D "
@@ -432,7 +371,7 @@ static zdp_status gio_load_safetensors_(const char *path, const zdp_gpt_config *
                                      "config to match it");
             goto done;
         }
-        if (!gio_dtype_ok_(t->dtype)) {
+        if (!zdp_io_dtype_float(t->dtype)) {
             s = zdp_err_set(err, ZDP_ERR_UNSUPPORTED,
                             "%s: tensor \"%s\": dtype %s; zdp loads F32, F16 and BF16 weights "
                             "(convert with torch: model.float().save_pretrained(...))", path,
@@ -447,19 +386,19 @@ static zdp_status gio_load_safetensors_(const char *path, const zdp_gpt_config *
     const zdp_tensor *wte = gio_find_(&st, expected[0].name);
     if (lm_head != NULL) {
         if (!gio_same_shape_(lm_head->shape, lm_head->ndim, wte->shape, wte->ndim) ||
-            !gio_dtype_ok_(lm_head->dtype)) {
+            !zdp_io_dtype_float(lm_head->dtype)) {
             s = zdp_err_set(err, ZDP_ERR_UNSUPPORTED,
                             "%s: tensor \"%s\": shape %s dtype %s, but zdp ties lm_head to "
                             "\"%s\" (shape %s); an untied or resized head is not supported",
                             path, lm_head->name,
-                            gio_shape_str_(lm_head->shape, lm_head->ndim, a, sizeof a),
+                            zdp_io_shape_str(lm_head->shape, lm_head->ndim, a, sizeof a),
                             zdp_dtype_name(lm_head->dtype), wte->name,
-                            gio_shape_str_(wte->shape, wte->ndim, b, sizeof b));
+                            zdp_io_shape_str(wte->shape, wte->ndim, b, sizeof b));
             goto done;
         }
-        int64_t n = gio_numel_(wte->shape, wte->ndim);
+        int64_t n = zdp_io_numel(wte->shape, wte->ndim);
         for (int64_t i = 0; i < n; i++) {
-            float x = gio_elem_(lm_head, i), y = gio_elem_(wte, i);
+            float x = zdp_io_f32_at(lm_head, i), y = zdp_io_f32_at(wte, i);
             if (memcmp(&x, &y, sizeof x) != 0) {
                 s = zdp_err_set(err, ZDP_ERR_UNSUPPORTED,
                                 "%s: tensor \"%s\" differs from \"%s\" (first at element %"
@@ -475,11 +414,11 @@ static zdp_status gio_load_safetensors_(const char *path, const zdp_gpt_config *
     for (int e = 0; e < n_exp; e++) {
         const zdp_tensor *t = gio_find_(&st, expected[e].name);
         float *out = dst[map[e]];
-        int64_t n = gio_numel_(t->shape, t->ndim);
+        int64_t n = zdp_io_numel(t->shape, t->ndim);
         if (t->dtype == ZDP_DTYPE_F32) {
             memcpy(out, t->data, (size_t)n * sizeof(float));
         } else {
-            for (int64_t i = 0; i < n; i++) out[i] = gio_elem_(t, i);
+            for (int64_t i = 0; i < n; i++) out[i] = zdp_io_f32_at(t, i);
         }
     }
     zdp_log(0, "%s: loaded %d GPT-2 tensors from safetensors (%s%s)%s%s", path, n_exp,
@@ -543,8 +482,8 @@ static int64_t gio_llmc_slice_(int t, const gio_llmc_hdr_ *h, int64_t *rows, int
 static bool gio_read_floats_(FILE *f, bool bf16, void *raw, float *out, int64_t n) {
     if (!bf16) return fread(out, sizeof(float), (size_t)n, f) == (size_t)n;
     if (fread(raw, 2, (size_t)n, f) != (size_t)n) return false;
-    const unsigned char *p = raw;
-    for (int64_t i = 0; i < n; i++) out[i] = gio_bf16_to_f32_(gio_u16_(p + 2 * i));
+    const zdp_tensor t = {.dtype = ZDP_DTYPE_BF16, .data = raw};
+    for (int64_t i = 0; i < n; i++) out[i] = zdp_io_f32_at(&t, i);
     return true;
 }
 
@@ -703,7 +642,7 @@ static zdp_status gio_check_finite_(const char *path, const zdp_param_info *para
                                     float *const *dst, zdp_error *err) {
     for (int i = 0; i < n_params; i++) {
         const zdp_param_info *p = &params[i];
-        const int64_t n = gio_numel_(p->shape, p->ndim);
+        const int64_t n = zdp_io_numel(p->shape, p->ndim);
         const int64_t cols = p->ndim == 2 ? p->shape[1] : n;
         for (int64_t k = 0; k < n; k++) {
             if (isfinite(dst[i][k])) continue;
@@ -807,7 +746,7 @@ static zdp_status gio_save_(const char *path, const zdp_param_info *params, int 
         t[i].ndim = params[i].ndim;
         memcpy(t[i].shape, params[i].shape, sizeof t[i].shape);
         t[i].data = (void *)src[i];
-        t[i].nbytes = (size_t)gio_numel_(params[i].shape, params[i].ndim) * sizeof(float);
+        t[i].nbytes = (size_t)zdp_io_numel(params[i].shape, params[i].ndim) * sizeof(float);
         for (int d = 0; d < params[i].ndim; d++) {
             if (params[i].shape[d] < 0) {
                 free(t);

@@ -26,6 +26,8 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "../core/core.h"
+#include "../core/json.h"
+#include "io.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -79,6 +81,62 @@ size_t zdp_dtype_size(zdp_dtype t) {
     return st_dtype_valid_(t) ? st_dtypes_[t].size : 0;
 }
 
+/* ---- conversion to and from fp32 (io.h) --------------------------------- */
+
+static float st_bits_f32_(uint32_t bits) {
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* IEEE binary16 -> binary32, exact (every half is a float). */
+static float st_f16_to_f32_(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    if (exp == 0x1f) return st_bits_f32_(sign | 0x7f800000u | (man << 13)); /* inf, nan */
+    if (exp != 0) return st_bits_f32_(sign | ((exp + 112u) << 23) | (man << 13));
+    if (man == 0) return st_bits_f32_(sign);
+    /* Subnormal: man * 2^-24, exact in float. */
+    float f = (float)man * (1.0f / 16777216.0f);
+    return sign ? -f : f;
+}
+
+int64_t zdp_io_numel(const int64_t *shape, int ndim) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    return n;
+}
+
+bool zdp_io_dtype_float(zdp_dtype t) {
+    return t == ZDP_DTYPE_F32 || t == ZDP_DTYPE_F16 || t == ZDP_DTYPE_BF16;
+}
+
+float zdp_io_f32_at(const zdp_tensor *t, int64_t i) {
+    const unsigned char *p = t->data;
+    switch (t->dtype) {
+    case ZDP_DTYPE_F16: return st_f16_to_f32_((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)));
+    case ZDP_DTYPE_BF16:
+        return st_bits_f32_((uint32_t)(p[2 * i] | (p[2 * i + 1] << 8)) << 16);
+    case ZDP_DTYPE_F32: {
+        float f;
+        memcpy(&f, p + 4 * i, sizeof f);
+        return f;
+    }
+    default: return 0.0f;
+    }
+}
+
+uint16_t zdp_io_f32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x0040u); /* NaN */
+    /* Adding 0x7fff plus the kept part's lowest bit rounds half to even;
+     * a carry into the exponent is the right result (up to infinity). */
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
 /* ---- shared helpers ---------------------------------------------------- */
 
 /* numel(shape) * elem_size into *out; false if it does not fit in 64 bits.
@@ -102,26 +160,12 @@ static bool st_nbytes_(const int64_t *shape, int ndim, size_t elem_size, uint64_
 }
 
 /* "[4, 8]" into buf (truncated if it does not fit, which it always does). */
-static const char *st_shape_str_(const int64_t *shape, int ndim, char *buf, size_t cap) {
+const char *zdp_io_shape_str(const int64_t *shape, int ndim, char *buf, size_t cap) {
     size_t len = (size_t)snprintf(buf, cap, "[");
     for (int i = 0; i < ndim && len < cap; i++)
         len += (size_t)snprintf(buf + len, cap - len, "%s%" PRId64, i ? ", " : "", shape[i]);
     if (len < cap) snprintf(buf + len, cap - len, "]");
     return buf;
-}
-
-static const char *st_json_type_name_(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "an unknown JSON value";
 }
 
 /* ---- reader ------------------------------------------------------------ */
@@ -167,7 +211,7 @@ static zdp_status st_parse_dtype_(const char *path, const char *name, json_t *v,
     if (!json_is_string(v))
         return zdp_err_set(err, ZDP_ERR_FORMAT,
                            "%s: tensor \"%s\": dtype is %s, expected a string (one of "
-                           ST_DTYPE_LIST ")", path, name, st_json_type_name_(v));
+                           ST_DTYPE_LIST ")", path, name, zdp_json_type_name(v));
     const char *s = json_string_value(v);
     for (int t = 0; t < ST_NDTYPES; t++) {
         if (strcmp(s, st_dtypes_[t].name) == 0) {
@@ -185,7 +229,7 @@ static zdp_status st_parse_shape_(const char *path, const char *name, json_t *v,
     if (!json_is_array(v))
         return zdp_err_set(err, ZDP_ERR_FORMAT,
                            "%s: tensor \"%s\": shape is %s, expected an array of "
-                           "non-negative integers", path, name, st_json_type_name_(v));
+                           "non-negative integers", path, name, zdp_json_type_name(v));
     size_t ndim = json_array_size(v);
     if (ndim > ZDP_MAX_DIMS)
         return zdp_err_set(err, ZDP_ERR_FORMAT,
@@ -197,7 +241,7 @@ static zdp_status st_parse_shape_(const char *path, const char *name, json_t *v,
         if (!json_is_integer(d))
             return zdp_err_set(err, ZDP_ERR_FORMAT,
                                "%s: tensor \"%s\": shape[%zu] is %s, expected a non-negative "
-                               "integer", path, name, i, st_json_type_name_(d));
+                               "integer", path, name, i, zdp_json_type_name(d));
         json_int_t x = json_integer_value(d);
         if (x < 0)
             return zdp_err_set(err, ZDP_ERR_FORMAT,
@@ -213,7 +257,7 @@ static zdp_status st_parse_offsets_(const char *path, const char *name, json_t *
     if (!json_is_array(v) || json_array_size(v) != 2)
         return zdp_err_set(err, ZDP_ERR_FORMAT,
                            "%s: tensor \"%s\": data_offsets is %s%s, expected [begin, end] "
-                           "(two non-negative integers)", path, name, st_json_type_name_(v),
+                           "(two non-negative integers)", path, name, zdp_json_type_name(v),
                            json_is_array(v) ? " of the wrong length" : "");
     json_int_t be[2];
     for (size_t i = 0; i < 2; i++) {
@@ -222,7 +266,7 @@ static zdp_status st_parse_offsets_(const char *path, const char *name, json_t *
             return zdp_err_set(err, ZDP_ERR_FORMAT,
                                "%s: tensor \"%s\": data_offsets[%zu] is %s, expected a "
                                "non-negative integer", path, name, i,
-                               json_is_integer(x) ? "negative" : st_json_type_name_(x));
+                               json_is_integer(x) ? "negative" : zdp_json_type_name(x));
         be[i] = json_integer_value(x);
     }
     e->begin = (uint64_t)be[0];
@@ -245,7 +289,7 @@ static zdp_status st_parse_entry_(const char *path, const char *name, json_t *v,
     if (!json_is_object(v))
         return zdp_err_set(err, ZDP_ERR_FORMAT,
                            "%s: tensor \"%s\": entry is %s, expected an object with dtype, "
-                           "shape and data_offsets", path, name, st_json_type_name_(v));
+                           "shape and data_offsets", path, name, zdp_json_type_name(v));
     const char *key;
     json_t *field;
     json_object_foreach(v, key, field) {
@@ -275,14 +319,14 @@ static zdp_status st_parse_entry_(const char *path, const char *name, json_t *v,
         return zdp_err_set(err, ZDP_ERR_FORMAT,
                            "%s: tensor \"%s\": dtype %s shape %s needs more than 2^64 bytes "
                            "(overflow); the file is corrupt", path, name,
-                           st_dtypes_[e->dtype].name, st_shape_str_(e->shape, e->ndim, shp, sizeof shp));
+                           st_dtypes_[e->dtype].name, zdp_io_shape_str(e->shape, e->ndim, shp, sizeof shp));
     if (e->end - e->begin != need)
         return zdp_err_set(err, ZDP_ERR_FORMAT,
                            "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] span "
                            "%" PRIu64 " bytes but dtype %s shape %s needs %" PRIu64 "; the "
                            "file is corrupt or was written by a buggy tool", path, name,
                            e->begin, e->end, e->end - e->begin, st_dtypes_[e->dtype].name,
-                           st_shape_str_(e->shape, e->ndim, shp, sizeof shp), need);
+                           zdp_io_shape_str(e->shape, e->ndim, shp, sizeof shp), need);
     return ZDP_OK;
 }
 
@@ -292,14 +336,14 @@ static zdp_status st_check_metadata_(const char *path, json_t *v, zdp_error *err
     if (!json_is_object(v))
         return zdp_err_set(err, ZDP_ERR_FORMAT,
                            "%s: " ST_METADATA_KEY " is %s, expected an object of string "
-                           "values", path, st_json_type_name_(v));
+                           "values", path, zdp_json_type_name(v));
     const char *key;
     json_t *val;
     json_object_foreach(v, key, val) {
         if (!json_is_string(val))
             return zdp_err_set(err, ZDP_ERR_FORMAT,
                                "%s: " ST_METADATA_KEY ".\"%s\" is %s, expected a string",
-                               path, key, st_json_type_name_(val));
+                               path, key, zdp_json_type_name(val));
     }
     return ZDP_OK;
 }
@@ -394,7 +438,7 @@ static zdp_status st_parse_header_(const char *path, const char *header, uint64_
     if (!json_is_object(r))
         return zdp_err_set(err, ZDP_ERR_FORMAT,
                            "%s: header is %s, expected an object mapping tensor names to "
-                           "{dtype, shape, data_offsets}", path, st_json_type_name_(r));
+                           "{dtype, shape, data_offsets}", path, zdp_json_type_name(r));
 
     size_t n_keys = json_object_size(r);
     st_entry_ *e = calloc(n_keys > 0 ? n_keys : 1, sizeof *e);
@@ -583,12 +627,12 @@ static zdp_status st_add_entry_(json_t *root, const zdp_tensor *tensors, int i,
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
                            "%s: tensor \"%s\": dtype %s shape %s needs more than 2^64 bytes",
                            path, t->name, st_dtypes_[t->dtype].name,
-                           st_shape_str_(t->shape, t->ndim, shp, sizeof shp));
+                           zdp_io_shape_str(t->shape, t->ndim, shp, sizeof shp));
     if ((uint64_t)t->nbytes != need)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
                            "%s: tensor \"%s\": nbytes is %zu but dtype %s shape %s needs %"
                            PRIu64, path, t->name, t->nbytes, st_dtypes_[t->dtype].name,
-                           st_shape_str_(t->shape, t->ndim, shp, sizeof shp), need);
+                           zdp_io_shape_str(t->shape, t->ndim, shp, sizeof shp), need);
     if (t->data == NULL && t->nbytes > 0)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: tensor \"%s\": data is NULL", path,
                            t->name);

@@ -18,7 +18,12 @@
  * the lm_head's contribution first and the token embedding's at the very end,
  * so it stays acquired through the whole backward.  Since the engine plans
  * buckets from the last registered tensor to the first, buckets complete in
- * order.  Not here: any parallelism or communication (the engine's job).
+ * order.  With adapters attached (adapter.h, lora.c) the same code runs
+ * frozen: each Conv1D site and the lm_head hand their output to the
+ * adapter in forward and their output gradient in backward, no base
+ * tensor is acquired, no dW is computed, and backward stops below the
+ * lowest adapted block.  Not here: any parallelism or communication (the
+ * engine's job).
  */
 #include <limits.h>
 #include <math.h>
@@ -29,6 +34,7 @@
 
 #include "../core/core.h"
 #include "../nn/nn.h"
+#include "adapter.h"
 
 /* Offsets of one layer's tensors from its first (registration order). */
 enum {
@@ -39,6 +45,9 @@ enum {
 #define WPE_ 1
 #define LAYER0_ 2
 #define NAME_MAX_ 64
+/* Adapter sites (adapter.h): per block attn.c_attn, attn.c_proj, mlp.c_fc,
+ * mlp.c_proj; lm_head last. */
+enum { S_ATTN, S_APROJ, S_FC, S_FPROJ, SITES_PER_LAYER };
 
 typedef struct gpt {
     zdp_gpt_config cfg;
@@ -50,6 +59,8 @@ typedef struct gpt {
     float *weights;       /* (max_batch*T) per-position loss weights of the last forward */
     bool weighted;        /* the last forward had weights */
     char shape_json[192]; /* zdp_model.shape_json */
+    const zdp_adapter *ad;     /* attached adapters (adapter.h), or NULL: plain training */
+    const zdp_adapter *fwd_ad; /* the adapters the last forward ran with */
 
     /* Activations: one allocation, sliced below.  Per-layer arrays hold L
      * slices of max_batch*block_size rows; a forward with B, T uses the first
@@ -71,6 +82,7 @@ typedef struct gpt {
     float *proj;                 /* (BT, C) scratch: c_proj outputs before the residual add */
     /* Backward scratch. */
     float *dres;                 /* (BT, C) gradient of the residual stream */
+    float *dnorm;                /* (2C) a frozen LayerNorm's discarded weight and bias gradients */
     float *dbuf;                 /* (BT, C) gradient of an ln output / attention output */
     float *dqkv;                 /* (BT, 3C) */
     float *dfch;                 /* (BT, 4C) */
@@ -88,6 +100,11 @@ static gpt *gpt_of_(const zdp_model *model) {
 }
 
 /* ---- forward ------------------------------------------------------------------------ */
+
+/* out (N, site's out) += the attached adapter's product of inp; nothing without adapters. */
+static void hook_fwd_(const gpt *m, int site, float *out, const float *inp, int64_t N) {
+    if (m->ad != NULL) m->ad->forward(m->ad->ctx, site, out, inp, N);
+}
 
 /* Embedding and every block on inputs (B,T), each fetched from the param
  * source while it computes; *out: the last residual (B*T, C). */
@@ -113,15 +130,20 @@ static zdp_status trunk_forward_(gpt *m, zdp_param_source *src, const int32_t *i
         float *res_out = m->res_out + r * C;
         zdp_nn_layernorm_forward(ln1, m->ln1_mean + r, m->ln1_rstd + r, x, lp[LN1_W], lp[LN1_B],
                                  N, C);
+        const int s0 = l * SITES_PER_LAYER;
         zdp_nn_matmul_forward(qkv, ln1, lp[ATTN_W], lp[ATTN_B], N, C, 3 * C);
+        hook_fwd_(m, s0 + S_ATTN, qkv, ln1, N);
         zdp_nn_attention_forward(atty, m->att + l * att_slice, qkv, B, T, C, NH);
         zdp_nn_matmul_forward(m->proj, atty, lp[APROJ_W], lp[APROJ_B], N, C, C);
+        hook_fwd_(m, s0 + S_APROJ, m->proj, atty, N);
         zdp_nn_residual_forward(res_mid, x, m->proj, N * C);
         zdp_nn_layernorm_forward(ln2, m->ln2_mean + r, m->ln2_rstd + r, res_mid, lp[LN2_W],
                                  lp[LN2_B], N, C);
         zdp_nn_matmul_forward(fch, ln2, lp[FC_W], lp[FC_B], N, C, 4 * C);
+        hook_fwd_(m, s0 + S_FC, fch, ln2, N);
         zdp_nn_gelu_forward(fch_gelu, fch, N * 4 * C);
         zdp_nn_matmul_forward(m->proj, fch_gelu, lp[FPROJ_W], lp[FPROJ_B], N, 4 * C, C);
+        hook_fwd_(m, s0 + S_FPROJ, m->proj, fch_gelu, N);
         zdp_nn_residual_forward(res_out, res_mid, m->proj, N * C);
         zdp_param_release(src, p0, PER_LAYER);
         x = res_out;
@@ -143,6 +165,7 @@ static zdp_status head_forward_(gpt *m, zdp_param_source *src, const float *x, i
     if ((st = zdp_param_fetch(src, WTE_, 1, &P, err)) != ZDP_OK) return st;
     zdp_nn_lmhead_forward(out, m->lnf, P[WTE_], n, C, V);
     zdp_param_release(src, WTE_, 1);
+    hook_fwd_(m, m->cfg.n_layer * SITES_PER_LAYER, out, m->lnf, n);
     return ZDP_OK;
 }
 
@@ -206,14 +229,21 @@ static zdp_status gpt_forward_(void *self, zdp_param_source *src, const void *ba
     m->B = B;
     m->T = T;
     m->have_forward = true;
+    m->fwd_ad = m->ad;
     return ZDP_OK;
 }
 
 /* ---- backward ------------------------------------------------------------------------ */
 
-/* Acquires the gradient buffers of tensors i and j (j < 0: only i). */
+/* Acquires the gradient buffers of tensors i and j (j < 0: only i); with
+ * adapters attached the base is frozen: both NULL, the sink never asked. */
 static zdp_status acquire_(zdp_grad_sink *sink, const gpt *m, int i, float **gi, int j,
                            float **gj, zdp_error *err) {
+    if (m->ad != NULL) {
+        *gi = NULL;
+        if (gj != NULL) *gj = NULL;
+        return ZDP_OK;
+    }
     *gi = zdp_grad_acquire(sink, i);
     if (j >= 0) *gj = zdp_grad_acquire(sink, j);
     if (*gi == NULL || (j >= 0 && *gj == NULL))
@@ -223,6 +253,26 @@ static zdp_status acquire_(zdp_grad_sink *sink, const gpt *m, int i, float **gi,
     return ZDP_OK;
 }
 
+static void release_(zdp_grad_sink *sink, const gpt *m, int i) {
+    if (m->ad == NULL) zdp_grad_release(sink, i);
+}
+
+/* LayerNorm weight and bias gradients: frozen ones go to a discarded scratch. */
+static void frozen_norm_(const gpt *m, float **dw, float **db) {
+    if (*dw != NULL) return;
+    const int64_t C = m->cfg.n_embd;
+    memset(m->dnorm, 0, (size_t)(2 * C) * sizeof(float));
+    *dw = m->dnorm;
+    *db = m->dnorm + C;
+}
+
+/* The attached adapter's backward at a site (nothing without adapters). */
+static zdp_status hook_bwd_(const gpt *m, int site, float *dinp, const float *dout,
+                            const float *inp, int64_t N, zdp_grad_sink *sink, zdp_error *err) {
+    return m->ad != NULL ? m->ad->backward(m->ad->ctx, site, dinp, dout, inp, N, sink, err)
+                         : ZDP_OK;
+}
+
 static zdp_status gpt_backward_(void *self, zdp_param_source *src, float dloss,
                                 zdp_grad_sink *sink, zdp_error *err) {
     gpt *m = self;
@@ -230,6 +280,11 @@ static zdp_status gpt_backward_(void *self, zdp_param_source *src, float dloss,
         return zdp_err_set(err, ZDP_ERR_STATE,
                            "gpt backward: no forward to differentiate (run forward on the "
                            "micro-batch first; backward consumes it)");
+    if (m->fwd_ad != m->ad)
+        return zdp_err_set(err, ZDP_ERR_STATE,
+                           "gpt backward: the last forward ran through another model over this "
+                           "base (LoRA models sharing a base run forward and backward one model "
+                           "at a time); run this model's forward again");
     /* Backward turns probs into dlogits in place: one backward per forward. */
     m->have_forward = false;
     const int B = m->B, T = m->T, L = m->cfg.n_layer;
@@ -250,6 +305,9 @@ static zdp_status gpt_backward_(void *self, zdp_param_source *src, float dloss,
         return st;
     zdp_nn_lmhead_backward(m->dbuf, dwte, m->probs, m->lnf, params[WTE_], N, C, V);
     zdp_param_release(src, WTE_, 1);
+    if ((st = hook_bwd_(m, L * SITES_PER_LAYER, m->dbuf, m->probs, m->lnf, N, sink, err)) !=
+        ZDP_OK)
+        return st;
 
     /* ln_f: the residual stream's gradient starts here. */
     const float *x_last = m->res_out + (int64_t)(L - 1) * rows * C; /* L >= 1 */
@@ -257,18 +315,21 @@ static zdp_status gpt_backward_(void *self, zdp_param_source *src, float dloss,
         (st = zdp_param_fetch(src, lnf, 2, &params, err)) != ZDP_OK)
         return st;
     memset(m->dres, 0, (size_t)(N * C) * sizeof(float));
+    frozen_norm_(m, &dw, &db);
     zdp_nn_layernorm_backward(m->dres, dw, db, m->dbuf, x_last, params[lnf], m->lnf_mean,
                               m->lnf_rstd, N, C);
     zdp_param_release(src, lnf, 2);
-    zdp_grad_release(sink, lnf + 1);
-    zdp_grad_release(sink, lnf);
+    release_(sink, m, lnf + 1);
+    release_(sink, m, lnf);
 
     /* Blocks, last first.  The residual adds pass dres through unchanged
      * (their backward is the identity), so one buffer carries the residual
      * stream's gradient and the ln backwards add into it. */
-    for (int l = L - 1; l >= 0; l--) {
+    const int lowest = m->ad != NULL ? m->ad->lowest_layer : 0;
+    for (int l = L - 1; l >= lowest; l--) {
         const int p0 = LAYER0_ + PER_LAYER * l;
         if ((st = zdp_param_fetch(src, p0, PER_LAYER, &params, err)) != ZDP_OK) return st;
+        const int s0 = l * SITES_PER_LAYER;
         const float *const *lp = params + p0;
         const int64_t r = l * rows;
         const float *x_in = l > 0 ? m->res_out + (r - rows) * C : m->encoded;
@@ -276,47 +337,62 @@ static zdp_status gpt_backward_(void *self, zdp_param_source *src, float dloss,
         if ((st = acquire_(sink, m, p0 + FPROJ_W, &dw, p0 + FPROJ_B, &db, err)) != ZDP_OK) return st;
         zdp_nn_matmul_backward(m->dfch, dw, db, m->dres, m->fch_gelu + r * 4 * C, lp[FPROJ_W], N,
                                4 * C, C);
-        zdp_grad_release(sink, p0 + FPROJ_B);
-        zdp_grad_release(sink, p0 + FPROJ_W);
+        release_(sink, m, p0 + FPROJ_B);
+        release_(sink, m, p0 + FPROJ_W);
+        if ((st = hook_bwd_(m, s0 + S_FPROJ, m->dfch, m->dres, m->fch_gelu + r * 4 * C, N, sink,
+                            err)) != ZDP_OK)
+            return st;
         zdp_nn_gelu_backward(m->dfch, m->fch + r * 4 * C, m->dfch, N * 4 * C);
 
         if ((st = acquire_(sink, m, p0 + FC_W, &dw, p0 + FC_B, &db, err)) != ZDP_OK) return st;
         zdp_nn_matmul_backward(m->dbuf, dw, db, m->dfch, m->ln2 + r * C, lp[FC_W], N, C, 4 * C);
-        zdp_grad_release(sink, p0 + FC_B);
-        zdp_grad_release(sink, p0 + FC_W);
+        release_(sink, m, p0 + FC_B);
+        release_(sink, m, p0 + FC_W);
+        if ((st = hook_bwd_(m, s0 + S_FC, m->dbuf, m->dfch, m->ln2 + r * C, N, sink, err)) !=
+            ZDP_OK)
+            return st;
 
         if ((st = acquire_(sink, m, p0 + LN2_W, &dw, p0 + LN2_B, &db, err)) != ZDP_OK) return st;
+        frozen_norm_(m, &dw, &db);
         zdp_nn_layernorm_backward(m->dres, dw, db, m->dbuf, m->res_mid + r * C, lp[LN2_W],
                                   m->ln2_mean + r, m->ln2_rstd + r, N, C);
-        zdp_grad_release(sink, p0 + LN2_B);
-        zdp_grad_release(sink, p0 + LN2_W);
+        release_(sink, m, p0 + LN2_B);
+        release_(sink, m, p0 + LN2_W);
 
         if ((st = acquire_(sink, m, p0 + APROJ_W, &dw, p0 + APROJ_B, &db, err)) != ZDP_OK) return st;
         zdp_nn_matmul_backward(m->dbuf, dw, db, m->dres, m->atty + r * C, lp[APROJ_W], N, C, C);
-        zdp_grad_release(sink, p0 + APROJ_B);
-        zdp_grad_release(sink, p0 + APROJ_W);
+        release_(sink, m, p0 + APROJ_B);
+        release_(sink, m, p0 + APROJ_W);
+        if ((st = hook_bwd_(m, s0 + S_APROJ, m->dbuf, m->dres, m->atty + r * C, N, sink, err)) !=
+            ZDP_OK)
+            return st;
 
         zdp_nn_attention_backward(m->dqkv, m->datt, m->dbuf, m->qkv + r * 3 * C,
                                   m->att + l * att_slice, B, T, C, NH);
 
         if ((st = acquire_(sink, m, p0 + ATTN_W, &dw, p0 + ATTN_B, &db, err)) != ZDP_OK) return st;
         zdp_nn_matmul_backward(m->dbuf, dw, db, m->dqkv, m->ln1 + r * C, lp[ATTN_W], N, C, 3 * C);
-        zdp_grad_release(sink, p0 + ATTN_B);
-        zdp_grad_release(sink, p0 + ATTN_W);
+        release_(sink, m, p0 + ATTN_B);
+        release_(sink, m, p0 + ATTN_W);
+        if ((st = hook_bwd_(m, s0 + S_ATTN, m->dbuf, m->dqkv, m->ln1 + r * C, N, sink, err)) !=
+            ZDP_OK)
+            return st;
 
         if ((st = acquire_(sink, m, p0 + LN1_W, &dw, p0 + LN1_B, &db, err)) != ZDP_OK) return st;
+        frozen_norm_(m, &dw, &db);
         zdp_nn_layernorm_backward(m->dres, dw, db, m->dbuf, x_in, lp[LN1_W], m->ln1_mean + r,
                                   m->ln1_rstd + r, N, C);
-        zdp_grad_release(sink, p0 + LN1_B);
-        zdp_grad_release(sink, p0 + LN1_W);
+        release_(sink, m, p0 + LN1_B);
+        release_(sink, m, p0 + LN1_W);
         zdp_param_release(src, p0, PER_LAYER);
     }
 
     /* Embeddings: wpe, then wte's second contribution, and wte is done. */
+    if (m->ad != NULL) return ZDP_OK; /* frozen: nothing below the first block to train */
     if ((st = acquire_(sink, m, WPE_, &dwpe, WTE_, &dwte, err)) != ZDP_OK) return st;
     zdp_nn_embedding_backward(dwte, dwpe, m->dres, m->inputs, B, T, C);
-    zdp_grad_release(sink, WPE_);
-    zdp_grad_release(sink, WTE_);
+    release_(sink, m, WPE_);
+    release_(sink, m, WTE_);
     return ZDP_OK;
 }
 
@@ -401,6 +477,7 @@ zdp_status zdp_gpt_create(const zdp_gpt_config *cfg, int max_batch, zdp_model *o
 
     /* Slice one block; each slice starts on a 64-byte boundary. */
     struct { float **p; int64_t n; } slices[] = {
+        {&m->dnorm, 2 * C},
         {&m->encoded, BT * C},      {&m->ln1, L * BT * C},         {&m->ln2, L * BT * C},
         {&m->ln1_mean, L * BT},     {&m->ln1_rstd, L * BT},        {&m->ln2_mean, L * BT},
         {&m->ln2_rstd, L * BT},     {&m->qkv, L * BT * 3 * C},     {&m->att, L * BT * NH * Tm},
@@ -476,6 +553,11 @@ static zdp_status gpt_set_loss_weights_(void *self, const float *w, int64_t n,
                            "%s: no forward to reweight (run forward on the micro-batch first; "
                            "a backward, a failed forward or zdp_lm_next_logits uses it up)",
                            fn);
+    if (m->fwd_ad != m->ad)
+        return zdp_err_set(err, ZDP_ERR_STATE,
+                           "%s: the last forward ran through another model over this base; run "
+                           "this model's forward again",
+                           fn);
     const int64_t N = (int64_t)m->B * m->T;
     if (n != N)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
@@ -541,3 +623,42 @@ static zdp_status gpt_next_logits_(void *self, zdp_param_source *src, const int3
 
 static const zdp_lm_ops gpt_lm_ops_ = {.set_loss_weights = gpt_set_loss_weights_,
                                        .next_logits = gpt_next_logits_};
+
+/* ---- adapters (adapter.h) ------------------------------------------------------------ */
+
+int zdp_gpt_adapter_sites_(const zdp_model *base, zdp_adapter_site *sites, int cap,
+                           int64_t *max_rows) {
+    const gpt *m = gpt_of_(base);
+    if (m == NULL) return -1;
+    const int64_t C = m->cfg.n_embd;
+    const int n = m->cfg.n_layer * SITES_PER_LAYER + 1;
+    if (max_rows != NULL) *max_rows = (int64_t)m->max_batch * m->cfg.block_size;
+    if (sites == NULL) return n;
+    static const char *const names[SITES_PER_LAYER] = {"attn.c_attn", "attn.c_proj", "mlp.c_fc",
+                                                       "mlp.c_proj"};
+    const int widx[SITES_PER_LAYER] = {ATTN_W, APROJ_W, FC_W, FPROJ_W};
+    const int64_t in[SITES_PER_LAYER] = {C, C, C, 4 * C};
+    const int64_t out[SITES_PER_LAYER] = {3 * C, C, 4 * C, C};
+    for (int i = 0; i < n && i < cap; i++) {
+        zdp_adapter_site *s = &sites[i];
+        if (i == n - 1) { /* the tied lm_head: the adapter sits on the output projection only */
+            *s = (zdp_adapter_site){.in = C, .out = m->cfg.vocab_size, .group = ZDP_LORA_UNEMBED,
+                                    .layer = -1, .weight = WTE_, .tied = 1};
+            snprintf(s->module, sizeof s->module, "lm_head");
+            continue;
+        }
+        const int l = i / SITES_PER_LAYER, k = i % SITES_PER_LAYER;
+        *s = (zdp_adapter_site){.in = in[k], .out = out[k],
+                                .group = k <= S_APROJ ? ZDP_LORA_ATTN : ZDP_LORA_MLP, .layer = l,
+                                .weight = LAYER0_ + PER_LAYER * l + widx[k], .conv1d = 1};
+        snprintf(s->module, sizeof s->module, "transformer.h.%d.%s", l, names[k]);
+    }
+    return n;
+}
+
+int zdp_gpt_adapter_attach_(const zdp_model *base, const zdp_adapter *ad) {
+    gpt *m = gpt_of_(base);
+    if (m == NULL) return -1;
+    m->ad = ad;
+    return 0;
+}

@@ -23,7 +23,11 @@
  * projections, input_layernorm: the order their gradients complete), and
  * embed_tokens last.  A tied embed_tokens gets lm_head's gradient first and
  * the embedding's at the very end, so it stays acquired through the whole
- * backward.  Not here: config.json (hf.c), parallelism (the engine).
+ * backward.  With adapters attached (adapter.h, lora.c) the same code runs
+ * frozen: each projection and the lm_head hand their output to the adapter
+ * in forward and their output gradient in backward, no base tensor is
+ * acquired, no dW is computed, and backward stops below the lowest adapted
+ * block.  Not here: config.json (hf.c), parallelism (the engine).
  */
 #include <limits.h>
 #include <math.h>
@@ -34,10 +38,13 @@
 
 #include "../core/core.h"
 #include "../nn/nn.h"
+#include "adapter.h"
 
 #define NAME_MAX_ 64
 #define EMBED_ 0
 #define LAYER0_ 1
+/* Adapter sites (adapter.h): per block q, k, v, o, gate, up, down; lm_head last. */
+enum { S_Q, S_K, S_V, S_O, S_GATE, S_UP, S_DOWN, SITES_PER_LAYER };
 
 /* Offsets of one layer's tensors from its first, in registration order;
  * -1 for a tensor this config does not have. */
@@ -58,6 +65,8 @@ typedef struct llama {
     float *weights;     /* (max_batch*block_size) per-position loss weights of the last forward */
     bool weighted;      /* the last forward had weights */
     char shape_json[320]; /* zdp_model.shape_json */
+    const zdp_adapter *ad;     /* attached adapters (adapter.h), or NULL: plain training */
+    const zdp_adapter *fwd_ad; /* the adapters the last forward ran with */
 
     /* Activations: one allocation, sliced below.  Per-layer arrays hold L
      * slices of max_batch*block_size rows; a forward with B, T uses the first
@@ -81,6 +90,7 @@ typedef struct llama {
     float *probs;             /* (BT, V) softmax; backward turns it into dlogits */
     /* Backward scratch. */
     float *dres;              /* (BT, H) gradient of the residual stream */
+    float *dnorm;             /* (max(H, hd)) a frozen norm weight's discarded gradient */
     float *dbuf;              /* (BT, H) gradient of a norm output */
     float *dq, *dk, *dv;      /* (BT, QD), (BT, KD), (BT, KD) */
     float *dqn, *dkn;         /* (BT, QD), (BT, KD) gradients before the q/k norm (qk_norm only) */
@@ -102,6 +112,11 @@ static llama *llama_of_(const zdp_model *model) {
 static const char *arch_name_(zdp_llama_arch a) { return a == ZDP_ARCH_QWEN3 ? "qwen3" : "llama"; }
 
 /* ---- forward ------------------------------------------------------------------------ */
+
+/* out (N, site's out) += the attached adapter's product of inp; nothing without adapters. */
+static void hook_fwd_(const llama *m, int site, float *out, const float *inp, int64_t N) {
+    if (m->ad != NULL) m->ad->forward(m->ad->ctx, site, out, inp, N);
+}
 
 /* Embedding and every block on inputs (B,T), each fetched from the param
  * source while it computes; *out: the last residual (B*T, H). */
@@ -131,9 +146,13 @@ static zdp_status trunk_forward_(llama *m, zdp_param_source *src, const int32_t 
         float *res_mid = m->res_mid + r * H, *ln2 = m->ln2 + r * H, *res_out = m->res_out + r * H;
         float *gate = m->gate + r * F, *up = m->up + r * F, *act = m->act + r * F;
         zdp_nn_rmsnorm_forward(ln1, m->ln1_rstd + r, x, lp[li->in_ln], N, H, eps);
+        const int s0 = l * SITES_PER_LAYER;
         zdp_nn_linear_forward(q, ln1, lp[li->q_w], B_(li->q_b), N, H, QD, 0);
         zdp_nn_linear_forward(k, ln1, lp[li->k_w], B_(li->k_b), N, H, KD, 0);
         zdp_nn_linear_forward(v, ln1, lp[li->v_w], B_(li->v_b), N, H, KD, 0);
+        hook_fwd_(m, s0 + S_Q, q, ln1, N);
+        hook_fwd_(m, s0 + S_K, k, ln1, N);
+        hook_fwd_(m, s0 + S_V, v, ln1, N);
         if (c->qk_norm) {
             /* q (N, NH, hd) is N*NH rows of hd: the per-head norm is a plain RMSNorm. */
             zdp_nn_rmsnorm_forward(qr, m->q_rstd + r * NH, q, lp[li->q_norm], N * NH, hd, eps);
@@ -149,12 +168,16 @@ static zdp_status trunk_forward_(llama *m, zdp_param_source *src, const int32_t 
          * projection added on top. */
         memcpy(res_mid, x, (size_t)(N * H) * sizeof(float));
         zdp_nn_linear_forward(res_mid, atty, lp[li->o_w], B_(li->o_b), N, QD, H, 1);
+        hook_fwd_(m, s0 + S_O, res_mid, atty, N);
         zdp_nn_rmsnorm_forward(ln2, m->ln2_rstd + r, res_mid, lp[li->post_ln], N, H, eps);
         zdp_nn_linear_forward(gate, ln2, lp[li->gate], NULL, N, H, F, 0);
         zdp_nn_linear_forward(up, ln2, lp[li->up], NULL, N, H, F, 0);
+        hook_fwd_(m, s0 + S_GATE, gate, ln2, N);
+        hook_fwd_(m, s0 + S_UP, up, ln2, N);
         zdp_nn_swiglu_forward(act, gate, up, N * F);
         memcpy(res_out, res_mid, (size_t)(N * H) * sizeof(float));
         zdp_nn_linear_forward(res_out, act, lp[li->down], NULL, N, F, H, 1);
+        hook_fwd_(m, s0 + S_DOWN, res_out, act, N);
 #undef B_
         zdp_param_release(src, p0, li->n);
         x = res_out;
@@ -175,6 +198,7 @@ static zdp_status head_forward_(llama *m, zdp_param_source *src, const float *x,
     if ((st = zdp_param_fetch(src, m->lm_head, 1, &P, err)) != ZDP_OK) return st;
     zdp_nn_lmhead_forward(out, m->lnf, P[m->lm_head], n, H, V);
     zdp_param_release(src, m->lm_head, 1);
+    hook_fwd_(m, m->cfg.n_layer * SITES_PER_LAYER, out, m->lnf, n);
     return ZDP_OK;
 }
 
@@ -238,6 +262,7 @@ static zdp_status llama_forward_(void *self, zdp_param_source *src, const void *
     m->B = B;
     m->T = T;
     m->have_forward = true;
+    m->fwd_ad = m->ad;
     return ZDP_OK;
 }
 
@@ -246,7 +271,7 @@ static zdp_status llama_forward_(void *self, zdp_param_source *src, const void *
 /* The gradient buffer of tensor i (i < 0: none, NULL without error). */
 static zdp_status acquire_(zdp_grad_sink *sink, const llama *m, int i, float **g, zdp_error *err) {
     *g = NULL;
-    if (i < 0) return ZDP_OK;
+    if (i < 0 || m->ad != NULL) return ZDP_OK; /* adapters attached: the base is frozen */
     *g = zdp_grad_acquire(sink, i);
     if (*g == NULL)
         return zdp_err_set(err, ZDP_ERR_INTERNAL,
@@ -255,23 +280,26 @@ static zdp_status acquire_(zdp_grad_sink *sink, const llama *m, int i, float **g
     return ZDP_OK;
 }
 
-static void release_(zdp_grad_sink *sink, int i) {
-    if (i >= 0) zdp_grad_release(sink, i);
+static void release_(zdp_grad_sink *sink, const llama *m, int i) {
+    if (i >= 0 && m->ad == NULL) zdp_grad_release(sink, i);
 }
 
-/* Backward of y = linear(inp) for tensors w, b (b < 0: no bias): acquires,
- * adds the gradients, releases.  dinp (N,C) += dout @ W when not NULL. */
+/* Backward of y = linear(inp) for tensors w, b (b < 0: no bias) at adapter
+ * site `site`: acquires, adds the gradients, releases (with adapters: the
+ * input gradient and the adapter's).  dinp (N,C) += dout @ W. */
 static zdp_status linear_bwd_(zdp_grad_sink *sink, const llama *m, const float *const *params,
-                              int w, int b, float *dinp, const float *dout, const float *inp,
-                              int64_t N, int64_t C, int64_t OC, zdp_error *err) {
+                              int w, int b, int site, float *dinp, const float *dout,
+                              const float *inp, int64_t N, int64_t C, int64_t OC,
+                              zdp_error *err) {
     float *dw, *db;
     zdp_status st = acquire_(sink, m, w, &dw, err);
     if (st == ZDP_OK) st = acquire_(sink, m, b, &db, err);
     if (st != ZDP_OK) return st;
     zdp_nn_linear_backward(dinp, dw, db, dout, inp, params[w], N, C, OC);
-    release_(sink, b);
-    release_(sink, w);
-    return ZDP_OK;
+    release_(sink, m, b);
+    release_(sink, m, w);
+    return m->ad != NULL ? m->ad->backward(m->ad->ctx, site, dinp, dout, inp, N, sink, err)
+                         : ZDP_OK;
 }
 
 /* Backward of an RMSNorm with weight tensor w: dinp (N,C) += ... */
@@ -281,8 +309,12 @@ static zdp_status rmsnorm_bwd_(zdp_grad_sink *sink, const llama *m, const float 
     float *dw;
     zdp_status st = acquire_(sink, m, w, &dw, err);
     if (st != ZDP_OK) return st;
+    if (dw == NULL) { /* frozen: the kernel always adds a weight gradient; discard it */
+        dw = m->dnorm;
+        memset(dw, 0, (size_t)C * sizeof(float));
+    }
     zdp_nn_rmsnorm_backward(dinp, dw, dout, inp, params[w], rstd, N, C);
-    release_(sink, w);
+    release_(sink, m, w);
     return ZDP_OK;
 }
 
@@ -293,6 +325,11 @@ static zdp_status llama_backward_(void *self, zdp_param_source *src, float dloss
         return zdp_err_set(err, ZDP_ERR_STATE,
                            "llama backward: no forward to differentiate (run forward on the "
                            "micro-batch first; backward consumes it)");
+    if (m->fwd_ad != m->ad)
+        return zdp_err_set(err, ZDP_ERR_STATE,
+                           "llama backward: the last forward ran through another model over "
+                           "this base (LoRA models sharing a base run forward and backward "
+                           "one model at a time); run this model's forward again");
     /* Backward turns probs into dlogits in place: one backward per forward. */
     m->have_forward = false;
     const zdp_llama_config *c = &m->cfg;
@@ -317,7 +354,10 @@ static zdp_status llama_backward_(void *self, zdp_param_source *src, float dloss
     zdp_nn_lmhead_backward(m->dbuf, dhead, m->probs, m->lnf, params[m->lm_head], N, H, V);
     zdp_param_release(src, m->lm_head, 1);
     if (tied) dembed = dhead;
-    else release_(sink, m->lm_head);
+    else release_(sink, m, m->lm_head);
+    if (m->ad != NULL && (st = m->ad->backward(m->ad->ctx, L * SITES_PER_LAYER, m->dbuf, m->probs,
+                                               m->lnf, N, sink, err)) != ZDP_OK)
+        return st;
 
     /* norm: the residual stream's gradient starts here. */
     const float *x_last = m->res_out + (int64_t)(L - 1) * rows * H; /* L >= 1 */
@@ -331,8 +371,10 @@ static zdp_status llama_backward_(void *self, zdp_param_source *src, float dloss
     /* Blocks, last first.  The residual adds pass dres through unchanged, so
      * one buffer carries the residual stream's gradient and the norm
      * backwards add into it. */
-    for (int l = L - 1; l >= 0; l--) {
+    const int lowest = m->ad != NULL ? m->ad->lowest_layer : 0;
+    for (int l = L - 1; l >= lowest; l--) {
         const int p0 = LAYER0_ + li->n * l;
+        const int s0 = l * SITES_PER_LAYER;
         const int64_t r = l * rows;
         const float *x_in = l > 0 ? m->res_out + (r - rows) * H : m->encoded;
         if ((st = zdp_param_fetch(src, p0, li->n, &params, err)) != ZDP_OK) return st;
@@ -340,14 +382,14 @@ static zdp_status llama_backward_(void *self, zdp_param_source *src, float dloss
         /* MLP: down, then silu(gate) * up, then gate and up into dbuf. */
         /* d act = dres @ down: linear backwards add, so into a zeroed dgate. */
         memset(m->dgate, 0, (size_t)(N * F) * sizeof(float));
-        if ((st = linear_bwd_(sink, m, params, I_(li->down), -1, m->dgate, m->dres,
+        if ((st = linear_bwd_(sink, m, params, I_(li->down), -1, s0 + S_DOWN, m->dgate, m->dres,
                               m->act + r * F, N, F, H, err)) != ZDP_OK)
             return st;
         zdp_nn_swiglu_backward(m->dgate, m->dup, m->dgate, m->gate + r * F, m->up + r * F, N * F);
         memset(m->dbuf, 0, (size_t)(N * H) * sizeof(float));
-        if ((st = linear_bwd_(sink, m, params, I_(li->up), -1, m->dbuf, m->dup, m->ln2 + r * H, N,
+        if ((st = linear_bwd_(sink, m, params, I_(li->up), -1, s0 + S_UP, m->dbuf, m->dup, m->ln2 + r * H, N,
                               H, F, err)) != ZDP_OK ||
-            (st = linear_bwd_(sink, m, params, I_(li->gate), -1, m->dbuf, m->dgate,
+            (st = linear_bwd_(sink, m, params, I_(li->gate), -1, s0 + S_GATE, m->dbuf, m->dgate,
                               m->ln2 + r * H, N, H, F, err)) != ZDP_OK ||
             (st = rmsnorm_bwd_(sink, m, params, I_(li->post_ln), m->dres, m->dbuf,
                                m->res_mid + r * H, m->ln2_rstd + r, N, H, err)) != ZDP_OK)
@@ -355,7 +397,7 @@ static zdp_status llama_backward_(void *self, zdp_param_source *src, float dloss
 
         /* Attention: o_proj, the attention itself, rope and q/k norm, then q, k, v. */
         memset(m->datty, 0, (size_t)(N * QD) * sizeof(float));
-        if ((st = linear_bwd_(sink, m, params, I_(li->o_w), I_(li->o_b), m->datty, m->dres,
+        if ((st = linear_bwd_(sink, m, params, I_(li->o_w), I_(li->o_b), s0 + S_O, m->datty, m->dres,
                               m->atty + r * QD, N, QD, H, err)) != ZDP_OK)
             return st;
         zdp_nn_gqa_attention_backward(m->dq, m->dk, m->dv, m->datt, m->datty, m->qr + r * QD,
@@ -377,11 +419,11 @@ static zdp_status llama_backward_(void *self, zdp_param_source *src, float dloss
         }
         const float *ln1 = m->ln1 + r * H;
         memset(m->dbuf, 0, (size_t)(N * H) * sizeof(float));
-        if ((st = linear_bwd_(sink, m, params, I_(li->v_w), I_(li->v_b), m->dbuf, m->dv, ln1, N,
+        if ((st = linear_bwd_(sink, m, params, I_(li->v_w), I_(li->v_b), s0 + S_V, m->dbuf, m->dv, ln1, N,
                               H, KD, err)) != ZDP_OK ||
-            (st = linear_bwd_(sink, m, params, I_(li->k_w), I_(li->k_b), m->dbuf, dk, ln1, N, H,
+            (st = linear_bwd_(sink, m, params, I_(li->k_w), I_(li->k_b), s0 + S_K, m->dbuf, dk, ln1, N, H,
                               KD, err)) != ZDP_OK ||
-            (st = linear_bwd_(sink, m, params, I_(li->q_w), I_(li->q_b), m->dbuf, dq, ln1, N, H,
+            (st = linear_bwd_(sink, m, params, I_(li->q_w), I_(li->q_b), s0 + S_Q, m->dbuf, dq, ln1, N, H,
                               QD, err)) != ZDP_OK ||
             (st = rmsnorm_bwd_(sink, m, params, I_(li->in_ln), m->dres, m->dbuf, x_in,
                                m->ln1_rstd + r, N, H, err)) != ZDP_OK)
@@ -391,9 +433,10 @@ static zdp_status llama_backward_(void *self, zdp_param_source *src, float dloss
     }
 
     /* embed_tokens: the embedding's contribution (the tied one's second), and it is done. */
+    if (m->ad != NULL) return ZDP_OK; /* frozen: nothing below the first block to train */
     if (!tied && (st = acquire_(sink, m, EMBED_, &dembed, err)) != ZDP_OK) return st;
     zdp_nn_token_embedding_backward(dembed, m->dres, m->inputs, N, H);
-    release_(sink, EMBED_);
+    release_(sink, m, EMBED_);
     return ZDP_OK;
 }
 
@@ -595,6 +638,7 @@ zdp_status zdp_llama_create(const zdp_llama_config *cfg, int max_batch, zdp_mode
 
     /* Slice one block; each slice starts on a 64-byte boundary. */
     struct { float **p; int64_t n; } slices[] = {
+        {&m->dnorm, H > hd ? H : hd},
         {&m->cos, Tm * hd / 2},    {&m->sin, Tm * hd / 2},       {&m->encoded, BT * H},
         {&m->ln1, L * BT * H},     {&m->ln2, L * BT * H},        {&m->ln1_rstd, L * BT},
         {&m->ln2_rstd, L * BT},    {&m->q, L * BT * QD},         {&m->k, L * BT * KD},
@@ -686,6 +730,11 @@ static zdp_status llama_set_loss_weights_(void *self, const float *w, int64_t n,
                            "%s: no forward to reweight (run forward on the micro-batch first; "
                            "a backward, a failed forward or zdp_lm_next_logits uses it up)",
                            fn);
+    if (m->fwd_ad != m->ad)
+        return zdp_err_set(err, ZDP_ERR_STATE,
+                           "%s: the last forward ran through another model over this base; run "
+                           "this model's forward again",
+                           fn);
     const int64_t N = (int64_t)m->B * m->T;
     if (n != N)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
@@ -746,3 +795,48 @@ static zdp_status llama_next_logits_(void *self, zdp_param_source *src, const in
 
 static const zdp_lm_ops llama_lm_ops_ = {.set_loss_weights = llama_set_loss_weights_,
                                          .next_logits = llama_next_logits_};
+
+/* ---- adapters (adapter.h) ------------------------------------------------------------ */
+
+int zdp_llama_adapter_sites_(const zdp_model *base, zdp_adapter_site *sites, int cap,
+                             int64_t *max_rows) {
+    const llama *m = llama_of_(base);
+    if (m == NULL) return -1;
+    const zdp_llama_config *c = &m->cfg;
+    const int64_t H = c->hidden, F = c->ffn, QD = (int64_t)c->n_head * c->head_dim;
+    const int64_t KD = (int64_t)c->n_kv_head * c->head_dim;
+    const int n = c->n_layer * SITES_PER_LAYER + 1;
+    if (max_rows != NULL) *max_rows = (int64_t)m->max_batch * c->block_size;
+    if (sites == NULL) return n;
+    static const char *const names[SITES_PER_LAYER] = {
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+    const layer_idx *li = &m->li;
+    const int widx[SITES_PER_LAYER] = {li->q_w, li->k_w, li->v_w, li->o_w,
+                                       li->gate, li->up, li->down};
+    const int64_t in[SITES_PER_LAYER] = {H, H, H, QD, H, H, F};
+    const int64_t out[SITES_PER_LAYER] = {QD, KD, KD, H, F, F, H};
+    for (int i = 0; i < n && i < cap; i++) {
+        zdp_adapter_site *s = &sites[i];
+        if (i == n - 1) { /* tied or not: the adapter sits on the output projection only */
+            *s = (zdp_adapter_site){.in = H, .out = c->vocab_size, .group = ZDP_LORA_UNEMBED,
+                                    .layer = -1, .weight = m->lm_head,
+                                    .tied = c->tie_word_embeddings};
+            snprintf(s->module, sizeof s->module, "lm_head");
+            continue;
+        }
+        const int l = i / SITES_PER_LAYER, k = i % SITES_PER_LAYER;
+        *s = (zdp_adapter_site){.in = in[k], .out = out[k],
+                                .group = k <= S_O ? ZDP_LORA_ATTN : ZDP_LORA_MLP, .layer = l,
+                                .weight = LAYER0_ + li->n * l + widx[k]};
+        snprintf(s->module, sizeof s->module, "model.layers.%d.%s", l, names[k]);
+    }
+    return n;
+}
+
+int zdp_llama_adapter_attach_(const zdp_model *base, const zdp_adapter *ad) {
+    llama *m = llama_of_(base);
+    if (m == NULL) return -1;
+    m->ad = ad;
+    return 0;
+}

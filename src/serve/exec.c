@@ -23,6 +23,7 @@
 #define _POSIX_C_SOURCE 200809L
 #define _XOPEN_SOURCE 700 /* realpath */
 #include <errno.h>
+#include <ftw.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -341,6 +342,46 @@ void serve_sample_result_free(serve_sample_result *r) {
     free(r);
 }
 
+/* Whether text[0..n) holds one of the n_str NUL-terminated strings at strs. */
+static bool has_stop_(const char *text, size_t n, const char *strs, int64_t n_str) {
+    for (int64_t q = 0; q < n_str; q++, strs += strlen(strs) + 1) {
+        const size_t m = strlen(strs);
+        for (size_t i = 0; m <= n && i <= n - m; i++)
+            if (memcmp(text + i, strs, m) == 0) return true;
+    }
+    return false;
+}
+
+/* String stops (docs/server.md, "Stop sequences"): -1 while the text of the
+ * generated tokens gen[0..n) holds no stop string; once it does, how many
+ * tokens to return: the longest prefix whose text holds none, so the stop
+ * string is not returned (nor a token it begins inside).  -2: decode failed. */
+static int64_t stop_cut_(server *s, const int32_t *gen, int64_t n, const char *strs, int64_t n_str) {
+    for (int64_t m = n; m >= 0; m--) {
+        size_t len = 0;
+        char *text = s->opt.lm.decode(s->opt.lm.ctx, gen, m, &len);
+        if (text == NULL) {
+            fprintf(stderr, "zdp serve: sampling: cannot decode %lld generated tokens for the stop strings\n",
+                    (long long)m);
+            return -2;
+        }
+        const bool hit = has_stop_(text, len, strs, n_str);
+        free(text);
+        if (!hit) return m == n ? -1 : m;
+    }
+    return 0;
+}
+
+/* After the generated tokens gen[0..n) (t = gen[n-1] the newest): -1 to go
+ * on; else how many to return: all n when t is a stop token (it is kept),
+ * stop_cut_'s count when the text holds a stop string; -2: decode failed. */
+static int64_t stop_at_(server *s, const int32_t *gen, int64_t n, const int32_t *stop, int64_t n_stop,
+                        const char *strs, int64_t n_str) {
+    for (int64_t q = 0; q < n_stop; q++)
+        if (stop[q] == gen[n - 1]) return n;
+    return n_str > 0 ? stop_cut_(s, gen, n, strs, n_str) : -1;
+}
+
 /* Rank 0 alone: generation reads the parameters every rank already holds.
  * Only the last block_size tokens are seen at each step. */
 static char *exec_sample_(server *s, job *j, int *status) {
@@ -351,7 +392,7 @@ static char *exec_sample_(server *s, job *j, int *status) {
     const sample_req r = rq.r;
     const int32_t *prompt = rq.prompt;
     int32_t *tok = malloc((size_t)(r.n + r.max_tokens) * sizeof *tok);
-    float *logits = malloc((size_t)s->opt.model.vocab_size * sizeof *logits);
+    float *logits = malloc((size_t)s->model.vocab_size * sizeof *logits);
     float **v = serve_views(s);
     if (tok == NULL || logits == NULL || v == NULL) {
         free(tok), free(logits), free(v);
@@ -381,6 +422,18 @@ static char *exec_sample_(server *s, job *j, int *status) {
         if (t < 0) break;
         tok[n++] = t;
         res->tokens[res->off[1]++] = t;
+        const int64_t keep = stop_at_(s, res->tokens, res->off[1], rq.stop, r.n_stop, rq.stop_str, r.n_stop_str);
+        if (keep == -2) {
+            serve_sample_result_free(res);
+            free(tok), free(logits), free(v);
+            *status = 500;
+            return serve_error_body("stop", "sampling failed: see the server's log");
+        }
+        if (keep >= 0) {
+            res->off[1] = keep;
+            res->stopped[0] = true;
+            break;
+        }
     }
     free(tok), free(logits), free(v);
     *status = 200;
@@ -423,7 +476,7 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
         bool ok = s->snap != NULL && s->snap_path != NULL;
         for (int i = 0; ok && i < np; i++)
             ok = (s->snap[i] = malloc((size_t)numel_(&s->model.params[i]) * sizeof(float))) != NULL;
-        zdp_status st = ok ? zdp_gpt_weights_load(path, &s->opt.model, s->model.params, np, s->snap, &err)
+        zdp_status st = ok ? s->opt.lm.load(s->opt.lm.ctx, path, &s->model, s->snap, &err)
                            : ZDP_ERR_NOMEM;
         if (st != ZDP_OK) {
             serve_free_snapshot(s);
@@ -433,7 +486,7 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
     }
     const int64_t cap = h.n_prompt + h.max_tokens;
     int32_t *tok = malloc((size_t)cap * sizeof *tok);
-    float *logits = malloc((size_t)s->opt.model.vocab_size * sizeof *logits);
+    float *logits = malloc((size_t)s->model.vocab_size * sizeof *logits);
     if (tok == NULL || logits == NULL) {
         free(tok), free(logits);
         *status = 500;
@@ -472,9 +525,14 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
             tok[n++] = t;
             res->tokens[at] = t;
             res->logprobs[at++] = lp;
-            bool stopped = false;
-            for (int64_t q = 0; q < h.n_stop && !stopped; q++) stopped = stop[q] == t;
-            if (stopped) {
+            const int64_t keep = stop_at_(s, res->tokens + res->off[k], at - res->off[k], stop, h.n_stop,
+                                          rq.stop_str, h.n_stop_str);
+            if (keep == -2) {
+                failed = true;
+                break;
+            }
+            if (keep >= 0) {
+                at = res->off[k] + keep;
                 res->stopped[k] = true;
                 break;
             }
@@ -491,6 +549,53 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
     return finish_sample_(j, res);
 }
 
+/* Rank 0, a save or load that succeeded: its typed result.  A protocol's
+ * stays typed (its poll encodes it); a plain request's is encoded here, once,
+ * as JSON (its time counts as the request's). */
+static char *finish_save_(server *s, job *j, const char *path) {
+    serve_save_result r = {.op = j->op, .path = (char *)path, .step = zdp_engine_global_steps(s->eng),
+                           .global_samples = zdp_engine_global_samples(s->eng),
+                           .pending_backwards = zdp_engine_pending_backwards(s->eng)};
+    if (j->fut == NULL) return serve_save_result_json(&r);
+    if ((j->saved = serve_save_result_copy(&r)) == NULL)
+        serve_die("serve", &(zdp_error){.msg = "out of memory for a save's result"});
+    return NULL;
+}
+
+char *serve_save_result_json(const serve_save_result *r) {
+    if (r->op == OP_SAVE_STATE || r->op == OP_LOAD_STATE)
+        return serve_dump(json_pack("{s:s,s:I,s:I,s:I}", "path", r->path, "step", (json_int_t)r->step,
+                                    "global_samples", (json_int_t)r->global_samples, "pending_backwards",
+                                    (json_int_t)r->pending_backwards));
+    return serve_dump(json_pack("{s:s,s:I}", "path", r->path, "step", (json_int_t)r->step));
+}
+
+/* strdup of s, or NULL for NULL; false when out of memory. */
+static bool dup_(const char *s, char **out) {
+    *out = s != NULL ? strdup(s) : NULL;
+    return s == NULL || *out != NULL;
+}
+
+serve_save_result *serve_save_result_copy(const serve_save_result *r) {
+    serve_save_result *c = malloc(sizeof *c);
+    if (c == NULL) return NULL;
+    *c = *r;
+    c->path = c->name = c->session = NULL;
+    if (!dup_(r->path, &c->path) || !dup_(r->name, &c->name) || !dup_(r->session, &c->session)) {
+        serve_save_result_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void serve_save_result_free(serve_save_result *r) {
+    if (r == NULL) return;
+    free(r->path);
+    free(r->name);
+    free(r->session);
+    free(r);
+}
+
 static char *exec_save_weights_(server *s, job *j, int *status) {
     if (s->R != 0) return NULL;
     const char *path = (const char *)j->payload;
@@ -500,15 +605,14 @@ static char *exec_save_weights_(server *s, job *j, int *status) {
         *status = 500;
         return serve_error_body("path", "out of memory");
     }
-    zdp_status st = zdp_gpt_weights_save(path, s->model.params, s->model.n_params,
-                                         (const float *const *)v, &err);
+    zdp_status st = s->opt.lm.save(s->opt.lm.ctx, path, &s->model, (const float *const *)v, &err);
     free(v);
     if (st != ZDP_OK) {
         *status = status_of_(st);
         return serve_error_body("path", err.msg);
     }
     *status = 200;
-    return serve_dump(json_pack("{s:s,s:I}", "path", path, "step", (json_int_t)zdp_engine_global_steps(s->eng)));
+    return finish_save_(s, j, path);
 }
 
 /* path "A/B/TAG" -> dir "A/B", tag "TAG"; "TAG" -> ".", "TAG". */
@@ -597,10 +701,7 @@ static char *exec_state_(server *s, job *j, int *status) {
         return serve_error_body("path", why);
     }
     *status = 200;
-    return serve_dump(json_pack("{s:s,s:I,s:I,s:I}", "path", path, "step",
-                           (json_int_t)zdp_engine_global_steps(s->eng), "global_samples",
-                           (json_int_t)zdp_engine_global_samples(s->eng), "pending_backwards",
-                           (json_int_t)zdp_engine_pending_backwards(s->eng)));
+    return finish_save_(s, j, path);
 }
 
 /* Tinker's load_weights without the optimizer: the weights of a checkpoint
@@ -621,7 +722,7 @@ static char *exec_load_weights_(server *s, job *j, int *status) {
         }
         if (st == ZDP_ERR_NOMEM) snprintf(err.msg, sizeof err.msg, "out of memory for the weights");
         if (st == ZDP_OK)
-            st = zdp_gpt_weights_load(path, &s->opt.model, s->model.params, np, tmp, &err);
+            st = s->opt.lm.load(s->opt.lm.ctx, path, &s->model, tmp, &err);
         for (int i = 0; st == ZDP_OK && i < np; i++)
             memcpy(zdp_engine_param_data(s->eng, i), tmp[i], (size_t)numel_(&s->model.params[i]) * sizeof(float));
         for (int i = 0; tmp != NULL && i < np; i++) free(tmp[i]);
@@ -639,7 +740,7 @@ static char *exec_load_weights_(server *s, job *j, int *status) {
         return serve_error_body("path", err.msg);
     }
     *status = 200;
-    return serve_dump(json_pack("{s:s,s:I}", "path", path, "step", (json_int_t)zdp_engine_global_steps(s->eng)));
+    return finish_save_(s, j, path);
 }
 
 /* The bounds of docs/server.md's "Limits" and what is in use now. */
@@ -653,6 +754,70 @@ static json_t *limits_json_(server *s) {
                      ci != NULL ? (int)ci->num_connections : -1, "idle_timeout_seconds",
                      s->opt.idle_timeout_s, "request_timeout_seconds", s->opt.request_timeout_s,
                      "health_timeout_seconds", s->opt.health_timeout_s);
+}
+
+/* /info's model: its arch, the shape it records (zdp_model.shape_json, a
+ * flat object: GPT's n_layer, n_head, n_embd; the Llama family's config),
+ * vocab_size, block_size and the parameter count. */
+static json_t *model_json_(server *s) {
+    json_t *o = json_pack("{s:s}", "arch", s->opt.lm.arch);
+    json_t *shape = s->model.shape_json != NULL ? json_loads(s->model.shape_json, 0, NULL) : NULL;
+    if (json_is_object(shape)) {
+        json_object_del(shape, "model");
+        json_object_update(o, shape);
+    }
+    json_decref(shape);
+    json_object_set_new(o, "vocab_size", json_integer(s->model.vocab_size));
+    json_object_set_new(o, "block_size", json_integer(s->model.block_size));
+    json_object_set_new(o, "n_params", json_integer((json_int_t)zdp_engine_numel(s->eng)));
+    return o;
+}
+
+static int unlink_one_(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+/* Removes path (a file, or a folder and everything in it); a path that is
+ * not there is nothing to do.  0, or -1 with errno. */
+static int remove_tree_(const char *path) {
+    struct stat sb;
+    if (lstat(path, &sb) != 0) return errno == ENOENT ? 0 : -1;
+    return S_ISDIR(sb.st_mode) ? nftw(path, unlink_one_, 16, FTW_DEPTH | FTW_PHYS) : remove(path);
+}
+
+/* DELETE of a Tinker checkpoint (tinker/runs.c): the payload is its path
+ * relative to the checkpoint folder; every rank removes its own part.  Rank
+ * 0 first, then the others, so ranks sharing one folder never remove the
+ * same files at once.  On the queue, so never while a load of it runs. */
+static char *exec_delete_(server *s, job *j, int *status) {
+    char path[4096];
+    const bool fits = snprintf(path, sizeof path, "%s/%s", s->ckpt_root, (const char *)j->payload) <
+                      (int)sizeof path;
+    int rc = fits && s->R == 0 ? remove_tree_(path) : 0;
+    int code = errno;
+    const bool first = zdp_dist_all_ok(rc == 0); /* rank 0 done: the others' turn */
+    if (fits && s->R != 0 && first) {
+        rc = remove_tree_(path);
+        code = errno;
+    }
+    char msg[ZDP_ERROR_MSG_MAX];
+    snprintf(msg, sizeof msg, "cannot remove %.600s in the checkpoint folder: %s", (const char *)j->payload,
+             fits ? strerror(code) : "path too long");
+    const zdp_status st = fits && rc == 0 ? ZDP_OK : ZDP_ERR_IO;
+    const bool all = zdp_dist_all_ok(st == ZDP_OK);
+    char why[2048];
+    int bad_st = 0;
+    if (!all) failed_ranks_(s, st, msg, &bad_st, why, sizeof why);
+    if (s->R != 0) return NULL;
+    /* asample keeps the last sampler weights it read: not these any more. */
+    if (s->snap_path != NULL && !strcmp(s->snap_path, path)) serve_free_snapshot(s);
+    if (!all) {
+        *status = 500;
+        return serve_error_body("checkpoint_id", why);
+    }
+    *status = 200;
+    return serve_dump(json_pack("{s:s}", "deleted", (const char *)j->payload));
 }
 
 static char *exec_info_(server *s, job *j, int *status) {
@@ -677,7 +842,6 @@ static char *exec_info_(server *s, job *j, int *status) {
                                              (json_int_t)x[6], "total_bytes", (json_int_t)x[7]));
     }
     free(all);
-    const zdp_gpt_config *mc = &s->opt.model;
     const zdp_optimizer_config *oc = &s->cfg.optimizer;
     /* What the next update uses: the config's values until an optim_step's
      * adam_params set others. */
@@ -685,11 +849,9 @@ static char *exec_info_(server *s, job *j, int *status) {
     zdp_engine_get_hparams(s->eng, &hp);
     const char *opt = oc->type == ZDP_OPTIMIZER_SGD ? "SGD" : oc->type == ZDP_OPTIMIZER_ADAMW ? "AdamW" : "Adam";
     json_t *o = json_pack(
-        "{s:{s:s,s:i,s:i,s:i,s:i,s:i,s:I},s:i,s:i,s:I,s:I,s:I,s:I,s:I,s:o,s:o,"
+        "{s:o,s:i,s:i,s:I,s:I,s:I,s:I,s:I,s:o,s:o,"
         "s:{s:s,s:f,s:f,s:f,s:f,s:f,s:f},s:o,s:I}",
-        "model", "arch", "gpt2", "n_layer", mc->n_layer, "n_head", mc->n_head, "n_embd", mc->n_embd,
-        "vocab_size", mc->vocab_size, "block_size", mc->block_size, "n_params",
-        (json_int_t)zdp_engine_numel(s->eng), "world_size", s->W, "zero_stage", s->cfg.zero.stage, "step",
+        "model", model_json_(s), "world_size", s->W, "zero_stage", s->cfg.zero.stage, "step",
         (json_int_t)zdp_engine_global_steps(s->eng), "global_samples",
         (json_int_t)zdp_engine_global_samples(s->eng), "micro_steps",
         (json_int_t)zdp_engine_micro_steps(s->eng), "skipped_steps",

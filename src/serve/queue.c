@@ -249,6 +249,9 @@ void serve_leader_loop(server *s) {
         s->busy_op = -1;
         if (j->fut != NULL) {
             s->proto.finish(s, j, status, body);
+        } else if (j->detached) {
+            free(body);
+            serve_job_free(j);
         } else {
             j->status = status;
             j->body = body;

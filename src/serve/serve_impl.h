@@ -19,6 +19,7 @@
 
 #include "zdp/zdp.h"
 #include "bytes.h"
+#include "fwd_input.h"
 #include "comm/comm.h"
 #include "core/json.h"
 #include "models/policy_loss.h"
@@ -46,7 +47,8 @@
     X(LOAD_WEIGHTS, "load_weights", exec_load_weights_, true) /* fresh optimizer state */    \
     X(NOOP, "noop", NULL, false)     /* refused before the engine: only its seq_id counts */ \
     X(SAMPLE_FILE, "asample", exec_sample_file_, false) /* from saved sampler weights */    \
-    X(PING, "ping", NULL, true)      /* the health check: every rank answers rank 0 */
+    X(PING, "ping", NULL, true)      /* the health check: every rank answers rank 0 */        \
+    X(DELETE_CKPT, "delete_checkpoint", exec_delete_, true) /* each rank its own part */
 
 enum {
 #define SERVE_OP_ENUM_(name, str, fn, all) OP_##name,
@@ -58,8 +60,8 @@ enum {
 struct server;
 struct job;
 /* Runs a job on this rank; rank 0 gets (status, body), the others NULL.  A
- * protocol's forward/forward_backward or asample (j->fut set) leaves its
- * result typed in j->fwd or j->sample instead (body NULL). */
+ * protocol's job (j->fut set) that succeeds leaves its result typed instead
+ * (body NULL): j->fwd, j->sample, j->optim or j->saved. */
 typedef char *(*serve_exec_fn)(struct server *s, struct job *j, int *status);
 
 typedef struct serve_op {
@@ -72,9 +74,10 @@ typedef struct serve_op {
 extern const serve_op serve_ops[SERVE_N_OPS]; /* indexed by op */
 
 /* The head of an OP_SAMPLE_FILE payload; then int32 prompt[n_prompt],
- * int32 stop[n_stop], and the weights file's path, NUL-terminated. */
+ * int32 stop[n_stop], n_stop_str stop strings (each NUL-terminated, one
+ * after another), and the weights file's path, NUL-terminated. */
 typedef struct sample_file_header {
-    int64_t n_prompt, max_tokens, top_k, num_samples, n_stop;
+    int64_t n_prompt, max_tokens, top_k, num_samples, n_stop, n_stop_str;
     uint64_t seed;
     double temperature, top_p;
 } sample_file_header;
@@ -82,11 +85,6 @@ typedef struct sample_file_header {
 /* Optimizer hyperparameters of an optim_step, in zdp_hparams' order. */
 #define N_ADAM 6
 extern const char *const serve_adam_keys[N_ADAM];
-/* The server's caps on adam_params beyond the library's ranges
- * (zdp_hparams_check, which allows lr up to ZDP_HPARAM_LR_MAX and any finite
- * clipping norm): what a remote client may set. */
-#define SERVE_MAX_LR 10.0
-#define SERVE_MAX_GRAD_CLIP 1e30
 
 /* Losses (docs/tinker-protocol.md §2): zdp_loss_kind, ZDP_LOSS_CROSS_ENTROPY .. ZDP_LOSS_DRO. */
 #define N_LOSSES 5
@@ -95,7 +93,7 @@ extern const char *const serve_adam_keys[N_ADAM];
  * top_k, seed}: payload int64 n, max_tokens, top_k, seed; double temperature;
  * int32 tokens[n]. */
 typedef struct sample_req {
-    int64_t n, max_tokens, top_k, seed;
+    int64_t n, max_tokens, top_k, seed, n_stop, n_stop_str;
     double temperature;
 } sample_req;
 
@@ -160,6 +158,26 @@ typedef struct serve_optim_result {
  * step_applied and warnings.  NULL when out of memory. */
 char *serve_optim_result_json(const serve_optim_result *r, bool metrics_only);
 
+/* The result of a save or a load (save_weights, save_state, load_state,
+ * load_weights), typed until encoded once: the plain API's JSON as the job
+ * finishes (serve_save_result_json), or a protocol's when its poll asks
+ * (tinker/: {"path": tinker://..., "type", "sampling_session_id"?}, JSON
+ * whatever the poll's Accept, as no SDK reads these as protobuf). */
+typedef struct serve_save_result {
+    int op;    /* OP_SAVE_WEIGHTS, OP_SAVE_STATE, OP_LOAD_STATE or OP_LOAD_WEIGHTS */
+    char *path; /* the file or checkpoint the engine wrote or read */
+    int64_t step, global_samples, pending_backwards; /* the engine's counters after it */
+    /* Set by a protocol as the job finishes (NULL for the plain API): the name
+     * its client knows the file by, and the sampling session it opened. */
+    char *name, *session;
+} serve_save_result;
+/* The plain API's reply: {"path", "step"}, and for save_state/load_state
+ * also "global_samples" and "pending_backwards".  NULL when out of memory. */
+char *serve_save_result_json(const serve_save_result *r);
+/* A deep copy (a poll encodes it outside the lock); NULL when out of memory. */
+serve_save_result *serve_save_result_copy(const serve_save_result *r);
+void serve_save_result_free(serve_save_result *r); /* NULL is a no-op */
+
 /* Typed views of a job's payload (request.c lays each one out and alone
  * reads it back): pointers into j->payload, valid while the job lives.
  * false when the payload does not have the op's layout (a bug in zdp). */
@@ -175,12 +193,15 @@ typedef struct serve_fwd_req {
 } serve_fwd_req;
 typedef struct serve_sample_req {
     sample_req r;
+    const int32_t *stop;      /* (r.n_stop) tokens that end the sequence */
+    const char *stop_str;     /* r.n_stop_str NUL-terminated strings, one after another */
     const int32_t *prompt;    /* (r.n) */
 } serve_sample_req;
 typedef struct serve_sample_file_req {
     sample_file_header h;
     const int32_t *prompt;    /* (h.n_prompt) */
     const int32_t *stop;      /* (h.n_stop) tokens that end a sequence */
+    const char *stop_str;     /* h.n_stop_str NUL-terminated strings that end a sequence, one after another */
     const char *path;         /* the sampler weights file */
 } serve_sample_file_req;
 struct job;
@@ -205,14 +226,22 @@ typedef struct job {
     double arrived;
     double queued_at; /* when it entered the FIFO (serve_now) */
     /* The answer, filled by the main thread (plain endpoints): a body, or
-     * for a protocol's forward/forward_backward or sample the typed result. */
+     * for a protocol's forward/forward_backward, sample, optim_step, save or
+     * load the typed result. */
     int status;
     char *body;
     serve_fwd_result *fwd;
     serve_sample_result *sample;
+    serve_save_result *saved; /* a protocol's save or load (body NULL) */
     bool has_optim; /* a protocol's optim_step: its result is optim (body NULL) */
     serve_optim_result optim;
     bool done;
+    /* Nobody waits for it (a protocol's own job, e.g. an expired
+     * checkpoint's delete): the main thread frees it once run. */
+    bool detached;
+    /* A protocol's save: when the checkpoint expires, seconds since the
+     * epoch (0: never; Tinker's ttl_seconds). */
+    double expires;
     struct job *next;
 } job;
 
@@ -309,6 +338,8 @@ typedef struct verr {
 bool serve_bad(verr *e, int status, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 bool serve_only_keys(const json_t *o, const char *where, const char *const *keys, int n, verr *e);
+/* The same for one name, however it was decoded. */
+bool serve_only_name(const char *name, const char *where, const char *const *keys, int n, verr *e);
 char *serve_dump(json_t *o); /* takes the reference */
 json_t *serve_jreal(double x);
 
@@ -319,10 +350,18 @@ void serve_utf8_fix(char *s);
 void serve_job_free(job *j);
 double serve_now(void);
 
+/* The checks of every forward/forward_backward (the loss and its options,
+ * datums, tokens against the model's vocabulary V and block size T, tensors
+ * against the loss's inputs) and the payload j gets.  where: the JSON path
+ * of the input ("forward_backward_input"), which every message names; j->op
+ * (OP_FWDBWD or OP_FORWARD) says whether loss_fn is required. */
+bool serve_fwd_build(const serve_fwd_in *in, const char *where, int V, int T, job *j, verr *e);
+
 /* Request parsers.  where: the JSON path prefix of obj ("" for a whole
  * body).  tinker_defaults: missing adam_params fields take Tinker's
  * AdamParams defaults instead of the engine's current values. */
-bool serve_parse_fwd(const json_t *obj, const char *where, const zdp_gpt_config *mc, job *j,
+/* JSON -> serve_fwd_in (its format's checks) -> serve_fwd_build. */
+bool serve_parse_fwd(const json_t *obj, const char *where, const zdp_model *mc, job *j,
                      verr *e);
 bool serve_parse_optim(const json_t *ap, const char *where, bool tinker_defaults, job *j, verr *e);
 bool serve_set_path(const server *s, job *j, const char *path, verr *e);
@@ -359,8 +398,15 @@ char *serve_exec(server *s, job *j, int *status);
 float **serve_views(server *s);
 /* Drops the sampler weights asample last read. */
 void serve_free_snapshot(server *s);
-/* POST /sample's body -> an OP_SAMPLE payload. */
-bool serve_parse_sample(const json_t *root, const zdp_gpt_config *mc, job *j, verr *e);
+/* POST /sample's body -> an OP_SAMPLE payload.  can_decode: the served
+ * model has a tokenizer, so stop strings are taken. */
+bool serve_parse_sample(const json_t *root, const zdp_model *mc, bool can_decode, job *j, verr *e);
+/* A stop field (Tinker's SamplingParams.stop: a string, strings or token ids
+ * in [0, V)) -> token ids (int32) in ids, strings (each NUL-terminated) in
+ * strs, *n_str of them.  Strings only when can_decode (docs/server.md,
+ * "Stop sequences"). */
+bool serve_parse_stops(const json_t *v, const char *field, int V, bool can_decode, serve_bytes *ids,
+                       serve_bytes *strs, int64_t *n_str, verr *e);
 /* POST /save_weights, /save_state, /load_state's body {"path"} -> payload. */
 bool serve_parse_path(const server *s, const json_t *root, job *j, verr *e);
 
@@ -384,7 +430,8 @@ enum MHD_Result serve_plain_handle(server *s, struct MHD_Connection *c, const ch
                                    const char *body, size_t len);
 
 /* tinker/tinker.c: registers the Tinker SDK's protocol (/api/v1/) on s;
- * false when out of memory. */
-bool serve_register_tinker(server *s);
+ * false with why set (out of memory, an unreadable session counter in
+ * --checkpoint-dir). */
+bool serve_register_tinker(server *s, char *why, size_t cap);
 
 #endif /* ZDP_SERVE_IMPL_H */

@@ -1,10 +1,28 @@
 # serve_lib.sh -- sourced by the `zdp serve` tests (test_serve.sh,
-# test_tinker.sh): start a server in the background and stop it cleanly.
+# test_tinker.sh, test_serve_ops.sh, test_serve_safety.sh): start a server in
+# the background, wait for it to listen, and stop it cleanly.
 # Needs ZDP, MPIEXEC and a fail function.
 SERVER_PID=""
 RANK0_PID=""
 SERVER_RC=0
 URL=""
+
+# wait_listening PID LOG TRIES: polls LOG every 0.1 s, TRIES times, for the
+# server's listening line; 0 with URL and RANK0_PID set, or 1 when PID ended
+# or the tries ran out first.
+wait_listening() {
+  local pid=$1 log=$2 tries=$3
+  URL=""
+  RANK0_PID=""
+  for _ in $(seq "$tries"); do
+    URL=$(grep -o 'listening on http://[0-9.]*:[0-9]*' "$log" | sed 's/listening on //')
+    RANK0_PID=$(grep -o 'rank 0 pid [0-9]*' "$log" | sed 's/rank 0 pid //')
+    [ -n "$URL" ] && return 0
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
 
 # start_server NP LOG SERVE_ARGS...: `zdp serve SERVE_ARGS --port 0` at -np NP,
 # output to LOG; sets URL and RANK0_PID, or fails and returns 1.
@@ -13,14 +31,7 @@ start_server() {
   shift 2
   timeout 300 "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" serve "$@" --port 0 >"$log" 2>&1 &
   SERVER_PID=$!
-  URL=""
-  for _ in $(seq 300); do
-    URL=$(grep -o 'listening on http://[0-9.]*:[0-9]*' "$log" | sed 's/listening on //')
-    RANK0_PID=$(grep -o 'rank 0 pid [0-9]*' "$log" | sed 's/rank 0 pid //')
-    [ -n "$URL" ] && return 0
-    kill -0 "$SERVER_PID" 2>/dev/null || break
-    sleep 0.1
-  done
+  wait_listening "$SERVER_PID" "$log" 300 && return 0
   fail "server at -np $np did not start"; cat "$log"
   stop_server
   return 1

@@ -10,7 +10,7 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-COMMANDS="train sample serve gen-data ckpt"
+COMMANDS="train sample serve gen-data ckpt tokenize"
 
 # check_list FILE WHAT: every command on a line of its own, once, and no
 # command's options run together with the list.
@@ -73,6 +73,7 @@ check_help "--port P" serve --help
 check_help "--corpus arith" gen-data --help
 check_help "zdp ckpt inspect DIR" ckpt --help
 check_help "zdp ckpt export DIR" ckpt export --help
+check_help "--tokenizer DIR" tokenize --help
 
 if [ $failures -ne 0 ]; then
   echo "$failures check(s) failed"

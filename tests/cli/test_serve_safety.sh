@@ -68,11 +68,7 @@ expect_refusal() { # WHAT NEEDLE ARGS...
   timeout 60 "$MPIEXEC" -np 1 "$ZDP" serve "${MODEL[@]}" --config "$T/cfg.json" --port 0 "$@" >"$T/refuse.log" 2>&1 &
   local pid=$!
   # A server that starts by mistake is stopped, and counts as a failure.
-  for _ in $(seq 100); do
-    kill -0 $pid 2>/dev/null || break
-    if grep -q "listening on" "$T/refuse.log"; then kill -TERM "$(grep -o 'rank 0 pid [0-9]*' "$T/refuse.log" | sed 's/rank 0 pid //')"; break; fi
-    sleep 0.1
-  done
+  wait_listening $pid "$T/refuse.log" 100 && kill -TERM "$RANK0_PID"
   wait $pid
   local rc=$?
   if [ $rc -eq 0 ] || ! grep -q -- "$needle" "$T/refuse.log"; then

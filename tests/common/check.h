@@ -70,4 +70,23 @@ static inline void check_close_(const float *a, const float *b, long long n, dou
 }
 #define CHECK_CLOSE(a, b, n, rtol, atol, what) check_close_(a, b, n, rtol, atol, what, __FILE__, __LINE__)
 
+/* A distributed test's main: starts MPI (zdp_dist_init), sets *W and *R,
+ * runs the test, and on rank 0 prints "NAME: all passed at -np W".  A failed
+ * check inside ends the whole job (CHECK_FAIL_), so returning means passing.
+ * Returns main's exit status: 0, or 1 when MPI did not start. */
+static inline int check_dist_main(int *argc, char ***argv, const char *name, int *W, int *R,
+                                  void (*run)(void)) {
+    zdp_error err;
+    if (zdp_dist_init(argc, argv, &err) != ZDP_OK) {
+        fprintf(stderr, "%s: %s\n", name, err.msg);
+        return 1;
+    }
+    *W = zdp_dist_world_size();
+    *R = zdp_dist_rank();
+    run();
+    if (*R == 0) printf("%s: all passed at -np %d\n", name, *W);
+    zdp_dist_finalize();
+    return 0;
+}
+
 #endif /* ZDP_TEST_CHECK_H */

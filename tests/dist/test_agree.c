@@ -40,14 +40,7 @@ static void expect_(bool ok, const char *why, const char *want) {
     free(report);
 }
 
-int main(int argc, char **argv) {
-    zdp_error err;
-    if (zdp_dist_init(&argc, &argv, &err) != ZDP_OK) {
-        fprintf(stderr, "%s\n", err.msg);
-        return 1;
-    }
-    W = zdp_dist_world_size();
-    R = zdp_dist_rank();
+static void run_(void) {
     char want[4096], msg[256];
 
     /* Everyone fine: true, no report. */
@@ -109,8 +102,6 @@ int main(int argc, char **argv) {
     }
     /* And the plain agreement still lines up afterwards. */
     CHECK(zdp_dist_all_ok(true));
-
-    if (R == 0) printf("test_agree: all passed at -np %d\n", W);
-    zdp_dist_finalize();
-    return 0;
 }
+
+int main(int argc, char **argv) { return check_dist_main(&argc, &argv, "test_agree", &W, &R, run_); }

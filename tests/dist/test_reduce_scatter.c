@@ -166,14 +166,7 @@ static void test_engine_uses_its_backend(int stage) {
     free(p_mpi);
 }
 
-int main(int argc, char **argv) {
-    zdp_error err;
-    if (zdp_dist_init(&argc, &argv, &err) != ZDP_OK) {
-        fprintf(stderr, "%s\n", err.msg);
-        return 1;
-    }
-    W = zdp_dist_world_size();
-    R = zdp_dist_rank();
+static void run_(void) {
     CHECK(W <= 4);
     test_error_names_rank();
     test_backend_from_env();
@@ -181,7 +174,6 @@ int main(int argc, char **argv) {
     test_backend_sums(ZDP_COMM_RS_MPI);
     test_engine_uses_its_backend(1);
     test_engine_uses_its_backend(2);
-    if (R == 0) printf("test_reduce_scatter: all passed at W = %d\n", W);
-    zdp_dist_finalize();
-    return 0;
 }
+
+int main(int argc, char **argv) { return check_dist_main(&argc, &argv, "test_reduce_scatter", &W, &R, run_); }

@@ -29,6 +29,7 @@ Every check that fails prints "FAIL: ..."; the exit status is the failure count.
 """
 import json
 import os
+import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -294,6 +295,7 @@ def integers(url, ck=None, outside=None):
     if ck is not None:
         mdir = os.path.join(ck, model_id.replace(":", "_"))
         os.makedirs(ck, exist_ok=True)
+        shutil.rmtree(mdir, ignore_errors=True)  # create_model made it (its run.json)
         os.symlink(outside, mdir)
         for seq, verb in ((3, "save_weights"), (4, "save_weights_for_sampler")):
             st, fut = tinker_post(url, verb, {"model_id": model_id, "seq_id": seq, "path": "escaped",

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <math.h>
@@ -31,7 +32,7 @@
 static server *server_(void) {
     server *s = calloc(1, sizeof *s);
     assert_non_null(s);
-    s->opt.model = (zdp_gpt_config){.n_layer = 1, .n_head = 1, .n_embd = 8, .vocab_size = 16, .block_size = 8};
+    s->model = (zdp_model){.vocab_size = 16, .block_size = 8};
     s->opt.seq_gap_s = 30;
     s->opt.model_name = "zdp-gpt";
     s->W = 1;
@@ -39,7 +40,8 @@ static server *server_(void) {
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv_job, NULL);
     pthread_cond_init(&s->cv_done, NULL);
-    assert_true(serve_register_tinker(s));
+    char why[512];
+    assert_true(serve_register_tinker(s, why, sizeof why));
     tinker_state *t = s->tinker;
     t->live = true;
     snprintf(t->model_id, sizeof t->model_id, "%s", MODEL_ID);
@@ -129,7 +131,7 @@ static void test_op_table(void **state) {
 
 static void test_parse_fwd(void **state) {
     (void)state;
-    const zdp_gpt_config mc = {.n_layer = 1, .n_head = 1, .n_embd = 8, .vocab_size = 16, .block_size = 8};
+    const zdp_model mc = {.vocab_size = 16, .block_size = 8};
     json_t *body = fwdbwd_(1, 3);
     const json_t *in = json_object_get(body, "forward_backward_input");
     job j = {0};
@@ -169,6 +171,158 @@ static void test_parse_fwd(void **state) {
                                  &mc, &j, &e));
     assert_string_equal(e.field, "forward_backward_input.loss_fn");
     json_decref(body);
+}
+
+/* ---- protobuf straight into the typed request ---------------------------------- */
+
+/* A small protobuf writer for requests (the server only decodes them). */
+typedef struct pb_ {
+    unsigned char b[4096];
+    size_t n;
+} pb_;
+
+static void pb_varint_(pb_ *p, uint64_t v) {
+    do {
+        p->b[p->n++] = (unsigned char)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+}
+static void pb_bytes_(pb_ *p, unsigned num, const void *data, size_t n) {
+    pb_varint_(p, (uint64_t)num << 3 | 2);
+    pb_varint_(p, n);
+    memcpy(p->b + p->n, data, n);
+    p->n += n;
+}
+static void pb_msg_(pb_ *p, unsigned num, const pb_ *sub) { pb_bytes_(p, num, sub->b, sub->n); }
+static void pb_double_(pb_ *p, unsigned num, double x) {
+    pb_varint_(p, (uint64_t)num << 3 | 1);
+    memcpy(p->b + p->n, &x, 8); /* little-endian machines only, as the server */
+    p->n += 8;
+}
+/* loss_fn_inputs entry: name -> Tensor {1 dense, 3 dtype, 4 shape}. */
+static void pb_tensor_(pb_ *datum, const char *name, int dtype, const void *dense, size_t n_bytes, int64_t shape) {
+    pb_ t = {0}, entry = {0};
+    pb_bytes_(&t, 1, dense, n_bytes);
+    pb_varint_(&t, 3 << 3 | 0);
+    pb_varint_(&t, (uint64_t)dtype);
+    pb_varint_(&t, 4 << 3 | 0);
+    pb_varint_(&t, (uint64_t)shape);
+    pb_bytes_(&entry, 1, name, strlen(name));
+    pb_msg_(&entry, 2, &t);
+    pb_msg_(datum, 2, &entry);
+}
+
+/* A ppo forward_backward of 2 datums, as protobuf and as JSON: datum 1's
+ * first token is `first` and its logprobs[1] is w (0.5 in the JSON, which
+ * cannot hold a NaN). */
+static void ppo_request_(float w, int32_t first, pb_ *out, json_t **json) {
+    const int32_t tok[2][3] = {{1, 2, 3}, {first, 5, 0}};
+    const int64_t tgt[2][3] = {{2, 3, 4}, {5, 6, 0}};
+    const float lp[2][3] = {{-1.0f, -2.0f, -0.5f}, {-0.25f, w, 0}};
+    const float adv[2][3] = {{1.0f, -1.0f, 0.5f}, {2.0f, 0.0f, 0}};
+    const int len[2] = {3, 2};
+    memset(out, 0, sizeof *out);
+    pb_bytes_(out, 1, MODEL_ID, strlen(MODEL_ID));
+    pb_varint_(out, 2 << 3 | 0);
+    pb_varint_(out, 7);
+    json_t *data = json_array();
+    for (int i = 0; i < 2; i++) {
+        pb_ text = {0}, chunk = {0}, datum = {0};
+        pb_bytes_(&text, 1, tok[i], 4 * (size_t)len[i]);
+        pb_msg_(&chunk, 1, &text);
+        pb_msg_(&datum, 1, &chunk);
+        pb_tensor_(&datum, "target_tokens", 2, tgt[i], 8 * (size_t)len[i], len[i]);
+        pb_tensor_(&datum, "logprobs", 1, lp[i], 4 * (size_t)len[i], len[i]);
+        pb_tensor_(&datum, "advantages", 1, adv[i], 4 * (size_t)len[i], len[i]);
+        pb_msg_(out, 3, &datum);
+        json_t *jt = json_array(), *jg = json_array(), *jl = json_array(), *ja = json_array();
+        for (int k = 0; k < len[i]; k++) {
+            json_array_append_new(jt, json_integer(tok[i][k]));
+            json_array_append_new(jg, json_integer(tgt[i][k]));
+            json_array_append_new(jl, json_real(i == 1 && k == 1 ? 0.5 : lp[i][k]));
+            json_array_append_new(ja, json_real(adv[i][k]));
+        }
+        json_array_append_new(
+            data, json_pack("{s:{s:[{s:s,s:o}]},s:{s:{s:o,s:s,s:[i]},s:{s:o,s:s},s:o}}", "model_input", "chunks",
+                            "type", "encoded_text", "tokens", jt, "loss_fn_inputs", "target_tokens", "data", jg,
+                            "dtype", "int64", "shape", len[i], "logprobs", "data", jl, "dtype", "float32",
+                            "advantages", ja));
+    }
+    pb_bytes_(out, 4, "ppo", 3);
+    pb_ entry = {0};
+    pb_bytes_(&entry, 1, "clip_low_threshold", strlen("clip_low_threshold"));
+    pb_double_(&entry, 2, 0.75);
+    pb_msg_(out, 5, &entry);
+    *json = json_pack("{s:o,s:s,s:{s:f}}", "data", data, "loss_fn", "ppo", "loss_fn_config", "clip_low_threshold",
+                      0.75);
+    assert_non_null(*json);
+}
+
+static void test_proto_typed_request(void **state) {
+    (void)state;
+    const zdp_model mc = {.vocab_size = 16, .block_size = 8};
+    pb_ body;
+    json_t *json;
+    ppo_request_(0.5f, 4, &body, &json);
+    char err[256];
+    serve_proto_fwdbwd rq;
+    assert_true(serve_proto_decode_fwdbwd(body.b, body.n, &rq, err, sizeof err));
+    assert_string_equal(rq.model_id, MODEL_ID);
+    assert_int_equal(rq.seq_id, 7);
+    assert_false(rq.forward_only);
+    assert_int_equal(rq.in.n, 2);
+    assert_string_equal(rq.in.loss_fn, "ppo");
+    assert_int_equal(rq.in.data[1].n_inputs, 3);
+    /* The same payload, byte for byte, from protobuf and from JSON. */
+    job a = {.op = OP_FWDBWD}, b = {.op = OP_FWDBWD};
+    verr e = {0};
+    assert_true(serve_fwd_build(&rq.in, "forward_backward_input", 16, 8, &a, &e));
+    assert_true(serve_parse_fwd(json, "forward_backward_input", &mc, &b, &e));
+    assert_int_equal(a.nbytes, b.nbytes);
+    assert_memory_equal(a.payload, b.payload, (size_t)a.nbytes);
+    serve_fwd_req view;
+    assert_true(serve_fwd_req_view(&a, &view));
+    assert_int_equal(view.total, 5);
+    assert_true(view.h.loss == ZDP_LOSS_PPO && view.h.clip_low == 0.75 && view.h.clip_high == 1.2);
+    free(a.payload);
+    free(b.payload);
+    serve_proto_fwdbwd_free(&rq);
+    json_decref(json);
+
+    /* A token outside the vocabulary: the same field and message both ways. */
+    ppo_request_(0.5f, 16, &body, &json);
+    verr ej = {0}, ep = {0};
+    memset(&b, 0, sizeof b);
+    b.op = OP_FWDBWD;
+    assert_false(serve_parse_fwd(json, "forward_backward_input", &mc, &b, &ej));
+    assert_true(serve_proto_decode_fwdbwd(body.b, body.n, &rq, err, sizeof err));
+    memset(&a, 0, sizeof a);
+    a.op = OP_FWDBWD;
+    assert_false(serve_fwd_build(&rq.in, "forward_backward_input", 16, 8, &a, &ep));
+    assert_string_equal(ep.field, "forward_backward_input.data[1].model_input.chunks[0].tokens[0]");
+    assert_string_equal(ep.field, ej.field);
+    assert_string_equal(ep.msg, ej.msg);
+    assert_null(a.payload);
+    assert_null(b.payload);
+    serve_proto_fwdbwd_free(&rq);
+    json_decref(json);
+
+    /* NaN stays NaN until the check that refuses it, by name. */
+    ppo_request_(NAN, 4, &body, &json);
+    json_decref(json);
+    assert_true(serve_proto_decode_fwdbwd(body.b, body.n, &rq, err, sizeof err));
+    assert_true(isnan(rq.in.data[1].inputs[1].reals[1]));
+    memset(&a, 0, sizeof a);
+    a.op = OP_FWDBWD;
+    assert_false(serve_fwd_build(&rq.in, "forward_backward_input", 16, 8, &a, &ep));
+    assert_string_equal(ep.field, "forward_backward_input.data[1].loss_fn_inputs.logprobs.data[1]");
+    assert_non_null(strstr(ep.msg, "= nan: must be a finite number"));
+    serve_proto_fwdbwd_free(&rq);
+
+    /* Not well-formed protobuf: refused by the codec, naming the field. */
+    assert_false(serve_proto_decode_fwdbwd(body.b, body.n - 3, &rq, err, sizeof err));
+    assert_non_null(strstr(err, "loss_fn_config"));
+    serve_proto_fwdbwd_free(&rq);
 }
 
 static bool optim_(const char *key, double x, verr *e, optim_payload *p) {
@@ -459,6 +613,112 @@ static void test_optim_result_json(void **state) {
     free(text);
 }
 
+static void test_save_result_encodings(void **state) {
+    (void)state;
+    /* The plain API's JSON: a checkpoint's with the engine's counters, a
+     * weights file's with the step alone. */
+    serve_save_result r = {.op = OP_SAVE_STATE, .path = "/ck/run/step3", .step = 3, .global_samples = 12,
+                           .pending_backwards = 0};
+    char *text = serve_save_result_json(&r);
+    assert_non_null(text);
+    assert_string_equal(text, "{\"path\":\"/ck/run/step3\",\"step\":3,\"global_samples\":12,"
+                              "\"pending_backwards\":0}");
+    free(text);
+    r.op = OP_LOAD_WEIGHTS;
+    text = serve_save_result_json(&r);
+    assert_string_equal(text, "{\"path\":\"/ck/run/step3\",\"step\":3}");
+    free(text);
+
+    /* Tinker's: save_weights_for_sampler without a name, through the queue.
+     * The job finishes with its typed result; the future keeps it typed, with
+     * the tinker:// name and the sampling session it opened; the poll's
+     * encoding is the SDK's JSON. */
+    server *s = server_();
+    char dir[] = "/tmp/zdp-test-save-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    s->opt.checkpoint_dir = dir;
+    json_t *body = json_pack("{s:s,s:i}", "model_id", MODEL_ID, "seq_id", 1);
+    tinker_ticket tk;
+    verr e = {0};
+    assert_int_equal(tinker_submit(s, "save_weights_for_sampler", body, NULL, false, &tk, &e), 200);
+    json_decref(body);
+    job *j = s->head;
+    assert_non_null(j);
+    assert_int_equal(j->op, OP_SAVE_WEIGHTS);
+    s->head = s->tail = NULL;
+    serve_save_result done = {.op = j->op, .path = (char *)j->payload, .step = 7};
+    j->saved = serve_save_result_copy(&done);
+    assert_non_null(j->saved);
+    pthread_mutex_lock(&s->mu);
+    tinker_finish_locked(s, j, 200, NULL);
+    pthread_mutex_unlock(&s->mu);
+    future *f = future_(s, atoi(tk.id + 4));
+    assert_non_null(f);
+    assert_true(f->done);
+    assert_null(f->result);
+    assert_non_null(f->saved);
+    text = tinker_save_result_json(f->saved);
+    assert_non_null(text);
+    assert_string_equal(text, "{\"path\":\"tinker://" MODEL_ID "/sampler_weights/sampler-1\",\"type\":"
+                              "\"save_weights_for_sampler\",\"sampling_session_id\":\"" MODEL_ID ":sample:1\"}");
+    free(text);
+    /* The same typed result, the plain API's way. */
+    text = serve_save_result_json(f->saved);
+    assert_non_null(strstr(text, "sampler_weights/sampler-1.safetensors\",\"step\":7}"));
+    free(text);
+    /* A copy owns its strings (a poll encodes it outside the lock). */
+    serve_save_result *c = serve_save_result_copy(f->saved);
+    assert_non_null(c);
+    assert_true(c->name != f->saved->name && !strcmp(c->session, f->saved->session) && c->step == 7);
+    serve_save_result_free(c);
+    /* The sampling session names the written file. */
+    assert_non_null(s->tinker->samplers);
+    assert_string_equal(s->tinker->samplers->path, f->saved->path);
+    server_free_(s);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* The session counter in --checkpoint-dir (tinker/runs.c): restored at
+ * start-up, advanced and written before a number is handed out, so a new
+ * server on the same folder never repeats a session (and so run) id; a
+ * file that is not one integer stops start-up naming it. */
+static void test_session_counter(void **state) {
+    (void)state;
+    char root[] = "/tmp/zdp-serve-counter-XXXXXX", file[128], why[512];
+    assert_non_null(mkdtemp(root));
+    snprintf(file, sizeof file, "%s/.zdp-sessions", root);
+    server *s = server_();
+    s->ckpt_root = root;
+    assert_true(tinker_runs_restore(s, why, sizeof why)); /* no file yet: from 0 */
+    int64_t n = 0;
+    assert_true(tinker_runs_next_session(s, &n, why, sizeof why));
+    assert_int_equal(n, 1);
+    assert_true(tinker_runs_next_session(s, &n, why, sizeof why));
+    assert_int_equal(n, 2);
+    server_free_(s);
+
+    s = server_(); /* a restart */
+    s->ckpt_root = root;
+    assert_true(tinker_runs_restore(s, why, sizeof why));
+    assert_true(tinker_runs_next_session(s, &n, why, sizeof why));
+    assert_int_equal(n, 3);
+    server_free_(s);
+
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs("3 junk\n", f);
+    fclose(f);
+    s = server_();
+    s->ckpt_root = root;
+    assert_false(tinker_runs_restore(s, why, sizeof why));
+    assert_non_null(strstr(why, ".zdp-sessions must hold one integer"));
+    server_free_(s);
+    remove(file);
+    rmdir(root);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_op_table),      cmocka_unit_test(test_parse_fwd),
@@ -466,7 +726,8 @@ int main(void) {
         cmocka_unit_test(test_seq_gap_expiry), cmocka_unit_test(test_retry_dedup),
         cmocka_unit_test(test_future_expiry), cmocka_unit_test(test_future_cap),
         cmocka_unit_test(test_fwd_result_encodings), cmocka_unit_test(test_sample_result_encodings),
-        cmocka_unit_test(test_optim_result_json),
+        cmocka_unit_test(test_optim_result_json), cmocka_unit_test(test_save_result_encodings),
+        cmocka_unit_test(test_proto_typed_request), cmocka_unit_test(test_session_counter),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

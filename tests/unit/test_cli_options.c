@@ -190,8 +190,39 @@ static void test_words_and_lists(void **state) {
     pending_[0] = '\0';
 }
 
+/* A switch stands alone: the next word is the next option, not its value. */
+static void test_switches(void **state) {
+    (void)state;
+    int tie = -1, bias = 0;
+    const char *name = NULL;
+    const cli_opt rows[] = {
+        CLI_FLAG("--tie", &tie, 1), CLI_FLAG("--no-tie", &tie, 0),
+        CLI_FLAG("--bias", &bias, 1), CLI_WORD("--name", &name, NULL, NULL),
+    };
+    const int n = (int)(sizeof rows / sizeof rows[0]);
+    char a[][16] = {"--tie", "--name", "x", "--bias", "--no-tie"};
+    char *argv[] = {a[0], a[1], a[2], a[3], a[4]};
+    assert_int_equal(cli_parse_options(&dashed_, rows, n, 5, argv), 0);
+    assert_int_equal(tie, 0); /* the last one wins */
+    assert_int_equal(bias, 1);
+    assert_string_equal(name, "x");
+    assert_int_equal(cli_parse_options(&dashed_, rows, n, 1, argv), 0);
+    assert_int_equal(tie, 1);
+    /* A value-taking option still needs its value after a switch. */
+    pending_[0] = '\0';
+    assert_int_equal(cli_parse_options(&dashed_, rows, n, 2, argv), 2);
+    assert_string_equal(pending_, "--name: expected an option with a value (see --help)");
+    /* Nor is a switch the value of the option before it. */
+    char *argv2[] = {a[1], a[3], a[2]};
+    pending_[0] = '\0';
+    assert_int_equal(cli_parse_options(&dashed_, rows, n, 3, argv2), 2);
+    assert_string_equal(pending_, "--name: expected an option with a value (see --help)");
+    pending_[0] = '\0';
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_switches),
         cmocka_unit_test(test_every_kind_is_stored),
         cmocka_unit_test(test_bad_values_name_flag_value_and_need),
         cmocka_unit_test(test_help_anywhere_before_an_error),

@@ -211,6 +211,93 @@ static void test_bytes_from_text(void **state) {
 
 /* ZDP_TOKENS_AUTO: a shard by its magic; a damaged shard is an error, never
  * bytes; files that are clearly not shards are bytes. */
+/* A .npy file as numpy.save writes it: magic, version, header padded with
+ * spaces to a multiple of 64 bytes ending in '\n', then data. */
+static void write_npy(const char *path, int major, const char *descr, const char *shape,
+                      const void *data, size_t nbytes) {
+    char dict[256];
+    int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
+                     descr, shape);
+    const int pre = major == 1 ? 10 : 12;
+    int total = pre + n + 1;
+    total = (total + 63) / 64 * 64;
+    const int hlen = total - pre;
+    unsigned char *buf = calloc(1, (size_t)total + nbytes);
+    memcpy(buf, "\x93NUMPY", 6);
+    buf[6] = (unsigned char)major;
+    buf[7] = 0;
+    for (int b = 0; b < (major == 1 ? 2 : 4); b++) buf[8 + b] = (unsigned char)(hlen >> (8 * b));
+    memset(buf + pre, ' ', (size_t)hlen);
+    memcpy(buf + pre, dict, (size_t)n);
+    buf[total - 1] = '\n';
+    if (nbytes > 0) memcpy(buf + total, data, nbytes);
+    write_bytes(path, buf, (size_t)total + nbytes);
+    free(buf);
+}
+
+static void test_npy(void **state) {
+    (void)state;
+    zdp_error err;
+    int32_t *t = NULL;
+    int64_t n = 0;
+    zdp_token_format fmt;
+    /* int32 (Qwen3-sized ids), uint16, uint32, version 2.0. */
+    const int32_t i4[5] = {0, 151935, 7, 65536, 3};
+    write_npy(path_in("a.npy"), 1, "<i4", "(5,)", i4, sizeof i4);
+    assert_int_equal(zdp_tokens_detect(path_in("a.npy"), &fmt, &err), ZDP_OK);
+    assert_int_equal(fmt, ZDP_TOKENS_NPY);
+    assert_int_equal(zdp_tokens_read(path_in("a.npy"), ZDP_TOKENS_AUTO, &t, &n, &err), ZDP_OK);
+    assert_int_equal(n, 5);
+    assert_memory_equal(t, i4, sizeof i4);
+    zdp_tokens_free(t);
+    const uint16_t u2[3] = {65535, 1, 2};
+    write_npy(path_in("b.npy"), 2, "<u2", "(3,)", u2, sizeof u2);
+    assert_int_equal(zdp_tokens_read(path_in("b.npy"), ZDP_TOKENS_NPY, &t, &n, &err), ZDP_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(t[0], 65535);
+    assert_int_equal(t[2], 2);
+    zdp_tokens_free(t);
+    const uint32_t u4[2] = {200000, 9};
+    write_npy(path_in("c.npy"), 1, "<u4", "(2,)", u4, sizeof u4);
+    assert_int_equal(zdp_tokens_read(path_in("c.npy"), ZDP_TOKENS_NPY, &t, &n, &err), ZDP_OK);
+    assert_int_equal(t[0], 200000);
+    zdp_tokens_free(t);
+    /* Bad files: each message names the file and what is wrong. */
+    const int32_t neg[4] = {1, 2, -5, 4};
+    const uint32_t huge[2] = {1, 3000000000u};
+    const struct {
+        const char *descr, *shape;
+        const void *data;
+        size_t nbytes;
+        const char *msg;
+    } bad[] = {
+        {"<f4", "(5,)", i4, sizeof i4, "dtype '<f4'"},
+        {"<i8", "(2,)", i4, 16, "dtype '<i8'"},
+        {"<i4", "(5, 1)", i4, sizeof i4, "shape (5, 1)"},
+        {"<i4", "(6,)", i4, sizeof i4, "truncated"},
+        {"<i4", "(4,)", i4, sizeof i4, "extra bytes"},
+        {"<i4", "(0,)", i4, 0, "empty"},
+        {"<i4", "(4,)", neg, sizeof neg, "token 2 (position 2) = -5"},
+        {"<u4", "(2,)", huge, sizeof huge, "position 1) = 3000000000"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_npy(path_in("bad.npy"), 1, bad[i].descr, bad[i].shape, bad[i].data, bad[i].nbytes);
+        zdp_error e = {0};
+        zdp_status s = zdp_tokens_read(path_in("bad.npy"), ZDP_TOKENS_AUTO, &t, &n, &e);
+        if (s != ZDP_ERR_FORMAT || strstr(e.msg, bad[i].msg) == NULL ||
+            strstr(e.msg, "bad.npy") == NULL)
+            fail_msg("npy case %zu: status %d, \"%s\"", i, (int)s, e.msg);
+        assert_null(t);
+        assert_int_equal(n, 0);
+    }
+    /* A header length past the end of the file. */
+    const unsigned char cut[12] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, 0xff, 0x7f, '{', '}'};
+    write_bytes(path_in("cut.npy"), cut, sizeof cut);
+    assert_int_equal(zdp_tokens_read(path_in("cut.npy"), ZDP_TOKENS_NPY, &t, &n, &err),
+                     ZDP_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "header length"));
+}
+
 static void test_detect_format(void **state) {
     (void)state;
     int32_t tok[6] = {7, 1, 300, 65535, 0, 2};
@@ -599,6 +686,7 @@ int main(void) {
         cmocka_unit_test(test_shard_corrupt_headers),
         cmocka_unit_test(test_bytes_from_text),
         cmocka_unit_test(test_detect_format),
+        cmocka_unit_test(test_npy),
         cmocka_unit_test(test_corpus_arith),
         cmocka_unit_test(test_window_contract),
         cmocka_unit_test(test_split),

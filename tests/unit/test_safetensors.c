@@ -463,7 +463,7 @@ static const bad_case k_bad[] = {
     {E_("\"dtype\":4," OK_SH "," OK_OFF), 8, {"tensor \"x\": dtype is an integer"}},
     {E_(OK_DT ",\"shape\":\"2\"," OK_OFF), 8, {"tensor \"x\": shape is a string"}},
     {E_(OK_DT ",\"shape\":[2,-1]," OK_OFF), 8, {"tensor \"x\": shape[1] is -1"}},
-    {E_(OK_DT ",\"shape\":[1.5]," OK_OFF), 8, {"tensor \"x\": shape[0] is a real number"}},
+    {E_(OK_DT ",\"shape\":[1.5]," OK_OFF), 8, {"tensor \"x\": shape[0] is a number"}},
     {E_(OK_DT ",\"shape\":[null]," OK_OFF), 8, {"shape[0] is null"}},
     {E_(OK_DT ",\"shape\":[1,1,1,1,2]," OK_OFF), 8,
      {"tensor \"x\": shape has 5 dimensions", "at most ZDP_MAX_DIMS = 4"}},

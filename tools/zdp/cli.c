@@ -152,6 +152,7 @@ static int take_value_(const cli_opt *o, const char *v) {
     switch (o->kind) {
     case CLI_OPT_STR: *(const char **)o->ptr = v; return 1;
     case CLI_OPT_IGNORE: return 1;
+    case CLI_OPT_FLAG: *(int *)o->ptr = (int)o->lo; return 1; /* cli_take_option's caller */
     case CLI_OPT_SCHEDULE: return cli_parse_schedule(v, o->ptr) == 0 ? 1 : 2;
     case CLI_OPT_I64:
     case CLI_OPT_INT:
@@ -199,7 +200,19 @@ int cli_parse_options(const cli_command *cmd, const cli_opt *opts, int n, int ar
     for (int i = 0; i < argc; i += 2) {
         const char *a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 1;
-        if ((cmd->dashes && strncmp(a, "--", 2) != 0) || i + 1 >= argc)
+        /* A switch takes no value. */
+        int k = 0;
+        while (k < n && !(opts[k].kind == CLI_OPT_FLAG && strcmp(a, opts[k].flag) == 0)) k++;
+        if (k < n) {
+            *(int *)opts[k].ptr = (int)opts[k].lo;
+            i--;
+            continue;
+        }
+        /* ... nor is a switch a value ("--tokenizer --decode" lacks the directory). */
+        bool value_is_switch = false;
+        for (int j = 0; i + 1 < argc && j < n; j++)
+            value_is_switch |= opts[j].kind == CLI_OPT_FLAG && strcmp(argv[i + 1], opts[j].flag) == 0;
+        if ((cmd->dashes && strncmp(a, "--", 2) != 0) || i + 1 >= argc || value_is_switch)
             return cli_fail("%s: %s", a, cmd->missing);
         int taken = cli_take_option(opts, n, a, argv[i + 1]);
         if (taken == 2) return 2;

@@ -70,6 +70,7 @@ typedef enum cli_opt_kind {
     CLI_OPT_WORD,     /* const char **: the argument, not empty, none of `reject`'s characters */
     CLI_OPT_LIST,     /* const char ***: repeatable; each argument (a WORD) is appended to a
                        * realloc'ed array (the caller frees it) of *count entries */
+    CLI_OPT_FLAG,     /* int *: a switch without a value (--tie); sets *ptr = lo */
 } cli_opt_kind;
 
 typedef struct cli_opt {
@@ -96,6 +97,7 @@ typedef struct cli_opt {
     {.flag = (f), .kind = CLI_OPT_CHOICE, .ptr = (p), .choices = (words), .values = (vals), .need = (n)}
 #define CLI_SCHEDULE(f, p) {.flag = (f), .kind = CLI_OPT_SCHEDULE, .ptr = (p)}
 #define CLI_IGNORE(f) {.flag = (f), .kind = CLI_OPT_IGNORE}
+#define CLI_FLAG(f, p, v) {.flag = (f), .kind = CLI_OPT_FLAG, .ptr = (p), .lo = (v)}
 #define CLI_WORD(f, p, rej, n) {.flag = (f), .kind = CLI_OPT_WORD, .ptr = (p), .reject = (rej), .need = (n)}
 #define CLI_LIST(f, p, cnt, rej, n) \
     {.flag = (f), .kind = CLI_OPT_LIST, .ptr = (p), .count = (cnt), .reject = (rej), .need = (n)}
@@ -113,9 +115,10 @@ typedef struct cli_command {
 /* Takes option a with value v if opts[0..n) has it: 1 taken, 0 not ours,
  * 2 bad value (cli_fail's message recorded). */
 int cli_take_option(const cli_opt *opts, int n, const char *a, const char *v);
-/* Parses argv[0..argc) as FLAG VALUE pairs against opts[0..n): 0 when all
- * were taken, 1 at -h/--help (the caller prints its usage), else cli_fail's
- * code with its message recorded. */
+/* Parses argv[0..argc) as FLAG VALUE pairs against opts[0..n) (a
+ * CLI_OPT_FLAG switch stands alone): 0 when all were taken, 1 at -h/--help
+ * (the caller prints its usage), else cli_fail's code with its message
+ * recorded. */
 int cli_parse_options(const cli_command *cmd, const cli_opt *opts, int n, int argc,
                       char **argv);
 

@@ -34,6 +34,9 @@
 
 int cmd_train_gpt(int argc, char **argv); /* train_gpt.c */
 int cmd_serve(int argc, char **argv);     /* serve.c */
+int cmd_tokenize(int argc, char **argv);  /* tokenize.c */
+int cmd_init_model(int argc, char **argv); /* init_model.c */
+int cmd_lora(int argc, char **argv);       /* lora_cmd.c */
 
 /* ---- options ---------------------------------------------------------------- */
 
@@ -52,11 +55,14 @@ typedef struct train_opts {
 static const struct {
     const char *name, *what;
 } commands_[] = {
-    {"train", "train the MLP or a GPT on W ranks with ZeRO 0/1/2 (--model mlp|gpt)"},
+    {"train", "train the MLP, a GPT or a model folder on W ranks with ZeRO 0/1/2 (--model mlp|gpt, --model-dir DIR)"},
     {"sample", "generate text from GPT-2 weights"},
     {"serve", "a training server: forward_backward / optim_step over HTTP"},
     {"gen-data", "write the MLP dataset or the arithmetic corpus to a file"},
+    {"init-model", "write a randomly initialised Llama/Qwen3 model as a Hugging Face folder"},
     {"ckpt", "describe a checkpoint, or export its full fp32 weights"},
+    {"lora", "merge a PEFT LoRA adapter folder into its base model folder (lora merge)"},
+    {"tokenize", "text -> token ids, or ids -> text (--decode), with a model folder's tokenizer"},
 };
 
 static void usage_commands_(FILE *f) {
@@ -556,10 +562,13 @@ int main(int argc, char **argv) {
         return 1;
     }
     int rc;
-    /* --model picks the trainer; the GPT trainer parses its own options. */
+    /* --model picks the trainer; the causal-LM trainer (--model gpt, or a
+     * --model-dir folder) parses its own options. */
     bool gpt = false;
     for (int i = 2; i + 1 < argc; i++)
-        if (strcmp(argv[i], "--model") == 0 && strcmp(argv[i + 1], "gpt") == 0) gpt = true;
+        if ((strcmp(argv[i], "--model") == 0 && strcmp(argv[i + 1], "gpt") == 0) ||
+            strcmp(argv[i], "--model-dir") == 0)
+            gpt = true;
     if (strcmp(argv[1], "train") == 0 && gpt)
         rc = cmd_train_gpt(argc - 2, argv + 2);
     else if (strcmp(argv[1], "train") == 0)
@@ -570,6 +579,12 @@ int main(int argc, char **argv) {
         rc = cmd_ckpt_(argc - 2, argv + 2);
     else if (strcmp(argv[1], "gen-data") == 0)
         rc = cmd_gen_data_(argc - 2, argv + 2);
+    else if (strcmp(argv[1], "tokenize") == 0)
+        rc = cmd_tokenize(argc - 2, argv + 2);
+    else if (strcmp(argv[1], "init-model") == 0)
+        rc = cmd_init_model(argc - 2, argv + 2);
+    else if (strcmp(argv[1], "lora") == 0)
+        rc = cmd_lora(argc - 2, argv + 2);
     else
         rc = cmd_serve(argc - 2, argv + 2);
     /* A command that failed without meeting the others (one that runs on

@@ -1,6 +1,10 @@
 /*
- * train_gpt.c -- `zdp train --model gpt`: a GPT-2 family model trained on
- * text, token shards or zdp's own arithmetic corpus.
+ * train_gpt.c -- `zdp train --model gpt` and `zdp train --model-dir DIR`: a
+ * causal LM (GPT-2 from flags, or any model a Hugging Face folder describes:
+ * GPT-2, Llama, Qwen3, through zdp_hf_model_create) trained on text, token
+ * shards, .npy token arrays or zdp's own arithmetic corpus.  One code path
+ * for every model: only start-up (which model, which weights) and the
+ * optional folder written at the end differ.
  *
  *   mpirun -np W zdp train --model gpt --n-layer L --n-head H --n-embd C
  *       --vocab-size V --block-size T --config CFG.json [--init INIT.safetensors]
@@ -8,6 +12,11 @@
  *       [--steps S] [--schedule n1,...]
  *       [--save-weights OUT.safetensors] [--val-every N] [--val-batches K]
  *       [--val-fraction F] [--out-dir DIR] [--seed N]
+ *   mpirun -np W zdp train --model-dir DIR --config CFG.json --data FILE
+ *       [--block-size T] [--save-model-dir OUT] [--save-dtype F32|BF16] [...]
+ *       [--lora-rank r [--lora-alpha a] [--lora-targets attn,mlp,unembed]
+ *        [--save-adapter-dir OUT]]   (LoRA over the folder's frozen weights)
+ *       [--adapter DIR [--save-adapter-dir OUT]]  (LoRA from a PEFT adapter folder)
  *
  * Contract (stable; see docs/training.md): INIT/OUT use GPT2LMHeadModel
  * names and layouts; --data is an llm.c token shard or any file read as
@@ -39,6 +48,13 @@
 typedef struct gpt_opts {
     zdp_gpt_config model;
     const char *config, *init, *data, *save_weights, *out_dir;
+    const char *model_dir, *save_model_dir; /* Hugging Face folders in and out */
+    int save_dtype;                         /* a zdp_dtype: F32 or BF16 */
+    /* LoRA (docs/lora.md): lora_rank 0 trains every weight. */
+    int64_t lora_rank;
+    double lora_alpha;
+    const char *lora_targets, *save_adapter_dir;
+    const char *adapter; /* --adapter: start from this PEFT folder (its config is the LoRA's) */
     int64_t steps, val_every, val_batches, arith_lines, max_skipped;
     double val_fraction; /* < 0: the default for the data kind */
     int progress;        /* -1 auto, 0 plain lines, 1 progress line */
@@ -55,15 +71,24 @@ static void usage_(void) {
            "model (defaults: the demo model on the arithmetic corpus):\n"
            "  --n-layer L (4)  --n-head H (4)  --n-embd C (128)  --vocab-size V (256)\n"
            "  --block-size T (64)\n"
+           "  --model-dir DIR           a Hugging Face folder (config.json + safetensors:\n"
+           "                            llama, qwen3, gpt2) instead of the flags above; its\n"
+           "                            weights are the start; --block-size T (default\n"
+           "                            min(max_position_embeddings, 1024)) must be <= its\n"
+           "                            max_position_embeddings\n"
            "data:\n"
-           "  --data FILE               an llm.c token shard (magic 20240520) or any file,\n"
-           "                            read as bytes (vocab 256); default: zdp's generated\n"
-           "                            arithmetic corpus (lines \"a+b=c\")\n"
-           "  --data-format auto|llmc|bytes   how --data is read (auto): llmc = a token\n"
-           "                            shard; bytes = one token per byte; auto = a shard if\n"
-           "                            it starts with the magic, an error if it looks like a\n"
-           "                            damaged shard (a .bin name, or a shard's header with\n"
-           "                            a damaged magic), bytes otherwise\n"
+           "  --data FILE               an llm.c token shard (magic 20240520), a .npy 1-D\n"
+           "                            uint16/int32/uint32 token array, or any file, read\n"
+           "                            as bytes (vocab 256) -- with --model-dir, as text\n"
+           "                            through the folder's tokenizer; default: zdp's\n"
+           "                            generated arithmetic corpus (lines \"a+b=c\")\n"
+           "  --data-format auto|llmc|npy|bytes|text   how --data is read (auto): llmc = a\n"
+           "                            token shard; npy = a NumPy array; bytes (or text) =\n"
+           "                            one token per byte, or with --model-dir text tokenized\n"
+           "                            by its tokenizer; auto = .npy or a shard by their\n"
+           "                            magic, an error\n"
+           "                            if it looks like a damaged shard (a .bin name, or a\n"
+           "                            shard's header with a damaged magic), bytes otherwise\n"
            "  --data-order sequential   the only order (window w = tokens [wT, wT+T])\n"
            "  --val-fraction F          tokens at the end kept for val loss (default 0.1;\n"
            "                            0 for token shards, whose val data is another file)\n"
@@ -73,7 +98,19 @@ static void usage_(void) {
            "                            (NaN/Inf gradient or update; 0 = never)\n"
            "  --memory-report on|off     every rank's memory by category after the first step\n"
            "  --init FILE                GPT2LMHeadModel safetensors or llm.c .bin weights\n"
-           "  --save-weights FILE        GPT2LMHeadModel safetensors (rank 0)\n"
+           "  --save-weights FILE        GPT2LMHeadModel safetensors (rank 0; GPT flags only)\n"
+           "  --save-model-dir OUT       at the end, a Hugging Face folder (config.json,\n"
+           "                            safetensors, the tokenizer of --model-dir) (rank 0)\n"
+           "  --save-dtype F32|BF16 (F32) the dtype --save-model-dir writes\n"
+           "LoRA (with --model-dir; docs/lora.md):\n"
+           "  --lora-rank r             train rank-r adapters over the folder's frozen\n"
+           "                            weights instead of every weight\n"
+           "  --lora-alpha a (32)       scaling a / r\n"
+           "  --lora-targets LIST (all) attn, mlp, unembed, comma-separated\n"
+           "  --save-adapter-dir OUT    at the end, a PEFT adapter folder (rank 0); merge\n"
+           "                            it with zdp lora merge\n"
+           "  --adapter DIR             start from a PEFT adapter folder instead (its\n"
+           "                            adapter_config.json gives rank, alpha and targets)\n"
            "  --val-every N (50)  --val-batches K (8, per rank)\n"
            "  --out-dir DIR (zdp-out)    metrics.csv and loss.svg\n"
            "  --save-dir DIR --save-every K   checkpoints DIR/global_step{N}/, DIR/latest\n"
@@ -89,9 +126,20 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
     *o = (gpt_opts){.model = CLI_GPT_DEFAULT,
                     .steps = 200, .val_every = 50, .val_batches = 8, .arith_lines = CLI_ARITH_LINES,
                     .val_fraction = -1, .seed = 42, .out_dir = "zdp-out", .progress = -1,
-                    .data_format = ZDP_TOKENS_AUTO, .max_skipped = CLI_MAX_SKIPPED_DEFAULT};
-    static const char *const formats[] = {"auto", "llmc", "bytes", NULL};
-    static const int format_values[] = {ZDP_TOKENS_AUTO, ZDP_TOKENS_SHARD, ZDP_TOKENS_BYTES};
+                    .data_format = ZDP_TOKENS_AUTO, .max_skipped = CLI_MAX_SKIPPED_DEFAULT,
+                    .lora_alpha = ZDP_LORA_DEFAULT_ALPHA, .lora_targets = "all"};
+    /* text: bytes, which --model-dir reads through its tokenizer. */
+    static const char *const formats[] = {"auto", "llmc", "npy", "bytes", "text", NULL};
+    static const int format_values[] = {ZDP_TOKENS_AUTO, ZDP_TOKENS_SHARD, ZDP_TOKENS_NPY,
+                                        ZDP_TOKENS_BYTES, ZDP_TOKENS_BYTES};
+    static const char *const dtypes[] = {"F32", "BF16", NULL};
+    static const int dtype_values[] = {ZDP_DTYPE_F32, ZDP_DTYPE_BF16};
+    o->save_dtype = ZDP_DTYPE_F32;
+    /* With a folder the shape is its config.json's, the block size the
+     * factory's default unless given. */
+    bool folder = false;
+    for (int i = 0; i < argc; i++) folder = folder || strcmp(argv[i], "--model-dir") == 0;
+    if (folder) o->model.block_size = 0;
     static const char *const orders[] = {"sequential", NULL};
     static const char *const progress[] = {"on", "off", "auto", NULL};
     static const int progress_values[] = {1, 0, -1};
@@ -103,7 +151,11 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
         CLI_STR("--init", &o->init),
         CLI_STR("--data", &o->data),
         CLI_CHOICE("--data-format", &o->data_format, formats, format_values,
-                   "auto, llmc (an llm.c token shard) or bytes (one token per byte)"),
+                   "auto, llmc (an llm.c token shard), npy (a NumPy token array), bytes (one "
+                   "token per byte) or text (bytes; with --model-dir, its tokenizer's tokens)"),
+        CLI_WORD("--model-dir", &o->model_dir, NULL, NULL),
+        CLI_WORD("--save-model-dir", &o->save_model_dir, NULL, NULL),
+        CLI_CHOICE("--save-dtype", &o->save_dtype, dtypes, dtype_values, "F32 or BF16"),
         CLI_STR("--save-weights", &o->save_weights),
         CLI_STR("--out-dir", &o->out_dir),
         CLI_CHOICE("--data-order", NULL, orders, NULL,
@@ -118,6 +170,11 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
         CLI_MAX_SKIPPED_ROW(&o->max_skipped),
         CLI_CHOICE("--progress", &o->progress, progress, progress_values, "on, off or auto"),
         CLI_MEMORY_REPORT_ROW(&o->memory_report),
+        CLI_I64("--lora-rank", &o->lora_rank, 1, 1 << 20, "need an integer >= 1"),
+        CLI_F64("--lora-alpha", &o->lora_alpha, 1e-30, 1e30, "need a number > 0"),
+        CLI_WORD("--lora-targets", &o->lora_targets, NULL, NULL),
+        CLI_WORD("--save-adapter-dir", &o->save_adapter_dir, NULL, NULL),
+        CLI_WORD("--adapter", &o->adapter, NULL, NULL),
     };
     static const cli_command cmd = {
         .missing = "expected an option with a value (see zdp train --model gpt --help)",
@@ -126,6 +183,51 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
     if (rc == 1 && zdp_dist_rank() == 0) usage_();
     if (rc != 0) return rc;
     if (o->config == NULL) return cli_fail("--config CFG.json is required");
+    bool lora_flag = false, save_flag = false;
+    for (int i = 0; i < argc; i++) {
+        lora_flag = lora_flag || strncmp(argv[i], "--lora-", 7) == 0;
+        save_flag = save_flag || strcmp(argv[i], "--save-adapter-dir") == 0;
+    }
+    if (o->adapter != NULL && lora_flag)
+        return cli_fail("--adapter %s: its adapter_config.json sets rank, alpha and targets; "
+                        "drop --lora-rank, --lora-alpha and --lora-targets", o->adapter);
+    if (o->adapter != NULL) {
+        zdp_lora_config ac;
+        zdp_error aerr;
+        if (zdp_lora_read_adapter_config(o->adapter, &ac, &aerr) != ZDP_OK)
+            return cli_fail("--adapter %s", aerr.msg);
+        o->lora_rank = ac.rank;
+        o->lora_alpha = ac.alpha;
+        static char tn[32]; /* one parse per run */
+        zdp_lora_targets_name(ac.targets, tn, sizeof tn);
+        o->lora_targets = tn;
+    }
+    if ((lora_flag || save_flag) && o->lora_rank == 0)
+        return cli_fail("--lora-alpha, --lora-targets and --save-adapter-dir need --lora-rank r "
+                        "(or --adapter DIR)");
+    if (o->lora_rank > 0 && o->model_dir == NULL)
+        return cli_fail("--lora-rank: LoRA adapts a pretrained model; give its folder with "
+                        "--model-dir DIR");
+    if (o->lora_rank > 0 && o->save_model_dir != NULL)
+        return cli_fail("--save-model-dir with --lora-rank: save the adapter with "
+                        "--save-adapter-dir OUT, then write the merged model with zdp lora "
+                        "merge --model-dir %s --adapter OUT --out DIR", o->model_dir);
+    int targets;
+    zdp_error terr;
+    if (zdp_lora_targets_parse(o->lora_targets, &targets, &terr) != ZDP_OK)
+        return cli_fail("--lora-targets %s", terr.msg);
+    if (o->model_dir == NULL) return 0;
+    /* The folder's config.json is the shape and its safetensors the weights. */
+    static const char *const shape_flags[] = {"--n-layer", "--n-head", "--n-embd", "--vocab-size",
+                                              "--init"};
+    for (int i = 0; i < argc; i++)
+        for (size_t k = 0; k < sizeof shape_flags / sizeof shape_flags[0]; k++)
+            if (strcmp(argv[i], shape_flags[k]) == 0)
+                return cli_fail("%s: the model comes from --model-dir %s (its config.json and "
+                                "weights); drop %s", shape_flags[k], o->model_dir, shape_flags[k]);
+    if (o->save_weights != NULL)
+        return cli_fail("--save-weights: with --model-dir, save a folder with --save-model-dir "
+                        "OUT");
     return 0;
 }
 
@@ -133,6 +235,12 @@ typedef struct run_state {
     zdp_config cfg;
     zdp_engine *eng;
     zdp_model model;
+    zdp_hf_config hf; /* --model-dir's config.json */
+    /* With --lora-rank: model is the LoRA model over base, whose weights
+     * (base_params, one array per tensor) the engine never sees. */
+    zdp_model base;
+    float **base_params;
+    int vocab;        /* the model's vocabulary, known before the model exists */
     zdp_dataset *ds;
     bool arith;           /* the generated arithmetic corpus (no --data) */
     zdp_token_format fmt; /* how the data is read */
@@ -165,6 +273,51 @@ static double val_loss_(run_state *st, int64_t val_batches) {
     return zdp_dist_mean(sum / (double)val_batches);
 }
 
+/* Text as --data for a model folder: a file read as bytes (--data-format
+ * text, or auto finding no shard or .npy magic) is tokenized with the
+ * folder's tokenizer, on every rank alike (no BOS/EOS added; special
+ * tokens' text stays plain text, docs/models.md "Training on text").  0 or
+ * cli_fail's code. */
+static int open_text_data_(const gpt_opts *o, run_state *st, double val_fraction) {
+    zdp_tokenizer *tok = NULL;
+    zdp_error err;
+    if (zdp_tokenizer_load(o->model_dir, &tok, &err) != ZDP_OK)
+        return cli_fail("--data %s is text, which needs --model-dir %s's tokenizer: %s; copy the model's "
+                        "tokenizer into the folder (zdp init-model --tokenizer DIR does), or give token ids "
+                        "(an llm.c shard or a .npy array)", o->data, o->model_dir, err.msg);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    const double t0 = cli_now();
+    zdp_status s = zdp_tokenizer_encode_file(tok, o->data, 0, &ids, &n, &err);
+    zdp_tokenizer_destroy(tok);
+    if (s != ZDP_OK) return cli_fail("--data %s", err.msg);
+    if (st->R == 0)
+        printf("--data %s: text, %lld tokens with --model-dir %s's tokenizer (%.1f s)\n", o->data, (long long)n,
+               o->model_dir, cli_now() - t0);
+    s = zdp_dataset_create(ids, (int64_t)n, val_fraction, &st->ds, &err);
+    free(ids);
+    return s != ZDP_OK ? cli_fail("--data %s: %s", o->data, err.msg) : 0;
+}
+
+/* The first token of the dataset outside [0, V): -1 if none, else its
+ * position in the file (train split first, then val). */
+static int64_t first_outside_(const zdp_dataset *ds, int V, int32_t *tok) {
+    int64_t base = 0;
+    for (int sp = 0; sp < 2; sp++) {
+        const zdp_split split = sp == 0 ? ZDP_SPLIT_TRAIN : ZDP_SPLIT_VAL;
+        const int32_t *t = zdp_dataset_tokens(ds, split);
+        const int64_t n = zdp_dataset_n_tokens(ds, split);
+        for (int64_t i = 0; i < n; i++) {
+            if (t[i] >= V) {
+                *tok = t[i];
+                return base + i;
+            }
+        }
+        base += n;
+    }
+    return -1;
+}
+
 /* The data, checked against the model's vocabulary and block size: the
  * generated arithmetic corpus without --data.  0 or cli_fail's code. */
 static int open_data_(const gpt_opts *o, run_state *st) {
@@ -172,15 +325,31 @@ static int open_data_(const gpt_opts *o, run_state *st) {
     st->fmt = st->arith ? ZDP_TOKENS_BYTES : (zdp_token_format)o->data_format;
     if (st->fmt == ZDP_TOKENS_AUTO && zdp_tokens_detect(o->data, &st->fmt, &err) != ZDP_OK)
         return cli_fail("--data: %s", err.msg);
-    double vf = o->val_fraction >= 0 ? o->val_fraction : (st->fmt == ZDP_TOKENS_SHARD ? 0.0 : 0.1);
-    zdp_status s = st->arith ? zdp_dataset_create_arith(o->seed, o->arith_lines,
+    if (o->model_dir != NULL && st->arith)
+        return cli_fail("--model-dir %s needs --data FILE (token ids in its vocabulary); the "
+                        "arithmetic corpus is for byte-level models", o->model_dir);
+    double vf = o->val_fraction >= 0 ? o->val_fraction
+                : (st->fmt == ZDP_TOKENS_SHARD || st->fmt == ZDP_TOKENS_NPY ? 0.0 : 0.1);
+    if (o->model_dir != NULL && st->fmt == ZDP_TOKENS_BYTES) {
+        int rc = open_text_data_(o, st, vf);
+        if (rc != 0) return rc;
+    }
+    zdp_status s = st->ds != NULL ? ZDP_OK
+                   : st->arith ? zdp_dataset_create_arith(o->seed, o->arith_lines,
                                                         CLI_ARITH_MAX_OPERAND, vf, &st->ds, &err)
                              : zdp_dataset_open(o->data, st->fmt, vf, &st->ds, &err);
     if (s != ZDP_OK) return cli_fail("--data: %s", err.msg);
-    if (zdp_dataset_max_token(st->ds) >= o->model.vocab_size)
-        return cli_fail("--data %s: token %d is outside the vocabulary (--vocab-size %d); fix: "
-                        "raise --vocab-size%s", st->arith ? "(generated)" : o->data,
-                        zdp_dataset_max_token(st->ds), o->model.vocab_size,
+    int32_t tok = 0;
+    const int64_t at = first_outside_(st->ds, st->vocab, &tok);
+    if (at >= 0 && o->model_dir != NULL)
+        return cli_fail("--data %s: token %d at position %lld is outside the vocabulary of "
+                        "--model-dir %s (vocab_size %d); fix: tokenize the data with that "
+                        "model's tokenizer", o->data, tok, (long long)at, o->model_dir,
+                        st->vocab);
+    if (at >= 0)
+        return cli_fail("--data %s: token %d at position %lld is outside the vocabulary "
+                        "(--vocab-size %d); fix: raise --vocab-size%s",
+                        st->arith ? "(generated)" : o->data, tok, (long long)at, st->vocab,
                         st->fmt == ZDP_TOKENS_BYTES ? " to 256 for byte-level text" : "");
     if (zdp_dataset_n_windows(st->ds, ZDP_SPLIT_TRAIN, st->T) == 0)
         return cli_fail("--data %s: the train split has %lld tokens, fewer than --block-size + 1 "
@@ -196,7 +365,17 @@ static int init_params_(gpt_opts *o, run_state *st) {
     float **views = st->views = cli_params_views(st->eng, &st->model, false);
     if (views == NULL) return 1;
     int rc = 0;
-    if (o->init != NULL) {
+    if (o->adapter != NULL) {
+        zdp_error err;
+        if (zdp_lora_load_adapter(o->adapter, &st->model, views, &err) != ZDP_OK)
+            rc = cli_fail("--adapter %s", err.msg);
+    } else if (o->lora_rank > 0) {
+        zdp_lora_init_params(&st->model, views); /* the folder's weights are the base's */
+    } else if (o->model_dir != NULL) {
+        zdp_error err;
+        if (zdp_hf_weights_load(o->model_dir, &st->model, views, &err) != ZDP_OK)
+            rc = cli_fail("--model-dir %s", err.msg);
+    } else if (o->init != NULL) {
         zdp_error err;
         if (zdp_gpt_weights_load(o->init, &o->model, st->model.params, st->model.n_params,
                                  views, &err) != ZDP_OK)
@@ -205,6 +384,41 @@ static int init_params_(gpt_opts *o, run_state *st) {
         zdp_gpt_init_params(&st->model, views, o->seed);
     }
     return rc;
+}
+
+/* --lora-rank: the folder's model becomes the frozen base, its weights
+ * loaded outside the engine, and st->model the LoRA model over it.  0 or
+ * cli_fail's code. */
+static int lora_start_(const gpt_opts *o, run_state *st) {
+    zdp_error err;
+    st->base = st->model;
+    memset(&st->model, 0, sizeof st->model);
+    st->base_params = calloc((size_t)st->base.n_params, sizeof *st->base_params);
+    if (st->base_params == NULL) return cli_fail("out of memory");
+    for (int i = 0; i < st->base.n_params; i++) {
+        const zdp_param_info *p = &st->base.params[i];
+        int64_t n = 1;
+        for (int d = 0; d < p->ndim; d++) n *= p->shape[d];
+        if ((st->base_params[i] = malloc((size_t)n * sizeof(float))) == NULL)
+            return cli_fail("out of memory for the base weights");
+    }
+    if (zdp_hf_weights_load(o->model_dir, &st->base, st->base_params, &err) != ZDP_OK)
+        return cli_fail("--model-dir %s", err.msg);
+    zdp_lora_config lc = {.rank = (int)o->lora_rank, .alpha = (float)o->lora_alpha,
+                          .seed = o->seed};
+    if (zdp_lora_targets_parse(o->lora_targets, &lc.targets, &err) != ZDP_OK ||
+        zdp_lora_create(&st->base, (const float *const *)st->base_params, &lc, &st->model,
+                        &err) != ZDP_OK)
+        return cli_fail("--lora-rank %d: %s", lc.rank, err.msg);
+    return 0;
+}
+
+static void lora_free_(run_state *st) {
+    if (st->base_params != NULL)
+        for (int i = 0; i < st->base.n_params; i++) free(st->base_params[i]);
+    free(st->base_params);
+    zdp_lora_destroy(&st->model);
+    zdp_model_destroy(&st->base);
 }
 
 /* Everything that can fail on one rank alone (its own copy of the config,
@@ -222,19 +436,44 @@ static int startup_(gpt_opts *o, run_state *st, int rc) {
     if (rc == 0 && st->cfg.micro_batch_size > 4096)
         rc = cli_fail("train_micro_batch_size_per_gpu = %lld: the GPT trainer takes at most "
                       "4096 sequences per micro-batch", (long long)st->cfg.micro_batch_size);
-    st->b = rc == 0 ? (int)st->cfg.micro_batch_size : 0;
-    st->T = o->model.block_size;
-    /* Data first: its vocabulary must fit the model. */
-    st->arith = o->data == NULL;
-    if (rc == 0) rc = open_data_(o, st);
-    if (rc == 0 && zdp_gpt_create(&o->model, st->b, &st->model, &err) != ZDP_OK)
-        rc = cli_fail("%s", err.msg);
-    if (rc == 0 && zdp_engine_create(&st->cfg, &st->model, &st->eng, &err) != ZDP_OK)
-        rc = cli_fail("%s", err.msg);
-    if (rc == 0) rc = init_params_(o, st);
+    /* The outputs before anything large is read: a model folder can be GBs. */
     if (rc == 0) rc = cli_ckpt_prepare(&o->ckpt);
     if (rc == 0 && o->save_weights != NULL && st->R == 0) /* only rank 0 writes it */
         rc = cli_check_output("--save-weights", o->save_weights, false);
+    if (rc == 0 && o->save_model_dir != NULL && st->R == 0)
+        rc = cli_check_output("--save-model-dir", o->save_model_dir, true);
+    if (rc == 0 && o->save_adapter_dir != NULL && st->R == 0)
+        rc = cli_check_output("--save-adapter-dir", o->save_adapter_dir, true);
+    st->b = rc == 0 ? (int)st->cfg.micro_batch_size : 0;
+    st->T = o->model.block_size;
+    st->vocab = o->model.vocab_size;
+    if (rc == 0 && o->model_dir != NULL) {
+        if (zdp_hf_config_read(o->model_dir, &st->hf, &err) != ZDP_OK)
+            rc = cli_fail("--model-dir %s", err.msg);
+        else
+            st->vocab = st->hf.family == ZDP_HF_GPT2 ? st->hf.gpt.vocab_size
+                                                     : st->hf.llama.vocab_size;
+        if (rc == 0 && st->T > st->hf.max_position_embeddings)
+            rc = cli_fail("--block-size %d: --model-dir %s's max_position_embeddings is %d; "
+                          "use --block-size <= %d", st->T, o->model_dir,
+                          st->hf.max_position_embeddings, st->hf.max_position_embeddings);
+        if (rc == 0 && st->T == 0)
+            st->T = st->hf.max_position_embeddings < ZDP_HF_DEFAULT_BLOCK
+                        ? st->hf.max_position_embeddings : ZDP_HF_DEFAULT_BLOCK;
+    }
+    /* Data first: its vocabulary must fit the model. */
+    st->arith = o->data == NULL;
+    if (rc == 0) rc = open_data_(o, st);
+    zdp_status ms = ZDP_OK;
+    if (rc == 0)
+        ms = o->model_dir != NULL ? zdp_hf_model_create(&st->hf, st->T, st->b, &st->model, &err)
+                                  : zdp_gpt_create(&o->model, st->b, &st->model, &err);
+    if (rc == 0 && ms != ZDP_OK) rc = cli_fail("%s", err.msg);
+    if (rc == 0 && o->lora_rank > 0) rc = lora_start_(o, st);
+    if (rc == 0) st->T = st->model.block_size;
+    if (rc == 0 && zdp_engine_create(&st->cfg, &st->model, &st->eng, &err) != ZDP_OK)
+        rc = cli_fail("%s", err.msg);
+    if (rc == 0) rc = init_params_(o, st);
     return rc;
 }
 
@@ -332,20 +571,37 @@ static int train_loop_(const gpt_opts *o, run_state *st, int64_t cursor) {
     return rc;
 }
 
+/* "gpt L=4 H=4 C=128 V=256" or "llama L=2 H=64 NH=4 KV=2 hd=16 F=128 V=512". */
+static const char *model_shape_(const run_state *st, char *buf, size_t cap) {
+    const zdp_model *m = st->base.self != NULL ? &st->base : &st->model;
+    const zdp_gpt_config *g = zdp_gpt_config_of(m);
+    const zdp_llama_config *l = zdp_llama_config_of(m);
+    if (g != NULL)
+        snprintf(buf, cap, "gpt L=%d H=%d C=%d V=%d", g->n_layer, g->n_head, g->n_embd,
+                 g->vocab_size);
+    else if (l != NULL)
+        snprintf(buf, cap, "%s L=%d H=%d NH=%d KV=%d hd=%d F=%d V=%d",
+                 l->arch == ZDP_ARCH_QWEN3 ? "qwen3" : "llama", l->n_layer, l->hidden, l->n_head,
+                 l->n_kv_head, l->head_dim, l->ffn, l->vocab_size);
+    else
+        snprintf(buf, cap, "model");
+    return buf;
+}
+
 /* Rank 0, after training: the loss curve, and what the model learned, in
  * words (a sample; for the arithmetic corpus, held-out accuracy). */
 static void report_end_(const gpt_opts *o, run_state *st) {
-    char title[160];
-    snprintf(title, sizeof title, "zdp gpt L=%d C=%d T=%d, %d rank(s), ZeRO-%d", o->model.n_layer,
-             o->model.n_embd, st->T, st->W, st->cfg.zero.stage);
+    char title[160], shape[96];
+    snprintf(title, sizeof title, "zdp %s T=%d, %d rank(s), ZeRO-%d",
+             model_shape_(st, shape, sizeof shape), st->T, st->W, st->cfg.zero.stage);
     if (st->log.n > 0 && metrics_plot_svg(&st->log, st->svg_path, title) == 0)
         printf("metrics: %s, loss curve: %s\n", st->csv_path, st->svg_path);
     metrics_close(&st->log);
     float **views = st->views;
     if (views != NULL) {
-        if (st->arith)
+        if (st->arith && zdp_gpt_config_of(&st->model) != NULL)
             sample_arith_report(&st->model, (const float *const *)views, st->ds, 200);
-        else if (o->model.vocab_size == 256)
+        else if (zdp_gpt_config_of(&st->model) != NULL && st->vocab == 256)
             sample_print(&st->model, (const float *const *)views, "\n", 200, 0.8, 40, o->seed);
     }
     fflush(stdout);
@@ -365,6 +621,51 @@ static int save_weights_(const gpt_opts *o, run_state *st) {
             fprintf(stderr, "zdp: error: --save-weights %s\n", err.msg);
             mine = 1;
         }
+    }
+    return zdp_dist_all_ok(mine == 0) ? 0 : 1;
+}
+
+/* COLLECTIVE.  --save-model-dir, written by rank 0: the folder, with
+ * --model-dir's tokenizer files when it has any.  0, or 1 on every rank
+ * when it failed. */
+static int save_model_dir_(const gpt_opts *o, run_state *st) {
+    int mine = 0;
+    if (st->R == 0) {
+        zdp_error err;
+        float **views = st->views; /* the whole model, gathered at stage 3 */
+        if (views == NULL) mine = 1;
+        if (views != NULL &&
+            zdp_hf_save(o->save_model_dir, &st->model, (const float *const *)views,
+                        (zdp_dtype)o->save_dtype, 0, &err) != ZDP_OK) {
+            fprintf(stderr, "zdp: error: --save-model-dir %s\n", err.msg);
+            mine = 1;
+        }
+        int copied = 0;
+        /* A folder without a tokenizer has nothing to copy; that is fine. */
+        if (mine == 0 && o->model_dir != NULL)
+            (void)zdp_hf_copy_tokenizer(o->model_dir, o->save_model_dir, &copied, &err);
+        if (mine == 0)
+            printf("saved the model to %s (%s%s)\n", o->save_model_dir,
+                   zdp_dtype_name((zdp_dtype)o->save_dtype), copied > 0 ? ", with the tokenizer" : "");
+    }
+    return zdp_dist_all_ok(mine == 0) ? 0 : 1;
+}
+
+/* COLLECTIVE.  --save-adapter-dir, written by rank 0: the PEFT folder.  0,
+ * or 1 on every rank when it failed. */
+static int save_adapter_dir_(const gpt_opts *o, run_state *st) {
+    int mine = 0;
+    if (st->R == 0) {
+        zdp_error err;
+        float **views = st->views; /* the whole model, gathered at stage 3 */
+        if (views == NULL) mine = 1;
+        if (views != NULL &&
+            zdp_lora_save_adapter(o->save_adapter_dir, &st->model, (const float *const *)views,
+                                  o->model_dir, &err) != ZDP_OK) {
+            fprintf(stderr, "zdp: error: --save-adapter-dir %s\n", err.msg);
+            mine = 1;
+        }
+        if (mine == 0) printf("saved the adapter to %s\n", o->save_adapter_dir);
     }
     return zdp_dist_all_ok(mine == 0) ? 0 : 1;
 }
@@ -401,15 +702,25 @@ int cmd_train_gpt(int argc, char **argv) {
         if (metrics_open(&st.log, st.csv_path) != 0)
             fprintf(stderr, "zdp: warning: cannot write %s (%s); metrics go only to stdout\n",
                     st.csv_path, strerror(errno));
-        printf("zdp train: gpt L=%d H=%d C=%d V=%d T=%d | %d rank(s) | ZeRO stage %d | %s "
+        char shape[96];
+        printf("zdp train: %s T=%d | %d rank(s) | ZeRO stage %d | %s "
                "accumulation | B %lld = b %d x G %lld x W %d | data %s: %lld train tokens, %lld val\n",
-               o.model.n_layer, o.model.n_head, o.model.n_embd, o.model.vocab_size, st.T, st.W,
+               model_shape_(&st, shape, sizeof shape), st.T, st.W,
                st.cfg.zero.stage, managed ? "managed" : "unmanaged",
                (long long)st.cfg.train_batch_size, st.b,
                (long long)st.cfg.gradient_accumulation_steps, st.W,
                st.arith ? "arithmetic corpus" : o.data,
                (long long)zdp_dataset_n_tokens(st.ds, ZDP_SPLIT_TRAIN),
                (long long)zdp_dataset_n_tokens(st.ds, ZDP_SPLIT_VAL));
+        if (st.base.self != NULL) {
+            const zdp_lora_config *lc = zdp_lora_config_of(&st.model);
+            char tn[32];
+            zdp_lora_targets_name(lc->targets, tn, sizeof tn);
+            printf("LoRA: rank %d, alpha %g, targets %s: %lld adapter parameters train, the "
+                   "base's %d tensors are frozen\n",
+                   lc->rank, (double)lc->alpha, tn, (long long)zdp_engine_numel(st.eng),
+                   st.base.n_params);
+        }
         fflush(stdout);
     }
 
@@ -422,12 +733,15 @@ int cmd_train_gpt(int argc, char **argv) {
     }
     if (st.R == 0) report_end_(&o, &st);
     if (o.save_weights != NULL) rc = save_weights_(&o, &st);
+    if (rc == 0 && o.save_model_dir != NULL) rc = save_model_dir_(&o, &st);
+    if (rc == 0 && o.save_adapter_dir != NULL) rc = save_adapter_dir_(&o, &st);
 done:
     free(st.inputs);
     free(st.targets);
     if (st.eng != NULL) cli_params_free(st.eng, st.views);
     zdp_engine_destroy(st.eng);
-    zdp_gpt_destroy(&st.model);
+    if (st.base.self != NULL) lora_free_(&st);
+    else zdp_model_destroy(&st.model);
     zdp_dataset_destroy(st.ds);
     return rc;
 }

@@ -45,6 +45,7 @@ typedef struct ctx {
     const unsigned char *base; /* the whole body: byte offsets in messages */
     char *err;
     size_t errcap;
+    serve_arena *arena; /* where the decoded request goes */
 } ctx;
 
 static bool fail_(ctx *c, const char *path, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -231,23 +232,29 @@ static bool utf8_ok_(const unsigned char *s, size_t n) {
     return true;
 }
 
-/* A string field as a JSON string (NULL with err set if not UTF-8). */
-static json_t *string_(ctx *c, const field *f) {
+/* A string field as a C string in the arena (NULL with err set if not
+ * UTF-8 without NUL, or out of memory). */
+static const char *string_(ctx *c, const field *f) {
     if (!want_(c, f, WT_LEN)) return NULL;
     if (!utf8_ok_(f->data, f->len)) {
         fail_(c, f->path, "not a UTF-8 string without NUL bytes (%zu bytes)", f->len);
         return NULL;
     }
-    json_t *s = json_stringn((const char *)f->data, f->len);
-    if (s == NULL) fail_(c, f->path, "out of memory");
+    char *s = serve_arena_alloc(c->arena, f->len + 1);
+    if (s == NULL) return fail_(c, f->path, "out of memory"), NULL;
+    memcpy(s, f->data, f->len);
     return s;
 }
 
 /* A printable rendition of a map key for paths in messages (ASCII only, so
  * that a message cut anywhere stays valid UTF-8). */
-static void key_label_(const unsigned char *s, size_t n, char *out, size_t cap) {
+static void key_label_(const char *s, char *out, size_t cap) {
+    const size_t n = strlen(s);
     size_t k = 0;
-    for (size_t i = 0; i < n && k + 4 < cap; i++) out[k++] = s[i] >= 0x20 && s[i] < 0x7f ? (char)s[i] : '?';
+    for (size_t i = 0; i < n && k + 4 < cap; i++) {
+        const unsigned char ch = (unsigned char)s[i];
+        out[k++] = ch >= 0x20 && ch < 0x7f ? (char)ch : '?';
+    }
     if (n > 0 && k + 4 >= cap) {
         out[k++] = '.';
         out[k++] = '.';
@@ -256,44 +263,26 @@ static void key_label_(const unsigned char *s, size_t n, char *out, size_t cap) 
     out[k] = '\0';
 }
 
-/* A map entry {1 key string, 2 value}: the key (checked) and the value field
- * (value->len 0 / value->wire -1 when absent). */
-static bool map_entry_(ctx *c, const field *entry, json_t **key, field *value) {
+/* A map entry {1 key string, 2 value}: the key (checked; "" when absent)
+ * and the value field (value->len 0 / value->wire -1 when absent). */
+static bool map_entry_(ctx *c, const field *entry, const char **key, field *value) {
     static const char *const names[] = {NULL, "key", "value"};
     msg m = {entry->data, entry->data + entry->len, entry->path, names, 3};
     field f;
     int rc;
-    *key = NULL;
+    *key = "";
     value->wire = -1;
     value->len = 0;
     value->data = NULL;
     value->v = 0;
     while ((rc = next_(c, &m, &f)) == 1) {
         if (f.num == 1) {
-            json_decref(*key);
             if ((*key = string_(c, &f)) == NULL) return false;
         } else if (f.num == 2) {
             *value = f;
         }
     }
-    if (rc < 0) {
-        json_decref(*key);
-        *key = NULL;
-        return false;
-    }
-    if (*key == NULL && (*key = json_string("")) == NULL) return fail_(c, entry->path, "out of memory");
-    return true;
-}
-
-/* Appends to arr, refusing a NULL value (out of memory). */
-static bool push_(ctx *c, const char *path, json_t *arr, json_t *v) {
-    if (v == NULL || json_array_append_new(arr, v) != 0) return fail_(c, path, "out of memory");
-    return true;
-}
-
-static bool put_(ctx *c, const char *path, json_t *obj, const char *key, json_t *v) {
-    if (v == NULL || json_object_set_new(obj, key, v) != 0) return fail_(c, path, "out of memory");
-    return true;
+    return rc >= 0;
 }
 
 static uint32_t le32_(const unsigned char *p) {
@@ -302,38 +291,34 @@ static uint32_t le32_(const unsigned char *p) {
 
 static uint64_t le64_(const unsigned char *p) { return (uint64_t)le32_(p) | (uint64_t)le32_(p + 4) << 32; }
 
-/* A JSON number for x; jansson has no NaN or Inf, which become null (the
- * validation refuses null by name). */
-static json_t *real_(double x) { return isfinite(x) ? json_real(x) : json_null(); }
-
-/* Tensor -> TensorData {"data", "dtype", "shape"?}; a sparse one gets the
- * JSON path's sparse_* keys, which the validation refuses. */
-static json_t *tensor_(ctx *c, const field *tf, const char *path) {
+/* Tensor -> t: its dtype's name, shape and values (ints and reals, NaN
+ * kept); a sparse one is marked, which the checks refuse. */
+static bool tensor_(ctx *c, const field *tf, const char *path, serve_tensor_in *t) {
     static const char *const names[] = {NULL, "dense", "sparse_csr", "dtype", "shape"};
     msg m = {tf->data, tf->data + tf->len, path, names, 5};
     field f, dense = {0};
     bool sparse = false, have_dense = false;
     uint64_t dtype = 0;
-    int64_t shape[MAX_SHAPE];
+    int64_t shape0 = 0;
     int n_shape = 0;
     int rc;
     while ((rc = next_(c, &m, &f)) == 1) {
         if (f.num == 1) {
-            if (!want_(c, &f, WT_LEN)) return NULL;
+            if (!want_(c, &f, WT_LEN)) return false;
             dense = f;
             have_dense = true;
             sparse = false;
         } else if (f.num == 2) {
-            if (!want_(c, &f, WT_LEN)) return NULL;
+            if (!want_(c, &f, WT_LEN)) return false;
             sparse = true;
             have_dense = false;
         } else if (f.num == 3) {
-            if (!want_(c, &f, WT_VARINT)) return NULL;
+            if (!want_(c, &f, WT_VARINT)) return false;
             dtype = f.v;
         } else if (f.num == 4) {
             if (f.wire == WT_VARINT) {
-                if (n_shape == MAX_SHAPE) return fail_(c, f.path, "more than %d dimensions", MAX_SHAPE), NULL;
-                shape[n_shape++] = (int64_t)f.v;
+                if (n_shape == MAX_SHAPE) return fail_(c, f.path, "more than %d dimensions", MAX_SHAPE);
+                if (n_shape++ == 0) shape0 = (int64_t)f.v;
             } else if (f.wire == WT_LEN) { /* packed */
                 const unsigned char *p = f.data, *end = f.data + f.len;
                 while (p < end) {
@@ -341,102 +326,95 @@ static json_t *tensor_(ctx *c, const field *tf, const char *path) {
                     int vr = varint_(&p, end, &v);
                     if (vr != 0)
                         return fail_(c, f.path, "%s in the packed values",
-                                     vr == -1 ? "truncated varint" : "varint longer than 64 bits"),
-                               NULL;
-                    if (n_shape == MAX_SHAPE)
-                        return fail_(c, f.path, "more than %d dimensions", MAX_SHAPE), NULL;
-                    shape[n_shape++] = (int64_t)v;
+                                     vr == -1 ? "truncated varint" : "varint longer than 64 bits");
+                    if (n_shape == MAX_SHAPE) return fail_(c, f.path, "more than %d dimensions", MAX_SHAPE);
+                    if (n_shape++ == 0) shape0 = (int64_t)v;
                 }
             } else {
                 return fail_(c, f.path, "wire type %d (%s), expected a varint or packed varints", f.wire,
-                             wire_name_(f.wire)),
-                       NULL;
+                             wire_name_(f.wire));
             }
         }
     }
-    if (rc < 0) return NULL;
+    if (rc < 0) return false;
 
     /* dtype: its name and the width of one dense element (0: unknown). */
-    char label[32];
+    static const char *const dt_names[] = {"unspecified", "float32", "int64", "int32", "bfloat16"};
+    static const size_t widths[] = {0, 4, 8, 4, 2};
     size_t width = 0;
-    switch (dtype) {
-    case 1: snprintf(label, sizeof label, "float32"); width = 4; break;
-    case 2: snprintf(label, sizeof label, "int64"); width = 8; break;
-    case 3: snprintf(label, sizeof label, "int32"); width = 4; break;
-    case 4: snprintf(label, sizeof label, "bfloat16"); width = 2; break;
-    case 0: snprintf(label, sizeof label, "unspecified"); break;
-    default: snprintf(label, sizeof label, "DType %llu", (unsigned long long)dtype); break;
+    if (dtype < 5) {
+        t->dtype = dt_names[dtype];
+        width = widths[dtype];
+    } else {
+        char label[32];
+        snprintf(label, sizeof label, "DType %llu", (unsigned long long)dtype);
+        char *l = serve_arena_alloc(c->arena, strlen(label) + 1);
+        if (l == NULL) return fail_(c, path, "out of memory");
+        memcpy(l, label, strlen(label) + 1);
+        t->dtype = l;
     }
-    json_t *t = json_object(), *data = json_array();
-    if (t == NULL || data == NULL || json_object_set_new(t, "data", data) != 0) {
-        json_decref(t);
-        if (t == NULL) json_decref(data);
-        return fail_(c, path, "out of memory"), NULL;
-    }
-    bool ok = put_(c, path, t, "dtype", json_string(label));
-    if (ok && n_shape > 0) {
-        json_t *sh = json_array();
-        ok = put_(c, path, t, "shape", sh);
-        for (int k = 0; ok && k < n_shape; k++) ok = push_(c, path, sh, json_integer((json_int_t)shape[k]));
-    }
-    if (ok && sparse) {
-        ok = put_(c, path, t, "sparse_crow_indices", json_array()) &&
-             put_(c, path, t, "sparse_col_indices", json_array());
-    } else if (ok && have_dense && width > 0) {
-        char dpath[440];
-        pathf_(dpath, sizeof dpath, "%s.dense", path);
-        if (dense.len % width != 0) {
-            ok = fail_(c, dpath, "%zu bytes is not a whole number of %zu-byte %s values", dense.len, width, label);
-        }
-        const unsigned char *p = dense.data;
-        for (size_t i = 0; ok && i < dense.len / width; i++, p += width) {
-            json_t *v;
-            if (dtype == 1) {
-                uint32_t u = le32_(p);
-                float x;
-                memcpy(&x, &u, sizeof x);
-                v = real_(x);
-            } else if (dtype == 2) {
-                v = json_integer((json_int_t)(int64_t)le64_(p));
-            } else if (dtype == 3) {
-                v = json_integer((json_int_t)(int32_t)le32_(p));
-            } else { /* bfloat16: the upper half of a float32 */
-                uint32_t u = ((uint32_t)p[0] | (uint32_t)p[1] << 8) << 16;
-                float x;
-                memcpy(&x, &u, sizeof x);
-                v = real_(x);
-            }
-            ok = push_(c, dpath, data, v);
+    t->tensor_data = true;
+    t->n_shape = n_shape;
+    t->shape0 = shape0;
+    t->sparse = sparse;
+    t->not_int = t->not_num = (serve_odd){-1, NULL};
+    if (sparse || !have_dense || width == 0) return true; /* no values */
+    char dpath[440];
+    pathf_(dpath, sizeof dpath, "%s.dense", path);
+    if (dense.len % width != 0)
+        return fail_(c, dpath, "%zu bytes is not a whole number of %zu-byte %s values", dense.len, width, t->dtype);
+    const size_t n = dense.len / width;
+    int64_t *iv = serve_arena_alloc(c->arena, (n + 1) * sizeof *iv);
+    double *rv = serve_arena_alloc(c->arena, (n + 1) * sizeof *rv);
+    if (iv == NULL || rv == NULL) return fail_(c, dpath, "out of memory");
+    const unsigned char *p = dense.data;
+    for (size_t i = 0; i < n; i++, p += width) {
+        if (dtype == 2) {
+            iv[i] = (int64_t)le64_(p);
+            rv[i] = (double)iv[i];
+        } else if (dtype == 3) {
+            iv[i] = (int32_t)le32_(p);
+            rv[i] = (double)iv[i];
+        } else {
+            /* float32, or bfloat16: the upper half of a float32 */
+            uint32_t u = dtype == 1 ? le32_(p) : ((uint32_t)p[0] | (uint32_t)p[1] << 8) << 16;
+            float x;
+            memcpy(&x, &u, sizeof x);
+            rv[i] = x;
         }
     }
-    if (!ok) {
-        json_decref(t);
-        return NULL;
-    }
-    return t;
+    /* Floating-point values are numbers but not token ids (as JSON reals). */
+    if ((dtype == 1 || dtype == 4) && n > 0) t->not_int = (serve_odd){0, "a number"};
+    t->n = (int64_t)n;
+    t->ints = iv;
+    t->reals = rv;
+    return true;
 }
 
-/* Chunk -> {"type": "encoded_text", "tokens": [...]}, or {"type": "image"} /
- * {"type": "dmel"} (refused by the validation, which names them). */
-static json_t *chunk_(ctx *c, const field *cf, const char *path) {
+/* Chunk -> k: encoded_text with its tokens, or the kind of another chunk
+ * (image, dmel, none), which the checks refuse by name. */
+static bool chunk_(ctx *c, const field *cf, const char *path, serve_chunk_in *k) {
     static const char *const names[] = {NULL, "encoded_text", "image", "dmel"};
     msg m = {cf->data, cf->data + cf->len, path, names, 4};
     field f, text = {0};
     int kind = 0, rc;
     while ((rc = next_(c, &m, &f)) == 1) {
         if (f.num >= 1 && f.num <= 3) {
-            if (!want_(c, &f, WT_LEN)) return NULL;
+            if (!want_(c, &f, WT_LEN)) return false;
             kind = (int)f.num;
             if (kind == 1) text = f;
         }
     }
-    if (rc < 0) return NULL;
+    if (rc < 0) return false;
+    k->not_int = (serve_odd){-1, NULL};
     if (kind != 1) {
-        const char *type = kind == 2 ? "image" : kind == 3 ? "dmel" : "none (an empty Chunk)";
-        json_t *o = json_pack("{s:s}", "type", type);
-        if (o == NULL) fail_(c, path, "out of memory");
-        return o;
+        static const char *const types[] = {"none (an empty Chunk)", NULL, "image", "dmel"};
+        static const char *const labels[] = {"\"none (an empty Chunk)\"", NULL, "\"image\"", "\"dmel\""};
+        k->type = types[kind];
+        k->type_label = labels[kind];
+        return true;
     }
+    k->type = "encoded_text";
     /* EncodedTextChunk {1 tokens: int32 LE bytes} */
     static const char *const tnames[] = {NULL, "tokens"};
     msg tm = {text.data, text.data + text.len, text.path, tnames, 2};
@@ -444,57 +422,49 @@ static json_t *chunk_(ctx *c, const field *cf, const char *path) {
     bool have = false;
     while ((rc = next_(c, &tm, &f)) == 1) {
         if (f.num == 1) {
-            if (!want_(c, &f, WT_LEN)) return NULL;
+            if (!want_(c, &f, WT_LEN)) return false;
             tokens = f;
             have = true;
         }
     }
-    if (rc < 0) return NULL;
-    if (have && tokens.len % 4 != 0) {
-        fail_(c, tokens.path, "%zu bytes is not a whole number of int32 tokens", tokens.len);
-        return NULL;
-    }
-    json_t *o = json_object(), *arr = json_array();
-    if (o == NULL || arr == NULL || json_object_set_new(o, "tokens", arr) != 0) {
-        json_decref(o);
-        if (o == NULL) json_decref(arr);
-        return fail_(c, path, "out of memory"), NULL;
-    }
-    bool ok = put_(c, path, o, "type", json_string("encoded_text"));
-    for (size_t i = 0; ok && have && i < tokens.len / 4; i++)
-        ok = push_(c, tokens.path, arr, json_integer((json_int_t)(int32_t)le32_(tokens.data + 4 * i)));
-    if (!ok) {
-        json_decref(o);
-        return NULL;
-    }
-    return o;
+    if (rc < 0) return false;
+    if (have && tokens.len % 4 != 0)
+        return fail_(c, tokens.path, "%zu bytes is not a whole number of int32 tokens", tokens.len);
+    const size_t n = have ? tokens.len / 4 : 0;
+    int64_t *tv = serve_arena_alloc(c->arena, (n + 1) * sizeof *tv);
+    if (tv == NULL) return fail_(c, path, "out of memory");
+    for (size_t i = 0; i < n; i++) tv[i] = (int32_t)le32_(tokens.data + 4 * i);
+    k->n = (int64_t)n;
+    k->tokens = tv;
+    return true;
 }
 
-/* Datum -> {"model_input": {"chunks": [...]}, "loss_fn_inputs": {...}}. */
-static json_t *datum_(ctx *c, const field *df, const char *path) {
+/* Datum -> d: its chunks and its loss_fn_inputs (a key sent twice: the
+ * last value, as protobuf's maps). */
+static bool datum_(ctx *c, const field *df, const char *path, serve_datum_in *d) {
     static const char *const names[] = {NULL, "model_input", "loss_fn_inputs"};
     msg m = {df->data, df->data + df->len, path, names, 3};
-    json_t *d = json_pack("{s:{s:[]},s:{}}", "model_input", "chunks", "loss_fn_inputs");
-    if (d == NULL) return fail_(c, path, "out of memory"), NULL;
-    json_t *chunks = json_object_get(json_object_get(d, "model_input"), "chunks");
-    json_t *inputs = json_object_get(d, "loss_fn_inputs");
+    size_t chunk_cap = 0, input_cap = 0;
     field f;
-    int rc = 0;
-    size_t n_chunks = 0;
-    bool ok = true;
-    while (ok && (rc = next_(c, &m, &f)) == 1) {
+    int rc;
+    while ((rc = next_(c, &m, &f)) == 1) {
         if (f.num == 1) {
             char cpath[440];
-            pathf_(cpath, sizeof cpath, "%s.model_input[%zu]", path, n_chunks++);
-            ok = want_(c, &f, WT_LEN) && push_(c, cpath, chunks, chunk_(c, &f, cpath));
+            pathf_(cpath, sizeof cpath, "%s.model_input[%lld]", path, (long long)d->n_chunks);
+            if (!want_(c, &f, WT_LEN)) return false;
+            serve_chunk_in *grown = serve_arena_grow(c->arena, d->chunks, (size_t)d->n_chunks, &chunk_cap,
+                                                     sizeof *grown);
+            if (grown == NULL) return fail_(c, cpath, "out of memory");
+            d->chunks = grown;
+            serve_chunk_in *k = &d->chunks[d->n_chunks++];
+            memset(k, 0, sizeof *k);
+            if (!chunk_(c, &f, cpath, k)) return false;
         } else if (f.num == 2) {
-            json_t *key = NULL;
+            const char *key;
             field value;
-            ok = want_(c, &f, WT_LEN) && map_entry_(c, &f, &key, &value);
-            if (!ok) break;
+            if (!want_(c, &f, WT_LEN) || !map_entry_(c, &f, &key, &value)) return false;
             char label[80], tpath[440];
-            key_label_((const unsigned char *)json_string_value(key), json_string_length(key), label,
-                       sizeof label);
+            key_label_(key, label, sizeof label);
             pathf_(tpath, sizeof tpath, "%s.loss_fn_inputs.%s", path, label);
             field empty = {0};
             if (value.wire == -1) {
@@ -502,111 +472,121 @@ static json_t *datum_(ctx *c, const field *df, const char *path) {
                 value = empty;
                 value.wire = WT_LEN;
             }
-            json_t *t = NULL;
             if (value.wire != WT_LEN) {
                 pathf_(value.path, sizeof value.path, "%s", tpath);
-                ok = want_(c, &value, WT_LEN);
-            } else {
-                ok = (t = tensor_(c, &value, tpath)) != NULL;
+                return want_(c, &value, WT_LEN);
             }
-            if (ok) ok = put_(c, tpath, inputs, json_string_value(key), t);
-            json_decref(key);
+            serve_tensor_in *grown = serve_arena_grow(c->arena, d->inputs, (size_t)d->n_inputs, &input_cap,
+                                                      sizeof *grown);
+            if (grown == NULL) return fail_(c, tpath, "out of memory");
+            d->inputs = grown;
+            serve_tensor_in *t = &d->inputs[d->n_inputs++];
+            memset(t, 0, sizeof *t);
+            t->name = key;
+            if (!tensor_(c, &value, tpath, t)) return false;
         }
     }
-    if (!ok || rc < 0) {
-        json_decref(d);
-        return NULL;
-    }
-    return d;
+    return rc >= 0;
 }
 
-json_t *serve_proto_decode_fwdbwd(const unsigned char *buf, size_t len, bool *forward_only, char *err,
-                                  size_t errcap) {
+bool serve_proto_decode_fwdbwd(const unsigned char *buf, size_t len, serve_proto_fwdbwd *out, char *err,
+                               size_t errcap) {
     static const char *const names[] = {NULL,      "model_id",       "seq_id",      "data",
                                         "loss_fn", "loss_fn_config", "forward_only"};
+    memset(out, 0, sizeof *out);
+    out->model_id = "";
     if (buf == NULL) buf = (const unsigned char *)"";
-    ctx c = {buf, err, errcap};
+    serve_fwd_in *in = &out->in;
+    ctx c = {buf, err, errcap, &in->arena};
     if (errcap > 0) err[0] = '\0';
-    *forward_only = false;
     msg m = {buf, buf + len, "", names, 7};
-    json_t *model_id = NULL, *loss_fn = NULL;
-    json_t *data = json_array(), *config = json_object();
-    int64_t seq = 0;
+    size_t data_cap = 0, key_cap = 0, value_cap = 0;
     field f;
     int rc = 0;
-    size_t n_data = 0;
-    bool ok = data != NULL && config != NULL;
-    if (!ok) fail_(&c, "", "out of memory");
+    bool ok = true;
     while (ok && (rc = next_(&c, &m, &f)) == 1) {
         switch (f.num) {
-        case 1:
-            json_decref(model_id);
-            ok = (model_id = string_(&c, &f)) != NULL;
+        case 1: {
+            const char *id = string_(&c, &f);
+            if ((ok = id != NULL)) out->model_id = id;
             break;
+        }
         case 2:
             /* int32: the low 32 bits (a negative one is sent sign-extended). */
-            if ((ok = want_(&c, &f, WT_VARINT))) seq = (int32_t)(uint32_t)f.v;
+            if ((ok = want_(&c, &f, WT_VARINT))) out->seq_id = (int32_t)(uint32_t)f.v;
             break;
         case 3: {
             char dpath[64];
-            pathf_(dpath, sizeof dpath, "data[%zu]", n_data++);
-            ok = want_(&c, &f, WT_LEN) && push_(&c, dpath, data, datum_(&c, &f, dpath));
+            pathf_(dpath, sizeof dpath, "data[%lld]", (long long)in->n);
+            ok = want_(&c, &f, WT_LEN);
+            serve_datum_in *grown = ok ? serve_arena_grow(c.arena, in->data, (size_t)in->n, &data_cap, sizeof *grown)
+                                       : NULL;
+            if (ok && grown == NULL) ok = fail_(&c, dpath, "out of memory");
+            if (ok) {
+                in->data = grown;
+                serve_datum_in *d = &in->data[in->n++];
+                memset(d, 0, sizeof *d);
+                ok = datum_(&c, &f, dpath, d);
+            }
             break;
         }
-        case 4:
-            json_decref(loss_fn);
-            ok = (loss_fn = string_(&c, &f)) != NULL;
+        case 4: {
+            const char *lf = string_(&c, &f);
+            if ((ok = lf != NULL)) in->loss_fn = lf[0] ? lf : NULL; /* "" is protobuf's "not set" */
             break;
+        }
         case 5: {
-            json_t *key = NULL;
+            const char *key;
             field value;
             ok = want_(&c, &f, WT_LEN) && map_entry_(&c, &f, &key, &value);
             if (!ok) break;
             char label[80], vpath[160];
-            key_label_((const unsigned char *)json_string_value(key), json_string_length(key), label,
-                       sizeof label);
+            key_label_(key, label, sizeof label);
             pathf_(vpath, sizeof vpath, "loss_fn_config.%s", label);
             double x = 0.0;
             if (value.wire != -1) {
                 pathf_(value.path, sizeof value.path, "%s", vpath);
-                if ((ok = want_(&c, &value, WT_I64))) memcpy(&x, &value.v, sizeof x);
+                if (!(ok = want_(&c, &value, WT_I64))) break;
+                memcpy(&x, &value.v, sizeof x);
             }
-            if (ok) ok = put_(&c, vpath, config, json_string_value(key), real_(x));
-            json_decref(key);
+            /* A key sent twice: the last value, in the first one's place. */
+            int64_t at = 0;
+            while (at < in->n_config && strcmp(in->config_keys[at], key) != 0) at++;
+            if (at == in->n_config) {
+                const char **keys = serve_arena_grow(c.arena, in->config_keys, (size_t)at, &key_cap, sizeof *keys);
+                double *values = serve_arena_grow(c.arena, in->config_values, (size_t)at, &value_cap,
+                                                  sizeof *values);
+                if (keys == NULL || values == NULL) {
+                    ok = fail_(&c, vpath, "out of memory");
+                    break;
+                }
+                in->config_keys = keys;
+                in->config_values = values;
+                in->config_keys[at] = key;
+                in->n_config++;
+            }
+            in->config_values[at] = x; /* NaN stays NaN: the checks refuse it by name */
             break;
         }
         case 6:
-            if ((ok = want_(&c, &f, WT_VARINT))) *forward_only = f.v != 0;
+            if ((ok = want_(&c, &f, WT_VARINT))) out->forward_only = f.v != 0;
             break;
         default:
             break; /* unknown: skipped (newer SDKs add fields) */
         }
     }
-    json_t *root = NULL;
-    if (ok && rc >= 0) {
-        json_t *in = json_object();
-        root = json_object();
-        if (model_id == NULL) model_id = json_string("");
-        ok = in != NULL && root != NULL && model_id != NULL &&
-             json_object_set(root, "model_id", model_id) == 0 &&
-             json_object_set_new(root, "seq_id", json_integer((json_int_t)seq)) == 0 &&
-             json_object_set(in, "data", data) == 0;
-        if (ok && loss_fn != NULL && json_string_length(loss_fn) > 0)
-            ok = json_object_set(in, "loss_fn", loss_fn) == 0;
-        if (ok && json_object_size(config) > 0) ok = json_object_set(in, "loss_fn_config", config) == 0;
-        if (ok) ok = json_object_set(root, *forward_only ? "forward_input" : "forward_backward_input", in) == 0;
-        json_decref(in);
-        if (!ok) {
-            json_decref(root);
-            root = NULL;
-            fail_(&c, "", "out of memory");
-        }
+    if (!ok || rc < 0) {
+        serve_proto_fwdbwd_free(out);
+        return false;
     }
-    json_decref(model_id);
-    json_decref(loss_fn);
-    json_decref(data);
-    json_decref(config);
-    return root;
+    return true;
+}
+
+void serve_proto_fwdbwd_free(serve_proto_fwdbwd *r) {
+    if (r == NULL) return;
+    serve_fwd_in_free(&r->in);
+    memset(r, 0, sizeof *r);
+    r->model_id = "";
 }
 
 /* ---- writing -------------------------------------------------------------------------- */

@@ -4,11 +4,14 @@
  * application/x-protobuf; docs/tinker-protocol.md §0, §1.6).
  *
  * A hand-written codec for the messages of tinker_public.proto that zdp serve
- * needs, and nothing else.  The request is translated into the JSON object
- * that the JSON path already takes, so every check of the request's content
- * stays in one place (request.c's serve_parse_fwd); the codec refuses only what
- * is not well-formed protobuf.  Depends on jansson only (the fuzz target
- * tests/fuzz/fuzz_serve_proto.c links it through zdp_serve).
+ * needs, and nothing else.  A request is decoded straight into the typed
+ * request the JSON path also produces (serve_fwd_in, fwd_input.h), and
+ * request.c's serve_fwd_build checks its content for both (one set of
+ * checks, each message naming the JSON path); the codec refuses only what is
+ * not well-formed protobuf.  Numbers keep their values: a NaN weight is NaN
+ * until the check that refuses it.  The encoders depend on jansson only for
+ * their JSON forms (the fuzz target tests/fuzz/fuzz_serve_proto.c links it
+ * through zdp_serve).
  */
 #ifndef ZDP_SERVE_PROTO_H
 #define ZDP_SERVE_PROTO_H
@@ -18,20 +21,30 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fwd_input.h"
+
 #define SERVE_PROTO_CONTENT_TYPE "application/x-protobuf"
 
-/* Decodes a ForwardBackwardRequest {1 model_id, 2 seq_id, 3 data, 4 loss_fn,
- * 5 loss_fn_config, 6 forward_only} into
- *   {"model_id", "seq_id", KEY: {"data": [Datum...], "loss_fn"?, "loss_fn_config"?}}
- * with KEY "forward_input" when forward_only is set, else
- * "forward_backward_input"; a Datum is {"model_input": {"chunks": [...]},
- * "loss_fn_inputs": {name: {"data", "dtype", "shape"?}}}.  Image and dmel
- * chunks, sparse tensors and dtypes other than int64/int32/float32 come out
- * in a form the JSON validation refuses by name.  Unknown fields are skipped.
- * Returns a new reference, or NULL with err set ("data[2].loss_fn_inputs.
- * target_tokens.dense: ...": the field path, then what is wrong). */
-json_t *serve_proto_decode_fwdbwd(const unsigned char *buf, size_t len, bool *forward_only, char *err,
-                                  size_t errcap);
+/* A ForwardBackwardRequest {1 model_id, 2 seq_id, 3 data, 4 loss_fn,
+ * 5 loss_fn_config, 6 forward_only}, decoded. */
+typedef struct serve_proto_fwdbwd {
+    const char *model_id; /* "" when not sent; UTF-8 without NUL */
+    int64_t seq_id;       /* int32 on the wire (sign-extended); 0 when not sent */
+    bool forward_only;    /* a forward (forward_input), else forward_backward_input */
+    /* data (a Datum is model_input chunks and loss_fn_inputs tensors),
+     * loss_fn ("" is not given), loss_fn_config; its arena also owns
+     * model_id.  Image and dmel chunks, sparse tensors and dtypes other than
+     * int64/int32/float32 come out as what they are, for the checks to
+     * refuse by name.  Unknown fields are skipped. */
+    serve_fwd_in in;
+} serve_proto_fwdbwd;
+
+/* Decodes buf[0..len) into *out: true, or false with err set ("data[2].
+ * loss_fn_inputs.target_tokens.dense: ...": the field path, then what is
+ * wrong) and *out empty.  Either way serve_proto_fwdbwd_free(out) after. */
+bool serve_proto_decode_fwdbwd(const unsigned char *buf, size_t len, serve_proto_fwdbwd *out, char *err,
+                               size_t errcap);
+void serve_proto_fwdbwd_free(serve_proto_fwdbwd *r);
 
 /* Encodes the JSON ForwardBackwardOutput the server computes
  * ({"loss_fn_output_type", "loss_fn_outputs": [{name: TensorData}...],

@@ -30,9 +30,10 @@
  * Protobuf (SDK 0.25).  0.25 posts every forward_backward -- and forward, as
  * forward_backward with forward_only = true -- as application/x-protobuf
  * (client/config's proto_write_fwdbwd is no longer read), and takes the
- * ForwardBackwardOutput only as protobuf.  The body is decoded into the JSON
- * object the JSON path takes and goes the same way from there (one
- * validation).  Its future remembers that it came as protobuf: retrieve_future
+ * ForwardBackwardOutput only as protobuf.  The body is decoded straight into
+ * the typed request the JSON path also produces (fwd_input.h), and
+ * serve_fwd_build checks it for both (one validation; the envelope's checks,
+ * check_model_id_ and check_seq_id_, are shared too).  Its future remembers that it came as protobuf: retrieve_future
  * answers it in protobuf when the poll's Accept names application/x-protobuf
  * (errors and try_again stay JSON, which 0.25 reads).  A JSON request always
  * gets JSON: 0.18-0.24 send JSON (proto_write_fwdbwd is false here), and
@@ -70,6 +71,7 @@ void tinker_destroy(tinker_state *t) {
         free(f->result);
         serve_fwd_result_free(f->fwd);
         serve_sample_result_free(f->samp);
+        serve_save_result_free(f->saved);
         free(f);
     }
     for (session *x = t->sessions, *n; x != NULL; x = n) {
@@ -115,6 +117,16 @@ static enum MHD_Result reply_err_(struct MHD_Connection *c, int status, const ch
                                             status >= 500 ? "server" : "user", "field", field));
 }
 
+enum MHD_Result tinker_reply_error(struct MHD_Connection *c, int status, const char *field, const char *fmt,
+                                   ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return reply_err_(c, status, field, "%s", msg);
+}
+
 /* A failed future's result: the SDK raises RequestFailedError(error, category). */
 static char *failure_(const char *category, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static char *failure_(const char *category, const char *fmt, ...) {
@@ -144,6 +156,7 @@ void tinker_prune(tinker_state *t) {
             free(f->result);
             serve_fwd_result_free(f->fwd);
             serve_sample_result_free(f->samp);
+            serve_save_result_free(f->saved);
             free(f);
             t->n_futures--;
         } else {
@@ -256,18 +269,20 @@ static void hold_(server *s, job *j) {
 
 bool tinker_tick_locked(server *s) {
     tinker_state *t = s->tinker;
-    if (t == NULL || t->held == NULL) return false;
+    if (t == NULL) return false;
+    const bool swept = tinker_runs_sweep_locked(s);
+    if (t->held == NULL) return swept;
     double oldest = t->held->arrived;
     for (job *j = t->held; j != NULL; j = j->next)
         if (j->arrived < oldest) oldest = j->arrived;
-    if (serve_now() - oldest < s->opt.seq_gap_s) return false;
+    if (serve_now() - oldest < s->opt.seq_gap_s) return swept;
     fprintf(stderr,
             "zdp serve: warning: model %s: seq_id %lld..%lld never arrived within %g s "
             "(--seq-gap-seconds); running seq_id %lld and later without them\n",
             t->model_id, (long long)t->next_seq, (long long)t->held->seq_id - 1, s->opt.seq_gap_s,
             (long long)t->held->seq_id);
     t->next_seq = t->held->seq_id;
-    return release_(s);
+    return release_(s) || swept;
 }
 
 /* Fails every held request with msg (shutdown, a replaced or unloaded model). */
@@ -361,17 +376,30 @@ void tinker_finish_locked(server *s, job *j, int status, char *body) {
     } else if (j->op == OP_SAMPLE_FILE) {
         result = body; /* not expected: a result without its typed form */
         body = NULL;
-    } else {
-        const char *type = j->op == OP_SAVE_STATE     ? "save_weights"
-                           : j->op == OP_SAVE_WEIGHTS ? "save_weights_for_sampler"
-                                                      : "load_weights";
-        /* save_weights_for_sampler without a name opens a sampling session on
+    } else if (j->saved != NULL) {
+        /* A save or load, kept typed until a poll encodes it.
+         * save_weights_for_sampler without a name opens a sampling session on
          * the file (save_weights_and_get_sampling_client). */
-        if (j->sampling_session != NULL && !add_sampler_(s->tinker, j->sampling_session, (const char *)j->payload))
+        serve_save_result *r = j->saved;
+        if ((j->op == OP_SAVE_STATE || j->op == OP_SAVE_WEIGHTS) && j->tinker_path != NULL)
+            tinker_runs_set_expiry(s, j->tinker_path, j->expires);
+        if (j->sampling_session != NULL && !add_sampler_(s->tinker, j->sampling_session, r->path)) {
             result = failure_("server", "out of memory");
-        else
-            result = serve_dump(json_pack("{s:s,s:s,s:s*}", "path", j->tinker_path, "type", type,
-                                          "sampling_session_id", j->sampling_session));
+        } else {
+            r->name = j->tinker_path;
+            r->session = j->sampling_session;
+            j->tinker_path = j->sampling_session = NULL;
+            j->saved = NULL;
+            j->fut->saved = r;
+            j->fut->done = true;
+            j->fut->done_at = serve_now();
+            j->fut = NULL;
+            free(body);
+            serve_job_free(j);
+            return;
+        }
+    } else {
+        result = failure_("server", "%s finished without its result (a bug in zdp)", serve_ops[j->op].name);
     }
     free(body);
     if (result == NULL) result = failure_("server", "out of memory");
@@ -382,22 +410,25 @@ void tinker_finish_locked(server *s, job *j, int status, char *body) {
 
 static void destroy_(void *state) { tinker_destroy(state); }
 
-bool serve_register_tinker(server *s) {
+bool serve_register_tinker(server *s, char *why, size_t cap) {
     s->tinker = tinker_create();
-    if (s->tinker == NULL) return false;
+    if (s->tinker == NULL) {
+        snprintf(why, cap, "out of memory");
+        return false;
+    }
     s->proto = (serve_protocol){.prefix = "/api/v1/", .state = s->tinker, .handle = tinker_handle,
                                 .content_type = SERVE_PROTO_CONTENT_TYPE,
                                 .content_type_hint = " (or " SERVE_PROTO_CONTENT_TYPE
                                                      " for the Tinker SDK's forward_backward)",
                                 .finish = tinker_finish_locked, .tick = tinker_tick_locked,
                                 .shutdown = tinker_shutdown_locked, .destroy = destroy_};
-    return true;
+    return tinker_runs_restore(s, why, cap);
 }
 
 /* ---- names on disk ------------------------------------------------------------------- */
 
 /* A checkpoint name from a client: one path component. */
-static bool good_name_(const char *n) {
+bool tinker_good_name(const char *n) {
     size_t len = strlen(n);
     if (len == 0 || len > 200 || n[0] == '.') return false;
     for (size_t i = 0; i < len; i++) {
@@ -425,24 +456,36 @@ static void model_dir_(const char *model_id, char *out, size_t cap) {
 
 /* ---- request parsing ------------------------------------------------------------------- */
 
+/* The envelope's checks, the same for JSON and protobuf: model_id a
+ * non-empty string under 160 bytes (NULL: not a string; given: sent at all). */
+static bool check_model_id_(bool given, const char *m, size_t len, verr *e) {
+    if (m == NULL || len == 0 || len >= 160)
+        return serve_bad(e, 400, "model_id", "model_id: %s; send the model_id create_model returned",
+                         given ? "must be a non-empty string" : "missing");
+    return true;
+}
+
+/* seq_id in [1, SERVE_MAX_SEQ_ID]: bounded, so the next one due, seq_id + 1,
+ * neither overflows nor rounds. */
+static bool check_seq_id_(int64_t seq, verr *e) {
+    if (seq < 1 || seq > SERVE_MAX_SEQ_ID)
+        return serve_bad(e, 400, "seq_id", "seq_id = %lld: must be in [1, 2^53 - 1]; the SDK numbers a "
+                         "model's requests 1, 2, 3, ...", (long long)seq);
+    return true;
+}
+
 /* model_id (a string) and seq_id (an integer >= 1) of a training verb. */
 static bool envelope_(const json_t *root, const char **model_id, int64_t *seq, bool need_seq, verr *e) {
     const json_t *m = json_object_get(root, "model_id");
-    if (!json_is_string(m) || json_string_length(m) == 0 || json_string_length(m) >= 160)
-        return serve_bad(e, 400, "model_id", "model_id: %s; send the model_id create_model returned",
-                         m ? "must be a non-empty string" : "missing");
+    if (!check_model_id_(m != NULL, json_string_value(m), json_string_length(m), e)) return false;
     *model_id = json_string_value(m);
     *seq = 0;
     const json_t *q = json_object_get(root, "seq_id");
     if (!need_seq) return true;
-    /* Bounded: the next seq_id due is seq_id + 1. */
-    if (!json_is_integer(q) || json_integer_value(q) < 1 || json_integer_value(q) > SERVE_MAX_SEQ_ID) {
-        if (json_is_integer(q))
-            return serve_bad(e, 400, "seq_id", "seq_id = %lld: must be in [1, 2^53 - 1]; the SDK numbers a "
-                             "model's requests 1, 2, 3, ...", (long long)json_integer_value(q));
+    if (!json_is_integer(q))
         return serve_bad(e, 400, "seq_id", "seq_id: %s; the SDK numbers a model's requests 1, 2, 3, ...",
                          q ? "must be an integer >= 1" : "missing");
-    }
+    if (!check_seq_id_((int64_t)json_integer_value(q), e)) return false;
     *seq = (int64_t)json_integer_value(q);
     return true;
 }
@@ -460,7 +503,7 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
         if (!json_is_object(in))
             return serve_bad(e, 400, key, "%s: %s; must be {data, loss_fn, loss_fn_config}", key,
                              in ? "not an object" : "missing");
-        return serve_parse_fwd(in, key, &s->opt.model, j, e);
+        return serve_parse_fwd(in, key, &s->model, j, e);
     }
     if (!strcmp(verb, "optim_step")) {
         j->op = OP_OPTIM;
@@ -485,13 +528,31 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
             if ((j->sampling_session = strdup(sid)) == NULL) return serve_bad(e, 500, "path", "out of memory");
             p = NULL;
         }
-        if (j->sampling_session == NULL && (!json_is_string(p) || !good_name_(json_string_value(p))))
+        if (j->sampling_session == NULL && (!json_is_string(p) || !tinker_good_name(json_string_value(p))))
             return serve_bad(e, 400, "path", "path: must be a name of letters, digits, '.', '_' or '-' "
                              "(not starting with '.'), got %s", p ? zdp_json_type_name(p) : "nothing");
         const char *name = j->sampling_session != NULL ? auto_name : json_string_value(p);
+        /* ttl_seconds: the checkpoint is removed that long after it was
+         * written (tinker/runs.c); null or absent: kept until deleted. */
+        const json_t *ttl = json_object_get(root, "ttl_seconds");
+        if (ttl != NULL && !json_is_null(ttl) && (!json_is_integer(ttl) || json_integer_value(ttl) < 1 ||
+                                                  json_integer_value(ttl) > 100LL * 365 * 86400))
+            return serve_bad(e, 400, "ttl_seconds", "ttl_seconds: must be null or an integer of seconds in "
+                             "[1, 100 years], got %s", json_is_integer(ttl) ? "an integer out of range"
+                                                                            : zdp_json_type_name(ttl));
+        j->expires = json_is_integer(ttl) ? (double)time(NULL) + (double)json_integer_value(ttl) : 0;
         /* Inside --checkpoint-dir, even through a symbolic link placed there. */
         snprintf(rel, sizeof rel, sampler ? "%s/sampler_weights/%s.safetensors" : "%s/%s", mdir, name);
         if (!serve_resolve_path(s, "path", rel, path, sizeof path, e)) return false;
+        /* save_state(name, overwrite=False), the SDK's default: a name
+         * that exists is refused, never silently replaced. */
+        const json_t *ow = json_object_get(root, "overwrite");
+        if (ow != NULL && !json_is_boolean(ow))
+            return serve_bad(e, 400, "overwrite", "overwrite: must be a boolean, got %s", zdp_json_type_name(ow));
+        struct stat sb;
+        if (!sampler && !json_is_true(ow) && stat(path, &sb) == 0)
+            return serve_bad(e, 400, "overwrite", "path \"%s\": model %s already has a checkpoint of that "
+                             "name; pass overwrite=True to replace it, or choose another name", name, model_id);
         snprintf(dir, sizeof dir, "%s", path);
         *strrchr(dir, '/') = '\0';
         if (serve_mkdirs(dir) != 0)
@@ -510,7 +571,7 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
                              "save_weights returned");
         const char *v = json_string_value(p) + strlen(pre);
         const char *mark = strstr(v, "/weights/");
-        if (mark == NULL || mark == v || !good_name_(mark + 9) || (size_t)(mark - v) >= 160)
+        if (mark == NULL || mark == v || !tinker_good_name(mark + 9) || (size_t)(mark - v) >= 160)
             return serve_bad(e, 400, "path", "path = \"%s\": must be tinker://MODEL_ID/weights/NAME "
                              "(sampler weights cannot be loaded for training)", json_string_value(p));
         char owner[160], odir[160];
@@ -530,20 +591,10 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
     return serve_bad(e, 404, "url", "%s: not a training verb (a bug in zdp)", verb);
 }
 
-/* POST forward_backward, forward, optim_step, save_weights,
- * save_weights_for_sampler, load_weights: answered with a future. */
-int tinker_submit(server *s, const char *verb, const json_t *root, const char *idem, bool proto,
-                  tinker_ticket *out, verr *e) {
-    const char *model_id;
-    int64_t seq;
-    if (!envelope_(root, &model_id, &seq, true, e)) return e->status;
-
-    /* Validate outside the lock: parsing a large body must not stall others. */
-    job *j = calloc(1, sizeof *j);
-    if (j == NULL) return serve_bad(e, 500, "", "out of memory"), 500;
-    verr why = {0};
-    const bool valid = build_job_(s, verb, root, model_id, j, &why);
-
+/* A built job (valid: else refused with why) onto model_id's order: its
+ * future, or a retry's first one. */
+static int queue_job_(server *s, const char *model_id, int64_t seq, job *j, bool valid, const verr *why,
+                      const char *idem, bool proto, tinker_ticket *out, verr *e) {
     tinker_state *t = s->tinker;
     pthread_mutex_lock(&s->mu);
     future *f = find_retry_(t, idem, model_id, seq);
@@ -581,7 +632,7 @@ int tinker_submit(server *s, const char *verb, const json_t *root, const char *i
         touch_model_session_(t);
         if (!valid) {
             /* Refused, but it keeps its place: later seq_ids wait for it. */
-            complete_(f, failure_(why.status >= 500 ? "server" : "user", "%s", why.msg));
+            complete_(f, failure_(why->status >= 500 ? "server" : "user", "%s", why->msg));
             free(j->payload);
             j->payload = NULL;
             j->nbytes = 0;
@@ -599,6 +650,41 @@ int tinker_submit(server *s, const char *verb, const json_t *root, const char *i
     return 200;
 }
 
+/* POST forward_backward, forward, optim_step, save_weights,
+ * save_weights_for_sampler, load_weights: answered with a future. */
+int tinker_submit(server *s, const char *verb, const json_t *root, const char *idem, bool proto,
+                  tinker_ticket *out, verr *e) {
+    const char *model_id;
+    int64_t seq;
+    if (!envelope_(root, &model_id, &seq, true, e)) return e->status;
+
+    /* Validate outside the lock: parsing a large body must not stall others. */
+    job *j = calloc(1, sizeof *j);
+    if (j == NULL) return serve_bad(e, 500, "", "out of memory"), 500;
+    verr why = {0};
+    const bool valid = build_job_(s, verb, root, model_id, j, &why);
+    return queue_job_(s, model_id, seq, j, valid, &why, idem, proto, out, e);
+}
+
+int tinker_submit_proto(server *s, const serve_proto_fwdbwd *rq, bool forward, const char *idem,
+                        tinker_ticket *out, verr *e) {
+    if (!check_model_id_(true, rq->model_id, strlen(rq->model_id), e) || !check_seq_id_(rq->seq_id, e))
+        return e->status;
+    job *j = calloc(1, sizeof *j);
+    if (j == NULL) return serve_bad(e, 500, "", "out of memory"), 500;
+    j->op = forward ? OP_FORWARD : OP_FWDBWD;
+    verr why = {0};
+    const bool valid = serve_fwd_build(&rq->in, forward ? "forward_input" : "forward_backward_input",
+                                       s->model.vocab_size, s->model.block_size, j, &why);
+    return queue_job_(s, rq->model_id, rq->seq_id, j, valid, &why, idem, true, out, e);
+}
+
+/* A submitted request's answer: its future's id (and model_id). */
+static enum MHD_Result reply_ticket_(struct MHD_Connection *c, const tinker_ticket *tk) {
+    return reply_json_(c, 200, json_pack("{s:s,s:s*}", "request_id", tk->id, "model_id",
+                                         tk->model_id[0] ? tk->model_id : NULL));
+}
+
 /* forward_backward, forward, optim_step, save_weights,
  * save_weights_for_sampler, load_weights over HTTP. */
 static enum MHD_Result submit_(server *s, struct MHD_Connection *c, const char *verb, const json_t *root,
@@ -607,8 +693,7 @@ static enum MHD_Result submit_(server *s, struct MHD_Connection *c, const char *
     verr e = {0};
     const int st = tinker_submit(s, verb, root, idem, proto, &tk, &e);
     if (st != 200) return reply_err_(c, st, e.field[0] ? e.field : NULL, "%s", e.msg);
-    return reply_json_(c, 200, json_pack("{s:s,s:s*}", "request_id", tk.id, "model_id",
-                                         tk.model_id[0] ? tk.model_id : NULL));
+    return reply_ticket_(c, &tk);
 }
 
 /* POST create_model: one model; it attaches to the server's training state. */
@@ -662,6 +747,10 @@ static enum MHD_Result create_model_(server *s, struct MHD_Connection *c, const 
                     model_id);
             fail_held_(s, "user", "the model was replaced by a newer create_model");
         }
+        char mdir[160], why[PATH_MAX + 200];
+        model_dir_(model_id, mdir, sizeof mdir);
+        if (!tinker_runs_record(s, model_id, mdir, 0, why, sizeof why))
+            fprintf(stderr, "zdp serve: %s: list_training_runs will not show %s\n", why, model_id);
         if (!t->live || strcmp(t->model_id, model_id) != 0) {
             snprintf(t->model_id, sizeof t->model_id, "%s", model_id);
             snprintf(t->model_session, sizeof t->model_session, "%s", json_string_value(sid));
@@ -746,6 +835,14 @@ static enum MHD_Result reply_fwd_(struct MHD_Connection *c, serve_fwd_result *r,
     return reply_proto_(c, pb, len, "ForwardBackwardOutput", err);
 }
 
+char *tinker_save_result_json(const serve_save_result *r) {
+    const char *type = r->op == OP_SAVE_STATE     ? "save_weights"
+                       : r->op == OP_SAVE_WEIGHTS ? "save_weights_for_sampler"
+                                                  : "load_weights";
+    return serve_dump(json_pack("{s:s,s:s,s:s*}", "path", r->name != NULL ? r->name : "", "type", type,
+                                "sampling_session_id", r->session));
+}
+
 /* A SampleResponse, encoded once: protobuf when the poll asks, else JSON.
  * Takes r. */
 static enum MHD_Result reply_sample_(struct MHD_Connection *c, serve_sample_result *r, bool proto) {
@@ -788,7 +885,8 @@ static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json
     /* Copied under the lock, encoded outside it. */
     serve_fwd_result *fwd = f->done && f->fwd != NULL ? serve_fwd_result_copy(f->fwd) : NULL;
     serve_sample_result *samp = f->done && f->samp != NULL ? serve_sample_result_copy(f->samp) : NULL;
-    char *body = f->done && f->fwd == NULL && f->samp == NULL ? strdup(f->result) : NULL;
+    serve_save_result *saved = f->done && f->saved != NULL ? serve_save_result_copy(f->saved) : NULL;
+    char *body = f->done && f->fwd == NULL && f->samp == NULL && f->saved == NULL ? strdup(f->result) : NULL;
     if (f->done && f->read_at == 0) f->read_at = serve_now();
     const bool closed = s->closed;
     /* Protobuf only for a request that came as protobuf (SDK 0.25) and a
@@ -802,6 +900,11 @@ static enum MHD_Result retrieve_(server *s, struct MHD_Connection *c, const json
     pthread_mutex_unlock(&s->mu);
     if (fwd != NULL) return reply_fwd_(c, fwd, proto);
     if (samp != NULL) return reply_sample_(c, samp, proto);
+    if (saved != NULL) { /* JSON whatever the Accept: no SDK reads these as protobuf */
+        body = tinker_save_result_json(saved);
+        serve_save_result_free(saved);
+        return body != NULL ? serve_reply(c, 200, body) : reply_err_(c, 500, NULL, "out of memory");
+    }
     if (done && body == NULL) return reply_err_(c, 500, NULL, "out of memory");
     if (body != NULL) return reply_result_(c, body, proto);
     if (closed) return reply_err_(c, 503, NULL, "the server is shutting down");
@@ -824,7 +927,7 @@ static bool weights_file_(const server *s, const char *tinker_path, char *out, s
         const char *mark = strstr(v, kinds[k]);
         if (mark == NULL || mark == v || (size_t)(mark - v) >= 160) continue;
         const char *name = mark + strlen(kinds[k]);
-        if (!good_name_(name)) break;
+        if (!tinker_good_name(name)) break;
         char owner[160], odir[160];
         snprintf(owner, sizeof owner, "%.*s", (int)(mark - v), v);
         model_dir_(owner, odir, sizeof odir);
@@ -846,11 +949,11 @@ static bool base_file_(const server *s, const json_t *base, char *out, size_t ca
     if (!json_is_string(base) || strcmp(json_string_value(base), s->opt.model_name) != 0)
         return serve_bad(e, 400, "base_model", "base_model: this server serves \"%s\" (--model-name)",
                          s->opt.model_name);
-    if (s->opt.init == NULL)
+    if (s->opt.lm.base_weights == NULL)
         return serve_bad(e, 400, "base_model", "base_model: the server started from a seeded initialisation, "
                          "not a weights file (no --init), so there is nothing to sample from; save the "
                          "weights with save_weights_for_sampler and sample from that path");
-    snprintf(out, cap, "%s", s->opt.init);
+    snprintf(out, cap, "%s", s->opt.lm.base_weights);
     return true;
 }
 
@@ -878,8 +981,8 @@ static enum MHD_Result create_sampling_session_(server *s, struct MHD_Connection
 
 /* asample's body -> an OP_SAMPLE_FILE job (file: the weights to read). */
 static bool sample_job_(server *s, const json_t *root, const char *file, job *j, verr *e) {
-    const int V = s->opt.model.vocab_size;
-    sample_file_header h = {.max_tokens = s->opt.model.block_size, .num_samples = 1, .temperature = 1.0,
+    const int V = s->model.vocab_size;
+    sample_file_header h = {.max_tokens = s->model.block_size, .num_samples = 1, .temperature = 1.0,
                             .top_p = 1.0};
     const json_t *ns = json_object_get(root, "num_samples");
     if (ns != NULL && (!json_is_integer(ns) || json_integer_value(ns) < 1 || json_integer_value(ns) > 64))
@@ -929,7 +1032,7 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
     if (h.n_prompt == 0) return serve_bad(e, 400, "prompt", "prompt: no tokens");
     /* sampling_params */
     const json_t *sp = json_object_get(root, "sampling_params");
-    serve_bytes stops = {0};
+    serve_bytes stops = {0}, stop_str = {0};
     bool ok = true;
     if (sp != NULL && !json_is_null(sp)) {
         const json_t *v;
@@ -962,30 +1065,16 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
                 ok = serve_bad(e, 400, "sampling_params.seed", "sampling_params.seed: must be an integer >= 0");
             else h.seed = (uint64_t)json_integer_value(v) + 1; /* 0 below means "none given" */
         }
-        if (ok && (v = json_object_get(sp, "stop")) != NULL && !json_is_null(v)) {
-            /* Token ids only: a string needs the tokenizer, which the server does not have. */
-            bool strings = json_is_string(v);
-            for (size_t k = 0; json_is_array(v) && k < json_array_size(v) && ok; k++) {
-                const json_t *x = json_array_get(v, k);
-                if (json_is_string(x)) strings = true;
-                else if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= V)
-                    ok = serve_bad(e, 400, "sampling_params.stop", "sampling_params.stop[%zu]: must be a token "
-                                   "id in [0, %d)", k, V);
-                else {
-                    int32_t t = (int32_t)json_integer_value(x);
-                    if (!serve_put(&stops, &t, sizeof t)) ok = serve_bad(e, 500, "sampling_params.stop", "out of memory");
-                }
-            }
-            if (ok && (strings || !json_is_array(v)))
-                ok = serve_bad(e, 400, "sampling_params.stop", "sampling_params.stop: only token ids are "
-                               "supported (the server has no tokenizer); send [id, ...]");
-        }
+        if (ok && (v = json_object_get(sp, "stop")) != NULL && !json_is_null(v))
+            ok = serve_parse_stops(v, "sampling_params.stop", s->model.vocab_size, s->opt.lm.decode != NULL, &stops,
+                                   &stop_str, &h.n_stop_str, e);
     }
     if (ok) {
         h.n_stop = (int64_t)(stops.len / sizeof(int32_t));
         serve_bytes b = {0};
         ok = serve_put(&b, &h, sizeof h) && serve_put(&b, tokens.p, tokens.len) &&
-             serve_put(&b, stops.p, stops.len) && serve_put(&b, file, strlen(file) + 1);
+             serve_put(&b, stops.p, stops.len) && serve_put(&b, stop_str.p, stop_str.len) &&
+             serve_put(&b, file, strlen(file) + 1);
         if (!ok) {
             free(b.p);
             serve_bad(e, 500, "prompt", "out of memory");
@@ -997,6 +1086,7 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
     }
     free(tokens.p);
     free(stops.p);
+    free(stop_str.p);
     return ok;
 }
 
@@ -1102,8 +1192,15 @@ static enum MHD_Result post_create_session_(server *s, struct MHD_Connection *c,
     pthread_mutex_lock(&s->mu);
     prune_sessions_(t);
     session *x = calloc(1, sizeof *x);
+    char why[PATH_MAX + 200];
+    int64_t n = 0;
+    if (x != NULL && !tinker_runs_next_session(s, &n, why, sizeof why)) {
+        pthread_mutex_unlock(&s->mu);
+        free(x);
+        return reply_err_(c, 500, NULL, "%s", why);
+    }
     if (x != NULL) {
-        snprintf(x->id, sizeof x->id, "s%lld", (long long)++t->n_sessions);
+        snprintf(x->id, sizeof x->id, "s%lld", (long long)n);
         x->seen = serve_now();
         x->next = t->sessions;
         t->sessions = x;
@@ -1172,13 +1269,11 @@ static enum MHD_Result post_model_(server *s, struct MHD_Connection *c, const ch
         return reply_err_(c, 400, "model_id", "model_id \"%s\": not the model this server is training%s", mid,
                           live ? "" : " (no model is loaded; call create_model)");
     if (unload) return f ? reply_future_(c, f) : reply_err_(c, 500, NULL, "out of memory");
-    const zdp_gpt_config *mc = &s->opt.model;
-    /* GPT-2's tokenizer only fits GPT-2's vocabulary; otherwise the client
-     * brings its own (get_tokenizer would load the wrong one). */
-    const bool gpt2_vocab = mc->vocab_size == 50257;
+    /* tokenizer_id: what the caller named (a model folder's path, "gpt2" for
+     * GPT-2's vocabulary), else null: the client brings its own. */
     return reply_json_(c, 200, json_pack("{s:s,s:{s:s,s:s,s:s*},s:b,s:n,s:s,s:s}", "model_id", mid, "model_data",
-                                         "arch", "gpt2", "model_name", s->opt.model_name, "tokenizer_id",
-                                         gpt2_vocab ? "gpt2" : NULL, "is_lora", 0, "lora_rank", "model_name",
+                                         "arch", s->opt.lm.arch, "model_name", s->opt.model_name, "tokenizer_id",
+                                         s->opt.lm.tokenizer_id, "is_lora", 0, "lora_rank", "model_name",
                                          s->opt.model_name, "type", "get_info"));
 }
 
@@ -1233,35 +1328,42 @@ static enum MHD_Result post_proto_(server *s, struct MHD_Connection *c, const ch
         return reply_err_(c, 415, "Content-Type", "POST /api/v1/%s takes JSON; only forward_backward (and "
                           "forward) take %s", sub, SERVE_PROTO_CONTENT_TYPE);
     char err[600];
-    bool forward_only;
-    json_t *req = serve_proto_decode_fwdbwd((const unsigned char *)body, len, &forward_only, err, sizeof err);
-    if (req == NULL)
+    serve_proto_fwdbwd rq;
+    if (!serve_proto_decode_fwdbwd((const unsigned char *)body, len, &rq, err, sizeof err)) {
+        serve_proto_fwdbwd_free(&rq);
         return reply_err_(c, 400, "body", "the body is not a valid protobuf ForwardBackwardRequest: %s", err);
-    const char *verb = forward_only ? "forward" : "forward_backward";
-    if (!forward_only && !strcmp(sub, "forward")) { /* posted to forward: a forward */
-        json_object_set(req, "forward_input", json_object_get(req, "forward_backward_input"));
-        json_object_del(req, "forward_backward_input");
-        verb = "forward";
     }
+    /* Posted to forward: a forward, whatever forward_only says. */
+    const bool forward = rq.forward_only || !strcmp(sub, "forward");
     const char *idem = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Idempotency-Key");
-    enum MHD_Result r = submit_(s, c, verb, req, idem, true);
-    json_decref(req);
-    return r;
+    tinker_ticket tk;
+    verr e = {0};
+    const int st = tinker_submit_proto(s, &rq, forward, idem, &tk, &e);
+    serve_proto_fwdbwd_free(&rq);
+    if (st != 200) return reply_err_(c, st, e.field[0] ? e.field : NULL, "%s", e.msg);
+    return reply_ticket_(c, &tk);
 }
 
 enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *sub, const char *method,
                               const char *body, size_t len) {
     if (!strcmp(method, "GET")) {
         if (!strcmp(sub, "healthz")) return serve_healthz(s, c);
+        if (!strncmp(sub, "training_runs", 13) || !strcmp(sub, "checkpoints")) return tinker_runs_get(s, c, sub);
         if (!strcmp(sub, "get_server_capabilities"))
             return reply_json_(c, 200, json_pack("{s:[{s:s,s:i}]}", "supported_models", "model_name",
                                                  s->opt.model_name, "max_context_length",
-                                                 s->opt.model.block_size));
+                                                 s->model.block_size));
         return reply_err_(c, 404, "url", "GET /api/v1/%s: no such endpoint (GET healthz, "
-                          "get_server_capabilities; everything else is POST)", sub);
+                          "get_server_capabilities, training_runs, training_runs/ID, "
+                          "training_runs/ID/checkpoints, checkpoints; everything else is POST)", sub);
     }
+    if (!strcmp(method, "DELETE")) return tinker_runs_delete(s, c, sub);
+    const size_t sub_len = strlen(sub);
+    if (!strcmp(method, "PUT") && sub_len > 4 && !strcmp(sub + sub_len - 4, "/ttl"))
+        return tinker_runs_set_ttl(s, c, sub, body, len);
     if (strcmp(method, "POST") != 0)
-        return reply_err_(c, 405, "method", "%s /api/v1/%s: method not allowed; use POST", method, sub);
+        return reply_err_(c, 405, "method", "%s /api/v1/%s: method not allowed; use POST (GET, DELETE "
+                          "and PUT .../ttl for training runs and checkpoints)", method, sub);
 
     const char *encoding = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Encoding");
     if (encoding != NULL && encoding[0] && !serve_names_type(encoding, "identity"))

@@ -7,6 +7,7 @@
 #define ZDP_SERVE_TINKER_H
 
 #include "serve_impl.h"
+#include "tinker/proto.h"
 
 /* A session is alive while it sends heartbeats (every 10 s from the SDK). */
 #define SESSION_TIMEOUT_S 30.0
@@ -29,6 +30,7 @@ typedef struct future {
     char *result;        /* the JSON retrieve_future answers with, once done ... */
     serve_fwd_result *fwd; /* ... or a ForwardBackwardOutput, typed until a poll encodes it */
     serve_sample_result *samp; /* ... or a SampleResponse, likewise */
+    serve_save_result *saved;  /* ... or a save or load (name: its tinker:// path) */
     double done_at;
     double read_at;      /* first retrieve_future that got the result, 0 before */
     struct future *next; /* newest first */
@@ -61,6 +63,7 @@ struct tinker_state {
     job *held;        /* arrived early, sorted by seq_id */
     sampling_session *samplers;
     uint64_t n_samples; /* seeds for asample requests without one */
+    double next_sweep;  /* when tinker_runs_sweep_locked looks again (epoch seconds) */
 };
 
 /* What a submitted request gets back: its future's id (and model_id, "" for
@@ -92,9 +95,50 @@ void tinker_shutdown_locked(server *s);
  * a future (failed) and uses up its seq_id. */
 int tinker_submit(server *s, const char *verb, const json_t *root, const char *idem, bool proto,
                   tinker_ticket *out, verr *e);
+/* A finished save or load as the SDK reads it: {"path": tinker://...,
+ * "type", "sampling_session_id"?}.  NULL when out of memory. */
+char *tinker_save_result_json(const serve_save_result *r);
+/* The same for a protobuf forward_backward (SDK 0.25), decoded: its
+ * envelope checked as the JSON one, its data by serve_fwd_build (forward:
+ * a forward, as forward_input). */
+int tinker_submit_proto(server *s, const serve_proto_fwdbwd *rq, bool forward, const char *idem,
+                        tinker_ticket *out, verr *e);
 /* s->mu held: drops finished futures past their time (FUTURE_TTL_S, or
  * FUTURE_READ_TTL_S after the first read) and, past MAX_FUTURES, finished
  * ones older than FUTURE_READ_TTL_S. */
 void tinker_prune(tinker_state *t);
+/* A direct error as the SDK reads it: {"error", "category", "field"}. */
+enum MHD_Result tinker_reply_error(struct MHD_Connection *c, int status, const char *field, const char *fmt,
+                                   ...) __attribute__((format(printf, 4, 5)));
+/* A checkpoint name from a client: one path component of letters, digits,
+ * '.', '_' or '-', not starting with '.'. */
+bool tinker_good_name(const char *n);
+
+/* tinker/runs.c: training runs and checkpoints in --checkpoint-dir.
+ * Start-up: the last session number handed out by an earlier server on this
+ * folder (none: 0); false with why set when the file is unreadable. */
+bool tinker_runs_restore(server *s, char *why, size_t cap);
+/* s->mu held: the next session number, written to the folder first (so no
+ * restart hands it out again); false with why set when it cannot be written. */
+bool tinker_runs_next_session(server *s, int64_t *n, char *why, size_t cap);
+/* s->mu held: CKPT/dir_name/run.json for a new model (kept if there). */
+bool tinker_runs_record(server *s, const char *model_id, const char *dir_name, int lora_rank, char *why,
+                        size_t cap);
+/* Main thread, s->mu held, as a save finishes: the checkpoint at
+ * tinker_path ("tinker://ID/weights/NAME" or ".../sampler_weights/NAME")
+ * expires at `expires` (seconds since the epoch; 0: never, which also
+ * clears an earlier save's time under that name).  Kept in the run folder's
+ * expires.json; a failure to write it is printed (the checkpoint then stays). */
+void tinker_runs_set_expiry(server *s, const char *tinker_path, double expires);
+/* Main thread, s->mu held, now and then: queues the delete of every
+ * checkpoint past its time (at most once a second); true if it queued one. */
+bool tinker_runs_sweep_locked(server *s);
+/* GET training_runs, training_runs/ID, training_runs/ID/checkpoints, checkpoints. */
+enum MHD_Result tinker_runs_get(server *s, struct MHD_Connection *c, const char *sub);
+/* PUT training_runs/ID/checkpoints/(weights|sampler_weights)/NAME/ttl (s->mu not held). */
+enum MHD_Result tinker_runs_set_ttl(server *s, struct MHD_Connection *c, const char *sub, const char *body,
+                                    size_t len);
+/* DELETE training_runs/ID/checkpoints/(weights|sampler_weights)/NAME (s->mu not held). */
+enum MHD_Result tinker_runs_delete(server *s, struct MHD_Connection *c, const char *sub);
 
 #endif /* ZDP_SERVE_TINKER_H */

@@ -1,0 +1,33 @@
+/*
+ * io.h -- internal header of src/io: the dtype conversions that every
+ * weights reader and writer shares (gpt_io.c, hf.c), defined once in
+ * safetensors.c.  Not part of the public API.
+ */
+#ifndef ZDP_IO_H
+#define ZDP_IO_H
+
+#include "../core/core.h"
+
+#include <stdbool.h>
+
+#include <jansson.h>
+
+/* True for the dtypes zdp reads weights from: F32, F16 and BF16. */
+bool zdp_io_dtype_float(zdp_dtype t);
+/* Element i of a little-endian F32, F16 or BF16 tensor as fp32 (exact: every
+ * half and bfloat16 is a float).  Other dtypes: 0 (check first). */
+float zdp_io_f32_at(const zdp_tensor *t, int64_t i);
+/* "[4, 8]": a shape for messages, into buf (cap 64 holds any shape). */
+const char *zdp_io_shape_str(const int64_t *shape, int ndim, char *buf, size_t cap);
+/* The product of the dimensions (1 for ndim 0). */
+int64_t zdp_io_numel(const int64_t *shape, int ndim);
+/* fp32 -> bfloat16, round to nearest even (torch's .to(torch.bfloat16));
+ * NaN stays a quiet NaN, infinities stay infinite. */
+uint16_t zdp_io_f32_to_bf16(float f);
+
+/* Writes root (taking its reference) to path as indented JSON with a final
+ * newline, atomically (temporary file, fsync, rename): hf.c's config.json
+ * writer, shared with lora_io.c's adapter_config.json. */
+zdp_status zdp_io_write_json(const char *path, json_t *root, zdp_error *err);
+
+#endif /* ZDP_IO_H */

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# LoRA from the command line: `zdp train --model-dir DIR --lora-rank r`
+# trains only the adapters (the same per-step losses at -np 1, 2 and 3, the
+# startup line counting adapter parameters), --save-adapter-dir writes a
+# PEFT folder, `zdp lora merge` writes a merged model folder whose val loss
+# is the LoRA model's (tied Qwen3 with an lm_head adapter: the head comes
+# out untied; untied Llama with attn,mlp), checkpoints of the adapters resume
+# exactly (and refuse another rank), and bad input (rank 0, a rank
+# larger than a target, an unknown target, ZeRO stage 3, LoRA flags without --lora-rank or
+# without --model-dir, --save-model-dir with LoRA, an adapter for another
+# base, a missing adapter folder): one message naming the flag or tensor,
+# non-zero exit, never a hang.
+# usage: test_lora_cli.sh ZDP_BINARY MPIEXEC
+set -u
+ZDP=$1
+MPIEXEC=$2
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+run() {
+  local np=$1; shift
+  timeout 120 "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" "$@" >"$T/out" 2>&1
+  rc=$?
+  if [ $rc -eq 124 ]; then fail "timed out (hang): zdp $*"; fi
+}
+expect_ok() { run "$@"; if [ $rc -ne 0 ]; then fail "exit $rc: zdp ${*:2}"; cat "$T/out"; fi; }
+expect_error() {
+  local np=$1 sub=$2; shift 2
+  run "$np" "$@"
+  if [ $rc -eq 0 ]; then fail "exit 0, wanted an error: zdp $*"; return; fi
+  if ! grep -qF -- "$sub" "$T/out"; then fail "message lacks '$sub': zdp $*"; cat "$T/out"; fi
+  local n; n=$(grep -c "zdp: error:" "$T/out")
+  if [ "$n" -ne 1 ]; then fail "wanted one error line, got $n: zdp $*"; cat "$T/out"; fi
+}
+losses() { grep -E '^step [0-9]+ \|' "$T/out" | sed -E 's/^step ([0-9]+) \| loss ([^ ]+).*/\1 \2/'; }
+last_val() { grep -E '^step [0-9]+ \|.*val_loss' "$T/out" | tail -1 | sed -E 's/.*val_loss ([^ ]+).*/\1/'; }
+
+npy() {  # npy OUT N VOCAB: a .npy int32 token array (numpy's format 1.0)
+  python3 - "$@" <<'PY'
+import struct, sys
+out, n, v = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+toks = [(i * 7919 + i // 3) % v for i in range(n)]
+head = "{'descr': '<i4', 'fortran_order': False, 'shape': (%d,), }" % n
+head += " " * ((64 - (10 + len(head) + 1) % 64) % 64) + "\n"
+open(out, "wb").write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(head)) + head.encode()
+                      + struct.pack("<%di" % n, *toks))
+PY
+}
+
+expect_ok 1 init-model --arch qwen3 --layers 2 --hidden 16 --heads 4 --kv-heads 2 --head-dim 8 \
+  --ffn 24 --vocab 97 --max-pos 32 --tie --seed 3 --out "$T/q"
+expect_ok 1 init-model --arch llama --layers 2 --hidden 16 --heads 4 --kv-heads 2 --ffn 24 \
+  --vocab 97 --max-pos 32 --seed 4 --out "$T/l"
+expect_ok 1 init-model --arch llama --layers 2 --hidden 24 --heads 4 --ffn 24 --vocab 97 \
+  --max-pos 32 --seed 4 --out "$T/wide"
+npy "$T/tok.npy" 3000 97
+cat >"$T/ds.json" <<'JSON'
+{"train_batch_size": 12, "train_micro_batch_size_per_gpu": 2,
+ "optimizer": {"type": "AdamW", "params": {"lr": 2e-2, "weight_decay": 0.0}},
+ "zero_optimization": {"stage": 2, "reduce_bucket_size": 300}}
+JSON
+cat >"$T/lr0.json" <<'JSON'
+{"train_batch_size": 12, "train_micro_batch_size_per_gpu": 2,
+ "optimizer": {"type": "SGD", "params": {"lr": 0.0}}, "zero_allow_untested_optimizer": true}
+JSON
+TRAIN=(train --config "$T/ds.json" --data "$T/tok.npy" --block-size 16 --steps 4 --val-every 4
+       --val-fraction 0.1 --val-batches 2 --out-dir "$T/o")
+
+# The same losses at -np 1, 2, 3 (train_batch_size fixed); adapters only.
+ref=""
+for np in 1 2 3; do
+  expect_ok $np "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 4 --lora-alpha 8 \
+    --save-adapter-dir "$T/a$np"
+  got=$(losses)
+  [ -n "$got" ] || fail "-np $np: no step lines"
+  if [ $np -eq 1 ]; then ref=$got; val_q=$(last_val);
+  elif [ "$got" != "$ref" ]; then fail "-np $np losses differ from -np 1: $got vs $ref"; fi
+  # per layer q 192, k 128, v 128, o 192, gate/up/down 160 each; lm_head 64 + 388
+  grep -qF "LoRA: rank 4, alpha 8, targets attn,mlp,unembed: 2692 adapter parameters" "$T/out" ||
+    { fail "-np $np: no LoRA start-up line"; grep LoRA "$T/out"; }
+done
+[ -f "$T/a3/adapter_model.safetensors" ] || fail "-np 3: no adapter_model.safetensors"
+grep -qF '"peft_type": "LORA"' "$T/a1/adapter_config.json" || fail "adapter_config.json: no peft_type"
+grep -qF '"lm_head"' "$T/a1/adapter_config.json" || fail "adapter_config.json: no lm_head"
+
+# Merge (the tied head comes out untied); the merged model's val loss is the LoRA model's.
+expect_ok 1 lora merge --model-dir "$T/q" --adapter "$T/a1" --out "$T/mq"
+grep -qF "lm_head untied" "$T/out" || fail "merge: tied head not reported untied"
+grep -qF '"tie_word_embeddings": false' "$T/mq/config.json" || fail "merged config still tied"
+TRAIN0=(train --config "$T/lr0.json" --data "$T/tok.npy" --block-size 16 --steps 1 --val-every 1
+        --val-fraction 0.1 --val-batches 2 --out-dir "$T/o")
+expect_ok 1 "${TRAIN0[@]}" --model-dir "$T/mq"
+val_m=$(last_val)
+python3 -c "import sys; a,b=float('$val_q'),float('$val_m'); sys.exit(0 if abs(a-b) <= 2e-4*abs(a) else 1)" ||
+  fail "merged val loss $val_m != LoRA val loss $val_q"
+# Untied Llama, attn and mlp only.
+expect_ok 2 "${TRAIN[@]}" --model-dir "$T/l" --lora-rank 2 --lora-targets attn,mlp \
+  --save-adapter-dir "$T/al"
+val_l=$(last_val)
+grep -qF '"lm_head"' "$T/al/adapter_config.json" && fail "attn,mlp adapter lists lm_head"
+expect_ok 1 lora merge --model-dir "$T/l" --adapter "$T/al" --out "$T/ml" --dtype F32
+expect_ok 2 "${TRAIN0[@]}" --model-dir "$T/ml"  # -np 2: the same val batches
+val_ml=$(last_val)
+python3 -c "import sys; a,b=float('$val_l'),float('$val_ml'); sys.exit(0 if abs(a-b) <= 2e-4*abs(a) else 1)" ||
+  fail "merged llama val loss $val_ml != LoRA val loss $val_l"
+
+# Checkpoints hold the adapters: 2 steps, resume to 4 = the -np 1 run's steps 3-4; a
+# checkpoint of another rank is refused naming the key.
+expect_ok 2 "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 4 --lora-alpha 8 --steps 2 \
+  --save-dir "$T/ck" --save-every 2
+expect_ok 2 "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 4 --lora-alpha 8 --resume "$T/ck"
+[ "$(losses)" = "$(echo "$ref" | tail -2)" ] || fail "--resume: steps 3-4 $(losses) vs $ref"
+expect_error 2 "lora_rank" "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 2 --lora-alpha 8 \
+  --resume "$T/ck"
+
+# Bad input.
+sed 's/"stage": 2/"stage": 3/' "$T/ds.json" >"$T/ds3.json"
+expect_error 2 "a LoRA model is not supported at ZeRO stage 3" train --config "$T/ds3.json" \
+  --data "$T/tok.npy" --block-size 16 --steps 1 --out-dir "$T/o" --model-dir "$T/q" --lora-rank 2
+expect_error 1 "--lora-rank" "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 0
+expect_error 2 "rank must be at most 16" "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 20
+expect_error 2 "unknown target" "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 2 --lora-targets attn,embed
+expect_error 1 "need --lora-rank" "${TRAIN[@]}" --model-dir "$T/q" --lora-alpha 4
+expect_error 1 "--model-dir DIR" train --model gpt --config "$T/ds.json" --lora-rank 2
+expect_error 1 "--save-adapter-dir" "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 2 --save-model-dir "$T/x"
+expect_error 1 "has shape [4, 16], this base and rank need [4, 24]" \
+  lora merge --model-dir "$T/wide" --adapter "$T/a1" --out "$T/x2"
+[ -e "$T/x2/config.json" ] && fail "a refused merge wrote a folder"
+expect_error 1 "adapter_config.json" lora merge --model-dir "$T/q" --adapter "$T/nothing" --out "$T/x3"
+expect_error 1 "needs --model-dir BASE" lora merge --model-dir "$T/q" --out "$T/x4"
+
+if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
+echo "test_lora_cli: ok"
