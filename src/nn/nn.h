@@ -3,7 +3,10 @@
  *
  * Legend: N = rows (batch), C = input channels, OC = output channels.
  * linear / crossentropy: nn.c; the GPT-2 kernels: nn_transformer.c.
- * Kernels allocate nothing, hold no state and never talk to MPI.  Backward
+ * Kernels allocate nothing, hold no state and never talk to MPI.  They split
+ * their work over the thread pool (src/core/pool.c) into tasks that write
+ * disjoint outputs, each summing in the same order at any thread count, so
+ * results are bitwise independent of the pool's size.  Backward
  * kernels ADD (+=) into parameter gradients, which come from the grad sink,
  * and either overwrite or add into input gradients as their comment says.
  */
@@ -13,6 +16,40 @@
 #include <stdint.h>
 
 #include "zdp/core.h" /* ZDP_API: tests call the kernels */
+
+#include <cblas.h>
+
+#include "../core/core.h" /* the thread pool */
+
+/* ---- splitting work over the pool (nn.c) -------------------------------------- */
+
+/* Task t of n over [0, len): [*lo, *hi), contiguous, in order. */
+static inline void zdp_nn_span_(int64_t len, int64_t n, int64_t t, int64_t *lo, int64_t *hi) {
+    *lo = len * t / n;
+    *hi = len * (t + 1) / n;
+}
+
+/* How many tasks len units of work make, each at least min_len units: the
+ * pool's size at most, 1 at least. */
+static inline int64_t zdp_nn_tasks_(int64_t len, int64_t min_len) {
+    const int64_t p = zdp_pool_size(), most = len / (min_len > 0 ? min_len : 1);
+    return most < 1 ? 1 : most < p ? most : p;
+}
+
+/* cblas_sgemm (row-major) split over the pool along M or N, whichever is
+ * larger; each element is computed by one single-threaded call with the
+ * whole K, so the result is the single call's. */
+void zdp_nn_sgemm_(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K,
+                   float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                   float beta, float *C, int64_t ldc);
+
+/* Runs body(ctx, lo, hi) over [0, len) cut into zdp_nn_tasks_(len, min_len)
+ * contiguous ranges. */
+/* dbias (OC) += column sums of dout (N,OC), split by columns. */
+void zdp_nn_colsum_add_(float *dbias, const float *dout, int64_t N, int64_t OC);
+
+typedef void (*zdp_nn_range_fn)(void *ctx, int64_t lo, int64_t hi);
+void zdp_nn_parallel_ranges_(int64_t len, int64_t min_len, zdp_nn_range_fn body, void *ctx);
 
 /* out = inp @ weight^T + bias   (torch.nn.Linear)
  * out (N,OC), inp (N,C), weight (OC,C) row-major, bias (OC) or NULL.
@@ -91,7 +128,8 @@ ZDP_API void zdp_nn_matmul_backward(float *dinp, float *dweight, float *dbias, c
  * ZDP_NN_ATTN_BLOCK rows are written, as zeros), qkv (B,T,3C). */
 ZDP_API void zdp_nn_attention_forward(float *out, float *att, const float *qkv, int64_t B,
                                       int64_t T, int64_t C, int64_t NH);
-/* dqkv (B,T,3C) = d/dqkv   (OVERWRITES).  scratch (T,T) is workspace.
+/* dqkv (B,T,3C) = d/dqkv   (OVERWRITES).  scratch (zdp_pool_size(),T,T) is
+ * workspace, one (T,T) slice per thread.
  * dout (B,T,C), qkv (B,T,3C), att (B,NH,T,T) from the forward. */
 ZDP_API void zdp_nn_attention_backward(float *dqkv, float *scratch, const float *dout,
                                        const float *qkv, const float *att, int64_t B, int64_t T,
