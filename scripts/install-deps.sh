@@ -3,8 +3,10 @@
 # those that are missing.  Runs apt-get as root (or through sudo).
 set -euo pipefail
 
+# python3-torch and python3-numpy are the test suite's (the PyTorch
+# cross-checks in tests/torch/ must run, not skip); building zdp never needs them.
 packages=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libopenblas-dev
-          libjansson-dev libcmocka-dev libmicrohttpd-dev)
+          libjansson-dev libcmocka-dev libmicrohttpd-dev python3-torch python3-numpy)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -31,7 +31,9 @@ typedef struct zdp_memory_report {
     int64_t optimizer_bytes;      /* optimizer state (Adam m and v, SGD momentum) */
     int64_t master_bytes;         /* fp32 master partition (16-bit training; 0 today) */
     int64_t other_bytes;          /* the engine's bookkeeping (layout, bucket tables) */
-    int64_t total_bytes;
+    int64_t total_bytes;          /* the engine's bytes: the fields above */
+    int64_t activation_bytes;     /* the model's activations (zdp_model.activation_bytes),
+                                     held by the model, not in total_bytes */
 } zdp_memory_report;
 
 /* COLLECTIVE.  Builds the engine for `model` on all ranks of the job:

@@ -68,6 +68,11 @@ typedef struct zdp_model {
      * is refused naming the key and both values -- including keys such as
      * n_head that no tensor shape shows. */
     const char *shape_json;
+    /* The model's own activation memory in bytes (allocated by the model,
+     * not the engine: GPT-2 and the Llama family hold max_batch x
+     * block_size tokens of every layer for backward); 0 when not counted.
+     * The engine's memory report shows it beside the engine's own bytes. */
+    int64_t activation_bytes;
 } zdp_model;
 
 /* ---- causal language models ------------------------------------------- */

@@ -3,6 +3,7 @@
  */
 #include "core.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,13 @@ uint64_t zdp_splitmix64(uint64_t *state) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
+}
+
+/* N(0, 1) by Box-Muller from two uniforms, u1 in (0, 1], u2 in [0, 1). */
+double zdp_rand_normal(uint64_t *state) {
+    const double u1 = (double)((zdp_splitmix64(state) >> 11) + 1) * 0x1.0p-53;
+    const double u2 = (double)(zdp_splitmix64(state) >> 11) * 0x1.0p-53;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
 /* ---- logging ---- */

@@ -55,6 +55,9 @@ void *zdp_alloc(zdp_mem_counter *counter, zdp_mem_category cat, size_t nbytes);
 /* Frees p (allocated with nbytes under cat) and uncounts it; NULL is a no-op. */
 void zdp_free(zdp_mem_counter *counter, zdp_mem_category cat, void *p, size_t nbytes);
 
+/* N(0, 1) from splitmix64 (Box-Muller): the models' seeded initialisers. */
+double zdp_rand_normal(uint64_t *state);
+
 /* ---- thread pool (pool.c) ------------------------------------------------
  * The threads the nn kernels split their work over.  Its size is fixed at
  * the first zdp_pool_size or zdp_pool_run: ZDP_NUM_THREADS, else

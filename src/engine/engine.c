@@ -386,11 +386,12 @@ static void log_memory_report_(const zdp_engine *e) {
     zdp_log(0,
             "ZeRO stage %d, %d rank(s), %lld parameters (padded %lld, partition %lld); "
             "memory per rank: params %lld B, grads %lld B, grad partition %lld B, buckets %lld B, "
-            "optimizer %lld B, other %lld B, total %lld B",
+            "optimizer %lld B, other %lld B, total %lld B; the model's activations %lld B",
             e->cfg.zero.stage, e->world, (long long)e->lay.numel, (long long)e->lay.padded,
             (long long)e->lay.part, (long long)m.params_bytes, (long long)m.grads_bytes,
             (long long)m.grad_partition_bytes, (long long)m.bucket_bytes,
-            (long long)m.optimizer_bytes, (long long)m.other_bytes, (long long)m.total_bytes);
+            (long long)m.optimizer_bytes, (long long)m.other_bytes, (long long)m.total_bytes,
+            (long long)m.activation_bytes);
 }
 
 /* Buckets and their buffers (stages 1/2). */
@@ -1035,6 +1036,7 @@ void zdp_engine_memory_report(const zdp_engine *e, zdp_memory_report *m) {
         .optimizer_bytes = b[ZDP_MEM_OPTIMIZER],
         .master_bytes = b[ZDP_MEM_MASTER],
         .other_bytes = b[ZDP_MEM_OTHER],
+        .activation_bytes = e->model->activation_bytes,
     };
     int64_t total = 0;
     for (int c = 0; c < ZDP_MEM_NCATEGORIES; c++) total += b[c];

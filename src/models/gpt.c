@@ -403,7 +403,8 @@ zdp_status zdp_gpt_create(const zdp_gpt_config *cfg, int max_batch, zdp_model *o
              cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size, cfg->block_size);
     *out = (zdp_model){.self = m, .ops = &gpt_ops_, .lm = &gpt_lm_ops_,
                        .vocab_size = cfg->vocab_size, .block_size = cfg->block_size,
-                       .n_params = n_params, .params = m->info, .shape_json = m->shape_json};
+                       .n_params = n_params, .params = m->info, .shape_json = m->shape_json,
+                       .activation_bytes = total * (int64_t)sizeof(float)};
     return ZDP_OK;
 nomem:
     out->self = m;
@@ -470,13 +471,6 @@ const zdp_gpt_config *zdp_gpt_config_of(const zdp_model *model) {
 
 /* ---- initialisation ------------------------------------------------------------------ */
 
-/* N(0, 1) by Box-Muller from two uniforms, u1 in (0, 1], u2 in [0, 1). */
-static double normal_(uint64_t *s) {
-    const double u1 = (double)((zdp_splitmix64(s) >> 11) + 1) * 0x1.0p-53;
-    const double u2 = (double)(zdp_splitmix64(s) >> 11) * 0x1.0p-53;
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
 void zdp_gpt_init_params(const zdp_model *model, float *const *params, uint64_t seed) {
     const gpt *m = gpt_of_(model);
     if (m == NULL || params == NULL) return;
@@ -493,7 +487,7 @@ void zdp_gpt_init_params(const zdp_model *model, float *const *params, uint64_t 
             memset(params[i], 0, (size_t)n * sizeof(float));
         } else {
             const double sd = kind == APROJ_W || kind == FPROJ_W ? std_res : std;
-            for (int64_t k = 0; k < n; k++) params[i][k] = (float)(sd * normal_(&s));
+            for (int64_t k = 0; k < n; k++) params[i][k] = (float)(sd * zdp_rand_normal(&s));
         }
     }
 }

@@ -2,7 +2,8 @@
  * nn.h -- internal: layer kernels as plain forward/backward functions.
  *
  * Legend: N = rows (batch), C = input channels, OC = output channels.
- * linear / crossentropy: nn.c; the GPT-2 kernels: nn_transformer.c.
+ * linear / crossentropy: nn.c; the GPT-2 kernels: nn_transformer.c; the
+ * Llama-family kernels: nn_llama.c.
  * Kernels allocate nothing, hold no state and never talk to MPI.  They split
  * their work over the thread pool (src/core/pool.c) into tasks that write
  * disjoint outputs, each summing in the same order at any thread count, so
@@ -61,7 +62,7 @@ ZDP_API void zdp_nn_linear_forward(float *out, const float *inp, const float *we
 /* dinp (N,C) += dout @ weight      (skipped when dinp is NULL)
  * dweight (OC,C) += dout^T @ inp   (skipped when NULL)
  * dbias (OC) += column sums of dout (skipped when NULL) */
-void zdp_nn_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+ZDP_API void zdp_nn_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int64_t N, int64_t C,
                             int64_t OC);
 
@@ -169,5 +170,77 @@ ZDP_API double zdp_nn_softmax_crossentropy_forward(float *probs, const float *lo
 ZDP_API void zdp_nn_softmax_crossentropy_backward(float *dlogits, const float *probs,
                                                   const int32_t *targets, const float *weights,
                                                   float dloss, int64_t N, int64_t V);
+
+/* ---- Llama-family kernels: nn_llama.c ---------------------------------------
+ *
+ * Legend: B = batch, T = sequence length, N = B * T rows, C = channels,
+ * H = hidden, NH = query heads, KV = key/value heads (dividing NH), hd =
+ * head_dim (even), nh = heads of a tensor.  Per-token head tensors are
+ * (B, T, nh, hd) row-major, i.e. (N, nh*hd).  Parameter gradients are ADDED
+ * into; each kernel says what it does to its input gradient.  Linear layers
+ * ([out, in] weights) are zdp_nn_linear_forward / _backward above. */
+
+/* out[n,:] = wte[inp[n],:]   out (N,C), inp (N) ids in [0,V) (not checked), wte (V,C). */
+ZDP_API void zdp_nn_token_embedding_forward(float *out, const int32_t *inp, const float *wte,
+                                            int64_t N, int64_t C);
+/* dwte (V,C) += scatter of dout (N,C) by token id inp (N). */
+ZDP_API void zdp_nn_token_embedding_backward(float *dwte, const float *dout, const int32_t *inp,
+                                             int64_t N, int64_t C);
+
+/* out = inp * rstd * weight per row, rstd = 1/sqrt(mean(inp^2) + eps)
+ * (transformers' LlamaRMSNorm).  out (N,C), rstd (N) (kept for backward),
+ * inp (N,C), weight (C).  Qwen3's per-head q/k norm is this on N*nh rows of hd. */
+ZDP_API void zdp_nn_rmsnorm_forward(float *out, float *rstd, const float *inp,
+                                    const float *weight, int64_t N, int64_t C, float eps);
+/* dinp (N,C) += ..., dweight (C) += ...  (both ADD).
+ * dout (N,C), inp (N,C), weight (C), rstd (N) from the forward. */
+ZDP_API void zdp_nn_rmsnorm_backward(float *dinp, float *dweight, const float *dout,
+                                     const float *inp, const float *weight, const float *rstd,
+                                     int64_t N, int64_t C);
+
+/* inv_freq[i] (i < head_dim/2) of the rotary embedding:
+ * theta^(-2i/head_dim), then rope_type 0 (default) as is, 1 (linear) divided
+ * by factor, 2 (llama3) transformers' _compute_llama3_parameters: kept above
+ * original_max_position / high_freq_factor's frequency, divided by factor
+ * below original_max_position / low_freq_factor's, interpolated between. */
+ZDP_API double zdp_nn_rope_inv_freq(int i, int head_dim, double theta, int rope_type,
+                                    double factor, double low_freq_factor,
+                                    double high_freq_factor, int original_max_position);
+/* cos_t, sin_t (T, head_dim/2): cos and sin of t * inv_freq[i], computed in double. */
+ZDP_API void zdp_nn_rope_tables(float *cos_t, float *sin_t, int T, int head_dim, double theta,
+                                int rope_type, double factor, double low_freq_factor,
+                                double high_freq_factor, int original_max_position);
+/* Rotary embedding at positions 0..T-1 of each sequence (rotate_half pairs
+ * i, i + hd/2): out (B,T,nh,hd) (overwritten; may alias inp), inp (B,T,nh,hd),
+ * cos_t, sin_t (>=T, hd/2). */
+ZDP_API void zdp_nn_rope_forward(float *out, const float *inp, const float *cos_t,
+                                 const float *sin_t, int64_t B, int64_t T, int64_t nh, int64_t hd);
+/* dinp (B,T,nh,hd) = the inverse rotation of dout  (OVERWRITES; may alias dout). */
+ZDP_API void zdp_nn_rope_backward(float *dinp, const float *dout, const float *cos_t,
+                                  const float *sin_t, int64_t B, int64_t T, int64_t nh,
+                                  int64_t hd);
+
+/* Causal grouped-query attention, query head h on KV head h / (NH/KV):
+ *   att[b,h,t,s] = softmax_{s<=t}(q_t . k_s / sqrt(hd)), 0 for s > t
+ *   out[b,t,h,:] = sum_s att[b,h,t,s] v_s
+ * out (B,T,NH*hd) (overwritten), att (B,NH,T,T) (kept for backward; above
+ * the diagonal only the entries inside each row's block of ZDP_NN_ATTN_BLOCK
+ * rows are written, as zeros), q (B,T,NH*hd), k, v (B,T,KV*hd). */
+ZDP_API void zdp_nn_gqa_attention_forward(float *out, float *att, const float *q, const float *k,
+                                          const float *v, int64_t B, int64_t T, int64_t NH,
+                                          int64_t KV, int64_t hd);
+/* dq (B,T,NH*hd), dk, dv (B,T,KV*hd) = d/dq, d/dk, d/dv  (all OVERWRITE).
+ * scratch (zdp_pool_size(),T,T) is workspace, one (T,T) slice per thread.
+ * dout (B,T,NH*hd); q, k, v, att from the forward. */
+ZDP_API void zdp_nn_gqa_attention_backward(float *dq, float *dk, float *dv, float *scratch,
+                                           const float *dout, const float *q, const float *k,
+                                           const float *v, const float *att, int64_t B,
+                                           int64_t T, int64_t NH, int64_t KV, int64_t hd);
+
+/* out = silu(gate) * up, silu(g) = g / (1 + e^-g)  (SwiGLU).  out, gate, up (N). */
+ZDP_API void zdp_nn_swiglu_forward(float *out, const float *gate, const float *up, int64_t N);
+/* dgate (N), dup (N) = gradients  (OVERWRITE; dgate may alias dout).  gate, up (N). */
+ZDP_API void zdp_nn_swiglu_backward(float *dgate, float *dup, const float *dout,
+                                    const float *gate, const float *up, int64_t N);
 
 #endif /* ZDP_NN_H */

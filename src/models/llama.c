@@ -1,0 +1,719 @@
+/*
+ * llama.c -- the Llama family (zdp/llama.h: Llama 3, SmolLM2, Qwen3) on the
+ * nn/ kernels.
+ *
+ *   x = embed_tokens[inputs]
+ *   per layer:  h = rmsnorm(x);  q, k, v = q_proj(h), k_proj(h), v_proj(h)
+ *               (Qwen3: q, k = q_norm(q), k_norm(k) per head);  q, k = rope(q, k)
+ *               x = x + o_proj(causal GQA attention(q, k, v))
+ *               h2 = rmsnorm(x);  x = x + down_proj(silu(gate_proj(h2)) * up_proj(h2))
+ *   logits = lm_head(rmsnorm(x));  loss = weighted mean cross-entropy (zdp_lm_batch)
+ *
+ * Parameters are registered in zdp/llama.h's order with transformers' names
+ * and [out, in] layouts.  Activations for max_batch x block_size tokens are
+ * allocated once at create (one block, owned here, not counted by the
+ * engine; zdp_model.activation_bytes reports its size); forward keeps every
+ * layer's activations for backward.  The rotary tables (cos, sin of
+ * position * inv_freq) are computed once at create, in double.
+ *
+ * Backward and the grad sink: tensors are acquired when they first get a
+ * gradient and released as soon as they get no more: lm_head (or the tied
+ * embed_tokens' first contribution), norm, then layers L-1 down to 0 (down,
+ * up, gate, post_attention_layernorm, o_proj, q_norm/k_norm, v, k, q
+ * projections, input_layernorm: the order their gradients complete), and
+ * embed_tokens last.  A tied embed_tokens gets lm_head's gradient first and
+ * the embedding's at the very end, so it stays acquired through the whole
+ * backward.  Not here: config.json (hf.c), parallelism (the engine).
+ */
+#include <limits.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/core.h"
+#include "../nn/nn.h"
+
+#define NAME_MAX_ 64
+#define EMBED_ 0
+#define LAYER0_ 1
+
+/* Offsets of one layer's tensors from its first, in registration order;
+ * -1 for a tensor this config does not have. */
+typedef struct layer_idx {
+    int in_ln, q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b, q_norm, k_norm, post_ln, gate, up, down;
+    int n; /* tensors per layer */
+} layer_idx;
+
+typedef struct llama {
+    zdp_llama_config cfg;
+    layer_idx li;
+    int norm, lm_head;  /* model.norm.weight; lm_head.weight (EMBED_ when tied) */
+    int max_batch;
+    int B, T;           /* shape of the last forward */
+    bool have_forward;  /* backward may run (forward's activations are intact) */
+    int32_t *inputs;    /* (max_batch, block_size) copies of the last batch */
+    int32_t *targets;
+    float *weights;     /* (max_batch*block_size) per-position loss weights of the last forward */
+    bool weighted;      /* the last forward had weights */
+    char shape_json[320]; /* zdp_model.shape_json */
+
+    /* Activations: one allocation, sliced below.  Per-layer arrays hold L
+     * slices of max_batch*block_size rows; a forward with B, T uses the first
+     * B*T rows of each slice.  QD = NH*hd, KD = KV*hd. */
+    float *mem;
+    float *cos, *sin;         /* (block_size, hd/2) rotary tables */
+    float *encoded;           /* (BT, H) the embedding: layer 0's input */
+    float *ln1, *ln2;         /* (L, BT, H) RMSNorm outputs */
+    float *ln1_rstd, *ln2_rstd; /* (L, BT) */
+    float *q, *k, *v;         /* (L, BT, QD), (L, BT, KD), (L, BT, KD) projections (q, k before norm and rope) */
+    float *qr, *kr;           /* (L, BT, QD), (L, BT, KD) q, k after q/k norm and rope */
+    float *q_rstd, *k_rstd;   /* (L, BT*NH), (L, BT*KV) q/k norm (qk_norm only) */
+    float *att;               /* (L, B, NH, T, T) attention probabilities */
+    float *atty;              /* (L, BT, QD) attention output, before o_proj */
+    float *res_mid;           /* (L, BT, H) x + attention */
+    float *gate, *up;         /* (L, BT, F) */
+    float *act;               /* (L, BT, F) silu(gate) * up */
+    float *res_out;           /* (L, BT, H) the layer's output */
+    float *lnf;               /* (BT, H) */
+    float *lnf_rstd;          /* (BT) */
+    float *probs;             /* (BT, V) softmax; backward turns it into dlogits */
+    /* Backward scratch. */
+    float *dres;              /* (BT, H) gradient of the residual stream */
+    float *dbuf;              /* (BT, H) gradient of a norm output */
+    float *dq, *dk, *dv;      /* (BT, QD), (BT, KD), (BT, KD) */
+    float *dqn, *dkn;         /* (BT, QD), (BT, KD) gradients before the q/k norm (qk_norm only) */
+    float *datty;             /* (BT, QD) */
+    float *dgate, *dup;       /* (BT, F) */
+    float *datt;              /* (threads, T, T) attention scratch, one per pool thread */
+
+    char *names;          /* n_params * NAME_MAX_ */
+    zdp_param_info *info; /* (n_params) */
+} llama;
+
+static const zdp_model_ops llama_ops_;
+static const zdp_lm_ops llama_lm_ops_;
+
+static llama *llama_of_(const zdp_model *model) {
+    return model != NULL && model->ops == &llama_ops_ ? model->self : NULL;
+}
+
+static const char *arch_name_(zdp_llama_arch a) { return a == ZDP_ARCH_QWEN3 ? "qwen3" : "llama"; }
+
+/* ---- forward ------------------------------------------------------------------------ */
+
+/* Embedding and every block on inputs (B,T); returns the last residual (B*T, H). */
+static const float *trunk_forward_(llama *m, const float *const *P, const int32_t *inputs, int B,
+                                   int T) {
+    const zdp_llama_config *c = &m->cfg;
+    const int64_t H = c->hidden, NH = c->n_head, KV = c->n_kv_head, hd = c->head_dim;
+    const int64_t F = c->ffn, QD = NH * hd, KD = KV * hd, N = (int64_t)B * T;
+    const int64_t rows = (int64_t)m->max_batch * c->block_size;
+    const int64_t att_slice = (int64_t)m->max_batch * NH * c->block_size * c->block_size;
+    const float eps = c->rms_norm_eps;
+    const layer_idx *li = &m->li;
+    zdp_nn_token_embedding_forward(m->encoded, inputs, P[EMBED_], N, H);
+    const float *x = m->encoded;
+    for (int l = 0; l < c->n_layer; l++) {
+        const float *const *lp = P + LAYER0_ + li->n * l;
+        const int64_t r = l * rows;
+#define B_(idx) ((idx) >= 0 ? lp[idx] : NULL)
+        float *ln1 = m->ln1 + r * H, *q = m->q + r * QD, *k = m->k + r * KD, *v = m->v + r * KD;
+        float *qr = m->qr + r * QD, *kr = m->kr + r * KD, *atty = m->atty + r * QD;
+        float *res_mid = m->res_mid + r * H, *ln2 = m->ln2 + r * H, *res_out = m->res_out + r * H;
+        float *gate = m->gate + r * F, *up = m->up + r * F, *act = m->act + r * F;
+        zdp_nn_rmsnorm_forward(ln1, m->ln1_rstd + r, x, lp[li->in_ln], N, H, eps);
+        zdp_nn_linear_forward(q, ln1, lp[li->q_w], B_(li->q_b), N, H, QD, 0);
+        zdp_nn_linear_forward(k, ln1, lp[li->k_w], B_(li->k_b), N, H, KD, 0);
+        zdp_nn_linear_forward(v, ln1, lp[li->v_w], B_(li->v_b), N, H, KD, 0);
+        if (c->qk_norm) {
+            /* q (N, NH, hd) is N*NH rows of hd: the per-head norm is a plain RMSNorm. */
+            zdp_nn_rmsnorm_forward(qr, m->q_rstd + r * NH, q, lp[li->q_norm], N * NH, hd, eps);
+            zdp_nn_rmsnorm_forward(kr, m->k_rstd + r * KV, k, lp[li->k_norm], N * KV, hd, eps);
+            zdp_nn_rope_forward(qr, qr, m->cos, m->sin, B, T, NH, hd);
+            zdp_nn_rope_forward(kr, kr, m->cos, m->sin, B, T, KV, hd);
+        } else {
+            zdp_nn_rope_forward(qr, q, m->cos, m->sin, B, T, NH, hd);
+            zdp_nn_rope_forward(kr, k, m->cos, m->sin, B, T, KV, hd);
+        }
+        zdp_nn_gqa_attention_forward(atty, m->att + l * att_slice, qr, kr, v, B, T, NH, KV, hd);
+        /* res_mid = x + o_proj(atty): the residual is copied in and the
+         * projection added on top. */
+        memcpy(res_mid, x, (size_t)(N * H) * sizeof(float));
+        zdp_nn_linear_forward(res_mid, atty, lp[li->o_w], B_(li->o_b), N, QD, H, 1);
+        zdp_nn_rmsnorm_forward(ln2, m->ln2_rstd + r, res_mid, lp[li->post_ln], N, H, eps);
+        zdp_nn_linear_forward(gate, ln2, lp[li->gate], NULL, N, H, F, 0);
+        zdp_nn_linear_forward(up, ln2, lp[li->up], NULL, N, H, F, 0);
+        zdp_nn_swiglu_forward(act, gate, up, N * F);
+        memcpy(res_out, res_mid, (size_t)(N * H) * sizeof(float));
+        zdp_nn_linear_forward(res_out, act, lp[li->down], NULL, N, F, H, 1);
+#undef B_
+        x = res_out;
+    }
+    return x;
+}
+
+/* Token ids (B,T) must lie in [0, V): the first bad one is named. */
+static zdp_status check_ids_(const llama *m, const int32_t *ids, int B, int T, const char *what,
+                             const char *fn, zdp_error *err) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            int32_t v = ids[(int64_t)b * T + t];
+            if (v < 0 || v >= m->cfg.vocab_size)
+                return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                                   "%s: %s[%d][%d] = %d: token ids must be in [0, %d) "
+                                   "(vocab_size)",
+                                   fn, what, b, t, (int)v, m->cfg.vocab_size);
+        }
+    return ZDP_OK;
+}
+
+static zdp_status llama_forward_(void *self, const float *const *params, const void *batch_v,
+                                 float *loss, zdp_error *err) {
+    llama *m = self;
+    const zdp_lm_batch *batch = batch_v;
+    const char *fn = "llama forward";
+    m->have_forward = false;
+    if (batch == NULL || batch->inputs == NULL || batch->targets == NULL || loss == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: batch, batch->inputs, batch->targets and loss must be set", fn);
+    if (batch->B < 1 || batch->B > m->max_batch)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: batch->B = %d: must be 1..%d (the max_batch the model was "
+                           "created with)",
+                           fn, batch->B, m->max_batch);
+    if (batch->T < 1 || batch->T > m->cfg.block_size)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: batch->T = %d: must be 1..%d (block_size)",
+                           fn, batch->T, m->cfg.block_size);
+    const int B = batch->B, T = batch->T;
+    zdp_status st = check_ids_(m, batch->inputs, B, T, "inputs", fn, err);
+    if (st == ZDP_OK) st = check_ids_(m, batch->targets, B, T, "targets", fn, err);
+    if (st != ZDP_OK) return st;
+
+    const int64_t H = m->cfg.hidden, V = m->cfg.vocab_size, N = (int64_t)B * T;
+    memcpy(m->inputs, batch->inputs, (size_t)N * sizeof(int32_t));
+    memcpy(m->targets, batch->targets, (size_t)N * sizeof(int32_t));
+    m->weighted = batch->weights != NULL;
+    if (m->weighted) {
+        for (int64_t n = 0; n < N; n++)
+            if (!isfinite(batch->weights[n]))
+                return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                                   "%s: weights[%lld][%lld] = %g: weights must be finite", fn,
+                                   (long long)(n / T), (long long)(n % T),
+                                   (double)batch->weights[n]);
+        memcpy(m->weights, batch->weights, (size_t)N * sizeof(float));
+    }
+    const float *x = trunk_forward_(m, params, m->inputs, B, T);
+    zdp_nn_rmsnorm_forward(m->lnf, m->lnf_rstd, x, params[m->norm], N, H, m->cfg.rms_norm_eps);
+    zdp_nn_lmhead_forward(m->probs, m->lnf, params[m->lm_head], N, H, V);
+    *loss = (float)zdp_nn_softmax_crossentropy_forward(m->probs, m->probs, m->targets,
+                                                       m->weighted ? m->weights : NULL,
+                                                       batch->logprobs, N, V);
+    m->B = B;
+    m->T = T;
+    m->have_forward = true;
+    return ZDP_OK;
+}
+
+/* ---- backward ------------------------------------------------------------------------ */
+
+/* The gradient buffer of tensor i (i < 0: none, NULL without error). */
+static zdp_status acquire_(zdp_grad_sink *sink, const llama *m, int i, float **g, zdp_error *err) {
+    *g = NULL;
+    if (i < 0) return ZDP_OK;
+    *g = zdp_grad_acquire(sink, i);
+    if (*g == NULL)
+        return zdp_err_set(err, ZDP_ERR_INTERNAL,
+                           "llama backward: the grad sink refused %s (index %d)", m->info[i].name,
+                           i);
+    return ZDP_OK;
+}
+
+static void release_(zdp_grad_sink *sink, int i) {
+    if (i >= 0) zdp_grad_release(sink, i);
+}
+
+/* Backward of y = linear(inp) for tensors w, b (b < 0: no bias): acquires,
+ * adds the gradients, releases.  dinp (N,C) += dout @ W when not NULL. */
+static zdp_status linear_bwd_(zdp_grad_sink *sink, const llama *m, const float *const *params,
+                              int w, int b, float *dinp, const float *dout, const float *inp,
+                              int64_t N, int64_t C, int64_t OC, zdp_error *err) {
+    float *dw, *db;
+    zdp_status st = acquire_(sink, m, w, &dw, err);
+    if (st == ZDP_OK) st = acquire_(sink, m, b, &db, err);
+    if (st != ZDP_OK) return st;
+    zdp_nn_linear_backward(dinp, dw, db, dout, inp, params[w], N, C, OC);
+    release_(sink, b);
+    release_(sink, w);
+    return ZDP_OK;
+}
+
+/* Backward of an RMSNorm with weight tensor w: dinp (N,C) += ... */
+static zdp_status rmsnorm_bwd_(zdp_grad_sink *sink, const llama *m, const float *const *params,
+                               int w, float *dinp, const float *dout, const float *inp,
+                               const float *rstd, int64_t N, int64_t C, zdp_error *err) {
+    float *dw;
+    zdp_status st = acquire_(sink, m, w, &dw, err);
+    if (st != ZDP_OK) return st;
+    zdp_nn_rmsnorm_backward(dinp, dw, dout, inp, params[w], rstd, N, C);
+    release_(sink, w);
+    return ZDP_OK;
+}
+
+static zdp_status llama_backward_(void *self, const float *const *params, float dloss,
+                                  zdp_grad_sink *sink, zdp_error *err) {
+    llama *m = self;
+    if (!m->have_forward)
+        return zdp_err_set(err, ZDP_ERR_STATE,
+                           "llama backward: no forward to differentiate (run forward on the "
+                           "micro-batch first; backward consumes it)");
+    /* Backward turns probs into dlogits in place: one backward per forward. */
+    m->have_forward = false;
+    const zdp_llama_config *c = &m->cfg;
+    const int B = m->B, T = m->T, L = c->n_layer;
+    const int64_t H = c->hidden, NH = c->n_head, KV = c->n_kv_head, hd = c->head_dim;
+    const int64_t F = c->ffn, V = c->vocab_size, QD = NH * hd, KD = KV * hd;
+    const int64_t N = (int64_t)B * T;
+    const int64_t rows = (int64_t)m->max_batch * c->block_size;
+    const int64_t att_slice = (int64_t)m->max_batch * NH * c->block_size * c->block_size;
+    const layer_idx *li = &m->li;
+    const bool tied = c->tie_word_embeddings != 0;
+    float *dembed = NULL, *dhead = NULL;
+    zdp_status st;
+
+    /* Loss and lm_head (the tied embed_tokens' first contribution: it stays acquired). */
+    zdp_nn_softmax_crossentropy_backward(m->probs, m->probs, m->targets,
+                                         m->weighted ? m->weights : NULL, dloss, N, V);
+    if ((st = acquire_(sink, m, m->lm_head, &dhead, err)) != ZDP_OK) return st;
+    zdp_nn_lmhead_backward(m->dbuf, dhead, m->probs, m->lnf, params[m->lm_head], N, H, V);
+    if (tied) dembed = dhead;
+    else release_(sink, m->lm_head);
+
+    /* norm: the residual stream's gradient starts here. */
+    const float *x_last = m->res_out + (int64_t)(L - 1) * rows * H; /* L >= 1 */
+    memset(m->dres, 0, (size_t)(N * H) * sizeof(float));
+    if ((st = rmsnorm_bwd_(sink, m, params, m->norm, m->dres, m->dbuf, x_last, m->lnf_rstd, N, H,
+                           err)) != ZDP_OK)
+        return st;
+
+    /* Blocks, last first.  The residual adds pass dres through unchanged, so
+     * one buffer carries the residual stream's gradient and the norm
+     * backwards add into it. */
+    for (int l = L - 1; l >= 0; l--) {
+        const int p0 = LAYER0_ + li->n * l;
+        const int64_t r = l * rows;
+        const float *x_in = l > 0 ? m->res_out + (r - rows) * H : m->encoded;
+#define I_(idx) ((idx) >= 0 ? p0 + (idx) : -1)
+        /* MLP: down, then silu(gate) * up, then gate and up into dbuf. */
+        /* d act = dres @ down: linear backwards add, so into a zeroed dgate. */
+        memset(m->dgate, 0, (size_t)(N * F) * sizeof(float));
+        if ((st = linear_bwd_(sink, m, params, I_(li->down), -1, m->dgate, m->dres,
+                              m->act + r * F, N, F, H, err)) != ZDP_OK)
+            return st;
+        zdp_nn_swiglu_backward(m->dgate, m->dup, m->dgate, m->gate + r * F, m->up + r * F, N * F);
+        memset(m->dbuf, 0, (size_t)(N * H) * sizeof(float));
+        if ((st = linear_bwd_(sink, m, params, I_(li->up), -1, m->dbuf, m->dup, m->ln2 + r * H, N,
+                              H, F, err)) != ZDP_OK ||
+            (st = linear_bwd_(sink, m, params, I_(li->gate), -1, m->dbuf, m->dgate,
+                              m->ln2 + r * H, N, H, F, err)) != ZDP_OK ||
+            (st = rmsnorm_bwd_(sink, m, params, I_(li->post_ln), m->dres, m->dbuf,
+                               m->res_mid + r * H, m->ln2_rstd + r, N, H, err)) != ZDP_OK)
+            return st;
+
+        /* Attention: o_proj, the attention itself, rope and q/k norm, then q, k, v. */
+        memset(m->datty, 0, (size_t)(N * QD) * sizeof(float));
+        if ((st = linear_bwd_(sink, m, params, I_(li->o_w), I_(li->o_b), m->datty, m->dres,
+                              m->atty + r * QD, N, QD, H, err)) != ZDP_OK)
+            return st;
+        zdp_nn_gqa_attention_backward(m->dq, m->dk, m->dv, m->datt, m->datty, m->qr + r * QD,
+                                      m->kr + r * KD, m->v + r * KD, m->att + l * att_slice, B,
+                                      T, NH, KV, hd);
+        zdp_nn_rope_backward(m->dq, m->dq, m->cos, m->sin, B, T, NH, hd);
+        zdp_nn_rope_backward(m->dk, m->dk, m->cos, m->sin, B, T, KV, hd);
+        float *dq = m->dq, *dk = m->dk;
+        if (c->qk_norm) {
+            memset(m->dqn, 0, (size_t)(N * QD) * sizeof(float));
+            memset(m->dkn, 0, (size_t)(N * KD) * sizeof(float));
+            if ((st = rmsnorm_bwd_(sink, m, params, I_(li->k_norm), m->dkn, m->dk, m->k + r * KD,
+                                   m->k_rstd + r * KV, N * KV, hd, err)) != ZDP_OK ||
+                (st = rmsnorm_bwd_(sink, m, params, I_(li->q_norm), m->dqn, m->dq, m->q + r * QD,
+                                   m->q_rstd + r * NH, N * NH, hd, err)) != ZDP_OK)
+                return st;
+            dq = m->dqn;
+            dk = m->dkn;
+        }
+        const float *ln1 = m->ln1 + r * H;
+        memset(m->dbuf, 0, (size_t)(N * H) * sizeof(float));
+        if ((st = linear_bwd_(sink, m, params, I_(li->v_w), I_(li->v_b), m->dbuf, m->dv, ln1, N,
+                              H, KD, err)) != ZDP_OK ||
+            (st = linear_bwd_(sink, m, params, I_(li->k_w), I_(li->k_b), m->dbuf, dk, ln1, N, H,
+                              KD, err)) != ZDP_OK ||
+            (st = linear_bwd_(sink, m, params, I_(li->q_w), I_(li->q_b), m->dbuf, dq, ln1, N, H,
+                              QD, err)) != ZDP_OK ||
+            (st = rmsnorm_bwd_(sink, m, params, I_(li->in_ln), m->dres, m->dbuf, x_in,
+                               m->ln1_rstd + r, N, H, err)) != ZDP_OK)
+            return st;
+#undef I_
+    }
+
+    /* embed_tokens: the embedding's contribution (the tied one's second), and it is done. */
+    if (!tied && (st = acquire_(sink, m, EMBED_, &dembed, err)) != ZDP_OK) return st;
+    zdp_nn_token_embedding_backward(dembed, m->dres, m->inputs, N, H);
+    release_(sink, EMBED_);
+    return ZDP_OK;
+}
+
+static const zdp_model_ops llama_ops_ = {.forward = llama_forward_, .backward = llama_backward_};
+
+/* ---- create / destroy ------------------------------------------------------------------ */
+
+static zdp_status check_range_(const char *key, int v, int lo, int hi, const char *why,
+                               zdp_error *err) {
+    if (v < lo || v > hi)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "llama create: %s = %d: must be %d..%d%s",
+                           key, v, lo, hi, why);
+    return ZDP_OK;
+}
+
+static zdp_status check_config_(const zdp_llama_config *c, int max_batch, zdp_error *err) {
+    const char *fn = "llama create";
+    zdp_status st;
+    if (c->arch != ZDP_ARCH_LLAMA && c->arch != ZDP_ARCH_QWEN3)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: arch = %d: must be ZDP_ARCH_LLAMA (0) or ZDP_ARCH_QWEN3 (1)", fn,
+                           (int)c->arch);
+    if ((st = check_range_("n_layer", c->n_layer, 1, 1024, "", err)) != ZDP_OK ||
+        (st = check_range_("hidden", c->hidden, 1, 65536, "", err)) != ZDP_OK ||
+        (st = check_range_("n_head", c->n_head, 1, 1024, "", err)) != ZDP_OK ||
+        (st = check_range_("n_kv_head", c->n_kv_head, 1, c->n_head,
+                           " (at most n_head: grouped-query attention shares each KV head among "
+                           "n_head / n_kv_head query heads)",
+                           err)) != ZDP_OK)
+        return st;
+    if (c->n_head % c->n_kv_head != 0)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: n_kv_head = %d: must divide n_head = %d (each KV head serves "
+                           "n_head / n_kv_head query heads)",
+                           fn, c->n_kv_head, c->n_head);
+    if ((st = check_range_("head_dim", c->head_dim, 2, 4096, "", err)) != ZDP_OK) return st;
+    if (c->head_dim % 2 != 0)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: head_dim = %d: must be even (rotary embeddings rotate pairs of "
+                           "channels)",
+                           fn, c->head_dim);
+    if ((int64_t)c->n_head * c->head_dim > 1 << 20)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: n_head * head_dim = %lld: must be at most %d", fn,
+                           (long long)c->n_head * c->head_dim, 1 << 20);
+    if ((st = check_range_("ffn", c->ffn, 1, 1 << 20, "", err)) != ZDP_OK ||
+        (st = check_range_("vocab_size", c->vocab_size, 1, 1 << 24, "", err)) != ZDP_OK ||
+        (st = check_range_("max_position_embeddings", c->max_position_embeddings, 1, INT_MAX, "",
+                           err)) != ZDP_OK ||
+        (st = check_range_("block_size", c->block_size, 1,
+                           c->max_position_embeddings < 65536 ? c->max_position_embeddings
+                                                              : 65536,
+                           " (at most max_position_embeddings and 65536)", err)) != ZDP_OK)
+        return st;
+    if (!(c->rms_norm_eps > 0.0f) || !isfinite(c->rms_norm_eps))
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: rms_norm_eps = %g: must be finite and > 0 (1e-5 or 1e-6 in "
+                           "released models)",
+                           fn, (double)c->rms_norm_eps);
+    if (!(c->rope_theta > 0.0) || !isfinite(c->rope_theta))
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: rope_theta = %g: must be finite and > 0 (10000, 500000, ...)", fn,
+                           c->rope_theta);
+    if (c->rope_type != ZDP_ROPE_DEFAULT && c->rope_type != ZDP_ROPE_LINEAR &&
+        c->rope_type != ZDP_ROPE_LLAMA3)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: rope_type = %d: must be ZDP_ROPE_DEFAULT, ZDP_ROPE_LINEAR or "
+                           "ZDP_ROPE_LLAMA3",
+                           fn, (int)c->rope_type);
+    if (c->rope_type != ZDP_ROPE_DEFAULT && (!(c->rope_factor > 0.0) || !isfinite(c->rope_factor)))
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: rope_factor = %g: must be finite and > 0 for %s rope scaling", fn,
+                           c->rope_factor, c->rope_type == ZDP_ROPE_LINEAR ? "linear" : "llama3");
+    if (c->rope_type == ZDP_ROPE_LLAMA3) {
+        if (!(c->rope_low_freq_factor > 0.0) || !isfinite(c->rope_low_freq_factor))
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: rope_low_freq_factor = %g: must be finite and > 0 (llama3 "
+                               "rope scaling; 1 in Llama 3.1)",
+                               fn, c->rope_low_freq_factor);
+        if (!(c->rope_high_freq_factor > c->rope_low_freq_factor) ||
+            !isfinite(c->rope_high_freq_factor))
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: rope_high_freq_factor = %g: must be finite and greater than "
+                               "rope_low_freq_factor = %g (llama3 rope scaling; 4 in Llama 3.1)",
+                               fn, c->rope_high_freq_factor, c->rope_low_freq_factor);
+        if (c->rope_original_max_position < 1)
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: rope_original_max_position = %d: must be >= 1 (llama3 rope "
+                               "scaling's original_max_position_embeddings; 8192 in Llama 3.1)",
+                               fn, c->rope_original_max_position);
+    }
+    if (c->qk_norm != (c->arch == ZDP_ARCH_QWEN3))
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: qk_norm = %d with arch %s: Qwen3 has q_norm/k_norm and Llama "
+                           "does not; set qk_norm = %d",
+                           fn, c->qk_norm, arch_name_(c->arch), c->arch == ZDP_ARCH_QWEN3);
+    if ((st = check_range_("attention_bias", c->attention_bias, 0, 1, " (a flag)", err)) !=
+            ZDP_OK ||
+        (st = check_range_("tie_word_embeddings", c->tie_word_embeddings, 0, 1, " (a flag)",
+                           err)) != ZDP_OK)
+        return st;
+    if (!(c->initializer_range >= 0.0) || !isfinite(c->initializer_range))
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: initializer_range = %g: must be finite and >= 0 (0.02 in "
+                           "released models)",
+                           fn, c->initializer_range);
+    if (max_batch < 1 || (int64_t)max_batch * c->block_size > INT_MAX / 4)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: max_batch = %d: must be at least 1, with max_batch * block_size "
+                           "(%d) at most %d tokens",
+                           fn, max_batch, c->block_size, INT_MAX / 4);
+    return ZDP_OK;
+}
+
+/* Where each of a layer's tensors sits, for this config's optional ones. */
+static layer_idx layer_layout_(const zdp_llama_config *c) {
+    layer_idx li;
+    int k = 0;
+    const bool b = c->attention_bias != 0;
+    li.in_ln = k++;
+    li.q_w = k++;
+    li.q_b = b ? k++ : -1;
+    li.k_w = k++;
+    li.k_b = b ? k++ : -1;
+    li.v_w = k++;
+    li.v_b = b ? k++ : -1;
+    li.o_w = k++;
+    li.o_b = b ? k++ : -1;
+    li.q_norm = c->qk_norm ? k++ : -1;
+    li.k_norm = c->qk_norm ? k++ : -1;
+    li.post_ln = k++;
+    li.gate = k++;
+    li.up = k++;
+    li.down = k++;
+    li.n = k;
+    return li;
+}
+
+/* Names and shapes in zdp/llama.h's registration order. */
+static void register_params_(llama *m) {
+    const zdp_llama_config *c = &m->cfg;
+    const int64_t H = c->hidden, QD = (int64_t)c->n_head * c->head_dim;
+    const int64_t KD = (int64_t)c->n_kv_head * c->head_dim, hd = c->head_dim, F = c->ffn;
+    int k = 0;
+#define ADD_(shape0, shape1, ...)                                                    \
+    do {                                                                             \
+        char *nm = m->names + (size_t)k * NAME_MAX_;                                 \
+        snprintf(nm, NAME_MAX_, __VA_ARGS__);                                        \
+        m->info[k] = (zdp_param_info){.name = nm, .ndim = (shape1) > 0 ? 2 : 1,      \
+                                      .shape = {(shape0), (shape1) > 0 ? (shape1) : 0}}; \
+        k++;                                                                         \
+    } while (0)
+    ADD_(c->vocab_size, H, "model.embed_tokens.weight");
+    for (int l = 0; l < c->n_layer; l++) {
+        const char *p = "model.layers";
+        ADD_(H, 0, "%s.%d.input_layernorm.weight", p, l);
+        ADD_(QD, H, "%s.%d.self_attn.q_proj.weight", p, l);
+        if (c->attention_bias) ADD_(QD, 0, "%s.%d.self_attn.q_proj.bias", p, l);
+        ADD_(KD, H, "%s.%d.self_attn.k_proj.weight", p, l);
+        if (c->attention_bias) ADD_(KD, 0, "%s.%d.self_attn.k_proj.bias", p, l);
+        ADD_(KD, H, "%s.%d.self_attn.v_proj.weight", p, l);
+        if (c->attention_bias) ADD_(KD, 0, "%s.%d.self_attn.v_proj.bias", p, l);
+        ADD_(H, QD, "%s.%d.self_attn.o_proj.weight", p, l);
+        if (c->attention_bias) ADD_(H, 0, "%s.%d.self_attn.o_proj.bias", p, l);
+        if (c->qk_norm) {
+            ADD_(hd, 0, "%s.%d.self_attn.q_norm.weight", p, l);
+            ADD_(hd, 0, "%s.%d.self_attn.k_norm.weight", p, l);
+        }
+        ADD_(H, 0, "%s.%d.post_attention_layernorm.weight", p, l);
+        ADD_(F, H, "%s.%d.mlp.gate_proj.weight", p, l);
+        ADD_(F, H, "%s.%d.mlp.up_proj.weight", p, l);
+        ADD_(H, F, "%s.%d.mlp.down_proj.weight", p, l);
+    }
+    ADD_(H, 0, "model.norm.weight");
+    if (!c->tie_word_embeddings) ADD_(c->vocab_size, H, "lm_head.weight");
+#undef ADD_
+}
+
+zdp_status zdp_llama_create(const zdp_llama_config *cfg, int max_batch, zdp_model *out,
+                            zdp_error *err) {
+    if (out == NULL || cfg == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_llama_create: cfg and out must be set");
+    memset(out, 0, sizeof *out);
+    zdp_status st = check_config_(cfg, max_batch, err);
+    if (st != ZDP_OK) return st;
+    llama *m = calloc(1, sizeof *m);
+    if (m == NULL) goto nomem;
+    m->cfg = *cfg;
+    m->max_batch = max_batch;
+    m->li = layer_layout_(cfg);
+    const int64_t L = cfg->n_layer, H = cfg->hidden, NH = cfg->n_head, KV = cfg->n_kv_head;
+    const int64_t hd = cfg->head_dim, F = cfg->ffn, V = cfg->vocab_size;
+    const int64_t QD = NH * hd, KD = KV * hd;
+    const int64_t Tm = cfg->block_size, BT = (int64_t)max_batch * Tm;
+    const int64_t QN = cfg->qk_norm ? 1 : 0; /* the q/k norm arrays exist only with qk_norm */
+    m->norm = LAYER0_ + m->li.n * cfg->n_layer;
+    m->lm_head = cfg->tie_word_embeddings ? EMBED_ : m->norm + 1;
+    const int n_params = m->norm + (cfg->tie_word_embeddings ? 1 : 2);
+
+    /* Slice one block; each slice starts on a 64-byte boundary. */
+    struct { float **p; int64_t n; } slices[] = {
+        {&m->cos, Tm * hd / 2},    {&m->sin, Tm * hd / 2},       {&m->encoded, BT * H},
+        {&m->ln1, L * BT * H},     {&m->ln2, L * BT * H},        {&m->ln1_rstd, L * BT},
+        {&m->ln2_rstd, L * BT},    {&m->q, L * BT * QD},         {&m->k, L * BT * KD},
+        {&m->v, L * BT * KD},      {&m->qr, L * BT * QD},        {&m->kr, L * BT * KD},
+        {&m->q_rstd, QN * L * BT * NH}, {&m->k_rstd, QN * L * BT * KV},
+        {&m->att, L * BT * NH * Tm},    {&m->atty, L * BT * QD}, {&m->res_mid, L * BT * H},
+        {&m->gate, L * BT * F},    {&m->up, L * BT * F},         {&m->act, L * BT * F},
+        {&m->res_out, L * BT * H}, {&m->lnf, BT * H},            {&m->lnf_rstd, BT},
+        {&m->probs, BT * V},       {&m->dres, BT * H},           {&m->dbuf, BT * H},
+        {&m->dq, BT * QD},         {&m->dk, BT * KD},            {&m->dv, BT * KD},
+        {&m->dqn, QN * BT * QD},   {&m->dkn, QN * BT * KD},      {&m->datty, BT * QD},
+        {&m->dgate, BT * F},       {&m->dup, BT * F},            {&m->datt, zdp_pool_size() * Tm * Tm},
+    };
+    const int nslices = (int)(sizeof slices / sizeof slices[0]);
+    int64_t total = 0;
+    for (int i = 0; i < nslices; i++) total += (slices[i].n + 15) / 16 * 16;
+    if ((uint64_t)total > SIZE_MAX / sizeof(float) / 2) goto nomem;
+    m->mem = aligned_alloc(64, (size_t)total * sizeof(float));
+    if (m->mem == NULL) goto nomem;
+    memset(m->mem, 0, (size_t)total * sizeof(float));
+    int64_t off = 0;
+    for (int i = 0; i < nslices; i++) {
+        *slices[i].p = m->mem + off;
+        off += (slices[i].n + 15) / 16 * 16;
+    }
+    m->inputs = calloc((size_t)BT, sizeof(int32_t));
+    m->targets = calloc((size_t)BT, sizeof(int32_t));
+    m->weights = calloc((size_t)BT, sizeof(float));
+    m->names = calloc((size_t)n_params, NAME_MAX_);
+    m->info = calloc((size_t)n_params, sizeof *m->info);
+    if (!m->inputs || !m->targets || !m->weights || !m->names || !m->info) goto nomem;
+    register_params_(m);
+    zdp_nn_rope_tables(m->cos, m->sin, (int)Tm, cfg->head_dim, cfg->rope_theta,
+                       (int)cfg->rope_type, cfg->rope_factor, cfg->rope_low_freq_factor,
+                       cfg->rope_high_freq_factor, cfg->rope_original_max_position);
+    /* The shape checkpoints record: n_head, n_kv_head and the flags show in
+     * no tensor's shape. */
+    snprintf(m->shape_json, sizeof m->shape_json,
+             "{\"model\":\"%s\",\"n_layer\":%d,\"hidden\":%d,\"n_head\":%d,\"n_kv_head\":%d,"
+             "\"head_dim\":%d,\"ffn\":%d,\"vocab_size\":%d,\"block_size\":%d,"
+             "\"qk_norm\":%d,\"attention_bias\":%d,\"tie_word_embeddings\":%d}",
+             arch_name_(cfg->arch), cfg->n_layer, cfg->hidden, cfg->n_head, cfg->n_kv_head,
+             cfg->head_dim, cfg->ffn, cfg->vocab_size, cfg->block_size, cfg->qk_norm,
+             cfg->attention_bias, cfg->tie_word_embeddings);
+    *out = (zdp_model){.self = m, .ops = &llama_ops_, .lm = &llama_lm_ops_,
+                       .vocab_size = cfg->vocab_size, .block_size = cfg->block_size,
+                       .n_params = n_params, .params = m->info, .shape_json = m->shape_json,
+                       .activation_bytes = total * (int64_t)sizeof(float)};
+    return ZDP_OK;
+nomem:
+    out->self = m;
+    out->ops = &llama_ops_;
+    zdp_llama_destroy(out);
+    memset(out, 0, sizeof *out); /* also when m itself could not be allocated */
+    return zdp_err_set(err, ZDP_ERR_NOMEM,
+                       "llama create: out of memory for the activations of n_layer %d, hidden "
+                       "%d, ffn %d, vocab_size %d, block_size %d, max_batch %d; lower max_batch "
+                       "or block_size",
+                       cfg->n_layer, cfg->hidden, cfg->ffn, cfg->vocab_size, cfg->block_size,
+                       max_batch);
+}
+
+void zdp_llama_destroy(zdp_model *model) {
+    llama *m = llama_of_(model);
+    if (m == NULL) return;
+    free(m->mem);
+    free(m->inputs);
+    free(m->targets);
+    free(m->weights);
+    free(m->names);
+    free(m->info);
+    free(m);
+    memset(model, 0, sizeof *model);
+}
+
+const zdp_llama_config *zdp_llama_config_of(const zdp_model *model) {
+    const llama *m = llama_of_(model);
+    return m != NULL ? &m->cfg : NULL;
+}
+
+/* Overwrites the last forward's weights (and makes it weighted) for its
+ * backward.  The loss that forward returned is not recomputed. */
+static zdp_status llama_set_loss_weights_(void *self, const float *w, int64_t n,
+                                          zdp_error *err) {
+    const char *fn = "zdp_lm_set_loss_weights";
+    llama *m = self;
+    if (!m->have_forward)
+        return zdp_err_set(err, ZDP_ERR_STATE,
+                           "%s: no forward to reweight (run forward on the micro-batch first; "
+                           "a backward, a failed forward or zdp_lm_next_logits uses it up)",
+                           fn);
+    const int64_t N = (int64_t)m->B * m->T;
+    if (n != N)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: n = %lld: must be B*T = %lld of the last forward (B = %d, T = "
+                           "%d): one weight per position",
+                           fn, (long long)n, (long long)N, m->B, m->T);
+    if (w == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: w is NULL: pass %lld weights", fn,
+                           (long long)N);
+    for (int64_t i = 0; i < N; i++)
+        if (!isfinite(w[i]))
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: w[%lld] (position [%lld][%lld]) = %g: weights must be "
+                               "finite; check the inputs they were computed from",
+                               fn, (long long)i, (long long)(i / m->T), (long long)(i % m->T),
+                               (double)w[i]);
+    memcpy(m->weights, w, (size_t)N * sizeof(float));
+    m->weighted = true;
+    return ZDP_OK;
+}
+
+/* ---- initialisation ------------------------------------------------------------------ */
+
+void zdp_llama_init_params(const zdp_model *model, float *const *params, uint64_t seed) {
+    const llama *m = llama_of_(model);
+    if (m == NULL || params == NULL) return;
+    const layer_idx *li = &m->li;
+    uint64_t s = seed;
+    for (int i = 0; i < model->n_params; i++) {
+        const zdp_param_info *p = &model->params[i];
+        const int64_t n = p->ndim == 2 ? p->shape[0] * p->shape[1] : p->shape[0];
+        const int kind = i >= LAYER0_ && i < m->norm ? (i - LAYER0_) % li->n : -1;
+        const bool is_norm = i == m->norm || kind == li->in_ln || kind == li->post_ln ||
+                             (kind >= 0 && (kind == li->q_norm || kind == li->k_norm));
+        if (is_norm) {
+            for (int64_t k = 0; k < n; k++) params[i][k] = 1.0f;
+        } else if (p->ndim == 1) { /* biases */
+            memset(params[i], 0, (size_t)n * sizeof(float));
+        } else {
+            for (int64_t k = 0; k < n; k++)
+                params[i][k] = (float)(m->cfg.initializer_range * zdp_rand_normal(&s));
+        }
+    }
+}
+
+/* ---- inference ---------------------------------------------------------------------- */
+
+static zdp_status llama_next_logits_(void *self, const float *const *params,
+                                     const int32_t *tokens, int T, float *logits,
+                                     zdp_error *err) {
+    llama *m = self;
+    zdp_status st = check_ids_(m, tokens, 1, T, "tokens", "zdp_lm_next_logits", err);
+    if (st != ZDP_OK) return st;
+    m->have_forward = false; /* the activations are about to change */
+    const int64_t H = m->cfg.hidden, V = m->cfg.vocab_size;
+    const float *x = trunk_forward_(m, params, tokens, 1, T);
+    zdp_nn_rmsnorm_forward(m->lnf, m->lnf_rstd, x + (int64_t)(T - 1) * H, params[m->norm], 1, H,
+                           m->cfg.rms_norm_eps);
+    zdp_nn_lmhead_forward(logits, m->lnf, params[m->lm_head], 1, H, V);
+    return ZDP_OK;
+}
+
+static const zdp_lm_ops llama_lm_ops_ = {.set_loss_weights = llama_set_loss_weights_,
+                                         .next_logits = llama_next_logits_};

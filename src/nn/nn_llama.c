@@ -1,0 +1,369 @@
+/*
+ * nn_llama.c -- the Llama-family layer kernels (see nn.h for the contracts):
+ * token embedding, RMSNorm, rotary embeddings (with their frequency tables),
+ * causal grouped-query attention and SwiGLU.
+ *
+ * The math is transformers' (modeling_llama.py, modeling_qwen3.py,
+ * modeling_rope_utils.py), written for row-major fp32.  Matrix products go
+ * through cblas_sgemm; attention keeps GPT-2's row blocks, so a block of
+ * query rows only meets the keys before its end.  Work is split over the
+ * thread pool by rows, by (batch, head) or (batch, KV head), or by columns
+ * for sums over rows, so results do not depend on the thread count.  Not
+ * here: allocation, parameters' storage.
+ */
+#include "nn.h"
+
+#include <math.h>
+#include <string.h>
+
+
+/* ---- token embedding ---------------------------------------------------------- */
+
+typedef struct tok_job {
+    float *out, *dwte;
+    const float *wte, *dout;
+    const int32_t *inp;
+    int64_t N, C;
+} tok_job;
+
+static void tok_fwd_rows_(void *ctx, int64_t lo, int64_t hi) {
+    const tok_job *j = ctx;
+    for (int64_t n = lo; n < hi; n++)
+        memcpy(j->out + n * j->C, j->wte + (int64_t)j->inp[n] * j->C, (size_t)j->C * sizeof(float));
+}
+
+void zdp_nn_token_embedding_forward(float *out, const int32_t *inp, const float *wte, int64_t N,
+                                    int64_t C) {
+    tok_job j = {.out = out, .wte = wte, .inp = inp, .N = N, .C = C};
+    zdp_nn_parallel_ranges_(N, 16, tok_fwd_rows_, &j);
+}
+
+/* By columns: rows with the same token add into the same row of dwte. */
+static void tok_bwd_cols_(void *ctx, int64_t lo, int64_t hi) {
+    const tok_job *j = ctx;
+    for (int64_t n = 0; n < j->N; n++) {
+        float *e = j->dwte + (int64_t)j->inp[n] * j->C;
+        const float *d = j->dout + n * j->C;
+        for (int64_t c = lo; c < hi; c++) e[c] += d[c];
+    }
+}
+
+void zdp_nn_token_embedding_backward(float *dwte, const float *dout, const int32_t *inp,
+                                     int64_t N, int64_t C) {
+    tok_job j = {.dwte = dwte, .dout = dout, .inp = inp, .N = N, .C = C};
+    zdp_nn_parallel_ranges_(C, 32, tok_bwd_cols_, &j);
+}
+
+/* ---- RMSNorm ----------------------------------------------------------------------
+ * y = x r w with r = 1 / sqrt(mean(x^2) + eps).  Since dr/dx_j = -r^3 x_j / C,
+ * with g = dout * w:  dx = r (g - x r^2 mean(g x)),  dw += dout x r.
+ * Sums of squares run in double: C is up to thousands and the variance is
+ * what every later output scales by. */
+
+typedef struct rms_job {
+    float *out, *rstd, *dinp, *dweight;
+    const float *inp, *weight, *dout, *crstd;
+    int64_t N, C;
+    float eps;
+} rms_job;
+
+static void rms_fwd_rows_(void *ctx, int64_t lo, int64_t hi) {
+    const rms_job *j = ctx;
+    const int64_t C = j->C;
+    for (int64_t n = lo; n < hi; n++) {
+        const float *x = j->inp + n * C;
+        float *o = j->out + n * C;
+        double ss = 0.0;
+        for (int64_t c = 0; c < C; c++) ss += (double)x[c] * x[c];
+        const float r = (float)(1.0 / sqrt(ss / (double)C + (double)j->eps));
+        for (int64_t c = 0; c < C; c++) o[c] = x[c] * r * j->weight[c];
+        j->rstd[n] = r;
+    }
+}
+
+void zdp_nn_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                            int64_t N, int64_t C, float eps) {
+    rms_job j = {.out = out, .rstd = rstd, .inp = inp, .weight = weight, .N = N, .C = C,
+                 .eps = eps};
+    zdp_nn_parallel_ranges_(N, 16, rms_fwd_rows_, &j);
+}
+
+/* dinp by rows; dweight (a sum over rows) by columns, rows in order. */
+static void rms_bwd_rows_(void *ctx, int64_t lo, int64_t hi) {
+    const rms_job *j = ctx;
+    const int64_t C = j->C;
+    const float *weight = j->weight;
+    for (int64_t n = lo; n < hi; n++) {
+        const float *x = j->inp + n * C, *d = j->dout + n * C;
+        float *dx = j->dinp + n * C;
+        const float r = j->crstd[n];
+        double gx = 0.0;
+        for (int64_t c = 0; c < C; c++) gx += (double)d[c] * weight[c] * x[c];
+        const float k = (float)(gx / (double)C) * r * r;
+        for (int64_t c = 0; c < C; c++) dx[c] += r * (d[c] * weight[c] - x[c] * k);
+    }
+}
+
+static void rms_bwd_cols_(void *ctx, int64_t lo, int64_t hi) {
+    const rms_job *j = ctx;
+    const int64_t C = j->C;
+    for (int64_t n = 0; n < j->N; n++) {
+        const float *x = j->inp + n * C, *d = j->dout + n * C;
+        const float r = j->crstd[n];
+        for (int64_t c = lo; c < hi; c++) j->dweight[c] += d[c] * x[c] * r;
+    }
+}
+
+void zdp_nn_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, int64_t N, int64_t C) {
+    rms_job j = {.dinp = dinp, .dweight = dweight, .dout = dout, .inp = inp, .weight = weight,
+                 .crstd = rstd, .N = N, .C = C};
+    zdp_nn_parallel_ranges_(N, 16, rms_bwd_rows_, &j);
+    zdp_nn_parallel_ranges_(C, 32, rms_bwd_cols_, &j);
+}
+
+/* ---- rotary embeddings ---------------------------------------------------------------
+ * transformers' rotate_half convention: a head's channels i and i + hd/2
+ * form a pair rotated by the angle t * inv_freq[i]:
+ *   out[i]        = x[i] cos - x[i + hd/2] sin
+ *   out[i + hd/2] = x[i + hd/2] cos + x[i] sin
+ * The backward is the rotation by -angle (the transpose). */
+
+double zdp_nn_rope_inv_freq(int i, int head_dim, double theta, int rope_type, double factor,
+                            double low_freq_factor, double high_freq_factor,
+                            int original_max_position) {
+    const double base = 1.0 / pow(theta, (double)(2 * i) / (double)head_dim);
+    if (rope_type == 1) return base / factor; /* linear: positions divided by factor */
+    if (rope_type != 2) return base;
+    /* llama3: wavelengths shorter than original / high_freq_factor keep their
+     * frequency, longer than original / low_freq_factor are divided by
+     * factor, and the band between interpolates smoothly. */
+    const double wavelen = 6.283185307179586 / base;
+    const double old_len = (double)original_max_position;
+    if (wavelen < old_len / high_freq_factor) return base;
+    if (wavelen > old_len / low_freq_factor) return base / factor;
+    const double smooth = (old_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+    return (1.0 - smooth) * base / factor + smooth * base;
+}
+
+void zdp_nn_rope_tables(float *cos_t, float *sin_t, int T, int head_dim, double theta,
+                        int rope_type, double factor, double low_freq_factor,
+                        double high_freq_factor, int original_max_position) {
+    const int half = head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        const double f = zdp_nn_rope_inv_freq(i, head_dim, theta, rope_type, factor,
+                                              low_freq_factor, high_freq_factor,
+                                              original_max_position);
+        for (int t = 0; t < T; t++) {
+            cos_t[(int64_t)t * half + i] = (float)cos((double)t * f);
+            sin_t[(int64_t)t * half + i] = (float)sin((double)t * f);
+        }
+    }
+}
+
+typedef struct rope_job {
+    float *out;
+    const float *inp, *cos_t, *sin_t;
+    int64_t T, nh, hd;
+    float sign;
+} rope_job;
+
+/* Rotates every head of rows [lo, hi) of (B*T, nh, hd) by sign * angle. */
+static void rope_rows_(void *ctx, int64_t lo, int64_t hi) {
+    const rope_job *j = ctx;
+    const int64_t half = j->hd / 2;
+    for (int64_t bt = lo; bt < hi; bt++) {
+        const int64_t t = bt % j->T;
+        const float *c = j->cos_t + t * half, *s = j->sin_t + t * half;
+        for (int64_t h = 0; h < j->nh; h++) {
+            const int64_t off = (bt * j->nh + h) * j->hd;
+            const float *x = j->inp + off;
+            float *o = j->out + off;
+            for (int64_t i = 0; i < half; i++) {
+                const float x1 = x[i], x2 = x[i + half], si = j->sign * s[i];
+                o[i] = x1 * c[i] - x2 * si;
+                o[i + half] = x2 * c[i] + x1 * si;
+            }
+        }
+    }
+}
+
+static void rope_apply_(float *out, const float *inp, const float *cos_t, const float *sin_t,
+                        int64_t B, int64_t T, int64_t nh, int64_t hd, float sign) {
+    rope_job j = {.out = out, .inp = inp, .cos_t = cos_t, .sin_t = sin_t, .T = T, .nh = nh,
+                  .hd = hd, .sign = sign};
+    zdp_nn_parallel_ranges_(B * T, 16, rope_rows_, &j);
+}
+
+void zdp_nn_rope_forward(float *out, const float *inp, const float *cos_t, const float *sin_t,
+                         int64_t B, int64_t T, int64_t nh, int64_t hd) {
+    rope_apply_(out, inp, cos_t, sin_t, B, T, nh, hd, 1.0f);
+}
+
+void zdp_nn_rope_backward(float *dinp, const float *dout, const float *cos_t, const float *sin_t,
+                          int64_t B, int64_t T, int64_t nh, int64_t hd) {
+    rope_apply_(dinp, dout, cos_t, sin_t, B, T, nh, hd, -1.0f);
+}
+
+/* ---- causal grouped-query attention ---------------------------------------------------
+ *
+ * Query head h reads KV head h / (NH / KV) (transformers' repeat_kv).  For
+ * one (b, h): Q (T, hd) a view into q with row stride NH*hd, K and V views
+ * into k and v with row stride KV*hd, A = att[b,h] (T, T).  Query rows run
+ * in blocks [r0, r1) of ZDP_NN_ATTN_BLOCK that meet keys [0, r1) only.
+ *   S = Q K^T / sqrt(hd);  A = softmax over s <= t;  out = A V
+ *   dA = dout V^T;  dS = A * (dA - rowsum(A * dA)) / sqrt(hd)
+ *   dQ = dS K;  dK += dS^T Q;  dV += A^T dout  (summed over the group's query heads) */
+
+static void softmax_causal_row_(float *row, int64_t n) {
+    float m = row[0];
+    for (int64_t i = 1; i < n; i++) m = row[i] > m ? row[i] : m;
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        row[i] = expf(row[i] - m);
+        s += row[i];
+    }
+    const float inv = (float)(1.0 / s);
+    for (int64_t i = 0; i < n; i++) row[i] *= inv;
+}
+
+typedef struct gqa_job {
+    float *out, *att, *dq, *dk, *dv, *scratch;
+    const float *q, *k, *v, *dout, *catt;
+    int64_t B, T, NH, KV, hd;
+} gqa_job;
+
+/* One (b, h) of the forward: task = b * NH + h. */
+static void gqa_fwd_task_(void *ctx, int64_t task, int thread) {
+    (void)thread;
+    const gqa_job *j = ctx;
+    const int64_t T = j->T, NH = j->NH, hd = j->hd;
+    const int64_t QD = NH * hd, KD = j->KV * hd, rep = NH / j->KV;
+    const int64_t b = task / NH, h = task % NH;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const float *Q = j->q + b * T * QD + h * hd;
+    const float *K = j->k + b * T * KD + (h / rep) * hd, *Vv = j->v + b * T * KD + (h / rep) * hd;
+    float *A = j->att + task * T * T;
+    float *o = j->out + b * T * QD + h * hd;
+    for (int64_t r0 = 0; r0 < T; r0 += ZDP_NN_ATTN_BLOCK) {
+        const int64_t r1 = r0 + ZDP_NN_ATTN_BLOCK < T ? r0 + ZDP_NN_ATTN_BLOCK : T;
+        /* A[r0:r1, 0:r1] = scale * Q[r0:r1] @ K[0:r1]^T */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)r1, (int)hd,
+                    scale, Q + r0 * QD, (int)QD, K, (int)KD, 0.0f, A + r0 * T, (int)T);
+        for (int64_t t = r0; t < r1; t++) {
+            float *row = A + t * T;
+            softmax_causal_row_(row, t + 1);
+            for (int64_t s = t + 1; s < r1; s++) row[s] = 0.0f;
+        }
+        /* out[r0:r1] = A[r0:r1, 0:r1] @ V[0:r1] */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)hd, (int)r1,
+                    1.0f, A + r0 * T, (int)T, Vv, (int)KD, 0.0f, o + r0 * QD, (int)QD);
+    }
+}
+
+void zdp_nn_gqa_attention_forward(float *out, float *att, const float *q, const float *k,
+                                  const float *v, int64_t B, int64_t T, int64_t NH, int64_t KV,
+                                  int64_t hd) {
+    gqa_job j = {.out = out, .att = att, .q = q, .k = k, .v = v, .B = B, .T = T, .NH = NH,
+                 .KV = KV, .hd = hd};
+    zdp_pool_run(B * NH, gqa_fwd_task_, &j);
+}
+
+/* One (b, KV head g) of the backward: its query heads in order, since they
+ * all add into g's dK and dV; task = b * KV + g. */
+static void gqa_bwd_task_(void *ctx, int64_t task, int thread) {
+    const gqa_job *j = ctx;
+    const int64_t T = j->T, NH = j->NH, KV = j->KV, hd = j->hd;
+    const int64_t QD = NH * hd, KD = KV * hd, rep = NH / KV;
+    const int64_t b = task / KV, g = task % KV;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int64_t kvo = b * T * KD + g * hd;
+    const float *K = j->k + kvo, *Vv = j->v + kvo;
+    float *dK = j->dk + kvo, *dV = j->dv + kvo;
+    float *dA = j->scratch + (int64_t)thread * T * T;
+    /* A KV head collects from all of its query heads: start from zero, add. */
+    for (int64_t t = 0; t < T; t++) {
+        memset(dK + t * KD, 0, (size_t)hd * sizeof(float));
+        memset(dV + t * KD, 0, (size_t)hd * sizeof(float));
+    }
+    for (int64_t h = g * rep; h < (g + 1) * rep; h++) {
+        const float *Q = j->q + b * T * QD + h * hd;
+        float *dQ = j->dq + b * T * QD + h * hd;
+        const float *A = j->catt + (b * NH + h) * T * T;
+        const float *dO = j->dout + b * T * QD + h * hd;
+        for (int64_t r0 = 0; r0 < T; r0 += ZDP_NN_ATTN_BLOCK) {
+            const int64_t r1 = r0 + ZDP_NN_ATTN_BLOCK < T ? r0 + ZDP_NN_ATTN_BLOCK : T;
+            /* dA[r0:r1, 0:r1] = dO[r0:r1] @ V[0:r1]^T */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)r1,
+                        (int)hd, 1.0f, dO + r0 * QD, (int)QD, Vv, (int)KD, 0.0f, dA + r0 * T,
+                        (int)T);
+            /* dV[0:r1] += A[r0:r1, 0:r1]^T @ dO[r0:r1] */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hd,
+                        (int)(r1 - r0), 1.0f, A + r0 * T, (int)T, dO + r0 * QD, (int)QD, 1.0f,
+                        dV, (int)KD);
+            /* Softmax backward, scale folded in: dA becomes dS. */
+            for (int64_t t = r0; t < r1; t++) {
+                const float *p = A + t * T;
+                float *d = dA + t * T;
+                double rs = 0.0;
+                for (int64_t s = 0; s <= t; s++) rs += (double)p[s] * d[s];
+                for (int64_t s = 0; s <= t; s++) d[s] = scale * p[s] * (d[s] - (float)rs);
+                for (int64_t s = t + 1; s < r1; s++) d[s] = 0.0f;
+            }
+            /* dQ[r0:r1] = dS[r0:r1, 0:r1] @ K[0:r1] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)hd,
+                        (int)r1, 1.0f, dA + r0 * T, (int)T, K, (int)KD, 0.0f, dQ + r0 * QD,
+                        (int)QD);
+            /* dK[0:r1] += dS[r0:r1, 0:r1]^T @ Q[r0:r1] */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hd,
+                        (int)(r1 - r0), 1.0f, dA + r0 * T, (int)T, Q + r0 * QD, (int)QD, 1.0f,
+                        dK, (int)KD);
+        }
+    }
+}
+
+void zdp_nn_gqa_attention_backward(float *dq, float *dk, float *dv, float *scratch,
+                                   const float *dout, const float *q, const float *k,
+                                   const float *v, const float *att, int64_t B, int64_t T,
+                                   int64_t NH, int64_t KV, int64_t hd) {
+    gqa_job j = {.dq = dq, .dk = dk, .dv = dv, .scratch = scratch, .dout = dout, .q = q,
+                 .k = k, .v = v, .catt = att, .B = B, .T = T, .NH = NH, .KV = KV, .hd = hd};
+    zdp_pool_run(B * KV, gqa_bwd_task_, &j);
+}
+
+/* ---- SwiGLU ----------------------------------------------------------------------------
+ * out = silu(g) u with silu(g) = g sigmoid(g);  silu'(g) = s (1 + g (1 - s)). */
+
+typedef struct swiglu_job {
+    float *out, *dgate, *dup;
+    const float *gate, *up, *dout;
+} swiglu_job;
+
+static void swiglu_fwd_range_(void *ctx, int64_t lo, int64_t hi) {
+    const swiglu_job *j = ctx;
+    for (int64_t i = lo; i < hi; i++) {
+        const float g = j->gate[i];
+        j->out[i] = g / (1.0f + expf(-g)) * j->up[i];
+    }
+}
+
+void zdp_nn_swiglu_forward(float *out, const float *gate, const float *up, int64_t N) {
+    swiglu_job j = {.out = out, .gate = gate, .up = up};
+    zdp_nn_parallel_ranges_(N, 4096, swiglu_fwd_range_, &j);
+}
+
+static void swiglu_bwd_range_(void *ctx, int64_t lo, int64_t hi) {
+    const swiglu_job *j = ctx;
+    for (int64_t i = lo; i < hi; i++) {
+        const float g = j->gate[i], d = j->dout[i]; /* read first: dgate may alias dout */
+        const float s = 1.0f / (1.0f + expf(-g));
+        j->dup[i] = d * g * s;
+        j->dgate[i] = d * j->up[i] * s * (1.0f + g * (1.0f - s));
+    }
+}
+
+void zdp_nn_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, int64_t N) {
+    swiglu_job j = {.dgate = dgate, .dup = dup, .dout = dout, .gate = gate, .up = up};
+    zdp_nn_parallel_ranges_(N, 4096, swiglu_bwd_range_, &j);
+}
