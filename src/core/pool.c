@@ -26,7 +26,7 @@
  * Invariants: one loop runs at a time.  A second caller (another
  * application thread, or a task that itself calls zdp_pool_run) does not
  * wait for the pool: it runs its whole loop on its own thread, which gives
- * the same result.  Workers spin briefly for the next loop (a step issues
+ * the same result (as thread 0, or inside a task as that task's thread).  Workers spin briefly for the next loop (a step issues
  * hundreds of short ones) and then sleep on a condition variable, so an idle
  * pool costs no CPU.  Not here: any knowledge of the kernels.
  */
@@ -43,7 +43,7 @@
 #include <cblas.h>
 
 #define POOL_MAX_ 256
-#define SPIN_ 20000 /* polls (~tens of microseconds) before a worker sleeps */
+#define SPIN_ 2000 /* polls (~100 microseconds) before a worker sleeps */
 /* The loop word: generation (24 bits) | task count (20) | next task (20).
  * One word, so that a worker claims a task with one compare-and-swap that
  * fails if the loop it saw has ended and another begun. */
@@ -68,6 +68,10 @@ static pool pool_ = {.run_lock = PTHREAD_MUTEX_INITIALIZER,
                      .mu = PTHREAD_MUTEX_INITIALIZER,
                      .wake = PTHREAD_COND_INITIALIZER};
 static pthread_mutex_t start_lock_ = PTHREAD_MUTEX_INITIALIZER;
+/* This thread's id in the pool: a worker's index, 0 on every other thread.
+ * A loop run inline inside a task keeps its task's id, so per-thread scratch
+ * stays the thread's own. */
+static _Thread_local int self_ = 0;
 
 static inline void cpu_relax_(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -94,6 +98,7 @@ static void drain_(uint64_t gen, int thread) {
 
 static void *worker_(void *arg) {
     const int thread = (int)(intptr_t)arg;
+    self_ = thread;
     uint64_t seen = 0;
     for (;;) {
         uint64_t g = gen_of_(atomic_load(&pool_.word));
@@ -172,7 +177,7 @@ void zdp_pool_run(int64_t n_tasks, zdp_pool_fn fn, void *ctx) {
     start_();
     if (pool_.size == 1 || n_tasks == 1 || n_tasks > TASK_MAX_ ||
         pthread_mutex_trylock(&pool_.run_lock) != 0) {
-        for (int64_t t = 0; t < n_tasks; t++) fn(ctx, t, 0);
+        for (int64_t t = 0; t < n_tasks; t++) fn(ctx, t, self_);
         return;
     }
     pool_.fn = fn;

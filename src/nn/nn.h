@@ -40,7 +40,7 @@ static inline int64_t zdp_nn_tasks_(int64_t len, int64_t min_len) {
 /* cblas_sgemm (row-major) split over the pool along M or N, whichever is
  * larger; each element is computed by one single-threaded call with the
  * whole K, so the result is the single call's. */
-void zdp_nn_sgemm_(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K,
+ZDP_API void zdp_nn_sgemm_(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K,
                    float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                    float beta, float *C, int64_t ldc);
 
