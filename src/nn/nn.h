@@ -15,12 +15,59 @@
 #define ZDP_NN_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "zdp/core.h" /* ZDP_API: tests call the kernels */
 
 #include <cblas.h>
 
 #include "../core/core.h" /* the thread pool */
+
+/* ---- vectorisable e^x (GPT-2's softmax and GELU, the Llama family's SwiGLU
+ * and attention softmax) --------------------------------------------------- */
+
+/* e^x to 2.4e-7 relative for |x| <= 87 (|x| > 88 is taken as +-88, so
+ * e^x saturates at 1.65e38 and flushes to 0 below about -87.7; NaN stays NaN):
+ * e^x = 2^k e^r with k = round(x / ln 2), |r| <= ln2 / 2, e^r by its degree-6
+ * Taylor polynomial, 2^k built in the exponent bits.  GCC will not
+ * if-convert float comparisons without -fno-trapping-math, so the clamps and
+ * the NaN test are integer masks on the bits: loops calling exp_ vectorise. */
+static inline float zdp_nn_exp_(float x) {
+    uint32_t xb;
+    memcpy(&xb, &x, sizeof xb);
+    const int32_t ax = (int32_t)(xb & 0x7FFFFFFFu); /* |x| as bits: monotonic */
+    const uint32_t big = 0u - (uint32_t)(ax > 0x42B00000); /* |x| > 88 (or NaN) */
+    const uint32_t cb = (((xb & 0x80000000u) | 0x42B00000u) & big) | (xb & ~big);
+    float xc;
+    memcpy(&xc, &cb, sizeof xc);
+    /* Adding 1.5 * 2^23 rounds to an integer, which lands in the low
+     * mantissa bits of t: k as a float and as bits without a conversion. */
+    const float magic = 12582912.0f;
+    const float t = xc * 1.44269504088896341f + magic;
+    const float k = t - magic;
+    uint32_t tb;
+    memcpy(&tb, &t, sizeof tb);
+    float r = xc - k * 0.693145751953125f; /* ln 2, high part (exact product) */
+    r -= k * 1.428606765330187e-06f;       /* ln 2, low part */
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const uint32_t sb = (tb - 0x4B400000u + 127u) << 23; /* 2^k, k in [-127, 127] */
+    float scale;
+    memcpy(&scale, &sb, sizeof scale);
+    const float y = p * scale;
+    uint32_t yb;
+    memcpy(&yb, &y, sizeof yb);
+    const uint32_t nan = 0u - (uint32_t)(ax > 0x7F800000);
+    yb = (xb & nan) | (yb & ~nan);
+    float out;
+    memcpy(&out, &yb, sizeof out);
+    return out;
+}
 
 /* ---- splitting work over the pool (nn.c) -------------------------------------- */
 

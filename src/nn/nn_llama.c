@@ -4,7 +4,8 @@
  * causal grouped-query attention and SwiGLU.
  *
  * The math is transformers' (modeling_llama.py, modeling_qwen3.py,
- * modeling_rope_utils.py), written for row-major fp32.  Matrix products go
+ * modeling_rope_utils.py), written for row-major fp32; e^x is nn.h's
+ * vectorisable zdp_nn_exp_ (2.4e-7 relative).  Matrix products go
  * through cblas_sgemm; attention keeps GPT-2's row blocks, so a block of
  * query rows only meets the keys before its end.  Work is split over the
  * thread pool by rows, by (batch, head) or (batch, KV head), or by columns
@@ -218,11 +219,10 @@ void zdp_nn_rope_backward(float *dinp, const float *dout, const float *cos_t, co
 static void softmax_causal_row_(float *row, int64_t n) {
     float m = row[0];
     for (int64_t i = 1; i < n; i++) m = row[i] > m ? row[i] : m;
+    /* Exponentials first (a loop that vectorises), then the sum in order. */
+    for (int64_t i = 0; i < n; i++) row[i] = zdp_nn_exp_(row[i] - m);
     double s = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        row[i] = expf(row[i] - m);
-        s += row[i];
-    }
+    for (int64_t i = 0; i < n; i++) s += row[i];
     const float inv = (float)(1.0 / s);
     for (int64_t i = 0; i < n; i++) row[i] *= inv;
 }
@@ -343,7 +343,7 @@ static void swiglu_fwd_range_(void *ctx, int64_t lo, int64_t hi) {
     const swiglu_job *j = ctx;
     for (int64_t i = lo; i < hi; i++) {
         const float g = j->gate[i];
-        j->out[i] = g / (1.0f + expf(-g)) * j->up[i];
+        j->out[i] = g / (1.0f + zdp_nn_exp_(-g)) * j->up[i];
     }
 }
 
@@ -356,7 +356,7 @@ static void swiglu_bwd_range_(void *ctx, int64_t lo, int64_t hi) {
     const swiglu_job *j = ctx;
     for (int64_t i = lo; i < hi; i++) {
         const float g = j->gate[i], d = j->dout[i]; /* read first: dgate may alias dout */
-        const float s = 1.0f / (1.0f + expf(-g));
+        const float s = 1.0f / (1.0f + zdp_nn_exp_(-g));
         j->dup[i] = d * g * s;
         j->dgate[i] = d * j->up[i] * s * (1.0f + g * (1.0f - s));
     }

@@ -16,51 +16,7 @@
 #include <math.h>
 #include <string.h>
 
-
 /* ---- vectorisable helpers ---------------------------------------------------- */
-
-/* e^x to 2.4e-7 relative for |x| <= 87 (|x| > 88 is taken as +-88, so
- * e^x saturates at 1.65e38 and flushes to 0 below about -87.7; NaN stays NaN):
- * e^x = 2^k e^r with k = round(x / ln 2), |r| <= ln2 / 2, e^r by its degree-6
- * Taylor polynomial, 2^k built in the exponent bits.  GCC will not
- * if-convert float comparisons without -fno-trapping-math, so the clamps and
- * the NaN test are integer masks on the bits: loops calling exp_ vectorise. */
-static inline float exp_(float x) {
-    uint32_t xb;
-    memcpy(&xb, &x, sizeof xb);
-    const int32_t ax = (int32_t)(xb & 0x7FFFFFFFu); /* |x| as bits: monotonic */
-    const uint32_t big = 0u - (uint32_t)(ax > 0x42B00000); /* |x| > 88 (or NaN) */
-    const uint32_t cb = (((xb & 0x80000000u) | 0x42B00000u) & big) | (xb & ~big);
-    float xc;
-    memcpy(&xc, &cb, sizeof xc);
-    /* Adding 1.5 * 2^23 rounds to an integer, which lands in the low
-     * mantissa bits of t: k as a float and as bits without a conversion. */
-    const float magic = 12582912.0f;
-    const float t = xc * 1.44269504088896341f + magic;
-    const float k = t - magic;
-    uint32_t tb;
-    memcpy(&tb, &t, sizeof tb);
-    float r = xc - k * 0.693145751953125f; /* ln 2, high part (exact product) */
-    r -= k * 1.428606765330187e-06f;       /* ln 2, low part */
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const uint32_t sb = (tb - 0x4B400000u + 127u) << 23; /* 2^k, k in [-127, 127] */
-    float scale;
-    memcpy(&scale, &sb, sizeof scale);
-    const float y = p * scale;
-    uint32_t yb;
-    memcpy(&yb, &y, sizeof yb);
-    const uint32_t nan = 0u - (uint32_t)(ax > 0x7F800000);
-    yb = (xb & nan) | (yb & ~nan);
-    float out;
-    memcpy(&out, &yb, sizeof out);
-    return out;
-}
 
 /* Sum of x[0..n) with eight partial sums (GCC vectorises this without
  * -fassociative-math, which a single running sum would need). */
@@ -96,7 +52,7 @@ static inline float max_(const float *x, int64_t n) {
  * (before normalisation) and the max in *maxv. */
 static inline float softmax_inplace_(float *x, int64_t n, float *maxv) {
     const float m = max_(x, n);
-    for (int64_t i = 0; i < n; i++) x[i] = exp_(x[i] - m);
+    for (int64_t i = 0; i < n; i++) x[i] = zdp_nn_exp_(x[i] - m);
     const float s = sum_(x, n);
     const float inv = 1.0f / s;
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
@@ -407,7 +363,7 @@ static void gelu_fwd_range_(void *ctx, int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; i++) {
         const float x = j->a[i];
         const float u = GELU_K_ * (x + GELU_A_ * x * x * x);
-        j->out[i] = x / (1.0f + exp_(-2.0f * u));
+        j->out[i] = x / (1.0f + zdp_nn_exp_(-2.0f * u));
     }
 }
 
@@ -421,7 +377,7 @@ static void gelu_bwd_range_(void *ctx, int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; i++) {
         const float x = j->a[i];
         const float u = GELU_K_ * (x + GELU_A_ * x * x * x);
-        const float s = 1.0f / (1.0f + exp_(-2.0f * u));
+        const float s = 1.0f / (1.0f + zdp_nn_exp_(-2.0f * u));
         const float du = GELU_K_ * (1.0f + 3.0f * GELU_A_ * x * x);
         j->out[i] = j->dout[i] * (s + 2.0f * x * s * (1.0f - s) * du);
     }
