@@ -5,8 +5,10 @@ set -euo pipefail
 
 # python3-torch and python3-numpy are the test suite's (the PyTorch
 # cross-checks in tests/torch/ must run, not skip); building zdp never needs them.
+# libpcre2-dev and libicu-dev: the tokenizers' regexes and NFC (src/tokenizer/).
 packages=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libopenblas-dev
-          libjansson-dev libcmocka-dev libmicrohttpd-dev python3-torch python3-numpy)
+          libjansson-dev libcmocka-dev libmicrohttpd-dev libpcre2-dev libicu-dev python3-torch
+          python3-numpy)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

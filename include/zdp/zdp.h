@@ -43,6 +43,7 @@
  *   zdp/llama.h   the Llama family (Llama 3, Qwen3, SmolLM2)
  *   zdp/data.h    token files, the arithmetic corpus, the dataset
  *   zdp/io.h      safetensors
+ *   zdp/tokenizer.h  byte-level BPE tokenizers (tokenizer.json, GPT-2)
  *   zdp/hf.h      Hugging Face folders (config.json, sharded safetensors), the model factory
  */
 #ifndef ZDP_ZDP_H
@@ -57,6 +58,7 @@
 #include "zdp/llama.h"
 #include "zdp/data.h"
 #include "zdp/io.h"
+#include "zdp/tokenizer.h"
 #include "zdp/hf.h"
 
 #endif /* ZDP_ZDP_H */

@@ -25,6 +25,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include "../core/core.h"
 #include "../core/json.h"
 #include "io.h"
 

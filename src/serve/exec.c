@@ -341,6 +341,46 @@ void serve_sample_result_free(serve_sample_result *r) {
     free(r);
 }
 
+/* Whether text[0..n) holds one of the n_str NUL-terminated strings at strs. */
+static bool has_stop_(const char *text, size_t n, const char *strs, int64_t n_str) {
+    for (int64_t q = 0; q < n_str; q++, strs += strlen(strs) + 1) {
+        const size_t m = strlen(strs);
+        for (size_t i = 0; m <= n && i <= n - m; i++)
+            if (memcmp(text + i, strs, m) == 0) return true;
+    }
+    return false;
+}
+
+/* String stops (docs/server.md, "Stop sequences"): -1 while the text of the
+ * generated tokens gen[0..n) holds no stop string; once it does, how many
+ * tokens to return: the longest prefix whose text holds none, so the stop
+ * string is not returned (nor a token it begins inside).  -2: decode failed. */
+static int64_t stop_cut_(server *s, const int32_t *gen, int64_t n, const char *strs, int64_t n_str) {
+    for (int64_t m = n; m >= 0; m--) {
+        size_t len = 0;
+        char *text = s->opt.lm.decode(s->opt.lm.ctx, gen, m, &len);
+        if (text == NULL) {
+            fprintf(stderr, "zdp serve: sampling: cannot decode %lld generated tokens for the stop strings\n",
+                    (long long)m);
+            return -2;
+        }
+        const bool hit = has_stop_(text, len, strs, n_str);
+        free(text);
+        if (!hit) return m == n ? -1 : m;
+    }
+    return 0;
+}
+
+/* After the generated tokens gen[0..n) (t = gen[n-1] the newest): -1 to go
+ * on; else how many to return: all n when t is a stop token (it is kept),
+ * stop_cut_'s count when the text holds a stop string; -2: decode failed. */
+static int64_t stop_at_(server *s, const int32_t *gen, int64_t n, const int32_t *stop, int64_t n_stop,
+                        const char *strs, int64_t n_str) {
+    for (int64_t q = 0; q < n_stop; q++)
+        if (stop[q] == gen[n - 1]) return n;
+    return n_str > 0 ? stop_cut_(s, gen, n, strs, n_str) : -1;
+}
+
 /* Rank 0 alone: generation reads the parameters every rank already holds.
  * Only the last block_size tokens are seen at each step. */
 static char *exec_sample_(server *s, job *j, int *status) {
@@ -351,7 +391,7 @@ static char *exec_sample_(server *s, job *j, int *status) {
     const sample_req r = rq.r;
     const int32_t *prompt = rq.prompt;
     int32_t *tok = malloc((size_t)(r.n + r.max_tokens) * sizeof *tok);
-    float *logits = malloc((size_t)s->opt.model.vocab_size * sizeof *logits);
+    float *logits = malloc((size_t)s->model.vocab_size * sizeof *logits);
     float **v = serve_views(s);
     if (tok == NULL || logits == NULL || v == NULL) {
         free(tok), free(logits), free(v);
@@ -381,6 +421,18 @@ static char *exec_sample_(server *s, job *j, int *status) {
         if (t < 0) break;
         tok[n++] = t;
         res->tokens[res->off[1]++] = t;
+        const int64_t keep = stop_at_(s, res->tokens, res->off[1], rq.stop, r.n_stop, rq.stop_str, r.n_stop_str);
+        if (keep == -2) {
+            serve_sample_result_free(res);
+            free(tok), free(logits), free(v);
+            *status = 500;
+            return serve_error_body("stop", "sampling failed: see the server's log");
+        }
+        if (keep >= 0) {
+            res->off[1] = keep;
+            res->stopped[0] = true;
+            break;
+        }
     }
     free(tok), free(logits), free(v);
     *status = 200;
@@ -423,7 +475,7 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
         bool ok = s->snap != NULL && s->snap_path != NULL;
         for (int i = 0; ok && i < np; i++)
             ok = (s->snap[i] = malloc((size_t)numel_(&s->model.params[i]) * sizeof(float))) != NULL;
-        zdp_status st = ok ? zdp_gpt_weights_load(path, &s->opt.model, s->model.params, np, s->snap, &err)
+        zdp_status st = ok ? s->opt.lm.load(s->opt.lm.ctx, path, &s->model, s->snap, &err)
                            : ZDP_ERR_NOMEM;
         if (st != ZDP_OK) {
             serve_free_snapshot(s);
@@ -433,7 +485,7 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
     }
     const int64_t cap = h.n_prompt + h.max_tokens;
     int32_t *tok = malloc((size_t)cap * sizeof *tok);
-    float *logits = malloc((size_t)s->opt.model.vocab_size * sizeof *logits);
+    float *logits = malloc((size_t)s->model.vocab_size * sizeof *logits);
     if (tok == NULL || logits == NULL) {
         free(tok), free(logits);
         *status = 500;
@@ -472,9 +524,14 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
             tok[n++] = t;
             res->tokens[at] = t;
             res->logprobs[at++] = lp;
-            bool stopped = false;
-            for (int64_t q = 0; q < h.n_stop && !stopped; q++) stopped = stop[q] == t;
-            if (stopped) {
+            const int64_t keep = stop_at_(s, res->tokens + res->off[k], at - res->off[k], stop, h.n_stop,
+                                          rq.stop_str, h.n_stop_str);
+            if (keep == -2) {
+                failed = true;
+                break;
+            }
+            if (keep >= 0) {
+                at = res->off[k] + keep;
                 res->stopped[k] = true;
                 break;
             }
@@ -547,8 +604,7 @@ static char *exec_save_weights_(server *s, job *j, int *status) {
         *status = 500;
         return serve_error_body("path", "out of memory");
     }
-    zdp_status st = zdp_gpt_weights_save(path, s->model.params, s->model.n_params,
-                                         (const float *const *)v, &err);
+    zdp_status st = s->opt.lm.save(s->opt.lm.ctx, path, &s->model, (const float *const *)v, &err);
     free(v);
     if (st != ZDP_OK) {
         *status = status_of_(st);
@@ -665,7 +721,7 @@ static char *exec_load_weights_(server *s, job *j, int *status) {
         }
         if (st == ZDP_ERR_NOMEM) snprintf(err.msg, sizeof err.msg, "out of memory for the weights");
         if (st == ZDP_OK)
-            st = zdp_gpt_weights_load(path, &s->opt.model, s->model.params, np, tmp, &err);
+            st = s->opt.lm.load(s->opt.lm.ctx, path, &s->model, tmp, &err);
         for (int i = 0; st == ZDP_OK && i < np; i++)
             memcpy(zdp_engine_param_data(s->eng, i), tmp[i], (size_t)numel_(&s->model.params[i]) * sizeof(float));
         for (int i = 0; tmp != NULL && i < np; i++) free(tmp[i]);
@@ -699,6 +755,23 @@ static json_t *limits_json_(server *s) {
                      "health_timeout_seconds", s->opt.health_timeout_s);
 }
 
+/* /info's model: its arch, the shape it records (zdp_model.shape_json, a
+ * flat object: GPT's n_layer, n_head, n_embd; the Llama family's config),
+ * vocab_size, block_size and the parameter count. */
+static json_t *model_json_(server *s) {
+    json_t *o = json_pack("{s:s}", "arch", s->opt.lm.arch);
+    json_t *shape = s->model.shape_json != NULL ? json_loads(s->model.shape_json, 0, NULL) : NULL;
+    if (json_is_object(shape)) {
+        json_object_del(shape, "model");
+        json_object_update(o, shape);
+    }
+    json_decref(shape);
+    json_object_set_new(o, "vocab_size", json_integer(s->model.vocab_size));
+    json_object_set_new(o, "block_size", json_integer(s->model.block_size));
+    json_object_set_new(o, "n_params", json_integer((json_int_t)zdp_engine_numel(s->eng)));
+    return o;
+}
+
 static char *exec_info_(server *s, job *j, int *status) {
     (void)j;
     zdp_memory_report m;
@@ -721,7 +794,6 @@ static char *exec_info_(server *s, job *j, int *status) {
                                              (json_int_t)x[6], "total_bytes", (json_int_t)x[7]));
     }
     free(all);
-    const zdp_gpt_config *mc = &s->opt.model;
     const zdp_optimizer_config *oc = &s->cfg.optimizer;
     /* What the next update uses: the config's values until an optim_step's
      * adam_params set others. */
@@ -729,11 +801,9 @@ static char *exec_info_(server *s, job *j, int *status) {
     zdp_engine_get_hparams(s->eng, &hp);
     const char *opt = oc->type == ZDP_OPTIMIZER_SGD ? "SGD" : oc->type == ZDP_OPTIMIZER_ADAMW ? "AdamW" : "Adam";
     json_t *o = json_pack(
-        "{s:{s:s,s:i,s:i,s:i,s:i,s:i,s:I},s:i,s:i,s:I,s:I,s:I,s:I,s:I,s:o,s:o,"
+        "{s:o,s:i,s:i,s:I,s:I,s:I,s:I,s:I,s:o,s:o,"
         "s:{s:s,s:f,s:f,s:f,s:f,s:f,s:f},s:o,s:I}",
-        "model", "arch", "gpt2", "n_layer", mc->n_layer, "n_head", mc->n_head, "n_embd", mc->n_embd,
-        "vocab_size", mc->vocab_size, "block_size", mc->block_size, "n_params",
-        (json_int_t)zdp_engine_numel(s->eng), "world_size", s->W, "zero_stage", s->cfg.zero.stage, "step",
+        "model", model_json_(s), "world_size", s->W, "zero_stage", s->cfg.zero.stage, "step",
         (json_int_t)zdp_engine_global_steps(s->eng), "global_samples",
         (json_int_t)zdp_engine_global_samples(s->eng), "micro_steps",
         (json_int_t)zdp_engine_micro_steps(s->eng), "skipped_steps",

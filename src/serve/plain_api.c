@@ -88,13 +88,13 @@ enum MHD_Result serve_plain_handle(server *s, struct MHD_Connection *c, const ch
     if (!json_is_object(root)) {
         ok = serve_bad(&e, 400, "body", "the body must be a JSON object, got %s", zdp_json_type_name(root));
     } else if (rt->op == OP_FWDBWD || rt->op == OP_FORWARD) {
-        ok = serve_parse_fwd(root, "", &s->opt.model, j, &e);
+        ok = serve_parse_fwd(root, "", &s->model, j, &e);
     } else if (rt->op == OP_OPTIM) {
         static const char *const keys[] = {"adam_params"};
         ok = serve_only_keys(root, "", keys, 1, &e) &&
              serve_parse_optim(json_object_get(root, "adam_params"), "adam_params", false, j, &e);
     } else if (rt->op == OP_SAMPLE) {
-        ok = serve_parse_sample(root, &s->opt.model, j, &e);
+        ok = serve_parse_sample(root, &s->model, s->opt.lm.decode != NULL, j, &e);
     } else {
         ok = serve_parse_path(s, root, j, &e);
     }

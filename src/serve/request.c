@@ -14,7 +14,7 @@
  *     advantages[total]   (total = sum of len)
  *   optim_step: optim_payload
  *   save_weights / save_state / load_state / load_weights: the path, NUL-terminated
- *   sample: sample_req; int32 prompt[n]
+ *   sample: sample_req; int32 prompt[n]; int32 stop[n_stop]; n_stop_str strings
  *   asample: sample_file_header; int32 prompt[n_prompt]; int32 stop[n_stop]; path
  * and read back only through the typed views at the end of this file
  * (serve_fwd_req_view, ...), which check the layout.
@@ -115,7 +115,7 @@ bool serve_only_name(const char *name, const char *where, const char *const *key
     for (int i = 0; i < n; i++)
         if (strcmp(name, keys[i]) == 0) return true;
     char field[512], list[256] = "";
-    snprintf(field, sizeof field, "%s%s%s", where, where[0] ? "." : "", name);
+    snprintf(field, sizeof field, "%.300s%s%.200s", where, where[0] ? "." : "", name);
     for (int i = 0; i < n; i++)
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", keys[i]);
     return serve_bad(e, 400, field, "%s: unknown field; the fields here are: %s", field, list);
@@ -691,7 +691,7 @@ bool serve_fwd_build(const serve_fwd_in *in, const char *where, int V, int T, jo
     return ok;
 }
 
-bool serve_parse_fwd(const json_t *root, const char *where, const zdp_gpt_config *mc, job *j, verr *e) {
+bool serve_parse_fwd(const json_t *root, const char *where, const zdp_model *mc, job *j, verr *e) {
     serve_fwd_in in = {0};
     const bool ok =
         json_fwd_(root, where, &in, e) && serve_fwd_build(&in, where, mc->vocab_size, mc->block_size, j, e);
@@ -782,9 +782,39 @@ bool serve_parse_path(const server *s, const json_t *root, job *j, verr *e) {
     return serve_set_path(s, j, resolved, e);
 }
 
-bool serve_parse_sample(const json_t *root, const zdp_gpt_config *mc, job *j, verr *e) {
-    static const char *const keys[] = {"prompt", "max_tokens", "temperature", "top_k", "seed"};
-    if (!serve_only_keys(root, "", keys, 5, e)) return false;
+bool serve_parse_stops(const json_t *v, const char *f, int V, bool can_decode, serve_bytes *ids,
+                       serve_bytes *strs, int64_t *n_str, verr *e) {
+    if (!json_is_array(v) && !json_is_string(v))
+        return serve_bad(e, 400, f, "%s: must be a string, a list of strings or a list of token ids", f);
+    const size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    if (n > 64) return serve_bad(e, 400, f, "%s: at most 64 stop sequences", f);
+    for (size_t k = 0; k < n; k++) {
+        const json_t *x = json_is_array(v) ? json_array_get(v, k) : v;
+        if (json_is_string(x)) {
+            const char *t = json_string_value(x);
+            const size_t len = json_string_length(x);
+            if (!can_decode)
+                return serve_bad(e, 400, f, "%s[%zu]: a string stop needs the model's tokenizer, and this server "
+                                 "has none (serve a model folder with its tokenizer, --model-dir); send token "
+                                 "ids [id, ...]", f, k);
+            if (len == 0 || len > 1024 || strlen(t) != len)
+                return serve_bad(e, 400, f, "%s[%zu]: must be a non-empty string of at most 1024 bytes without "
+                                 "NUL", f, k);
+            if (!serve_put(strs, t, len + 1)) return serve_bad(e, 500, f, "out of memory");
+            ++*n_str;
+        } else if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= V) {
+            return serve_bad(e, 400, f, "%s[%zu]: must be a token id in [0, %d) or a string", f, k, V);
+        } else {
+            int32_t t = (int32_t)json_integer_value(x);
+            if (!serve_put(ids, &t, sizeof t)) return serve_bad(e, 500, f, "out of memory");
+        }
+    }
+    return true;
+}
+
+bool serve_parse_sample(const json_t *root, const zdp_model *mc, bool can_decode, job *j, verr *e) {
+    static const char *const keys[] = {"prompt", "max_tokens", "temperature", "top_k", "seed", "stop"};
+    if (!serve_only_keys(root, "", keys, 6, e)) return false;
     const json_t *p = json_object_get(root, "prompt");
     /* A plain token list, or a Tinker ModelInput {chunks: [{tokens: [...]}]}. */
     if (json_is_object(p)) {
@@ -814,10 +844,26 @@ bool serve_parse_sample(const json_t *root, const zdp_gpt_config *mc, job *j, ve
     if (t != NULL && (!json_is_number(t) || !(json_number_value(t) >= 0) || json_number_value(t) > 100))
         return serve_bad(e, 400, "temperature", "temperature: must be a number in [0, 100] (0 = greedy)");
     if (t != NULL) r.temperature = json_number_value(t);
-    j->nbytes = (int64_t)sizeof r + r.n * (int64_t)sizeof(int32_t);
+    serve_bytes stops = {0}, strs = {0};
+    const json_t *st = json_object_get(root, "stop");
+    if (st != NULL && !json_is_null(st) &&
+        !serve_parse_stops(st, "stop", mc->vocab_size, can_decode, &stops, &strs, &r.n_stop_str, e)) {
+        serve_bytes_free(&stops), serve_bytes_free(&strs);
+        return false;
+    }
+    r.n_stop = (int64_t)(stops.len / sizeof(int32_t));
+    /* sample_req; int32 prompt[n]; int32 stop[n_stop]; the stop strings */
+    const int64_t head = (int64_t)sizeof r + r.n * (int64_t)sizeof(int32_t);
+    j->nbytes = head + (int64_t)stops.len + (int64_t)strs.len;
     j->payload = malloc((size_t)j->nbytes);
-    if (j->payload == NULL) return serve_bad(e, 500, "prompt", "out of memory");
+    if (j->payload == NULL) {
+        serve_bytes_free(&stops), serve_bytes_free(&strs);
+        return serve_bad(e, 500, "prompt", "out of memory");
+    }
     memcpy(j->payload, &r, sizeof r);
+    if (stops.len > 0) memcpy(j->payload + head, stops.p, stops.len);
+    if (strs.len > 0) memcpy(j->payload + head + stops.len, strs.p, strs.len);
+    serve_bytes_free(&stops), serve_bytes_free(&strs);
     int32_t *tok = (int32_t *)(j->payload + sizeof r);
     for (int64_t i = 0; i < r.n; i++) {
         const json_t *x = json_array_get(p, (size_t)i);
@@ -860,14 +906,30 @@ bool serve_fwd_req_view(const job *j, serve_fwd_req *out) {
     return out->advantages != NULL && at == j->nbytes;
 }
 
+/* n NUL-terminated strings from at: the first one's address, at past the
+ * last; NULL when they are not all there. */
+static const char *take_strings_(const job *j, int64_t *at, int64_t n) {
+    if (n < 0 || n > j->nbytes || *at > j->nbytes) return NULL;
+    const char *first = (const char *)(j->payload + *at);
+    for (int64_t k = 0; k < n; k++) {
+        const unsigned char *end =
+            *at < j->nbytes ? memchr(j->payload + *at, '\0', (size_t)(j->nbytes - *at)) : NULL;
+        if (end == NULL) return NULL;
+        *at = end - j->payload + 1;
+    }
+    return first;
+}
+
 bool serve_sample_req_view(const job *j, serve_sample_req *out) {
     int64_t at = 0;
     const unsigned char *h = take_(j, &at, (int64_t)sizeof out->r);
     if (h == NULL) return false;
     memcpy(&out->r, h, sizeof out->r);
-    if (out->r.n < 0 || out->r.n > j->nbytes) return false;
+    if (out->r.n < 0 || out->r.n > j->nbytes || out->r.n_stop < 0 || out->r.n_stop > j->nbytes) return false;
     out->prompt = (const int32_t *)take_(j, &at, out->r.n * (int64_t)sizeof(int32_t));
-    return out->prompt != NULL && at == j->nbytes;
+    out->stop = (const int32_t *)take_(j, &at, out->r.n_stop * (int64_t)sizeof(int32_t));
+    out->stop_str = take_strings_(j, &at, out->r.n_stop_str);
+    return out->prompt != NULL && out->stop != NULL && out->stop_str != NULL && at == j->nbytes;
 }
 
 bool serve_sample_file_req_view(const job *j, serve_sample_file_req *out) {
@@ -879,6 +941,8 @@ bool serve_sample_file_req_view(const job *j, serve_sample_file_req *out) {
     if (np < 0 || ns < 0 || np > j->nbytes || ns > j->nbytes) return false;
     out->prompt = (const int32_t *)take_(j, &at, np * (int64_t)sizeof(int32_t));
     out->stop = (const int32_t *)take_(j, &at, ns * (int64_t)sizeof(int32_t));
+    if (out->prompt == NULL || out->stop == NULL) return false;
+    if ((out->stop_str = take_strings_(j, &at, out->h.n_stop_str)) == NULL) return false;
     out->path = (const char *)(j->payload + at);
     /* The path runs to the payload's last byte, a NUL. */
     return out->stop != NULL && at < j->nbytes && j->payload[j->nbytes - 1] == '\0' &&

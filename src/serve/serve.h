@@ -33,14 +33,41 @@ typedef int (*zdp_serve_sample_fn)(const zdp_model *model, const float *const *p
                                    const int32_t *tokens, int n, double temperature, int top_k,
                                    double top_p, uint64_t *rng, float *logits, float *logprob);
 
+/* The causal LM a server trains, from the caller (the tool: a GPT from its
+ * shape flags, or a Hugging Face folder's model), so that the server drives
+ * it through zdp_model alone (zdp_lm_next_logits, vocab_size, block_size).
+ * Every rank calls create once and init once (into the engine's views);
+ * rank 0 calls load and save for the weights files clients name, and
+ * decode for string stop sequences.  Messages name the flag or file. */
+typedef struct zdp_serve_model {
+    void *ctx;                /* the callbacks' own state */
+    const char *arch;         /* "gpt2", "llama", "qwen3": /info's model.arch, get_info's model_data.arch */
+    const char *summary;      /* the listening line's model part, e.g. "gpt L=4 H=4 C=128 V=256 T=64" */
+    const char *tokenizer_id; /* get_info's tokenizer_id; NULL: none (the client brings its own) */
+    const char *base_weights; /* what Tinker's base_model sampling reads (load's path); NULL: none */
+    zdp_status (*create)(void *ctx, zdp_model *out, zdp_error *err);
+    void (*destroy)(void *ctx, zdp_model *model);
+    /* The starting weights: a file, a folder's, or a seeded initialisation. */
+    zdp_status (*init)(void *ctx, const zdp_model *model, float *const *dst, zdp_error *err);
+    /* The weights at path (a file save wrote, a checkpoint's model.safetensors,
+     * base_weights) into dst, one buffer per model->params entry. */
+    zdp_status (*load)(void *ctx, const char *path, const zdp_model *model, float *const *dst,
+                       zdp_error *err);
+    zdp_status (*save)(void *ctx, const char *path, const zdp_model *model, const float *const *src,
+                       zdp_error *err);
+    /* The text of ids[0..n) (malloc'd, NUL-terminated, *len bytes without
+     * the NUL); NULL on failure.  A NULL decode: no tokenizer, so string stop
+     * sequences are refused. */
+    char *(*decode)(void *ctx, const int32_t *ids, int64_t n, size_t *len);
+} zdp_serve_model;
+
 typedef struct serve_opts {
-    zdp_gpt_config model;
-    const char *config, *init, *bind;
+    zdp_serve_model lm;
+    const char *config, *bind;
     const char *model_name;     /* the base_model name Tinker clients ask for */
     const char *checkpoint_dir; /* where Tinker's save_weights writes */
     int port;
     int64_t max_body;
-    uint64_t seed;
     double long_poll_s;   /* retrieve_future holds a pending future this long */
     double seq_gap_s;     /* a missing seq_id is given up after this long */
     /* Safety (docs/server.md, "Threat model"). */
@@ -62,7 +89,8 @@ typedef struct serve_opts {
 typedef struct server zdp_server;
 
 /* This rank's part of start-up: loads --config, makes --checkpoint-dir, builds
- * the model and the engine, and loads --init (or initialises from --seed).
+ * the model (opt->lm.create) and the engine, and sets the starting weights
+ * (opt->lm.init).
  * *out is set even on failure (zdp_server_destroy it).  The opts (and the
  * strings and lists they point to) must outlive the server. */
 zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error *err);

@@ -73,9 +73,10 @@ typedef struct serve_op {
 extern const serve_op serve_ops[SERVE_N_OPS]; /* indexed by op */
 
 /* The head of an OP_SAMPLE_FILE payload; then int32 prompt[n_prompt],
- * int32 stop[n_stop], and the weights file's path, NUL-terminated. */
+ * int32 stop[n_stop], n_stop_str stop strings (each NUL-terminated, one
+ * after another), and the weights file's path, NUL-terminated. */
 typedef struct sample_file_header {
-    int64_t n_prompt, max_tokens, top_k, num_samples, n_stop;
+    int64_t n_prompt, max_tokens, top_k, num_samples, n_stop, n_stop_str;
     uint64_t seed;
     double temperature, top_p;
 } sample_file_header;
@@ -91,7 +92,7 @@ extern const char *const serve_adam_keys[N_ADAM];
  * top_k, seed}: payload int64 n, max_tokens, top_k, seed; double temperature;
  * int32 tokens[n]. */
 typedef struct sample_req {
-    int64_t n, max_tokens, top_k, seed;
+    int64_t n, max_tokens, top_k, seed, n_stop, n_stop_str;
     double temperature;
 } sample_req;
 
@@ -191,12 +192,15 @@ typedef struct serve_fwd_req {
 } serve_fwd_req;
 typedef struct serve_sample_req {
     sample_req r;
+    const int32_t *stop;      /* (r.n_stop) tokens that end the sequence */
+    const char *stop_str;     /* r.n_stop_str NUL-terminated strings, one after another */
     const int32_t *prompt;    /* (r.n) */
 } serve_sample_req;
 typedef struct serve_sample_file_req {
     sample_file_header h;
     const int32_t *prompt;    /* (h.n_prompt) */
     const int32_t *stop;      /* (h.n_stop) tokens that end a sequence */
+    const char *stop_str;     /* h.n_stop_str NUL-terminated strings that end a sequence, one after another */
     const char *path;         /* the sampler weights file */
 } serve_sample_file_req;
 struct job;
@@ -350,7 +354,7 @@ bool serve_fwd_build(const serve_fwd_in *in, const char *where, int V, int T, jo
  * body).  tinker_defaults: missing adam_params fields take Tinker's
  * AdamParams defaults instead of the engine's current values. */
 /* JSON -> serve_fwd_in (its format's checks) -> serve_fwd_build. */
-bool serve_parse_fwd(const json_t *obj, const char *where, const zdp_gpt_config *mc, job *j,
+bool serve_parse_fwd(const json_t *obj, const char *where, const zdp_model *mc, job *j,
                      verr *e);
 bool serve_parse_optim(const json_t *ap, const char *where, bool tinker_defaults, job *j, verr *e);
 bool serve_set_path(const server *s, job *j, const char *path, verr *e);
@@ -387,8 +391,15 @@ char *serve_exec(server *s, job *j, int *status);
 float **serve_views(server *s);
 /* Drops the sampler weights asample last read. */
 void serve_free_snapshot(server *s);
-/* POST /sample's body -> an OP_SAMPLE payload. */
-bool serve_parse_sample(const json_t *root, const zdp_gpt_config *mc, job *j, verr *e);
+/* POST /sample's body -> an OP_SAMPLE payload.  can_decode: the served
+ * model has a tokenizer, so stop strings are taken. */
+bool serve_parse_sample(const json_t *root, const zdp_model *mc, bool can_decode, job *j, verr *e);
+/* A stop field (Tinker's SamplingParams.stop: a string, strings or token ids
+ * in [0, V)) -> token ids (int32) in ids, strings (each NUL-terminated) in
+ * strs, *n_str of them.  Strings only when can_decode (docs/server.md,
+ * "Stop sequences"). */
+bool serve_parse_stops(const json_t *v, const char *field, int V, bool can_decode, serve_bytes *ids,
+                       serve_bytes *strs, int64_t *n_str, verr *e);
 /* POST /save_weights, /save_state, /load_state's body {"path"} -> payload. */
 bool serve_parse_path(const server *s, const json_t *root, job *j, verr *e);
 

@@ -93,23 +93,17 @@ zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error 
         return fail_(err, "%s: zdp serve needs unmanaged gradient accumulation (each optim_step request "
                      "is the optimizer step); set \"managed_gradient_accumulation\": false",
                      s->opt.config);
-    /* One datum per micro-batch: activation memory for one sequence. */
-    zdp_status st = zdp_gpt_create(&s->opt.model, 1, &s->model, err);
+    /* The caller's model (one datum per micro-batch: activation memory for
+     * one sequence); a causal LM, since every request is token sequences. */
+    zdp_status st = s->opt.lm.create(s->opt.lm.ctx, &s->model, err);
     if (st != ZDP_OK) return st;
     s->have_model = true;
+    if (s->model.lm == NULL || s->model.vocab_size < 1 || s->model.block_size < 1)
+        return fail_(err, "zdp serve: the model is not a causal language model");
     if ((st = zdp_engine_create(&s->cfg, &s->model, &s->eng, err)) != ZDP_OK) return st;
     float **v = serve_views(s);
     if (v == NULL) return fail_(err, "out of memory");
-    if (s->opt.init != NULL) {
-        st = zdp_gpt_weights_load(s->opt.init, &s->opt.model, s->model.params, s->model.n_params, v, err);
-        if (st != ZDP_OK) {
-            char why[ZDP_ERROR_MSG_MAX];
-            snprintf(why, sizeof why, "%s", err->msg);
-            fail_(err, "--init %s", why);
-        }
-    } else {
-        zdp_gpt_init_params(&s->model, v, s->opt.seed);
-    }
+    st = s->opt.lm.init(s->opt.lm.ctx, &s->model, v, err);
     free(v);
     return st;
 }
@@ -143,11 +137,9 @@ void zdp_server_run(zdp_server *s) {
     /* The pid: SIGTERM or SIGINT to rank 0 stops every rank cleanly (a
      * signal to mpirun makes it kill the ranks instead). */
     const int port = s->bound_port;
-    printf("zdp serve: listening on http://%s%s%s:%d | gpt L=%d H=%d C=%d V=%d T=%d | %d rank(s) | "
-           "ZeRO stage %d | rank 0 pid %ld\n",
+    printf("zdp serve: listening on http://%s%s%s:%d | %s | %d rank(s) | ZeRO stage %d | rank 0 pid %ld\n",
            strchr(s->opt.bind, ':') ? "[" : "", s->opt.bind, strchr(s->opt.bind, ':') ? "]" : "", port,
-           s->opt.model.n_layer, s->opt.model.n_head, s->opt.model.n_embd, s->opt.model.vocab_size,
-           s->opt.model.block_size, s->W, s->cfg.zero.stage, (long)getpid());
+           s->opt.lm.summary, s->W, s->cfg.zero.stage, (long)getpid());
     if (s->api_key == NULL)
         fprintf(stderr, "zdp serve: warning: no --api-key-file: any program that can connect to %s port %d "
                 "can train this model and write checkpoints in %s; on a shared machine give the server a "
@@ -182,6 +174,6 @@ void zdp_server_destroy(zdp_server *s) {
     free(s->api_key);
     free(s->ckpt_root);
     zdp_engine_destroy(s->eng);
-    if (s->have_model) zdp_gpt_destroy(&s->model);
+    if (s->have_model) s->opt.lm.destroy(s->opt.lm.ctx, &s->model);
     free(s);
 }

@@ -31,7 +31,7 @@
 static server *server_(void) {
     server *s = calloc(1, sizeof *s);
     assert_non_null(s);
-    s->opt.model = (zdp_gpt_config){.n_layer = 1, .n_head = 1, .n_embd = 8, .vocab_size = 16, .block_size = 8};
+    s->model = (zdp_model){.vocab_size = 16, .block_size = 8};
     s->opt.seq_gap_s = 30;
     s->opt.model_name = "zdp-gpt";
     s->W = 1;
@@ -129,7 +129,7 @@ static void test_op_table(void **state) {
 
 static void test_parse_fwd(void **state) {
     (void)state;
-    const zdp_gpt_config mc = {.n_layer = 1, .n_head = 1, .n_embd = 8, .vocab_size = 16, .block_size = 8};
+    const zdp_model mc = {.vocab_size = 16, .block_size = 8};
     json_t *body = fwdbwd_(1, 3);
     const json_t *in = json_object_get(body, "forward_backward_input");
     job j = {0};
@@ -258,7 +258,7 @@ static void ppo_request_(float w, int32_t first, pb_ *out, json_t **json) {
 
 static void test_proto_typed_request(void **state) {
     (void)state;
-    const zdp_gpt_config mc = {.n_layer = 1, .n_head = 1, .n_embd = 8, .vocab_size = 16, .block_size = 8};
+    const zdp_model mc = {.vocab_size = 16, .block_size = 8};
     pb_ body;
     json_t *json;
     ppo_request_(0.5f, 4, &body, &json);

@@ -212,6 +212,11 @@ static void test_switches(void **state) {
     pending_[0] = '\0';
     assert_int_equal(cli_parse_options(&dashed_, rows, n, 2, argv), 2);
     assert_string_equal(pending_, "--name: expected an option with a value (see --help)");
+    /* Nor is a switch the value of the option before it. */
+    char *argv2[] = {a[1], a[3], a[2]};
+    pending_[0] = '\0';
+    assert_int_equal(cli_parse_options(&dashed_, rows, n, 3, argv2), 2);
+    assert_string_equal(pending_, "--name: expected an option with a value (see --help)");
     pending_[0] = '\0';
 }
 

@@ -208,7 +208,11 @@ int cli_parse_options(const cli_command *cmd, const cli_opt *opts, int n, int ar
             i--;
             continue;
         }
-        if ((cmd->dashes && strncmp(a, "--", 2) != 0) || i + 1 >= argc)
+        /* ... nor is a switch a value ("--tokenizer --decode" lacks the directory). */
+        bool value_is_switch = false;
+        for (int j = 0; i + 1 < argc && j < n; j++)
+            value_is_switch |= opts[j].kind == CLI_OPT_FLAG && strcmp(argv[i + 1], opts[j].flag) == 0;
+        if ((cmd->dashes && strncmp(a, "--", 2) != 0) || i + 1 >= argc || value_is_switch)
             return cli_fail("%s: %s", a, cmd->missing);
         int taken = cli_take_option(opts, n, a, argv[i + 1]);
         if (taken == 2) return 2;

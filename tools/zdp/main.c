@@ -34,6 +34,7 @@
 
 int cmd_train_gpt(int argc, char **argv); /* train_gpt.c */
 int cmd_serve(int argc, char **argv);     /* serve.c */
+int cmd_tokenize(int argc, char **argv);  /* tokenize.c */
 int cmd_init_model(int argc, char **argv); /* init_model.c */
 
 /* ---- options ---------------------------------------------------------------- */
@@ -58,6 +59,7 @@ static const struct {
     {"gen-data", "write the MLP dataset or the arithmetic corpus to a file"},
     {"init-model", "write a randomly initialised Llama/Qwen3 model as a Hugging Face folder"},
     {"ckpt", "describe a checkpoint, or export its full fp32 weights"},
+    {"tokenize", "text -> token ids, or ids -> text (--decode), with a model folder's tokenizer"},
 };
 
 static void usage_commands_(FILE *f) {
@@ -562,6 +564,8 @@ int main(int argc, char **argv) {
         rc = cmd_ckpt_(argc - 2, argv + 2);
     else if (strcmp(argv[1], "gen-data") == 0)
         rc = cmd_gen_data_(argc - 2, argv + 2);
+    else if (strcmp(argv[1], "tokenize") == 0)
+        rc = cmd_tokenize(argc - 2, argv + 2);
     else if (strcmp(argv[1], "init-model") == 0)
         rc = cmd_init_model(argc - 2, argv + 2);
     else

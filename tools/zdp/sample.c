@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "lm_dir.h"
 
 static const float *g_sort_logits; /* qsort has no context argument */
 static int by_logit_desc_(const void *a, const void *b) {
@@ -47,10 +48,9 @@ static float top_p_cut_(const float *logits, int V, float cut, int best, double 
 int sample_next_p(const zdp_model *model, const float *const *params, const int32_t *tokens, int n,
                   double temperature, int top_k, double top_p, uint64_t *rng, float *logits,
                   float *logprob) {
-    const zdp_gpt_config *c = zdp_gpt_config_of(model);
-    const int V = c->vocab_size;
+    const int V = model->vocab_size;
     /* The model sees at most block_size tokens: keep the most recent. */
-    int start = n > c->block_size ? n - c->block_size : 0;
+    int start = n > model->block_size ? n - model->block_size : 0;
     zdp_error err;
     if (zdp_lm_next_logits(model, params, tokens + start, n - start, logits, &err) != ZDP_OK) {
         fprintf(stderr, "zdp: error: sampling: %s\n", err.msg);
@@ -241,12 +241,81 @@ static int infer_config_(const zdp_safetensors *st, int n_head, zdp_gpt_config *
     return 0;
 }
 
+/* `zdp sample --model-dir DIR`: the prompt through the folder's tokenizer
+ * (no BOS added, special tokens' text recognised), then up to max_tokens
+ * tokens, each printed as its text as it comes; the tokenizer's EOS ends
+ * the text.  0 or cli_fail's code. */
+static int sample_dir_(const char *dir, int block_size, const char *prompt, int max_tokens,
+                       double temperature, int top_k, double top_p, uint64_t seed) {
+    lm_dir d;
+    int rc = lm_dir_open(dir, block_size, true, &d);
+    zdp_model model = {0};
+    float **views = NULL;
+    int32_t *ids = NULL, *tok = NULL;
+    float *logits = NULL;
+    zdp_error err;
+    if (rc == 0 && lm_dir_create(&d, 1, &model, &err) != ZDP_OK) rc = cli_fail("--model-dir %s: %s", dir, err.msg);
+    if (rc == 0 && (views = lm_views_alloc(&model)) == NULL) rc = cli_fail("out of memory for the weights");
+    if (rc == 0 && zdp_hf_weights_load(dir, &model, views, &err) != ZDP_OK) rc = cli_fail("--model-dir %s", err.msg);
+    size_t n = 0;
+    if (rc == 0 && zdp_tokenizer_encode(d.tok, prompt, strlen(prompt), ZDP_TOKENIZE_SPECIAL, &ids, &n, &err) != ZDP_OK)
+        rc = cli_fail("--prompt: %s", err.msg);
+    if (rc == 0 && n == 0) rc = cli_fail("--prompt: empty; give some text to continue");
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        if (ids[i] >= model.vocab_size)
+            rc = cli_fail("--prompt: token %zu is id %d, outside the model's vocabulary [0, %d)", i, (int)ids[i],
+                          model.vocab_size);
+    if (rc == 0) {
+        tok = malloc((n + (size_t)max_tokens + 1) * sizeof *tok);
+        logits = malloc((size_t)model.vocab_size * sizeof *logits);
+        if (tok == NULL || logits == NULL) rc = cli_fail("out of memory");
+    }
+    if (rc == 0) {
+        memcpy(tok, ids, n * sizeof *tok);
+        const int32_t eos = zdp_tokenizer_eos_id(d.tok);
+        uint64_t rng = seed;
+        printf("--- sample (%s, temperature %.2f, top-k %d, top-p %.2f) ---\n%s", d.summary, temperature, top_k,
+               top_p, prompt);
+        for (int i = 0; i < max_tokens; i++) {
+            int t = sample_next_p(&model, (const float *const *)views, tok, (int)n, temperature, top_k, top_p,
+                                  &rng, logits, NULL);
+            if (t < 0) {
+                rc = cli_fail("sampling failed (see above)");
+                break;
+            }
+            if (t == eos) break;
+            tok[n++] = t;
+            char *text = NULL;
+            size_t len = 0;
+            /* Byte-level BPE: a token's text is its bytes, so printing token by
+             * token gives the sequence's text (a character split across
+             * tokens comes out whole once both are printed). */
+            if (zdp_tokenizer_decode(d.tok, &tok[n - 1], 1, &text, &len, &err) != ZDP_OK) {
+                rc = cli_fail("decoding token %d: %s", t, err.msg);
+                break;
+            }
+            fwrite(text, 1, len, stdout);
+            fflush(stdout);
+            free(text);
+        }
+        printf("\n---\n");
+    }
+    free(ids), free(tok), free(logits);
+    lm_views_free(&model, views);
+    if (model.self != NULL) zdp_model_destroy(&model);
+    lm_dir_close(&d);
+    return rc;
+}
+
 int cmd_sample(int argc, char **argv) {
-    const char *weights = NULL, *prompt = "\n";
-    int64_t n_head = 0, max_tokens = 200, top_k = 40, seed = 1;
-    double temperature = 0.8;
+    const char *weights = NULL, *model_dir = NULL, *prompt = "\n";
+    int64_t n_head = 0, max_tokens = 200, top_k = 40, seed = 1, block_size = 0;
+    double temperature = 0.8, top_p = 1.0;
     const cli_opt opts[] = {
         CLI_STR("--weights", &weights),
+        CLI_STR("--model-dir", &model_dir),
+        CLI_I64("--block-size", &block_size, 1, 1 << 24, "need a positive integer"),
+        CLI_F64("--top-p", &top_p, 1e-9, 1.0, "need a number in (0, 1]"),
         CLI_STR("--prompt", &prompt),
         CLI_I64("--n-head", &n_head, 1, 4096, "need 1..4096"),
         CLI_I64("--max-tokens", &max_tokens, 0, 1 << 20, "need 0..1048576"),
@@ -258,14 +327,25 @@ int cmd_sample(int argc, char **argv) {
                                     .unknown = " (see zdp sample --help)"};
     int prc = cli_parse_options(&cmd, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv);
     if (prc == 1) {
-        printf("usage: zdp sample --weights W.safetensors [--prompt TEXT] [--max-tokens N (200)]\n"
-               "                  [--temperature T (0.8; 0 = greedy)] [--top-k K (40; 0 = all)]\n"
-               "                  [--seed N] [--n-head H (default n_embd/64)]\n"
-               "Byte-level models (vocab 256) only: the prompt is read as bytes.\n");
+        printf("usage: zdp sample --model-dir DIR [--prompt TEXT] [--block-size T] [options]\n"
+               "       zdp sample --weights W.safetensors [--prompt TEXT] [--n-head H] [options]\n"
+               "  --model-dir DIR    a Hugging Face folder (config.json, safetensors, tokenizer):\n"
+               "                     Llama 3, Qwen3, SmolLM2, GPT-2; the prompt goes through its\n"
+               "                     tokenizer (docs/models.md, \"Sampling and serving\")\n"
+               "  --block-size T     the longest context (default: min(max_position_embeddings, 1024))\n"
+               "  --weights W        GPT-2 weights of a byte-level model (vocab 256): the prompt is\n"
+               "                     read as bytes; --n-head H (default n_embd/64)\n"
+               "  --max-tokens N (200)  --temperature T (0.8; 0 = greedy)  --top-k K (40; 0 = all)\n"
+               "  --top-p P (1: off)    --seed N (1)\n");
         return 0;
     }
     if (prc != 0) return prc;
-    if (weights == NULL) return cli_fail("--weights W.safetensors is required");
+    if (model_dir != NULL && weights != NULL)
+        return cli_fail("--model-dir and --weights: give one (a model folder, or a byte-level GPT's weights)");
+    if (model_dir != NULL)
+        return sample_dir_(model_dir, (int)block_size, prompt, (int)max_tokens, temperature, (int)top_k, top_p,
+                           (uint64_t)seed);
+    if (weights == NULL) return cli_fail("--model-dir DIR or --weights W.safetensors is required");
     zdp_safetensors st;
     zdp_error err;
     if (zdp_safetensors_read(weights, &st, &err) != ZDP_OK) return cli_fail("--weights %s", err.msg);

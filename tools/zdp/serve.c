@@ -12,14 +12,130 @@
 #include <string.h>
 
 #include "cli.h"
+#include "lm_dir.h"
 #include "sample.h"
 #include "serve/serve.h"
 #include "zdp/zdp.h"
+
+/* ---- the served model: a GPT from the shape flags ------------------------------ */
+
+typedef struct gpt_src {
+    zdp_gpt_config cfg;
+    const char *init; /* --init, or NULL: --seed */
+    uint64_t seed;
+    char summary[128];
+} gpt_src;
+
+static zdp_status gpt_create_(void *ctx, zdp_model *out, zdp_error *err) {
+    return zdp_gpt_create(&((gpt_src *)ctx)->cfg, 1, out, err);
+}
+
+static void gpt_destroy_(void *ctx, zdp_model *model) {
+    (void)ctx;
+    zdp_gpt_destroy(model);
+}
+
+static zdp_status gpt_load_(void *ctx, const char *path, const zdp_model *model, float *const *dst,
+                            zdp_error *err) {
+    return zdp_gpt_weights_load(path, &((gpt_src *)ctx)->cfg, model->params, model->n_params, dst, err);
+}
+
+static zdp_status gpt_init_(void *ctx, const zdp_model *model, float *const *dst, zdp_error *err) {
+    const gpt_src *g = ctx;
+    if (g->init == NULL) {
+        zdp_gpt_init_params(model, dst, g->seed);
+        return ZDP_OK;
+    }
+    zdp_status st = gpt_load_(ctx, g->init, model, dst, err);
+    if (st != ZDP_OK) {
+        /* "--init " in front of the loader's message (which names the file). */
+        static const char flag[] = "--init ";
+        size_t n = strnlen(err->msg, sizeof err->msg - sizeof flag);
+        memmove(err->msg + sizeof flag - 1, err->msg, n);
+        memcpy(err->msg, flag, sizeof flag - 1);
+        err->msg[n + sizeof flag - 1] = '\0';
+    }
+    return st;
+}
+
+static zdp_status gpt_save_(void *ctx, const char *path, const zdp_model *model, const float *const *src,
+                            zdp_error *err) {
+    (void)ctx;
+    return zdp_gpt_weights_save(path, model->params, model->n_params, src, err);
+}
+
+/* A byte-level GPT (vocab 256, as zdp sample reads prompts): id = byte. */
+static char *bytes_decode_(void *ctx, const int32_t *ids, int64_t n, size_t *len) {
+    (void)ctx;
+    char *t = malloc((size_t)n + 1);
+    if (t == NULL) return NULL;
+    for (int64_t i = 0; i < n; i++) t[i] = (char)(unsigned char)ids[i];
+    t[n] = '\0';
+    *len = (size_t)n;
+    return t;
+}
+
+static zdp_serve_model gpt_model_(gpt_src *g) {
+    const zdp_gpt_config *c = &g->cfg;
+    snprintf(g->summary, sizeof g->summary, "gpt L=%d H=%d C=%d V=%d T=%d", c->n_layer, c->n_head, c->n_embd,
+             c->vocab_size, c->block_size);
+    /* GPT-2's tokenizer only fits GPT-2's vocabulary; otherwise the client
+     * brings its own (get_tokenizer would load the wrong one). */
+    return (zdp_serve_model){.ctx = g, .arch = "gpt2", .summary = g->summary,
+                             .tokenizer_id = c->vocab_size == 50257 ? "gpt2" : NULL,
+                             .base_weights = g->init, .create = gpt_create_, .destroy = gpt_destroy_,
+                             .init = gpt_init_, .load = gpt_load_, .save = gpt_save_,
+                             .decode = c->vocab_size == 256 ? bytes_decode_ : NULL};
+}
+
+/* ---- the served model: a Hugging Face folder (--model-dir) ----------------------- */
+
+static zdp_status dir_create_(void *ctx, zdp_model *out, zdp_error *err) {
+    return lm_dir_create(ctx, 1, out, err);
+}
+
+static void dir_destroy_(void *ctx, zdp_model *model) {
+    (void)ctx;
+    zdp_model_destroy(model);
+}
+
+static zdp_status dir_init_(void *ctx, const zdp_model *model, float *const *dst, zdp_error *err) {
+    const lm_dir *d = ctx;
+    return zdp_hf_weights_load(d->dir, model, dst, err);
+}
+
+static zdp_status dir_load_(void *ctx, const char *path, const zdp_model *model, float *const *dst,
+                            zdp_error *err) {
+    return lm_dir_load(ctx, path, model, dst, err);
+}
+
+static zdp_status dir_save_(void *ctx, const char *path, const zdp_model *model, const float *const *src,
+                            zdp_error *err) {
+    return lm_dir_save(ctx, path, model, src, err);
+}
+
+static char *dir_decode_(void *ctx, const int32_t *ids, int64_t n, size_t *len) {
+    const lm_dir *d = ctx;
+    char *text = NULL;
+    zdp_error err;
+    return zdp_tokenizer_decode(d->tok, ids, (size_t)n, &text, len, &err) == ZDP_OK ? text : NULL;
+}
+
+/* tokenizer_id: the folder's absolute path, which AutoTokenizer.from_pretrained
+ * loads when the folder holds the tokenizer; base_model sampling reads the
+ * folder's weights. */
+static zdp_serve_model dir_model_(lm_dir *d) {
+    return (zdp_serve_model){.ctx = d, .arch = d->arch, .summary = d->summary,
+                             .tokenizer_id = d->tok != NULL ? d->real : NULL, .base_weights = d->real,
+                             .create = dir_create_, .destroy = dir_destroy_, .init = dir_init_,
+                             .load = dir_load_, .save = dir_save_, .decode = d->tok != NULL ? dir_decode_ : NULL};
+}
 
 /* ---- options ------------------------------------------------------------------ */
 
 static void usage_(void) {
     printf("usage: mpirun -np W zdp serve --config CFG.json --model gpt [options]\n"
+           "       mpirun -np W zdp serve --config CFG.json --model-dir DIR [--block-size T] [options]\n"
            "\n"
            "A training server: rank 0 answers HTTP (JSON, Tinker's data shapes), every rank\n"
            "trains.  Endpoints: POST /forward_backward /forward /optim_step /save_weights\n"
@@ -27,7 +143,12 @@ static void usage_(void) {
            "/api/v1/... (docs/server.md).\n"
            "\n"
            "  --config CFG.json          ds_config with \"managed_gradient_accumulation\": false\n"
-           "  --model gpt                the only model served\n"
+           "  --model-dir DIR            a Hugging Face folder (Llama 3, Qwen3, SmolLM2, GPT-2): its\n"
+           "                             config, weights and tokenizer (string stops, get_info's\n"
+           "                             tokenizer_id = the folder); --block-size T (default\n"
+           "                             min(max_position_embeddings, 1024)); --model-name default:\n"
+           "                             the folder's name\n"
+           "  --model gpt                a GPT-2 from the shape flags:\n"
            "  --n-layer L (4)  --n-head H (4)  --n-embd C (128)  --vocab-size V (256)\n"
            "  --block-size T (64)\n"
            "  --init FILE                GPT2LMHeadModel safetensors or llm.c .bin weights\n"
@@ -65,19 +186,23 @@ static void usage_(void) {
            "                                     health check is older than S\n");
 }
 
-static int parse_(int argc, char **argv, serve_opts *o) {
-    *o = (serve_opts){.model = CLI_GPT_DEFAULT,
-                      .bind = "127.0.0.1", .port = 8000, .max_body = 16 << 20, .seed = 42,
-                      .model_name = "zdp-gpt", .checkpoint_dir = "zdp-serve-checkpoints",
+static int parse_(int argc, char **argv, serve_opts *o, gpt_src *g, lm_dir *d) {
+    /* Shape flags start at 0, so that --model-dir can tell which were given. */
+    *g = (gpt_src){.seed = 42};
+    const char *model_dir = NULL;
+    *o = (serve_opts){
+                      .bind = "127.0.0.1", .port = 8000, .max_body = 16 << 20,
+                      .checkpoint_dir = "zdp-serve-checkpoints",
                       .long_poll_s = 30, .seq_gap_s = 30, .max_connections = 512,
                       .max_connections_per_ip = -1, .idle_timeout_s = 15, .request_timeout_s = 60,
                       .max_inflight = -1, .health_timeout_s = 60};
     const char *model = NULL;
     const cli_opt opts[] = {
-        CLI_GPT_ROWS(&o->model),
+        CLI_GPT_ROWS(&g->cfg),
         CLI_STR("--model", &model),
+        CLI_STR("--model-dir", &model_dir),
         CLI_STR("--config", &o->config),
-        CLI_STR("--init", &o->init),
+        CLI_STR("--init", &g->init),
         CLI_STR("--bind", &o->bind),
         CLI_INT("--port", &o->port, 0, 65535, "need an integer in [0, 65535]"),
         CLI_I64("--max-body", &o->max_body, 2, (int64_t)1 << 34, "need a byte count in [2, 2^34]"),
@@ -100,7 +225,7 @@ static int parse_(int argc, char **argv, serve_opts *o) {
                 "need seconds in [0.1, 86400]"),
         CLI_F64("--health-timeout-seconds", &o->health_timeout_s, 0.1, 86400,
                 "need seconds in [0.1, 86400]"),
-        CLI_U64("--seed", &o->seed, 0, INT64_MAX, "need an integer >= 0"),
+        CLI_U64("--seed", &g->seed, 0, INT64_MAX, "need an integer >= 0"),
     };
     static const cli_command cmd = {
         .missing = "expected an option with a value (see zdp serve --help)",
@@ -108,9 +233,30 @@ static int parse_(int argc, char **argv, serve_opts *o) {
     int rc = cli_parse_options(&cmd, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv);
     if (rc == 1 && zdp_dist_rank() == 0) usage_();
     if (rc != 0) return rc;
-    if (model == NULL || strcmp(model, "gpt") != 0)
-        return cli_fail("--model %s: zdp serve serves only --model gpt", model ? model : "(missing)");
     if (o->config == NULL) return cli_fail("--config CFG.json is required");
+    const bool name_given = o->model_name != NULL;
+    if (!name_given) o->model_name = "zdp-gpt";
+    const zdp_gpt_config *c = &g->cfg;
+    if (model_dir != NULL) {
+        if (model != NULL || g->init != NULL || c->n_layer || c->n_head || c->n_embd || c->vocab_size)
+            return cli_fail("--model-dir %s: the folder gives the model and its weights; drop --model, --init and "
+                            "the shape flags (--block-size alone may be given)", model_dir);
+        if ((rc = lm_dir_open(model_dir, c->block_size, false, d)) != 0) return rc;
+        o->lm = dir_model_(d);
+        /* The default base_model name: the folder's own ("SmolLM2-135M"). */
+        if (!name_given) o->model_name = d->name;
+    } else if (model == NULL || strcmp(model, "gpt") != 0) {
+        return cli_fail("--model %s: zdp serve serves --model gpt or a folder, --model-dir DIR",
+                        model ? model : "(missing)");
+    } else {
+        const zdp_gpt_config def = CLI_GPT_DEFAULT;
+        g->cfg = (zdp_gpt_config){.n_layer = c->n_layer ? c->n_layer : def.n_layer,
+                                  .n_head = c->n_head ? c->n_head : def.n_head,
+                                  .n_embd = c->n_embd ? c->n_embd : def.n_embd,
+                                  .vocab_size = c->vocab_size ? c->vocab_size : def.vocab_size,
+                                  .block_size = c->block_size ? c->block_size : def.block_size};
+        o->lm = gpt_model_(g);
+    }
     /* Default: 64, and no more than --max-connections. */
     if (o->max_connections_per_ip < 0) o->max_connections_per_ip = o->max_connections < 64 ? o->max_connections : 64;
     if (o->max_connections_per_ip > o->max_connections)
@@ -129,7 +275,9 @@ static int parse_(int argc, char **argv, serve_opts *o) {
 
 int cmd_serve(int argc, char **argv) {
     serve_opts opt;
-    int rc = parse_(argc, argv, &opt);
+    gpt_src gpt;
+    lm_dir dir = {0};
+    int rc = parse_(argc, argv, &opt, &gpt, &dir);
     zdp_server *s = NULL;
     if (rc == 1) { /* --help */
         rc = 0;
@@ -150,5 +298,6 @@ done:
     zdp_server_destroy(s);
     free((void *)opt.allow_roots);
     free((void *)opt.allow_hosts);
+    lm_dir_close(&dir);
     return rc;
 }

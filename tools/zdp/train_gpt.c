@@ -70,11 +70,14 @@ static void usage_(void) {
            "data:\n"
            "  --data FILE               an llm.c token shard (magic 20240520), a .npy 1-D\n"
            "                            uint16/int32/uint32 token array, or any file, read\n"
-           "                            as bytes (vocab 256); default: zdp's generated\n"
-           "                            arithmetic corpus (lines \"a+b=c\")\n"
-           "  --data-format auto|llmc|npy|bytes   how --data is read (auto): llmc = a token\n"
-           "                            shard; npy = a NumPy array; bytes = one token per\n"
-           "                            byte; auto = .npy or a shard by their magic, an error\n"
+           "                            as bytes (vocab 256) -- with --model-dir, as text\n"
+           "                            through the folder's tokenizer; default: zdp's\n"
+           "                            generated arithmetic corpus (lines \"a+b=c\")\n"
+           "  --data-format auto|llmc|npy|bytes|text   how --data is read (auto): llmc = a\n"
+           "                            token shard; npy = a NumPy array; bytes (or text) =\n"
+           "                            one token per byte, or with --model-dir text tokenized\n"
+           "                            by its tokenizer; auto = .npy or a shard by their\n"
+           "                            magic, an error\n"
            "                            if it looks like a damaged shard (a .bin name, or a\n"
            "                            shard's header with a damaged magic), bytes otherwise\n"
            "  --data-order sequential   the only order (window w = tokens [wT, wT+T])\n"
@@ -105,9 +108,10 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
                     .steps = 200, .val_every = 50, .val_batches = 8, .arith_lines = CLI_ARITH_LINES,
                     .val_fraction = -1, .seed = 42, .out_dir = "zdp-out", .progress = -1,
                     .data_format = ZDP_TOKENS_AUTO, .max_skipped = CLI_MAX_SKIPPED_DEFAULT};
-    static const char *const formats[] = {"auto", "llmc", "npy", "bytes", NULL};
+    /* text: bytes, which --model-dir reads through its tokenizer. */
+    static const char *const formats[] = {"auto", "llmc", "npy", "bytes", "text", NULL};
     static const int format_values[] = {ZDP_TOKENS_AUTO, ZDP_TOKENS_SHARD, ZDP_TOKENS_NPY,
-                                        ZDP_TOKENS_BYTES};
+                                        ZDP_TOKENS_BYTES, ZDP_TOKENS_BYTES};
     static const char *const dtypes[] = {"F32", "BF16", NULL};
     static const int dtype_values[] = {ZDP_DTYPE_F32, ZDP_DTYPE_BF16};
     o->save_dtype = ZDP_DTYPE_F32;
@@ -127,8 +131,8 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
         CLI_STR("--init", &o->init),
         CLI_STR("--data", &o->data),
         CLI_CHOICE("--data-format", &o->data_format, formats, format_values,
-                   "auto, llmc (an llm.c token shard), npy (a NumPy token array) or bytes (one "
-                   "token per byte)"),
+                   "auto, llmc (an llm.c token shard), npy (a NumPy token array), bytes (one "
+                   "token per byte) or text (bytes; with --model-dir, its tokenizer's tokens)"),
         CLI_WORD("--model-dir", &o->model_dir, NULL, NULL),
         CLI_WORD("--save-model-dir", &o->save_model_dir, NULL, NULL),
         CLI_CHOICE("--save-dtype", &o->save_dtype, dtypes, dtype_values, "F32 or BF16"),
@@ -205,15 +209,30 @@ static double val_loss_(run_state *st, int64_t val_batches) {
     return zdp_dist_mean(sum / (double)val_batches);
 }
 
-/* Text as --data for a model folder: tokenized with the folder's tokenizer.
- * The hook for it; until the tokenizer lands, a clear refusal.  0 or
+/* Text as --data for a model folder: a file read as bytes (--data-format
+ * text, or auto finding no shard or .npy magic) is tokenized with the
+ * folder's tokenizer, on every rank alike (no BOS/EOS added; special
+ * tokens' text stays plain text, docs/models.md "Training on text").  0 or
  * cli_fail's code. */
 static int open_text_data_(const gpt_opts *o, run_state *st, double val_fraction) {
-    (void)st;
-    (void)val_fraction;
-    return cli_fail("--data %s: read as text (bytes), but --model-dir %s needs token ids: give "
-                    "an llm.c token shard or a .npy token array (or --data-format llmc|npy if "
-                    "the file is one)", o->data, o->model_dir);
+    zdp_tokenizer *tok = NULL;
+    zdp_error err;
+    if (zdp_tokenizer_load(o->model_dir, &tok, &err) != ZDP_OK)
+        return cli_fail("--data %s is text, which needs --model-dir %s's tokenizer: %s; copy the model's "
+                        "tokenizer into the folder (zdp init-model --tokenizer DIR does), or give token ids "
+                        "(an llm.c shard or a .npy array)", o->data, o->model_dir, err.msg);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    const double t0 = cli_now();
+    zdp_status s = zdp_tokenizer_encode_file(tok, o->data, 0, &ids, &n, &err);
+    zdp_tokenizer_destroy(tok);
+    if (s != ZDP_OK) return cli_fail("--data %s", err.msg);
+    if (st->R == 0)
+        printf("--data %s: text, %lld tokens with --model-dir %s's tokenizer (%.1f s)\n", o->data, (long long)n,
+               o->model_dir, cli_now() - t0);
+    s = zdp_dataset_create(ids, (int64_t)n, val_fraction, &st->ds, &err);
+    free(ids);
+    return s != ZDP_OK ? cli_fail("--data %s: %s", o->data, err.msg) : 0;
 }
 
 /* The first token of the dataset outside [0, V): -1 if none, else its

@@ -486,7 +486,7 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
         if (!json_is_object(in))
             return serve_bad(e, 400, key, "%s: %s; must be {data, loss_fn, loss_fn_config}", key,
                              in ? "not an object" : "missing");
-        return serve_parse_fwd(in, key, &s->opt.model, j, e);
+        return serve_parse_fwd(in, key, &s->model, j, e);
     }
     if (!strcmp(verb, "optim_step")) {
         j->op = OP_OPTIM;
@@ -640,7 +640,7 @@ int tinker_submit_proto(server *s, const serve_proto_fwdbwd *rq, bool forward, c
     j->op = forward ? OP_FORWARD : OP_FWDBWD;
     verr why = {0};
     const bool valid = serve_fwd_build(&rq->in, forward ? "forward_input" : "forward_backward_input",
-                                       s->opt.model.vocab_size, s->opt.model.block_size, j, &why);
+                                       s->model.vocab_size, s->model.block_size, j, &why);
     return queue_job_(s, rq->model_id, rq->seq_id, j, valid, &why, idem, true, out, e);
 }
 
@@ -910,11 +910,11 @@ static bool base_file_(const server *s, const json_t *base, char *out, size_t ca
     if (!json_is_string(base) || strcmp(json_string_value(base), s->opt.model_name) != 0)
         return serve_bad(e, 400, "base_model", "base_model: this server serves \"%s\" (--model-name)",
                          s->opt.model_name);
-    if (s->opt.init == NULL)
+    if (s->opt.lm.base_weights == NULL)
         return serve_bad(e, 400, "base_model", "base_model: the server started from a seeded initialisation, "
                          "not a weights file (no --init), so there is nothing to sample from; save the "
                          "weights with save_weights_for_sampler and sample from that path");
-    snprintf(out, cap, "%s", s->opt.init);
+    snprintf(out, cap, "%s", s->opt.lm.base_weights);
     return true;
 }
 
@@ -942,8 +942,8 @@ static enum MHD_Result create_sampling_session_(server *s, struct MHD_Connection
 
 /* asample's body -> an OP_SAMPLE_FILE job (file: the weights to read). */
 static bool sample_job_(server *s, const json_t *root, const char *file, job *j, verr *e) {
-    const int V = s->opt.model.vocab_size;
-    sample_file_header h = {.max_tokens = s->opt.model.block_size, .num_samples = 1, .temperature = 1.0,
+    const int V = s->model.vocab_size;
+    sample_file_header h = {.max_tokens = s->model.block_size, .num_samples = 1, .temperature = 1.0,
                             .top_p = 1.0};
     const json_t *ns = json_object_get(root, "num_samples");
     if (ns != NULL && (!json_is_integer(ns) || json_integer_value(ns) < 1 || json_integer_value(ns) > 64))
@@ -993,7 +993,7 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
     if (h.n_prompt == 0) return serve_bad(e, 400, "prompt", "prompt: no tokens");
     /* sampling_params */
     const json_t *sp = json_object_get(root, "sampling_params");
-    serve_bytes stops = {0};
+    serve_bytes stops = {0}, stop_str = {0};
     bool ok = true;
     if (sp != NULL && !json_is_null(sp)) {
         const json_t *v;
@@ -1026,30 +1026,16 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
                 ok = serve_bad(e, 400, "sampling_params.seed", "sampling_params.seed: must be an integer >= 0");
             else h.seed = (uint64_t)json_integer_value(v) + 1; /* 0 below means "none given" */
         }
-        if (ok && (v = json_object_get(sp, "stop")) != NULL && !json_is_null(v)) {
-            /* Token ids only: a string needs the tokenizer, which the server does not have. */
-            bool strings = json_is_string(v);
-            for (size_t k = 0; json_is_array(v) && k < json_array_size(v) && ok; k++) {
-                const json_t *x = json_array_get(v, k);
-                if (json_is_string(x)) strings = true;
-                else if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= V)
-                    ok = serve_bad(e, 400, "sampling_params.stop", "sampling_params.stop[%zu]: must be a token "
-                                   "id in [0, %d)", k, V);
-                else {
-                    int32_t t = (int32_t)json_integer_value(x);
-                    if (!serve_put(&stops, &t, sizeof t)) ok = serve_bad(e, 500, "sampling_params.stop", "out of memory");
-                }
-            }
-            if (ok && (strings || !json_is_array(v)))
-                ok = serve_bad(e, 400, "sampling_params.stop", "sampling_params.stop: only token ids are "
-                               "supported (the server has no tokenizer); send [id, ...]");
-        }
+        if (ok && (v = json_object_get(sp, "stop")) != NULL && !json_is_null(v))
+            ok = serve_parse_stops(v, "sampling_params.stop", s->model.vocab_size, s->opt.lm.decode != NULL, &stops,
+                                   &stop_str, &h.n_stop_str, e);
     }
     if (ok) {
         h.n_stop = (int64_t)(stops.len / sizeof(int32_t));
         serve_bytes b = {0};
         ok = serve_put(&b, &h, sizeof h) && serve_put(&b, tokens.p, tokens.len) &&
-             serve_put(&b, stops.p, stops.len) && serve_put(&b, file, strlen(file) + 1);
+             serve_put(&b, stops.p, stops.len) && serve_put(&b, stop_str.p, stop_str.len) &&
+             serve_put(&b, file, strlen(file) + 1);
         if (!ok) {
             free(b.p);
             serve_bad(e, 500, "prompt", "out of memory");
@@ -1061,6 +1047,7 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
     }
     free(tokens.p);
     free(stops.p);
+    free(stop_str.p);
     return ok;
 }
 
@@ -1236,13 +1223,11 @@ static enum MHD_Result post_model_(server *s, struct MHD_Connection *c, const ch
         return reply_err_(c, 400, "model_id", "model_id \"%s\": not the model this server is training%s", mid,
                           live ? "" : " (no model is loaded; call create_model)");
     if (unload) return f ? reply_future_(c, f) : reply_err_(c, 500, NULL, "out of memory");
-    const zdp_gpt_config *mc = &s->opt.model;
-    /* GPT-2's tokenizer only fits GPT-2's vocabulary; otherwise the client
-     * brings its own (get_tokenizer would load the wrong one). */
-    const bool gpt2_vocab = mc->vocab_size == 50257;
+    /* tokenizer_id: what the caller named (a model folder's path, "gpt2" for
+     * GPT-2's vocabulary), else null: the client brings its own. */
     return reply_json_(c, 200, json_pack("{s:s,s:{s:s,s:s,s:s*},s:b,s:n,s:s,s:s}", "model_id", mid, "model_data",
-                                         "arch", "gpt2", "model_name", s->opt.model_name, "tokenizer_id",
-                                         gpt2_vocab ? "gpt2" : NULL, "is_lora", 0, "lora_rank", "model_name",
+                                         "arch", s->opt.lm.arch, "model_name", s->opt.model_name, "tokenizer_id",
+                                         s->opt.lm.tokenizer_id, "is_lora", 0, "lora_rank", "model_name",
                                          s->opt.model_name, "type", "get_info"));
 }
 
@@ -1320,7 +1305,7 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
         if (!strcmp(sub, "get_server_capabilities"))
             return reply_json_(c, 200, json_pack("{s:[{s:s,s:i}]}", "supported_models", "model_name",
                                                  s->opt.model_name, "max_context_length",
-                                                 s->opt.model.block_size));
+                                                 s->model.block_size));
         return reply_err_(c, 404, "url", "GET /api/v1/%s: no such endpoint (GET healthz, "
                           "get_server_capabilities; everything else is POST)", sub);
     }

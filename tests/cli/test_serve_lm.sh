@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# `zdp serve` on any causal LM through the real Tinker SDK and the plain API
+# (tests/serve/lm_check.py): a byte-level GPT (vocab 256: id = byte), and a
+# tiny Llama folder from `zdp init-model` with a real tokenizer when
+# the shared folder beside the repository (ZDP_SHARED overrides where) has
+# one in data/tokenizers/, and the Tinker SDK comes from its tinker-sdk.sh.  get_info's arch and tokenizer_id,
+# training, sampling from sampler weights, string and token stop sequences,
+# save/load_state.  Exit 77 (skipped) with the reason when the SDK cannot be
+# imported.
+# usage: test_serve_lm.sh ZDP_BINARY MPIEXEC
+set -u
+ZDP=$1
+MPIEXEC=$2
+HERE=$(cd "$(dirname "$0")" && pwd)
+CHECK="$HERE/../serve/lm_check.py"
+SHARED=${ZDP_SHARED:-$(cd "$HERE/../../.." && pwd)/shared}
+T=$(mktemp -d)
+source "$HERE/serve_lib.sh"
+trap 'stop_server; rm -rf "$T"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+if ! sdk=$(bash "$SHARED/tinker-sdk.sh" 2>"$T/sdk.err"); then
+  echo "SKIP: the Tinker SDK is not importable ($SHARED/tinker-sdk.sh: $(cat "$T/sdk.err"))"; exit 77
+fi
+eval "$sdk"
+PY=/usr/bin/python3
+$PY -c "import tinker" 2>"$T/sdk.err" || { echo "SKIP: import tinker failed: $(cat "$T/sdk.err")"; exit 77; }
+
+cat >"$T/cfg.json" <<JSON
+{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+ "managed_gradient_accumulation": false, "gradient_clipping": 0,
+ "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+ "zero_optimization": {"stage": 1, "reduce_bucket_size": 5000}}
+JSON
+TEXT="$T/text.txt"
+if [ -f "$SHARED/data/tinyshakespeare.txt" ]; then head -c 4000 "$SHARED/data/tinyshakespeare.txt" >"$TEXT"
+else for _ in $(seq 40); do echo "First Citizen: we are accounted poor citizens, the patricians good."; done >"$TEXT"; fi
+
+# run NP NAME ARCH TOKENIZER_ID SERVE_ARGS -- CODEC...
+run() {
+  local np=$1 name=$2 arch=$3 tok=$4
+  shift 4
+  local args=()
+  while [ "$1" != "--" ]; do args+=("$1"); shift; done
+  shift
+  local log="$T/$name-np$np.log"
+  start_server "$np" "$log" "${args[@]}" --config "$T/cfg.json" --model-name "$name" \
+    --checkpoint-dir "$T/ck-$name-$np" || return
+  timeout 300 $PY "$CHECK" "$URL" "$name" "$arch" "$tok" "$TEXT" "$@" || fail "lm_check $name at -np $np"
+  stop_server
+  if [ $SERVER_RC -ne 0 ] || ! grep -q "zdp serve: stopped" "$log"; then
+    fail "$name -np $np: no clean stop (exit $SERVER_RC)"; tail -20 "$log"
+  fi
+  if grep -q "MPI_ABORT\|zdp: error" "$log"; then fail "$name -np $np: server log has errors"; cat "$log"; fi
+}
+
+# A byte-level GPT: its decode is the bytes themselves.
+for np in ${NPS:-1}; do
+  run $np zdp-bytes gpt2 - --model gpt --n-layer 2 --n-head 2 --n-embd 32 --vocab-size 256 --block-size 64 -- bytes
+done
+
+# A tiny Llama folder with a real tokenizer: text through `zdp tokenize`.
+TOK="$SHARED/data/tokenizers/llama3"
+if [ -f "$TOK/tokenizer.json" ]; then
+  "$ZDP" init-model --arch llama --layers 2 --hidden 64 --heads 4 --kv-heads 2 --ffn 128 --vocab 128256 --tie \
+    --max-pos 256 --tokenizer "$TOK" --out "$T/tiny-llama" >"$T/init.log" 2>&1 || { fail "init-model"; cat "$T/init.log"; }
+  for np in ${NPS:-1 3}; do
+    run $np tiny-llama llama "$(cd "$T/tiny-llama" && pwd -P)" --model-dir "$T/tiny-llama" --block-size 64 -- \
+      "$ZDP" tokenize --tokenizer "$T/tiny-llama"
+  done
+else
+  echo "note: no $TOK/tokenizer.json: the Llama folder checks did not run (byte-level GPT only)"
+fi
+
+if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
+echo "test_serve_lm: all checks passed"
