@@ -371,6 +371,11 @@ class Check:
         r4, r5 = self.sample(seeded), self.sample(seeded)
         if r4 != r5:
             fail("the same seed gave different samples: %s vs %s" % (r4, r5))
+        # Every rank samples its share of num_samples; test_tinker.sh compares
+        # these across -np 1, 2, 3 (each sequence's seed, whichever rank runs it).
+        many = dict(seeded, num_samples=7, sampling_params=dict(seeded["sampling_params"], max_tokens=12))
+        with open(os.path.join(self.out, "samples.json"), "w") as f:
+            json.dump(self.sample(many), f, sort_keys=True)
         # Protobuf SampleResponse when the poll asks for it (SDK >= 0.18.1).
         raw = self.sample(greedy, accept_proto=True)
         seqs = [{k: x for k, _, x in T._pb_fields(v)} for n, w, v in T._pb_fields(raw) if n == 1] if isinstance(raw, bytes) else []
@@ -395,6 +400,10 @@ class Check:
         for body, field in ((dict(greedy, sampling_session_id="nope"), "sampling_session_id"),
                             (dict(greedy, sampling_params={"stop": ["\n"]}), "sampling_params.stop"),
                             (dict(greedy, prompt_logprobs=True), "prompt_logprobs"),
+                            # The prompt's 4 tokens and max_tokens must fit the context (block_size 16).
+                            (dict(greedy, sampling_params={"max_tokens": 13}), "sampling_params.max_tokens"),
+                            (dict(greedy, prompt={"chunks": [{"type": "encoded_text", "tokens": [1] * 16}]}),
+                             "prompt"),
                             (dict(greedy, prompt={"chunks": [{"type": "encoded_text", "tokens": [999]}]}), "prompt")):
             r = self.sample(body)
             if r is None or r.get("category") != "user" or field not in r.get("error", ""):

@@ -991,6 +991,15 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
     }
     h.n_prompt = (int64_t)(tokens.len / sizeof(int32_t));
     if (h.n_prompt == 0) return serve_bad(e, 400, "prompt", "prompt: no tokens");
+    /* The KV cache holds the prompt and every new token: both fit the context;
+     * max_tokens defaults to what the prompt leaves of it. */
+    const int64_t room = s->model.block_size - h.n_prompt;
+    if (room < 1) {
+        free(tokens.p);
+        return serve_bad(e, 400, "prompt", "prompt: %lld tokens, leaving no room in the model's context "
+                         "(block_size %d) for a new one", (long long)h.n_prompt, s->model.block_size);
+    }
+    h.max_tokens = room;
     /* sampling_params */
     const json_t *sp = json_object_get(root, "sampling_params");
     serve_bytes stops = {0}, stop_str = {0};
@@ -1002,6 +1011,11 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
             if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 4096)
                 ok = serve_bad(e, 400, "sampling_params.max_tokens", "sampling_params.max_tokens: must be an "
                                "integer in [1, 4096]");
+            else if (json_integer_value(v) > room)
+                ok = serve_bad(e, 400, "sampling_params.max_tokens", "sampling_params.max_tokens: %lld: the "
+                               "prompt's %lld tokens plus max_tokens must fit the model's context (block_size "
+                               "%d): send at most %lld", (long long)json_integer_value(v), (long long)h.n_prompt,
+                               s->model.block_size, (long long)room);
             else h.max_tokens = json_integer_value(v);
         }
         if (ok && (v = json_object_get(sp, "temperature")) != NULL && !json_is_null(v)) {
