@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cblas.h>
+
 #include "../core/core.h"
 #include "../nn/nn.h"
 #include "zdp/zdp.h"
@@ -216,46 +218,43 @@ static bool reserve_(zdp_kv_cache *kv, int n) {
     int *pos = realloc(kv->pos, N * sizeof *pos);
     if (pos == NULL) return false;
     kv->pos = pos;
-    if (kv->score == NULL) {
-        kv->score = malloc((size_t)kv->T * sizeof(float));
+    if (kv->score == NULL) { /* (NH/KV, T) one group's attention scores */
+        kv->score = malloc((size_t)(kv->NH / kv->KV) * kv->T * sizeof(float));
         if (kv->score == NULL) return false;
     }
     kv->cap = n;
-    kv->scratch_bytes = bytes + (int64_t)N * 4 + (int64_t)kv->T * 4;
+    kv->scratch_bytes = bytes + (int64_t)N * 4 + (int64_t)(kv->NH / kv->KV) * kv->T * 4;
     return true;
 }
 
 /* out (NH*hd) = softmax(q . K / sqrt(hd)) V over the slot's positions
  * 0..p: q (NH*hd), K, V (>p, KV*hd) with query head h on KV head
- * h / (NH/KV). */
+ * h / (NH/KV).  The group of query heads sharing a KV head is contiguous
+ * in q, so each group is two small products (cblas: vectorised, where a
+ * plain float dot product loop is not, its order of additions being fixed).
+ * score: (NH/KV, p+1) scratch. */
 static void attend_(float *out, const float *q, const float *K, const float *Vc, int p, int NH,
                     int KVh, int hd, float *score) {
-    const int KD = KVh * hd, group = NH / KVh;
+    const int KD = KVh * hd, group = NH / KVh, n = p + 1;
     const float scale = 1.0f / sqrtf((float)hd);
-    for (int h = 0; h < NH; h++) {
-        const float *qh = q + (size_t)h * hd;
-        const int off = (h / group) * hd;
-        float mx = -INFINITY;
-        for (int s = 0; s <= p; s++) {
-            const float *ks = K + (size_t)s * KD + off;
-            float d = 0.0f;
-            for (int i = 0; i < hd; i++) d += qh[i] * ks[i];
-            score[s] = d * scale;
-            if (score[s] > mx) mx = score[s];
+    for (int g = 0; g < KVh; g++) {
+        const float *qg = q + (size_t)g * group * hd;
+        /* score (group, n) = scale * qg (group, hd) @ K[:, g]^T (hd, n) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group, n, hd, scale, qg, hd,
+                    K + (size_t)g * hd, KD, 0.0f, score, n);
+        for (int r = 0; r < group; r++) {
+            float *sr = score + (size_t)r * n, mx = -INFINITY, sum = 0.0f;
+            for (int s = 0; s < n; s++) mx = sr[s] > mx ? sr[s] : mx;
+            for (int s = 0; s < n; s++) {
+                sr[s] = expf(sr[s] - mx);
+                sum += sr[s];
+            }
+            const float inv = 1.0f / sum;
+            for (int s = 0; s < n; s++) sr[s] *= inv;
         }
-        float sum = 0.0f;
-        for (int s = 0; s <= p; s++) {
-            score[s] = expf(score[s] - mx);
-            sum += score[s];
-        }
-        float *oh = out + (size_t)h * hd;
-        memset(oh, 0, (size_t)hd * sizeof(float));
-        const float inv = 1.0f / sum;
-        for (int s = 0; s <= p; s++) {
-            const float a = score[s] * inv;
-            const float *vs = Vc + (size_t)s * KD + off;
-            for (int i = 0; i < hd; i++) oh[i] += a * vs[i];
-        }
+        /* out[g's heads] (group, hd) = score (group, n) @ V[:, g] (n, hd) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, group, hd, n, 1.0f, score, n,
+                    Vc + (size_t)g * hd, KD, 0.0f, out + (size_t)g * group * hd, hd);
     }
 }
 

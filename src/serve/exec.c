@@ -309,7 +309,14 @@ char *serve_sample_result_json(const serve_sample_result *r) {
     }
     if (r->prompt_length >= 0)
         return serve_dump(json_pack("{s:o,s:I}", "sequences", seqs, "prompt_length", (json_int_t)r->prompt_length));
-    return serve_dump(json_pack("{s:o,s:s}", "sequences", seqs, "type", "sample"));
+    json_t *o = json_pack("{s:o,s:s}", "sequences", seqs, "type", "sample");
+    if (o != NULL && r->prompt_logprobs != NULL) { /* Tinker: the first token's is None */
+        json_t *pl = json_array();
+        for (int64_t t = 0; t < r->n_prompt_logprobs; t++)
+            json_array_append_new(pl, serve_jreal(r->prompt_logprobs[t]));
+        json_object_set_new(o, "prompt_logprobs", pl);
+    }
+    return serve_dump(o);
 }
 
 serve_sample_result *serve_sample_result_copy(const serve_sample_result *r) {
@@ -329,6 +336,15 @@ serve_sample_result *serve_sample_result_copy(const serve_sample_result *r) {
     memcpy(c->tokens, r->tokens, (size_t)total * sizeof *c->tokens);
     memcpy(c->stopped, r->stopped, (size_t)r->n * sizeof *c->stopped);
     if (r->logprobs != NULL) memcpy(c->logprobs, r->logprobs, (size_t)total * sizeof *c->logprobs);
+    if (r->prompt_logprobs != NULL) {
+        c->prompt_logprobs = malloc(((size_t)r->n_prompt_logprobs + 1) * sizeof *c->prompt_logprobs);
+        if (c->prompt_logprobs == NULL) {
+            serve_sample_result_free(c);
+            return NULL;
+        }
+        memcpy(c->prompt_logprobs, r->prompt_logprobs, (size_t)r->n_prompt_logprobs * sizeof *c->prompt_logprobs);
+        c->n_prompt_logprobs = r->n_prompt_logprobs;
+    }
     return c;
 }
 
@@ -338,6 +354,7 @@ void serve_sample_result_free(serve_sample_result *r) {
     free(r->tokens);
     free(r->logprobs);
     free(r->stopped);
+    free(r->prompt_logprobs);
     free(r);
 }
 
@@ -435,7 +452,8 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
                                   .num_samples = h.num_samples, .max_tokens = h.max_tokens, .top_k = h.top_k,
                                   .n_stop = h.n_stop, .n_stop_str = h.n_stop_str, .temperature = h.temperature,
                                   .top_p = h.top_p, .seed = h.seed, .stop = rq.stop, .stop_str = rq.stop_str,
-                                  .logprobs = true, .prompt_length = -1};
+                                  .logprobs = true, .prompt_logprobs = h.prompt_logprobs != 0,
+                                  .prompt_length = -1};
     return serve_sampler_run(s, (const float *const *)s->snap, &sp, why.msg[0] != '\0' ? &why : NULL,
                              status);
 }

@@ -10,6 +10,7 @@
  * Every rank reaches the one gather even when its own part failed (out of
  * memory, unreadable sampler weights): the failure travels in the block.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,10 +49,15 @@ char *serve_sampler_run(server *s, const float *const *params, const serve_sampl
     str_stop_ *ss = calloc((size_t)(mine > 0 ? mine : 1), sizeof *ss);
     int32_t *out = malloc((size_t)(mine * M + 1) * sizeof *out);
     float *lp = malloc((size_t)(mine * M + 1) * sizeof *lp);
+    /* The prompt's logprobs are the same for every sequence: sequence 0's
+     * prefill computes them, on rank 0, which keeps them (no gather). */
+    float *plp = sp->prompt_logprobs && lo == 0 && mine > 0
+                     ? malloc((size_t)sp->n_prompt * sizeof *plp) : NULL;
     int32_t failed = why != NULL;
     zdp_error err = {0};
     verr mine_why = why != NULL ? *why : (verr){0};
-    if (blk == NULL || g == NULL || ss == NULL || out == NULL || lp == NULL) {
+    if (blk == NULL || g == NULL || ss == NULL || out == NULL || lp == NULL ||
+        (sp->prompt_logprobs && lo == 0 && mine > 0 && plp == NULL)) {
         /* Without its block this rank cannot even report: the gather
          * needs it, so give up as a collective failure would. */
         serve_die("sample", &(zdp_error){.msg = "out of memory for a sampling request"});
@@ -70,6 +76,7 @@ char *serve_sampler_run(server *s, const float *const *params, const serve_sampl
                                  .stop_user = &ss[i], .out = out + i * M,
                                  .out_logprobs = lp + i * M};
         }
+        g[0].prompt_logprobs = plp;
         if (zdp_generate(&s->model, params, NULL, g, (int)mine, (int)mine, NULL, &err) != ZDP_OK) {
             fprintf(stderr, "zdp serve: rank %d: sampling: %s\n", s->R, err.msg);
             failed = 1;
@@ -103,7 +110,10 @@ char *serve_sampler_run(server *s, const float *const *params, const serve_sampl
         memcpy(all, blk, (size_t)bb);
     }
     free(blk);
-    if (s->R != 0) return NULL;
+    if (s->R != 0) {
+        free(plp);
+        return NULL;
+    }
     int bad = -1;
     for (int r = 0; r < s->W && bad < 0; r++) {
         int32_t f;
@@ -111,7 +121,7 @@ char *serve_sampler_run(server *s, const float *const *params, const serve_sampl
         if (f) bad = r;
     }
     if (bad >= 0) {
-        free(all);
+        free(all), free(plp);
         if (bad == 0 && mine_why.msg[0] != '\0') {
             *status = mine_why.status;
             return serve_error_body(mine_why.field[0] != '\0' ? mine_why.field : NULL, mine_why.msg);
@@ -133,7 +143,7 @@ char *serve_sampler_run(server *s, const float *const *params, const serve_sampl
     if (res == NULL || res->off == NULL || res->tokens == NULL || res->stopped == NULL ||
         (sp->logprobs && res->logprobs == NULL)) {
         serve_sample_result_free(res);
-        free(all);
+        free(all), free(plp);
         *status = 500;
         return serve_error_body(NULL, "out of memory");
     }
@@ -149,6 +159,11 @@ char *serve_sampler_run(server *s, const float *const *params, const serve_sampl
         res->off[k + 1] = at + keep;
     }
     free(all);
+    if (plp != NULL) {
+        plp[0] = NAN; /* nothing predicts the first token: Tinker's None */
+        res->prompt_logprobs = plp;
+        res->n_prompt_logprobs = sp->n_prompt;
+    }
     *status = 200;
     return serve_finish_sample(sp->j, res);
 }

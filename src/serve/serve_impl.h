@@ -77,6 +77,7 @@ extern const serve_op serve_ops[SERVE_N_OPS]; /* indexed by op */
  * after another), and the weights file's path, NUL-terminated. */
 typedef struct sample_file_header {
     int64_t n_prompt, max_tokens, top_k, num_samples, n_stop, n_stop_str;
+    int64_t prompt_logprobs; /* 1: the reply carries the prompt's logprobs */
     uint64_t seed;
     double temperature, top_p;
 } sample_file_header;
@@ -138,6 +139,8 @@ typedef struct serve_sample_result {
     bool *stopped;      /* (n) stop_reason "stop" (a stop token ended it), else "length" */
     int64_t prompt_length; /* >= 0: POST /sample's reply (with "prompt_length");
                               -1: Tinker's SampleResponse ("type": "sample") */
+    float *prompt_logprobs; /* (n_prompt_logprobs) log p(prompt[t] | prompt[<t]), [0] NaN; or NULL */
+    int64_t n_prompt_logprobs;
 } serve_sample_result;
 /* The reply as JSON text; NULL when out of memory. */
 char *serve_sample_result_json(const serve_sample_result *r);
@@ -410,6 +413,7 @@ typedef struct serve_sample_spec {
     const int32_t *stop;    /* (n_stop) */
     const char *stop_str;   /* n_stop_str NUL-terminated strings */
     bool logprobs;          /* the result carries each token's log p */
+    bool prompt_logprobs;   /* and the prompt's (from the prefill, temperature 1) */
     int64_t prompt_length;  /* serve_sample_result.prompt_length */
 } serve_sample_spec;
 /* Every rank generates its contiguous block of the num_samples sequences

@@ -814,7 +814,8 @@ static enum MHD_Result reply_sample_(struct MHD_Connection *c, serve_sample_resu
     }
     char err[512];
     size_t len;
-    unsigned char *pb = serve_proto_encode_sample_typed(r->n, r->off, r->tokens, r->logprobs, r->stopped, &len, err,
+    unsigned char *pb = serve_proto_encode_sample_typed(r->n, r->off, r->tokens, r->logprobs, r->stopped,
+                                                        r->prompt_logprobs, r->n_prompt_logprobs, &len, err,
                                                         sizeof err);
     serve_sample_result_free(r);
     return reply_proto_(c, pb, len, "SampleResponse", err);
@@ -950,9 +951,9 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
         return serve_bad(e, 400, "num_samples", "num_samples: must be an integer in [1, 64]");
     if (ns != NULL) h.num_samples = json_integer_value(ns);
     const json_t *pl = json_object_get(root, "prompt_logprobs");
-    if (json_is_true(pl))
-        return serve_bad(e, 400, "prompt_logprobs", "prompt_logprobs: not computed by zdp serve; get them "
-                         "with forward (its logprobs are the prompt's)");
+    if (pl != NULL && !json_is_null(pl) && !json_is_boolean(pl))
+        return serve_bad(e, 400, "prompt_logprobs", "prompt_logprobs: must be true or false");
+    h.prompt_logprobs = json_is_true(pl); /* from the prefill pass (docs/sampling.md) */
     static const char *const topk[] = {"topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"};
     for (int k = 0; k < 3; k++) {
         const json_t *v = json_object_get(root, topk[k]);
