@@ -227,6 +227,37 @@ static bool reserve_(zdp_kv_cache *kv, int n) {
     return true;
 }
 
+/* A one-row product is a matrix-vector product: cblas_sgemv reads each
+ * weight once, where sgemm with one row first copies (packs) the whole
+ * weight matrix (batch-1 decode is bound by reading the weights).  Larger
+ * batches go to the nn kernels training uses. */
+
+/* out (N,OC) [+]= inp (N,C) @ W^T + bias, W (OC,C): torch.nn.Linear */
+static void linear_(float *out, const float *inp, const float *W, const float *bias, int64_t N,
+                    int64_t C, int64_t OC, int accumulate) {
+    if (N != 1) {
+        zdp_nn_linear_forward(out, inp, W, bias, N, C, OC, accumulate);
+        return;
+    }
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)OC, (int)C, 1.0f, W, (int)C, inp, 1,
+                accumulate ? 1.0f : 0.0f, out, 1);
+    if (bias != NULL)
+        for (int64_t o = 0; o < OC; o++) out[o] += bias[o];
+}
+
+/* out (N,OC) = inp (N,C) @ W + bias, W (C,OC): Hugging Face Conv1D (GPT-2) */
+static void conv1d_(float *out, const float *inp, const float *W, const float *bias, int64_t N,
+                    int64_t C, int64_t OC) {
+    if (N != 1) {
+        zdp_nn_matmul_forward(out, inp, W, bias, N, C, OC);
+        return;
+    }
+    cblas_sgemv(CblasRowMajor, CblasTrans, (int)C, (int)OC, 1.0f, W, (int)OC, inp, 1, 0.0f, out,
+                1);
+    if (bias != NULL)
+        for (int64_t o = 0; o < OC; o++) out[o] += bias[o];
+}
+
 /* out (NH*hd) = softmax(q . K / sqrt(hd)) V over the slot's positions
  * 0..p: q (NH*hd), K, V (>p, KV*hd) with query head h on KV head
  * h / (NH/KV).  The group of query heads sharing a KV head is contiguous
@@ -311,14 +342,14 @@ zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t 
         if (!kv->llama) {
             zdp_nn_layernorm_forward(kv->h, kv->mean, kv->rstd, kv->x, P[y->ln1_w], P[y->ln1_b],
                                      N, C);
-            zdp_nn_matmul_forward(kv->qkv, kv->h, P[y->qkv_w], P[y->qkv_b], N, C, 3 * C);
+            conv1d_(kv->qkv, kv->h, P[y->qkv_w], P[y->qkv_b], N, C, 3 * C);
             q = kv->qkv, k = kv->qkv + C, v = kv->qkv + 2 * C, qs = ks = 3 * C;
         } else {
             zdp_nn_rmsnorm_forward(kv->h, kv->rstd, kv->x, P[y->ln1_w], N, C, kv->eps);
             q = kv->q, k = kv->kk, v = kv->vv, qs = QD, ks = KD;
-            zdp_nn_linear_forward(q, kv->h, P[y->q_w], B_(y->q_b), N, C, QD, 0);
-            zdp_nn_linear_forward(k, kv->h, P[y->k_w], B_(y->k_b), N, C, KD, 0);
-            zdp_nn_linear_forward(v, kv->h, P[y->v_w], B_(y->v_b), N, C, KD, 0);
+            linear_(q, kv->h, P[y->q_w], B_(y->q_b), N, C, QD, 0);
+            linear_(k, kv->h, P[y->k_w], B_(y->k_b), N, C, KD, 0);
+            linear_(v, kv->h, P[y->v_w], B_(y->v_b), N, C, KD, 0);
             if (y->q_norm >= 0) { /* Qwen3: per head, in place (rows of hd) */
                 zdp_nn_rmsnorm_forward(q, kv->rstd, q, P[y->q_norm], N * NH, hd, kv->eps);
                 zdp_nn_rmsnorm_forward(k, kv->rstd, k, P[y->k_norm], N * KVh, hd, kv->eps);
@@ -344,21 +375,21 @@ zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t 
                     (int)NH, (int)KVh, (int)hd, kv->score);
         }
         if (!kv->llama) {
-            zdp_nn_matmul_forward(kv->h, kv->atty, P[y->o_w], P[y->o_b], N, C, C);
+            conv1d_(kv->h, kv->atty, P[y->o_w], P[y->o_b], N, C, C);
             zdp_nn_residual_forward(kv->x, kv->x, kv->h, N * C);
             zdp_nn_layernorm_forward(kv->h, kv->mean, kv->rstd, kv->x, P[y->ln2_w], P[y->ln2_b],
                                      N, C);
-            zdp_nn_matmul_forward(kv->f1, kv->h, P[y->fc_w], P[y->fc_b], N, C, F);
+            conv1d_(kv->f1, kv->h, P[y->fc_w], P[y->fc_b], N, C, F);
             zdp_nn_gelu_forward(kv->f1, kv->f1, N * F);
-            zdp_nn_matmul_forward(kv->h, kv->f1, P[y->proj_w], P[y->proj_b], N, F, C);
+            conv1d_(kv->h, kv->f1, P[y->proj_w], P[y->proj_b], N, F, C);
             zdp_nn_residual_forward(kv->x, kv->x, kv->h, N * C);
         } else {
-            zdp_nn_linear_forward(kv->x, kv->atty, P[y->o_w], B_(y->o_b), N, QD, C, 1);
+            linear_(kv->x, kv->atty, P[y->o_w], B_(y->o_b), N, QD, C, 1);
             zdp_nn_rmsnorm_forward(kv->h, kv->rstd, kv->x, P[y->ln2_w], N, C, kv->eps);
-            zdp_nn_linear_forward(kv->f1, kv->h, P[y->gate], NULL, N, C, F, 0);
-            zdp_nn_linear_forward(kv->f2, kv->h, P[y->up], NULL, N, C, F, 0);
+            linear_(kv->f1, kv->h, P[y->gate], NULL, N, C, F, 0);
+            linear_(kv->f2, kv->h, P[y->up], NULL, N, C, F, 0);
             zdp_nn_swiglu_forward(kv->f1, kv->f1, kv->f2, N * F);
-            zdp_nn_linear_forward(kv->x, kv->f1, P[y->down], NULL, N, F, C, 1);
+            linear_(kv->x, kv->f1, P[y->down], NULL, N, F, C, 1);
         }
     }
 #undef B_
@@ -376,6 +407,6 @@ zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t 
                                  C);
     else
         zdp_nn_rmsnorm_forward(kv->h, kv->rstd, kv->x, P[kv->lnf_w], m, C, kv->eps);
-    zdp_nn_lmhead_forward(logits, kv->h, P[kv->lm_head], m, C, kv->V);
+    linear_(logits, kv->h, P[kv->lm_head], NULL, m, C, kv->V, 0); /* lm_head (V,C) */
     return ZDP_OK;
 }
