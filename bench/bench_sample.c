@@ -134,7 +134,7 @@ int main(int argc, char **argv) {
     const double mm_flops = 2.0 * L * ((double)C * (QD + 2 * KD) + (double)QD * C +
                                        (gpt ? 2.0 : 3.0) * C * F) + 2.0 * C * V;
     zdp_kv_cache *kv;
-    if (zdp_kv_create(&m, B, &kv, &err) != ZDP_OK) {
+    if (zdp_kv_create(&m, B, P + N, &kv, &err) != ZDP_OK) {
         fprintf(stderr, "bench_sample: %s\n", err.msg);
         return 1;
     }

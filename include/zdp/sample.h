@@ -17,16 +17,18 @@ extern "C" {
 
 /* ---- the KV cache ---------------------------------------------------------- */
 
-/* Keys and values of every layer for n_slots sequences of up to the model's
- * block_size positions: (L, n_slots, block_size, KV*hd) floats each (the
+/* Keys and values of every layer for n_slots sequences of up to max_len
+ * positions: (L, n_slots, max_len, KV*hd) floats each (the
  * Llama family stores only its KV heads; GPT-2 all C channels).  A slot
  * holds one sequence; zdp_lm_decode appends to it. */
 typedef struct zdp_kv_cache zdp_kv_cache;
 
 /* For a model from zdp_gpt_create or zdp_llama_create (ZDP_ERR_INVALID_ARG
- * for another), borrowed: it must outlive the cache.  n_slots >= 1. */
-ZDP_API zdp_status zdp_kv_create(const zdp_model *model, int n_slots, zdp_kv_cache **out,
-                                 zdp_error *err);
+ * for another), borrowed: it must outlive the cache.  n_slots >= 1;
+ * max_len in 1..block_size, or 0 for block_size (the longest sequence the
+ * cache's callers will run: memory goes as n_slots x max_len). */
+ZDP_API zdp_status zdp_kv_create(const zdp_model *model, int n_slots, int max_len,
+                                 zdp_kv_cache **out, zdp_error *err);
 ZDP_API void zdp_kv_destroy(zdp_kv_cache *kv);
 /* Bytes the cache holds: keys and values, rotary tables and the scratch
  * its largest call so far needed (for memory reports). */
@@ -46,7 +48,7 @@ ZDP_API void zdp_kv_clear(zdp_kv_cache *kv, int slot);
  * NULL: every row), each the next-token logits after that row's token,
  * equal to a full forward's within fp32 rounding.  Errors (nothing is
  * appended then): a slot out of range, a token outside [0, V), a slot
- * that would pass block_size -- each named with its row. */
+ * that would pass max_len -- each named with its row. */
 ZDP_API zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *params,
                                  const int32_t *slots, const int32_t *tokens, int n,
                                  const uint8_t *want, float *logits, zdp_error *err);
@@ -96,6 +98,7 @@ typedef struct zdp_gen_seq {
 typedef struct zdp_gen_stats {
     int64_t prefill_tokens, decode_tokens; /* rows through the model */
     int64_t passes;                        /* zdp_lm_decode calls */
+    int64_t kv_bytes;                      /* the cache's zdp_kv_bytes at the end */
     double seconds;
 } zdp_gen_stats;
 
@@ -104,7 +107,7 @@ typedef struct zdp_gen_stats {
  * waiting one is prefilled into it in the same pass).  Each result is the
  * same as the sequence generated alone with its seed (up to fp32 rounding of
  * batched matrix products).  kv: a cache with >= batch slots, or NULL (one
- * is made for the call).  Refused before any work, naming seqs[i] and the
+ * is made for the call, of the longest prompt_len + max_tokens positions).  Refused before any work, naming seqs[i] and the
  * field: prompt_len outside 1..block_size, prompt_len + max_tokens beyond
  * block_size (the context), a token outside [0, V), batch < 1.
  * stats may be NULL. */

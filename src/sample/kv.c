@@ -81,7 +81,7 @@ void zdp_kv_destroy(zdp_kv_cache *kv) {
     free(kv);
 }
 
-zdp_status zdp_kv_create(const zdp_model *model, int n_slots, zdp_kv_cache **out,
+zdp_status zdp_kv_create(const zdp_model *model, int n_slots, int max_len, zdp_kv_cache **out,
                          zdp_error *err) {
     const char *fn = "zdp_kv_create";
     if (out == NULL || model == NULL)
@@ -111,6 +111,14 @@ zdp_status zdp_kv_create(const zdp_model *model, int n_slots, zdp_kv_cache **out
         kv->hd = c->head_dim, kv->F = c->ffn, kv->V = c->vocab_size, kv->T = c->block_size;
         kv->eps = c->rms_norm_eps;
     }
+    if (max_len < 0 || max_len > kv->T) {
+        const int T = kv->T;
+        zdp_kv_destroy(kv);
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: max_len = %d: must be in 0..%d (the model's block_size; 0: all of it)",
+                           fn, max_len, T);
+    }
+    if (max_len > 0) kv->T = max_len; /* positions per slot */
     const size_t per = (size_t)kv->L * n_slots * kv->T * kv->KV * kv->hd;
     kv->len = calloc((size_t)n_slots, sizeof *kv->len);
     kv->k = malloc(per * sizeof(float));
@@ -318,8 +326,10 @@ zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t 
             for (int j = 0; j < n; j++) kv->len[slots[j]]--; /* undo */
             return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
                                "%s: row %d: slot %d would hold %d positions, beyond the "
-                               "model's context (block_size %d)",
-                               fn, bad, (int)slots[bad], kv->pos[bad] + 1, kv->T);
+                               "cache's %d per slot (its max_len; the model's context, "
+                               "block_size, is %d)",
+                               fn, bad, (int)slots[bad], kv->pos[bad] + 1, kv->T,
+                               kv->model->block_size);
         }
     const int64_t N = n, C = kv->C, NH = kv->NH, KVh = kv->KV, hd = kv->hd, F = kv->F;
     const int64_t QD = NH * hd, KD = KVh * hd, T = kv->T;

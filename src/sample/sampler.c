@@ -147,7 +147,11 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
     if (batch > n_seqs) batch = n_seqs > 0 ? n_seqs : 1;
     zdp_kv_cache *own = NULL;
     if (kv == NULL) {
-        st = zdp_kv_create(model, batch, &own, err);
+        int longest = 1; /* positions a slot needs: the longest prompt + max_tokens */
+        for (int i = 0; i < n_seqs; i++)
+            if (seqs[i].prompt_len + seqs[i].max_tokens > longest)
+                longest = seqs[i].prompt_len + seqs[i].max_tokens;
+        st = zdp_kv_create(model, batch, longest, &own, err);
         if (st != ZDP_OK) return st;
         kv = own;
     } else if (zdp_kv_slots(kv) < batch) {
@@ -272,6 +276,7 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
     }
 out:
     sts.seconds = now_() - t0;
+    sts.kv_bytes = zdp_kv_bytes(kv);
     if (stats != NULL) *stats = sts;
     free(slot_seq);
     free(pending);

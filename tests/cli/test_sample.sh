@@ -25,7 +25,7 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 S=("$ZDP" sample --model-dir "$T/m" --prompt "To be, or not" --max-tokens 12 --temperature 1.0 --top-k 0)
 
 "${S[@]}" --num-samples 3 --batch 2 --seed 7 >"$T/all.txt" 2>"$T/all.err" || { fail "--num-samples 3 --batch 2"; cat "$T/all.err"; }
-grep -q "3 sample(s), [0-9]* new tokens in .* tokens/s (batch 2" "$T/all.err" || { fail "no tokens/s line"; cat "$T/all.err"; }
+grep -q "3 sample(s), [0-9]* new tokens in .* tokens/s (batch 2, .*KV cache [0-9.]* MB)" "$T/all.err" || { fail "no tokens/s line"; cat "$T/all.err"; }
 [ "$(grep -c '^--- sample [1-3] of 3' "$T/all.txt")" -eq 3 ] || { fail "not 3 samples"; cat "$T/all.txt"; }
 # Sample i's text (between its header and the next ---).
 nth() { awk -v want="--- sample $2 of 3 (seed" 'index($0, want) == 1 {on = 1; next} on && /^---$/ {exit} on' "$1"; }

@@ -114,7 +114,7 @@ static void test_logits_match_full_forward(void **state) {
         rand_tokens_(other, 3, V, 78);
         zdp_kv_cache *kv;
         zdp_error err;
-        assert_int_equal(zdp_kv_create(&f.m, 2, &kv, &err), ZDP_OK);
+        assert_int_equal(zdp_kv_create(&f.m, 2, 0, &kv, &err), ZDP_OK);
         float *got = malloc((size_t)P * V * sizeof(float)), *want = malloc((size_t)V * sizeof(float));
         int32_t s0[3] = {0, 0, 0}, s1[5] = {1, 1, 1, 1, 1};
         assert_int_equal(zdp_lm_decode(kv, P_(&f), s0, other, 3, NULL, NULL, &err), ZDP_OK);
@@ -274,12 +274,23 @@ static void test_cache_holds_kv_heads(void **state) {
     fx_make_(&f, QWEN3_);
     zdp_kv_cache *kv;
     zdp_error err;
-    assert_int_equal(zdp_kv_create(&f.m, 3, &kv, &err), ZDP_OK);
+    assert_int_equal(zdp_kv_create(&f.m, 3, 0, &kv, &err), ZDP_OK);
     const zdp_llama_config *c = zdp_llama_config_of(&f.m);
     const int64_t kvb = 2LL * c->n_layer * 3 * c->block_size * c->n_kv_head * c->head_dim * 4;
     const int64_t rope = (int64_t)c->block_size * c->head_dim * 4;
     assert_int_equal(zdp_kv_bytes(kv), kvb + rope);
     zdp_kv_destroy(kv);
+    /* max_len 7: 7 positions per slot, the 8th refused naming it. */
+    assert_int_equal(zdp_kv_create(&f.m, 3, 7, &kv, &err), ZDP_OK);
+    assert_int_equal(zdp_kv_bytes(kv), 2LL * c->n_layer * 3 * 7 * c->n_kv_head * c->head_dim * 4 +
+                                           7LL * c->head_dim * 4);
+    int32_t slots[8] = {2, 2, 2, 2, 2, 2, 2, 2}, toks[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    assert_int_equal(zdp_lm_decode(kv, P_(&f), slots, toks, 7, NULL, NULL, &err), ZDP_OK);
+    assert_int_equal(zdp_lm_decode(kv, P_(&f), slots, toks, 1, NULL, NULL, &err), ZDP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "beyond the cache's 7 per slot"));
+    zdp_kv_destroy(kv);
+    assert_int_equal(zdp_kv_create(&f.m, 1, 25, &kv, &err), ZDP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "max_len = 25"));
     fx_free_(&f);
 }
 
@@ -303,7 +314,7 @@ static void test_bad_input(void **state) {
     assert_int_equal(zdp_generate(&f.m, P_(&f), NULL, &g, 1, 0, NULL, &err), ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "batch = 0"));
     zdp_kv_cache *kv;
-    assert_int_equal(zdp_kv_create(&f.m, 1, &kv, &err), ZDP_OK);
+    assert_int_equal(zdp_kv_create(&f.m, 1, 0, &kv, &err), ZDP_OK);
     int32_t slot = 1, tok = 0;
     assert_int_equal(zdp_lm_decode(kv, P_(&f), &slot, &tok, 1, NULL, NULL, &err),
                      ZDP_ERR_INVALID_ARG);
@@ -314,7 +325,7 @@ static void test_bad_input(void **state) {
     zdp_kv_destroy(kv);
     zdp_model mlp;
     assert_int_equal(zdp_mlp_create(4, 1, 1, &mlp, &err), ZDP_OK);
-    assert_int_equal(zdp_kv_create(&mlp, 1, &kv, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_kv_create(&mlp, 1, 0, &kv, &err), ZDP_ERR_INVALID_ARG);
     zdp_mlp_destroy(&mlp);
     fx_free_(&f);
 }

@@ -103,10 +103,10 @@ static int generate_print_(const zdp_model *model, const float *const *params, c
     if (rc == 0)
         fprintf(stderr,
                 "zdp sample: %d sample(s), %lld new tokens in %.3f s: %.1f tokens/s (batch %d, "
-                "prefill %lld tokens, %lld passes)\n",
+                "prefill %lld tokens, %lld passes, KV cache %.1f MB)\n",
                 num_samples, (long long)made, stats.seconds,
                 stats.seconds > 0 ? (double)made / stats.seconds : 0.0, batch,
-                (long long)stats.prefill_tokens, (long long)stats.passes);
+                (long long)stats.prefill_tokens, (long long)stats.passes, stats.kv_bytes / 1e6);
     free(g);
     free(out);
     return rc;
