@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Installs zdp's build and test dependencies from Debian 12's packages, only
-# those that are missing.  Runs apt-get as root (or through sudo).
+# Installs zdp's build dependencies from Debian 12's packages, only those
+# that are missing; with --tests, the test suite's too.  Runs apt-get as root
+# (or through sudo).
+# usage: install-deps.sh [--tests]
 set -euo pipefail
 
-# python3-torch and python3-numpy are the test suite's (the PyTorch
-# cross-checks in tests/torch/ must run, not skip); building zdp never needs them.
-# libpcre2-dev and libicu-dev: the tokenizers' regexes and NFC (src/tokenizer/);
-# nodejs runs the tokenizers' JS reference (tests/cli/test_tokenizer_reference.sh).
+# libpcre2-dev and libicu-dev: the tokenizers' regexes and NFC (src/tokenizer/).
 packages=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libopenblas-dev
-          libjansson-dev libcmocka-dev libmicrohttpd-dev libpcre2-dev libicu-dev python3-torch
-          python3-numpy nodejs)
+          libjansson-dev libcmocka-dev libmicrohttpd-dev libpcre2-dev libicu-dev)
+# The tests' alone (scripts/test.sh): python3-torch and python3-numpy for the
+# PyTorch cross-checks in tests/torch/ (they must run, not skip), nodejs for
+# the tokenizers' JS reference (tests/cli/test_tokenizer_reference.sh).
+if [ "${1:-}" = "--tests" ]; then
+  packages+=(python3-torch python3-numpy nodejs)
+elif [ -n "${1:-}" ]; then
+  echo "install-deps: unknown option '$1' (usage: install-deps.sh [--tests])" >&2
+  exit 2
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -5,7 +5,7 @@
 # Tinker server scenario under ThreadSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh
+bash scripts/install-deps.sh --tests
 source scripts/env.sh
 jobs=$(nproc)
 # Every option is set here, not taken from a cache: scripts/demo.sh configures

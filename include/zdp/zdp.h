@@ -46,6 +46,7 @@
  *   zdp/io.h      safetensors
  *   zdp/tokenizer.h  byte-level BPE tokenizers (tokenizer.json, GPT-2)
  *   zdp/hf.h      Hugging Face folders (config.json, sharded safetensors), the model factory
+ *   zdp/sample.h  sampling: the KV cache, token choice, batched generation
  */
 #ifndef ZDP_ZDP_H
 #define ZDP_ZDP_H
@@ -62,5 +63,6 @@
 #include "zdp/io.h"
 #include "zdp/tokenizer.h"
 #include "zdp/hf.h"
+#include "zdp/sample.h"
 
 #endif /* ZDP_ZDP_H */

@@ -17,7 +17,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <cblas.h>
 #include <mpi.h>
 
 #include "../core/core.h"
@@ -87,12 +86,12 @@ zdp_status zdp_dist_init(int *argc, char ***argv, zdp_error *err) {
         mallopt(M_MMAP_THRESHOLD, 1 << 30);
         mallopt(M_TRIM_THRESHOLD, 1 << 30);
     }
-    /* A user's OPENBLAS_NUM_THREADS wins; otherwise share the node's cores. */
-    if (getenv("OPENBLAS_NUM_THREADS") == NULL) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        int per_rank = (int)(cores / local_ranks_());
-        openblas_set_num_threads(per_rank > 0 ? per_rank : 1);
-    }
+    /* The kernels' threads (src/core/pool.c): ZDP_NUM_THREADS,
+     * OPENBLAS_NUM_THREADS or OMP_NUM_THREADS win; otherwise the ranks on
+     * this node share its cores. */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int per_rank = (int)(cores / local_ranks_());
+    zdp_pool_set_size(per_rank > 0 ? per_rank : 1);
     return ZDP_OK;
 }
 

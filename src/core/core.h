@@ -63,4 +63,27 @@ double zdp_rand_normal(uint64_t *state);
  * (mode 0777 less the umask).  0, or -1 with errno set. */
 int zdp_mkdirs(const char *path);
 
+/* ---- thread pool (pool.c) ------------------------------------------------
+ * The threads the nn kernels split their work over.  Its size is fixed at
+ * the first zdp_pool_size or zdp_pool_run: ZDP_NUM_THREADS, else
+ * OPENBLAS_NUM_THREADS, else OMP_NUM_THREADS, else zdp_pool_set_size's value,
+ * else the online cores (docs/config.md).  Starting it sets OpenBLAS to one
+ * thread: each task calls sgemm single-threaded. */
+
+/* One task of a parallel loop: task in [0, n_tasks), thread in
+ * [0, zdp_pool_size()) names the thread running it (for per-thread scratch;
+ * no two tasks run on the same thread at once). */
+typedef void (*zdp_pool_fn)(void *ctx, int64_t task, int thread);
+
+/* Threads in the pool (>= 1), the caller included; starts it. */
+ZDP_API int zdp_pool_size(void);
+/* The size to use when no environment variable sets one; false (and no
+ * effect) once the pool has started. */
+bool zdp_pool_set_size(int n);
+/* Runs fn(ctx, t, thread) for t = 0..n_tasks-1, each once, on the caller
+ * and the workers; returns when all have finished.  Tasks must write
+ * disjoint memory.  A call made while another loop runs (another thread, or
+ * from inside a task) runs all its tasks on the calling thread. */
+ZDP_API void zdp_pool_run(int64_t n_tasks, zdp_pool_fn fn, void *ctx);
+
 #endif /* ZDP_CORE_H */

@@ -1248,6 +1248,34 @@ static void close_window_(zdp_engine *e) {
     memset(&e->timing_window, 0, sizeof e->timing_window);
 }
 
+/* Sum of squares of x[0..n) in double, over the thread pool: SUMSQ_PARTS_
+ * fixed parts (bounds from n alone), each summed in order, then the parts in
+ * order, so the norm does not depend on the thread count. */
+#define SUMSQ_PARTS_ 64
+
+typedef struct sumsq_job {
+    const float *x;
+    int64_t n;
+    double part[SUMSQ_PARTS_];
+} sumsq_job;
+
+static void sumsq_part_(void *ctx, int64_t k, int thread) {
+    (void)thread;
+    sumsq_job *j = ctx;
+    const int64_t lo = j->n * k / SUMSQ_PARTS_, hi = j->n * (k + 1) / SUMSQ_PARTS_;
+    double s = 0.0;
+    for (int64_t i = lo; i < hi; i++) s += (double)j->x[i] * (double)j->x[i];
+    j->part[k] = s;
+}
+
+static double sumsq_(const float *x, int64_t n) {
+    sumsq_job j = {.x = x, .n = n};
+    zdp_pool_run(SUMSQ_PARTS_, sumsq_part_, &j);
+    double s = 0.0;
+    for (int k = 0; k < SUMSQ_PARTS_; k++) s += j.part[k];
+    return s;
+}
+
 /* DeepSpeed's model step (docs/deepspeed.md §2.4) for fp32: reduce or finalize,
  * take the global norm, skip on NaN/Inf, clip, update, all-gather, zero the
  * gradients, advance the counters. */
@@ -1265,8 +1293,7 @@ static zdp_status model_step_(zdp_engine *e, zdp_error *err) {
     /* The gradient this rank's optimizer consumes, and the slice it owns. */
     int64_t P = e->lay.part, plo = (int64_t)e->rank * P;
     const float *owned = stage == 0 ? e->grads + plo : e->grad_part;
-    double sumsq = 0.0;
-    for (int64_t i = 0; i < P; i++) sumsq += (double)owned[i] * (double)owned[i];
+    double sumsq = sumsq_(owned, P);
     /* The norm's all-reduce also checks that every rank made the same number
      * of backward() calls (and, at stage 2, that none is still in one). */
     const double nb = (double)e->window_backwards;

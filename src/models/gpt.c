@@ -86,7 +86,7 @@ typedef struct gpt {
     float *dbuf;                 /* (BT, C) gradient of an ln output / attention output */
     float *dqkv;                 /* (BT, 3C) */
     float *dfch;                 /* (BT, 4C) */
-    float *datt;                 /* (T, T) attention scratch */
+    float *datt;                 /* (threads, T, T) attention scratch, one per pool thread */
 
     char *names;          /* n_params * NAME_MAX_ */
     zdp_param_info *info; /* (n_params) */
@@ -485,7 +485,7 @@ zdp_status zdp_gpt_create(const zdp_gpt_config *cfg, int max_batch, zdp_model *o
         {&m->fch_gelu, L * BT * 4 * C}, {&m->res_out, L * BT * C}, {&m->lnf, BT * C},
         {&m->lnf_mean, BT},         {&m->lnf_rstd, BT},            {&m->probs, BT * V},
         {&m->proj, BT * C},         {&m->dres, BT * C},            {&m->dbuf, BT * C},
-        {&m->dqkv, BT * 3 * C},     {&m->dfch, BT * 4 * C},        {&m->datt, Tm * Tm},
+        {&m->dqkv, BT * 3 * C},     {&m->dfch, BT * 4 * C},        {&m->datt, zdp_pool_size() * Tm * Tm},
     };
     const int nslices = (int)(sizeof slices / sizeof slices[0]);
     int64_t total = 0;

@@ -96,7 +96,7 @@ typedef struct llama {
     float *dqn, *dkn;         /* (BT, QD), (BT, KD) gradients before the q/k norm (qk_norm only) */
     float *datty;             /* (BT, QD) */
     float *dgate, *dup;       /* (BT, F) */
-    float *datt;              /* (T, T) attention scratch */
+    float *datt;              /* (threads, T, T) attention scratch, one per pool thread */
 
     char *names;          /* n_params * NAME_MAX_ */
     zdp_param_info *info; /* (n_params) */
@@ -650,7 +650,7 @@ zdp_status zdp_llama_create(const zdp_llama_config *cfg, int max_batch, zdp_mode
         {&m->probs, BT * V},       {&m->dres, BT * H},           {&m->dbuf, BT * H},
         {&m->dq, BT * QD},         {&m->dk, BT * KD},            {&m->dv, BT * KD},
         {&m->dqn, QN * BT * QD},   {&m->dkn, QN * BT * KD},      {&m->datty, BT * QD},
-        {&m->dgate, BT * F},       {&m->dup, BT * F},            {&m->datt, Tm * Tm},
+        {&m->dgate, BT * F},       {&m->dup, BT * F},            {&m->datt, zdp_pool_size() * Tm * Tm},
     };
     const int nslices = (int)(sizeof slices / sizeof slices[0]);
     int64_t total = 0;

@@ -4,7 +4,10 @@
  * Legend: N = rows (batch), C = input channels, OC = output channels.
  * linear / crossentropy: nn.c; the GPT-2 kernels: nn_transformer.c; the
  * Llama-family kernels: nn_llama.c.
- * Kernels allocate nothing, hold no state and never talk to MPI.  Backward
+ * Kernels allocate nothing, hold no state and never talk to MPI.  They split
+ * their work over the thread pool (src/core/pool.c) into tasks that write
+ * disjoint outputs, each summing in the same order at any thread count, so
+ * results are bitwise independent of the pool's size.  Backward
  * kernels ADD (+=) into parameter gradients, which come from the grad sink,
  * and either overwrite or add into input gradients as their comment says.
  */
@@ -12,8 +15,89 @@
 #define ZDP_NN_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "zdp/core.h" /* ZDP_API: tests call the kernels */
+
+#include <cblas.h>
+
+#include "../core/core.h" /* the thread pool */
+
+/* ---- vectorisable e^x (GPT-2's softmax and GELU, the Llama family's SwiGLU
+ * and attention softmax) --------------------------------------------------- */
+
+/* e^x to 2.4e-7 relative for |x| <= 87 (|x| > 88 is taken as +-88, so
+ * e^x saturates at 1.65e38 and flushes to 0 below about -87.7; NaN stays NaN):
+ * e^x = 2^k e^r with k = round(x / ln 2), |r| <= ln2 / 2, e^r by its degree-6
+ * Taylor polynomial, 2^k built in the exponent bits.  GCC will not
+ * if-convert float comparisons without -fno-trapping-math, so the clamps and
+ * the NaN test are integer masks on the bits: loops calling exp_ vectorise. */
+static inline float zdp_nn_exp_(float x) {
+    uint32_t xb;
+    memcpy(&xb, &x, sizeof xb);
+    const int32_t ax = (int32_t)(xb & 0x7FFFFFFFu); /* |x| as bits: monotonic */
+    const uint32_t big = 0u - (uint32_t)(ax > 0x42B00000); /* |x| > 88 (or NaN) */
+    const uint32_t cb = (((xb & 0x80000000u) | 0x42B00000u) & big) | (xb & ~big);
+    float xc;
+    memcpy(&xc, &cb, sizeof xc);
+    /* Adding 1.5 * 2^23 rounds to an integer, which lands in the low
+     * mantissa bits of t: k as a float and as bits without a conversion. */
+    const float magic = 12582912.0f;
+    const float t = xc * 1.44269504088896341f + magic;
+    const float k = t - magic;
+    uint32_t tb;
+    memcpy(&tb, &t, sizeof tb);
+    float r = xc - k * 0.693145751953125f; /* ln 2, high part (exact product) */
+    r -= k * 1.428606765330187e-06f;       /* ln 2, low part */
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const uint32_t sb = (tb - 0x4B400000u + 127u) << 23; /* 2^k, k in [-127, 127] */
+    float scale;
+    memcpy(&scale, &sb, sizeof scale);
+    const float y = p * scale;
+    uint32_t yb;
+    memcpy(&yb, &y, sizeof yb);
+    const uint32_t nan = 0u - (uint32_t)(ax > 0x7F800000);
+    yb = (xb & nan) | (yb & ~nan);
+    float out;
+    memcpy(&out, &yb, sizeof out);
+    return out;
+}
+
+/* ---- splitting work over the pool (nn.c) -------------------------------------- */
+
+/* Task t of n over [0, len): [*lo, *hi), contiguous, in order. */
+static inline void zdp_nn_span_(int64_t len, int64_t n, int64_t t, int64_t *lo, int64_t *hi) {
+    *lo = len * t / n;
+    *hi = len * (t + 1) / n;
+}
+
+/* How many tasks len units of work make, each at least min_len units: the
+ * pool's size at most, 1 at least. */
+static inline int64_t zdp_nn_tasks_(int64_t len, int64_t min_len) {
+    const int64_t p = zdp_pool_size(), most = len / (min_len > 0 ? min_len : 1);
+    return most < 1 ? 1 : most < p ? most : p;
+}
+
+/* cblas_sgemm (row-major) split over the pool along M or N, whichever is
+ * larger; each element is computed by one single-threaded call with the
+ * whole K, so the result is the single call's. */
+ZDP_API void zdp_nn_sgemm_(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K,
+                   float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                   float beta, float *C, int64_t ldc);
+
+/* Runs body(ctx, lo, hi) over [0, len) cut into zdp_nn_tasks_(len, min_len)
+ * contiguous ranges. */
+/* dbias (OC) += column sums of dout (N,OC), split by columns. */
+void zdp_nn_colsum_add_(float *dbias, const float *dout, int64_t N, int64_t OC);
+
+typedef void (*zdp_nn_range_fn)(void *ctx, int64_t lo, int64_t hi);
+void zdp_nn_parallel_ranges_(int64_t len, int64_t min_len, zdp_nn_range_fn body, void *ctx);
 
 /* out = inp @ weight^T + bias   (torch.nn.Linear)
  * out (N,OC), inp (N,C), weight (OC,C) row-major, bias (OC) or NULL.
@@ -92,7 +176,8 @@ ZDP_API void zdp_nn_matmul_backward(float *dinp, float *dweight, float *dbias, c
  * ZDP_NN_ATTN_BLOCK rows are written, as zeros), qkv (B,T,3C). */
 ZDP_API void zdp_nn_attention_forward(float *out, float *att, const float *qkv, int64_t B,
                                       int64_t T, int64_t C, int64_t NH);
-/* dqkv (B,T,3C) = d/dqkv   (OVERWRITES).  scratch (T,T) is workspace.
+/* dqkv (B,T,3C) = d/dqkv   (OVERWRITES).  scratch (zdp_pool_size(),T,T) is
+ * workspace, one (T,T) slice per thread.
  * dout (B,T,C), qkv (B,T,3C), att (B,NH,T,T) from the forward. */
 ZDP_API void zdp_nn_attention_backward(float *dqkv, float *scratch, const float *dout,
                                        const float *qkv, const float *att, int64_t B, int64_t T,
@@ -192,7 +277,8 @@ ZDP_API void zdp_nn_gqa_attention_forward(float *out, float *att, const float *q
                                           const float *v, int64_t B, int64_t T, int64_t NH,
                                           int64_t KV, int64_t hd);
 /* dq (B,T,NH*hd), dk, dv (B,T,KV*hd) = d/dq, d/dk, d/dv  (all OVERWRITE).
- * scratch (T,T) is workspace.  dout (B,T,NH*hd); q, k, v, att from the forward. */
+ * scratch (zdp_pool_size(),T,T) is workspace, one (T,T) slice per thread.
+ * dout (B,T,NH*hd); q, k, v, att from the forward. */
 ZDP_API void zdp_nn_gqa_attention_backward(float *dq, float *dk, float *dv, float *scratch,
                                            const float *dout, const float *q, const float *k,
                                            const float *v, const float *att, int64_t B,

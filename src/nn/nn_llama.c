@@ -4,33 +4,55 @@
  * causal grouped-query attention and SwiGLU.
  *
  * The math is transformers' (modeling_llama.py, modeling_qwen3.py,
- * modeling_rope_utils.py), written for row-major fp32.  Matrix products go
+ * modeling_rope_utils.py), written for row-major fp32; e^x is nn.h's
+ * vectorisable zdp_nn_exp_ (2.4e-7 relative).  Matrix products go
  * through cblas_sgemm; attention keeps GPT-2's row blocks, so a block of
- * query rows only meets the keys before its end.  Not here: allocation,
- * threads, parameters' storage.
+ * query rows only meets the keys before its end.  Work is split over the
+ * thread pool by rows, by (batch, head) or (batch, KV head), or by columns
+ * for sums over rows, so results do not depend on the thread count.  Not
+ * here: allocation, parameters' storage.
  */
 #include "nn.h"
 
 #include <math.h>
 #include <string.h>
 
-#include <cblas.h>
 
 /* ---- token embedding ---------------------------------------------------------- */
 
+typedef struct tok_job {
+    float *out, *dwte;
+    const float *wte, *dout;
+    const int32_t *inp;
+    int64_t N, C;
+} tok_job;
+
+static void tok_fwd_rows_(void *ctx, int64_t lo, int64_t hi) {
+    const tok_job *j = ctx;
+    for (int64_t n = lo; n < hi; n++)
+        memcpy(j->out + n * j->C, j->wte + (int64_t)j->inp[n] * j->C, (size_t)j->C * sizeof(float));
+}
+
 void zdp_nn_token_embedding_forward(float *out, const int32_t *inp, const float *wte, int64_t N,
                                     int64_t C) {
-    for (int64_t n = 0; n < N; n++)
-        memcpy(out + n * C, wte + (int64_t)inp[n] * C, (size_t)C * sizeof(float));
+    tok_job j = {.out = out, .wte = wte, .inp = inp, .N = N, .C = C};
+    zdp_nn_parallel_ranges_(N, 16, tok_fwd_rows_, &j);
+}
+
+/* By columns: rows with the same token add into the same row of dwte. */
+static void tok_bwd_cols_(void *ctx, int64_t lo, int64_t hi) {
+    const tok_job *j = ctx;
+    for (int64_t n = 0; n < j->N; n++) {
+        float *e = j->dwte + (int64_t)j->inp[n] * j->C;
+        const float *d = j->dout + n * j->C;
+        for (int64_t c = lo; c < hi; c++) e[c] += d[c];
+    }
 }
 
 void zdp_nn_token_embedding_backward(float *dwte, const float *dout, const int32_t *inp,
                                      int64_t N, int64_t C) {
-    for (int64_t n = 0; n < N; n++) {
-        float *e = dwte + (int64_t)inp[n] * C;
-        const float *d = dout + n * C;
-        for (int64_t c = 0; c < C; c++) e[c] += d[c];
-    }
+    tok_job j = {.dwte = dwte, .dout = dout, .inp = inp, .N = N, .C = C};
+    zdp_nn_parallel_ranges_(C, 32, tok_bwd_cols_, &j);
 }
 
 /* ---- RMSNorm ----------------------------------------------------------------------
@@ -39,33 +61,66 @@ void zdp_nn_token_embedding_backward(float *dwte, const float *dout, const int32
  * Sums of squares run in double: C is up to thousands and the variance is
  * what every later output scales by. */
 
-void zdp_nn_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
-                            int64_t N, int64_t C, float eps) {
-    for (int64_t n = 0; n < N; n++) {
-        const float *x = inp + n * C;
-        float *o = out + n * C;
+typedef struct rms_job {
+    float *out, *rstd, *dinp, *dweight;
+    const float *inp, *weight, *dout, *crstd;
+    int64_t N, C;
+    float eps;
+} rms_job;
+
+static void rms_fwd_rows_(void *ctx, int64_t lo, int64_t hi) {
+    const rms_job *j = ctx;
+    const int64_t C = j->C;
+    for (int64_t n = lo; n < hi; n++) {
+        const float *x = j->inp + n * C;
+        float *o = j->out + n * C;
         double ss = 0.0;
         for (int64_t c = 0; c < C; c++) ss += (double)x[c] * x[c];
-        const float r = (float)(1.0 / sqrt(ss / (double)C + (double)eps));
-        for (int64_t c = 0; c < C; c++) o[c] = x[c] * r * weight[c];
-        rstd[n] = r;
+        const float r = (float)(1.0 / sqrt(ss / (double)C + (double)j->eps));
+        for (int64_t c = 0; c < C; c++) o[c] = x[c] * r * j->weight[c];
+        j->rstd[n] = r;
+    }
+}
+
+void zdp_nn_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                            int64_t N, int64_t C, float eps) {
+    rms_job j = {.out = out, .rstd = rstd, .inp = inp, .weight = weight, .N = N, .C = C,
+                 .eps = eps};
+    zdp_nn_parallel_ranges_(N, 16, rms_fwd_rows_, &j);
+}
+
+/* dinp by rows; dweight (a sum over rows) by columns, rows in order. */
+static void rms_bwd_rows_(void *ctx, int64_t lo, int64_t hi) {
+    const rms_job *j = ctx;
+    const int64_t C = j->C;
+    const float *weight = j->weight;
+    for (int64_t n = lo; n < hi; n++) {
+        const float *x = j->inp + n * C, *d = j->dout + n * C;
+        float *dx = j->dinp + n * C;
+        const float r = j->crstd[n];
+        double gx = 0.0;
+        for (int64_t c = 0; c < C; c++) gx += (double)d[c] * weight[c] * x[c];
+        const float k = (float)(gx / (double)C) * r * r;
+        for (int64_t c = 0; c < C; c++) dx[c] += r * (d[c] * weight[c] - x[c] * k);
+    }
+}
+
+static void rms_bwd_cols_(void *ctx, int64_t lo, int64_t hi) {
+    const rms_job *j = ctx;
+    const int64_t C = j->C;
+    for (int64_t n = 0; n < j->N; n++) {
+        const float *x = j->inp + n * C, *d = j->dout + n * C;
+        const float r = j->crstd[n];
+        for (int64_t c = lo; c < hi; c++) j->dweight[c] += d[c] * x[c] * r;
     }
 }
 
 void zdp_nn_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                              const float *weight, const float *rstd, int64_t N, int64_t C) {
-    for (int64_t n = 0; n < N; n++) {
-        const float *x = inp + n * C, *d = dout + n * C;
-        float *dx = dinp + n * C;
-        const float r = rstd[n];
-        double gx = 0.0;
-        for (int64_t c = 0; c < C; c++) gx += (double)d[c] * weight[c] * x[c];
-        const float k = (float)(gx / (double)C) * r * r;
-        for (int64_t c = 0; c < C; c++) {
-            dx[c] += r * (d[c] * weight[c] - x[c] * k);
-            dweight[c] += d[c] * x[c] * r;
-        }
-    }
+    rms_job j = {.dinp = dinp, .dweight = dweight, .dout = dout, .inp = inp, .weight = weight,
+                 .crstd = rstd, .N = N, .C = C};
+    zdp_nn_parallel_ranges_(N, 16, rms_bwd_rows_, &j);
+    zdp_nn_parallel_ranges_(C, 32, rms_bwd_cols_, &j);
 }
 
 /* ---- rotary embeddings ---------------------------------------------------------------
@@ -107,24 +162,38 @@ void zdp_nn_rope_tables(float *cos_t, float *sin_t, int T, int head_dim, double 
     }
 }
 
-/* Rotates every head of (B,T,nh,hd) by sign * angle. */
-static void rope_apply_(float *out, const float *inp, const float *cos_t, const float *sin_t,
-                        int64_t B, int64_t T, int64_t nh, int64_t hd, float sign) {
-    const int64_t half = hd / 2;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < T; t++) {
-            const float *c = cos_t + t * half, *s = sin_t + t * half;
-            for (int64_t h = 0; h < nh; h++) {
-                const int64_t off = ((b * T + t) * nh + h) * hd;
-                const float *x = inp + off;
-                float *o = out + off;
-                for (int64_t i = 0; i < half; i++) {
-                    const float x1 = x[i], x2 = x[i + half], si = sign * s[i];
-                    o[i] = x1 * c[i] - x2 * si;
-                    o[i + half] = x2 * c[i] + x1 * si;
-                }
+typedef struct rope_job {
+    float *out;
+    const float *inp, *cos_t, *sin_t;
+    int64_t T, nh, hd;
+    float sign;
+} rope_job;
+
+/* Rotates every head of rows [lo, hi) of (B*T, nh, hd) by sign * angle. */
+static void rope_rows_(void *ctx, int64_t lo, int64_t hi) {
+    const rope_job *j = ctx;
+    const int64_t half = j->hd / 2;
+    for (int64_t bt = lo; bt < hi; bt++) {
+        const int64_t t = bt % j->T;
+        const float *c = j->cos_t + t * half, *s = j->sin_t + t * half;
+        for (int64_t h = 0; h < j->nh; h++) {
+            const int64_t off = (bt * j->nh + h) * j->hd;
+            const float *x = j->inp + off;
+            float *o = j->out + off;
+            for (int64_t i = 0; i < half; i++) {
+                const float x1 = x[i], x2 = x[i + half], si = j->sign * s[i];
+                o[i] = x1 * c[i] - x2 * si;
+                o[i + half] = x2 * c[i] + x1 * si;
             }
         }
+    }
+}
+
+static void rope_apply_(float *out, const float *inp, const float *cos_t, const float *sin_t,
+                        int64_t B, int64_t T, int64_t nh, int64_t hd, float sign) {
+    rope_job j = {.out = out, .inp = inp, .cos_t = cos_t, .sin_t = sin_t, .T = T, .nh = nh,
+                  .hd = hd, .sign = sign};
+    zdp_nn_parallel_ranges_(B * T, 16, rope_rows_, &j);
 }
 
 void zdp_nn_rope_forward(float *out, const float *inp, const float *cos_t, const float *sin_t,
@@ -150,109 +219,151 @@ void zdp_nn_rope_backward(float *dinp, const float *dout, const float *cos_t, co
 static void softmax_causal_row_(float *row, int64_t n) {
     float m = row[0];
     for (int64_t i = 1; i < n; i++) m = row[i] > m ? row[i] : m;
+    /* Exponentials first (a loop that vectorises), then the sum in order. */
+    for (int64_t i = 0; i < n; i++) row[i] = zdp_nn_exp_(row[i] - m);
     double s = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        row[i] = expf(row[i] - m);
-        s += row[i];
-    }
+    for (int64_t i = 0; i < n; i++) s += row[i];
     const float inv = (float)(1.0 / s);
     for (int64_t i = 0; i < n; i++) row[i] *= inv;
+}
+
+typedef struct gqa_job {
+    float *out, *att, *dq, *dk, *dv, *scratch;
+    const float *q, *k, *v, *dout, *catt;
+    int64_t B, T, NH, KV, hd;
+} gqa_job;
+
+/* One (b, h) of the forward: task = b * NH + h. */
+static void gqa_fwd_task_(void *ctx, int64_t task, int thread) {
+    (void)thread;
+    const gqa_job *j = ctx;
+    const int64_t T = j->T, NH = j->NH, hd = j->hd;
+    const int64_t QD = NH * hd, KD = j->KV * hd, rep = NH / j->KV;
+    const int64_t b = task / NH, h = task % NH;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const float *Q = j->q + b * T * QD + h * hd;
+    const float *K = j->k + b * T * KD + (h / rep) * hd, *Vv = j->v + b * T * KD + (h / rep) * hd;
+    float *A = j->att + task * T * T;
+    float *o = j->out + b * T * QD + h * hd;
+    for (int64_t r0 = 0; r0 < T; r0 += ZDP_NN_ATTN_BLOCK) {
+        const int64_t r1 = r0 + ZDP_NN_ATTN_BLOCK < T ? r0 + ZDP_NN_ATTN_BLOCK : T;
+        /* A[r0:r1, 0:r1] = scale * Q[r0:r1] @ K[0:r1]^T */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)r1, (int)hd,
+                    scale, Q + r0 * QD, (int)QD, K, (int)KD, 0.0f, A + r0 * T, (int)T);
+        for (int64_t t = r0; t < r1; t++) {
+            float *row = A + t * T;
+            softmax_causal_row_(row, t + 1);
+            for (int64_t s = t + 1; s < r1; s++) row[s] = 0.0f;
+        }
+        /* out[r0:r1] = A[r0:r1, 0:r1] @ V[0:r1] */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)hd, (int)r1,
+                    1.0f, A + r0 * T, (int)T, Vv, (int)KD, 0.0f, o + r0 * QD, (int)QD);
+    }
 }
 
 void zdp_nn_gqa_attention_forward(float *out, float *att, const float *q, const float *k,
                                   const float *v, int64_t B, int64_t T, int64_t NH, int64_t KV,
                                   int64_t hd) {
+    gqa_job j = {.out = out, .att = att, .q = q, .k = k, .v = v, .B = B, .T = T, .NH = NH,
+                 .KV = KV, .hd = hd};
+    zdp_pool_run(B * NH, gqa_fwd_task_, &j);
+}
+
+/* One (b, KV head g) of the backward: its query heads in order, since they
+ * all add into g's dK and dV; task = b * KV + g. */
+static void gqa_bwd_task_(void *ctx, int64_t task, int thread) {
+    const gqa_job *j = ctx;
+    const int64_t T = j->T, NH = j->NH, KV = j->KV, hd = j->hd;
     const int64_t QD = NH * hd, KD = KV * hd, rep = NH / KV;
+    const int64_t b = task / KV, g = task % KV;
     const float scale = 1.0f / sqrtf((float)hd);
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < NH; h++) {
-            const float *Q = q + b * T * QD + h * hd;
-            const float *K = k + b * T * KD + (h / rep) * hd, *Vv = v + b * T * KD + (h / rep) * hd;
-            float *A = att + (b * NH + h) * T * T;
-            float *o = out + b * T * QD + h * hd;
-            for (int64_t r0 = 0; r0 < T; r0 += ZDP_NN_ATTN_BLOCK) {
-                const int64_t r1 = r0 + ZDP_NN_ATTN_BLOCK < T ? r0 + ZDP_NN_ATTN_BLOCK : T;
-                /* A[r0:r1, 0:r1] = scale * Q[r0:r1] @ K[0:r1]^T */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)r1,
-                            (int)hd, scale, Q + r0 * QD, (int)QD, K, (int)KD, 0.0f, A + r0 * T,
-                            (int)T);
-                for (int64_t t = r0; t < r1; t++) {
-                    float *row = A + t * T;
-                    softmax_causal_row_(row, t + 1);
-                    for (int64_t s = t + 1; s < r1; s++) row[s] = 0.0f;
-                }
-                /* out[r0:r1] = A[r0:r1, 0:r1] @ V[0:r1] */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)hd,
-                            (int)r1, 1.0f, A + r0 * T, (int)T, Vv, (int)KD, 0.0f, o + r0 * QD,
-                            (int)QD);
+    const int64_t kvo = b * T * KD + g * hd;
+    const float *K = j->k + kvo, *Vv = j->v + kvo;
+    float *dK = j->dk + kvo, *dV = j->dv + kvo;
+    float *dA = j->scratch + (int64_t)thread * T * T;
+    /* A KV head collects from all of its query heads: start from zero, add. */
+    for (int64_t t = 0; t < T; t++) {
+        memset(dK + t * KD, 0, (size_t)hd * sizeof(float));
+        memset(dV + t * KD, 0, (size_t)hd * sizeof(float));
+    }
+    for (int64_t h = g * rep; h < (g + 1) * rep; h++) {
+        const float *Q = j->q + b * T * QD + h * hd;
+        float *dQ = j->dq + b * T * QD + h * hd;
+        const float *A = j->catt + (b * NH + h) * T * T;
+        const float *dO = j->dout + b * T * QD + h * hd;
+        for (int64_t r0 = 0; r0 < T; r0 += ZDP_NN_ATTN_BLOCK) {
+            const int64_t r1 = r0 + ZDP_NN_ATTN_BLOCK < T ? r0 + ZDP_NN_ATTN_BLOCK : T;
+            /* dA[r0:r1, 0:r1] = dO[r0:r1] @ V[0:r1]^T */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)r1,
+                        (int)hd, 1.0f, dO + r0 * QD, (int)QD, Vv, (int)KD, 0.0f, dA + r0 * T,
+                        (int)T);
+            /* dV[0:r1] += A[r0:r1, 0:r1]^T @ dO[r0:r1] */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hd,
+                        (int)(r1 - r0), 1.0f, A + r0 * T, (int)T, dO + r0 * QD, (int)QD, 1.0f,
+                        dV, (int)KD);
+            /* Softmax backward, scale folded in: dA becomes dS. */
+            for (int64_t t = r0; t < r1; t++) {
+                const float *p = A + t * T;
+                float *d = dA + t * T;
+                double rs = 0.0;
+                for (int64_t s = 0; s <= t; s++) rs += (double)p[s] * d[s];
+                for (int64_t s = 0; s <= t; s++) d[s] = scale * p[s] * (d[s] - (float)rs);
+                for (int64_t s = t + 1; s < r1; s++) d[s] = 0.0f;
             }
+            /* dQ[r0:r1] = dS[r0:r1, 0:r1] @ K[0:r1] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)hd,
+                        (int)r1, 1.0f, dA + r0 * T, (int)T, K, (int)KD, 0.0f, dQ + r0 * QD,
+                        (int)QD);
+            /* dK[0:r1] += dS[r0:r1, 0:r1]^T @ Q[r0:r1] */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hd,
+                        (int)(r1 - r0), 1.0f, dA + r0 * T, (int)T, Q + r0 * QD, (int)QD, 1.0f,
+                        dK, (int)KD);
         }
+    }
 }
 
 void zdp_nn_gqa_attention_backward(float *dq, float *dk, float *dv, float *scratch,
                                    const float *dout, const float *q, const float *k,
                                    const float *v, const float *att, int64_t B, int64_t T,
                                    int64_t NH, int64_t KV, int64_t hd) {
-    const int64_t QD = NH * hd, KD = KV * hd, rep = NH / KV;
-    const float scale = 1.0f / sqrtf((float)hd);
-    /* A KV head collects from all of its query heads: start from zero, add. */
-    memset(dk, 0, (size_t)(B * T * KD) * sizeof(float));
-    memset(dv, 0, (size_t)(B * T * KD) * sizeof(float));
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < NH; h++) {
-            const int64_t kvo = b * T * KD + (h / rep) * hd;
-            const float *Q = q + b * T * QD + h * hd, *K = k + kvo, *Vv = v + kvo;
-            float *dQ = dq + b * T * QD + h * hd, *dK = dk + kvo, *dV = dv + kvo;
-            const float *A = att + (b * NH + h) * T * T;
-            const float *dO = dout + b * T * QD + h * hd;
-            float *dA = scratch;
-            for (int64_t r0 = 0; r0 < T; r0 += ZDP_NN_ATTN_BLOCK) {
-                const int64_t r1 = r0 + ZDP_NN_ATTN_BLOCK < T ? r0 + ZDP_NN_ATTN_BLOCK : T;
-                /* dA[r0:r1, 0:r1] = dO[r0:r1] @ V[0:r1]^T */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)r1,
-                            (int)hd, 1.0f, dO + r0 * QD, (int)QD, Vv, (int)KD, 0.0f, dA + r0 * T,
-                            (int)T);
-                /* dV[0:r1] += A[r0:r1, 0:r1]^T @ dO[r0:r1] */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hd,
-                            (int)(r1 - r0), 1.0f, A + r0 * T, (int)T, dO + r0 * QD, (int)QD, 1.0f,
-                            dV, (int)KD);
-                /* Softmax backward, scale folded in: dA becomes dS. */
-                for (int64_t t = r0; t < r1; t++) {
-                    const float *p = A + t * T;
-                    float *d = dA + t * T;
-                    double rs = 0.0;
-                    for (int64_t s = 0; s <= t; s++) rs += (double)p[s] * d[s];
-                    for (int64_t s = 0; s <= t; s++) d[s] = scale * p[s] * (d[s] - (float)rs);
-                    for (int64_t s = t + 1; s < r1; s++) d[s] = 0.0f;
-                }
-                /* dQ[r0:r1] = dS[r0:r1, 0:r1] @ K[0:r1] */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)hd,
-                            (int)r1, 1.0f, dA + r0 * T, (int)T, K, (int)KD, 0.0f, dQ + r0 * QD,
-                            (int)QD);
-                /* dK[0:r1] += dS[r0:r1, 0:r1]^T @ Q[r0:r1] */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hd,
-                            (int)(r1 - r0), 1.0f, dA + r0 * T, (int)T, Q + r0 * QD, (int)QD, 1.0f,
-                            dK, (int)KD);
-            }
-        }
+    gqa_job j = {.dq = dq, .dk = dk, .dv = dv, .scratch = scratch, .dout = dout, .q = q,
+                 .k = k, .v = v, .catt = att, .B = B, .T = T, .NH = NH, .KV = KV, .hd = hd};
+    zdp_pool_run(B * KV, gqa_bwd_task_, &j);
 }
 
 /* ---- SwiGLU ----------------------------------------------------------------------------
  * out = silu(g) u with silu(g) = g sigmoid(g);  silu'(g) = s (1 + g (1 - s)). */
 
+typedef struct swiglu_job {
+    float *out, *dgate, *dup;
+    const float *gate, *up, *dout;
+} swiglu_job;
+
+static void swiglu_fwd_range_(void *ctx, int64_t lo, int64_t hi) {
+    const swiglu_job *j = ctx;
+    for (int64_t i = lo; i < hi; i++) {
+        const float g = j->gate[i];
+        j->out[i] = g / (1.0f + zdp_nn_exp_(-g)) * j->up[i];
+    }
+}
+
 void zdp_nn_swiglu_forward(float *out, const float *gate, const float *up, int64_t N) {
-    for (int64_t i = 0; i < N; i++) {
-        const float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+    swiglu_job j = {.out = out, .gate = gate, .up = up};
+    zdp_nn_parallel_ranges_(N, 4096, swiglu_fwd_range_, &j);
+}
+
+static void swiglu_bwd_range_(void *ctx, int64_t lo, int64_t hi) {
+    const swiglu_job *j = ctx;
+    for (int64_t i = lo; i < hi; i++) {
+        const float g = j->gate[i], d = j->dout[i]; /* read first: dgate may alias dout */
+        const float s = 1.0f / (1.0f + zdp_nn_exp_(-g));
+        j->dup[i] = d * g * s;
+        j->dgate[i] = d * j->up[i] * s * (1.0f + g * (1.0f - s));
     }
 }
 
 void zdp_nn_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                             const float *up, int64_t N) {
-    for (int64_t i = 0; i < N; i++) {
-        const float g = gate[i], d = dout[i]; /* read first: dgate may alias dout */
-        const float s = 1.0f / (1.0f + expf(-g));
-        dup[i] = d * g * s;
-        dgate[i] = d * up[i] * s * (1.0f + g * (1.0f - s));
-    }
+    swiglu_job j = {.dgate = dgate, .dup = dup, .dout = dout, .gate = gate, .up = up};
+    zdp_nn_parallel_ranges_(N, 4096, swiglu_bwd_range_, &j);
 }

@@ -6,59 +6,17 @@
  * element-wise loops (softmax, GELU, LayerNorm) are written so that GCC can
  * vectorise them at -O3 without -ffast-math: exp is a polynomial with an
  * exponent-bit scale instead of a libm call, and float sums keep eight partial
- * sums.  Not here: allocation, threads, anything about parameters' storage.
+ * sums.  Work is split over the thread pool by rows (element-wise kernels,
+ * matmuls), by (batch, head) (attention) or by columns (sums over rows: bias
+ * and LayerNorm gradients, embedding scatters), never inside one sum.  Not
+ * here: allocation, anything about parameters' storage.
  */
 #include "nn.h"
 
 #include <math.h>
 #include <string.h>
 
-#include <cblas.h>
-
 /* ---- vectorisable helpers ---------------------------------------------------- */
-
-/* e^x to 2.4e-7 relative for |x| <= 87 (|x| > 88 is taken as +-88, so
- * e^x saturates at 1.65e38 and flushes to 0 below about -87.7; NaN stays NaN):
- * e^x = 2^k e^r with k = round(x / ln 2), |r| <= ln2 / 2, e^r by its degree-6
- * Taylor polynomial, 2^k built in the exponent bits.  GCC will not
- * if-convert float comparisons without -fno-trapping-math, so the clamps and
- * the NaN test are integer masks on the bits: loops calling exp_ vectorise. */
-static inline float exp_(float x) {
-    uint32_t xb;
-    memcpy(&xb, &x, sizeof xb);
-    const int32_t ax = (int32_t)(xb & 0x7FFFFFFFu); /* |x| as bits: monotonic */
-    const uint32_t big = 0u - (uint32_t)(ax > 0x42B00000); /* |x| > 88 (or NaN) */
-    const uint32_t cb = (((xb & 0x80000000u) | 0x42B00000u) & big) | (xb & ~big);
-    float xc;
-    memcpy(&xc, &cb, sizeof xc);
-    /* Adding 1.5 * 2^23 rounds to an integer, which lands in the low
-     * mantissa bits of t: k as a float and as bits without a conversion. */
-    const float magic = 12582912.0f;
-    const float t = xc * 1.44269504088896341f + magic;
-    const float k = t - magic;
-    uint32_t tb;
-    memcpy(&tb, &t, sizeof tb);
-    float r = xc - k * 0.693145751953125f; /* ln 2, high part (exact product) */
-    r -= k * 1.428606765330187e-06f;       /* ln 2, low part */
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const uint32_t sb = (tb - 0x4B400000u + 127u) << 23; /* 2^k, k in [-127, 127] */
-    float scale;
-    memcpy(&scale, &sb, sizeof scale);
-    const float y = p * scale;
-    uint32_t yb;
-    memcpy(&yb, &y, sizeof yb);
-    const uint32_t nan = 0u - (uint32_t)(ax > 0x7F800000);
-    yb = (xb & nan) | (yb & ~nan);
-    float out;
-    memcpy(&out, &yb, sizeof out);
-    return out;
-}
 
 /* Sum of x[0..n) with eight partial sums (GCC vectorises this without
  * -fassociative-math, which a single running sum would need). */
@@ -94,7 +52,7 @@ static inline float max_(const float *x, int64_t n) {
  * (before normalisation) and the max in *maxv. */
 static inline float softmax_inplace_(float *x, int64_t n, float *maxv) {
     const float m = max_(x, n);
-    for (int64_t i = 0; i < n; i++) x[i] = exp_(x[i] - m);
+    for (int64_t i = 0; i < n; i++) x[i] = zdp_nn_exp_(x[i] - m);
     const float s = sum_(x, n);
     const float inv = 1.0f / s;
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
@@ -104,116 +62,187 @@ static inline float softmax_inplace_(float *x, int64_t n, float *maxv) {
 
 /* ---- embedding ---------------------------------------------------------------- */
 
+typedef struct emb_job {
+    float *out, *dwte, *dwpe;
+    const float *wte, *wpe, *dout;
+    const int32_t *inp;
+    int64_t T, C, N;
+} emb_job;
+
+static void emb_fwd_rows_(void *ctx, int64_t lo, int64_t hi) {
+    const emb_job *j = ctx;
+    const int64_t C = j->C;
+    for (int64_t n = lo; n < hi; n++) {
+        float *o = j->out + n * C;
+        const float *e = j->wte + (int64_t)j->inp[n] * C, *p = j->wpe + (n % j->T) * C;
+        for (int64_t c = 0; c < C; c++) o[c] = e[c] + p[c];
+    }
+}
+
 void zdp_nn_embedding_forward(float *out, const int32_t *inp, const float *wte, const float *wpe,
                               int64_t B, int64_t T, int64_t C) {
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < T; t++) {
-            float *o = out + (b * T + t) * C;
-            const float *e = wte + (int64_t)inp[b * T + t] * C, *p = wpe + t * C;
-            for (int64_t c = 0; c < C; c++) o[c] = e[c] + p[c];
+    emb_job j = {.out = out, .wte = wte, .wpe = wpe, .inp = inp, .T = T, .C = C};
+    zdp_nn_parallel_ranges_(B * T, 16, emb_fwd_rows_, &j);
+}
+
+/* Columns [lo, hi) of every row, rows in order: two rows with the same
+ * token (or position) add into the same gradient row, so the split is by
+ * columns, and each element sums in the serial order. */
+static void emb_bwd_cols_(void *ctx, int64_t lo, int64_t hi) {
+    const emb_job *j = ctx;
+    const int64_t C = j->C;
+    for (int64_t n = 0; n < j->N; n++) {
+        const float *d = j->dout + n * C;
+        if (j->dwte != NULL) {
+            float *e = j->dwte + (int64_t)j->inp[n] * C;
+            for (int64_t c = lo; c < hi; c++) e[c] += d[c];
         }
+        if (j->dwpe != NULL) {
+            float *p = j->dwpe + (n % j->T) * C;
+            for (int64_t c = lo; c < hi; c++) p[c] += d[c];
+        }
+    }
 }
 
 void zdp_nn_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *inp,
                                int64_t B, int64_t T, int64_t C) {
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < T; t++) {
-            const float *d = dout + (b * T + t) * C;
-            if (dwte != NULL) {
-                float *e = dwte + (int64_t)inp[b * T + t] * C;
-                for (int64_t c = 0; c < C; c++) e[c] += d[c];
-            }
-            if (dwpe != NULL) {
-                float *p = dwpe + t * C;
-                for (int64_t c = 0; c < C; c++) p[c] += d[c];
-            }
-        }
+    emb_job j = {.dwte = dwte, .dwpe = dwpe, .dout = dout, .inp = inp, .T = T, .C = C,
+                 .N = B * T};
+    zdp_nn_parallel_ranges_(C, 32, emb_bwd_cols_, &j);
 }
 
 /* ---- layernorm (torch.nn.LayerNorm, eps 1e-5) ------------------------------------ */
 
-void zdp_nn_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                              const float *weight, const float *bias, int64_t N, int64_t C) {
-    for (int64_t n = 0; n < N; n++) {
-        const float *x = inp + n * C;
-        float *o = out + n * C;
+typedef struct ln_job {
+    float *out, *mean, *rstd, *dinp, *dweight, *dbias;
+    const float *inp, *weight, *bias, *dout, *cmean, *crstd;
+    int64_t N, C;
+} ln_job;
+
+static void ln_fwd_rows_(void *ctx, int64_t lo, int64_t hi) {
+    const ln_job *j = ctx;
+    const int64_t C = j->C;
+    const float *weight = j->weight, *bias = j->bias;
+    for (int64_t n = lo; n < hi; n++) {
+        const float *x = j->inp + n * C;
+        float *o = j->out + n * C;
         const float m = sum_(x, C) / (float)C;
         float acc[8] = {0}, v = 0.0f;
         int64_t i = 0;
         for (; i + 8 <= C; i += 8)
-            for (int j = 0; j < 8; j++) acc[j] += (x[i + j] - m) * (x[i + j] - m);
+            for (int k = 0; k < 8; k++) acc[k] += (x[i + k] - m) * (x[i + k] - m);
         for (; i < C; i++) v += (x[i] - m) * (x[i] - m);
-        for (int j = 0; j < 8; j++) v += acc[j];
+        for (int k = 0; k < 8; k++) v += acc[k];
         const float s = 1.0f / sqrtf(v / (float)C + 1e-5f);
         for (int64_t c = 0; c < C; c++) o[c] = (x[c] - m) * s * weight[c] + bias[c];
-        mean[n] = m;
-        rstd[n] = s;
+        j->mean[n] = m;
+        j->rstd[n] = s;
     }
 }
 
+void zdp_nn_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int64_t N, int64_t C) {
+    ln_job j = {.out = out, .mean = mean, .rstd = rstd, .inp = inp, .weight = weight,
+                .bias = bias, .N = N, .C = C};
+    zdp_nn_parallel_ranges_(N, 16, ln_fwd_rows_, &j);
+}
+
 /* With xhat = (x - mean) rstd and g = dout * weight:
- *   dx = rstd (g - mean(g) - xhat mean(g xhat)),  dweight += dout xhat,  dbias += dout. */
-void zdp_nn_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                               const float *inp, const float *weight, const float *mean,
-                               const float *rstd, int64_t N, int64_t C) {
-    for (int64_t n = 0; n < N; n++) {
-        const float *x = inp + n * C, *d = dout + n * C;
-        float *dx = dinp + n * C;
-        const float m = mean[n], s = rstd[n];
+ *   dx = rstd (g - mean(g) - xhat mean(g xhat)),  dweight += dout xhat,  dbias += dout.
+ * dinp by rows; dweight and dbias (sums over rows) by columns, rows in order. */
+static void ln_bwd_rows_(void *ctx, int64_t lo, int64_t hi) {
+    const ln_job *j = ctx;
+    const int64_t C = j->C;
+    const float *weight = j->weight;
+    for (int64_t n = lo; n < hi; n++) {
+        const float *x = j->inp + n * C, *d = j->dout + n * C;
+        float *dx = j->dinp + n * C;
+        const float m = j->cmean[n], s = j->crstd[n];
         float a1[8] = {0}, a2[8] = {0}, g1 = 0.0f, g2 = 0.0f;
         int64_t i = 0;
         for (; i + 8 <= C; i += 8)
-            for (int j = 0; j < 8; j++) {
-                float g = d[i + j] * weight[i + j];
-                a1[j] += g;
-                a2[j] += g * (x[i + j] - m) * s;
+            for (int k = 0; k < 8; k++) {
+                float g = d[i + k] * weight[i + k];
+                a1[k] += g;
+                a2[k] += g * (x[i + k] - m) * s;
             }
         for (; i < C; i++) {
             float g = d[i] * weight[i];
             g1 += g;
             g2 += g * (x[i] - m) * s;
         }
-        for (int j = 0; j < 8; j++) {
-            g1 += a1[j];
-            g2 += a2[j];
+        for (int k = 0; k < 8; k++) {
+            g1 += a1[k];
+            g2 += a2[k];
         }
         g1 /= (float)C;
         g2 /= (float)C;
         for (int64_t c = 0; c < C; c++) {
             const float xhat = (x[c] - m) * s;
             dx[c] += s * (d[c] * weight[c] - g1 - xhat * g2);
-            dweight[c] += d[c] * xhat;
-            dbias[c] += d[c];
         }
     }
 }
 
+static void ln_bwd_cols_(void *ctx, int64_t lo, int64_t hi) {
+    const ln_job *j = ctx;
+    const int64_t C = j->C;
+    for (int64_t n = 0; n < j->N; n++) {
+        const float *x = j->inp + n * C, *d = j->dout + n * C;
+        const float m = j->cmean[n], s = j->crstd[n];
+        for (int64_t c = lo; c < hi; c++) {
+            const float xhat = (x[c] - m) * s;
+            j->dweight[c] += d[c] * xhat;
+            j->dbias[c] += d[c];
+        }
+    }
+}
+
+void zdp_nn_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int64_t N, int64_t C) {
+    ln_job j = {.dinp = dinp, .dweight = dweight, .dbias = dbias, .dout = dout, .inp = inp,
+                .weight = weight, .cmean = mean, .crstd = rstd, .N = N, .C = C};
+    zdp_nn_parallel_ranges_(N, 16, ln_bwd_rows_, &j);
+    zdp_nn_parallel_ranges_(C, 32, ln_bwd_cols_, &j);
+}
+
 /* ---- matmul (Hugging Face Conv1D: weight [in, out]) ---------------------------- */
+
+typedef struct bias_rows_job {
+    float *out;
+    const float *bias;
+    int64_t OC;
+} bias_rows_job;
+
+static void bias_rows_(void *ctx, int64_t lo, int64_t hi) {
+    const bias_rows_job *j = ctx;
+    for (int64_t n = lo; n < hi; n++)
+        memcpy(j->out + n * j->OC, j->bias, (size_t)j->OC * sizeof(float));
+}
 
 void zdp_nn_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                            int64_t N, int64_t C, int64_t OC) {
     /* Writing the bias first and letting sgemm add (beta = 1) saves a pass. */
-    if (bias != NULL)
-        for (int64_t n = 0; n < N; n++) memcpy(out + n * OC, bias, (size_t)OC * sizeof(float));
+    if (bias != NULL) {
+        bias_rows_job j = {.out = out, .bias = bias, .OC = OC};
+        zdp_nn_parallel_ranges_(N, 16, bias_rows_, &j);
+    }
     /* out (N,OC) [+]= inp (N,C) @ weight (C,OC) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)OC, (int)C, 1.0f, inp,
-                (int)C, weight, (int)OC, bias != NULL ? 1.0f : 0.0f, out, (int)OC);
+    zdp_nn_sgemm_(CblasNoTrans, CblasNoTrans, N, OC, C, 1.0f, inp, C, weight, OC,
+                  bias != NULL ? 1.0f : 0.0f, out, OC);
 }
 
 void zdp_nn_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int64_t N, int64_t C,
                             int64_t OC) {
     if (dinp != NULL) /* dinp (N,C) = dout (N,OC) @ weight^T (OC,C) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)C, (int)OC, 1.0f, dout,
-                    (int)OC, weight, (int)OC, 0.0f, dinp, (int)C);
+        zdp_nn_sgemm_(CblasNoTrans, CblasTrans, N, C, OC, 1.0f, dout, OC, weight, OC, 0.0f, dinp,
+                      C);
     if (dweight != NULL) /* dweight (C,OC) += inp^T (C,N) @ dout (N,OC) */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)C, (int)OC, (int)N, 1.0f, inp,
-                    (int)C, dout, (int)OC, 1.0f, dweight, (int)OC);
-    if (dbias != NULL)
-        for (int64_t n = 0; n < N; n++) {
-            const float *d = dout + n * OC;
-            for (int64_t o = 0; o < OC; o++) dbias[o] += d[o];
-        }
+        zdp_nn_sgemm_(CblasTrans, CblasNoTrans, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight,
+                      OC);
+    if (dbias != NULL) zdp_nn_colsum_add_(dbias, dout, N, OC);
 }
 
 /* ---- causal self-attention ----------------------------------------------------------
@@ -227,78 +256,90 @@ void zdp_nn_matmul_backward(float *dinp, float *dweight, float *dbias, const flo
  *   dA = dout V^T;  dS = A * (dA - rowsum(A * dA)) / sqrt(hs)
  *   dQ = dS K;  dK = dS^T Q;  dV = A^T dout */
 
+typedef struct attn_job {
+    float *out, *att, *dqkv, *scratch;
+    const float *qkv, *dout, *catt;
+    int64_t B, T, C, NH;
+} attn_job;
+
+/* One (b, h) of the forward: task = b * NH + h. */
+static void attn_fwd_task_(void *ctx, int64_t task, int thread) {
+    (void)thread;
+    const attn_job *j = ctx;
+    const int64_t T = j->T, C = j->C, NH = j->NH, hs = C / NH, ld = 3 * C;
+    const int64_t b = task / NH, h = task % NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const float *q = j->qkv + b * T * ld + h * hs, *k = q + C, *v = q + 2 * C;
+    float *A = j->att + task * T * T;
+    float *o = j->out + b * T * C + h * hs;
+    for (int64_t r0 = 0; r0 < T; r0 += ZDP_NN_ATTN_BLOCK) {
+        const int64_t r1 = r0 + ZDP_NN_ATTN_BLOCK < T ? r0 + ZDP_NN_ATTN_BLOCK : T;
+        /* A[r0:r1, 0:r1] = scale * Q[r0:r1] @ K[0:r1]^T */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)r1, (int)hs,
+                    scale, q + r0 * ld, (int)ld, k, (int)ld, 0.0f, A + r0 * T, (int)T);
+        for (int64_t t = r0; t < r1; t++) {
+            float *row = A + t * T, m;
+            softmax_inplace_(row, t + 1, &m);
+            for (int64_t s = t + 1; s < r1; s++) row[s] = 0.0f;
+        }
+        /* out[r0:r1] = A[r0:r1, 0:r1] @ V[0:r1] */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)hs, (int)r1,
+                    1.0f, A + r0 * T, (int)T, v, (int)ld, 0.0f, o + r0 * C, (int)C);
+    }
+}
+
 void zdp_nn_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T,
                               int64_t C, int64_t NH) {
-    const int64_t hs = C / NH, ld = 3 * C;
+    attn_job j = {.out = out, .att = att, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH};
+    zdp_pool_run(B * NH, attn_fwd_task_, &j);
+}
+
+/* One (b, h) of the backward, with the running thread's (T, T) scratch. */
+static void attn_bwd_task_(void *ctx, int64_t task, int thread) {
+    const attn_job *j = ctx;
+    const int64_t T = j->T, C = j->C, NH = j->NH, hs = C / NH, ld = 3 * C;
+    const int64_t b = task / NH, h = task % NH;
     const float scale = 1.0f / sqrtf((float)hs);
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < NH; h++) {
-            const float *q = qkv + b * T * ld + h * hs, *k = q + C, *v = q + 2 * C;
-            float *A = att + (b * NH + h) * T * T;
-            float *o = out + b * T * C + h * hs;
-            for (int64_t r0 = 0; r0 < T; r0 += ZDP_NN_ATTN_BLOCK) {
-                const int64_t r1 = r0 + ZDP_NN_ATTN_BLOCK < T ? r0 + ZDP_NN_ATTN_BLOCK : T;
-                /* A[r0:r1, 0:r1] = scale * Q[r0:r1] @ K[0:r1]^T */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)r1,
-                            (int)hs, scale, q + r0 * ld, (int)ld, k, (int)ld, 0.0f, A + r0 * T,
-                            (int)T);
-                for (int64_t t = r0; t < r1; t++) {
-                    float *row = A + t * T, m;
-                    softmax_inplace_(row, t + 1, &m);
-                    for (int64_t s = t + 1; s < r1; s++) row[s] = 0.0f;
-                }
-                /* out[r0:r1] = A[r0:r1, 0:r1] @ V[0:r1] */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)hs,
-                            (int)r1, 1.0f, A + r0 * T, (int)T, v, (int)ld, 0.0f, o + r0 * C,
-                            (int)C);
-            }
+    const int64_t nblocks = (T + ZDP_NN_ATTN_BLOCK - 1) / ZDP_NN_ATTN_BLOCK;
+    const float *q = j->qkv + b * T * ld + h * hs, *k = q + C, *v = q + 2 * C;
+    float *dq = j->dqkv + b * T * ld + h * hs, *dk = dq + C, *dv = dq + 2 * C;
+    const float *A = j->catt + task * T * T;
+    const float *dO = j->dout + b * T * C + h * hs;
+    float *dA = j->scratch + (int64_t)thread * T * T;
+    /* The last block meets every key, so it writes dK and dV whole
+     * (beta 0) and the earlier blocks add into their first rows. */
+    for (int64_t blk = nblocks - 1; blk >= 0; blk--) {
+        const int64_t r0 = blk * ZDP_NN_ATTN_BLOCK;
+        const int64_t r1 = r0 + ZDP_NN_ATTN_BLOCK < T ? r0 + ZDP_NN_ATTN_BLOCK : T;
+        const float beta = blk == nblocks - 1 ? 0.0f : 1.0f;
+        /* dA[r0:r1, 0:r1] = dO[r0:r1] @ V[0:r1]^T */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)r1, (int)hs,
+                    1.0f, dO + r0 * C, (int)C, v, (int)ld, 0.0f, dA + r0 * T, (int)T);
+        /* dV[0:r1] (+)= A[r0:r1, 0:r1]^T @ dO[r0:r1] */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hs, (int)(r1 - r0),
+                    1.0f, A + r0 * T, (int)T, dO + r0 * C, (int)C, beta, dv, (int)ld);
+        /* Softmax backward, scale folded in: dA becomes dS. */
+        for (int64_t t = r0; t < r1; t++) {
+            const float *p = A + t * T;
+            float *d = dA + t * T;
+            const float rs = dot_(p, d, t + 1);
+            for (int64_t s = 0; s <= t; s++) d[s] = scale * p[s] * (d[s] - rs);
+            for (int64_t s = t + 1; s < r1; s++) d[s] = 0.0f;
         }
+        /* dQ[r0:r1] = dS[r0:r1, 0:r1] @ K[0:r1] */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)hs, (int)r1,
+                    1.0f, dA + r0 * T, (int)T, k, (int)ld, 0.0f, dq + r0 * ld, (int)ld);
+        /* dK[0:r1] (+)= dS[r0:r1, 0:r1]^T @ Q[r0:r1] */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hs, (int)(r1 - r0),
+                    1.0f, dA + r0 * T, (int)T, q + r0 * ld, (int)ld, beta, dk, (int)ld);
+    }
 }
 
 void zdp_nn_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                                const float *att, int64_t B, int64_t T, int64_t C, int64_t NH) {
-    const int64_t hs = C / NH, ld = 3 * C;
-    const float scale = 1.0f / sqrtf((float)hs);
-    const int64_t nblocks = (T + ZDP_NN_ATTN_BLOCK - 1) / ZDP_NN_ATTN_BLOCK;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < NH; h++) {
-            const float *q = qkv + b * T * ld + h * hs, *k = q + C, *v = q + 2 * C;
-            float *dq = dqkv + b * T * ld + h * hs, *dk = dq + C, *dv = dq + 2 * C;
-            const float *A = att + (b * NH + h) * T * T;
-            const float *dO = dout + b * T * C + h * hs;
-            float *dA = scratch;
-            /* The last block meets every key, so it writes dK and dV whole
-             * (beta 0) and the earlier blocks add into their first rows. */
-            for (int64_t blk = nblocks - 1; blk >= 0; blk--) {
-                const int64_t r0 = blk * ZDP_NN_ATTN_BLOCK;
-                const int64_t r1 = r0 + ZDP_NN_ATTN_BLOCK < T ? r0 + ZDP_NN_ATTN_BLOCK : T;
-                const float beta = blk == nblocks - 1 ? 0.0f : 1.0f;
-                /* dA[r0:r1, 0:r1] = dO[r0:r1] @ V[0:r1]^T */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)r1,
-                            (int)hs, 1.0f, dO + r0 * C, (int)C, v, (int)ld, 0.0f, dA + r0 * T,
-                            (int)T);
-                /* dV[0:r1] (+)= A[r0:r1, 0:r1]^T @ dO[r0:r1] */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hs,
-                            (int)(r1 - r0), 1.0f, A + r0 * T, (int)T, dO + r0 * C, (int)C, beta,
-                            dv, (int)ld);
-                /* Softmax backward, scale folded in: dA becomes dS. */
-                for (int64_t t = r0; t < r1; t++) {
-                    const float *p = A + t * T;
-                    float *d = dA + t * T;
-                    const float rs = dot_(p, d, t + 1);
-                    for (int64_t s = 0; s <= t; s++) d[s] = scale * p[s] * (d[s] - rs);
-                    for (int64_t s = t + 1; s < r1; s++) d[s] = 0.0f;
-                }
-                /* dQ[r0:r1] = dS[r0:r1, 0:r1] @ K[0:r1] */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)hs,
-                            (int)r1, 1.0f, dA + r0 * T, (int)T, k, (int)ld, 0.0f, dq + r0 * ld,
-                            (int)ld);
-                /* dK[0:r1] (+)= dS[r0:r1, 0:r1]^T @ Q[r0:r1] */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hs,
-                            (int)(r1 - r0), 1.0f, dA + r0 * T, (int)T, q + r0 * ld, (int)ld, beta,
-                            dk, (int)ld);
-            }
-        }
+    attn_job j = {.dqkv = dqkv, .scratch = scratch, .dout = dout, .qkv = qkv, .catt = att,
+                  .B = B, .T = T, .C = C, .NH = NH};
+    zdp_pool_run(B * NH, attn_bwd_task_, &j);
 }
 
 /* ---- GELU, tanh approximation ---------------------------------------------------------
@@ -309,35 +350,67 @@ void zdp_nn_attention_backward(float *dqkv, float *scratch, const float *dout, c
 #define GELU_K_ 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_A_ 0.044715f
 
-void zdp_nn_gelu_forward(float *out, const float *inp, int64_t N) {
-    for (int64_t i = 0; i < N; i++) {
-        const float x = inp[i];
+typedef struct ew_job {
+    float *out, *da, *db;
+    const float *a, *b, *dout;
+} ew_job;
+
+/* Element-wise kernels run in ranges of at least this many elements. */
+#define EW_MIN_ 4096
+
+static void gelu_fwd_range_(void *ctx, int64_t lo, int64_t hi) {
+    const ew_job *j = ctx;
+    for (int64_t i = lo; i < hi; i++) {
+        const float x = j->a[i];
         const float u = GELU_K_ * (x + GELU_A_ * x * x * x);
-        out[i] = x / (1.0f + exp_(-2.0f * u));
+        j->out[i] = x / (1.0f + zdp_nn_exp_(-2.0f * u));
+    }
+}
+
+void zdp_nn_gelu_forward(float *out, const float *inp, int64_t N) {
+    ew_job j = {.out = out, .a = inp};
+    zdp_nn_parallel_ranges_(N, EW_MIN_, gelu_fwd_range_, &j);
+}
+
+static void gelu_bwd_range_(void *ctx, int64_t lo, int64_t hi) {
+    const ew_job *j = ctx;
+    for (int64_t i = lo; i < hi; i++) {
+        const float x = j->a[i];
+        const float u = GELU_K_ * (x + GELU_A_ * x * x * x);
+        const float s = 1.0f / (1.0f + zdp_nn_exp_(-2.0f * u));
+        const float du = GELU_K_ * (1.0f + 3.0f * GELU_A_ * x * x);
+        j->out[i] = j->dout[i] * (s + 2.0f * x * s * (1.0f - s) * du);
     }
 }
 
 void zdp_nn_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t N) {
-    for (int64_t i = 0; i < N; i++) {
-        const float x = inp[i];
-        const float u = GELU_K_ * (x + GELU_A_ * x * x * x);
-        const float s = 1.0f / (1.0f + exp_(-2.0f * u));
-        const float du = GELU_K_ * (1.0f + 3.0f * GELU_A_ * x * x);
-        dinp[i] = dout[i] * (s + 2.0f * x * s * (1.0f - s) * du);
-    }
+    ew_job j = {.out = dinp, .a = inp, .dout = dout};
+    zdp_nn_parallel_ranges_(N, EW_MIN_, gelu_bwd_range_, &j);
 }
 
 /* ---- residual ------------------------------------------------------------------------ */
 
+static void residual_fwd_range_(void *ctx, int64_t lo, int64_t hi) {
+    const ew_job *j = ctx;
+    for (int64_t i = lo; i < hi; i++) j->out[i] = j->a[i] + j->b[i];
+}
+
 void zdp_nn_residual_forward(float *out, const float *a, const float *b, int64_t N) {
-    for (int64_t i = 0; i < N; i++) out[i] = a[i] + b[i];
+    ew_job j = {.out = out, .a = a, .b = b};
+    zdp_nn_parallel_ranges_(N, EW_MIN_, residual_fwd_range_, &j);
+}
+
+static void residual_bwd_range_(void *ctx, int64_t lo, int64_t hi) {
+    const ew_job *j = ctx;
+    if (j->da != NULL)
+        for (int64_t i = lo; i < hi; i++) j->da[i] += j->dout[i];
+    if (j->db != NULL)
+        for (int64_t i = lo; i < hi; i++) j->db[i] += j->dout[i];
 }
 
 void zdp_nn_residual_backward(float *da, float *db, const float *dout, int64_t N) {
-    if (da != NULL)
-        for (int64_t i = 0; i < N; i++) da[i] += dout[i];
-    if (db != NULL)
-        for (int64_t i = 0; i < N; i++) db[i] += dout[i];
+    ew_job j = {.da = da, .db = db, .dout = dout};
+    zdp_nn_parallel_ranges_(N, EW_MIN_, residual_bwd_range_, &j);
 }
 
 /* ---- lm_head (tied) and cross-entropy -------------------------------------------------- */
@@ -345,45 +418,79 @@ void zdp_nn_residual_backward(float *da, float *db, const float *dout, int64_t N
 void zdp_nn_lmhead_forward(float *logits, const float *inp, const float *wte, int64_t N,
                            int64_t C, int64_t V) {
     /* logits (N,V) = inp (N,C) @ wte^T (C,V) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)V, (int)C, 1.0f, inp,
-                (int)C, wte, (int)C, 0.0f, logits, (int)V);
+    zdp_nn_sgemm_(CblasNoTrans, CblasTrans, N, V, C, 1.0f, inp, C, wte, C, 0.0f, logits, V);
 }
 
 void zdp_nn_lmhead_backward(float *dinp, float *dwte, const float *dlogits, const float *inp,
                             const float *wte, int64_t N, int64_t C, int64_t V) {
     if (dinp != NULL) /* dinp (N,C) = dlogits (N,V) @ wte (V,C) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)C, (int)V, 1.0f,
-                    dlogits, (int)V, wte, (int)C, 0.0f, dinp, (int)C);
+        zdp_nn_sgemm_(CblasNoTrans, CblasNoTrans, N, C, V, 1.0f, dlogits, V, wte, C, 0.0f, dinp,
+                      C);
     if (dwte != NULL) /* dwte (V,C) += dlogits^T (V,N) @ inp (N,C) */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)V, (int)C, (int)N, 1.0f,
-                    dlogits, (int)V, inp, (int)C, 1.0f, dwte, (int)C);
+        zdp_nn_sgemm_(CblasTrans, CblasNoTrans, V, C, N, 1.0f, dlogits, V, inp, C, 1.0f, dwte, C);
+}
+
+/* The loss sums over rows in CE_PARTS_ fixed parts (their bounds depend on N
+ * only), each part in row order, then the parts in order: the same sum at
+ * any thread count. */
+#define CE_PARTS_ 64
+
+typedef struct ce_job {
+    float *probs, *logprobs, *dlogits;
+    const float *logits, *weights, *cprobs;
+    const int32_t *targets;
+    float dloss;
+    int64_t N, V;
+    double part[CE_PARTS_];
+} ce_job;
+
+static void ce_fwd_part_(void *ctx, int64_t part, int thread) {
+    (void)thread;
+    ce_job *j = ctx;
+    const int64_t V = j->V;
+    int64_t lo, hi;
+    zdp_nn_span_(j->N, CE_PARTS_, part, &lo, &hi);
+    double total = 0.0;
+    for (int64_t n = lo; n < hi; n++) {
+        const float *row = j->logits + n * V;
+        float *p = j->probs + n * V;
+        const float zt = row[j->targets[n]]; /* read before probs (maybe aliased) is written */
+        if (p != row) memcpy(p, row, (size_t)V * sizeof(float));
+        float m;
+        const float s = softmax_inplace_(p, V, &m);
+        const double ce = log((double)s) + (double)m - (double)zt;
+        if (j->logprobs != NULL) j->logprobs[n] = (float)-ce;
+        total += j->weights != NULL ? (double)j->weights[n] * ce : ce;
+    }
+    j->part[part] = total;
 }
 
 double zdp_nn_softmax_crossentropy_forward(float *probs, const float *logits,
                                            const int32_t *targets, const float *weights,
                                            float *logprobs, int64_t N, int64_t V) {
+    ce_job j = {.probs = probs, .logprobs = logprobs, .logits = logits, .weights = weights,
+                .targets = targets, .N = N, .V = V};
+    zdp_pool_run(CE_PARTS_, ce_fwd_part_, &j);
     double total = 0.0;
-    for (int64_t n = 0; n < N; n++) {
-        const float *row = logits + n * V;
-        float *p = probs + n * V;
-        const float zt = row[targets[n]]; /* read before probs (maybe aliased) is written */
-        if (p != row) memcpy(p, row, (size_t)V * sizeof(float));
-        float m;
-        const float s = softmax_inplace_(p, V, &m);
-        const double ce = log((double)s) + (double)m - (double)zt;
-        if (logprobs != NULL) logprobs[n] = (float)-ce;
-        total += weights != NULL ? (double)weights[n] * ce : ce;
-    }
+    for (int k = 0; k < CE_PARTS_; k++) total += j.part[k];
     return N > 0 ? total / (double)N : 0.0;
+}
+
+static void ce_bwd_rows_(void *ctx, int64_t lo, int64_t hi) {
+    const ce_job *j = ctx;
+    const int64_t V = j->V;
+    const float s0 = j->N > 0 ? j->dloss / (float)j->N : 0.0f;
+    for (int64_t n = lo; n < hi; n++) {
+        const float s = j->weights != NULL ? s0 * j->weights[n] : s0;
+        for (int64_t v = 0; v < V; v++) j->dlogits[n * V + v] = s * j->cprobs[n * V + v];
+        j->dlogits[n * V + j->targets[n]] -= s;
+    }
 }
 
 void zdp_nn_softmax_crossentropy_backward(float *dlogits, const float *probs,
                                           const int32_t *targets, const float *weights,
                                           float dloss, int64_t N, int64_t V) {
-    const float s0 = N > 0 ? dloss / (float)N : 0.0f;
-    for (int64_t n = 0; n < N; n++) {
-        const float s = weights != NULL ? s0 * weights[n] : s0;
-        for (int64_t v = 0; v < V; v++) dlogits[n * V + v] = s * probs[n * V + v];
-        dlogits[n * V + targets[n]] -= s;
-    }
+    ce_job j = {.dlogits = dlogits, .cprobs = probs, .weights = weights,
+                .targets = targets, .dloss = dloss, .N = N, .V = V};
+    zdp_nn_parallel_ranges_(N, 4, ce_bwd_rows_, &j);
 }

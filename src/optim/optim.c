@@ -16,6 +16,7 @@
 #include "optim.h"
 
 #include <math.h>
+#include <stdatomic.h>
 
 static bool uses_adam_(const zdp_optimizer_config *cfg) {
     return cfg->type == ZDP_OPTIMIZER_ADAM || cfg->type == ZDP_OPTIMIZER_ADAMW;
@@ -108,28 +109,59 @@ static inline unsigned sgd_(const zdp_optimizer_config *c, float *restrict p,
     return bad;
 }
 
+/* The update is element-wise: it runs over the thread pool in ranges of at
+ * least RANGE_MIN_ elements (each range the same arithmetic as one pass),
+ * and the check ORs the ranges' verdicts, so neither depends on the thread
+ * count. */
+#define RANGE_MIN_ 65536
+
+typedef struct optim_job {
+    const zdp_optim *opt;
+    float *params;
+    const float *grads;
+    float grad_scale;
+    double lr;
+    int64_t t, n_tasks;
+    bool apply;
+    atomic_uint bad;
+} optim_job;
+
+static void optim_task_(void *ctx, int64_t task, int thread) {
+    (void)thread;
+    optim_job *j = ctx;
+    const zdp_optim *o = j->opt;
+    const int64_t lo = o->n * task / j->n_tasks, hi = o->n * (task + 1) / j->n_tasks;
+    unsigned bad;
+    if (uses_adam_(&o->cfg))
+        bad = adam_(&o->cfg, j->params + lo, j->grads + lo, o->m + lo, o->v + lo, hi - lo,
+                    j->grad_scale, j->lr, j->t, j->apply);
+    else
+        bad = sgd_(&o->cfg, j->params + lo, j->grads + lo, o->m != NULL ? o->m + lo : NULL,
+                   hi - lo, j->grad_scale, j->lr, j->t == 1, j->apply);
+    if (bad) atomic_fetch_or(&j->bad, 1u);
+}
+
+static unsigned optim_run_(const zdp_optim *opt, float *params, const float *grads,
+                           float grad_scale, double lr, int64_t t, bool apply) {
+    optim_job j = {.opt = opt, .params = params, .grads = grads, .grad_scale = grad_scale,
+                   .lr = lr, .t = t, .apply = apply};
+    const int64_t most = opt->n / RANGE_MIN_, p = zdp_pool_size();
+    j.n_tasks = most < 1 ? 1 : most < p ? most : p;
+    atomic_init(&j.bad, 0u);
+    zdp_pool_run(j.n_tasks, optim_task_, &j);
+    return atomic_load(&j.bad);
+}
+
 void zdp_optim_step(zdp_optim *opt, float *params, const float *grads, float grad_scale,
                     double lr) {
     opt->step_count++;
-    if (uses_adam_(&opt->cfg))
-        (void)adam_(&opt->cfg, params, grads, opt->m, opt->v, opt->n, grad_scale, lr,
-                    opt->step_count, true);
-    else
-        (void)sgd_(&opt->cfg, params, grads, opt->m, opt->n, grad_scale, lr,
-                   opt->step_count == 1, true);
+    (void)optim_run_(opt, params, grads, grad_scale, lr, opt->step_count, true);
 }
 
 bool zdp_optim_update_finite(const zdp_optim *opt, const float *params, const float *grads,
                              float grad_scale, double lr) {
-    /* The kernels write only when apply is true: the casts are for the
-     * shared signature. */
-    const int64_t t = opt->step_count + 1;
-    unsigned bad;
-    if (uses_adam_(&opt->cfg))
-        bad = adam_(&opt->cfg, (float *)params, grads, opt->m, opt->v, opt->n, grad_scale, lr, t,
-                    false);
-    else
-        bad = sgd_(&opt->cfg, (float *)params, grads, opt->m, opt->n, grad_scale, lr, t == 1,
-                   false);
-    return bad == 0;
+    /* The kernels write only when apply is true: the cast is for the shared
+     * signature. */
+    return optim_run_(opt, (float *)params, grads, grad_scale, lr, opt->step_count + 1, false) ==
+           0;
 }

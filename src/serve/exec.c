@@ -285,7 +285,7 @@ static int status_of_(zdp_status st) {
 /* A sample's typed result: a protocol's stays typed (its poll encodes it);
  * a plain request's is encoded here, once, as JSON (its time counts as the
  * request's, in GET /info and /healthz).  Takes res. */
-static char *finish_sample_(job *j, serve_sample_result *res) {
+char *serve_finish_sample(job *j, serve_sample_result *res) {
     if (j->fut != NULL) {
         j->sample = res;
         return NULL;
@@ -310,7 +310,14 @@ char *serve_sample_result_json(const serve_sample_result *r) {
     }
     if (r->prompt_length >= 0)
         return serve_dump(json_pack("{s:o,s:I}", "sequences", seqs, "prompt_length", (json_int_t)r->prompt_length));
-    return serve_dump(json_pack("{s:o,s:s}", "sequences", seqs, "type", "sample"));
+    json_t *o = json_pack("{s:o,s:s}", "sequences", seqs, "type", "sample");
+    if (o != NULL && r->prompt_logprobs != NULL) { /* Tinker: the first token's is None */
+        json_t *pl = json_array();
+        for (int64_t t = 0; t < r->n_prompt_logprobs; t++)
+            json_array_append_new(pl, serve_jreal(r->prompt_logprobs[t]));
+        json_object_set_new(o, "prompt_logprobs", pl);
+    }
+    return serve_dump(o);
 }
 
 serve_sample_result *serve_sample_result_copy(const serve_sample_result *r) {
@@ -330,6 +337,15 @@ serve_sample_result *serve_sample_result_copy(const serve_sample_result *r) {
     memcpy(c->tokens, r->tokens, (size_t)total * sizeof *c->tokens);
     memcpy(c->stopped, r->stopped, (size_t)r->n * sizeof *c->stopped);
     if (r->logprobs != NULL) memcpy(c->logprobs, r->logprobs, (size_t)total * sizeof *c->logprobs);
+    if (r->prompt_logprobs != NULL) {
+        c->prompt_logprobs = malloc(((size_t)r->n_prompt_logprobs + 1) * sizeof *c->prompt_logprobs);
+        if (c->prompt_logprobs == NULL) {
+            serve_sample_result_free(c);
+            return NULL;
+        }
+        memcpy(c->prompt_logprobs, r->prompt_logprobs, (size_t)r->n_prompt_logprobs * sizeof *c->prompt_logprobs);
+        c->n_prompt_logprobs = r->n_prompt_logprobs;
+    }
     return c;
 }
 
@@ -339,6 +355,7 @@ void serve_sample_result_free(serve_sample_result *r) {
     free(r->tokens);
     free(r->logprobs);
     free(r->stopped);
+    free(r->prompt_logprobs);
     free(r);
 }
 
@@ -352,11 +369,7 @@ static bool has_stop_(const char *text, size_t n, const char *strs, int64_t n_st
     return false;
 }
 
-/* String stops (docs/server.md, "Stop sequences"): -1 while the text of the
- * generated tokens gen[0..n) holds no stop string; once it does, how many
- * tokens to return: the longest prefix whose text holds none, so the stop
- * string is not returned (nor a token it begins inside).  -2: decode failed. */
-static int64_t stop_cut_(server *s, const int32_t *gen, int64_t n, const char *strs, int64_t n_str) {
+int64_t serve_stop_cut(server *s, const int32_t *gen, int64_t n, const char *strs, int64_t n_str) {
     for (int64_t m = n; m >= 0; m--) {
         size_t len = 0;
         char *text = s->opt.lm.decode(s->opt.lm.ctx, gen, m, &len);
@@ -372,72 +385,23 @@ static int64_t stop_cut_(server *s, const int32_t *gen, int64_t n, const char *s
     return 0;
 }
 
-/* After the generated tokens gen[0..n) (t = gen[n-1] the newest): -1 to go
- * on; else how many to return: all n when t is a stop token (it is kept),
- * stop_cut_'s count when the text holds a stop string; -2: decode failed. */
-static int64_t stop_at_(server *s, const int32_t *gen, int64_t n, const int32_t *stop, int64_t n_stop,
-                        const char *strs, int64_t n_str) {
-    for (int64_t q = 0; q < n_stop; q++)
-        if (stop[q] == gen[n - 1]) return n;
-    return n_str > 0 ? stop_cut_(s, gen, n, strs, n_str) : -1;
-}
-
-/* Rank 0 alone: generation reads the parameters every rank already holds.
- * Only the last block_size tokens are seen at each step. */
+/* POST /sample: one sequence from the live weights (whole on every rank), through the
+ * sampler (sampler.c): rank 0 runs it, the others join its gather. */
 static char *exec_sample_(server *s, job *j, int *status) {
-    if (s->R != 0) return NULL;
     serve_sample_req rq;
     if (!serve_sample_req_view(j, &rq))
         serve_die("sample", &(zdp_error){.msg = "a malformed request (a bug in zdp)"});
     const sample_req r = rq.r;
-    const int32_t *prompt = rq.prompt;
-    int32_t *tok = malloc((size_t)(r.n + r.max_tokens) * sizeof *tok);
-    float *logits = malloc((size_t)s->model.vocab_size * sizeof *logits);
     float **v = serve_views(s);
-    if (tok == NULL || logits == NULL || v == NULL) {
-        free(tok), free(logits), free(v);
-        *status = 500;
-        return serve_error_body(NULL, "out of memory");
-    }
-    memcpy(tok, prompt, (size_t)r.n * sizeof *tok);
-    serve_sample_result *res = calloc(1, sizeof *res);
-    if (res != NULL) {
-        res->off = calloc(2, sizeof *res->off);
-        res->tokens = malloc(((size_t)r.max_tokens + 1) * sizeof *res->tokens);
-        res->stopped = calloc(1, sizeof *res->stopped);
-    }
-    if (res == NULL || res->off == NULL || res->tokens == NULL || res->stopped == NULL) {
-        serve_sample_result_free(res);
-        free(tok), free(logits), free(v);
-        *status = 500;
-        return serve_error_body(NULL, "out of memory");
-    }
-    res->n = 1;
-    res->prompt_length = r.n;
-    uint64_t rng = (uint64_t)r.seed;
-    int64_t n = r.n;
-    for (int64_t k = 0; k < r.max_tokens; k++) {
-        int t = s->opt.sample(&s->model, (const float *const *)v, tok, (int)n, r.temperature,
-                              (int)r.top_k, 1.0, &rng, logits, NULL);
-        if (t < 0) break;
-        tok[n++] = t;
-        res->tokens[res->off[1]++] = t;
-        const int64_t keep = stop_at_(s, res->tokens, res->off[1], rq.stop, r.n_stop, rq.stop_str, r.n_stop_str);
-        if (keep == -2) {
-            serve_sample_result_free(res);
-            free(tok), free(logits), free(v);
-            *status = 500;
-            return serve_error_body("stop", "sampling failed: see the server's log");
-        }
-        if (keep >= 0) {
-            res->off[1] = keep;
-            res->stopped[0] = true;
-            break;
-        }
-    }
-    free(tok), free(logits), free(v);
-    *status = 200;
-    return finish_sample_(j, res);
+    if (v == NULL) serve_die("sample", &(zdp_error){.msg = "out of memory"});
+    const serve_sample_spec sp = {.j = j, .prompt = rq.prompt, .n_prompt = r.n, .num_samples = 1,
+                                  .max_tokens = r.max_tokens, .top_k = r.top_k, .n_stop = r.n_stop,
+                                  .n_stop_str = r.n_stop_str, .temperature = r.temperature, .top_p = 1.0,
+                                  .seed = (uint64_t)r.seed, .stop = rq.stop, .stop_str = rq.stop_str,
+                                  .prompt_length = r.n};
+    char *body = serve_sampler_run(s, (const float *const *)v, &sp, NULL, status);
+    free(v);
+    return body;
 }
 
 static int64_t numel_(const zdp_param_info *p) {
@@ -454,21 +418,21 @@ void serve_free_snapshot(server *s) {
     s->snap_path = NULL;
 }
 
-/* Tinker's asample (rank 0 alone): num_samples continuations of the prompt
- * from the weights in a sampler file (save_weights_for_sampler), not from the
- * live ones, so training between save and sample changes nothing.  The file
- * read last stays in memory.  Each token comes with the model's log p (what
+/* Tinker's asample: num_samples continuations of the prompt from the
+ * weights in a sampler file (save_weights_for_sampler), not from the live
+ * ones, so training between save and sample changes nothing.  Every rank
+ * reads the file (the one read last stays in memory) and samples its share
+ * (sampler.c).  Each token comes with the model's log p (what
  * importance-sampling losses take as the sampler's logprobs). */
 static char *exec_sample_file_(server *s, job *j, int *status) {
-    if (s->R != 0) return NULL;
     serve_sample_file_req rq;
     if (!serve_sample_file_req_view(j, &rq))
         serve_die("asample", &(zdp_error){.msg = "a malformed request (a bug in zdp)"});
     const sample_file_header h = rq.h;
-    const int32_t *prompt = rq.prompt, *stop = rq.stop;
     const char *path = rq.path;
     zdp_error err = {0};
     const int np = s->model.n_params;
+    verr why = {0};
     if (s->snap_path == NULL || strcmp(s->snap_path, path) != 0) {
         serve_free_snapshot(s);
         s->snap = calloc((size_t)np, sizeof *s->snap);
@@ -480,73 +444,19 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
                            : ZDP_ERR_NOMEM;
         if (st != ZDP_OK) {
             serve_free_snapshot(s);
-            *status = status_of_(st);
-            return serve_error_body("model_path", ok ? err.msg : "out of memory for the sampler weights");
+            why.status = status_of_(st);
+            snprintf(why.field, sizeof why.field, "model_path");
+            snprintf(why.msg, sizeof why.msg, "%s", ok ? err.msg : "out of memory for the sampler weights");
         }
     }
-    const int64_t cap = h.n_prompt + h.max_tokens;
-    int32_t *tok = malloc((size_t)cap * sizeof *tok);
-    float *logits = malloc((size_t)s->model.vocab_size * sizeof *logits);
-    if (tok == NULL || logits == NULL) {
-        free(tok), free(logits);
-        *status = 500;
-        return serve_error_body(NULL, "out of memory");
-    }
-    serve_sample_result *res = calloc(1, sizeof *res);
-    const size_t all = (size_t)h.num_samples * (size_t)h.max_tokens + 1;
-    if (res != NULL) {
-        res->off = calloc((size_t)h.num_samples + 1, sizeof *res->off);
-        res->tokens = malloc(all * sizeof *res->tokens);
-        res->logprobs = malloc(all * sizeof *res->logprobs);
-        res->stopped = calloc((size_t)h.num_samples + 1, sizeof *res->stopped);
-    }
-    if (res == NULL || res->off == NULL || res->tokens == NULL || res->logprobs == NULL || res->stopped == NULL) {
-        serve_sample_result_free(res);
-        free(tok), free(logits);
-        *status = 500;
-        return serve_error_body(NULL, "out of memory");
-    }
-    res->n = h.num_samples;
-    res->prompt_length = -1;
-    bool failed = false;
-    int64_t at = 0;
-    for (int64_t k = 0; k < h.num_samples && !failed; k++) {
-        memcpy(tok, prompt, (size_t)h.n_prompt * sizeof *tok);
-        int64_t n = h.n_prompt;
-        uint64_t rng = h.seed + 0x9E3779B97F4A7C15ull * (uint64_t)k;
-        for (int64_t m = 0; m < h.max_tokens; m++) {
-            float lp;
-            int t = s->opt.sample(&s->model, (const float *const *)s->snap, tok, (int)n, h.temperature,
-                                  (int)h.top_k, h.top_p, &rng, logits, &lp);
-            if (t < 0) {
-                failed = true;
-                break;
-            }
-            tok[n++] = t;
-            res->tokens[at] = t;
-            res->logprobs[at++] = lp;
-            const int64_t keep = stop_at_(s, res->tokens + res->off[k], at - res->off[k], stop, h.n_stop,
-                                          rq.stop_str, h.n_stop_str);
-            if (keep == -2) {
-                failed = true;
-                break;
-            }
-            if (keep >= 0) {
-                at = res->off[k] + keep;
-                res->stopped[k] = true;
-                break;
-            }
-        }
-        res->off[k + 1] = at;
-    }
-    free(tok), free(logits);
-    if (failed) {
-        serve_sample_result_free(res);
-        *status = 500;
-        return serve_error_body(NULL, "sampling failed: see the server's log");
-    }
-    *status = 200;
-    return finish_sample_(j, res);
+    const serve_sample_spec sp = {.j = j, .prompt = rq.prompt, .n_prompt = h.n_prompt,
+                                  .num_samples = h.num_samples, .max_tokens = h.max_tokens, .top_k = h.top_k,
+                                  .n_stop = h.n_stop, .n_stop_str = h.n_stop_str, .temperature = h.temperature,
+                                  .top_p = h.top_p, .seed = h.seed, .stop = rq.stop, .stop_str = rq.stop_str,
+                                  .logprobs = true, .prompt_logprobs = h.prompt_logprobs != 0,
+                                  .prompt_length = -1};
+    return serve_sampler_run(s, (const float *const *)s->snap, &sp, why.msg[0] != '\0' ? &why : NULL,
+                             status);
 }
 
 /* Rank 0, a save or load that succeeded: its typed result.  A protocol's

@@ -840,6 +840,16 @@ bool serve_parse_sample(const json_t *root, const zdp_model *mc, bool can_decode
                         (long long)hi[k]);
         *dst[k] = (int64_t)json_integer_value(v);
     }
+    /* The KV cache holds the prompt and every new token: both fit the context. */
+    if (r.n > mc->block_size)
+        return serve_bad(e, 400, "prompt", "prompt: %lld tokens, longer than the model's context (block_size %d)",
+                         (long long)r.n, mc->block_size);
+    if (json_object_get(root, "max_tokens") == NULL && r.max_tokens > mc->block_size - r.n)
+        r.max_tokens = mc->block_size - r.n; /* the default, 16, as far as the context allows */
+    if (r.max_tokens > mc->block_size - r.n)
+        return serve_bad(e, 400, "max_tokens", "max_tokens: %lld: the prompt's %lld tokens plus max_tokens must fit "
+                         "the model's context (block_size %d): send at most %lld", (long long)r.max_tokens,
+                         (long long)r.n, mc->block_size, (long long)(mc->block_size - r.n));
     const json_t *t = json_object_get(root, "temperature");
     if (t != NULL && (!json_is_number(t) || !(json_number_value(t) >= 0) || json_number_value(t) > 100))
         return serve_bad(e, 400, "temperature", "temperature: must be a number in [0, 100] (0 = greedy)");

@@ -25,20 +25,13 @@
 
 #include "zdp/zdp.h"
 
-/* Next token after tokens[0..n) from the given weights: temperature 0 is
- * greedy, top_k 0 = all, top_p 1 = off; *logprob (if not NULL) gets log p of
- * the chosen token.  -1 on a model error (printed).  The caller's sampler
- * (the tool's, tools/zdp/sample.c). */
-typedef int (*zdp_serve_sample_fn)(const zdp_model *model, const float *const *params,
-                                   const int32_t *tokens, int n, double temperature, int top_k,
-                                   double top_p, uint64_t *rng, float *logits, float *logprob);
-
 /* The causal LM a server trains, from the caller (the tool: a GPT from its
  * shape flags, or a Hugging Face folder's model), so that the server drives
- * it through zdp_model alone (zdp_lm_next_logits, vocab_size, block_size).
+ * it through zdp_model alone (zdp_generate, vocab_size, block_size).
  * Every rank calls create once and init once (into the engine's views);
- * rank 0 calls load and save for the weights files clients name, and
- * decode for string stop sequences.  Messages name the flag or file. */
+ * rank 0 calls save for the weights files clients name; every rank calls
+ * load (asample's sampler weights) and decode (string stop sequences), since
+ * every rank samples (docs/sampling.md).  Messages name the flag or file. */
 typedef struct zdp_serve_model {
     void *ctx;                /* the callbacks' own state */
     const char *arch;         /* "gpt2", "llama", "qwen3": /info's model.arch, get_info's model_data.arch */
@@ -83,7 +76,6 @@ typedef struct serve_opts {
     double request_timeout_s;   /* a request's body must arrive within this */
     int64_t max_inflight;       /* request body bytes held at once, all connections */
     double health_timeout_s;    /* /healthz: a request or rank check older is unhealthy */
-    zdp_serve_sample_fn sample; /* POST /sample and Tinker's asample */
 } serve_opts;
 
 typedef struct server zdp_server;

@@ -43,10 +43,10 @@
     X(SAVE_STATE, "save_state", exec_state_, true)                                           \
     X(LOAD_STATE, "load_state", exec_state_, true)                                           \
     X(INFO, "info", exec_info_, true)                                                        \
-    X(SAMPLE, "sample", exec_sample_, false)                                                 \
+    X(SAMPLE, "sample", exec_sample_, true)                                                  \
     X(LOAD_WEIGHTS, "load_weights", exec_load_weights_, true) /* fresh optimizer state */    \
     X(NOOP, "noop", NULL, false)     /* refused before the engine: only its seq_id counts */ \
-    X(SAMPLE_FILE, "asample", exec_sample_file_, false) /* from saved sampler weights */    \
+    X(SAMPLE_FILE, "asample", exec_sample_file_, true) /* from saved sampler weights */     \
     X(PING, "ping", NULL, true)      /* the health check: every rank answers rank 0 */        \
     X(DELETE_CKPT, "delete_checkpoint", exec_delete_, true) /* each rank its own part */
 
@@ -78,6 +78,7 @@ extern const serve_op serve_ops[SERVE_N_OPS]; /* indexed by op */
  * after another), and the weights file's path, NUL-terminated. */
 typedef struct sample_file_header {
     int64_t n_prompt, max_tokens, top_k, num_samples, n_stop, n_stop_str;
+    int64_t prompt_logprobs; /* 1: the reply carries the prompt's logprobs */
     uint64_t seed;
     double temperature, top_p;
 } sample_file_header;
@@ -139,6 +140,8 @@ typedef struct serve_sample_result {
     bool *stopped;      /* (n) stop_reason "stop" (a stop token ended it), else "length" */
     int64_t prompt_length; /* >= 0: POST /sample's reply (with "prompt_length");
                               -1: Tinker's SampleResponse ("type": "sample") */
+    float *prompt_logprobs; /* (n_prompt_logprobs) log p(prompt[t] | prompt[<t]), [0] NaN; or NULL */
+    int64_t n_prompt_logprobs;
 } serve_sample_result;
 /* The reply as JSON text; NULL when out of memory. */
 char *serve_sample_result_json(const serve_sample_result *r);
@@ -289,7 +292,7 @@ typedef struct server {
         int64_t count;
         double queue_s, exec_s, exec_max_s;
     } stats[SERVE_N_OPS];
-    /* rank 0, main thread only: the sampler weights asample last read. */
+    /* every rank, main thread only: the sampler weights asample last read. */
     char *snap_path;
     /* every rank: realpath of --checkpoint-dir, made at start-up.  The path
      * of a save_state/load_state job is relative to it (each rank joins its
@@ -398,6 +401,34 @@ char *serve_exec(server *s, job *j, int *status);
 float **serve_views(server *s);
 /* Drops the sampler weights asample last read. */
 void serve_free_snapshot(server *s);
+/* String stops (docs/server.md, "Stop sequences"): -1 while the text of
+ * the generated tokens gen[0..n) holds none of the n_str strings at strs;
+ * once it does, how many tokens to return (the longest prefix whose text
+ * holds none); -2: decode failed. */
+int64_t serve_stop_cut(server *s, const int32_t *gen, int64_t n, const char *strs, int64_t n_str);
+/* A sample's typed result: a protocol's stays typed in j (body NULL), a
+ * plain request's is encoded as JSON; takes res. */
+char *serve_finish_sample(job *j, serve_sample_result *res);
+
+/* sampler.c: one sampling request, every rank (docs/sampling.md). */
+typedef struct serve_sample_spec {
+    job *j;
+    const int32_t *prompt;
+    int64_t n_prompt, num_samples, max_tokens, top_k, n_stop, n_stop_str;
+    double temperature, top_p;
+    uint64_t seed;          /* sequence k draws from seed + 0x9E3779B97F4A7C15 * k */
+    const int32_t *stop;    /* (n_stop) */
+    const char *stop_str;   /* n_stop_str NUL-terminated strings */
+    bool logprobs;          /* the result carries each token's log p */
+    bool prompt_logprobs;   /* and the prompt's (from the prefill, temperature 1) */
+    int64_t prompt_length;  /* serve_sample_result.prompt_length */
+} serve_sample_spec;
+/* Every rank generates its contiguous block of the num_samples sequences
+ * from params (whole weights) and rank 0 gathers them; rank 0 gets the
+ * answer (status, body or j's typed result), the others NULL.  why: this
+ * rank has no params (the reason rank 0 reports), else NULL. */
+char *serve_sampler_run(server *s, const float *const *params, const serve_sample_spec *sp,
+                        const verr *why, int *status);
 /* POST /sample's body -> an OP_SAMPLE payload.  can_decode: the served
  * model has a tokenizer, so stop strings are taken. */
 bool serve_parse_sample(const json_t *root, const zdp_model *mc, bool can_decode, job *j, verr *e);

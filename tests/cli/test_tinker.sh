@@ -5,7 +5,8 @@
 # bootstrap, create_model (LoRA ignored, one model), chunks posted in
 # parallel with the first last, lost responses retried with the same
 # idempotency key, held-open retrieve_future, seq_id gaps, every loss,
-# save/load_weights, sampling sessions on saved weights; then SDK 0.25's protobuf forward_backward/forward and
+# save/load_weights, sampling sessions on saved weights (7 seeded samples, divided
+# across the ranks, the same at every -np); then SDK 0.25's protobuf forward_backward/forward and
 # protobuf results (the same update, bitwise), malformed protobuf bodies.
 # Each update is compared with the server's plain endpoints (themselves
 # checked against `zdp train` by test_serve.sh).
@@ -47,6 +48,13 @@ for np in ${NPS:-1 2 3}; do
   fi
   grep -q "lora_config is ignored" "$log" || fail "-np $np: the server did not log that LoRA is ignored"
   if grep -q "MPI_ABORT\|zdp: error" "$log"; then fail "-np $np: server log has errors"; cat "$log"; fi
+done
+
+# Every rank samples (docs/sampling.md): 7 seeded samples are the same at every -np.
+for np in ${NPS:-1 2 3}; do
+  [ -s "$T/np$np/samples.json" ] || { fail "-np $np: no samples.json"; continue; }
+  grep -q '"sequences"' "$T/np$np/samples.json" || { fail "-np $np: asample of 7 failed"; cat "$T/np$np/samples.json"; }
+  cmp -s "$T/np1/samples.json" "$T/np$np/samples.json" || fail "-np $np: 7 samples differ from -np 1"
 done
 
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi

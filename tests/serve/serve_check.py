@@ -413,10 +413,10 @@ def sample_check(url):
     if ta != tb or len(ta) != 5 or any(not 0 <= t < V for t in ta):
         fail("sample: greedy tokens %s and %s" % (ta, tb))
     c = ok(url, "/sample", {"prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
-                            "max_tokens": 20, "temperature": 1.0, "top_k": 5, "seed": 9})
-    d = ok(url, "/sample", {"prompt": [1, 2, 3], "max_tokens": 20, "temperature": 1.0, "top_k": 5,
+                            "max_tokens": 13, "temperature": 1.0, "top_k": 5, "seed": 9})
+    d = ok(url, "/sample", {"prompt": [1, 2, 3], "max_tokens": 13, "temperature": 1.0, "top_k": 5,
                             "seed": 9})
-    if c["sequences"][0]["tokens"] != d["sequences"][0]["tokens"] or len(d["sequences"][0]["tokens"]) != 20:
+    if c["sequences"][0]["tokens"] != d["sequences"][0]["tokens"] or len(d["sequences"][0]["tokens"]) != 13:
         fail("sample: the same seed gave %s and %s" % (c, d))
     if counters(url) != before:
         fail("sample changed the counters: %s -> %s" % (before, counters(url)))
@@ -425,6 +425,11 @@ def sample_check(url):
         ("sample negative temperature", "POST", "/sample", {"prompt": [1], "temperature": -1}, 400,
          "temperature"),
         ("sample empty prompt", "POST", "/sample", {"prompt": []}, 400, "prompt"),
+        # The prompt and max_tokens must fit the context (block_size 16): the KV cache holds them.
+        ("sample max_tokens beyond the context", "POST", "/sample", {"prompt": [1, 2, 3], "max_tokens": 14},
+         400, "max_tokens"),
+        ("sample prompt longer than the context", "POST", "/sample", {"prompt": [1] * 17, "max_tokens": 0},
+         400, "prompt"),
         ("sample unknown field", "POST", "/sample", {"prompt": [1], "n": 2}, 400, "n"),
     ])
 

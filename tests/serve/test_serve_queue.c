@@ -110,10 +110,11 @@ static void test_op_table(void **state) {
         assert_non_null(serve_ops[op].name);
         for (int k = 0; k < op; k++) assert_string_not_equal(serve_ops[op].name, serve_ops[k].name);
     }
-    /* What only rank 0 runs (nothing broadcast) and what runs nowhere. */
+    /* What only rank 0 runs (nothing broadcast) and what runs nowhere;
+     * every rank samples (docs/sampling.md). */
     assert_false(serve_ops[OP_SAVE_WEIGHTS].all_ranks);
-    assert_false(serve_ops[OP_SAMPLE].all_ranks);
-    assert_false(serve_ops[OP_SAMPLE_FILE].all_ranks);
+    assert_true(serve_ops[OP_SAMPLE].all_ranks);
+    assert_true(serve_ops[OP_SAMPLE_FILE].all_ranks);
     assert_true(serve_ops[OP_FWDBWD].all_ranks);
     assert_true(serve_ops[OP_OPTIM].all_ranks);
     assert_true(serve_ops[OP_SAVE_STATE].all_ranks);
@@ -553,7 +554,7 @@ static void test_sample_result_encodings(void **state) {
     char err[256];
     size_t n_json, n_typed;
     unsigned char *a = serve_proto_encode_sample_response(o, &n_json, err, sizeof err);
-    unsigned char *b = serve_proto_encode_sample_typed(r.n, r.off, r.tokens, r.logprobs, r.stopped, &n_typed, err,
+    unsigned char *b = serve_proto_encode_sample_typed(r.n, r.off, r.tokens, r.logprobs, r.stopped, NULL, 0, &n_typed, err,
                                                        sizeof err);
     assert_non_null(a);
     assert_non_null(b);
@@ -577,7 +578,7 @@ static void test_sample_result_encodings(void **state) {
     o = json_loads(text, 0, NULL);
     assert_non_null(o);
     a = serve_proto_encode_sample_response(o, &n_json, err, sizeof err);
-    b = serve_proto_encode_sample_typed(p.n, p.off, p.tokens, p.logprobs, p.stopped, &n_typed, err, sizeof err);
+    b = serve_proto_encode_sample_typed(p.n, p.off, p.tokens, p.logprobs, p.stopped, NULL, 0, &n_typed, err, sizeof err);
     assert_non_null(a);
     assert_non_null(b);
     assert_int_equal(n_json, n_typed);

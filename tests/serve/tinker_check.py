@@ -15,6 +15,7 @@ the failure count (capped at 100).
 """
 import array
 import json
+import math
 import os
 import random
 import struct
@@ -353,6 +354,22 @@ class Check:
         lp = fwd["loss_fn_outputs"][0]["logprobs"]["data"][len(prompt) - 1:]
         if any(abs(x - y) > 1e-5 * max(1.0, abs(x)) for x, y in zip(lp, a["logprobs"])):
             fail("asample logprobs %s, forward of the same tokens %s" % (a["logprobs"], lp))
+        # Prompt logprobs from the prefill (docs/sampling.md): forward's for the
+        # prompt's tokens, None for the first; in JSON and in protobuf (field 2, NaN first).
+        want_pl = fwd["loss_fn_outputs"][0]["logprobs"]["data"][:len(prompt) - 1]
+        close = lambda got: len(got) == len(prompt) and all(abs(x - y) <= 1e-5 * max(1.0, abs(y))
+                                                            for x, y in zip(got[1:], want_pl))
+        rp = self.sample(dict(greedy, prompt_logprobs=True)) or {}
+        pl = rp.get("prompt_logprobs")
+        if not pl or pl[0] is not None or not close(pl) or rp.get("sequences") != r["sequences"]:
+            fail("asample prompt_logprobs %s, forward of the prompt %s" % (pl, want_pl))
+        if "prompt_logprobs" in r:
+            fail("asample without prompt_logprobs returned them: %s" % r)
+        rawp = self.sample(dict(greedy, prompt_logprobs=True), accept_proto=True)
+        f2 = [v for n, w, v in T._pb_fields(rawp) if n == 2] if isinstance(rawp, bytes) else []
+        vals = list(struct.unpack("<%df" % (len(f2[0]) // 4), f2[0])) if f2 else []
+        if not vals or not math.isnan(vals[0]) or not close(vals):
+            fail("protobuf SampleResponse prompt_logprobs %s, forward %s" % (vals, want_pl))
         # Training after the save does not move what the session samples.
         self.tc.forward_backward(self.data, "cross_entropy").result()
         self.tc.optim_step(dict(ADAM, learning_rate=0.05)).result()
@@ -371,10 +388,14 @@ class Check:
         r4, r5 = self.sample(seeded), self.sample(seeded)
         if r4 != r5:
             fail("the same seed gave different samples: %s vs %s" % (r4, r5))
+        # Every rank samples its share of num_samples; test_tinker.sh compares
+        # these across -np 1, 2, 3 (each sequence's seed, whichever rank runs it).
+        many = dict(seeded, num_samples=7, sampling_params=dict(seeded["sampling_params"], max_tokens=12))
+        with open(os.path.join(self.out, "samples.json"), "w") as f:
+            json.dump(self.sample(many), f, sort_keys=True)
         # Protobuf SampleResponse when the poll asks for it (SDK >= 0.18.1).
         raw = self.sample(greedy, accept_proto=True)
         seqs = [{k: x for k, _, x in T._pb_fields(v)} for n, w, v in T._pb_fields(raw) if n == 1] if isinstance(raw, bytes) else []
-        import struct
         got = [list(struct.unpack("<%di" % (len(q.get(2, b"")) // 4), q.get(2, b""))) for q in seqs]
         if got != [a["tokens"], b["tokens"]] or any(q.get(1, 0) != 1 for q in seqs):
             fail("protobuf SampleResponse: tokens %s (wanted %s, stop_reason LENGTH)" % (got, [a["tokens"], b["tokens"]]))
@@ -394,7 +415,11 @@ class Check:
         # Refusals name the field.
         for body, field in ((dict(greedy, sampling_session_id="nope"), "sampling_session_id"),
                             (dict(greedy, sampling_params={"stop": ["\n"]}), "sampling_params.stop"),
-                            (dict(greedy, prompt_logprobs=True), "prompt_logprobs"),
+                            (dict(greedy, prompt_logprobs="yes"), "prompt_logprobs"),
+                            # The prompt's 4 tokens and max_tokens must fit the context (block_size 16).
+                            (dict(greedy, sampling_params={"max_tokens": 13}), "sampling_params.max_tokens"),
+                            (dict(greedy, prompt={"chunks": [{"type": "encoded_text", "tokens": [1] * 16}]}),
+                             "prompt"),
                             (dict(greedy, prompt={"chunks": [{"type": "encoded_text", "tokens": [999]}]}), "prompt")):
             r = self.sample(body)
             if r is None or r.get("category") != "user" or field not in r.get("error", ""):

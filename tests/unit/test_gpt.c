@@ -234,7 +234,7 @@ static void check_attention_(int64_t B, int64_t T, int64_t C, int64_t NH, int64_
                 }
             }
     free(p);
-    float *dqkv = garbage_(B * T * 3 * C, &s), *scratch = garbage_(T * T, &s);
+    float *dqkv = garbage_(B * T * 3 * C, &s), *scratch = garbage_(zdp_pool_size() * T * T, &s);
     zdp_nn_attention_backward(dqkv, scratch, c.R, c.qkv, c.att, B, T, C, NH);
     fd_check_("attention dqkv", c.qkv, dqkv, B * T * 3 * C, attn_obj_, &c, 1e-2f, 5e-3, 2e-4,
               sample);

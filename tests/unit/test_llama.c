@@ -247,7 +247,8 @@ static void check_gqa_(int64_t B, int64_t T, int64_t NH, int64_t KV, int64_t hd,
                 }
             }
     float *dq = malloc(nq * sizeof(float)), *dk = malloc(nk * sizeof(float));
-    float *dv = malloc(nk * sizeof(float)), *scratch = malloc(T * T * sizeof(float));
+    float *dv = malloc(nk * sizeof(float));
+    float *scratch = malloc((size_t)zdp_pool_size() * T * T * sizeof(float));
     /* Garbage in the outputs: the backward overwrites them. */
     for (int64_t i = 0; i < nq; i++) dq[i] = 7.0f;
     for (int64_t i = 0; i < nk; i++) dk[i] = dv[i] = 7.0f;

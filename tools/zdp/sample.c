@@ -12,39 +12,6 @@
 #include "cli.h"
 #include "lm_dir.h"
 
-static const float *g_sort_logits; /* qsort has no context argument */
-static int by_logit_desc_(const void *a, const void *b) {
-    float x = g_sort_logits[*(const int *)a], y = g_sort_logits[*(const int *)b];
-    return x > y ? -1 : x < y ? 1 : 0;
-}
-
-/* The smallest logit kept by nucleus sampling: the most likely tokens (of
- * those at or above cut) whose probabilities at this temperature first reach
- * top_p.  Ties with the last one are kept, as top-k keeps them. */
-static float top_p_cut_(const float *logits, int V, float cut, int best, double temperature,
-                        double top_p) {
-    int *idx = malloc((size_t)V * sizeof *idx);
-    if (idx == NULL) return cut;
-    int m = 0;
-    double sum = 0;
-    for (int v = 0; v < V; v++)
-        if (logits[v] >= cut) {
-            idx[m++] = v;
-            sum += exp((logits[v] - logits[best]) / temperature);
-        }
-    g_sort_logits = logits;
-    qsort(idx, (size_t)m, sizeof *idx, by_logit_desc_);
-    double acc = 0;
-    float out = cut;
-    for (int k = 0; k < m; k++) {
-        acc += exp((logits[idx[k]] - logits[best]) / temperature);
-        out = logits[idx[k]];
-        if (acc >= top_p * sum) break;
-    }
-    free(idx);
-    return out;
-}
-
 int sample_next_p(const zdp_model *model, const float *const *params, const int32_t *tokens, int n,
                   double temperature, int top_k, double top_p, uint64_t *rng, float *logits,
                   float *logprob) {
@@ -56,47 +23,9 @@ int sample_next_p(const zdp_model *model, const float *const *params, const int3
         fprintf(stderr, "zdp: error: sampling: %s\n", err.msg);
         return -1;
     }
-    int best = 0;
-    for (int v = 1; v < V; v++)
-        if (logits[v] > logits[best]) best = v;
-    int t = best;
-    if (temperature > 0) {
-        /* Top-k: the k-th largest logit is the cut-off (ties kept). */
-        float cut = -INFINITY;
-        if (top_k > 0 && top_k < V) {
-            float *tmp = malloc((size_t)V * sizeof *tmp);
-            if (tmp == NULL) return best;
-            memcpy(tmp, logits, (size_t)V * sizeof *tmp);
-            for (int k = 0; k < top_k; k++) { /* partial selection: k small */
-                int m = k;
-                for (int v = k + 1; v < V; v++)
-                    if (tmp[v] > tmp[m]) m = v;
-                float x = tmp[k];
-                tmp[k] = tmp[m];
-                tmp[m] = x;
-            }
-            cut = tmp[top_k - 1];
-            free(tmp);
-        }
-        if (top_p < 1.0) cut = top_p_cut_(logits, V, cut, best, temperature, top_p);
-        double sum = 0;
-        for (int v = 0; v < V; v++)
-            sum += logits[v] >= cut ? exp((logits[v] - logits[best]) / temperature) : 0.0;
-        double u = (double)(zdp_splitmix64(rng) >> 11) * 0x1.0p-53 * sum, acc = 0;
-        for (int v = 0; v < V; v++) {
-            if (logits[v] < cut) continue;
-            acc += exp((logits[v] - logits[best]) / temperature);
-            t = v;
-            if (acc >= u) break;
-        }
-    }
-    if (logprob != NULL) {
-        /* The model's own log-probability (temperature 1, no top-k/top-p): what
-         * a learner computes for the same token, so the two agree at equal weights. */
-        double z = 0;
-        for (int v = 0; v < V; v++) z += exp((double)logits[v] - logits[best]);
-        *logprob = (float)((double)logits[t] - logits[best] - log(z));
-    }
+    const zdp_sample_params sp = {.temperature = temperature, .top_k = top_k, .top_p = top_p};
+    int t = zdp_sample_token(logits, V, &sp, rng, logprob);
+    if (t < 0) fprintf(stderr, "zdp: error: sampling: out of memory\n");
     return t;
 }
 
@@ -105,27 +34,99 @@ int sample_next(const zdp_model *model, const float *const *params, const int32_
     return sample_next_p(model, params, tokens, n, temperature, top_k, 1.0, rng, logits, NULL);
 }
 
+/* Prints a byte-level model's tokens as bytes (ids >= 256 as '?'). */
+static int print_bytes_(void *user, const int32_t *t, int n) {
+    (void)user;
+    for (int i = 0; i < n; i++) putchar(t[i] < 256 ? t[i] : '?');
+    return 0;
+}
+
+/* Prints a tokenizer's tokens as their text (byte-level BPE: the tokens'
+ * bytes, so a character split across tokens comes out whole). */
+static int print_text_(void *user, const int32_t *t, int n) {
+    char *text = NULL;
+    size_t len = 0;
+    zdp_error err;
+    if (zdp_tokenizer_decode(user, t, (size_t)n, &text, &len, &err) != ZDP_OK)
+        return cli_fail("decoding the sample: %s", err.msg);
+    fwrite(text, 1, len, stdout);
+    free(text);
+    return 0;
+}
+
+/* num_samples continuations of prompt[0..n) (sample i draws with seed + i),
+ * `batch` of them decoding together (zdp_generate: the KV cache, continuous
+ * batching).  Each is printed after `prompt_text` by print(), without a
+ * final eos; then the speed goes to stderr.  max_tokens < 0: up to 200, as
+ * the context allows.  0 or cli_fail's code. */
+static int generate_print_(const zdp_model *model, const float *const *params, const int32_t *prompt,
+                           int n, int max_tokens, const zdp_sample_params *sp, uint64_t seed,
+                           int num_samples, int batch, int32_t eos, const char *prompt_text,
+                           int (*print)(void *, const int32_t *, int), void *user) {
+    const int room = model->block_size - n;
+    if (n > model->block_size)
+        return cli_fail("--prompt: %d tokens, longer than the model's context (block_size %d); "
+                        "shorten it or give a larger --block-size", n, model->block_size);
+    if (max_tokens < 0) max_tokens = room < 200 ? room : 200;
+    if (max_tokens > room)
+        return cli_fail("--max-tokens %d: the prompt's %d tokens plus --max-tokens must fit the "
+                        "model's context (block_size %d): give at most %d",
+                        max_tokens, n, model->block_size, room);
+    zdp_gen_seq *g = calloc((size_t)num_samples, sizeof *g);
+    int32_t *out = malloc(((size_t)num_samples * (size_t)max_tokens + 1) * sizeof *out);
+    if (g == NULL || out == NULL) {
+        free(g), free(out);
+        return cli_fail("out of memory for %d samples of %d tokens", num_samples, max_tokens);
+    }
+    for (int i = 0; i < num_samples; i++)
+        g[i] = (zdp_gen_seq){.prompt = prompt, .prompt_len = n, .max_tokens = max_tokens,
+                             .sp = *sp, .seed = seed + (uint64_t)i,
+                             .stop_ids = eos >= 0 ? &eos : NULL, .n_stop_ids = eos >= 0,
+                             .out = out + (size_t)i * max_tokens};
+    zdp_gen_stats stats;
+    zdp_error err;
+    int rc = 0;
+    if (zdp_generate(model, params, NULL, g, num_samples, batch, &stats, &err) != ZDP_OK)
+        rc = cli_fail("sampling: %s", err.msg);
+    int64_t made = 0;
+    for (int i = 0; rc == 0 && i < num_samples; i++) {
+        if (num_samples > 1) printf("--- sample %d of %d (seed %llu) ---\n", i + 1, num_samples,
+                                    (unsigned long long)(seed + (uint64_t)i));
+        fputs(prompt_text, stdout);
+        made += g[i].n_out;
+        const int k = g[i].stopped && eos >= 0 && g[i].n_out > 0 && g[i].out[g[i].n_out - 1] == eos
+                          ? g[i].n_out - 1 : g[i].n_out;
+        rc = print(user, g[i].out, k);
+        printf("\n---\n");
+    }
+    fflush(stdout);
+    if (rc == 0)
+        fprintf(stderr,
+                "zdp sample: %d sample(s), %lld new tokens in %.3f s: %.1f tokens/s (batch %d, "
+                "prefill %lld tokens, %lld passes, KV cache %.1f MB)\n",
+                num_samples, (long long)made, stats.seconds,
+                stats.seconds > 0 ? (double)made / stats.seconds : 0.0, batch,
+                (long long)stats.prefill_tokens, (long long)stats.passes, stats.kv_bytes / 1e6);
+    free(g);
+    free(out);
+    return rc;
+}
+
 void sample_print(const zdp_model *model, const float *const *params, const char *prompt,
                   int max_tokens, double temperature, int top_k, uint64_t seed) {
-    const zdp_gpt_config *c = zdp_gpt_config_of(model);
     int n = (int)strlen(prompt);
-    int32_t *tok = malloc((size_t)(n + max_tokens + 1) * sizeof *tok);
-    float *logits = malloc((size_t)c->vocab_size * sizeof *logits);
-    if (tok == NULL || logits == NULL) goto out;
+    int32_t *tok = malloc((size_t)(n + 1) * sizeof *tok);
+    if (tok == NULL) return;
     for (int i = 0; i < n; i++) tok[i] = (unsigned char)prompt[i];
     if (n == 0) tok[n++] = '\n';
-    uint64_t rng = seed;
-    printf("--- sample (temperature %.2f, top-k %d) ---\n%s", temperature, top_k, prompt);
-    for (int i = 0; i < max_tokens; i++) {
-        int t = sample_next(model, params, tok, n, temperature, top_k, &rng, logits);
-        if (t < 0) break;
-        tok[n++] = t;
-        putchar(t < 256 ? t : '?');
-    }
-    printf("\n---\n");
-out:
+    /* The most recent block_size bytes of a long prompt, and as many new ones as fit. */
+    const int start = n > model->block_size - 1 ? n - (model->block_size - 1) : 0;
+    const int room = model->block_size - (n - start);
+    const zdp_sample_params sp = {.temperature = temperature, .top_k = top_k, .top_p = 1.0};
+    printf("--- sample (temperature %.2f, top-k %d) ---\n", temperature, top_k);
+    generate_print_(model, params, tok + start, n - start, max_tokens < room ? max_tokens : room, &sp,
+                    seed, 1, 1, -1, prompt, print_bytes_, NULL);
     free(tok);
-    free(logits);
 }
 
 /* The decimal value of digits p[0..n), least significant first when
@@ -242,17 +243,16 @@ static int infer_config_(const zdp_safetensors *st, int n_head, zdp_gpt_config *
 }
 
 /* `zdp sample --model-dir DIR`: the prompt through the folder's tokenizer
- * (no BOS added, special tokens' text recognised), then up to max_tokens
- * tokens, each printed as its text as it comes; the tokenizer's EOS ends
- * the text.  0 or cli_fail's code. */
+ * (no BOS added, special tokens' text recognised), then num_samples
+ * continuations of up to max_tokens tokens, printed as text; the
+ * tokenizer's EOS ends one.  0 or cli_fail's code. */
 static int sample_dir_(const char *dir, int block_size, const char *prompt, int max_tokens,
-                       double temperature, int top_k, double top_p, uint64_t seed) {
+                       const zdp_sample_params *sp, uint64_t seed, int num_samples, int batch) {
     lm_dir d;
     int rc = lm_dir_open(dir, block_size, true, true, &d);
     zdp_model model = {0};
     float **views = NULL;
-    int32_t *ids = NULL, *tok = NULL;
-    float *logits = NULL;
+    int32_t *ids = NULL;
     zdp_error err;
     if (rc == 0 && lm_dir_create(&d, 1, &model, &err) != ZDP_OK) rc = cli_fail("--model-dir %s: %s", dir, err.msg);
     if (rc == 0 && (views = lm_views_alloc(&model)) == NULL) rc = cli_fail("out of memory for the weights");
@@ -266,41 +266,12 @@ static int sample_dir_(const char *dir, int block_size, const char *prompt, int 
             rc = cli_fail("--prompt: token %zu is id %d, outside the model's vocabulary [0, %d)", i, (int)ids[i],
                           model.vocab_size);
     if (rc == 0) {
-        tok = malloc((n + (size_t)max_tokens + 1) * sizeof *tok);
-        logits = malloc((size_t)model.vocab_size * sizeof *logits);
-        if (tok == NULL || logits == NULL) rc = cli_fail("out of memory");
+        printf("--- sample (%s, temperature %.2f, top-k %d, top-p %.2f) ---\n", d.summary, sp->temperature,
+               sp->top_k, sp->top_p);
+        rc = generate_print_(&model, (const float *const *)views, ids, (int)n, max_tokens, sp, seed, num_samples,
+                             batch, zdp_tokenizer_eos_id(d.tok), prompt, print_text_, d.tok);
     }
-    if (rc == 0) {
-        memcpy(tok, ids, n * sizeof *tok);
-        const int32_t eos = zdp_tokenizer_eos_id(d.tok);
-        uint64_t rng = seed;
-        printf("--- sample (%s, temperature %.2f, top-k %d, top-p %.2f) ---\n%s", d.summary, temperature, top_k,
-               top_p, prompt);
-        for (int i = 0; i < max_tokens; i++) {
-            int t = sample_next_p(&model, (const float *const *)views, tok, (int)n, temperature, top_k, top_p,
-                                  &rng, logits, NULL);
-            if (t < 0) {
-                rc = cli_fail("sampling failed (see above)");
-                break;
-            }
-            if (t == eos) break;
-            tok[n++] = t;
-            char *text = NULL;
-            size_t len = 0;
-            /* Byte-level BPE: a token's text is its bytes, so printing token by
-             * token gives the sequence's text (a character split across
-             * tokens comes out whole once both are printed). */
-            if (zdp_tokenizer_decode(d.tok, &tok[n - 1], 1, &text, &len, &err) != ZDP_OK) {
-                rc = cli_fail("decoding token %d: %s", t, err.msg);
-                break;
-            }
-            fwrite(text, 1, len, stdout);
-            fflush(stdout);
-            free(text);
-        }
-        printf("\n---\n");
-    }
-    free(ids), free(tok), free(logits);
+    free(ids);
     lm_views_free(&model, views);
     if (model.self != NULL) zdp_model_destroy(&model);
     lm_dir_close(&d);
@@ -309,7 +280,8 @@ static int sample_dir_(const char *dir, int block_size, const char *prompt, int 
 
 int cmd_sample(int argc, char **argv) {
     const char *weights = NULL, *model_dir = NULL, *prompt = "\n";
-    int64_t n_head = 0, max_tokens = 200, top_k = 40, seed = 1, block_size = 0;
+    int64_t n_head = 0, max_tokens = -1, top_k = 40, seed = 1, block_size = 0, num_samples = 1,
+            batch = 0;
     double temperature = 0.8, top_p = 1.0;
     const cli_opt opts[] = {
         CLI_STR("--weights", &weights),
@@ -322,6 +294,8 @@ int cmd_sample(int argc, char **argv) {
         CLI_I64("--top-k", &top_k, 0, 1 << 24, "need an integer >= 0"),
         CLI_I64("--seed", &seed, 0, INT64_MAX, "need an integer >= 0"),
         CLI_F64("--temperature", &temperature, 0.0, 100.0, "need a number in [0, 100]"),
+        CLI_I64("--num-samples", &num_samples, 1, 1 << 20, "need 1..1048576"),
+        CLI_I64("--batch", &batch, 1, 4096, "need 1..4096 (sequences decoding together)"),
     };
     static const cli_command cmd = {.missing = "missing value (see zdp sample --help)",
                                     .unknown = " (see zdp sample --help)"};
@@ -335,16 +309,21 @@ int cmd_sample(int argc, char **argv) {
                "  --block-size T     the longest context (default: min(max_position_embeddings, 1024))\n"
                "  --weights W        GPT-2 weights of a byte-level model (vocab 256): the prompt is\n"
                "                     read as bytes; --n-head H (default n_embd/64)\n"
-               "  --max-tokens N (200)  --temperature T (0.8; 0 = greedy)  --top-k K (40; 0 = all)\n"
-               "  --top-p P (1: off)    --seed N (1)\n");
+               "  --max-tokens N (200, or what the context leaves)  --temperature T (0.8; 0 = greedy)\n"
+               "  --top-k K (40; 0 = all)  --top-p P (1: off)  --seed N (1; sample i uses N + i)\n"
+               "  --num-samples N (1)   continuations of the prompt\n"
+               "  --batch B (all)       of them decoding together (KV cache, continuous batching);\n"
+               "                        tokens/s goes to stderr (docs/sampling.md)\n");
         return 0;
     }
     if (prc != 0) return prc;
     if (model_dir != NULL && weights != NULL)
         return cli_fail("--model-dir and --weights: give one (a model folder, or a byte-level GPT's weights)");
+    if (batch == 0) batch = num_samples < 4096 ? num_samples : 4096;
+    const zdp_sample_params sp = {.temperature = temperature, .top_k = (int)top_k, .top_p = top_p};
     if (model_dir != NULL)
-        return sample_dir_(model_dir, (int)block_size, prompt, (int)max_tokens, temperature, (int)top_k, top_p,
-                           (uint64_t)seed);
+        return sample_dir_(model_dir, (int)block_size, prompt, (int)max_tokens, &sp, (uint64_t)seed,
+                           (int)num_samples, (int)batch);
     if (weights == NULL) return cli_fail("--model-dir DIR or --weights W.safetensors is required");
     zdp_safetensors st;
     zdp_error err;
@@ -367,9 +346,17 @@ int cmd_sample(int argc, char **argv) {
     }
     if (rc == 0 && zdp_gpt_weights_load(weights, &c, model.params, model.n_params, views, &err) != ZDP_OK)
         rc = cli_fail("--weights %s", err.msg);
-    if (rc == 0)
-        sample_print(&model, (const float *const *)views, prompt, (int)max_tokens, temperature,
-                     (int)top_k, (uint64_t)seed);
+    int32_t *ids = rc == 0 ? malloc((strlen(prompt) + 1) * sizeof *ids) : NULL;
+    if (rc == 0 && ids == NULL) rc = cli_fail("out of memory");
+    if (rc == 0) {
+        int n = 0;
+        for (const char *q = prompt; *q != '\0'; q++) ids[n++] = (unsigned char)*q;
+        if (n == 0) ids[n++] = '\n';
+        printf("--- sample (temperature %.2f, top-k %d, top-p %.2f) ---\n", temperature, (int)top_k, top_p);
+        rc = generate_print_(&model, (const float *const *)views, ids, n, (int)max_tokens, &sp, (uint64_t)seed,
+                             (int)num_samples, (int)batch, -1, prompt, print_bytes_, NULL);
+    }
+    free(ids);
     for (int i = 0; views != NULL && i < model.n_params; i++) free(views[i]);
     free(views);
     zdp_gpt_destroy(&model);

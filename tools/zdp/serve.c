@@ -284,7 +284,6 @@ int cmd_serve(int argc, char **argv) {
         rc = 0;
         goto done;
     }
-    opt.sample = sample_next_p;
     /* Start-up: every step that can fail on one rank alone (its own config
      * or --init file) runs only while this rank is fine, and all ranks meet
      * at cli_agree, which prints what failed on which rank, before the

@@ -872,14 +872,29 @@ unsigned char *serve_proto_encode_sample_response(const json_t *result, size_t *
     return w_finish_(&b, out_len, err, errcap);
 }
 
+/* Packed float32 LE bytes of x[0..n), non-finite as NaN, as field `num` of b. */
+static void w_floats_(wbuf *b, int num, const float *x, int64_t n) {
+    wbuf lb = {0};
+    for (int64_t k = 0; k < n; k++) {
+        float f = isfinite(x[k]) ? x[k] : NAN;
+        uint32_t bits;
+        memcpy(&bits, &f, sizeof bits);
+        w_le_(&lb, bits, 4);
+    }
+    w_bytes_(b, num, lb.b.p ? lb.b.p : (void *)"", lb.b.len);
+    b->oom = b->oom || lb.oom;
+    free(lb.b.p);
+}
+
 unsigned char *serve_proto_encode_sample_typed(int64_t n, const int64_t *off, const int32_t *tokens,
-                                               const float *logprobs, const bool *stopped, size_t *out_len,
+                                               const float *logprobs, const bool *stopped,
+                                               const float *prompt_lp, int64_t n_prompt_lp, size_t *out_len,
                                                char *err, size_t errcap) {
     if (errcap > 0) err[0] = '\0';
     *out_len = 0;
     wbuf b = {0};
     for (int64_t i = 0; i < n; i++) {
-        wbuf sq = {0}, tb = {0}, lb = {0};
+        wbuf sq = {0}, tb = {0};
         /* 1 stop_reason: STOP 0 (the default, so not written), LENGTH 1. */
         if (!stopped[i]) {
             w_tag_(&sq, 1, WT_VARINT);
@@ -887,19 +902,11 @@ unsigned char *serve_proto_encode_sample_typed(int64_t n, const int64_t *off, co
         }
         for (int64_t k = off[i]; k < off[i + 1]; k++) w_le_(&tb, (uint32_t)tokens[k], 4);
         w_bytes_(&sq, 2, tb.b.p ? tb.b.p : (void *)"", tb.b.len);
-        if (logprobs != NULL) {
-            for (int64_t k = off[i]; k < off[i + 1]; k++) {
-                float f = isfinite(logprobs[k]) ? logprobs[k] : NAN;
-                uint32_t bits;
-                memcpy(&bits, &f, sizeof bits);
-                w_le_(&lb, bits, 4);
-            }
-            w_bytes_(&sq, 3, lb.b.p ? lb.b.p : (void *)"", lb.b.len);
-        }
-        b.oom = b.oom || sq.oom || tb.oom || lb.oom;
+        if (logprobs != NULL) w_floats_(&sq, 3, logprobs + off[i], off[i + 1] - off[i]);
+        b.oom = b.oom || sq.oom || tb.oom;
         free(tb.b.p);
-        free(lb.b.p);
         w_msg_(&b, 1, &sq);
     }
+    if (prompt_lp != NULL) w_floats_(&b, 2, prompt_lp, n_prompt_lp); /* 2 prompt_logprobs */
     return w_finish_(&b, out_len, err, errcap);
 }

@@ -76,9 +76,11 @@ unsigned char *serve_proto_encode_sample_response(const json_t *result, size_t *
 /* The same SampleResponse from a typed result (serve_sample_result's
  * fields): n sequences, sequence i's tokens [off[i], off[i + 1]) of tokens
  * and logprobs (NULL: none written), stopped[i] its stop_reason STOP (else
- * LENGTH).  Non-finite logprobs go as NaN, as their JSON null did. */
+ * LENGTH); prompt_lp (n_prompt_lp floats, NULL: none) as field 2.
+ * Non-finite logprobs go as NaN, as their JSON null did. */
 unsigned char *serve_proto_encode_sample_typed(int64_t n, const int64_t *off, const int32_t *tokens,
-                                               const float *logprobs, const bool *stopped, size_t *out_len,
+                                               const float *logprobs, const bool *stopped,
+                                               const float *prompt_lp, int64_t n_prompt_lp, size_t *out_len,
                                                char *err, size_t errcap);
 
 #endif /* ZDP_SERVE_PROTO_H */

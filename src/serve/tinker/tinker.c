@@ -853,7 +853,8 @@ static enum MHD_Result reply_sample_(struct MHD_Connection *c, serve_sample_resu
     }
     char err[512];
     size_t len;
-    unsigned char *pb = serve_proto_encode_sample_typed(r->n, r->off, r->tokens, r->logprobs, r->stopped, &len, err,
+    unsigned char *pb = serve_proto_encode_sample_typed(r->n, r->off, r->tokens, r->logprobs, r->stopped,
+                                                        r->prompt_logprobs, r->n_prompt_logprobs, &len, err,
                                                         sizeof err);
     serve_sample_result_free(r);
     return reply_proto_(c, pb, len, "SampleResponse", err);
@@ -989,9 +990,9 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
         return serve_bad(e, 400, "num_samples", "num_samples: must be an integer in [1, 64]");
     if (ns != NULL) h.num_samples = json_integer_value(ns);
     const json_t *pl = json_object_get(root, "prompt_logprobs");
-    if (json_is_true(pl))
-        return serve_bad(e, 400, "prompt_logprobs", "prompt_logprobs: not computed by zdp serve; get them "
-                         "with forward (its logprobs are the prompt's)");
+    if (pl != NULL && !json_is_null(pl) && !json_is_boolean(pl))
+        return serve_bad(e, 400, "prompt_logprobs", "prompt_logprobs: must be true or false");
+    h.prompt_logprobs = json_is_true(pl); /* from the prefill pass (docs/sampling.md) */
     static const char *const topk[] = {"topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"};
     for (int k = 0; k < 3; k++) {
         const json_t *v = json_object_get(root, topk[k]);
@@ -1030,6 +1031,15 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
     }
     h.n_prompt = (int64_t)(tokens.len / sizeof(int32_t));
     if (h.n_prompt == 0) return serve_bad(e, 400, "prompt", "prompt: no tokens");
+    /* The KV cache holds the prompt and every new token: both fit the context;
+     * max_tokens defaults to what the prompt leaves of it. */
+    const int64_t room = s->model.block_size - h.n_prompt;
+    if (room < 1) {
+        free(tokens.p);
+        return serve_bad(e, 400, "prompt", "prompt: %lld tokens, leaving no room in the model's context "
+                         "(block_size %d) for a new one", (long long)h.n_prompt, s->model.block_size);
+    }
+    h.max_tokens = room;
     /* sampling_params */
     const json_t *sp = json_object_get(root, "sampling_params");
     serve_bytes stops = {0}, stop_str = {0};
@@ -1041,6 +1051,11 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
             if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 4096)
                 ok = serve_bad(e, 400, "sampling_params.max_tokens", "sampling_params.max_tokens: must be an "
                                "integer in [1, 4096]");
+            else if (json_integer_value(v) > room)
+                ok = serve_bad(e, 400, "sampling_params.max_tokens", "sampling_params.max_tokens: %lld: the "
+                               "prompt's %lld tokens plus max_tokens must fit the model's context (block_size "
+                               "%d): send at most %lld", (long long)json_integer_value(v), (long long)h.n_prompt,
+                               s->model.block_size, (long long)room);
             else h.max_tokens = json_integer_value(v);
         }
         if (ok && (v = json_object_get(sp, "temperature")) != NULL && !json_is_null(v)) {

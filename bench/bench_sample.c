@@ -1,0 +1,194 @@
+/*
+ * bench_sample.c -- sampling speed (docs/benchmarks-sample.md): prefill and
+ * KV-cache decode of zdp_lm_decode on a gpt-m-shaped GPT-2 or a
+ * SmolLM2-135M-shaped Llama with random weights, against the machine's
+ * copy bandwidth and sgemm peak measured in the same run.
+ *
+ * usage: bench_sample --model gpt-m|smollm2 [--prompt P] [--new N] [--batch B]
+ *                     [--reps R] [--seed S]
+ *   B prompts of P random tokens are prefilled in one pass, then N tokens are
+ *   decoded greedily, one pass per position for all B sequences.  Best of R.
+ * Prints one line of key=value pairs:
+ *   prefill_tok_s, prefill_gflops, decode_tok_s (new tokens of all sequences
+ *   per second), decode_gflops, weight_bytes, copy_gb_s, roofline_tok_s
+ *   (copy_gb_s / weight_bytes: batch-1 decode reading every weight once per
+ *   token), sgemm_gflops (cblas_sgemm 1024^3 .. 2048^3, best).
+ * Threads: OPENBLAS_NUM_THREADS, as the tool runs.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "zdp/zdp.h"
+
+static double now_(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Best memcpy GB/s (bytes copied per second) over a 256 MB buffer. */
+static double copy_gb_s_(void) {
+    const size_t n = (size_t)256 << 20;
+    char *a = malloc(n), *b = malloc(n);
+    if (a == NULL || b == NULL) return 0;
+    memset(a, 1, n), memset(b, 2, n);
+    double best = 0;
+    for (int r = 0; r < 5; r++) {
+        double t = now_();
+        memcpy(b, a, n);
+        t = now_() - t;
+        if (n / t / 1e9 > best) best = n / t / 1e9;
+        a[r] = b[n - 1 - r]; /* keep the copies */
+    }
+    free(a), free(b);
+    return best;
+}
+
+static double sgemm_gflops_(void) {
+    double best = 0;
+    for (int n = 1024; n <= 2048; n *= 2) {
+        size_t nn = (size_t)n * n;
+        float *a = malloc(nn * 4), *b = malloc(nn * 4), *c = malloc(nn * 4);
+        if (a == NULL || b == NULL || c == NULL) return best;
+        for (size_t i = 0; i < nn; i++) a[i] = b[i] = (float)(i % 7) * 0.01f;
+        for (int r = 0; r < 3; r++) {
+            double t = now_();
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f,
+                        c, n);
+            t = now_() - t;
+            if (2.0 * n * n * n / t / 1e9 > best) best = 2.0 * n * n * n / t / 1e9;
+        }
+        free(a), free(b), free(c);
+    }
+    return best;
+}
+
+int main(int argc, char **argv) {
+    const char *which = "gpt-m";
+    int P = 64, N = 256, B = 1, reps = 2;
+    uint64_t seed = 1;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--model") == 0) which = argv[i + 1];
+        else if (strcmp(argv[i], "--prompt") == 0) P = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--new") == 0) N = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--batch") == 0) B = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--reps") == 0) reps = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--seed") == 0) seed = (uint64_t)atoll(argv[i + 1]);
+        else {
+            fprintf(stderr, "bench_sample: unknown flag %s\n", argv[i]);
+            return 2;
+        }
+    }
+    if (P < 1 || N < 1 || B < 1 || reps < 1) {
+        fprintf(stderr, "bench_sample: --prompt, --new, --batch and --reps must be >= 1\n");
+        return 2;
+    }
+    zdp_model m;
+    zdp_error err;
+    zdp_status st;
+    int C, L, QD, KD, F, V;
+    bool gpt = strcmp(which, "gpt-m") == 0;
+    if (gpt) { /* docs/benchmarks-gpt.md's gpt-m, with room for prompt + new tokens */
+        zdp_gpt_config c = {.n_layer = 6, .n_head = 6, .n_embd = 384, .vocab_size = 256,
+                            .block_size = 512};
+        st = zdp_gpt_create(&c, 1, &m, &err);
+        C = 384, L = 6, QD = KD = 384, F = 4 * 384, V = 256;
+    } else if (strcmp(which, "smollm2") == 0) { /* SmolLM2-135M's config.json */
+        zdp_llama_config c = {.arch = ZDP_ARCH_LLAMA, .n_layer = 30, .hidden = 576, .n_head = 9,
+                              .n_kv_head = 3, .head_dim = 64, .ffn = 1536, .vocab_size = 49152,
+                              .block_size = 512, .max_position_embeddings = 8192,
+                              .rms_norm_eps = 1e-5f, .rope_theta = 100000.0,
+                              .tie_word_embeddings = 1, .initializer_range = 0.041666};
+        st = zdp_llama_create(&c, 1, &m, &err);
+        C = 576, L = 30, QD = 576, KD = 192, F = 1536, V = 49152;
+    } else {
+        fprintf(stderr, "bench_sample: --model gpt-m or smollm2\n");
+        return 2;
+    }
+    if (st != ZDP_OK) {
+        fprintf(stderr, "bench_sample: %s\n", err.msg);
+        return 1;
+    }
+    if (P + N > m.block_size) {
+        fprintf(stderr, "bench_sample: --prompt + --new must be <= %d\n", m.block_size);
+        return 2;
+    }
+    float **p = calloc((size_t)m.n_params, sizeof *p);
+    int64_t nparam = 0;
+    for (int i = 0; i < m.n_params; i++) {
+        int64_t n = m.params[i].shape[0] * (m.params[i].ndim == 2 ? m.params[i].shape[1] : 1);
+        p[i] = malloc((size_t)n * sizeof(float));
+        nparam += n;
+    }
+    if (gpt) zdp_gpt_init_params(&m, p, seed);
+    else zdp_llama_init_params(&m, p, seed);
+    /* Bytes read per decode step: every weight matrix once (the token
+     * embedding is a row lookup, but tied, it is the lm_head: read whole). */
+    const double weight_bytes = 4.0 * (double)(nparam - (gpt ? 512LL * C : 0));
+    /* Matmul FLOPs per token (2 per multiply-add): the layers' projections and
+     * MLP, and the lm_head; attention adds 4 * L * QD per position attended. */
+    const double mm_flops = 2.0 * L * ((double)C * (QD + 2 * KD) + (double)QD * C +
+                                       (gpt ? 2.0 : 3.0) * C * F) + 2.0 * C * V;
+    zdp_kv_cache *kv;
+    if (zdp_kv_create(&m, B, P + N, &kv, &err) != ZDP_OK) {
+        fprintf(stderr, "bench_sample: %s\n", err.msg);
+        return 1;
+    }
+    int32_t *slots = malloc((size_t)B * P * sizeof *slots), *tok = malloc((size_t)B * P * sizeof *tok);
+    int32_t *dslots = malloc((size_t)B * sizeof *dslots); /* (B) a decode step's rows */
+    uint8_t *want = malloc((size_t)B * P);
+    for (int b = 0; b < B; b++) dslots[b] = b;
+    float *logits = malloc((size_t)B * V * sizeof *logits);
+    uint64_t s = seed;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < P; t++) {
+            slots[b * P + t] = b;
+            tok[b * P + t] = (int32_t)(zdp_splitmix64(&s) % (uint64_t)V);
+            want[b * P + t] = t == P - 1;
+        }
+    double best_pre = 1e30, best_dec = 1e30;
+    const zdp_sample_params greedy = {.temperature = 0};
+    for (int r = 0; r < reps; r++) {
+        for (int b = 0; b < B; b++) zdp_kv_clear(kv, b);
+        double t0 = now_();
+        if (zdp_lm_decode(kv, (const float *const *)p, slots, tok, B * P, want, logits, &err) != ZDP_OK) {
+            fprintf(stderr, "bench_sample: %s\n", err.msg);
+            return 1;
+        }
+        double t1 = now_();
+        int32_t next[4096];
+        for (int step = 0; step < N; step++) {
+            for (int b = 0; b < B; b++)
+                next[b] = zdp_sample_token(logits + (size_t)b * V, V, &greedy, &s, NULL);
+            if (step == N - 1) break; /* the last token needs no pass */
+            if (zdp_lm_decode(kv, (const float *const *)p, dslots, next, B, NULL, logits, &err) != ZDP_OK) {
+                fprintf(stderr, "bench_sample: %s\n", err.msg);
+                return 1;
+            }
+        }
+        double t2 = now_();
+        if (t1 - t0 < best_pre) best_pre = t1 - t0;
+        if (t2 - t1 < best_dec) best_dec = t2 - t1;
+    }
+    /* Decode: N - 1 passes of B rows (the first new token comes from the prefill). */
+    const double pre_tok = (double)B * P, dec_tok = (double)B * (N - 1);
+    const double att_pre = 4.0 * L * QD * (double)B * P * (P + 1) / 2;
+    const double att_dec = 4.0 * L * QD * (double)B * ((double)(N - 1) * P + (double)N * (N - 1) / 2);
+    const double copy = copy_gb_s_(), peak = sgemm_gflops_();
+    printf("model=%s P=%d N=%d B=%d params=%lld prefill_tok_s=%.1f prefill_gflops=%.1f "
+           "decode_tok_s=%.1f decode_gflops=%.1f weight_bytes=%.0f copy_gb_s=%.2f "
+           "roofline_tok_s=%.1f sgemm_gflops=%.1f kv_mb=%.1f\n",
+           which, P, N, B, (long long)nparam, pre_tok / best_pre,
+           (pre_tok * mm_flops + att_pre) / best_pre / 1e9, dec_tok / best_dec,
+           (dec_tok * mm_flops + att_dec) / best_dec / 1e9, weight_bytes, copy,
+           copy * 1e9 / weight_bytes, peak, zdp_kv_bytes(kv) / 1e6);
+    zdp_kv_destroy(kv);
+    for (int i = 0; i < m.n_params; i++) free(p[i]);
+    free(p), free(slots), free(dslots), free(tok), free(want), free(logits);
+    zdp_model_destroy(&m);
+    return 0;
+}

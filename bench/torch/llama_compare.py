@@ -1,0 +1,152 @@
+#!/usr/bin/python3
+"""Driver of bench/run_llama_bench.sh: zdp (bench/llama_bench.c) against the
+PyTorch reference (llama_bench.py) on a SmolLM2-135M-shaped model, at
+-np 2 x 1 thread and -np 1 x 2 threads, alternating: each repetition runs,
+per layout, the cblas_sgemm peak, zdp and PyTorch back to back (the order of
+zdp and PyTorch flips every repetition), then medians over repetitions.
+
+MFU = tokens/s x FLOPs per token / sgemm peak of the same layout (two
+single-threaded processes for -np 2, one process with two threads for
+-np 1), against the peak measured in the same repetition (the machine is
+shared: a busy moment slows both) and against the best peak of the run.
+FLOPs per token = 6 x (matmul parameters) + 12 L T hd NH (attention over the
+full T x T square, forward and backward), as llama_bench.c prints it.
+Also printed: CPU model and flags, OpenBLAS's core, the load average before
+and after each run, the engine's memory report and every rank's peak RSS.
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def load():
+    return os.getloadavg()[0]
+
+
+def result(out):
+    m = re.search(r"^RESULT (\{.*\})$", out, re.M)
+    return json.loads(m.group(1)) if m else None
+
+
+def run(cmd, env, timeout):
+    t0 = time.time()
+    l0 = load()
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    r = result(p.stdout)
+    if p.returncode != 0 or r is None:
+        raise RuntimeError(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-1500:]}\n{p.stderr[-1500:]}")
+    r["load_before"], r["load_after"], r["wall_s"] = round(l0, 2), round(load(), 2), round(time.time() - t0, 1)
+    return r
+
+
+def peak(a, np_, th, env):
+    cmd = [a.sgemm_peak, "--threads", str(th), "--procs", str(np_), "--sizes", "1024,2048",
+           "--seconds", "1"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    m = re.search(r"peak_gflops ([0-9.]+)", p.stdout)
+    if not m:
+        raise RuntimeError("sgemm_peak: " + p.stdout + p.stderr)
+    return float(m.group(1))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llama-bench", required=True)
+    ap.add_argument("--sgemm-peak", required=True)
+    ap.add_argument("--openblas-core", required=True)
+    ap.add_argument("--mpirun", default="mpirun")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--micro", type=int, default=4)
+    ap.add_argument("--layouts", default="2x1,1x2")
+    ap.add_argument("--impls", default="zdp,torch")
+    ap.add_argument("--model", default="", help="extra model flags for both, e.g. '--layers 4'")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+
+    cpu = open("/proc/cpuinfo").read()
+    model = re.search(r"model name\s*:\s*(.*)", cpu).group(1)
+    flags = set(re.search(r"flags\s*:\s*(.*)", cpu).group(1).split())
+    simd = " ".join(f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+                                "avx512_bf16", "amx_tile") if f in flags)
+    core = subprocess.run([a.openblas_core], capture_output=True, text=True).stdout.strip()
+    print(f"# cpu: {model}, {os.cpu_count()} cores; flags: {simd}")
+    print(f"# OpenBLAS: {core}")
+    print(f"# load average at start: {load():.2f}", flush=True)
+    extra = a.model.split()
+    layouts = [tuple(int(x) for x in l.split("x")) for l in a.layouts.split(",")]
+    impls = a.impls.split(",")
+    rows = {}
+    for rep in range(a.reps):
+        for np_, th in layouts:
+            env = dict(os.environ, OPENBLAS_NUM_THREADS=str(th), OMP_NUM_THREADS=str(th),
+                       ZDP_NUM_THREADS=str(th))
+            pk = peak(a, np_, th, env)
+            order = impls if rep % 2 == 0 else impls[::-1]
+            for impl in order:
+                if impl == "zdp":
+                    cmd = [a.mpirun, "-np", str(np_), a.llama_bench, "--micro", str(a.micro),
+                           "--steps", str(a.steps), "--warmup", str(a.warmup)] + extra
+                else:
+                    cmd = [sys.executable, os.path.join(HERE, "llama_bench.py"), "--micro",
+                           str(a.micro), "--steps", str(a.steps), "--warmup", str(a.warmup),
+                           "--world-size", str(np_), "--threads", str(th)] + extra
+                r = run(cmd, env, 3600)
+                r["peak_gflops_rep"] = pk
+                rows.setdefault((np_, th, impl), []).append(r)
+                print(f"rep {rep} {np_}x{th} {impl}: {r['ms_per_step_median']:.0f} ms/step, "
+                      f"{r['tokens_per_s']:.1f} tok/s, peak {pk:.1f} GFLOP/s, load "
+                      f"{r['load_before']}->{r['load_after']}, loss {r['loss_first']:.4f}->"
+                      f"{r['loss_last']:.4f}, rss {r['peak_rss_mib']}", flush=True)
+    fpt = None
+    for (np_, th, impl), rs in rows.items():
+        if impl == "zdp":
+            fpt = rs[0]["flops_per_token"]
+    print()
+    print("| layout | impl | ms/step | tokens/s | zdp / PyTorch | MFU (peak same rep) | MFU (best peak) "
+          "| load | peak RSS/rank MiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    summary = []
+    for np_, th in layouts:
+        best_peak = max(r["peak_gflops_rep"] for impl in impls for r in rows.get((np_, th, impl), []))
+        tok = {}
+        for impl in impls:
+            rs = rows.get((np_, th, impl), [])
+            if not rs:
+                continue
+            t = statistics.median(r["tokens_per_s"] for r in rs)
+            tok[impl] = t
+            ms = statistics.median(r["ms_per_step_median"] for r in rs)
+            mfu_rep = statistics.median(r["tokens_per_s"] * fpt / (r["peak_gflops_rep"] * 1e9) for r in rs) if fpt else float("nan")
+            mfu_best = t * fpt / (best_peak * 1e9) if fpt else float("nan")
+            ld = "/".join(f"{r['load_before']:.1f}" for r in rs)
+            rss = max(max(r["peak_rss_mib"]) for r in rs)
+            ratio = f"**{tok['zdp'] / tok['torch']:.2f}x**" if impl == "torch" and "zdp" in tok else ""
+            print(f"| {np_} x {th} | {impl} | {ms:.0f} | {t:.1f} | {ratio} | {100 * mfu_rep:.1f}% | "
+                  f"{100 * mfu_best:.1f}% | {ld} | {rss:.0f} |")
+            summary.append({"np": np_, "threads": th, "impl": impl, "ms": ms, "tokens_per_s": t,
+                            "mfu_rep": mfu_rep, "mfu_best": mfu_best, "best_peak": best_peak,
+                            "runs": rs})
+    z = [r for (n, t, i), rs in rows.items() if i == "zdp" for r in rs]
+    if z:
+        print("\n# zdp memory report (MiB, rank 0):", json.dumps(z[0]["mem_mib"]))
+        print("# zdp forward/backward/optimizer ms (medians per run):",
+              [(r["world_size"], r["forward_ms"], r["backward_ms"], r["optimizer_ms"]) for r in z])
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"cpu": model, "flags": simd, "openblas": core, "flops_per_token": fpt,
+                       "summary": summary}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+/*
+ * zdp/sample.h -- sampling at serving speed: a key/value cache for
+ * incremental decoding of causal LMs (GPT-2, the Llama family), the token
+ * choice (temperature, top-k, top-p) and batched generation with
+ * per-sequence parameters and continuous batching.
+ * Part of the public API; include zdp/zdp.h for all of it.  docs/sampling.md.
+ */
+#ifndef ZDP_PUBLIC_SAMPLE_H
+#define ZDP_PUBLIC_SAMPLE_H
+
+#include "zdp/core.h"
+#include "zdp/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the KV cache ---------------------------------------------------------- */
+
+/* Keys and values of every layer for n_slots sequences of up to max_len
+ * positions: (L, n_slots, max_len, KV*hd) floats each (the
+ * Llama family stores only its KV heads; GPT-2 all C channels).  A slot
+ * holds one sequence; zdp_lm_decode appends to it. */
+typedef struct zdp_kv_cache zdp_kv_cache;
+
+/* For a model from zdp_gpt_create or zdp_llama_create (ZDP_ERR_INVALID_ARG
+ * for another), borrowed: it must outlive the cache.  n_slots >= 1;
+ * max_len in 1..block_size, or 0 for block_size (the longest sequence the
+ * cache's callers will run: memory goes as n_slots x max_len). */
+ZDP_API zdp_status zdp_kv_create(const zdp_model *model, int n_slots, int max_len,
+                                 zdp_kv_cache **out, zdp_error *err);
+ZDP_API void zdp_kv_destroy(zdp_kv_cache *kv);
+/* Bytes the cache holds: keys and values, rotary tables and the scratch
+ * its largest call so far needed (for memory reports). */
+ZDP_API int64_t zdp_kv_bytes(const zdp_kv_cache *kv);
+ZDP_API int zdp_kv_slots(const zdp_kv_cache *kv);
+/* Positions stored in a slot (0 when empty or out of range). */
+ZDP_API int zdp_kv_length(const zdp_kv_cache *kv, int slot);
+/* Empties a slot for a new sequence. */
+ZDP_API void zdp_kv_clear(zdp_kv_cache *kv, int slot);
+
+/* One batched pass over n rows: row i appends token tokens[i] to slot
+ * slots[i] at the slot's next position (rows of the same slot take
+ * consecutive positions in row order, so a prompt is prefilled by giving
+ * all its tokens at once, and a decode step gives one row per sequence).
+ * Each row attends to its slot's positions up to and including its own.
+ * logits: (n_want, V) for the rows with want[i] != 0 in row order (want
+ * NULL: every row), each the next-token logits after that row's token,
+ * equal to a full forward's within fp32 rounding.  Errors (nothing is
+ * appended then): a slot out of range, a token outside [0, V), a slot
+ * that would pass max_len -- each named with its row. */
+ZDP_API zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *params,
+                                 const int32_t *slots, const int32_t *tokens, int n,
+                                 const uint8_t *want, float *logits, zdp_error *err);
+
+/* ---- choosing a token ------------------------------------------------------ */
+
+typedef struct zdp_sample_params {
+    double temperature; /* 0: greedy (argmax) */
+    int top_k;          /* 0: all tokens */
+    double top_p;       /* 1: all tokens */
+} zdp_sample_params;
+
+/* A token from logits (V): greedy at temperature 0; otherwise the softmax
+ * at `temperature` over the top-k tokens (ties with the k-th kept), then
+ * the smallest most-likely set reaching top_p, drawn with one splitmix64
+ * step of *rng.  logprob (or NULL): the chosen token's log-probability at
+ * temperature 1 with no top-k/top-p -- what a learner computes for it.
+ * Returns -1 only when out of memory. */
+ZDP_API int zdp_sample_token(const float *logits, int V, const zdp_sample_params *sp,
+                             uint64_t *rng, float *logprob);
+
+/* log p(target) under softmax(logits) (V), temperature 1, in double. */
+ZDP_API float zdp_logprob_of(const float *logits, int V, int target);
+
+/* ---- batched generation ---------------------------------------------------- */
+
+/* One sequence to generate.  OUT fields are written by zdp_generate. */
+typedef struct zdp_gen_seq {
+    const int32_t *prompt;   /* (prompt_len) ids, 1 <= prompt_len */
+    int prompt_len;
+    int max_tokens;          /* new tokens at most, >= 0 */
+    zdp_sample_params sp;
+    uint64_t seed;           /* this sequence's own random stream */
+    const int32_t *stop_ids; /* (n_stop_ids): a sampled one ends the sequence (it is kept) */
+    int n_stop_ids;
+    /* Optional: called after each new token with the tokens so far
+     * (out[0..n)); nonzero ends the sequence (string stop sequences). */
+    int (*stop_fn)(void *user, const int32_t *out, int n);
+    void *stop_user;
+    int32_t *out;            /* OUT (max_tokens) the new tokens */
+    float *out_logprobs;     /* OUT (max_tokens) their logprobs (temperature 1), or NULL */
+    float *prompt_logprobs;  /* OUT (prompt_len) log p(prompt[t] | prompt[<t]), [0] = 0; or NULL */
+    int n_out;               /* OUT tokens generated */
+    int stopped;             /* OUT 1: a stop id or stop_fn ended it (else max_tokens) */
+} zdp_gen_seq;
+
+typedef struct zdp_gen_stats {
+    int64_t prefill_tokens, decode_tokens; /* rows through the model */
+    int64_t passes;                        /* zdp_lm_decode calls */
+    int64_t kv_bytes;                      /* the cache's zdp_kv_bytes at the end */
+    double seconds;
+} zdp_gen_stats;
+
+/* Generates every sequence with up to `batch` of them decoding together
+ * (continuous batching: a finished sequence leaves its slot and the next
+ * waiting one is prefilled into it in the same pass).  Each result is the
+ * same as the sequence generated alone with its seed (up to fp32 rounding of
+ * batched matrix products).  kv: a cache with >= batch slots, or NULL (one
+ * is made for the call, of the longest prompt_len + max_tokens positions).  Refused before any work, naming seqs[i] and the
+ * field: prompt_len outside 1..block_size, prompt_len + max_tokens beyond
+ * block_size (the context), a token outside [0, V), batch < 1.
+ * stats may be NULL. */
+ZDP_API zdp_status zdp_generate(const zdp_model *model, const float *const *params,
+                                zdp_kv_cache *kv, zdp_gen_seq *seqs, int n_seqs, int batch,
+                                zdp_gen_stats *stats, zdp_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ZDP_PUBLIC_SAMPLE_H */

@@ -1,0 +1,422 @@
+/*
+ * kv.c -- the key/value cache and the incremental forward (zdp/sample.h).
+ *
+ * The same math as gpt.c / llama.c's forward, on a ragged batch of rows:
+ * every row is one (slot, token) at the slot's next position.  The
+ * projections, MLPs and the lm_head are one matrix product over all rows
+ * (a prefill's prompt and a decode step's sequences alike); only attention
+ * is per row, against its own slot's cached keys and values.  Parameters
+ * are found by name (zdp/gpt.h's and zdp/llama.h's lists), so the models'
+ * own files are not touched.  Not here: token choice and scheduling
+ * (sampler.c), threads, stage-3 gathering (the caller passes whole weights).
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "../core/core.h"
+#include "../nn/nn.h"
+#include "zdp/zdp.h"
+
+/* One layer's tensor indices; -1 where the model has none. */
+typedef struct kv_layer_ {
+    int ln1_w, ln1_b, qkv_w, qkv_b;                  /* GPT-2: fused c_attn */
+    int q_w, q_b, k_w, k_b, v_w, v_b, q_norm, k_norm; /* Llama family */
+    int o_w, o_b, ln2_w, ln2_b;
+    int fc_w, fc_b, proj_w, proj_b; /* GPT-2 MLP */
+    int gate, up, down;             /* Llama MLP */
+} kv_layer_;
+
+struct zdp_kv_cache {
+    const zdp_model *model;
+    bool llama;
+    int L, C, NH, KV, hd, F, V, T; /* T = block_size */
+    float eps;
+    int n_slots;
+    int *len;          /* (n_slots) positions stored */
+    float *k, *v;      /* (L, n_slots, T, KV*hd) */
+    float *cos, *sin;  /* (T, hd/2) rotary tables (Llama family) */
+    kv_layer_ *layer;  /* (L) */
+    int embed, pos_embed, lnf_w, lnf_b, lm_head;
+    /* Scratch for `cap` rows, grown on demand. */
+    int cap;
+    float *x, *h, *qkv, *q, *kk, *vv, *atty, *f1, *f2, *mean, *rstd, *score;
+    int *pos;
+    int64_t scratch_bytes;
+};
+
+static int find_(const zdp_model *m, const char *fmt, int l) {
+    char name[96];
+    snprintf(name, sizeof name, fmt, l);
+    for (int i = 0; i < m->n_params; i++)
+        if (strcmp(m->params[i].name, name) == 0) return i;
+    return -1;
+}
+
+void zdp_kv_destroy(zdp_kv_cache *kv) {
+    if (kv == NULL) return;
+    free(kv->len);
+    free(kv->k);
+    free(kv->v);
+    free(kv->cos);
+    free(kv->sin);
+    free(kv->layer);
+    free(kv->x);
+    free(kv->h);
+    free(kv->qkv);
+    free(kv->q);
+    free(kv->kk);
+    free(kv->vv);
+    free(kv->atty);
+    free(kv->f1);
+    free(kv->f2);
+    free(kv->mean);
+    free(kv->rstd);
+    free(kv->score);
+    free(kv->pos);
+    free(kv);
+}
+
+zdp_status zdp_kv_create(const zdp_model *model, int n_slots, int max_len, zdp_kv_cache **out,
+                         zdp_error *err) {
+    const char *fn = "zdp_kv_create";
+    if (out == NULL || model == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: model and out must be set", fn);
+    *out = NULL;
+    if (n_slots < 1)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: n_slots = %d: must be >= 1", fn,
+                           n_slots);
+    const zdp_gpt_config *g = zdp_gpt_config_of(model);
+    const zdp_llama_config *c = zdp_llama_config_of(model);
+    if (g == NULL && c == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: the model is neither GPT-2 nor the Llama family (only their "
+                           "zdp_gpt_create / zdp_llama_create models have a KV cache)",
+                           fn);
+    zdp_kv_cache *kv = calloc(1, sizeof *kv);
+    if (kv == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory", fn);
+    kv->model = model;
+    kv->n_slots = n_slots;
+    if (g != NULL) {
+        kv->L = g->n_layer, kv->C = g->n_embd, kv->NH = kv->KV = g->n_head;
+        kv->hd = g->n_embd / g->n_head, kv->F = 4 * g->n_embd, kv->V = g->vocab_size;
+        kv->T = g->block_size, kv->eps = 1e-5f;
+    } else {
+        kv->llama = true;
+        kv->L = c->n_layer, kv->C = c->hidden, kv->NH = c->n_head, kv->KV = c->n_kv_head;
+        kv->hd = c->head_dim, kv->F = c->ffn, kv->V = c->vocab_size, kv->T = c->block_size;
+        kv->eps = c->rms_norm_eps;
+    }
+    if (max_len < 0 || max_len > kv->T) {
+        const int T = kv->T;
+        zdp_kv_destroy(kv);
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: max_len = %d: must be in 0..%d (the model's block_size; 0: all of it)",
+                           fn, max_len, T);
+    }
+    if (max_len > 0) kv->T = max_len; /* positions per slot */
+    const size_t per = (size_t)kv->L * n_slots * kv->T * kv->KV * kv->hd;
+    kv->len = calloc((size_t)n_slots, sizeof *kv->len);
+    kv->k = malloc(per * sizeof(float));
+    kv->v = malloc(per * sizeof(float));
+    kv->layer = calloc((size_t)kv->L, sizeof *kv->layer);
+    if (kv->llama) {
+        kv->cos = malloc((size_t)kv->T * kv->hd / 2 * sizeof(float));
+        kv->sin = malloc((size_t)kv->T * kv->hd / 2 * sizeof(float));
+    }
+    if (kv->len == NULL || kv->k == NULL || kv->v == NULL || kv->layer == NULL ||
+        (kv->llama && (kv->cos == NULL || kv->sin == NULL))) {
+        zdp_kv_destroy(kv);
+        return zdp_err_set(err, ZDP_ERR_NOMEM,
+                           "%s: out of memory for the cache of %d slots x %d positions (%.1f MB)",
+                           fn, n_slots, kv->T, 2.0 * (double)per * 4 / 1e6);
+    }
+    if (kv->llama)
+        zdp_nn_rope_tables(kv->cos, kv->sin, kv->T, kv->hd, c->rope_theta, (int)c->rope_type,
+                           c->rope_factor, c->rope_low_freq_factor, c->rope_high_freq_factor,
+                           c->rope_original_max_position);
+    for (int l = 0; l < kv->L; l++) {
+        kv_layer_ *y = &kv->layer[l];
+        memset(y, -1, sizeof *y); /* every index -1 */
+        if (!kv->llama) {
+            y->ln1_w = find_(model, "transformer.h.%d.ln_1.weight", l);
+            y->ln1_b = find_(model, "transformer.h.%d.ln_1.bias", l);
+            y->qkv_w = find_(model, "transformer.h.%d.attn.c_attn.weight", l);
+            y->qkv_b = find_(model, "transformer.h.%d.attn.c_attn.bias", l);
+            y->o_w = find_(model, "transformer.h.%d.attn.c_proj.weight", l);
+            y->o_b = find_(model, "transformer.h.%d.attn.c_proj.bias", l);
+            y->ln2_w = find_(model, "transformer.h.%d.ln_2.weight", l);
+            y->ln2_b = find_(model, "transformer.h.%d.ln_2.bias", l);
+            y->fc_w = find_(model, "transformer.h.%d.mlp.c_fc.weight", l);
+            y->fc_b = find_(model, "transformer.h.%d.mlp.c_fc.bias", l);
+            y->proj_w = find_(model, "transformer.h.%d.mlp.c_proj.weight", l);
+            y->proj_b = find_(model, "transformer.h.%d.mlp.c_proj.bias", l);
+        } else {
+            y->ln1_w = find_(model, "model.layers.%d.input_layernorm.weight", l);
+            y->q_w = find_(model, "model.layers.%d.self_attn.q_proj.weight", l);
+            y->q_b = find_(model, "model.layers.%d.self_attn.q_proj.bias", l);
+            y->k_w = find_(model, "model.layers.%d.self_attn.k_proj.weight", l);
+            y->k_b = find_(model, "model.layers.%d.self_attn.k_proj.bias", l);
+            y->v_w = find_(model, "model.layers.%d.self_attn.v_proj.weight", l);
+            y->v_b = find_(model, "model.layers.%d.self_attn.v_proj.bias", l);
+            y->o_w = find_(model, "model.layers.%d.self_attn.o_proj.weight", l);
+            y->o_b = find_(model, "model.layers.%d.self_attn.o_proj.bias", l);
+            y->q_norm = find_(model, "model.layers.%d.self_attn.q_norm.weight", l);
+            y->k_norm = find_(model, "model.layers.%d.self_attn.k_norm.weight", l);
+            y->ln2_w = find_(model, "model.layers.%d.post_attention_layernorm.weight", l);
+            y->gate = find_(model, "model.layers.%d.mlp.gate_proj.weight", l);
+            y->up = find_(model, "model.layers.%d.mlp.up_proj.weight", l);
+            y->down = find_(model, "model.layers.%d.mlp.down_proj.weight", l);
+        }
+    }
+    if (!kv->llama) {
+        kv->embed = find_(model, "transformer.wte.weight", 0);
+        kv->pos_embed = find_(model, "transformer.wpe.weight", 0);
+        kv->lnf_w = find_(model, "transformer.ln_f.weight", 0);
+        kv->lnf_b = find_(model, "transformer.ln_f.bias", 0);
+        kv->lm_head = kv->embed;
+    } else {
+        kv->embed = find_(model, "model.embed_tokens.weight", 0);
+        kv->pos_embed = -1;
+        kv->lnf_w = find_(model, "model.norm.weight", 0);
+        kv->lnf_b = -1;
+        kv->lm_head = find_(model, "lm_head.weight", 0);
+        if (kv->lm_head < 0) kv->lm_head = kv->embed; /* tied */
+    }
+    *out = kv;
+    return ZDP_OK;
+}
+
+int64_t zdp_kv_bytes(const zdp_kv_cache *kv) {
+    if (kv == NULL) return 0;
+    int64_t b = 2 * (int64_t)kv->L * kv->n_slots * kv->T * kv->KV * kv->hd * 4;
+    if (kv->llama) b += (int64_t)kv->T * kv->hd * 4;
+    return b + kv->scratch_bytes;
+}
+
+int zdp_kv_slots(const zdp_kv_cache *kv) { return kv != NULL ? kv->n_slots : 0; }
+
+int zdp_kv_length(const zdp_kv_cache *kv, int slot) {
+    return kv != NULL && slot >= 0 && slot < kv->n_slots ? kv->len[slot] : 0;
+}
+
+void zdp_kv_clear(zdp_kv_cache *kv, int slot) {
+    if (kv != NULL && slot >= 0 && slot < kv->n_slots) kv->len[slot] = 0;
+}
+
+/* Scratch for n rows. */
+static bool reserve_(zdp_kv_cache *kv, int n) {
+    if (n <= kv->cap) return true;
+    const size_t N = (size_t)n, QD = (size_t)kv->NH * kv->hd, KD = (size_t)kv->KV * kv->hd;
+    float **f[] = {&kv->x, &kv->h, &kv->qkv, &kv->q, &kv->kk, &kv->vv, &kv->atty,
+                   &kv->f1, &kv->f2, &kv->mean, &kv->rstd};
+    const size_t sz[] = {N * kv->C, N * kv->C, N * 3 * kv->C, N * QD, N * KD, N * KD, N * QD,
+                         N * kv->F, N * kv->F, N, N * kv->NH};
+    int64_t bytes = 0;
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        float *p = realloc(*f[i], sz[i] * sizeof(float));
+        if (p == NULL) return false;
+        *f[i] = p;
+        bytes += (int64_t)sz[i] * 4;
+    }
+    int *pos = realloc(kv->pos, N * sizeof *pos);
+    if (pos == NULL) return false;
+    kv->pos = pos;
+    if (kv->score == NULL) { /* (NH/KV, T) one group's attention scores */
+        kv->score = malloc((size_t)(kv->NH / kv->KV) * kv->T * sizeof(float));
+        if (kv->score == NULL) return false;
+    }
+    kv->cap = n;
+    kv->scratch_bytes = bytes + (int64_t)N * 4 + (int64_t)(kv->NH / kv->KV) * kv->T * 4;
+    return true;
+}
+
+/* A one-row product is a matrix-vector product: cblas_sgemv reads each
+ * weight once, where sgemm with one row first copies (packs) the whole
+ * weight matrix (batch-1 decode is bound by reading the weights).  Larger
+ * batches go to the nn kernels training uses. */
+
+/* out (N,OC) [+]= inp (N,C) @ W^T + bias, W (OC,C): torch.nn.Linear */
+static void linear_(float *out, const float *inp, const float *W, const float *bias, int64_t N,
+                    int64_t C, int64_t OC, int accumulate) {
+    if (N != 1) {
+        zdp_nn_linear_forward(out, inp, W, bias, N, C, OC, accumulate);
+        return;
+    }
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)OC, (int)C, 1.0f, W, (int)C, inp, 1,
+                accumulate ? 1.0f : 0.0f, out, 1);
+    if (bias != NULL)
+        for (int64_t o = 0; o < OC; o++) out[o] += bias[o];
+}
+
+/* out (N,OC) = inp (N,C) @ W + bias, W (C,OC): Hugging Face Conv1D (GPT-2) */
+static void conv1d_(float *out, const float *inp, const float *W, const float *bias, int64_t N,
+                    int64_t C, int64_t OC) {
+    if (N != 1) {
+        zdp_nn_matmul_forward(out, inp, W, bias, N, C, OC);
+        return;
+    }
+    cblas_sgemv(CblasRowMajor, CblasTrans, (int)C, (int)OC, 1.0f, W, (int)OC, inp, 1, 0.0f, out,
+                1);
+    if (bias != NULL)
+        for (int64_t o = 0; o < OC; o++) out[o] += bias[o];
+}
+
+/* out (NH*hd) = softmax(q . K / sqrt(hd)) V over the slot's positions
+ * 0..p: q (NH*hd), K, V (>p, KV*hd) with query head h on KV head
+ * h / (NH/KV).  The group of query heads sharing a KV head is contiguous
+ * in q, so each group is two small products (cblas: vectorised, where a
+ * plain float dot product loop is not, its order of additions being fixed).
+ * score: (NH/KV, p+1) scratch. */
+static void attend_(float *out, const float *q, const float *K, const float *Vc, int p, int NH,
+                    int KVh, int hd, float *score) {
+    const int KD = KVh * hd, group = NH / KVh, n = p + 1;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int g = 0; g < KVh; g++) {
+        const float *qg = q + (size_t)g * group * hd;
+        /* score (group, n) = scale * qg (group, hd) @ K[:, g]^T (hd, n) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group, n, hd, scale, qg, hd,
+                    K + (size_t)g * hd, KD, 0.0f, score, n);
+        for (int r = 0; r < group; r++) {
+            float *sr = score + (size_t)r * n, mx = -INFINITY, sum = 0.0f;
+            for (int s = 0; s < n; s++) mx = sr[s] > mx ? sr[s] : mx;
+            for (int s = 0; s < n; s++) {
+                sr[s] = expf(sr[s] - mx);
+                sum += sr[s];
+            }
+            const float inv = 1.0f / sum;
+            for (int s = 0; s < n; s++) sr[s] *= inv;
+        }
+        /* out[g's heads] (group, hd) = score (group, n) @ V[:, g] (n, hd) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, group, hd, n, 1.0f, score, n,
+                    Vc + (size_t)g * hd, KD, 0.0f, out + (size_t)g * group * hd, hd);
+    }
+}
+
+zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t *slots,
+                         const int32_t *tokens, int n, const uint8_t *want, float *logits,
+                         zdp_error *err) {
+    const char *fn = "zdp_lm_decode";
+    if (kv == NULL || P == NULL || slots == NULL || tokens == NULL || n < 1)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: kv, params, slots and tokens must be set and n >= 1 (n = %d)", fn,
+                           n);
+    if (!reserve_(kv, n))
+        return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for %d rows of scratch", fn, n);
+    /* Positions first, checking everything before anything is written. */
+    for (int i = 0; i < n; i++) {
+        const int s = slots[i];
+        if (s < 0 || s >= kv->n_slots)
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: slots[%d] = %d: must be in [0, %d) (the cache's slots)", fn, i,
+                               s, kv->n_slots);
+        if (tokens[i] < 0 || tokens[i] >= kv->V)
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: tokens[%d] = %d: token ids must be in [0, %d) (vocab_size)",
+                               fn, i, (int)tokens[i], kv->V);
+        kv->pos[i] = kv->len[s]++;
+    }
+    for (int i = 0; i < n; i++)
+        if (kv->pos[i] >= kv->T) {
+            const int bad = i;
+            for (int j = 0; j < n; j++) kv->len[slots[j]]--; /* undo */
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: row %d: slot %d would hold %d positions, beyond the "
+                               "cache's %d per slot (its max_len; the model's context, "
+                               "block_size, is %d)",
+                               fn, bad, (int)slots[bad], kv->pos[bad] + 1, kv->T,
+                               kv->model->block_size);
+        }
+    const int64_t N = n, C = kv->C, NH = kv->NH, KVh = kv->KV, hd = kv->hd, F = kv->F;
+    const int64_t QD = NH * hd, KD = KVh * hd, T = kv->T;
+    /* The embedding. */
+    for (int i = 0; i < n; i++) {
+        const float *e = P[kv->embed] + (int64_t)tokens[i] * C;
+        float *x = kv->x + i * C;
+        if (kv->pos_embed >= 0) {
+            const float *pe = P[kv->pos_embed] + (int64_t)kv->pos[i] * C;
+            for (int64_t j = 0; j < C; j++) x[j] = e[j] + pe[j];
+        } else {
+            memcpy(x, e, (size_t)C * sizeof(float));
+        }
+    }
+#define B_(idx) ((idx) >= 0 ? P[idx] : NULL)
+    for (int l = 0; l < kv->L; l++) {
+        const kv_layer_ *y = &kv->layer[l];
+        float *q, *k, *v;
+        int64_t qs, ks; /* row strides of q and of k, v */
+        if (!kv->llama) {
+            zdp_nn_layernorm_forward(kv->h, kv->mean, kv->rstd, kv->x, P[y->ln1_w], P[y->ln1_b],
+                                     N, C);
+            conv1d_(kv->qkv, kv->h, P[y->qkv_w], P[y->qkv_b], N, C, 3 * C);
+            q = kv->qkv, k = kv->qkv + C, v = kv->qkv + 2 * C, qs = ks = 3 * C;
+        } else {
+            zdp_nn_rmsnorm_forward(kv->h, kv->rstd, kv->x, P[y->ln1_w], N, C, kv->eps);
+            q = kv->q, k = kv->kk, v = kv->vv, qs = QD, ks = KD;
+            linear_(q, kv->h, P[y->q_w], B_(y->q_b), N, C, QD, 0);
+            linear_(k, kv->h, P[y->k_w], B_(y->k_b), N, C, KD, 0);
+            linear_(v, kv->h, P[y->v_w], B_(y->v_b), N, C, KD, 0);
+            if (y->q_norm >= 0) { /* Qwen3: per head, in place (rows of hd) */
+                zdp_nn_rmsnorm_forward(q, kv->rstd, q, P[y->q_norm], N * NH, hd, kv->eps);
+                zdp_nn_rmsnorm_forward(k, kv->rstd, k, P[y->k_norm], N * KVh, hd, kv->eps);
+            }
+            for (int i = 0; i < n; i++) { /* rotary at each row's own position */
+                const int64_t o = (int64_t)kv->pos[i] * (hd / 2);
+                zdp_nn_rope_forward(q + i * QD, q + i * QD, kv->cos + o, kv->sin + o, 1, 1, NH,
+                                    hd);
+                zdp_nn_rope_forward(k + i * KD, k + i * KD, kv->cos + o, kv->sin + o, 1, 1, KVh,
+                                    hd);
+            }
+        }
+        /* Store every row's key and value, then attend: a prompt's rows see
+         * each other up to their own position. */
+        for (int i = 0; i < n; i++) {
+            const int64_t at = (((int64_t)l * kv->n_slots + slots[i]) * T + kv->pos[i]) * KD;
+            memcpy(kv->k + at, k + i * ks, (size_t)KD * sizeof(float));
+            memcpy(kv->v + at, v + i * ks, (size_t)KD * sizeof(float));
+        }
+        for (int i = 0; i < n; i++) {
+            const int64_t base = ((int64_t)l * kv->n_slots + slots[i]) * T * KD;
+            attend_(kv->atty + i * QD, q + i * qs, kv->k + base, kv->v + base, kv->pos[i],
+                    (int)NH, (int)KVh, (int)hd, kv->score);
+        }
+        if (!kv->llama) {
+            conv1d_(kv->h, kv->atty, P[y->o_w], P[y->o_b], N, C, C);
+            zdp_nn_residual_forward(kv->x, kv->x, kv->h, N * C);
+            zdp_nn_layernorm_forward(kv->h, kv->mean, kv->rstd, kv->x, P[y->ln2_w], P[y->ln2_b],
+                                     N, C);
+            conv1d_(kv->f1, kv->h, P[y->fc_w], P[y->fc_b], N, C, F);
+            zdp_nn_gelu_forward(kv->f1, kv->f1, N * F);
+            conv1d_(kv->h, kv->f1, P[y->proj_w], P[y->proj_b], N, F, C);
+            zdp_nn_residual_forward(kv->x, kv->x, kv->h, N * C);
+        } else {
+            linear_(kv->x, kv->atty, P[y->o_w], B_(y->o_b), N, QD, C, 1);
+            zdp_nn_rmsnorm_forward(kv->h, kv->rstd, kv->x, P[y->ln2_w], N, C, kv->eps);
+            linear_(kv->f1, kv->h, P[y->gate], NULL, N, C, F, 0);
+            linear_(kv->f2, kv->h, P[y->up], NULL, N, C, F, 0);
+            zdp_nn_swiglu_forward(kv->f1, kv->f1, kv->f2, N * F);
+            linear_(kv->x, kv->f1, P[y->down], NULL, N, F, C, 1);
+        }
+    }
+#undef B_
+    if (logits == NULL) return ZDP_OK;
+    /* The final norm and the lm_head only on the rows asked for. */
+    int64_t m = 0;
+    for (int i = 0; i < n; i++)
+        if (want == NULL || want[i]) {
+            if (m != i) memcpy(kv->x + m * C, kv->x + (int64_t)i * C, (size_t)C * sizeof(float));
+            m++;
+        }
+    if (m == 0) return ZDP_OK;
+    if (!kv->llama)
+        zdp_nn_layernorm_forward(kv->h, kv->mean, kv->rstd, kv->x, P[kv->lnf_w], P[kv->lnf_b], m,
+                                 C);
+    else
+        zdp_nn_rmsnorm_forward(kv->h, kv->rstd, kv->x, P[kv->lnf_w], m, C, kv->eps);
+    linear_(logits, kv->h, P[kv->lm_head], NULL, m, C, kv->V, 0); /* lm_head (V,C) */
+    return ZDP_OK;
+}

@@ -1,0 +1,290 @@
+/*
+ * sampler.c -- token choice and batched generation (zdp/sample.h).
+ *
+ * zdp_generate keeps up to `batch` sequences in the cache's slots.  Every
+ * pass is one zdp_lm_decode over: the whole prompt of each sequence that
+ * joins a free slot (its prefill) and the last sampled token of each
+ * running one.  A sequence draws from its own splitmix64 stream, so what it
+ * samples does not depend on which others share its passes.  Not here: the
+ * model math (kv.c), dividing sequences across ranks (the callers).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../core/core.h"
+#include "zdp/zdp.h"
+
+typedef struct ranked_ {
+    float logit;
+    int id;
+} ranked_;
+
+static int by_logit_desc_(const void *a, const void *b) {
+    const ranked_ *x = a, *y = b;
+    return x->logit > y->logit ? -1 : x->logit < y->logit ? 1 : (x->id > y->id) - (x->id < y->id);
+}
+
+/* The smallest logit kept by nucleus sampling: the most likely tokens (of
+ * those at or above cut) whose probabilities at this temperature first reach
+ * top_p.  Ties with the last one are kept, as top-k keeps them. */
+static bool top_p_cut_(const float *logits, int V, float *cut, float top, double temperature,
+                       double top_p) {
+    ranked_ *r = malloc((size_t)V * sizeof *r);
+    if (r == NULL) return false;
+    int m = 0;
+    double sum = 0;
+    for (int v = 0; v < V; v++)
+        if (logits[v] >= *cut) {
+            r[m++] = (ranked_){logits[v], v};
+            sum += exp((logits[v] - top) / temperature);
+        }
+    qsort(r, (size_t)m, sizeof *r, by_logit_desc_);
+    double acc = 0;
+    for (int k = 0; k < m; k++) {
+        acc += exp((r[k].logit - top) / temperature);
+        *cut = r[k].logit;
+        if (acc >= top_p * sum) break;
+    }
+    free(r);
+    return true;
+}
+
+float zdp_logprob_of(const float *logits, int V, int target) {
+    float top = logits[0];
+    for (int v = 1; v < V; v++)
+        if (logits[v] > top) top = logits[v];
+    double z = 0;
+    for (int v = 0; v < V; v++) z += exp((double)logits[v] - top);
+    return (float)((double)logits[target] - top - log(z));
+}
+
+int zdp_sample_token(const float *logits, int V, const zdp_sample_params *sp, uint64_t *rng,
+                     float *logprob) {
+    int best = 0;
+    for (int v = 1; v < V; v++)
+        if (logits[v] > logits[best]) best = v;
+    int t = best;
+    const double temp = sp->temperature;
+    if (temp > 0) {
+        /* Top-k: the k-th largest logit is the cut-off (ties kept). */
+        float cut = -INFINITY;
+        if (sp->top_k > 0 && sp->top_k < V) {
+            ranked_ *r = malloc((size_t)V * sizeof *r);
+            if (r == NULL) return -1;
+            for (int v = 0; v < V; v++) r[v] = (ranked_){logits[v], v};
+            qsort(r, (size_t)V, sizeof *r, by_logit_desc_);
+            cut = r[sp->top_k - 1].logit;
+            free(r);
+        }
+        if (sp->top_p < 1.0 && !top_p_cut_(logits, V, &cut, logits[best], temp, sp->top_p))
+            return -1;
+        double sum = 0;
+        for (int v = 0; v < V; v++)
+            sum += logits[v] >= cut ? exp((logits[v] - logits[best]) / temp) : 0.0;
+        double u = (double)(zdp_splitmix64(rng) >> 11) * 0x1.0p-53 * sum, acc = 0;
+        for (int v = 0; v < V; v++) {
+            if (logits[v] < cut) continue;
+            acc += exp((logits[v] - logits[best]) / temp);
+            t = v;
+            if (acc >= u) break;
+        }
+    }
+    if (logprob != NULL) *logprob = zdp_logprob_of(logits, V, t);
+    return t;
+}
+
+static double now_(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static zdp_status check_seqs_(const zdp_model *model, const zdp_gen_seq *seqs, int n_seqs,
+                              int batch, zdp_error *err) {
+    const char *fn = "zdp_generate";
+    if (batch < 1)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: batch = %d: must be >= 1", fn, batch);
+    for (int i = 0; i < n_seqs; i++) {
+        const zdp_gen_seq *s = &seqs[i];
+        if (s->prompt == NULL || s->prompt_len < 1 || s->prompt_len > model->block_size)
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: seqs[%d].prompt_len = %d: a prompt needs 1..%d tokens (the "
+                               "model's context, block_size)",
+                               fn, i, s->prompt_len, model->block_size);
+        if (s->max_tokens < 0 || s->max_tokens > model->block_size - s->prompt_len)
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: seqs[%d].max_tokens = %d: the prompt's %d tokens plus "
+                               "max_tokens must fit the model's context (block_size %d): at "
+                               "most %d",
+                               fn, i, s->max_tokens, s->prompt_len, model->block_size,
+                               model->block_size - s->prompt_len);
+        if (s->max_tokens > 0 && s->out == NULL)
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: seqs[%d].out must be set", fn, i);
+        for (int t = 0; t < s->prompt_len; t++)
+            if (s->prompt[t] < 0 || s->prompt[t] >= model->vocab_size)
+                return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                                   "%s: seqs[%d].prompt[%d] = %d: token ids must be in [0, %d) "
+                                   "(vocab_size)",
+                                   fn, i, t, (int)s->prompt[t], model->vocab_size);
+    }
+    return ZDP_OK;
+}
+
+zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_kv_cache *kv,
+                        zdp_gen_seq *seqs, int n_seqs, int batch, zdp_gen_stats *stats,
+                        zdp_error *err) {
+    const char *fn = "zdp_generate";
+    if (model == NULL || params == NULL || (seqs == NULL && n_seqs > 0) || n_seqs < 0)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: model, params and seqs must be set",
+                           fn);
+    zdp_status st = check_seqs_(model, seqs, n_seqs, batch, err);
+    if (st != ZDP_OK) return st;
+    if (batch > n_seqs) batch = n_seqs > 0 ? n_seqs : 1;
+    zdp_kv_cache *own = NULL;
+    if (kv == NULL) {
+        int longest = 1; /* positions a slot needs: the longest prompt + max_tokens */
+        for (int i = 0; i < n_seqs; i++)
+            if (seqs[i].prompt_len + seqs[i].max_tokens > longest)
+                longest = seqs[i].prompt_len + seqs[i].max_tokens;
+        st = zdp_kv_create(model, batch, longest, &own, err);
+        if (st != ZDP_OK) return st;
+        kv = own;
+    } else if (zdp_kv_slots(kv) < batch) {
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: the cache has %d slots, fewer than batch = %d", fn,
+                           zdp_kv_slots(kv), batch);
+    }
+    const double t0 = now_();
+    const int V = model->vocab_size;
+    int *slot_seq = malloc((size_t)batch * sizeof *slot_seq);   /* (batch) sequence or -1 */
+    int32_t *pending = malloc((size_t)batch * sizeof *pending);  /* (batch) token to feed */
+    uint64_t *rng = malloc((size_t)(n_seqs > 0 ? n_seqs : 1) * sizeof *rng);
+    int cap = 0, lcap = 0;
+    int32_t *rs = NULL, *rt = NULL;
+    uint8_t *rw = NULL;
+    float *logits = NULL;
+    zdp_gen_stats sts = {0};
+    if (slot_seq == NULL || pending == NULL || rng == NULL) {
+        st = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory", fn);
+        goto out;
+    }
+    for (int i = 0; i < n_seqs; i++) {
+        rng[i] = seqs[i].seed;
+        seqs[i].n_out = 0;
+        seqs[i].stopped = 0;
+    }
+    for (int b = 0; b < batch; b++) slot_seq[b] = -1;
+    int next = 0;
+    for (;;) {
+        /* This pass's rows: joiners' prompts, then running sequences. */
+        int n = 0, m = 0, need = 0;
+        for (int b = 0; b < batch; b++) {
+            if (slot_seq[b] < 0) {
+                while (next < n_seqs && seqs[next].max_tokens == 0 &&
+                       seqs[next].prompt_logprobs == NULL)
+                    next++; /* nothing to compute */
+                if (next < n_seqs) {
+                    slot_seq[b] = next++;
+                    zdp_kv_clear(kv, b);
+                    need += seqs[slot_seq[b]].prompt_len;
+                    pending[b] = -1; /* prefill */
+                }
+            } else {
+                need++;
+            }
+        }
+        if (need == 0) break;
+        if (need > cap) {
+            int32_t *a = realloc(rs, (size_t)need * sizeof *a);
+            if (a != NULL) rs = a;
+            int32_t *c = realloc(rt, (size_t)need * sizeof *c);
+            if (c != NULL) rt = c;
+            uint8_t *w = realloc(rw, (size_t)need);
+            if (w != NULL) rw = w;
+            if (a == NULL || c == NULL || w == NULL) {
+                st = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for %d rows", fn, need);
+                goto out;
+            }
+            cap = need;
+        }
+        for (int b = 0; b < batch; b++) {
+            if (slot_seq[b] < 0) continue;
+            const zdp_gen_seq *s = &seqs[slot_seq[b]];
+            if (pending[b] < 0) {
+                for (int t = 0; t < s->prompt_len; t++) {
+                    rs[n] = b, rt[n] = s->prompt[t];
+                    rw[n] = s->prompt_logprobs != NULL || t == s->prompt_len - 1;
+                    m += rw[n++];
+                }
+                sts.prefill_tokens += s->prompt_len;
+            } else {
+                rs[n] = b, rt[n] = pending[b], rw[n++] = 1, m++;
+                sts.decode_tokens++;
+            }
+        }
+        if (m > lcap) {
+            float *l = realloc(logits, (size_t)m * V * sizeof *l);
+            if (l == NULL) {
+                st = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for %d x %d logits", fn,
+                                 m, V);
+                goto out;
+            }
+            logits = l, lcap = m;
+        }
+        st = zdp_lm_decode(kv, params, rs, rt, n, rw, logits, err);
+        if (st != ZDP_OK) goto out;
+        sts.passes++;
+        /* Walk the logits in row order: each slot's last wanted row samples. */
+        const float *lg = logits;
+        for (int b = 0; b < batch; b++) {
+            if (slot_seq[b] < 0) continue;
+            zdp_gen_seq *s = &seqs[slot_seq[b]];
+            if (pending[b] < 0 && s->prompt_logprobs != NULL) {
+                s->prompt_logprobs[0] = 0.0f;
+                for (int t = 0; t + 1 < s->prompt_len; t++, lg += V)
+                    s->prompt_logprobs[t + 1] = zdp_logprob_of(lg, V, s->prompt[t + 1]);
+            }
+            const float *row = lg;
+            lg += V;
+            if (s->max_tokens == 0) { /* prompt logprobs only */
+                slot_seq[b] = -1;
+                continue;
+            }
+            float lp;
+            const int tok = zdp_sample_token(row, V, &s->sp, &rng[slot_seq[b]], &lp);
+            if (tok < 0) {
+                st = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory choosing a token", fn);
+                goto out;
+            }
+            s->out[s->n_out] = tok;
+            if (s->out_logprobs != NULL) s->out_logprobs[s->n_out] = lp;
+            s->n_out++;
+            for (int k = 0; k < s->n_stop_ids; k++)
+                if (s->stop_ids[k] == tok) s->stopped = 1;
+            if (!s->stopped && s->stop_fn != NULL && s->stop_fn(s->stop_user, s->out, s->n_out))
+                s->stopped = 1;
+            if (s->stopped || s->n_out == s->max_tokens)
+                slot_seq[b] = -1; /* leaves; the next pass fills the slot */
+            else
+                pending[b] = tok;
+        }
+    }
+out:
+    sts.seconds = now_() - t0;
+    sts.kv_bytes = zdp_kv_bytes(kv);
+    if (stats != NULL) *stats = sts;
+    free(slot_seq);
+    free(pending);
+    free(rng);
+    free(rs);
+    free(rt);
+    free(rw);
+    free(logits);
+    zdp_kv_destroy(own);
+    return st;
+}

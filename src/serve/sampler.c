@@ -1,0 +1,169 @@
+/*
+ * sampler.c -- a sampling request on every rank (docs/sampling.md).
+ *
+ * The weights are whole on every rank (stages 0-2), so a request's
+ * num_samples sequences are divided into contiguous blocks, one per rank;
+ * each rank generates its block with zdp_generate (the KV cache, all its
+ * sequences decoding together) and rank 0 gathers the blocks in sequence
+ * order.  Sequence k draws from seed + 0x9E3779B97F4A7C15 * k whichever
+ * rank runs it, so the result does not depend on the number of ranks.
+ * Every rank reaches the one gather even when its own part failed (out of
+ * memory, unreadable sampler weights): the failure travels in the block.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve_impl.h"
+
+/* A rank's block: int32 failed, then per sequence slot int32 n_out,
+ * int32 stopped, int32 tokens[max_tokens], float logprobs[max_tokens]. */
+static int64_t block_bytes_(int64_t per, int64_t max_tokens) {
+    return 4 + per * (8 + 8 * max_tokens);
+}
+
+/* String stops of one sequence (stop_fn of zdp_gen_seq): the count to keep
+ * once the text holds a stop string, -2 when decoding failed. */
+typedef struct str_stop_ {
+    server *s;
+    const char *strs;
+    int64_t n_str;
+    int64_t keep; /* -1: none hit */
+} str_stop_;
+
+static int str_stop_fn_(void *user, const int32_t *out, int n) {
+    str_stop_ *u = user;
+    u->keep = serve_stop_cut(u->s, out, n, u->strs, u->n_str);
+    return u->keep != -1;
+}
+
+char *serve_sampler_run(server *s, const float *const *params, const serve_sample_spec *sp,
+                        const verr *why, int *status) {
+    const int64_t n = sp->num_samples, M = sp->max_tokens;
+    const int64_t per = (n + s->W - 1) / s->W;
+    const int64_t lo = per * s->R < n ? per * s->R : n, hi = lo + per < n ? lo + per : n;
+    const int64_t mine = hi - lo, bb = block_bytes_(per, M);
+    unsigned char *blk = calloc(1, (size_t)bb);
+    zdp_gen_seq *g = calloc((size_t)(mine > 0 ? mine : 1), sizeof *g);
+    str_stop_ *ss = calloc((size_t)(mine > 0 ? mine : 1), sizeof *ss);
+    int32_t *out = malloc((size_t)(mine * M + 1) * sizeof *out);
+    float *lp = malloc((size_t)(mine * M + 1) * sizeof *lp);
+    /* The prompt's logprobs are the same for every sequence: sequence 0's
+     * prefill computes them, on rank 0, which keeps them (no gather). */
+    float *plp = sp->prompt_logprobs && lo == 0 && mine > 0
+                     ? malloc((size_t)sp->n_prompt * sizeof *plp) : NULL;
+    int32_t failed = why != NULL;
+    zdp_error err = {0};
+    verr mine_why = why != NULL ? *why : (verr){0};
+    if (blk == NULL || g == NULL || ss == NULL || out == NULL || lp == NULL ||
+        (sp->prompt_logprobs && lo == 0 && mine > 0 && plp == NULL)) {
+        /* Without its block this rank cannot even report: the gather
+         * needs it, so give up as a collective failure would. */
+        serve_die("sample", &(zdp_error){.msg = "out of memory for a sampling request"});
+    }
+    if (!failed && mine > 0) {
+        for (int64_t i = 0; i < mine; i++) {
+            const int64_t k = lo + i;
+            ss[i] = (str_stop_){.s = s, .strs = sp->stop_str, .n_str = sp->n_stop_str, .keep = -1};
+            g[i] = (zdp_gen_seq){.prompt = sp->prompt, .prompt_len = (int)sp->n_prompt,
+                                 .max_tokens = (int)M,
+                                 .sp = {.temperature = sp->temperature, .top_k = (int)sp->top_k,
+                                        .top_p = sp->top_p},
+                                 .seed = sp->seed + 0x9E3779B97F4A7C15ull * (uint64_t)k,
+                                 .stop_ids = sp->stop, .n_stop_ids = (int)sp->n_stop,
+                                 .stop_fn = sp->n_stop_str > 0 ? str_stop_fn_ : NULL,
+                                 .stop_user = &ss[i], .out = out + i * M,
+                                 .out_logprobs = lp + i * M};
+        }
+        g[0].prompt_logprobs = plp;
+        if (zdp_generate(&s->model, params, NULL, g, (int)mine, (int)mine, NULL, &err) != ZDP_OK) {
+            fprintf(stderr, "zdp serve: rank %d: sampling: %s\n", s->R, err.msg);
+            failed = 1;
+            mine_why.status = err.code == ZDP_ERR_NOMEM ? 500 : 400;
+            snprintf(mine_why.msg, sizeof mine_why.msg, "%s", err.msg);
+        }
+    }
+    memcpy(blk, &failed, 4);
+    for (int64_t i = 0; !failed && i < mine; i++) {
+        int32_t keep = g[i].n_out, stopped = g[i].stopped;
+        if (ss[i].keep == -2) { /* the tokenizer could not decode them */
+            failed = 1;
+            mine_why = (verr){.status = 500, .field = "stop"};
+            snprintf(mine_why.msg, sizeof mine_why.msg, "sampling failed: see the server's log");
+        }
+        if (ss[i].keep >= 0) keep = (int32_t)ss[i].keep;
+        unsigned char *q = blk + 4 + i * (8 + 8 * M);
+        memcpy(q, &keep, 4);
+        memcpy(q + 4, &stopped, 4);
+        memcpy(q + 8, g[i].out, (size_t)keep * 4);
+        memcpy(q + 8 + 4 * M, g[i].out_logprobs, (size_t)keep * 4);
+    }
+    memcpy(blk, &failed, 4);
+    free(g), free(ss), free(out), free(lp);
+    unsigned char *all = NULL;
+    if (s->R == 0 && (all = malloc((size_t)(bb * s->W))) == NULL)
+        serve_die("sample", &(zdp_error){.msg = "out of memory gathering a sampling request"});
+    if (s->W > 1) {
+        if (zdp_channel_gather(s->ch, blk, bb, all, &err) != ZDP_OK) serve_die("sample", &err);
+    } else {
+        memcpy(all, blk, (size_t)bb);
+    }
+    free(blk);
+    if (s->R != 0) {
+        free(plp);
+        return NULL;
+    }
+    int bad = -1;
+    for (int r = 0; r < s->W && bad < 0; r++) {
+        int32_t f;
+        memcpy(&f, all + r * bb, 4);
+        if (f) bad = r;
+    }
+    if (bad >= 0) {
+        free(all), free(plp);
+        if (bad == 0 && mine_why.msg[0] != '\0') {
+            *status = mine_why.status;
+            return serve_error_body(mine_why.field[0] != '\0' ? mine_why.field : NULL, mine_why.msg);
+        }
+        char msg[128];
+        snprintf(msg, sizeof msg, "sampling failed on rank %d: see the server's log", bad);
+        *status = 500;
+        return serve_error_body(NULL, msg);
+    }
+    serve_sample_result *res = calloc(1, sizeof *res);
+    if (res != NULL) {
+        res->n = n;
+        res->prompt_length = sp->prompt_length;
+        res->off = calloc((size_t)n + 1, sizeof *res->off);
+        res->tokens = malloc((size_t)(n * M + 1) * sizeof *res->tokens);
+        res->logprobs = sp->logprobs ? malloc((size_t)(n * M + 1) * sizeof *res->logprobs) : NULL;
+        res->stopped = calloc((size_t)n + 1, sizeof *res->stopped);
+    }
+    if (res == NULL || res->off == NULL || res->tokens == NULL || res->stopped == NULL ||
+        (sp->logprobs && res->logprobs == NULL)) {
+        serve_sample_result_free(res);
+        free(all), free(plp);
+        *status = 500;
+        return serve_error_body(NULL, "out of memory");
+    }
+    for (int64_t k = 0; k < n; k++) {
+        const unsigned char *q = all + (k / per) * bb + 4 + (k % per) * (8 + 8 * M);
+        int32_t keep, stopped;
+        memcpy(&keep, q, 4);
+        memcpy(&stopped, q + 4, 4);
+        const int64_t at = res->off[k];
+        memcpy(res->tokens + at, q + 8, (size_t)keep * 4);
+        if (sp->logprobs) memcpy(res->logprobs + at, q + 8 + 4 * M, (size_t)keep * 4);
+        res->stopped[k] = stopped != 0;
+        res->off[k + 1] = at + keep;
+    }
+    free(all);
+    if (plp != NULL) {
+        plp[0] = NAN; /* nothing predicts the first token: Tinker's None */
+        res->prompt_logprobs = plp;
+        res->n_prompt_logprobs = sp->n_prompt;
+    }
+    *status = 200;
+    return serve_finish_sample(sp->j, res);
+}

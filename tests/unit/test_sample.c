@@ -1,0 +1,342 @@
+/*
+ * test_sample.c -- the KV cache and batched generation (zdp/sample.h) on
+ * tiny GPT-2, Llama (GQA, attention biases, llama3 rope scaling, untied) and
+ * Qwen3 (q/k norm, head_dim != H/NH, one KV head, tied) models with random
+ * weights:
+ *   - every logit of a prefill and of each later one-position step equals
+ *     the full forward's (zdp_lm_next_logits) within fp32 tolerance;
+ *   - cached greedy decoding equals uncached greedy token for token;
+ *   - sequences with their own lengths, stops, temperature, top-k, top-p
+ *     and seeds, generated together with continuous batching, equal the
+ *     same sequences generated alone, and an uncached sampler;
+ *   - prompt logprobs equal the full forward's;
+ *   - the cache stores only the KV heads; bad input is refused naming it.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "zdp/zdp.h"
+
+enum { GPT_, LLAMA_, QWEN3_, N_KINDS_ };
+static const char *kind_name_[] = {"gpt", "llama", "qwen3"};
+
+typedef struct fx {
+    zdp_model m;
+    float **p;
+    int np;
+    int kind;
+} fx;
+
+static float uniform_(uint64_t *s) {
+    return (float)((double)(zdp_splitmix64(s) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
+static void fx_make_(fx *f, int kind) {
+    memset(f, 0, sizeof *f);
+    f->kind = kind;
+    zdp_error err;
+    zdp_status st;
+    if (kind == GPT_) {
+        zdp_gpt_config c = {.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab_size = 37,
+                            .block_size = 24};
+        st = zdp_gpt_create(&c, 1, &f->m, &err);
+    } else {
+        zdp_llama_config c = {.arch = ZDP_ARCH_LLAMA, .n_layer = 2, .hidden = 16, .n_head = 4,
+                              .n_kv_head = 2, .head_dim = 4, .ffn = 24, .vocab_size = 41,
+                              .block_size = 24, .max_position_embeddings = 64,
+                              .rms_norm_eps = 1e-5f, .rope_theta = 500.0,
+                              .rope_type = ZDP_ROPE_LLAMA3, .rope_factor = 8.0,
+                              .rope_low_freq_factor = 1.0, .rope_high_freq_factor = 4.0,
+                              .rope_original_max_position = 16, .attention_bias = 1,
+                              .initializer_range = 0.02};
+        if (kind == QWEN3_) {
+            c.arch = ZDP_ARCH_QWEN3, c.qk_norm = 1, c.head_dim = 6, c.n_kv_head = 1;
+            c.tie_word_embeddings = 1, c.attention_bias = 0, c.rope_type = ZDP_ROPE_DEFAULT;
+            c.rms_norm_eps = 1e-6f;
+        }
+        st = zdp_llama_create(&c, 1, &f->m, &err);
+    }
+    if (st != ZDP_OK) fail_msg("%s: %s", kind_name_[kind], err.msg);
+    f->np = f->m.n_params;
+    f->p = calloc((size_t)f->np, sizeof *f->p);
+    uint64_t s = 1234 + (uint64_t)kind;
+    for (int i = 0; i < f->np; i++) {
+        const zdp_param_info *pi = &f->m.params[i];
+        int64_t n = pi->shape[0] * (pi->ndim == 2 ? pi->shape[1] : 1);
+        f->p[i] = malloc((size_t)n * sizeof(float));
+        /* Weights well above the init scale, so logits are far from ties. */
+        const float a = pi->ndim == 2 ? 0.6f : 0.3f, base = pi->ndim == 2 ? 0.0f : 1.0f;
+        for (int64_t k = 0; k < n; k++) f->p[i][k] = base + a * uniform_(&s);
+    }
+}
+
+static void fx_free_(fx *f) {
+    for (int i = 0; i < f->np; i++) free(f->p[i]);
+    free(f->p);
+    if (f->kind == GPT_)
+        zdp_gpt_destroy(&f->m);
+    else
+        zdp_llama_destroy(&f->m);
+}
+
+#define P_(f) ((const float *const *)(f)->p)
+
+static void rand_tokens_(int32_t *t, int n, int V, uint64_t seed) {
+    for (int i = 0; i < n; i++) t[i] = (int32_t)(zdp_splitmix64(&seed) % (uint64_t)V);
+}
+
+static void assert_close_(const char *what, const float *a, const float *b, int n, int row) {
+    for (int i = 0; i < n; i++)
+        if (fabsf(a[i] - b[i]) > 2e-4f + 2e-4f * fabsf(b[i]))
+            fail_msg("%s row %d logit %d: cached %.7g, full forward %.7g", what, row, i, a[i],
+                     b[i]);
+}
+
+/* Prefill 5 positions (all logits), then one position per step up to the
+ * context, in slot 1 of 2 (slot 0 holds another sequence): every logit
+ * equals the full forward's. */
+static void test_logits_match_full_forward(void **state) {
+    (void)state;
+    for (int kind = 0; kind < N_KINDS_; kind++) {
+        fx f;
+        fx_make_(&f, kind);
+        const int V = f.m.vocab_size, T = f.m.block_size, P = 5;
+        int32_t tok[64], other[3];
+        rand_tokens_(tok, T, V, 77);
+        rand_tokens_(other, 3, V, 78);
+        zdp_kv_cache *kv;
+        zdp_error err;
+        assert_int_equal(zdp_kv_create(&f.m, 2, 0, &kv, &err), ZDP_OK);
+        float *got = malloc((size_t)P * V * sizeof(float)), *want = malloc((size_t)V * sizeof(float));
+        int32_t s0[3] = {0, 0, 0}, s1[5] = {1, 1, 1, 1, 1};
+        assert_int_equal(zdp_lm_decode(kv, P_(&f), s0, other, 3, NULL, NULL, &err), ZDP_OK);
+        if (zdp_lm_decode(kv, P_(&f), s1, tok, P, NULL, got, &err) != ZDP_OK) fail_msg("%s", err.msg);
+        for (int t = 0; t < P; t++) {
+            assert_int_equal(zdp_lm_next_logits(&f.m, P_(&f), tok, t + 1, want, &err), ZDP_OK);
+            assert_close_(kind_name_[kind], got + (size_t)t * V, want, V, t);
+        }
+        for (int t = P; t < T; t++) {
+            if (zdp_lm_decode(kv, P_(&f), s1, tok + t, 1, NULL, got, &err) != ZDP_OK)
+                fail_msg("%s", err.msg);
+            assert_int_equal(zdp_lm_next_logits(&f.m, P_(&f), tok, t + 1, want, &err), ZDP_OK);
+            assert_close_(kind_name_[kind], got, want, V, t);
+        }
+        assert_int_equal(zdp_kv_length(kv, 1), T);
+        assert_int_equal(zdp_kv_length(kv, 0), 3);
+        /* The context is full: one more position is refused, naming it. */
+        assert_int_equal(zdp_lm_decode(kv, P_(&f), s1, tok, 1, NULL, got, &err),
+                         ZDP_ERR_INVALID_ARG);
+        assert_non_null(strstr(err.msg, "block_size"));
+        assert_int_equal(zdp_kv_length(kv, 1), T); /* nothing appended */
+        zdp_kv_destroy(kv);
+        free(got);
+        free(want);
+        fx_free_(&f);
+    }
+}
+
+/* Greedy from the cache == greedy by recomputing the prefix every step. */
+static void test_greedy_cached_equals_uncached(void **state) {
+    (void)state;
+    for (int kind = 0; kind < N_KINDS_; kind++) {
+        fx f;
+        fx_make_(&f, kind);
+        const int V = f.m.vocab_size, T = f.m.block_size, P = 4;
+        int32_t seq[64], out[64];
+        rand_tokens_(seq, P, V, 5);
+        zdp_gen_seq g = {.prompt = seq, .prompt_len = P, .max_tokens = T - P, .out = out};
+        zdp_error err;
+        if (zdp_generate(&f.m, P_(&f), NULL, &g, 1, 1, NULL, &err) != ZDP_OK) fail_msg("%s", err.msg);
+        assert_int_equal(g.n_out, T - P);
+        float *lg = malloc((size_t)V * sizeof(float));
+        for (int t = P; t < T; t++) {
+            assert_int_equal(zdp_lm_next_logits(&f.m, P_(&f), seq, t, lg, &err), ZDP_OK);
+            int best = 0;
+            for (int v = 1; v < V; v++)
+                if (lg[v] > lg[best]) best = v;
+            if (best != out[t - P])
+                fail_msg("%s: step %d: cached %d, uncached %d", kind_name_[kind], t - P, out[t - P],
+                         best);
+            seq[t] = best;
+        }
+        free(lg);
+        fx_free_(&f);
+    }
+}
+
+/* String-stop stand-in: ends a sequence once it has produced 2 tokens
+ * equal to *user. */
+static int stop_twice_(void *user, const int32_t *out, int n) {
+    int c = 0;
+    for (int i = 0; i < n; i++) c += out[i] == *(const int32_t *)user;
+    return c >= 2;
+}
+
+#define NSEQ_ 7
+
+static void make_seqs_(zdp_gen_seq *g, int32_t (*prompts)[24], int32_t (*out)[24],
+                       float (*lp)[24], float (*plp)[24], int V, int32_t *stop_tok) {
+    for (int i = 0; i < NSEQ_; i++) {
+        const int plen = 1 + (i * 3) % 9;
+        rand_tokens_(prompts[i], plen, V, 100 + (uint64_t)i);
+        g[i] = (zdp_gen_seq){.prompt = prompts[i], .prompt_len = plen,
+                             .max_tokens = 3 + (i * 5) % (24 - plen - 3),
+                             .sp = {.temperature = i == 0 ? 0.0 : 0.6 + 0.2 * i,
+                                    .top_k = i % 3 == 1 ? 5 : 0,
+                                    .top_p = i % 3 == 2 ? 0.8 : 1.0},
+                             .seed = 9000 + (uint64_t)i, .out = out[i], .out_logprobs = lp[i],
+                             .prompt_logprobs = i % 2 ? plp[i] : NULL};
+        if (i == 3) g[i].stop_ids = stop_tok, g[i].n_stop_ids = 1;
+        if (i == 4) g[i].stop_fn = stop_twice_, g[i].stop_user = stop_tok;
+    }
+}
+
+/* Seven sequences decoded three at a time (continuous batching) equal each
+ * generated alone, and an uncached sampler that recomputes the prefix. */
+static void test_batched_equals_alone(void **state) {
+    (void)state;
+    for (int kind = 0; kind < N_KINDS_; kind++) {
+        fx f;
+        fx_make_(&f, kind);
+        const int V = f.m.vocab_size;
+        static int32_t prompts[NSEQ_][24], out[NSEQ_][24], out1[NSEQ_][24];
+        static float lp[NSEQ_][24], lp1[NSEQ_][24], plp[NSEQ_][24], plp1[NSEQ_][24];
+        int32_t stop_tok = 3;
+        zdp_gen_seq g[NSEQ_], g1[NSEQ_];
+        make_seqs_(g, prompts, out, lp, plp, V, &stop_tok);
+        make_seqs_(g1, prompts, out1, lp1, plp1, V, &stop_tok);
+        zdp_error err;
+        zdp_gen_stats stats;
+        if (zdp_generate(&f.m, P_(&f), NULL, g, NSEQ_, 3, &stats, &err) != ZDP_OK)
+            fail_msg("%s", err.msg);
+        assert_true(stats.passes < stats.decode_tokens); /* sequences shared passes */
+        for (int i = 0; i < NSEQ_; i++)
+            if (zdp_generate(&f.m, P_(&f), NULL, &g1[i], 1, 1, NULL, &err) != ZDP_OK)
+                fail_msg("%s", err.msg);
+        int stopped = 0;
+        float *lg = malloc((size_t)V * sizeof(float));
+        for (int i = 0; i < NSEQ_; i++) {
+            assert_int_equal(g[i].n_out, g1[i].n_out);
+            assert_int_equal(g[i].stopped, g1[i].stopped);
+            stopped += g[i].stopped;
+            for (int t = 0; t < g[i].n_out; t++) {
+                if (out[i][t] != out1[i][t])
+                    fail_msg("%s seq %d token %d: batched %d, alone %d", kind_name_[kind], i, t,
+                             out[i][t], out1[i][t]);
+                assert_true(fabsf(lp[i][t] - lp1[i][t]) < 1e-4f);
+            }
+            /* The uncached sampler: the same stream, the full forward. */
+            int32_t seq[48];
+            memcpy(seq, prompts[i], (size_t)g[i].prompt_len * sizeof(int32_t));
+            uint64_t rng = g[i].seed;
+            for (int t = 0; t < g[i].n_out; t++) {
+                const int n = g[i].prompt_len + t;
+                assert_int_equal(zdp_lm_next_logits(&f.m, P_(&f), seq, n, lg, &err), ZDP_OK);
+                float want_lp;
+                int tok = zdp_sample_token(lg, V, &g[i].sp, &rng, &want_lp);
+                if (tok != out[i][t])
+                    fail_msg("%s seq %d token %d: cached %d, uncached %d", kind_name_[kind], i, t,
+                             out[i][t], tok);
+                assert_true(fabsf(want_lp - lp[i][t]) < 1e-4f);
+                seq[n] = tok;
+            }
+            if (g[i].prompt_logprobs != NULL) {
+                assert_true(plp[i][0] == 0.0f);
+                for (int t = 1; t < g[i].prompt_len; t++) {
+                    assert_int_equal(zdp_lm_next_logits(&f.m, P_(&f), prompts[i], t, lg, &err),
+                                     ZDP_OK);
+                    const float w = zdp_logprob_of(lg, V, prompts[i][t]);
+                    if (fabsf(w - plp[i][t]) > 1e-4f)
+                        fail_msg("%s seq %d prompt logprob %d: %g, want %g", kind_name_[kind], i, t,
+                                 plp[i][t], w);
+                }
+            }
+            if (g[i].stopped && g[i].stop_ids != NULL) assert_int_equal(out[i][g[i].n_out - 1], 3);
+        }
+        free(lg);
+        (void)stopped;
+        fx_free_(&f);
+    }
+}
+
+/* GQA: the cache holds KV heads only (Qwen3 here: 1 KV head of 4). */
+static void test_cache_holds_kv_heads(void **state) {
+    (void)state;
+    fx f;
+    fx_make_(&f, QWEN3_);
+    zdp_kv_cache *kv;
+    zdp_error err;
+    assert_int_equal(zdp_kv_create(&f.m, 3, 0, &kv, &err), ZDP_OK);
+    const zdp_llama_config *c = zdp_llama_config_of(&f.m);
+    const int64_t kvb = 2LL * c->n_layer * 3 * c->block_size * c->n_kv_head * c->head_dim * 4;
+    const int64_t rope = (int64_t)c->block_size * c->head_dim * 4;
+    assert_int_equal(zdp_kv_bytes(kv), kvb + rope);
+    zdp_kv_destroy(kv);
+    /* max_len 7: 7 positions per slot, the 8th refused naming it. */
+    assert_int_equal(zdp_kv_create(&f.m, 3, 7, &kv, &err), ZDP_OK);
+    assert_int_equal(zdp_kv_bytes(kv), 2LL * c->n_layer * 3 * 7 * c->n_kv_head * c->head_dim * 4 +
+                                           7LL * c->head_dim * 4);
+    int32_t slots[8] = {2, 2, 2, 2, 2, 2, 2, 2}, toks[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    assert_int_equal(zdp_lm_decode(kv, P_(&f), slots, toks, 7, NULL, NULL, &err), ZDP_OK);
+    assert_int_equal(zdp_lm_decode(kv, P_(&f), slots, toks, 1, NULL, NULL, &err), ZDP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "beyond the cache's 7 per slot"));
+    zdp_kv_destroy(kv);
+    assert_int_equal(zdp_kv_create(&f.m, 1, 25, &kv, &err), ZDP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "max_len = 25"));
+    fx_free_(&f);
+}
+
+static void test_bad_input(void **state) {
+    (void)state;
+    fx f;
+    fx_make_(&f, LLAMA_);
+    zdp_error err;
+    int32_t prompt[30] = {0}, out[30];
+    zdp_gen_seq g = {.prompt = prompt, .prompt_len = 20, .max_tokens = 5, .out = out};
+    assert_int_equal(zdp_generate(&f.m, P_(&f), NULL, &g, 1, 1, NULL, &err), ZDP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "seqs[0].max_tokens = 5"));
+    assert_non_null(strstr(err.msg, "at most 4"));
+    g.prompt_len = 25;
+    assert_int_equal(zdp_generate(&f.m, P_(&f), NULL, &g, 1, 1, NULL, &err), ZDP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "seqs[0].prompt_len = 25"));
+    g.prompt_len = 3, prompt[1] = 41;
+    assert_int_equal(zdp_generate(&f.m, P_(&f), NULL, &g, 1, 1, NULL, &err), ZDP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "seqs[0].prompt[1] = 41"));
+    prompt[1] = 0;
+    assert_int_equal(zdp_generate(&f.m, P_(&f), NULL, &g, 1, 0, NULL, &err), ZDP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "batch = 0"));
+    zdp_kv_cache *kv;
+    assert_int_equal(zdp_kv_create(&f.m, 1, 0, &kv, &err), ZDP_OK);
+    int32_t slot = 1, tok = 0;
+    assert_int_equal(zdp_lm_decode(kv, P_(&f), &slot, &tok, 1, NULL, NULL, &err),
+                     ZDP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "slots[0] = 1"));
+    zdp_gen_seq two[2] = {g, g};
+    assert_int_equal(zdp_generate(&f.m, P_(&f), kv, two, 2, 2, NULL, &err), ZDP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "fewer than batch = 2"));
+    zdp_kv_destroy(kv);
+    zdp_model mlp;
+    assert_int_equal(zdp_mlp_create(4, 1, 1, &mlp, &err), ZDP_OK);
+    assert_int_equal(zdp_kv_create(&mlp, 1, 0, &kv, &err), ZDP_ERR_INVALID_ARG);
+    zdp_mlp_destroy(&mlp);
+    fx_free_(&f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_logits_match_full_forward),
+        cmocka_unit_test(test_greedy_cached_equals_uncached),
+        cmocka_unit_test(test_batched_equals_alone),
+        cmocka_unit_test(test_cache_holds_kv_heads),
+        cmocka_unit_test(test_bad_input),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
