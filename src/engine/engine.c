@@ -1249,9 +1249,10 @@ static void close_window_(zdp_engine *e) {
 }
 
 /* Sum of squares of x[0..n) in double, over the thread pool: SUMSQ_PARTS_
- * fixed parts (bounds from n alone), each summed in order, then the parts in
- * order, so the norm does not depend on the thread count. */
+ * fixed parts (bounds from n alone), each summed in a fixed order, then the
+ * parts in order, so the norm does not depend on the thread count. */
 #define SUMSQ_PARTS_ 64
+#define SUMSQ_LANES_ 16
 
 typedef struct sumsq_job {
     const float *x;
@@ -1263,8 +1264,16 @@ static void sumsq_part_(void *ctx, int64_t k, int thread) {
     (void)thread;
     sumsq_job *j = ctx;
     const int64_t lo = j->n * k / SUMSQ_PARTS_, hi = j->n * (k + 1) / SUMSQ_PARTS_;
+    /* SUMSQ_LANES_ running sums, then the tail, then the lanes in order: a
+     * fixed order that vectorises (one running sum is a chain of dependent
+     * adds, 4 cycles each, and was 2% of a SmolLM2-135M step). */
+    double acc[SUMSQ_LANES_] = {0};
+    int64_t i = lo;
+    for (; i + SUMSQ_LANES_ <= hi; i += SUMSQ_LANES_)
+        for (int q = 0; q < SUMSQ_LANES_; q++) acc[q] += (double)j->x[i + q] * (double)j->x[i + q];
     double s = 0.0;
-    for (int64_t i = lo; i < hi; i++) s += (double)j->x[i] * (double)j->x[i];
+    for (; i < hi; i++) s += (double)j->x[i] * (double)j->x[i];
+    for (int q = 0; q < SUMSQ_LANES_; q++) s += acc[q];
     j->part[k] = s;
 }
 

@@ -23,6 +23,27 @@
 
 #include "../core/core.h" /* the thread pool */
 
+/* ---- max of a row (softmaxes) --------------------------------------------- */
+
+/* max of x[0..n), n >= 1, in ZDP_NN_MAX_LANES_ independent running maxima
+ * (one running max is a chain of dependent compares, 4 cycles each; the
+ * loss's 49,152-wide rows spent 1% of a SmolLM2 step there).  A max is exact
+ * in any order, so this returns the serial loop's value, NaN included (a NaN
+ * is kept only from x[0], in both); only a zero's sign may differ, which the
+ * softmaxes (x - max) never see. */
+#define ZDP_NN_MAX_LANES_ 16
+static inline float zdp_nn_max_(const float *x, int64_t n) {
+    float acc[ZDP_NN_MAX_LANES_];
+    for (int q = 0; q < ZDP_NN_MAX_LANES_; q++) acc[q] = x[0];
+    int64_t i = 0;
+    for (; i + ZDP_NN_MAX_LANES_ <= n; i += ZDP_NN_MAX_LANES_)
+        for (int q = 0; q < ZDP_NN_MAX_LANES_; q++) acc[q] = x[i + q] > acc[q] ? x[i + q] : acc[q];
+    float m = acc[0];
+    for (int q = 1; q < ZDP_NN_MAX_LANES_; q++) m = acc[q] > m ? acc[q] : m;
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
 /* ---- vectorisable e^x (GPT-2's softmax and GELU, the Llama family's SwiGLU
  * and attention softmax) --------------------------------------------------- */
 

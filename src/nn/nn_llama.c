@@ -217,8 +217,7 @@ void zdp_nn_rope_backward(float *dinp, const float *dout, const float *cos_t, co
  *   dQ = dS K;  dK += dS^T Q;  dV += A^T dout  (summed over the group's query heads) */
 
 static void softmax_causal_row_(float *row, int64_t n) {
-    float m = row[0];
-    for (int64_t i = 1; i < n; i++) m = row[i] > m ? row[i] : m;
+    const float m = zdp_nn_max_(row, n);
     /* Exponentials first (a loop that vectorises), then the sum in order. */
     for (int64_t i = 0; i < n; i++) row[i] = zdp_nn_exp_(row[i] - m);
     double s = 0.0;

@@ -42,16 +42,10 @@ static inline float dot_(const float *a, const float *b, int64_t n) {
     return s;
 }
 
-static inline float max_(const float *x, int64_t n) {
-    float m = x[0];
-    for (int64_t i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
-    return m;
-}
-
 /* In place: x[0..n) = softmax(x[0..n)); returns the sum of exponentials
  * (before normalisation) and the max in *maxv. */
 static inline float softmax_inplace_(float *x, int64_t n, float *maxv) {
-    const float m = max_(x, n);
+    const float m = zdp_nn_max_(x, n);
     for (int64_t i = 0; i < n; i++) x[i] = zdp_nn_exp_(x[i] - m);
     const float s = sum_(x, n);
     const float inv = 1.0f / s;

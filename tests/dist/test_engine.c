@@ -1197,9 +1197,11 @@ static void test_overlap_comm_bitwise(bool managed, int64_t bucket) {
     free(p[0]);
 }
 
-/* The reported norm is the single-process norm of the averaged gradient. */
-static void test_grad_norm_is_global(int stage) {
-    const int H = 5, L = 3;
+/* The reported norm is the single-process norm of the averaged gradient.  H = 5
+ * keeps every one of the norm's 64 parts shorter than its 16 lanes (the
+ * serial tail alone); H = 32 (3,168 parameters) runs the lanes. */
+static void test_grad_norm_is_global(int stage, int H) {
+    const int L = 3;
     const int64_t b = 12 / W;
     data d = data_make_(H, 12, 23);
     char json[512];
@@ -1287,7 +1289,8 @@ int main(int argc, char **argv) {
             test_backward_count_mismatch(stage, managed, 3, 1), n++;
             test_backward_count_mismatch(stage, managed, 0, 1), n++; /* a step() with none */
         }
-        test_grad_norm_is_global(stage), n++;
+        test_grad_norm_is_global(stage, 5), n++;
+        test_grad_norm_is_global(stage, 32), n++;
         test_averaging_invariance(stage, true), n++;
         test_scheduler_cadence(stage), n++;
         test_nonfinite_update_refused(stage), n++;

@@ -435,6 +435,37 @@ static void test_lmhead_crossentropy(void **state) {
     check_lmhead_crossentropy_(weights);
 }
 
+/* zdp_nn_max_ (every softmax's max, run in lanes) against the serial loop: every
+ * length around the lane count and a loss-row width, the max at every position
+ * (lanes and tail), NaN only from x[0] as the serial loop keeps it.  A wrong
+ * max would pass the softmax tests (softmax(x - m) does not depend on m) until
+ * an exponential overflowed, so it is checked here directly. */
+static void test_row_max(void **state) {
+    (void)state;
+    uint64_t s = 77;
+    const int64_t lens[] = {1, 2, 15, 16, 17, 31, 32, 33, 100, 49152};
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        const int64_t n = lens[li];
+        float *x = rand_vec_(n, 50.0f, &s);
+        for (int64_t at = 0; at < n; at += n > 64 ? n / 37 + 1 : 1) {
+            const float keep = x[at];
+            x[at] = 1000.0f + (float)at;
+            float ref = x[0];
+            for (int64_t i = 1; i < n; i++) ref = x[i] > ref ? x[i] : ref;
+            assert_true(ref == 1000.0f + (float)at);
+            assert_true(zdp_nn_max_(x, n) == ref);
+            x[at] = keep;
+        }
+        if (n > 1) {
+            x[n - 1] = NAN; /* ignored after x[0], as by the serial loop */
+            assert_false(isnan(zdp_nn_max_(x, n)));
+        }
+        x[0] = NAN;
+        assert_true(isnan(zdp_nn_max_(x, n)));
+        free(x);
+    }
+}
+
 /* ---- the whole model --------------------------------------------------------------------------- */
 
 typedef struct model_fx {
@@ -833,6 +864,7 @@ int main(void) {
         cmocka_unit_test(test_attention_one_block), cmocka_unit_test(test_attention_blocks),
         cmocka_unit_test(test_gelu),             cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_residual),         cmocka_unit_test(test_lmhead_crossentropy),
+        cmocka_unit_test(test_row_max),
         cmocka_unit_test(test_model_fd),         cmocka_unit_test(test_model_fd_long),
         cmocka_unit_test(test_tied_wte),         cmocka_unit_test(test_backward_adds),
         cmocka_unit_test(test_next_logits),      cmocka_unit_test(test_create_errors),
