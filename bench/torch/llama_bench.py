@@ -17,7 +17,8 @@ usage: llama_bench.py [--layers 30] [--hidden 576] [--heads 9] [--kv-heads 3]
                       [--world-size 1] [--threads 2] [--steps 3] [--warmup 1]
 
 Prints on rank 0: RESULT {...} with the median ms per step (the slowest
-rank's), tokens/s = W*b*T / median, the losses and every rank's peak RSS.
+rank's), tokens/s = W*b*T / median, the CPU ms per step (each rank's median,
+summed over ranks), the losses and every rank's peak RSS.
 """
 
 import argparse
@@ -108,6 +109,12 @@ def build_model(torch, a):
     return Llama()
 
 
+def cpu_s():
+    """CPU seconds of this process, all threads, user + system (as llama_bench.c)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 def worker(rank, a, port):
     os.environ["OMP_NUM_THREADS"] = str(a.threads)
     os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)
@@ -128,28 +135,32 @@ def worker(rank, a, port):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.1)
     g = torch.Generator().manual_seed(1234 + 7919 * rank)
-    times, losses = [], []
+    times, cpus, losses = [], [], []
     for j in range(a.warmup + a.steps):
         x = torch.randint(a.vocab, (a.micro, a.T), generator=g)
         y = torch.randint(a.vocab, (a.micro, a.T), generator=g)
         if W > 1:
             dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_s()
         opt.zero_grad(set_to_none=True)
         loss = run(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, cpu_s() - c0
         if j >= a.warmup:
             times.append(dt)
+            cpus.append(dc)
             losses.append(float(loss))
-    med = statistics.median(times)
+    med, cpu = statistics.median(times), statistics.median(cpus)
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if W > 1:
         t = torch.tensor([med], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         med = float(t)
+        c = torch.tensor([cpu], dtype=torch.float64)
+        dist.all_reduce(c, op=dist.ReduceOp.SUM)
+        cpu = float(c)
         rss = [torch.zeros(1, dtype=torch.float64) for _ in range(W)]
         dist.all_gather(rss, torch.tensor([rss_kib / 1024.0], dtype=torch.float64))
         rss = [round(float(r), 1) for r in rss]
@@ -158,7 +169,8 @@ def worker(rank, a, port):
     if rank == 0:
         res = {"impl": "torch", "world_size": W, "threads": a.threads, "micro_batch": a.micro,
                "T": a.T, "n_params": n_params, "steps": a.steps, "warmup": a.warmup,
-               "ms_per_step_median": med * 1e3, "tokens_per_s": W * a.micro * a.T / med,
+               "ms_per_step_median": med * 1e3, "cpu_ms_per_step": cpu * 1e3,
+               "tokens_per_s": W * a.micro * a.T / med,
                "loss_first": losses[0], "loss_last": losses[-1], "peak_rss_mib": rss,
                "torch": torch.__version__, "blas": torch.__config__.show().count("OpenBLAS") > 0}
         print("RESULT " + json.dumps(res), flush=True)

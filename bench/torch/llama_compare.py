@@ -9,6 +9,13 @@ MFU = tokens/s x FLOPs per token / sgemm peak of the same layout (two
 single-threaded processes for -np 2, one process with two threads for
 -np 1), against the peak measured in the same repetition (the machine is
 shared: a busy moment slows both) and against the best peak of the run.
+MFU per CPU-second = the step's FLOPs / (the CPU seconds its processes used,
+all ranks' threads) / (sgemm's GFLOP per CPU-second of one core, measured
+with the peak in the same repetition): the fraction of
+the peak the code reaches while it runs, which on a shared machine the wall
+time cannot show (it also counts the time other work held the cores); the
+CPU share = CPU time / (cores x wall time) says how much of the machine the
+run had.  Spinning at a join counts as CPU time (it is the code's cost).
 FLOPs per token = 6 x (matmul parameters) + 12 L T hd NH (attention over the
 full T x T square, forward and backward), as llama_bench.c prints it.
 Also printed: CPU model and flags, OpenBLAS's core, the load average before
@@ -52,9 +59,10 @@ def peak(a, np_, th, env):
            "--seconds", "1"]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     m = re.search(r"peak_gflops ([0-9.]+)", p.stdout)
-    if not m:
+    mc = re.search(r"peak_gflops_per_core_cpu ([0-9.]+)", p.stdout)
+    if not m or not mc:
         raise RuntimeError("sgemm_peak: " + p.stdout + p.stderr)
-    return float(m.group(1))
+    return float(m.group(1)), float(mc.group(1))
 
 
 def main():
@@ -91,7 +99,7 @@ def main():
         for np_, th in layouts:
             env = dict(os.environ, OPENBLAS_NUM_THREADS=str(th), OMP_NUM_THREADS=str(th),
                        ZDP_NUM_THREADS=str(th))
-            pk = peak(a, np_, th, env)
+            pk, pk_core = peak(a, np_, th, env)
             order = impls if rep % 2 == 0 else impls[::-1]
             for impl in order:
                 if impl == "zdp":
@@ -103,9 +111,12 @@ def main():
                            "--world-size", str(np_), "--threads", str(th)] + extra
                 r = run(cmd, env, 3600)
                 r["peak_gflops_rep"] = pk
+                r["peak_core_cpu_rep"] = pk_core
                 rows.setdefault((np_, th, impl), []).append(r)
                 print(f"rep {rep} {np_}x{th} {impl}: {r['ms_per_step_median']:.0f} ms/step, "
-                      f"{r['tokens_per_s']:.1f} tok/s, peak {pk:.1f} GFLOP/s, load "
+                      f"cpu {r['cpu_ms_per_step']:.0f} ms/step, "
+                      f"{r['tokens_per_s']:.1f} tok/s, peak {pk:.1f} GFLOP/s ({pk_core:.1f} per core "
+                      f"per CPU-s), load "
                       f"{r['load_before']}->{r['load_after']}, loss {r['loss_first']:.4f}->"
                       f"{r['loss_last']:.4f}, rss {r['peak_rss_mib']}", flush=True)
     fpt = None
@@ -114,12 +125,12 @@ def main():
             fpt = rs[0]["flops_per_token"]
     print()
     print("| layout | impl | ms/step | tokens/s | zdp / PyTorch | MFU (peak same rep) | MFU (best peak) "
-          "| load | peak RSS/rank MiB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| CPU ms/step | CPU share | MFU per CPU-s | zdp / PyTorch per CPU-s | load | peak RSS/rank MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     summary = []
     for np_, th in layouts:
         best_peak = max(r["peak_gflops_rep"] for impl in impls for r in rows.get((np_, th, impl), []))
-        tok = {}
+        tok, fpc = {}, {}
         for impl in impls:
             rs = rows.get((np_, th, impl), [])
             if not rs:
@@ -129,13 +140,28 @@ def main():
             ms = statistics.median(r["ms_per_step_median"] for r in rs)
             mfu_rep = statistics.median(r["tokens_per_s"] * fpt / (r["peak_gflops_rep"] * 1e9) for r in rs) if fpt else float("nan")
             mfu_best = t * fpt / (best_peak * 1e9) if fpt else float("nan")
+            # Per CPU-second: the FLOPs of a step over the CPU time the step's
+            # processes used (all ranks' threads), against sgemm's GFLOP per
+            # CPU-second of one core in the same repetition: what the code
+            # reaches while it runs, whatever time other work held the cores.
+            cores = np_ * th
+            cpu_ms = statistics.median(r["cpu_ms_per_step"] for r in rs)
+            share = statistics.median(r["cpu_ms_per_step"] / (cores * r["ms_per_step_median"])
+                                      for r in rs)
+            mfu_cpu = statistics.median(
+                np_ * r["micro_batch"] * r["T"] * fpt / (r["cpu_ms_per_step"] * 1e-3)
+                / (r["peak_core_cpu_rep"] * 1e9) for r in rs) if fpt else float("nan")
+            fpc[impl] = mfu_cpu
             ld = "/".join(f"{r['load_before']:.1f}" for r in rs)
             rss = max(max(r["peak_rss_mib"]) for r in rs)
             ratio = f"**{tok['zdp'] / tok['torch']:.2f}x**" if impl == "torch" and "zdp" in tok else ""
+            ratio_cpu = f"**{fpc['zdp'] / fpc['torch']:.2f}x**" if impl == "torch" and "zdp" in fpc else ""
             print(f"| {np_} x {th} | {impl} | {ms:.0f} | {t:.1f} | {ratio} | {100 * mfu_rep:.1f}% | "
-                  f"{100 * mfu_best:.1f}% | {ld} | {rss:.0f} |")
+                  f"{100 * mfu_best:.1f}% | {cpu_ms:.0f} | {100 * share:.0f}% | {100 * mfu_cpu:.1f}% | "
+                  f"{ratio_cpu} | {ld} | {rss:.0f} |")
             summary.append({"np": np_, "threads": th, "impl": impl, "ms": ms, "tokens_per_s": t,
                             "mfu_rep": mfu_rep, "mfu_best": mfu_best, "best_peak": best_peak,
+                            "cpu_ms": cpu_ms, "cpu_share": share, "mfu_cpu": mfu_cpu,
                             "runs": rs})
     z = [r for (n, t, i), rs in rows.items() if i == "zdp" for r in rs]
     if z:
