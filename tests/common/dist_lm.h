@@ -20,7 +20,7 @@
 #include "engine/engine.h"
 #include "zdp/zdp.h"
 
-static inline int64_t dist_lm_numel(const zdp_param_info *pi) {
+static inline int64_t numel_(const zdp_param_info *pi) {
     int64_t n = 1;
     for (int k = 0; k < pi->ndim; k++) n *= pi->shape[k];
     return n;
@@ -30,11 +30,11 @@ static inline int64_t dist_lm_numel(const zdp_param_info *pi) {
  * and in *views one pointer per tensor into it (free both). */
 static inline float *dist_lm_flat(const zdp_model *m, float ***views, int64_t *n) {
     *n = 0;
-    for (int i = 0; i < m->n_params; i++) *n += dist_lm_numel(&m->params[i]);
+    for (int i = 0; i < m->n_params; i++) *n += numel_(&m->params[i]);
     float *flat = malloc((size_t)*n * sizeof(float));
     *views = calloc((size_t)m->n_params, sizeof(float *));
     if (flat == NULL || *views == NULL) CHECK_FAIL_("out of memory for %lld floats", (long long)*n);
-    for (int i = 0, k = 0; i < m->n_params; k += (int)dist_lm_numel(&m->params[i]), i++)
+    for (int i = 0, k = 0; i < m->n_params; k += (int)numel_(&m->params[i]), i++)
         (*views)[i] = flat + k;
     return flat;
 }
@@ -88,19 +88,19 @@ static inline float *dist_lm_reference(const zdp_model *m, float *const *p, cons
     float **g = calloc((size_t)np, sizeof(float *));
     int64_t n = 0;
     for (int i = 0; i < np; i++) {
-        g[i] = calloc((size_t)dist_lm_numel(&m->params[i]), sizeof(float));
-        n += dist_lm_numel(&m->params[i]);
+        g[i] = calloc((size_t)numel_(&m->params[i]), sizeof(float));
+        n += numel_(&m->params[i]);
     }
     double *pd = malloc((size_t)n * sizeof(double)), *gd = malloc((size_t)n * sizeof(double));
     double *buf = calloc((size_t)n, sizeof(double));
     for (int i = 0, k = 0; i < np; i++)
-        for (int64_t e = 0; e < dist_lm_numel(&m->params[i]); e++) pd[k++] = p[i][e];
+        for (int64_t e = 0; e < numel_(&m->params[i]); e++) pd[k++] = p[i][e];
     int64_t mb = 0; /* global micro-batches used so far */
     for (int s = 0; s < steps; s++) {
         memset(gd, 0, (size_t)n * sizeof(double));
         for (int j = 0; j < counts[s]; j++, mb++) {
             for (int i = 0; i < np; i++)
-                memset(g[i], 0, (size_t)dist_lm_numel(&m->params[i]) * sizeof(float));
+                memset(g[i], 0, (size_t)numel_(&m->params[i]) * sizeof(float));
             zdp_lm_batch b = dist_lm_batch(d, mb, 0, d->global_b);
             float loss;
             CHECK_OK(zdp_model_forward_dense(m, (const float *const *)p, &b, &loss, &e_));
@@ -109,7 +109,7 @@ static inline float *dist_lm_reference(const zdp_model *m, float *const *p, cons
                                               1.0f / (float)counts[s], sink, &e_));
             free(sink);
             for (int i = 0, k = 0; i < np; i++)
-                for (int64_t e = 0; e < dist_lm_numel(&m->params[i]); e++) gd[k++] += g[i][e];
+                for (int64_t e = 0; e < numel_(&m->params[i]); e++) gd[k++] += g[i][e];
         }
         double sq = 0.0;
         for (int64_t k = 0; k < n; k++) sq += gd[k] * gd[k];
@@ -119,7 +119,7 @@ static inline float *dist_lm_reference(const zdp_model *m, float *const *p, cons
             pd[k] -= opt.lr * buf[k];
         }
         for (int i = 0, k = 0; i < np; i++)
-            for (int64_t e = 0; e < dist_lm_numel(&m->params[i]); e++) p[i][e] = (float)pd[k++];
+            for (int64_t e = 0; e < numel_(&m->params[i]); e++) p[i][e] = (float)pd[k++];
     }
     float *out = malloc((size_t)n * sizeof(float));
     for (int64_t k = 0; k < n; k++) out[k] = (float)pd[k];

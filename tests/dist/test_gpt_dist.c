@@ -45,7 +45,7 @@ static float *reference_(const dist_lm_data *d, uint64_t seed, int64_t *n_out) {
     CHECK_OK(zdp_gpt_create(&CFG, GLOBAL_B, &m, &e_));
     float **p = calloc((size_t)m.n_params, sizeof(float *));
     for (int i = 0; i < m.n_params; i++)
-        p[i] = calloc((size_t)dist_lm_numel(&m.params[i]), sizeof(float));
+        p[i] = calloc((size_t)numel_(&m.params[i]), sizeof(float));
     zdp_gpt_init_params(&m, p, seed);
     float *out = dist_lm_reference(&m, p, d, STEPS, COUNTS, SGD_, n_out);
     for (int i = 0; i < m.n_params; i++) free(p[i]);

@@ -72,7 +72,7 @@ static float *reference_(const zdp_llama_config *mc, const dist_lm_data *d, cons
     CHECK_OK(zdp_llama_create(mc, GLOBAL_B, &m, &e_));
     float **p = calloc((size_t)m.n_params, sizeof(float *));
     for (int i = 0; i < m.n_params; i++)
-        p[i] = calloc((size_t)dist_lm_numel(&m.params[i]), sizeof(float));
+        p[i] = calloc((size_t)numel_(&m.params[i]), sizeof(float));
     zdp_llama_init_params(&m, p, seed);
     float *out = dist_lm_reference(&m, p, d, STEPS, counts, SGD_, n_out);
     for (int i = 0; i < m.n_params; i++) free(p[i]);
@@ -120,18 +120,18 @@ static float *train_(const zdp_llama_config *mc, const dist_lm_data *d, int stag
         int64_t persist = 0;
         const int64_t thr = cfg.zero.stage3_param_persistence_threshold;
         for (int i = 0; i < m.n_params; i++)
-            if (dist_lm_numel(&m.params[i]) < thr) persist += dist_lm_numel(&m.params[i]);
+            if (numel_(&m.params[i]) < thr) persist += numel_(&m.params[i]);
         CHECK_EQ_I64(mr.gathered_bytes, persist * 4);
         /* The model holds one range at a time: embed_tokens, a layer, the
          * norm or lm_head. */
         const int per = (m.n_params - 2 - (mc->tie_word_embeddings ? 0 : 1)) / mc->n_layer;
-        int64_t largest = dist_lm_numel(&m.params[0]);
+        int64_t largest = numel_(&m.params[0]);
         for (int l = 0; l < mc->n_layer; l++) {
             int64_t layer = 0;
-            for (int i = 1 + l * per; i < 1 + (l + 1) * per; i++) layer += dist_lm_numel(&m.params[i]);
+            for (int i = 1 + l * per; i < 1 + (l + 1) * per; i++) layer += numel_(&m.params[i]);
             if (layer > largest) largest = layer;
         }
-        if (dist_lm_numel(&m.params[m.n_params - 1]) > largest) largest = dist_lm_numel(&m.params[m.n_params - 1]);
+        if (numel_(&m.params[m.n_params - 1]) > largest) largest = numel_(&m.params[m.n_params - 1]);
         /* Without prefetch the peak is the largest of those ranges. */
         if (thr == 0 && cfg.zero.stage3_prefetch_bucket_size == 0)
             CHECK_EQ_I64(mr.gathered_peak_bytes, 4 * largest);

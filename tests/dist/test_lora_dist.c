@@ -51,12 +51,12 @@ static float **base_make_(const base_spec *b, int max_batch, zdp_model *m) {
     if (b->gpt) CHECK_OK(zdp_gpt_create(&GPT_, max_batch, m, &e_));
     else CHECK_OK(zdp_llama_create(&QWEN3_, max_batch, m, &e_));
     float **p = calloc((size_t)m->n_params, sizeof(float *));
-    for (int i = 0; i < m->n_params; i++) p[i] = calloc((size_t)dist_lm_numel(&m->params[i]), sizeof(float));
+    for (int i = 0; i < m->n_params; i++) p[i] = calloc((size_t)numel_(&m->params[i]), sizeof(float));
     if (b->gpt) {
         zdp_gpt_init_params(m, p, 41);
         for (int i = 0; i < m->n_params; i++) /* wider than 0.02: visible gradients */
             if (m->params[i].ndim == 2)
-                for (int64_t k = 0; k < dist_lm_numel(&m->params[i]); k++) p[i][k] *= 10.0f;
+                for (int64_t k = 0; k < numel_(&m->params[i]); k++) p[i][k] *= 10.0f;
     } else {
         zdp_llama_init_params(m, p, 41);
     }
@@ -74,7 +74,7 @@ static void check_base_unchanged_(const base_spec *b, const zdp_model *m, float 
     zdp_model fresh;
     float **q = base_make_(b, 1, &fresh);
     for (int i = 0; i < m->n_params; i++)
-        if (memcmp(p[i], q[i], (size_t)dist_lm_numel(&m->params[i]) * sizeof(float)) != 0)
+        if (memcmp(p[i], q[i], (size_t)numel_(&m->params[i]) * sizeof(float)) != 0)
             CHECK_FAIL_("base tensor %s changed", m->params[i].name);
     base_free_(&fresh, q);
 }
@@ -95,7 +95,7 @@ static float *reference_(const base_spec *bs, const dist_lm_data *d, const int *
     CHECK_OK(zdp_lora_create(&base, (const float *const *)bp, &bs->lora, &m, &e_));
     float **p = calloc((size_t)m.n_params, sizeof(float *));
     for (int i = 0; i < m.n_params; i++)
-        p[i] = calloc((size_t)dist_lm_numel(&m.params[i]), sizeof(float));
+        p[i] = calloc((size_t)numel_(&m.params[i]), sizeof(float));
     zdp_lora_init_params(&m, p);
     float *out = dist_lm_reference(&m, p, d, STEPS, counts, SGD_, n_out);
     for (int i = 0; i < m.n_params; i++) free(p[i]);
@@ -131,13 +131,13 @@ static float *train_(const base_spec *bs, const dist_lm_data *d, int stage, bool
     CHECK_EQ_I64(mr.activation_bytes, m.activation_bytes);
     dist_lm_train(eng, d, R, b, STEPS, counts, managed);
     int64_t n = 0;
-    for (int i = 0; i < m.n_params; i++) n += dist_lm_numel(&m.params[i]);
+    for (int i = 0; i < m.n_params; i++) n += numel_(&m.params[i]);
     CHECK_EQ_I64(zdp_engine_numel(eng), n);
     float *out = malloc((size_t)n * sizeof(float));
     for (int i = 0, k = 0; i < m.n_params; i++) {
         memcpy(out + k, zdp_engine_param_data(eng, i),
-               (size_t)dist_lm_numel(&m.params[i]) * sizeof(float));
-        k += (int)dist_lm_numel(&m.params[i]);
+               (size_t)numel_(&m.params[i]) * sizeof(float));
+        k += (int)numel_(&m.params[i]);
     }
     free(views);
     zdp_engine_destroy(eng);
@@ -180,7 +180,7 @@ static void check_model_(const char *name, const base_spec *bs, uint64_t seed) {
     zdp_lora_init_params(&m, p);
     double moved_a = 0.0, moved_b = 0.0, apart = 0.0;
     for (int i = 0, k = 0; i < m.n_params; i++)
-        for (int64_t e = 0; e < dist_lm_numel(&m.params[i]); e++, k++) {
+        for (int64_t e = 0; e < numel_(&m.params[i]); e++, k++) {
             const double dv = fabs((double)ref[0][k] - init[k]);
             if (i % 2 == 0) moved_a = fmax(moved_a, dv);
             else moved_b = fmax(moved_b, dv);
