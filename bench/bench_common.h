@@ -29,6 +29,16 @@ static inline int bench_cmp_double_(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* CPU seconds this process has used, all its threads, user + system: on a
+ * shared machine the wall time also counts the time others held the cores,
+ * the CPU time does not (docs/benchmarks-llama.md, "MFU per CPU-second"). */
+static inline double bench_cpu_s(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
+           (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
+}
+
 /* The median of v[0..n) (sorts v); 0 for an empty sample. */
 static inline double bench_median(double *v, int n) {
     if (n < 1) return 0.0;

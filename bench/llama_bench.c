@@ -20,47 +20,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <time.h>
 
 #include <mpi.h>
 
 #include "zdp/zdp.h"
 
+#include "bench_common.h"
+
 #include "core/core.h" /* zdp_pool_size: the threads the kernels use */
-
-static double now_(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* CPU seconds this process has used, all its threads, user + system: the
- * steps' CPU time, against which the MFU per CPU-second is measured (on a
- * shared machine the wall time also counts the time others held the cores). */
-static double cpu_s_(void) {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
-           (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
-}
-
-static int cmp_double_(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median_(double *v, int n) {
-    if (n < 1) return 0.0;
-    qsort(v, (size_t)n, sizeof *v, cmp_double_);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static void die_(const char *what, const zdp_error *err) {
-    char msg[1200];
-    snprintf(msg, sizeof msg, "%s: %s", what, err->msg);
-    zdp_dist_abort(1, msg);
-}
 
 int main(int argc, char **argv) {
     int layers = 30, hidden = 576, heads = 9, kv = 3, ffn = 1536, vocab = 49152, T = 256;
@@ -86,7 +53,7 @@ int main(int argc, char **argv) {
         *dst = atoi(argv[++i]);
     }
     zdp_error err;
-    if (zdp_dist_init(&argc, &argv, &err) != ZDP_OK) die_("init", &err);
+    if (zdp_dist_init(&argc, &argv, &err) != ZDP_OK) bench_die("init", &err);
     zdp_set_log(NULL, NULL);
     const int W = zdp_dist_world_size(), R = zdp_dist_rank();
 
@@ -99,7 +66,7 @@ int main(int argc, char **argv) {
              "\"zero_optimization\": {\"stage\": %d}}",
              micro, stage);
     zdp_config cfg;
-    if (zdp_config_load_string(json, "<bench>", W, &cfg, &err) != ZDP_OK) die_("config", &err);
+    if (zdp_config_load_string(json, "<bench>", W, &cfg, &err) != ZDP_OK) bench_die("config", &err);
     zdp_llama_config lc = {.arch = ZDP_ARCH_LLAMA, .n_layer = layers, .hidden = hidden,
                            .n_head = heads, .n_kv_head = kv, .head_dim = hidden / heads,
                            .ffn = ffn, .vocab_size = vocab, .block_size = T,
@@ -108,9 +75,9 @@ int main(int argc, char **argv) {
                            .rope_type = ZDP_ROPE_DEFAULT, .tie_word_embeddings = 1,
                            .initializer_range = 0.02};
     zdp_model model;
-    if (zdp_llama_create(&lc, micro, &model, &err) != ZDP_OK) die_("model", &err);
+    if (zdp_llama_create(&lc, micro, &model, &err) != ZDP_OK) bench_die("model", &err);
     zdp_engine *eng;
-    if (zdp_engine_create(&cfg, &model, &eng, &err) != ZDP_OK) die_("engine", &err);
+    if (zdp_engine_create(&cfg, &model, &eng, &err) != ZDP_OK) bench_die("engine", &err);
     float **views = malloc((size_t)model.n_params * sizeof *views);
     int64_t n_params = 0;
     for (int i = 0; i < model.n_params; i++) {
@@ -119,7 +86,7 @@ int main(int argc, char **argv) {
         n_params += p->ndim == 2 ? p->shape[0] * p->shape[1] : p->shape[0];
     }
     zdp_llama_init_params(&model, views, 1);
-    if (zdp_engine_sync_params(eng, &err) != ZDP_OK) die_("sync", &err);
+    if (zdp_engine_sync_params(eng, &err) != ZDP_OK) bench_die("sync", &err);
 
     /* Random tokens, different per rank and step. */
     const int64_t N = (int64_t)micro * T;
@@ -139,12 +106,12 @@ int main(int argc, char **argv) {
         }
         zdp_lm_batch batch = {.inputs = inputs, .targets = targets, .B = micro, .T = T};
         MPI_Barrier(MPI_COMM_WORLD);
-        const double t0 = now_(), c0 = cpu_s_();
+        const double t0 = bench_now(), c0 = bench_cpu_s();
         float loss;
-        if (zdp_engine_forward(eng, &batch, &loss, &err) != ZDP_OK) die_("forward", &err);
-        if (zdp_engine_backward(eng, 1, 1.0f, &err) != ZDP_OK) die_("backward", &err);
-        if (zdp_engine_step(eng, &err) != ZDP_OK) die_("step", &err);
-        const double dt = now_() - t0, dc = cpu_s_() - c0;
+        if (zdp_engine_forward(eng, &batch, &loss, &err) != ZDP_OK) bench_die("forward", &err);
+        if (zdp_engine_backward(eng, 1, 1.0f, &err) != ZDP_OK) bench_die("backward", &err);
+        if (zdp_engine_step(eng, &err) != ZDP_OK) bench_die("step", &err);
+        const double dt = bench_now() - t0, dc = bench_cpu_s() - c0;
         if (it >= warmup) {
             step_s[it - warmup] = dt;
             cpu_s[it - warmup] = dc;
@@ -158,18 +125,14 @@ int main(int argc, char **argv) {
         }
     }
     /* The slowest rank's median decides the step time. */
-    double med = median_(step_s, steps), fwd = median_(fwd_s, steps);
-    double bwd = median_(bwd_s, steps), opt = median_(opt_s, steps);
+    double med = bench_median(step_s, steps), fwd = bench_median(fwd_s, steps);
+    double bwd = bench_median(bwd_s, steps), opt = bench_median(opt_s, steps);
     double med_max = 0.0;
     MPI_Allreduce(&med, &med_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     /* CPU seconds per step: each rank's median, summed over the ranks. */
-    double cpu = median_(cpu_s, steps), cpu_sum = 0.0;
+    double cpu = bench_median(cpu_s, steps), cpu_sum = 0.0;
     MPI_Allreduce(&cpu, &cpu_sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    long rss_kib = ru.ru_maxrss;
-    long *all = R == 0 ? malloc((size_t)W * sizeof(long)) : NULL;
-    MPI_Gather(&rss_kib, 1, MPI_LONG, all, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+    long *all = bench_gather_rss(R, W);
     zdp_memory_report m;
     zdp_engine_memory_report(eng, &m);
     if (R == 0) {
