@@ -583,6 +583,19 @@ static int64_t gathered_now_(const zdp_engine *e) {
 
 /* ---- stage 3 prefetch ---- */
 
+static void rec_free_(zdp_engine *e, int k);
+
+/* Frees one range kept for reuse (refs == 0), the most recent; false when
+ * none is kept. */
+static bool reuse_evict_one_(zdp_engine *e) {
+    for (int k = e->n_recs - 1; k >= 0; k--)
+        if (e->recs[k].refs == 0) {
+            rec_free_(e, k);
+            return true;
+        }
+    return false;
+}
+
 static int64_t extent_(const zdp_engine *e, int first, int count) {
     const int last = first + count - 1;
     return e->lay.offsets[last] + e->lay.numels[last] - e->lay.offsets[first];
@@ -671,10 +684,12 @@ static void prefetch_more_(zdp_engine *e) {
             continue;
         }
         const int64_t n = extent_(e, f, c);
-        const int64_t live = e->gathered_elems;
-        if (e->pf_elems + n > z->stage3_prefetch_bucket_size ||
-            live + n > z->stage3_max_live_parameters)
-            return;
+        if (e->pf_elems + n > z->stage3_prefetch_bucket_size) return;
+        /* Ranges kept for reuse give way to the prefetch of what comes
+         * next (every rank keeps and evicts alike). */
+        while (e->gathered_elems + n > z->stage3_max_live_parameters && reuse_evict_one_(e)) {
+        }
+        if (e->gathered_elems + n > z->stage3_max_live_parameters) return;
         gather_rec *r = &e->pf[e->n_pf];
         *r = (gather_rec){.first = f, .count = c, .buf = gather_alloc_(e, n), .elems = n};
         r->event = gather_queue_(e, r->buf, e->lay.offsets[f], e->lay.offsets[f] + n, &r->slot);
@@ -743,11 +758,16 @@ static zdp_status fetch3_(zdp_engine *e, int first, int count, zdp_error *err) {
         }
     int rec = e->live_of[first];
     if (rec >= 0 && e->recs[rec].first == first && e->recs[rec].count == count) {
-        e->recs[rec].refs++;
+        if (e->recs[rec].refs++ == 0) {
+            e->reuse_hits++;
+            prefetch_more_(e);
+        }
         return ZDP_OK;
     }
     bool all_persistent = true;
     for (int i = first; i <= last; i++) {
+        if (e->live_of[i] >= 0 && e->recs[e->live_of[i]].refs == 0)
+            rec_free_(e, e->live_of[i]); /* kept for reuse, overlapped: gather anew */
         if (e->live_of[i] >= 0) {
             const gather_rec *r = &e->recs[e->live_of[i]];
             return zdp_err_set(err, ZDP_ERR_STATE,
@@ -832,6 +852,26 @@ static void rec_free_(zdp_engine *e, int k) {
     }
 }
 
+/* stage3_max_reuse_distance (DeepSpeed's rule, docs/deepspeed.md §4.8): a
+ * range the model releases stays gathered when the pass's trace fetches it
+ * again before more than that many elements of other fetches, and the
+ * gathered elements stay within stage3_max_live_parameters.  Only a pass
+ * that replays its trace knows what comes next. */
+static bool reuse_soon_(const zdp_engine *e, int k) {
+    const zdp_zero_config *z = &e->cfg.zero;
+    const fetch_trace *t = &e->trace[e->pass_kind];
+    const gather_rec *r = &e->recs[k];
+    if (z->stage3_max_reuse_distance <= 0 || !t->done || !e->trace_ok) return false;
+    if (e->gathered_elems > z->stage3_max_live_parameters) return false;
+    int64_t dist = 0;
+    for (int p = e->trace_pos; p < t->len; p++) {
+        if (t->first[p] == r->first && t->count[p] == r->count) return true;
+        dist += extent_(e, t->first[p], t->count[p]);
+        if (dist > z->stage3_max_reuse_distance) return false;
+    }
+    return false;
+}
+
 void zdp_param_release(zdp_param_source *src, int first, int count) {
     if (src == NULL || src->eng == NULL || src->eng->cfg.zero.stage < 3) return;
     zdp_engine *e = src->eng;
@@ -839,8 +879,10 @@ void zdp_param_release(zdp_param_source *src, int first, int count) {
     const int k = e->live_of[first];
     /* A release that matches no live fetch (or a persistent range) has
      * nothing to free. */
-    if (k < 0 || e->recs[k].first != first || e->recs[k].count != count) return;
-    if (--e->recs[k].refs == 0) rec_free_(e, k);
+    if (k < 0 || e->recs[k].first != first || e->recs[k].count != count ||
+        e->recs[k].refs == 0)
+        return;
+    if (--e->recs[k].refs == 0 && !reuse_soon_(e, k)) rec_free_(e, k);
 }
 
 /* Before the model's forward or backward (stage 3): the persistent tensors
@@ -1806,6 +1848,7 @@ int64_t zdp_engine_padded_numel(const zdp_engine *e) { return e->lay.padded; }
 int64_t zdp_engine_partition_numel(const zdp_engine *e) { return e->lay.part; }
 
 int64_t zdp_engine_prefetch_hits(const zdp_engine *e) { return e->prefetch_hits; }
+int64_t zdp_engine_reuse_hits(const zdp_engine *e) { return e->reuse_hits; }
 
 int64_t zdp_engine_param_offset(const zdp_engine *e, int i) {
     if (i < 0 || i >= e->lay.n_tensors) return -1;

@@ -35,7 +35,9 @@ struct zdp_param_source {
 };
 
 /* Stage 3: one live fetch of tensors [first, first + count), gathered into
- * buf (elems floats, the range's flat extent). */
+ * buf (elems floats, the range's flat extent).  refs == 0: released by the
+ * model but kept gathered for a reuse the trace shows within
+ * stage3_max_reuse_distance (docs/deepspeed.md §4.8). */
 typedef struct gather_rec {
     int first, count, refs;
     float *buf;     /* NULL when this rank's allocation failed (the ranks agree
@@ -153,6 +155,7 @@ struct zdp_engine {
     int *pf_of;            /* (n_tensors) the pf entry holding tensor i, -1 if none */
     int64_t pf_elems;      /* elements prefetched and not yet asked for */
     int64_t prefetch_hits; /* fetches served by a prefetch (tests, benchmarks) */
+    int64_t reuse_hits;    /* fetches served by a range kept for reuse */
     int64_t gathered_elems; /* elements of fetched and prefetched copies, counted
                                the same on every rank whether or not the
                                allocation succeeded (prefetch decides on it) */
