@@ -35,6 +35,8 @@ typedef struct zdp_memory_report {
                                      included) */
     int64_t gathered_peak_bytes;  /* stage 3: the most fetched copies held at once since
                                      create (persistent ones not included) */
+    int64_t frozen_bytes;         /* stage 3: this rank's partition of the model's frozen
+                                     weights (a LoRA base; zdp_frozen), 0 otherwise */
     int64_t total_bytes;          /* the engine's bytes: the fields above */
     int64_t activation_bytes;     /* the model's activations (zdp_model.activation_bytes),
                                      held by the model, not in total_bytes */

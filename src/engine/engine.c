@@ -259,8 +259,9 @@ static zdp_status run_op_(void *arg, zdp_error *err) {
     case OP_PASS_END: {
         /* The flag: 2 this rank's model failed, 1 a collective of its pass
          * disagreed, 0 clean. */
-        zdp_status st = rows_exchange_(e, ROW_END, e->end_model_failed ? 2 : e->pass_bad ? 1 : 0,
-                                       0, err);
+        const bool bad = e->pass_bad || (e->frozen != NULL && e->frozen->pass_bad);
+        if (e->frozen != NULL) e->frozen->pass_bad = false; /* carried by this row */
+        zdp_status st = rows_exchange_(e, ROW_END, e->end_model_failed ? 2 : bad ? 1 : 0, 0, err);
         if (st != ZDP_OK) return st;
         e->end_done = true;
         e->end_fail_rank = -1;
@@ -577,8 +578,12 @@ static zdp_status persist_refresh_(zdp_engine *e, zdp_error *err) {
     return st;
 }
 
-static int64_t gathered_now_(const zdp_engine *e) {
-    return e->gathered_elems * (int64_t)sizeof(float);
+/* Elements gathered now (fetched, prefetched, kept for reuse), of the
+ * parameters and of the frozen weights together: the live bound and the
+ * peak cover both. */
+static int64_t live_elems_(const zdp_engine *e) {
+    const zdp_engine *root = e->parent != NULL ? e->parent : e;
+    return root->gathered_elems + (root->frozen != NULL ? root->frozen->gathered_elems : 0);
 }
 
 /* ---- stage 3 prefetch ---- */
@@ -602,7 +607,9 @@ static int64_t extent_(const zdp_engine *e, int first, int count) {
 }
 
 static void peak_update_(zdp_engine *e) {
-    if (gathered_now_(e) > e->gathered_peak) e->gathered_peak = gathered_now_(e);
+    zdp_engine *root = e->parent != NULL ? e->parent : e;
+    const int64_t now = live_elems_(e) * (int64_t)sizeof(float);
+    if (now > root->gathered_peak) root->gathered_peak = now;
 }
 
 static void gathered_free_(zdp_engine *e, float *buf, int64_t elems) {
@@ -687,9 +694,9 @@ static void prefetch_more_(zdp_engine *e) {
         if (e->pf_elems + n > z->stage3_prefetch_bucket_size) return;
         /* Ranges kept for reuse give way to the prefetch of what comes
          * next (every rank keeps and evicts alike). */
-        while (e->gathered_elems + n > z->stage3_max_live_parameters && reuse_evict_one_(e)) {
+        while (live_elems_(e) + n > z->stage3_max_live_parameters && reuse_evict_one_(e)) {
         }
-        if (e->gathered_elems + n > z->stage3_max_live_parameters) return;
+        if (live_elems_(e) + n > z->stage3_max_live_parameters) return;
         gather_rec *r = &e->pf[e->n_pf];
         *r = (gather_rec){.first = f, .count = c, .buf = gather_alloc_(e, n), .elems = n};
         r->event = gather_queue_(e, r->buf, e->lay.offsets[f], e->lay.offsets[f] + n, &r->slot);
@@ -862,7 +869,7 @@ static bool reuse_soon_(const zdp_engine *e, int k) {
     const fetch_trace *t = &e->trace[e->pass_kind];
     const gather_rec *r = &e->recs[k];
     if (z->stage3_max_reuse_distance <= 0 || !t->done || !e->trace_ok) return false;
-    if (e->gathered_elems > z->stage3_max_live_parameters) return false;
+    if (live_elems_(e) > z->stage3_max_live_parameters) return false;
     int64_t dist = 0;
     for (int p = e->trace_pos; p < t->len; p++) {
         if (t->first[p] == r->first && t->count[p] == r->count) return true;
@@ -899,6 +906,7 @@ static zdp_status pass_begin_(zdp_engine *e, int kind, zdp_error *err) {
     e->trace_ok = true;
     zdp_status st = persist_refresh_(e, err);
     if (st == ZDP_OK) prefetch_more_(e);
+    if (st == ZDP_OK && e->frozen != NULL) st = pass_begin_(e->frozen, kind, err);
     return st;
 }
 
@@ -911,6 +919,7 @@ static void pass_end_wait_(zdp_engine *e, bool wait) {
     pf_cancel_all_(e, wait);
     while (e->n_recs > 0) rec_free_(e, e->n_recs - 1);
     e->trace[e->pass_kind].done = true;
+    if (e->frozen != NULL) pass_end_wait_(e->frozen, wait);
 }
 
 static void pass_end_(zdp_engine *e) { pass_end_wait_(e, true); }
@@ -924,6 +933,10 @@ static void pass_end_(zdp_engine *e) { pass_end_wait_(e, true); }
  * rank: every rank leaves with the same verdict. */
 static zdp_status pass_agree_(zdp_engine *e, zdp_status model_st, zdp_error *err) {
     if (e->recs == NULL) return model_st;
+    if (e->frozen != NULL) { /* the frozen weights' gather waits count as this engine's */
+        e->timing_window.comm_wait_s += e->frozen->timing_window.comm_wait_s;
+        e->frozen->timing_window.comm_wait_s = 0.0;
+    }
     e->end_model_failed = model_st != ZDP_OK;
     e->end_fail_rank = -1;
     while (e->world > 1) {
@@ -940,10 +953,11 @@ static zdp_status pass_agree_(zdp_engine *e, zdp_status model_st, zdp_error *err
     /* A failed first pass recorded a trace that may differ between the
      * ranks (one stopped early, or fetched something else): record it again
      * on the next pass, on every rank alike. */
-    if (e->trace_recording) {
-        e->trace[e->pass_kind].len = 0;
-        e->trace[e->pass_kind].done = false;
-    }
+    for (zdp_engine *x = e; x != NULL; x = x->frozen)
+        if (x->trace_recording) {
+            x->trace[x->pass_kind].len = 0;
+            x->trace[x->pass_kind].done = false;
+        }
     if (model_st != ZDP_OK) return model_st;
     if (e->end_fail_flag == 2)
         return zdp_err_set(err, ZDP_ERR_STATE,
@@ -1053,6 +1067,54 @@ static zdp_status stage3_init_(zdp_engine *e, zdp_error *err) {
     return ZDP_OK;
 }
 
+/* Stage 3 with a model's frozen weights (zdp_frozen, a LoRA base): a second
+ * engine over them, without gradients or optimizer, sharing this engine's
+ * stream (so its gathers keep their place among this engine's collectives)
+ * and its passes; this rank keeps only its partition of them, copied from
+ * the model's whole tensors, and the model is pointed at the second
+ * engine's source, which gathers them layer by layer (docs/lora.md). */
+static zdp_status frozen_init_(zdp_engine *e, zdp_error *err) {
+    const zdp_frozen *fz = e->model->frozen;
+    zdp_engine *f = calloc(1, sizeof *f);
+    if (f == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "engine: out of memory");
+    e->frozen = f;
+    f->parent = e;
+    f->cfg = e->cfg;
+    f->rank = e->rank;
+    f->world = e->world;
+    f->stream = e->stream;
+    f->boundary_override = -1;
+    e->frozen_model = (zdp_model){.n_params = fz->n_params, .params = fz->params};
+    f->model = &e->frozen_model;
+    zdp_status st = zdp_layout_init(&f->lay, fz->params, fz->n_params, e->world, &f->mem, err);
+    if (st != ZDP_OK) return st;
+    if (f->lay.padded > INT32_MAX)
+        return zdp_err_set(err, ZDP_ERR_UNSUPPORTED,
+                           "model: %lld frozen weights (padded): zdp's MPI path supports up to %d "
+                           "elements in one flat buffer",
+                           (long long)f->lay.padded, INT32_MAX);
+    if ((st = alloc_(f, &f->params, f->lay.part, sizeof(float), ZDP_MEM_PARAMS, "frozen weights",
+                     err)) ||
+        (st = alloc_(f, &f->ag_counts, f->world, sizeof(int), ZDP_MEM_OTHER, "engine", err)) ||
+        (st = alloc_(f, &f->ag_displs, f->world, sizeof(int), ZDP_MEM_OTHER, "engine", err)) ||
+        (st = stage3_init_(f, err)))
+        return st;
+    f->fail_rank = -1; /* the test hook is the parameters' */
+    f->src.eng = f;
+    /* This rank's piece of each tensor; the padding stays zero. */
+    const int64_t P = f->lay.part, plo = (int64_t)f->rank * P;
+    memset(f->params, 0, (size_t)P * sizeof(float));
+    for (int i = 0; i < fz->n_params; i++) {
+        const int64_t lo = f->lay.offsets[i], hi = lo + f->lay.numels[i];
+        const int64_t a = lo > plo ? lo : plo, b = hi < plo + P ? hi : plo + P;
+        if (b > a)
+            memcpy(f->params + (a - plo), fz->data[i] + (a - lo), (size_t)(b - a) * sizeof(float));
+    }
+    e->frozen_prev = *fz->src;
+    *fz->src = &f->src;
+    return ZDP_OK;
+}
+
 /* Buckets and their buffers (stages 1/2/3). */
 static zdp_status plan_buckets_(zdp_engine *e, zdp_error *err) {
     const zdp_model *model = e->model;
@@ -1127,13 +1189,13 @@ zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model, zdp_
                            "config was derived for world size %d but the job has %d ranks; load "
                            "it with zdp_config_load_file(path, zdp_dist_world_size(), ...)",
                            cfg->world_size, world);
-    /* A LoRA model's base weights are borrowed (zdp_lora_create), not the
-     * engine's, so stage 3 could partition only the adapters: refused. */
-    if (cfg->zero.stage == 3 && zdp_lora_config_of(model) != NULL)
+    /* A LoRA model's base must be partitioned too at stage 3: it says
+     * what its base is (zdp_frozen). */
+    if (cfg->zero.stage == 3 && zdp_lora_config_of(model) != NULL && model->frozen == NULL)
         return zdp_err_set(err, ZDP_ERR_CONFIG,
-                           "zero_optimization.stage = 3: a LoRA model is not supported at ZeRO "
-                           "stage 3 (its base weights are borrowed whole, not partitioned by the "
-                           "engine; only the adapters would be); use stage 0, 1 or 2");
+                           "zero_optimization.stage = 3: this LoRA model does not expose its "
+                           "base weights (zdp_model.frozen), so they cannot be partitioned; "
+                           "create it with zdp_lora_create, or use stage 0, 1 or 2");
 
     zdp_engine *e = calloc(1, sizeof *e);
     if (e == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "engine: out of memory");
@@ -1191,6 +1253,7 @@ zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model, zdp_
     /* Deep enough for every bucket of one backward plus the step's work. */
     int depth = e->n_buckets + e->pool_cap + 8;
     if ((st = zdp_stream_create(&e->stream, depth, &e->mem, err)) != ZDP_OK) goto fail;
+    if (stage == 3 && model->frozen != NULL && (st = frozen_init_(e, err)) != ZDP_OK) goto fail;
 
     if (e->rank == 0) log_memory_report_(e);
     *out = e;
@@ -1205,6 +1268,12 @@ void zdp_engine_destroy(zdp_engine *e) {
     /* Let queued operations finish before their buffers go. */
     zdp_stream_destroy(e->stream);
     e->stream = NULL;
+    if (e->frozen != NULL) {
+        if (e->frozen_prev != NULL) *e->model->frozen->src = e->frozen_prev;
+        e->frozen->stream = NULL; /* this engine's, gone */
+        zdp_engine_destroy(e->frozen);
+        e->frozen = NULL;
+    }
     const size_t fb = sizeof(float);
     const int nt = e->lay.n_tensors, nb = e->n_buckets, W = e->world;
     /* Stage 2's buffers are in the pool, held by a bucket, or in flight. */
@@ -1871,6 +1940,13 @@ void zdp_engine_memory_report(const zdp_engine *e, zdp_memory_report *m) {
     };
     int64_t total = 0;
     for (int c = 0; c < ZDP_MEM_NCATEGORIES; c++) total += b[c];
+    if (e->frozen != NULL) {
+        const int64_t *fb = e->frozen->mem.bytes;
+        m->frozen_bytes = fb[ZDP_MEM_PARAMS];
+        m->gathered_bytes += fb[ZDP_MEM_GATHERED];
+        m->other_bytes += fb[ZDP_MEM_OTHER];
+        for (int c = 0; c < ZDP_MEM_NCATEGORIES; c++) total += fb[c];
+    }
     m->total_bytes = total;
 }
 

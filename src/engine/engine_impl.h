@@ -172,6 +172,14 @@ struct zdp_engine {
      * gather buffer this engine allocates on rank RANK fails. */
     int fail_rank;
     int64_t fail_nth, gather_allocs;
+    /* Stage 3 with a model's frozen weights (zdp_frozen, a LoRA base): a
+     * second engine over them, without gradients or optimizer, sharing this
+     * one's stream, mem-free of this one's counters (the report adds its
+     * bytes); frozen_prev is the source the model read them through. */
+    zdp_engine *frozen;
+    zdp_engine *parent;    /* in the frozen engine: the engine it serves */
+    zdp_model frozen_model; /* its tensors, as the frozen engine's model */
+    zdp_param_source *frozen_prev;
     float *save_params;    /* stage 3, during a checkpoint save: the whole model
                               (numel), gathered for rank 0's model file */
     zdp_optim optim;
