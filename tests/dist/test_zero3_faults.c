@@ -297,13 +297,6 @@ static void test_model_faults(bool prefetch, bool overlap) {
     free(want);
 }
 
-/* Keeps the output to the verdicts; an accounting leak fails the test. */
-static void quiet_log_(int level, const char *msg, void *user) {
-    (void)user;
-    if (strstr(msg, "memory accounting") != NULL) CHECK_FAIL_("%s", msg);
-    if (level > 0) fprintf(stderr, "[rank %d] warning: %s\n", R, msg);
-}
-
 static void run_all_(void) {
     uint64_t s = 0x9E3779B97F4A7C15ull;
     for (int i = 0; i < 64 * H_; i++) {
@@ -311,7 +304,7 @@ static void run_all_(void) {
         X_[i] = (float)((double)(v >> 11) / 9007199254740992.0 * 2.0 - 1.0);
     }
     for (int i = 0; i < 64; i++) Y_[i] = i % H_;
-    zdp_set_log(quiet_log_, NULL);
+    zdp_set_log(check_quiet_log, NULL);
     for (int pf = 0; pf < 2; pf++)
         for (int ov = 0; ov < 2; ov++) {
             test_alloc_faults(pf, ov);
