@@ -304,6 +304,9 @@ class Check:
         st, js = http(self.url, "POST", "/forward_backward", {"data": [], "loss_fn": "cross_entropy"})
         if st != 400 or "--full-finetune" not in json.dumps(js):
             fail("plain /forward_backward on a LoRA server: %d %s" % (st, js))
+        st, js = http(self.url, "POST", "/sample", {"prompt": [1, 2, 3], "max_tokens": 4, "seed": 1})
+        if st != 200 or len(js.get("sequences", [{}])[0].get("tokens", [])) != 4:
+            fail("plain /sample (the base) on a LoRA server: %d %s" % (st, js))
         a.unload().result()
         expect_status(lambda: a.forward(DATA_A, "cross_entropy").result(), "a request after unload_model", 400,
                       "unload_model was called")
