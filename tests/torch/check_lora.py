@@ -47,7 +47,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import gpt_torch as gt  # noqa: E402
-from check_gpt import Report, parse_step_losses  # noqa: E402
+from check_gpt import parse_step_losses  # noqa: E402
+from checklib import Report  # noqa: E402
 from check_hf import read_folder, ref_model, sh, write_npy_int32  # noqa: E402
 
 STEPS = 5
@@ -335,13 +336,7 @@ def main():
         gpt2 = ["gpt2", dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=T)]
         run_case(a, rep, work, "gpt2-np2-stage1-unmanaged", gpt2, ["attn", "mlp"], 4, 16, 2, 1,
                  False, 1, "1,2")
-    if rep.failures:
-        print(f"check_lora: {len(rep.failures)} FAILED:")
-        for f in rep.failures:
-            print("  " + f.splitlines()[0])
-        return 1
-    print("check_lora: all passed")
-    return 0
+    return rep.finish("check_lora")
 
 
 if __name__ == "__main__":
