@@ -359,6 +359,48 @@ const zdp_model *zdp_lora_base_of(const zdp_model *model) {
     return m != NULL ? m->base : NULL;
 }
 
+int zdp_lora_site_param_(const zdp_model *model, int site) {
+    const lora *m = lora_of_(model);
+    return m != NULL && site >= 0 && site < m->nsites ? m->param_of[site] : -1;
+}
+
+int zdp_lora_fits_(const zdp_model *model, const zdp_model *base, zdp_error *err) {
+    const lora *m = lora_of_(model);
+    if (m == NULL) {
+        zdp_err_set(err, ZDP_ERR_INVALID_ARG, "not a LoRA model (make one with zdp_lora_create)");
+        return 0;
+    }
+    if (base == m->base) return 1;
+    const int n = zdp_adapter_sites(base, NULL, 0, NULL);
+    if (n != m->nsites) {
+        zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                    "the LoRA model's base has %d adaptable linears, this model %d: the adapter "
+                    "is for another base",
+                    m->nsites, n);
+        return 0;
+    }
+    zdp_adapter_site *s = malloc((size_t)n * sizeof *s);
+    if (s == NULL) {
+        zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory");
+        return 0;
+    }
+    zdp_adapter_sites(base, s, n, NULL);
+    int ok = 1;
+    for (int i = 0; i < n && ok; i++)
+        if (strcmp(s[i].module, m->sites[i].module) != 0 || s[i].in != m->sites[i].in ||
+            s[i].out != m->sites[i].out) {
+            zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                        "the LoRA model's %s is (in %lld, out %lld), this model's %s (in %lld, "
+                        "out %lld): the adapter is for another base",
+                        m->sites[i].module, (long long)m->sites[i].in,
+                        (long long)m->sites[i].out, s[i].module, (long long)s[i].in,
+                        (long long)s[i].out);
+            ok = 0;
+        }
+    free(s);
+    return ok;
+}
+
 void zdp_lora_init_params(const zdp_model *model, float *const *params) {
     const lora *m = lora_of_(model);
     if (m == NULL || params == NULL) return;
