@@ -205,6 +205,95 @@ void zdp_lora_targets_name(int targets, char *buf, size_t size) {
         }
 }
 
+/* ---- single modules ------------------------------------------------------------------ */
+
+/* Every module zdp adapts, by the name transformers' module paths end with. */
+static const struct { const char *name; int bit, group; } modules_[] = {
+    {"q_proj", ZDP_LORA_Q_PROJ, ZDP_LORA_ATTN},
+    {"k_proj", ZDP_LORA_K_PROJ, ZDP_LORA_ATTN},
+    {"v_proj", ZDP_LORA_V_PROJ, ZDP_LORA_ATTN},
+    {"o_proj", ZDP_LORA_O_PROJ, ZDP_LORA_ATTN},
+    {"gate_proj", ZDP_LORA_GATE_PROJ, ZDP_LORA_MLP},
+    {"up_proj", ZDP_LORA_UP_PROJ, ZDP_LORA_MLP},
+    {"down_proj", ZDP_LORA_DOWN_PROJ, ZDP_LORA_MLP},
+    {"attn.c_attn", ZDP_LORA_C_ATTN, ZDP_LORA_ATTN},
+    {"attn.c_proj", ZDP_LORA_ATTN_C_PROJ, ZDP_LORA_ATTN},
+    {"mlp.c_fc", ZDP_LORA_C_FC, ZDP_LORA_MLP},
+    {"mlp.c_proj", ZDP_LORA_MLP_C_PROJ, ZDP_LORA_MLP},
+    {"lm_head", ZDP_LORA_LM_HEAD, ZDP_LORA_UNEMBED}};
+#define N_MODULES_ ((int)(sizeof modules_ / sizeof modules_[0]))
+
+int zdp_lora_module_bit(const char *name, int *group) {
+    for (int k = 0; name != NULL && k < N_MODULES_; k++)
+        if (strcmp(name, modules_[k].name) == 0) {
+            if (group != NULL) *group = modules_[k].group;
+            return modules_[k].bit;
+        }
+    return 0;
+}
+
+const char *zdp_lora_module_name(int bit) {
+    for (int k = 0; k < N_MODULES_; k++)
+        if (modules_[k].bit == bit) return modules_[k].name;
+    return NULL;
+}
+
+/* The module bit of a site: its path equals a module's name or ends with
+ * "." + it. */
+static int site_bit_(const zdp_adapter_site *s) {
+    const size_t lp = strlen(s->module);
+    for (int k = 0; k < N_MODULES_; k++) {
+        const size_t ln = strlen(modules_[k].name);
+        if (strcmp(s->module, modules_[k].name) == 0 ||
+            (lp > ln && s->module[lp - ln - 1] == '.' &&
+             strcmp(s->module + lp - ln, modules_[k].name) == 0))
+            return modules_[k].bit;
+    }
+    return 0;
+}
+
+static const char *group_name_(int group) {
+    return group == ZDP_LORA_ATTN ? "attn" : group == ZDP_LORA_MLP ? "mlp" : "unembed";
+}
+
+/* cfg->modules against the base's sites: every bit a module of this base
+ * and of a targeted group; every targeted group keeps one. */
+static zdp_status check_modules_(const zdp_lora_config *c, const zdp_adapter_site *sites,
+                                 int nsites, int gpt, zdp_error *err) {
+    const char *fn = "zdp_lora_create";
+    if (c->modules == 0) return ZDP_OK;
+    if ((c->modules & ~ZDP_LORA_MODULES_ALL) != 0)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: modules = %#x: unknown module bits (ZDP_LORA_Q_PROJ .. "
+                           "ZDP_LORA_LM_HEAD, or 0 for whole groups)",
+                           fn, (unsigned)c->modules);
+    int have = 0; /* the base's module bits */
+    for (int i = 0; i < nsites; i++) have |= site_bit_(&sites[i]);
+    int kept = 0; /* groups with a module */
+    for (int k = 0; k < N_MODULES_; k++) {
+        if (!(c->modules & modules_[k].bit)) continue;
+        if (!(have & modules_[k].bit))
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: modules: %s is not a module of this %s base (it adapts %s)",
+                               fn, modules_[k].name, gpt ? "GPT-2" : "Llama-family",
+                               gpt ? "attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj, lm_head"
+                                   : "q/k/v/o_proj, gate/up/down_proj, lm_head");
+        if (!(c->targets & modules_[k].group))
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: modules: %s is in group %s, which targets leaves out; add "
+                               "the group to targets or drop the module",
+                               fn, modules_[k].name, group_name_(modules_[k].group));
+        kept |= modules_[k].group;
+    }
+    const int lost = c->targets & ~kept;
+    if (lost != 0)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: targets include %s but modules name none of its modules; name "
+                           "one or drop the group",
+                           fn, group_name_(lost & -lost));
+    return ZDP_OK;
+}
+
 /* ---- create / destroy ------------------------------------------------------------------ */
 
 static zdp_status check_config_(const zdp_lora_config *c, zdp_error *err) {
@@ -255,12 +344,16 @@ zdp_status zdp_lora_create(const zdp_model *base, const float *const *base_param
     m->param_of = calloc((size_t)nsites, sizeof *m->param_of);
     if (m->sites == NULL || m->param_of == NULL) goto nomem;
     zdp_adapter_sites(base, m->sites, nsites, NULL);
+    if ((st = check_modules_(cfg, m->sites, nsites, zdp_gpt_config_of(base) != NULL, err)) !=
+        ZDP_OK)
+        goto fail;
 
     int n_params = 0, lowest = INT32_MAX;
     for (int i = 0; i < nsites; i++) {
         const zdp_adapter_site *s = &m->sites[i];
         m->param_of[i] = -1;
         if (!(s->group & cfg->targets)) continue;
+        if (cfg->modules != 0 && !(site_bit_(s) & cfg->modules)) continue;
         const int64_t lim = s->in < s->out ? s->in : s->out;
         if (cfg->rank > lim) {
             st = zdp_err_set(err, ZDP_ERR_INVALID_ARG,
@@ -316,10 +409,14 @@ zdp_status zdp_lora_create(const zdp_model *base, const float *const *base_param
         model_end - (base_model + 9) < (ptrdiff_t)sizeof bname)
         snprintf(bname, sizeof bname, "%.*s", (int)(model_end - (base_model + 9)),
                  base_model + 9);
+    /* lora_modules only when a group is in part, so checkpoints of whole
+     * groups keep the shape they had. */
+    char mods[40] = "";
+    if (cfg->modules != 0) snprintf(mods, sizeof mods, ",\"lora_modules\":%d", cfg->modules);
     snprintf(m->shape_json, sizeof m->shape_json,
              "{\"model\":\"lora-%s\",\"lora_rank\":%d,\"lora_alpha\":\"%g\",\"lora_targets\":"
-             "\"%s\"%s%s",
-             bname, cfg->rank, (double)m->cfg.alpha, tnames, model_end != NULL ? "," : "}",
+             "\"%s\"%s%s%s",
+             bname, cfg->rank, (double)m->cfg.alpha, tnames, mods, model_end != NULL ? "," : "}",
              model_end != NULL ? model_end + 2 : "");
     *out = (zdp_model){.self = m, .ops = &lora_ops_, .lm = &lora_lm_ops_,
                        .vocab_size = base->vocab_size, .block_size = base->block_size,

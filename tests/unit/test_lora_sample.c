@@ -79,9 +79,10 @@ static float **make_base_(zdp_model *m, int kind, int hidden) {
 /* A LoRA model over base and random adapters (B nonzero, so it changes the
  * output: a fresh adapter's B is zero). */
 static float **make_lora_(zdp_model *lora, const zdp_model *base, float **bp, int rank,
-                          int targets, float alpha, uint64_t seed) {
+                          int targets, int modules, float alpha, uint64_t seed) {
     zdp_error err;
-    const zdp_lora_config lc = {.rank = rank, .alpha = alpha, .targets = targets, .seed = seed};
+    const zdp_lora_config lc = {.rank = rank, .alpha = alpha, .targets = targets, .seed = seed,
+                                .modules = modules};
     if (zdp_lora_create(base, (const float *const *)bp, &lc, lora, &err) != ZDP_OK)
         fail_msg("%s", err.msg);
     /* alpha/r scales the product: keep it O(1) beside the base. */
@@ -108,7 +109,7 @@ static void test_logits_match_lora_forward(void **state) {
     for (int kind = 0; kind < N_KINDS_; kind++) {
         zdp_model m, lora;
         float **bp = make_base_(&m, kind, 16);
-        float **ap = make_lora_(&lora, &m, bp, 3, ZDP_LORA_ALL, 8.0f, 55);
+        float **ap = make_lora_(&lora, &m, bp, 3, ZDP_LORA_ALL, 0, 8.0f, 55);
         const int V = m.vocab_size, T = m.block_size, P = 5;
         int32_t tok[64], other[64];
         rand_tokens_(tok, T, V, 77);
@@ -163,7 +164,7 @@ static void test_greedy_equals_merged(void **state) {
         zdp_model m, lora;
         float **bp = make_base_(&m, kind, 16);
         const int targets = kind == LLAMA_ ? ZDP_LORA_ALL : ZDP_LORA_ATTN | ZDP_LORA_MLP;
-        float **ap = make_lora_(&lora, &m, bp, 2, targets, 32.0f, 66);
+        float **ap = make_lora_(&lora, &m, bp, 2, targets, 0, 32.0f, 66);
         float **merged = alloc_fill_(&m, 1, 0, 0, 0);
         zdp_error err;
         if (zdp_lora_merge(&lora, C_(ap), merged, NULL, &err) != ZDP_OK) fail_msg("%s", err.msg);
@@ -225,7 +226,7 @@ static void make_seqs_(zdp_gen_seq *g, int32_t (*prompts)[24], int32_t (*out)[24
     }
 }
 
-/* Nine sequences over two adapters (other ranks and targets) and the base,
+/* Nine sequences over two adapters (other ranks, targets and modules) and the base,
  * decoded four at a time, equal each generated alone; prompt logprobs equal
  * the LoRA model's forward (its zdp_lm_batch logprobs). */
 static void test_mixed_batch_equals_alone(void **state) {
@@ -233,8 +234,12 @@ static void test_mixed_batch_equals_alone(void **state) {
     for (int kind = 0; kind < N_KINDS_; kind++) {
         zdp_model m, l1, l2;
         float **bp = make_base_(&m, kind, 16);
-        float **a1 = make_lora_(&l1, &m, bp, 2, ZDP_LORA_ALL, 16.0f, 11);
-        float **a2 = make_lora_(&l2, &m, bp, 4, ZDP_LORA_ATTN | ZDP_LORA_UNEMBED, 32.0f, 12);
+        float **a1 = make_lora_(&l1, &m, bp, 2, ZDP_LORA_ALL, 0, 16.0f, 11);
+        /* The second: attention in part (PEFT's q_proj + v_proj; GPT-2's fused
+         * c_attn alone) and the lm_head. */
+        const int part = kind == GPT_ ? ZDP_LORA_C_ATTN : ZDP_LORA_Q_PROJ | ZDP_LORA_V_PROJ;
+        float **a2 = make_lora_(&l2, &m, bp, 4, ZDP_LORA_ATTN | ZDP_LORA_UNEMBED,
+                                part | ZDP_LORA_LM_HEAD, 32.0f, 12);
         const zdp_model *lm[3] = {&l1, &l2, NULL};
         float **const ad[3] = {a1, a2, NULL};
         const int V = m.vocab_size;
@@ -292,7 +297,7 @@ static void test_bad_adapter(void **state) {
     zdp_model m, other, lora;
     float **bp = make_base_(&m, LLAMA_, 16);
     float **op = make_base_(&other, LLAMA_, 20);
-    float **ap = make_lora_(&lora, &other, op, 2, ZDP_LORA_ATTN, 0.0f, 3);
+    float **ap = make_lora_(&lora, &other, op, 2, ZDP_LORA_ATTN, 0, 0.0f, 3);
     zdp_error err;
     int32_t prompt[4] = {1, 2, 3, 4}, out[4];
     zdp_gen_seq g = {.prompt = prompt, .prompt_len = 4, .max_tokens = 2, .out = out,
