@@ -56,9 +56,9 @@ typedef struct zdp_lora_config {
     int targets;    /* ZDP_LORA_* bits, at least one */
     uint64_t seed;  /* A's initialisation */
     /* 0: every module of the target groups.  Else ZDP_LORA_Q_PROJ..LM_HEAD
-     * bits: only these modules are adapted; each must be of the model's
-     * family and of a group in targets, and every targeted group must keep
-     * at least one (PEFT's target_modules ["q_proj", "v_proj"] is targets
+     * bits, each of the model's family and of a group in targets: a group
+     * with any of its modules here adapts only those, the other targeted
+     * groups whole (PEFT's target_modules ["q_proj", "v_proj"] is targets
      * ZDP_LORA_ATTN, modules ZDP_LORA_Q_PROJ | ZDP_LORA_V_PROJ). */
     int modules;
 } zdp_lora_config;
@@ -87,11 +87,19 @@ ZDP_API const zdp_model *zdp_lora_base_of(const zdp_model *model);
 /* PEFT's initialisation from cfg->seed: A Kaiming-uniform, B zero. */
 ZDP_API void zdp_lora_init_params(const zdp_model *model, float *const *params);
 
-/* "attn,mlp,unembed" (any subset, comma-separated; "all") -> ZDP_LORA_* bits.
- * An unknown name is refused naming it and the accepted ones. */
-ZDP_API zdp_status zdp_lora_targets_parse(const char *list, int *targets, zdp_error *err);
-/* The bits as that list ("attn,mlp"); buf of at least 24 bytes. */
-ZDP_API void zdp_lora_targets_name(int targets, char *buf, size_t size);
+/* "attn,mlp,unembed" (any subset, comma-separated; "all") -> ZDP_LORA_*
+ * group bits in *targets.  With modules not NULL, single modules too
+ * ("q_proj,v_proj,mlp": attention in part, the MLP whole): their groups
+ * join *targets and their bits go to *modules (0 when none is named).  An
+ * unknown name is refused naming it and the accepted ones. */
+ZDP_API zdp_status zdp_lora_targets_parse(const char *list, int *targets, int *modules,
+                                          zdp_error *err);
+/* targets and modules as that list ("attn,mlp"; "q_proj,v_proj,mlp"); buf
+ * of ZDP_LORA_TARGETS_NAME_MAX bytes holds any. */
+#define ZDP_LORA_TARGETS_NAME_MAX 128
+ZDP_API void zdp_lora_targets_name(int targets, int modules, char *buf, size_t size);
+/* Whether the module `bit` (ZDP_LORA_Q_PROJ..) is adapted under c. */
+ZDP_API int zdp_lora_adapts(const zdp_lora_config *c, int bit);
 /* A module's name as PEFT's target_modules and transformers' module paths
  * end ("q_proj", "attn.c_attn", "lm_head") -> its ZDP_LORA_* module bit and
  * (in *group, when not NULL) its group; 0 when zdp adapts no such module. */

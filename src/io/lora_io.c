@@ -81,11 +81,8 @@ zdp_status zdp_lora_save_adapter(const char *dir, const zdp_model *model,
     const size_t nbits = gpt ? sizeof gpt_bits_ / sizeof gpt_bits_[0]
                              : sizeof llama_bits_ / sizeof llama_bits_[0];
     for (size_t k = 0; k < nbits; k++) {
-        const char *name = zdp_lora_module_name(bits[k]);
-        int group = 0;
-        zdp_lora_module_bit(name, &group);
-        if ((c->targets & group) && (c->modules == 0 || (c->modules & bits[k])))
-            json_array_append_new(mods, json_string(name));
+        if (zdp_lora_adapts(c, bits[k]))
+            json_array_append_new(mods, json_string(zdp_lora_module_name(bits[k])));
     }
     /* lora_alpha as PEFT writes it: an integer when it is one. */
     const double a = c->alpha;

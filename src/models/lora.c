@@ -160,51 +160,6 @@ static zdp_status lora_next_logits_(void *self, zdp_param_source *src, const int
 static const zdp_lm_ops lora_lm_ops_ = {.set_loss_weights = lora_set_loss_weights_,
                                         .next_logits = lora_next_logits_};
 
-/* ---- targets ------------------------------------------------------------------------ */
-
-static const struct { const char *name; int bit; } targets_[] = {
-    {"attn", ZDP_LORA_ATTN}, {"mlp", ZDP_LORA_MLP}, {"unembed", ZDP_LORA_UNEMBED}};
-
-zdp_status zdp_lora_targets_parse(const char *list, int *targets, zdp_error *err) {
-    const char *fn = "lora targets";
-    if (list == NULL || targets == NULL)
-        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: list and targets must be set", fn);
-    int bits = 0;
-    const char *p = list;
-    while (1) {
-        const char *e = strchr(p, ',');
-        const size_t len = e != NULL ? (size_t)(e - p) : strlen(p);
-        int bit = 0;
-        if (len == 3 && strncmp(p, "all", 3) == 0) bit = ZDP_LORA_ALL;
-        for (size_t k = 0; k < sizeof targets_ / sizeof targets_[0]; k++)
-            if (strlen(targets_[k].name) == len && strncmp(p, targets_[k].name, len) == 0)
-                bit = targets_[k].bit;
-        if (bit == 0)
-            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
-                               "%s: '%.*s' in \"%s\": unknown target; use a comma-separated list "
-                               "of attn, mlp, unembed (or all)",
-                               fn, (int)(len > 40 ? 40 : len), p, list);
-        bits |= bit;
-        if (e == NULL) break;
-        p = e + 1;
-    }
-    *targets = bits;
-    return ZDP_OK;
-}
-
-void zdp_lora_targets_name(int targets, char *buf, size_t size) {
-    if (buf == NULL || size == 0) return;
-    buf[0] = '\0';
-    size_t used = 0;
-    for (size_t k = 0; k < sizeof targets_ / sizeof targets_[0]; k++)
-        if (targets & targets_[k].bit) {
-            int w = snprintf(buf + used, size - used, "%s%s", used > 0 ? "," : "",
-                             targets_[k].name);
-            if (w < 0 || (size_t)w >= size - used) return;
-            used += (size_t)w;
-        }
-}
-
 /* ---- single modules ------------------------------------------------------------------ */
 
 /* Every module zdp adapts, by the name transformers' module paths end with. */
@@ -256,8 +211,84 @@ static const char *group_name_(int group) {
     return group == ZDP_LORA_ATTN ? "attn" : group == ZDP_LORA_MLP ? "mlp" : "unembed";
 }
 
+/* Every module bit of a group (both families'). */
+static int group_modules_(int group) {
+    int bits = 0;
+    for (int k = 0; k < N_MODULES_; k++)
+        if (modules_[k].group == group) bits |= modules_[k].bit;
+    return bits;
+}
+
+int zdp_lora_adapts(const zdp_lora_config *c, int bit) {
+    int group = 0;
+    if (c == NULL || zdp_lora_module_bit(zdp_lora_module_name(bit), &group) == 0) return 0;
+    if (!(c->targets & group)) return 0;
+    return !(c->modules & group_modules_(group)) || (c->modules & bit) != 0;
+}
+
+/* ---- targets ------------------------------------------------------------------------ */
+
+static const struct { const char *name; int bit; } targets_[] = {
+    {"attn", ZDP_LORA_ATTN}, {"mlp", ZDP_LORA_MLP}, {"unembed", ZDP_LORA_UNEMBED}};
+
+zdp_status zdp_lora_targets_parse(const char *list, int *targets, int *modules, zdp_error *err) {
+    const char *fn = "lora targets";
+    if (list == NULL || targets == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: list and targets must be set", fn);
+    int bits = 0, mods = 0;
+    const char *p = list;
+    while (1) {
+        const char *e = strchr(p, ',');
+        const size_t len = e != NULL ? (size_t)(e - p) : strlen(p);
+        int bit = 0;
+        if (len == 3 && strncmp(p, "all", 3) == 0) bit = ZDP_LORA_ALL;
+        for (size_t k = 0; k < sizeof targets_ / sizeof targets_[0]; k++)
+            if (strlen(targets_[k].name) == len && strncmp(p, targets_[k].name, len) == 0)
+                bit = targets_[k].bit;
+        for (int k = 0; bit == 0 && modules != NULL && k < N_MODULES_; k++)
+            if (strlen(modules_[k].name) == len && strncmp(p, modules_[k].name, len) == 0)
+                bit = modules_[k].group, mods |= modules_[k].bit;
+        if (bit == 0)
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: '%.*s' in \"%s\": unknown target; use a comma-separated list "
+                               "of attn, mlp, unembed (or all)%s",
+                               fn, (int)(len > 40 ? 40 : len), p, list,
+                               modules != NULL ? ", or single modules (q_proj, k_proj, v_proj, "
+                                                 "o_proj, gate_proj, up_proj, down_proj; GPT-2's "
+                                                 "attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj; "
+                                                 "lm_head)"
+                                               : "");
+        bits |= bit;
+        if (e == NULL) break;
+        p = e + 1;
+    }
+    *targets = bits;
+    if (modules != NULL) *modules = mods;
+    return ZDP_OK;
+}
+
+void zdp_lora_targets_name(int targets, int modules, char *buf, size_t size) {
+    if (buf == NULL || size == 0) return;
+    buf[0] = '\0';
+    size_t used = 0;
+    for (size_t k = 0; k < sizeof targets_ / sizeof targets_[0]; k++) {
+        if (!(targets & targets_[k].bit)) continue;
+        const int part = modules & group_modules_(targets_[k].bit);
+        for (int j = 0; j < N_MODULES_; j++) {
+            const char *name = part == 0 ? targets_[k].name
+                               : (part & modules_[j].bit) ? modules_[j].name : NULL;
+            if (name != NULL) {
+                int w = snprintf(buf + used, size - used, "%s%s", used > 0 ? "," : "", name);
+                if (w < 0 || (size_t)w >= size - used) return;
+                used += (size_t)w;
+            }
+            if (part == 0) break;
+        }
+    }
+}
+
 /* cfg->modules against the base's sites: every bit a module of this base
- * and of a targeted group; every targeted group keeps one. */
+ * and of a targeted group. */
 static zdp_status check_modules_(const zdp_lora_config *c, const zdp_adapter_site *sites,
                                  int nsites, int gpt, zdp_error *err) {
     const char *fn = "zdp_lora_create";
@@ -269,7 +300,6 @@ static zdp_status check_modules_(const zdp_lora_config *c, const zdp_adapter_sit
                            fn, (unsigned)c->modules);
     int have = 0; /* the base's module bits */
     for (int i = 0; i < nsites; i++) have |= site_bit_(&sites[i]);
-    int kept = 0; /* groups with a module */
     for (int k = 0; k < N_MODULES_; k++) {
         if (!(c->modules & modules_[k].bit)) continue;
         if (!(have & modules_[k].bit))
@@ -283,14 +313,7 @@ static zdp_status check_modules_(const zdp_lora_config *c, const zdp_adapter_sit
                                "%s: modules: %s is in group %s, which targets leaves out; add "
                                "the group to targets or drop the module",
                                fn, modules_[k].name, group_name_(modules_[k].group));
-        kept |= modules_[k].group;
     }
-    const int lost = c->targets & ~kept;
-    if (lost != 0)
-        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
-                           "%s: targets include %s but modules name none of its modules; name "
-                           "one or drop the group",
-                           fn, group_name_(lost & -lost));
     return ZDP_OK;
 }
 
@@ -352,8 +375,7 @@ zdp_status zdp_lora_create(const zdp_model *base, const float *const *base_param
     for (int i = 0; i < nsites; i++) {
         const zdp_adapter_site *s = &m->sites[i];
         m->param_of[i] = -1;
-        if (!(s->group & cfg->targets)) continue;
-        if (cfg->modules != 0 && !(site_bit_(s) & cfg->modules)) continue;
+        if (!zdp_lora_adapts(cfg, site_bit_(s))) continue;
         const int64_t lim = s->in < s->out ? s->in : s->out;
         if (cfg->rank > lim) {
             st = zdp_err_set(err, ZDP_ERR_INVALID_ARG,
@@ -399,8 +421,8 @@ zdp_status zdp_lora_create(const zdp_model *base, const float *const *base_param
     /* The checkpoint's shape: the adapter's keys, then the base's (its
      * "model" key folded into ours), so a checkpoint of another rank, targets
      * or base is refused naming the key. */
-    char tnames[32];
-    zdp_lora_targets_name(cfg->targets, tnames, sizeof tnames);
+    char tnames[ZDP_LORA_TARGETS_NAME_MAX];
+    zdp_lora_targets_name(cfg->targets, cfg->modules, tnames, sizeof tnames);
     const char *bj = base->shape_json != NULL ? base->shape_json : "{}";
     const char *model_end = strstr(bj, "\",");
     const char *base_model = strstr(bj, "\"model\":\"");
@@ -409,14 +431,10 @@ zdp_status zdp_lora_create(const zdp_model *base, const float *const *base_param
         model_end - (base_model + 9) < (ptrdiff_t)sizeof bname)
         snprintf(bname, sizeof bname, "%.*s", (int)(model_end - (base_model + 9)),
                  base_model + 9);
-    /* lora_modules only when a group is in part, so checkpoints of whole
-     * groups keep the shape they had. */
-    char mods[40] = "";
-    if (cfg->modules != 0) snprintf(mods, sizeof mods, ",\"lora_modules\":%d", cfg->modules);
     snprintf(m->shape_json, sizeof m->shape_json,
              "{\"model\":\"lora-%s\",\"lora_rank\":%d,\"lora_alpha\":\"%g\",\"lora_targets\":"
-             "\"%s\"%s%s%s",
-             bname, cfg->rank, (double)m->cfg.alpha, tnames, mods, model_end != NULL ? "," : "}",
+             "\"%s\"%s%s",
+             bname, cfg->rank, (double)m->cfg.alpha, tnames, model_end != NULL ? "," : "}",
              model_end != NULL ? model_end + 2 : "");
     *out = (zdp_model){.self = m, .ops = &lora_ops_, .lm = &lora_lm_ops_,
                        .vocab_size = base->vocab_size, .block_size = base->block_size,

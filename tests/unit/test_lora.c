@@ -636,7 +636,7 @@ static void test_partial_modules(void **state) {
                  want[(i % 6) / 2], i % 2 ? 'B' : 'A');
         assert_string_equal(f.m.params[i].name, name);
     }
-    assert_non_null(strstr(f.m.shape_json, "\"lora_modules\":"));
+    assert_non_null(strstr(f.m.shape_json, "\"lora_targets\":\"q_proj,v_proj,down_proj\""));
     /* The merge adapts those three weights and leaves every other bitwise. */
     float **merged = alloc_params_(&f.base);
     assert_int_equal(zdp_lora_merge(&f.m, (const float *const *)f.p, merged, NULL, &err), ZDP_OK);
@@ -697,14 +697,13 @@ static void test_partial_modules(void **state) {
                        "attn.c_attn is not a module of this Llama-family base");
     expect_create_err_(&f.base, f.bp, (zdp_lora_config){.rank = 2, .targets = ZDP_LORA_MLP, .modules = ZDP_LORA_Q_PROJ | ZDP_LORA_UP_PROJ},
                        "q_proj is in group attn, which targets leaves out");
-    expect_create_err_(&f.base, f.bp, (zdp_lora_config){.rank = 2, .targets = ZDP_LORA_ATTN | ZDP_LORA_MLP, .modules = ZDP_LORA_Q_PROJ},
-                       "targets include mlp but modules name none");
     expect_create_err_(&f.base, f.bp, (zdp_lora_config){.rank = 2, .targets = ZDP_LORA_ATTN, .modules = 1 << 12},
                        "unknown module bits");
     fx_free_(&f);
-    /* Whole groups keep the checkpoint shape they had (no lora_modules key). */
-    fx_init_(&f, &c, NULL, (zdp_lora_config){.rank = 2, .alpha = 16, .targets = ZDP_LORA_ATTN}, 0.3f);
-    assert_null(strstr(f.m.shape_json, "lora_modules"));
+    /* A group with none of its modules named is whole: q_proj alone, the MLP whole. */
+    fx_init_(&f, &c, NULL, (zdp_lora_config){.rank = 2, .alpha = 16, .targets = ZDP_LORA_ATTN | ZDP_LORA_MLP, .modules = ZDP_LORA_Q_PROJ}, 0.3f);
+    assert_int_equal(f.m.n_params, 2 * 4 * 2);
+    assert_non_null(strstr(f.m.shape_json, "\"lora_targets\":\"q_proj,mlp\""));
     fx_free_(&f);
     /* Gradients by finite differences with modules in part: Llama (the MLP's
      * middle projection skipped), Qwen3 tied (v_proj and lm_head), GPT-2
@@ -736,6 +735,21 @@ static void test_partial_modules(void **state) {
     unlink(path);
     rmdir(gdir);
     fx_free_(&f);
+    /* Target lists with single modules, and back. */
+    int t = 0, mo = 0;
+    assert_int_equal(zdp_lora_targets_parse("q_proj,v_proj,mlp", &t, &mo, &err), ZDP_OK);
+    assert_int_equal(t, ZDP_LORA_ATTN | ZDP_LORA_MLP);
+    assert_int_equal(mo, ZDP_LORA_Q_PROJ | ZDP_LORA_V_PROJ);
+    char tn[ZDP_LORA_TARGETS_NAME_MAX];
+    zdp_lora_targets_name(t, mo, tn, sizeof tn);
+    assert_string_equal(tn, "q_proj,v_proj,mlp");
+    zdp_lora_targets_name(ZDP_LORA_ALL, ZDP_LORA_MODULES_ALL, tn, sizeof tn);
+    assert_string_equal(tn, "q_proj,k_proj,v_proj,o_proj,attn.c_attn,attn.c_proj,gate_proj,up_proj,"
+                            "down_proj,mlp.c_fc,mlp.c_proj,lm_head");
+    assert_int_equal(zdp_lora_targets_parse("q_proj", &t, NULL, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_lora_targets_parse("q_proj,embed", &t, &mo, &err), ZDP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "'embed'"));
+    assert_non_null(strstr(err.msg, "single modules"));
     /* Names and bits. */
     int g = 0;
     assert_int_equal(zdp_lora_module_bit("down_proj", &g), ZDP_LORA_DOWN_PROJ);
@@ -789,17 +803,17 @@ static void test_refusals(void **state) {
     zdp_mlp_destroy(&mlpm);
     /* Target lists. */
     int t = 0;
-    assert_int_equal(zdp_lora_targets_parse("attn,unembed", &t, &err), ZDP_OK);
+    assert_int_equal(zdp_lora_targets_parse("attn,unembed", &t, NULL, &err), ZDP_OK);
     assert_int_equal(t, ZDP_LORA_ATTN | ZDP_LORA_UNEMBED);
-    assert_int_equal(zdp_lora_targets_parse("all", &t, &err), ZDP_OK);
+    assert_int_equal(zdp_lora_targets_parse("all", &t, NULL, &err), ZDP_OK);
     assert_int_equal(t, ZDP_LORA_ALL);
     char name[32];
-    zdp_lora_targets_name(ZDP_LORA_MLP | ZDP_LORA_UNEMBED, name, sizeof name);
+    zdp_lora_targets_name(ZDP_LORA_MLP | ZDP_LORA_UNEMBED, 0, name, sizeof name);
     assert_string_equal(name, "mlp,unembed");
-    assert_int_equal(zdp_lora_targets_parse("attn,embed", &t, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_lora_targets_parse("attn,embed", &t, NULL, &err), ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "'embed'"));
-    assert_int_equal(zdp_lora_targets_parse("", &t, &err), ZDP_ERR_INVALID_ARG);
-    assert_int_equal(zdp_lora_targets_parse("mlp,", &t, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_lora_targets_parse("", &t, NULL, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_lora_targets_parse("mlp,", &t, NULL, &err), ZDP_ERR_INVALID_ARG);
     fx_free_(&f);
 }
 
