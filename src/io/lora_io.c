@@ -124,6 +124,7 @@ static bool listed_(const json_t *mods, const char *name) {
     const json_t *m;
     json_array_foreach(mods, i, m) {
         const char *v = json_string_value(m);
+        if (v == NULL) continue;
         const size_t lv = strlen(v), ln = strlen(name);
         if (strcmp(v, name) == 0 ||
             (ln > lv && name[ln - lv - 1] == '.' && strcmp(name + ln - lv, v) == 0))
@@ -202,7 +203,7 @@ zdp_status zdp_lora_read_adapter_config(const char *dir, zdp_lora_config *cfg, z
         const size_t nbits = gpt ? sizeof gpt_bits_ / sizeof gpt_bits_[0]
                                  : sizeof llama_bits_ / sizeof llama_bits_[0];
         int listed = 0, whole = 0, picked = 0; /* module bits; groups */
-        for (size_t k = 0; k < nbits; k++) {
+        for (size_t k = 0; k < nbits && st == ZDP_OK; k++) {
             int group = 0;
             zdp_lora_module_bit(zdp_lora_module_name(bits[k]), &group);
             if (!(c.targets & group)) continue;
