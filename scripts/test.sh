@@ -27,13 +27,16 @@ cmake --build build-asan -j"$jobs"
 (cd build-asan && ctest --output-on-failure --no-tests=error -j"$jobs")
 # Threads under ThreadSanitizer: the comm stream (MPI itself is not TSan-clean
 # across ranks, so its MPI-free test), and zdp serve's HTTP connection threads,
-# futures and main loop through the whole Tinker scenario at one rank (a race
-# report aborts the server, and the test fails on its exit status).
+# futures and main loop through the whole Tinker scenario at one rank, and
+# the multi-model one (a race report aborts the server, and the test fails on
+# its exit status).
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DZDP_SANITIZE=thread -DZDP_BUILD_TESTS=ON \
   -DZDP_BUILD_BENCH=OFF -DZDP_FUZZ=OFF >/dev/null
 cmake --build build-tsan -j"$jobs" --target test_stream zdp_cli
 (cd build-tsan && ctest --output-on-failure --no-tests=error -R unit.test_stream)
 NPS=1 TSAN_OPTIONS="halt_on_error=1" bash tests/cli/test_tinker.sh build-tsan/bin/zdp "$(command -v mpirun)"
+# The same for several LoRA models: per-model order, create/unload jobs, the heartbeat tick.
+RUNS=gpt:1 TSAN_OPTIONS="halt_on_error=1" bash tests/cli/test_serve_multi.sh build-tsan/bin/zdp "$(command -v mpirun)"
 # Fuzz targets (tests/fuzz): their seed corpora already ran above, in both
 # builds, as the tests unit.fuzz_*_corpus.  With clang: the libFuzzer builds
 # run the corpora too, then fuzz each target for ZDP_FUZZ_SECONDS (default 0:

@@ -85,8 +85,9 @@ static void iso_time_(double t, char *out, size_t cap) {
     strftime(out, cap, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
-bool tinker_runs_record(server *s, const char *model_id, const char *dir_name, int lora_rank, char *why,
-                        size_t cap) {
+bool tinker_runs_record(server *s, const char *model_id, const char *dir_name, const zdp_lora_config *lc,
+                        char *why, size_t cap) {
+    const int lora_rank = lc != NULL ? lc->rank : 0;
     char rel[400], path[PATH_MAX + 4096], dir[PATH_MAX + 4096];
     snprintf(rel, sizeof rel, "%s/run.json", dir_name);
     /* Inside --checkpoint-dir, even through a symbolic link placed there. */
@@ -105,7 +106,15 @@ bool tinker_runs_record(server *s, const char *model_id, const char *dir_name, i
     }
     json_t *o = json_pack("{s:s,s:s,s:b,s:f}", "training_run_id", model_id, "base_model", s->opt.model_name,
                           "is_lora", lora_rank > 0, "created", (double)time(NULL));
-    if (o != NULL && lora_rank > 0) json_object_set_new(o, "lora_rank", json_integer(lora_rank));
+    if (o != NULL && lora_rank > 0) {
+        /* What create_training_client_from_state recreates the model with
+         * (weights_info). */
+        json_object_set_new(o, "lora_rank", json_integer(lora_rank));
+        json_object_set_new(o, "lora_alpha", json_real(lc->alpha != 0 ? lc->alpha : ZDP_LORA_DEFAULT_ALPHA));
+        json_object_set_new(o, "train_attn", json_boolean(lc->targets & ZDP_LORA_ATTN));
+        json_object_set_new(o, "train_mlp", json_boolean(lc->targets & ZDP_LORA_MLP));
+        json_object_set_new(o, "train_unembed", json_boolean(lc->targets & ZDP_LORA_UNEMBED));
+    }
     const int rc = o ? json_dump_file(o, path, JSON_INDENT(1)) : -1;
     json_decref(o);
     if (rc != 0) {
@@ -420,6 +429,12 @@ static json_t *load_expiry_(const server *s, const char *dir_name) {
         o = json_object();
     }
     return o;
+}
+
+json_t *tinker_runs_record_of(const server *s, const char *tinker_path) {
+    char dir_name[200], ck[400];
+    if (!split_tinker_path_(tinker_path, dir_name, sizeof dir_name, ck, sizeof ck)) return NULL;
+    return read_run_(s, dir_name);
 }
 
 /* Writes o as the run folder's expires.json (through a temporary file). */
