@@ -819,8 +819,8 @@ static json_t *models_json_(server *s) {
                               (json_int_t)zdp_engine_pending_backwards(x->eng), "micro_steps",
                               (json_int_t)zdp_engine_micro_steps(x->eng), "memory", mem);
         if (serve_lora(s)) {
-            char targets[32];
-            zdp_lora_targets_name(x->lc.targets, targets, sizeof targets);
+            char targets[ZDP_LORA_TARGETS_NAME_MAX];
+            zdp_lora_targets_name(x->lc.targets, x->lc.modules, targets, sizeof targets);
             json_object_set_new(o, "model_id", json_string(x->name));
             json_object_set_new(o, "lora", json_pack("{s:i,s:f,s:s,s:I}", "rank", x->lc.rank, "alpha",
                                                      (double)(x->lc.alpha != 0 ? x->lc.alpha : ZDP_LORA_DEFAULT_ALPHA),
@@ -964,8 +964,8 @@ static char *exec_create_(server *s, job *j, int *status) {
     free(v);
     if (zdp_engine_sync_params(x->eng, &err) != ZDP_OK) serve_die("create_model", &err);
     if (s->R != 0) return NULL;
-    char targets[32];
-    zdp_lora_targets_name(lc.targets, targets, sizeof targets);
+    char targets[ZDP_LORA_TARGETS_NAME_MAX];
+    zdp_lora_targets_name(lc.targets, lc.modules, targets, sizeof targets);
     fprintf(stderr, "zdp serve: create_model -> %s: LoRA rank %d, alpha %g, targets %s, seed %llu, "
             "%lld trainable parameters (slot %d)\n", model_id, lc.rank, p.alpha, targets,
             (unsigned long long)lc.seed, (long long)zdp_engine_numel(x->eng), p.slot);
