@@ -425,9 +425,30 @@ static int64_t numel_(const zdp_param_info *p) {
 void serve_free_snapshot(server *s) {
     for (int i = 0; s->snap != NULL && i < s->model.n_params; i++) free(s->snap[i]);
     free(s->snap);
+    for (int i = 0; s->snap_ad != NULL && i < s->snap_lora.n_params; i++) free(s->snap_ad[i]);
+    free(s->snap_ad);
+    zdp_lora_destroy(&s->snap_lora);
     free(s->snap_path);
     s->snap = NULL;
+    s->snap_ad = NULL;
     s->snap_path = NULL;
+}
+
+/* A LoRA model's sampler weights, a PEFT adapter folder (docs/lora.md): its
+ * LoRA model over the base weights and its adapter tensors, into
+ * s->snap_lora and s->snap_ad.  Every rank reads it. */
+static zdp_status load_adapter_snapshot_(server *s, const char *dir, zdp_error *err) {
+    zdp_lora_config lc;
+    zdp_status st = zdp_lora_read_adapter_config(dir, &lc, err);
+    if (st == ZDP_OK) st = zdp_lora_create(&s->model, (const float *const *)s->base, &lc, &s->snap_lora, err);
+    if (st != ZDP_OK) return st;
+    const zdp_model *m = &s->snap_lora;
+    if ((s->snap_ad = calloc((size_t)m->n_params, sizeof *s->snap_ad)) == NULL)
+        return zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory for the adapter");
+    for (int i = 0; i < m->n_params; i++)
+        if ((s->snap_ad[i] = malloc((size_t)numel_(&m->params[i]) * sizeof(float))) == NULL)
+            return zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory for the adapter");
+    return zdp_lora_load_adapter(dir, m, s->snap_ad, err);
 }
 
 /* Tinker's asample: num_samples continuations of the prompt from the
@@ -445,15 +466,23 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
     zdp_error err = {0};
     const int np = s->model.n_params;
     verr why = {0};
+    struct stat sb;
+    /* A folder is a LoRA model's PEFT adapter (over the base weights). */
+    const bool adapter = s->base != NULL && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
     if (s->snap_path == NULL || strcmp(s->snap_path, path) != 0) {
         serve_free_snapshot(s);
-        s->snap = calloc((size_t)np, sizeof *s->snap);
         s->snap_path = strdup(path);
-        bool ok = s->snap != NULL && s->snap_path != NULL;
-        for (int i = 0; ok && i < np; i++)
-            ok = (s->snap[i] = malloc((size_t)numel_(&s->model.params[i]) * sizeof(float))) != NULL;
-        zdp_status st = ok ? s->opt.lm.load(s->opt.lm.ctx, path, &s->model, s->snap, &err)
-                           : ZDP_ERR_NOMEM;
+        bool ok = s->snap_path != NULL;
+        zdp_status st;
+        if (adapter) {
+            st = ok ? load_adapter_snapshot_(s, path, &err) : ZDP_ERR_NOMEM;
+        } else {
+            s->snap = calloc((size_t)np, sizeof *s->snap);
+            ok = ok && s->snap != NULL;
+            for (int i = 0; ok && i < np; i++)
+                ok = (s->snap[i] = malloc((size_t)numel_(&s->model.params[i]) * sizeof(float))) != NULL;
+            st = ok ? s->opt.lm.load(s->opt.lm.ctx, path, &s->model, s->snap, &err) : ZDP_ERR_NOMEM;
+        }
         if (st != ZDP_OK) {
             serve_free_snapshot(s);
             why.status = status_of_(st);
@@ -466,9 +495,11 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
                                   .n_stop = h.n_stop, .n_stop_str = h.n_stop_str, .temperature = h.temperature,
                                   .top_p = h.top_p, .seed = h.seed, .stop = rq.stop, .stop_str = rq.stop_str,
                                   .logprobs = true, .prompt_logprobs = h.prompt_logprobs != 0,
-                                  .prompt_length = -1};
-    return serve_sampler_run(s, (const float *const *)s->snap, &sp, why.msg[0] != '\0' ? &why : NULL,
-                             status);
+                                  .prompt_length = -1,
+                                  .lora = s->snap_ad != NULL ? &s->snap_lora : NULL,
+                                  .adapter = (const float *const *)s->snap_ad};
+    return serve_sampler_run(s, (const float *const *)(adapter ? s->base : s->snap), &sp,
+                             why.msg[0] != '\0' ? &why : NULL, status);
 }
 
 /* Rank 0, a save or load that succeeded: its typed result.  A protocol's
@@ -518,17 +549,30 @@ void serve_save_result_free(serve_save_result *r) {
     free(r);
 }
 
+/* A LoRA model's adapters as a PEFT adapter folder at dir (rank 0):
+ * adapter_model.safetensors and adapter_config.json, base_model_name_or_path
+ * the served model's name (docs/lora.md). */
+static zdp_status save_adapter_(server *s, const char *dir, zdp_error *err) {
+    float **v = cur_views_(s);
+    if (v == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory");
+    zdp_status st = zdp_lora_save_adapter(dir, s->cur, (const float *const *)v, s->opt.model_name, err);
+    free(v);
+    return st;
+}
+
 static char *exec_save_weights_(server *s, job *j, int *status) {
     if (s->R != 0) return NULL;
-    if (serve_lora(s)) {
-        /* A LoRA model's weights file (a PEFT adapter folder) is not written yet. */
-        *status = 400;
-        return serve_error_body("path", "save_weights / save_weights_for_sampler of a LoRA model is not "
-                                        "supported yet; save_state keeps its adapters and optimizer, or run "
-                                        "the server with --full-finetune");
-    }
     const char *path = (const char *)j->payload;
     zdp_error err;
+    if (serve_lora(s)) { /* the adapter, a PEFT folder: what sampling and users take */
+        zdp_status st = save_adapter_(s, path, &err);
+        if (st != ZDP_OK) {
+            *status = status_of_(st);
+            return serve_error_body("path", err.msg);
+        }
+        *status = 200;
+        return finish_save_(s, j, path);
+    }
     float **v = serve_views(s);
     if (v == NULL) {
         *status = 500;
@@ -628,6 +672,12 @@ static char *exec_state_(server *s, job *j, int *status) {
     if (!all) {
         *status = status_of_((zdp_status)bad_st);
         return serve_error_body("path", why);
+    }
+    /* A LoRA model's checkpoint is a PEFT adapter folder too (beside the
+     * engine's files), as Tinker's checkpoint download gives. */
+    if (j->op == OP_SAVE_STATE && serve_lora(s) && (st = save_adapter_(s, path, &err)) != ZDP_OK) {
+        *status = status_of_(st);
+        return serve_error_body("path", err.msg);
     }
     *status = 200;
     return finish_save_(s, j, path);

@@ -335,6 +335,11 @@ typedef struct server {
      * folder); other jobs carry absolute paths. */
     char *ckpt_root;
     float **snap;
+    /* LoRA mode: when snap_path is a PEFT adapter folder, its LoRA model over
+     * the base and its adapter tensors (snap stays NULL: the base's weights
+     * are s->base). */
+    zdp_model snap_lora;
+    float **snap_ad;
     bool have_model, started, watching;
     /* rank 0: the guards every request passes (http.c, guard_). */
     char *api_key; /* NULL: no --api-key-file */
@@ -462,6 +467,8 @@ typedef struct serve_sample_spec {
     bool logprobs;          /* the result carries each token's log p */
     bool prompt_logprobs;   /* and the prompt's (from the prefill, temperature 1) */
     int64_t prompt_length;  /* serve_sample_result.prompt_length */
+    const zdp_model *lora;  /* a LoRA model over the base, applied to every sequence; NULL: none */
+    const float *const *adapter; /* its adapter tensors */
 } serve_sample_spec;
 /* Every rank generates its contiguous block of the num_samples sequences
  * from params (whole weights) and rank 0 gathers them; rank 0 gets the

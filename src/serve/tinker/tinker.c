@@ -645,7 +645,10 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
                                                                             : zdp_json_type_name(ttl));
         j->expires = json_is_integer(ttl) ? (double)time(NULL) + (double)json_integer_value(ttl) : 0;
         /* Inside --checkpoint-dir, even through a symbolic link placed there. */
-        snprintf(rel, sizeof rel, sampler ? "%s/sampler_weights/%s.safetensors" : "%s/%s", mdir, name);
+        /* A LoRA model's sampler weights are a PEFT adapter folder (docs/lora.md). */
+        if (sampler ? !tinker_sampler_rel(s, mdir, name, rel, sizeof rel)
+                    : snprintf(rel, sizeof rel, "%s/%s", mdir, name) >= (int)sizeof rel)
+            return serve_bad(e, 400, "path", "path: too long");
         if (!serve_resolve_path(s, "path", rel, path, sizeof path, e)) return false;
         /* save_state(name, overwrite=False), the SDK's default: a name
          * that exists is refused, never silently replaced. */
@@ -1159,8 +1162,9 @@ static bool weights_file_(const server *s, const char *tinker_path, char *out, s
         snprintf(owner, sizeof owner, "%.*s", (int)(mark - v), v);
         model_dir_(owner, odir, sizeof odir);
         char rel[600];
-        snprintf(rel, sizeof rel, k == 0 ? "%s/sampler_weights/%s.safetensors" : "%s/%s/model.safetensors",
-                 odir, name);
+        if (k == 0 ? !tinker_sampler_rel(s, odir, name, rel, sizeof rel)
+                   : snprintf(rel, sizeof rel, "%s/%s/model.safetensors", odir, name) >= (int)sizeof rel)
+            return serve_bad(e, 400, field, "%s: too long", field);
         if (!serve_resolve_path(s, field, rel, out, cap, e)) return false;
         struct stat sb;
         if (stat(out, &sb) != 0)
