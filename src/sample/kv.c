@@ -59,7 +59,7 @@ struct zdp_kv_cache {
     int n_adapted;     /* slots with an adapter bound */
     float *xa;         /* (xa_cap) (rows, rank) the adapters' down products */
     int64_t xa_cap;
-    int *wslot;        /* (cap) the slot of each row the lm_head runs on */
+    int32_t *wslot;    /* (cap) the slot of each row the lm_head runs on */
     /* Scratch for `cap` rows, grown on demand. */
     int cap;
     float *x, *h, *qkv, *q, *kk, *vv, *atty, *f1, *f2, *mean, *rstd, *score;
@@ -297,7 +297,7 @@ static bool reserve_(zdp_kv_cache *kv, int n) {
     int *pos = realloc(kv->pos, N * sizeof *pos);
     if (pos == NULL) return false;
     kv->pos = pos;
-    int *ws = realloc(kv->wslot, N * sizeof *ws);
+    int32_t *ws = realloc(kv->wslot, N * sizeof *ws);
     if (ws == NULL) return false;
     kv->wslot = ws;
     if (kv->score == NULL) { /* (NH/KV, T) one group's attention scores */
@@ -346,7 +346,7 @@ static void conv1d_(float *out, const float *inp, const float *W, const float *b
  * each adapter's are one run).  xa = (alpha/r) (x A^T), out += xa B^T: the
  * order of lora.c's hook, so the sums round as in training. */
 static void adapt_(zdp_kv_cache *kv, int site, float *out, const float *inp, int64_t N,
-                   const int *rs) {
+                   const int32_t *rs) {
     if (site < 0 || kv->n_adapted == 0) return;
     const int64_t in = kv->sites[site].in, od = kv->sites[site].out;
     for (int64_t i = 0; i < N;) {
