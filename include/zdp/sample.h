@@ -36,8 +36,22 @@ ZDP_API int64_t zdp_kv_bytes(const zdp_kv_cache *kv);
 ZDP_API int zdp_kv_slots(const zdp_kv_cache *kv);
 /* Positions stored in a slot (0 when empty or out of range). */
 ZDP_API int zdp_kv_length(const zdp_kv_cache *kv, int slot);
-/* Empties a slot for a new sequence. */
+/* Empties a slot for a new sequence (and unbinds its adapter). */
 ZDP_API void zdp_kv_clear(zdp_kv_cache *kv, int slot);
+
+/* Binds a LoRA adapter to a slot until zdp_kv_clear empties it: every row
+ * of that slot then runs through `lora`'s adapters (a model from
+ * zdp_lora_create over this cache's model, or over another with the same
+ * shape) with the tensors `adapter` (lora->n_params, borrowed: they must
+ * outlive the slot's use), y = W x + (alpha/r) B (A x) at each adapted
+ * linear, as the LoRA model's forward.  lora NULL: the base (the default).
+ * Slots with different adapters, and none, decode in one pass: the base's
+ * products run once over all rows, each adapter's low-rank product over
+ * its own rows (one product per run of consecutive rows with the same
+ * adapter).  Refused naming the reason: a slot out of range, adapter NULL,
+ * a LoRA model for another base shape. */
+ZDP_API zdp_status zdp_kv_set_adapter(zdp_kv_cache *kv, int slot, const zdp_model *lora,
+                                      const float *const *adapter, zdp_error *err);
 
 /* One batched pass over n rows: row i appends token tokens[i] to slot
  * slots[i] at the slot's next position (rows of the same slot take
@@ -95,6 +109,11 @@ typedef struct zdp_gen_seq {
      * (out[0..n)); nonzero ends the sequence (string stop sequences). */
     int (*stop_fn)(void *user, const int32_t *out, int n);
     void *stop_user;
+    /* Optional: a LoRA model over `model` (zdp_lora_create) and its adapter
+     * tensors, applied to this sequence alone (zdp_kv_set_adapter); NULL:
+     * the base model.  Sequences with different adapters share passes. */
+    const zdp_model *lora;
+    const float *const *adapter;
     int32_t *out;            /* OUT (max_tokens) the new tokens */
     float *out_logprobs;     /* OUT (max_tokens) their logprobs (temperature 1), or NULL */
     float *prompt_logprobs;  /* OUT (prompt_len) log p(prompt[t] | prompt[<t]), [0] = 0; or NULL */
@@ -126,7 +145,8 @@ typedef struct zdp_gen_stats {
  * is made for the call, of the longest prompt_len + max_tokens positions).  Refused before any work, naming seqs[i] and the
  * field: prompt_len outside 1..block_size, prompt_len + max_tokens beyond
  * block_size (the context), a token outside [0, V), prompt_topk outside
- * 0..V or without its outputs, batch < 1.
+ * 0..V or without its outputs, batch < 1, a lora without its adapter or
+ * for another base shape.
  * stats may be NULL. */
 ZDP_API zdp_status zdp_generate(const zdp_model *model, const float *const *params,
                                 zdp_kv_cache *kv, zdp_gen_seq *seqs, int n_seqs, int batch,

@@ -69,9 +69,18 @@ enum MHD_Result serve_plain_handle(server *s, struct MHD_Connection *c, const ch
         return serve_reply_error(c, 405, "method", "%s %s: method not allowed; use %s", method, url, want);
     }
     if (rt->op < 0) return serve_healthz(s, c);
+    /* The plain endpoints train the one model of --full-finetune; LoRA
+     * models are the Tinker protocol's (each created by create_model). */
+    if (serve_lora(s) && rt->op != OP_INFO && rt->op != OP_SAMPLE)
+        return serve_reply_error(c, 400, "url", "%s %s: the plain JSON API trains the one model of a "
+                                 "--full-finetune server; this server trains LoRA models through the Tinker "
+                                 "API (/api/v1/create_model); restart it with --full-finetune to use %s",
+                                 method, url, url);
     job *j = calloc(1, sizeof *j);
     if (j == NULL) return serve_reply_error(c, 500, NULL, "out of memory");
     j->op = rt->op;
+    j->slot = 0;
+    j->uid = s->slots[0].uid; /* --full-finetune: the one model */
     if (rt->op == OP_INFO) return run_job_(s, c, j);
 
     /* Parse and validate everything before the engine sees anything. */

@@ -77,7 +77,8 @@ char *serve_sampler_run(server *s, const float *const *params, const serve_sampl
                                  .seed = sp->seed + 0x9E3779B97F4A7C15ull * (uint64_t)k,
                                  .stop_ids = sp->stop, .n_stop_ids = (int)sp->n_stop,
                                  .stop_fn = sp->n_stop_str > 0 ? str_stop_fn_ : NULL,
-                                 .stop_user = &ss[i], .out = out + i * M,
+                                 .stop_user = &ss[i], .lora = sp->lora, .adapter = sp->adapter,
+                                 .out = out + i * M,
                                  .out_logprobs = lp + i * M};
         }
         g[0].prompt_logprobs = plp;

@@ -81,6 +81,11 @@ typedef struct serve_opts {
      * string. */
     int max_sample_batch;
     int max_stop_bytes;
+    /* Models (docs/server.md, "Models"). */
+    bool full_finetune;         /* --full-finetune: one model, every weight trains; else LoRA */
+    int max_models;             /* --max-models: LoRA models held at once (1 with --full-finetune) */
+    double model_idle_timeout_s; /* --model-idle-timeout-seconds: a LoRA model whose session
+                                    sent no heartbeat this long is unloaded */
 } serve_opts;
 
 typedef struct server zdp_server;

@@ -48,7 +48,9 @@
     X(NOOP, "noop", NULL, false)     /* refused before the engine: only its seq_id counts */ \
     X(SAMPLE_FILE, "asample", exec_sample_file_, true) /* from saved sampler weights */     \
     X(PING, "ping", NULL, true)      /* the health check: every rank answers rank 0 */        \
-    X(DELETE_CKPT, "delete_checkpoint", exec_delete_, true) /* each rank its own part */
+    X(DELETE_CKPT, "delete_checkpoint", exec_delete_, true) /* each rank its own part */    \
+    X(CREATE, "create_model", exec_create_, true)   /* a LoRA model in a free slot */        \
+    X(UNLOAD, "unload_model", exec_unload_, true)   /* frees a LoRA model's slot */
 
 enum {
 #define SERVE_OP_ENUM_(name, str, fn, all) OP_##name,
@@ -87,6 +89,15 @@ typedef struct sample_file_header {
 /* topk_prompt_logprobs at most (and at most the vocabulary): a reply holds
  * prompt_len x k ids and logprobs. */
 #define SERVE_MAX_TOPK 1024
+
+/* An OP_CREATE payload: a LoRA model (zdp_lora_config) for slot, known
+ * from then on by uid (docs/server.md, "Models"). */
+typedef struct create_payload {
+    int64_t uid;
+    int32_t slot, rank, targets, unused;
+    double alpha;
+    uint64_t seed;
+} create_payload;
 
 /* Optimizer hyperparameters of an optim_step, in zdp_hparams' order. */
 #define N_ADAM 6
@@ -230,6 +241,11 @@ typedef struct job {
     int op;
     unsigned char *payload;
     int64_t nbytes;
+    /* The model it runs on (docs/server.md, "Models"): its slot and uid,
+     * broadcast with the op; a job whose slot no longer holds that uid (the
+     * model was unloaded, or its create failed) is refused on every rank. */
+    int slot;
+    int64_t uid;
     /* A Tinker request: its result goes to this future, nobody waits on the
      * job; tinker_path is the tinker:// name a save/load answers with. */
     struct future *fut;
@@ -282,11 +298,30 @@ typedef struct serve_protocol {
     void (*destroy)(void *state); /* no lock; after the HTTP server stopped */
 } serve_protocol;
 
+/* One trained model (docs/server.md, "Models").  --full-finetune: slot 0
+ * alone, the base model itself (every weight trains).  Otherwise a LoRA
+ * model over the shared read-only base weights, with its own engine
+ * (adapters, Adam state, gradient window, counters, hyperparameters).
+ * Every rank holds the same table: only all-rank jobs change it. */
+typedef struct serve_slot {
+    int64_t uid;      /* 0: free */
+    zdp_model lora;   /* LoRA mode: zdp_lora_create's (the engine keeps its address) */
+    zdp_model *model; /* what the engine trains: &lora, or &server.model */
+    zdp_engine *eng;
+    char name[160];   /* LoRA mode: its model_id (GET /info, logs) */
+    zdp_lora_config lc;
+} serve_slot;
+
 typedef struct server {
     serve_opts opt;
     zdp_config cfg;
-    zdp_model model;
+    zdp_model model; /* the base (--full-finetune: the one model that trains) */
+    /* The model of the job running now (serve_exec sets them from the
+     * job's slot; NULL when none). */
+    zdp_model *cur;
     zdp_engine *eng;
+    serve_slot *slots; /* (opt.max_models), every rank */
+    float **base;      /* LoRA mode: the base weights (model.n_params tensors), read-only */
     zdp_channel *ch; /* every rank: a private duplicate of the world (src/comm) */
     int W, R;
     /* rank 0: the queue; mu also guards the Tinker state */
@@ -313,6 +348,11 @@ typedef struct server {
      * folder); other jobs carry absolute paths. */
     char *ckpt_root;
     float **snap;
+    /* LoRA mode: when snap_path is a PEFT adapter folder, its LoRA model over
+     * the base and its adapter tensors (snap stays NULL: the base's weights
+     * are s->base). */
+    zdp_model snap_lora;
+    float **snap_ad;
     bool have_model, started, watching;
     /* rank 0: the guards every request passes (http.c, guard_). */
     char *api_key; /* NULL: no --api-key-file */
@@ -410,8 +450,13 @@ void serve_worker_loop(server *s);
 void serve_die(const char *what, const zdp_error *err) __attribute__((noreturn));
 /* Every rank: runs one request (serve_ops[j->op].exec); rank 0 gets the answer. */
 char *serve_exec(server *s, job *j, int *status);
-/* The engine's parameter views (malloc'd array; NULL when out of memory). */
+/* The base model's weights (--full-finetune: the engine's parameter views;
+ * LoRA: the shared base), a malloc'd array; NULL when out of memory. */
 float **serve_views(server *s);
+/* server.c: frees slot k's LoRA model and engine (no-op for --full-finetune). */
+void serve_slot_free(server *s, int k);
+/* Whether the server trains LoRA models (no --full-finetune). */
+static inline bool serve_lora(const server *s) { return !s->opt.full_finetune; }
 /* Drops the sampler weights asample last read. */
 void serve_free_snapshot(server *s);
 /* String stops (docs/server.md, "Stop sequences"): -1 while the text of
@@ -436,6 +481,8 @@ typedef struct serve_sample_spec {
     bool prompt_logprobs;   /* and the prompt's (from the prefill, temperature 1) */
     int64_t topk_prompt;    /* and the k most likely tokens at each prompt position (0: none) */
     int64_t prompt_length;  /* serve_sample_result.prompt_length */
+    const zdp_model *lora;  /* a LoRA model over the base, applied to every sequence; NULL: none */
+    const float *const *adapter; /* its adapter tensors */
 } serve_sample_spec;
 /* Every rank generates its contiguous block of the num_samples sequences
  * from params (whole weights) and rank 0 gathers them; rank 0 gets the

@@ -47,7 +47,7 @@ run() {
   local log="$T/$name-np$np.log"
   # Started here, not by start_server: a sanitizer build takes longer than
   # its 30 s to load a real tokenizer and a 128k-token vocabulary.
-  timeout 900 "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" serve "${args[@]}" --config "$T/cfg.json" \
+  timeout 900 "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" serve "${args[@]}" --full-finetune --config "$T/cfg.json" \
     --model-name "$name" --checkpoint-dir "$T/ck-$name-$np" --port 0 >"$log" 2>&1 &
   SERVER_PID=$!
   if ! wait_listening "$SERVER_PID" "$log" 3000; then

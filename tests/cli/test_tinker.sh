@@ -2,7 +2,7 @@
 # `zdp serve` through the Tinker SDK's wire protocol (/api/v1, futures,
 # seq_id ordering), at -np 1, 2 and 3 (ZeRO stages 0, 1, 2), driven by
 # tests/serve/tinker_check.py with a client that sends what the SDK sends:
-# bootstrap, create_model (LoRA ignored, one model), chunks posted in
+# bootstrap, create_model (--full-finetune: a LoRA rank is a 400; one model), chunks posted in
 # parallel with the first last, lost responses retried with the same
 # idempotency key, held-open retrieve_future, seq_id gaps, every loss,
 # save/load_weights, sampling sessions on saved weights (7 seeded samples, divided
@@ -23,7 +23,7 @@ trap 'stop_server; rm -rf "$T"' EXIT
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
-MODEL=(--model gpt --n-layer 2 --n-head 2 --n-embd 16 --vocab-size 64 --block-size 16)
+MODEL=(--model gpt --n-layer 2 --n-head 2 --n-embd 16 --vocab-size 64 --block-size 16 --full-finetune)
 config() {
   cat <<JSON
 {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
@@ -46,7 +46,7 @@ for np in ${NPS:-1 2 3}; do
   if [ $SERVER_RC -ne 0 ] || ! grep -q "zdp serve: stopped" "$log"; then
     fail "-np $np: no clean stop on SIGTERM (exit $SERVER_RC)"; tail -20 "$log"
   fi
-  grep -q "lora_config is ignored" "$log" || fail "-np $np: the server did not log that LoRA is ignored"
+  grep -q "every parameter trains (--full-finetune)" "$log" || fail "-np $np: the server did not log full fine-tuning"
   if grep -q "MPI_ABORT\|zdp: error" "$log"; then fail "-np $np: server log has errors"; cat "$log"; fi
 done
 

@@ -105,7 +105,7 @@ def main(argv):
     V, T = m.get("vocab_size", 0), m.get("block_size", 0)
 
     sc = tinker.ServiceClient()
-    tc = sc.create_lora_training_client(base_model=name)
+    tc = sc.create_lora_training_client(base_model=name, rank=0)  # --full-finetune
     gi = tc.get_info()
     want_tok = None if tok_id == "-" else tok_id
     if gi.model_data.arch != arch or gi.model_data.tokenizer_id != want_tok:

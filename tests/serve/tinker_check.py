@@ -37,6 +37,20 @@ def fail(msg):
     S.fail(msg)
 
 
+def expect_status(fn, what, status, needle):
+    """fn() must raise APIStatusError with HTTP status whose body holds needle."""
+    try:
+        fn()
+    except T.APIStatusError as e:
+        if e.status != status or needle not in str(e.body):
+            fail("%s: HTTP %s %r, wanted %d mentioning %r" % (what, e.status, e.body[:300], status, needle))
+        return
+    except Exception as e:  # noqa: BLE001
+        fail("%s: raised %r, wanted HTTP %d" % (what, e, status))
+        return
+    fail("%s: succeeded, wanted HTTP %d mentioning %r" % (what, status, needle))
+
+
 def expect_failure(fn, what, needle, category="user"):
     """fn() must raise RequestFailedError of category whose message holds needle."""
     try:
@@ -126,19 +140,22 @@ class Check:
         cfg = self.sc.server_client_config
         if cfg.get("parallel_fwdbwd_chunks") is not True or cfg.get("proto_write_fwdbwd") is not False:
             fail("client/config: %s (wanted parallel chunks, no protobuf)" % cfg)
-        if not any("lora_config is ignored" in w for w in self.sc.warnings):
-            fail("create_session carried no warning about LoRA: %s" % self.sc.warnings)
+        if not any("--full-finetune" in w for w in self.sc.warnings):
+            fail("create_session carried no warning about full fine-tuning: %s" % self.sc.warnings)
         caps = self.sc.get_server_capabilities()
         self.name = caps["supported_models"][0]["model_name"]
-        expect_failure(lambda: self.sc.create_lora_training_client("gpt2"), "create_model of another base_model",
+        expect_failure(lambda: self.sc.create_lora_training_client("gpt2", rank=0), "create_model of another base_model",
                        self.name)
-        self.tc = self.sc.create_lora_training_client(self.name, rank=32)
+        # --full-finetune: a LoRA request is a 400 naming the field, the value and the flag.
+        expect_status(lambda: self.sc.create_lora_training_client(self.name, rank=32), "LoRA on --full-finetune",
+                      400, "lora_config.rank = 32")
+        self.tc = self.sc.create_lora_training_client(self.name, rank=0)
         info = self.tc.get_info()
         if info.get("model_id") != self.tc.model_id or info.get("is_lora") is not False:
             fail("get_info: %s" % info)
         # One model per server: a second live session cannot take it.
         other = T.ServiceClient(self.url, heartbeat_interval=0.3, backoff_base=0.02, outer_backoff_unit=0.05)
-        expect_failure(lambda: other.create_lora_training_client(self.name), "a second create_model", "live session")
+        expect_failure(lambda: other.create_lora_training_client(self.name, rank=0), "a second create_model", "live session")
         other.close()
         S.ok(self.url, "/save_state", {"path": self.s0})
 
@@ -545,7 +562,8 @@ class Check:
                  % (self.sc.counters.get("result_proto", 0), self.sc.accept_proto))
         mid = self.tc.model_id
         self.tc.unload().result()
-        expect_failure(lambda: self.tc.optim_step(ADAM).result(), "optim_step after unload_model", "no model")
+        expect_status(lambda: self.tc.optim_step(ADAM).result(), "optim_step after unload_model", 400,
+                      "unload_model was called")
         sc2 = T.ServiceClient(self.url, sdk_version="0.25.0", heartbeat_interval=0.3, backoff_base=0.02,
                               outer_backoff_unit=0.05, client_config_overrides={"fwdbwd_max_chunk_len": 2 * self.W})
         tc2 = sc2.create_lora_training_client(self.name, rank=0)
