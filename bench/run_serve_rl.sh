@@ -25,10 +25,14 @@ cat >"$T/cfg.json" <<JSON
 JSON
 extra=()
 [ "${SAMPLE_ONLY:-0}" = 1 ] && extra+=(--sample-only)
+# Full fine-tuning on either side of a before/after comparison: a server
+# that trains LoRA models by default is told so (older ones know no flag).
+ft=()
+"$ZDP" serve --help 2>&1 | grep -q -- --full-finetune && ft+=(--full-finetune)
 for np in ${NPS:-1 2}; do
   export OPENBLAS_NUM_THREADS=${THREADS:-1} ZDP_NUM_THREADS=${THREADS:-1}
   start_server "$np" "$T/server$np.log" --model gpt --n-layer 6 --n-head 6 --n-embd 384 --vocab-size 256 \
-    --block-size 512 --config "$T/cfg.json" --checkpoint-dir "$T/ck$np" --model-name zdp-gpt || continue
+    --block-size 512 --config "$T/cfg.json" --checkpoint-dir "$T/ck$np" --model-name zdp-gpt "${ft[@]}" || continue
   echo "run_serve_rl: -np $np, $(grep -c processor /proc/cpuinfo) cpus, load $(cut -d' ' -f1-3 /proc/loadavg)"
   timeout 1800 $PY "$HERE/serve_rl.py" "$URL" --iters "${ITERS:-3}" --prompts "${PROMPTS:-8}" \
     --samples "${SAMPLES:-8}" --new "${NEW:-64}" "${extra[@]}" || fail "serve_rl.py at -np $np"

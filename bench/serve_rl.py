@@ -64,7 +64,8 @@ def main():
     http = sc.http
     info = http.get("/info").json()
     V, W = info["model"]["vocab_size"], info["world_size"]
-    tc = sc.create_lora_training_client(base_model=info.get("model_name") or "zdp-gpt")
+    # rank 0: a full fine-tune (every weight trains), as a LoRA-less server runs it.
+    tc = sc.create_lora_training_client(base_model="zdp-gpt", rank=0)
     rng = random.Random(1)
     prompts = [[rng.randrange(V) for _ in range(a.prompt_len)] for _ in range(a.prompts)]
     rows = []
