@@ -5,8 +5,8 @@
  * Why: a batch-32 decode step multiplies 32 rows by every weight matrix.
  * cblas_sgemm re-packs the whole weight for each such call (measured: 17% of
  * a decode step), and the product itself is too short in M for OpenBLAS's
- * blocking.  Here each weight is packed once (per sampler-weights snapshot,
- * per KV cache) into panels of NR_ columns, K rows each:
+ * blocking.  Here each weight is packed once (by the KV cache that uses it,
+ * on its first batched step) into panels of NR_ columns, K rows each:
  *   panel j (K, NR_) = B[:, j*NR_ .. j*NR_+NR_), zero-padded past N,
  * so a kernel streams one panel from start to end while it keeps a block of
  * up to MR_ rows of C in registers.  Paths, chosen at run time: AVX-512
