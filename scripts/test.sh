@@ -45,9 +45,10 @@ if command -v clang >/dev/null 2>&1; then
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZDP_BUILD_TESTS=ON \
     -DZDP_SANITIZE="address;undefined" -DZDP_FUZZ=ON -DZDP_BUILD_BENCH=OFF >/dev/null
   cmake --build build-fuzz -j"$jobs" --target fuzz_safetensors fuzz_ckpt_meta fuzz_hf_config \
-    fuzz_hf_index
+    fuzz_hf_index fuzz_lora_config
   fuzz_s=${ZDP_FUZZ_SECONDS:-0}
-  for t in safetensors:safetensors ckpt_meta:meta hf_config:hf_config hf_index:hf_index; do
+  for t in safetensors:safetensors ckpt_meta:meta hf_config:hf_config hf_index:hf_index \
+           lora_config:lora_config; do
     name=${t%%:*} corpus=tests/fuzz/corpus/${t##*:}
     dict=tests/fuzz/${t##*:}.dict
     if [ "$fuzz_s" -gt 0 ]; then

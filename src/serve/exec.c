@@ -372,6 +372,17 @@ char *serve_sample_result_json(const serve_sample_result *r) {
             json_array_append_new(pl, serve_jreal(r->prompt_logprobs[t]));
         json_object_set_new(o, "prompt_logprobs", pl);
     }
+    if (o != NULL && r->topk_k > 0) { /* SampleResponse.topk_prompt_logprobs: None first */
+        json_t *rows = json_array();
+        for (int64_t t = 0; t < r->n_topk; t++) {
+            json_t *row = t == 0 ? json_null() : json_array();
+            for (int64_t k = 0; t > 0 && k < r->topk_k; k++)
+                json_array_append_new(row, json_pack("[I,o]", (json_int_t)r->topk_ids[t * r->topk_k + k],
+                                                      serve_jreal(r->topk_logprobs[t * r->topk_k + k])));
+            json_array_append_new(rows, row);
+        }
+        json_object_set_new(o, "topk_prompt_logprobs", rows);
+    }
     return serve_dump(o);
 }
 
@@ -401,6 +412,18 @@ serve_sample_result *serve_sample_result_copy(const serve_sample_result *r) {
         memcpy(c->prompt_logprobs, r->prompt_logprobs, (size_t)r->n_prompt_logprobs * sizeof *c->prompt_logprobs);
         c->n_prompt_logprobs = r->n_prompt_logprobs;
     }
+    if (r->topk_k > 0) {
+        const size_t nk = (size_t)(r->n_topk * r->topk_k);
+        c->topk_ids = malloc((nk + 1) * sizeof *c->topk_ids);
+        c->topk_logprobs = malloc((nk + 1) * sizeof *c->topk_logprobs);
+        if (c->topk_ids == NULL || c->topk_logprobs == NULL) {
+            serve_sample_result_free(c);
+            return NULL;
+        }
+        memcpy(c->topk_ids, r->topk_ids, nk * sizeof *c->topk_ids);
+        memcpy(c->topk_logprobs, r->topk_logprobs, nk * sizeof *c->topk_logprobs);
+        c->topk_k = r->topk_k, c->n_topk = r->n_topk;
+    }
     return c;
 }
 
@@ -411,6 +434,8 @@ void serve_sample_result_free(serve_sample_result *r) {
     free(r->logprobs);
     free(r->stopped);
     free(r->prompt_logprobs);
+    free(r->topk_ids);
+    free(r->topk_logprobs);
     free(r);
 }
 
@@ -470,9 +495,30 @@ static int64_t numel_(const zdp_param_info *p) {
 void serve_free_snapshot(server *s) {
     for (int i = 0; s->snap != NULL && i < s->model.n_params; i++) free(s->snap[i]);
     free(s->snap);
+    for (int i = 0; s->snap_ad != NULL && i < s->snap_lora.n_params; i++) free(s->snap_ad[i]);
+    free(s->snap_ad);
+    zdp_lora_destroy(&s->snap_lora);
     free(s->snap_path);
     s->snap = NULL;
+    s->snap_ad = NULL;
     s->snap_path = NULL;
+}
+
+/* A LoRA model's sampler weights, a PEFT adapter folder (docs/lora.md): its
+ * LoRA model over the base weights and its adapter tensors, into
+ * s->snap_lora and s->snap_ad.  Every rank reads it. */
+static zdp_status load_adapter_snapshot_(server *s, const char *dir, zdp_error *err) {
+    zdp_lora_config lc;
+    zdp_status st = zdp_lora_read_adapter_config(dir, &lc, err);
+    if (st == ZDP_OK) st = zdp_lora_create(&s->model, (const float *const *)s->base, &lc, &s->snap_lora, err);
+    if (st != ZDP_OK) return st;
+    const zdp_model *m = &s->snap_lora;
+    if ((s->snap_ad = calloc((size_t)m->n_params, sizeof *s->snap_ad)) == NULL)
+        return zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory for the adapter");
+    for (int i = 0; i < m->n_params; i++)
+        if ((s->snap_ad[i] = malloc((size_t)numel_(&m->params[i]) * sizeof(float))) == NULL)
+            return zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory for the adapter");
+    return zdp_lora_load_adapter(dir, m, s->snap_ad, err);
 }
 
 /* Tinker's asample: num_samples continuations of the prompt from the
@@ -490,15 +536,23 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
     zdp_error err = {0};
     const int np = s->model.n_params;
     verr why = {0};
+    struct stat sb;
+    /* A folder is a LoRA model's PEFT adapter (over the base weights). */
+    const bool adapter = s->base != NULL && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
     if (s->snap_path == NULL || strcmp(s->snap_path, path) != 0) {
         serve_free_snapshot(s);
-        s->snap = calloc((size_t)np, sizeof *s->snap);
         s->snap_path = strdup(path);
-        bool ok = s->snap != NULL && s->snap_path != NULL;
-        for (int i = 0; ok && i < np; i++)
-            ok = (s->snap[i] = malloc((size_t)numel_(&s->model.params[i]) * sizeof(float))) != NULL;
-        zdp_status st = ok ? s->opt.lm.load(s->opt.lm.ctx, path, &s->model, s->snap, &err)
-                           : ZDP_ERR_NOMEM;
+        bool ok = s->snap_path != NULL;
+        zdp_status st;
+        if (adapter) {
+            st = ok ? load_adapter_snapshot_(s, path, &err) : ZDP_ERR_NOMEM;
+        } else {
+            s->snap = calloc((size_t)np, sizeof *s->snap);
+            ok = ok && s->snap != NULL;
+            for (int i = 0; ok && i < np; i++)
+                ok = (s->snap[i] = malloc((size_t)numel_(&s->model.params[i]) * sizeof(float))) != NULL;
+            st = ok ? s->opt.lm.load(s->opt.lm.ctx, path, &s->model, s->snap, &err) : ZDP_ERR_NOMEM;
+        }
         if (st != ZDP_OK) {
             serve_free_snapshot(s);
             why.status = status_of_(st);
@@ -511,9 +565,12 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
                                   .n_stop = h.n_stop, .n_stop_str = h.n_stop_str, .temperature = h.temperature,
                                   .top_p = h.top_p, .seed = h.seed, .stop = rq.stop, .stop_str = rq.stop_str,
                                   .logprobs = true, .prompt_logprobs = h.prompt_logprobs != 0,
-                                  .prompt_length = -1};
-    return serve_sampler_run(s, (const float *const *)s->snap, &sp, why.msg[0] != '\0' ? &why : NULL,
-                             status);
+                                  .topk_prompt = h.topk_prompt,
+                                  .prompt_length = -1,
+                                  .lora = s->snap_ad != NULL ? &s->snap_lora : NULL,
+                                  .adapter = (const float *const *)s->snap_ad};
+    return serve_sampler_run(s, (const float *const *)(adapter ? s->base : s->snap), &sp,
+                             why.msg[0] != '\0' ? &why : NULL, status);
 }
 
 /* Rank 0, a save or load that succeeded: its typed result.  A protocol's
@@ -563,18 +620,32 @@ void serve_save_result_free(serve_save_result *r) {
     free(r);
 }
 
+/* A LoRA model's adapters as a PEFT adapter folder at dir (rank 0):
+ * adapter_model.safetensors and adapter_config.json, base_model_name_or_path
+ * the served model's name (docs/lora.md). */
+static zdp_status save_adapter_(server *s, const char *dir, zdp_error *err) {
+    float **v = cur_views_(s);
+    if (v == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory");
+    zdp_status st = zdp_lora_save_adapter(dir, s->cur, (const float *const *)v, s->opt.model_name, err);
+    free(v);
+    return st;
+}
+
 static char *exec_save_weights_(server *s, job *j, int *status) {
-    /* Rank 0 writes the file; at stage 3 every rank gathers the weights first. */
+    /* Rank 0 writes the file; at stage 3 (--full-finetune) every rank
+     * gathers the weights first. */
     if (s->R != 0 && (serve_lora(s) || s->cfg.zero.stage < 3)) return NULL;
-    if (serve_lora(s)) {
-        /* A LoRA model's weights file (a PEFT adapter folder) is not written yet. */
-        *status = 400;
-        return serve_error_body("path", "save_weights / save_weights_for_sampler of a LoRA model is not "
-                                        "supported yet; save_state keeps its adapters and optimizer, or run "
-                                        "the server with --full-finetune");
-    }
     const char *path = (const char *)j->payload;
     zdp_error err = {0};
+    if (serve_lora(s)) { /* the adapter, a PEFT folder: what sampling and users take */
+        zdp_status st = save_adapter_(s, path, &err);
+        if (st != ZDP_OK) {
+            *status = status_of_(st);
+            return serve_error_body("path", err.msg);
+        }
+        *status = 200;
+        return finish_save_(s, j, path);
+    }
     float **v = serve_weights_get(s, true, &err);
     if (v == NULL || s->R != 0) {
         serve_weights_free(s, v);
@@ -676,6 +747,12 @@ static char *exec_state_(server *s, job *j, int *status) {
     if (!all) {
         *status = status_of_((zdp_status)bad_st);
         return serve_error_body("path", why);
+    }
+    /* A LoRA model's checkpoint is a PEFT adapter folder too (beside the
+     * engine's files), as Tinker's checkpoint download gives. */
+    if (j->op == OP_SAVE_STATE && serve_lora(s) && (st = save_adapter_(s, path, &err)) != ZDP_OK) {
+        *status = status_of_(st);
+        return serve_error_body("path", err.msg);
     }
     *status = 200;
     return finish_save_(s, j, path);
@@ -785,13 +862,14 @@ static char *exec_load_weights_(server *s, job *j, int *status) {
 static json_t *limits_json_(server *s) {
     const union MHD_DaemonInfo *ci =
         s->daemon != NULL ? MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS) : NULL;
-    return json_pack("{s:I,s:I,s:I,s:i,s:i,s:i,s:i,s:f,s:f}", "max_body_bytes", (json_int_t)s->opt.max_body,
+    return json_pack("{s:I,s:I,s:I,s:i,s:i,s:i,s:i,s:f,s:f,s:i,s:i}", "max_body_bytes", (json_int_t)s->opt.max_body,
                      "max_inflight_bytes", (json_int_t)s->opt.max_inflight, "inflight_bytes",
                      (json_int_t)serve_body_inflight(s), "max_connections", s->opt.max_connections,
                      "max_connections_per_ip", s->opt.max_connections_per_ip, "connections",
                      ci != NULL ? (int)ci->num_connections : -1, "idle_timeout_seconds",
                      s->opt.idle_timeout_s, "request_timeout_seconds", s->opt.request_timeout_s,
-                     "health_timeout_seconds", s->opt.health_timeout_s);
+                     "health_timeout_seconds", s->opt.health_timeout_s, "max_sample_batch",
+                     s->opt.max_sample_batch, "max_stop_bytes", s->opt.max_stop_bytes);
 }
 
 /* /info's model: its arch, the shape it records (zdp_model.shape_json, a
@@ -894,8 +972,8 @@ static json_t *models_json_(server *s) {
                               (json_int_t)zdp_engine_pending_backwards(x->eng), "micro_steps",
                               (json_int_t)zdp_engine_micro_steps(x->eng), "memory", mem);
         if (serve_lora(s)) {
-            char targets[32];
-            zdp_lora_targets_name(x->lc.targets, targets, sizeof targets);
+            char targets[ZDP_LORA_TARGETS_NAME_MAX];
+            zdp_lora_targets_name(x->lc.targets, x->lc.modules, targets, sizeof targets);
             json_object_set_new(o, "model_id", json_string(x->name));
             json_object_set_new(o, "lora", json_pack("{s:i,s:f,s:s,s:I}", "rank", x->lc.rank, "alpha",
                                                      (double)(x->lc.alpha != 0 ? x->lc.alpha : ZDP_LORA_DEFAULT_ALPHA),
@@ -926,15 +1004,16 @@ static char *exec_info_(server *s, job *j, int *status) {
     s->eng = s->slots[0].eng;
     zdp_memory_report m;
     zdp_engine_memory_report(s->eng, &m);
-    /* Beside the engine's: the sampler weights asample holds, and at stage
-     * 3 the most bytes of whole-model copies gathered at once (sampling,
-     * save_weights), which exist only while such a request runs. */
+    /* Beyond the engine's: the sampling side, which lives outside it (the
+     * sampler weights asample keeps, the KV cache a request makes, and at
+     * stage 3 the most bytes of whole-model copies gathered at once for
+     * sampling and save_weights, held only while such a request runs). */
     int64_t snap = 0;
     for (int i = 0; s->snap != NULL && i < s->model.n_params; i++)
         snap += numel_(&s->model.params[i]) * (int64_t)sizeof(float);
-    int64_t mine[10] = {m.params_bytes, m.grads_bytes, m.grad_partition_bytes, m.bucket_bytes,
+    int64_t mine[12] = {m.params_bytes, m.grads_bytes, m.grad_partition_bytes, m.bucket_bytes,
                         m.optimizer_bytes, m.master_bytes, m.other_bytes, m.total_bytes,
-                        s->whole_peak_bytes, snap};
+                        snap, s->kv_bytes_last, s->kv_bytes_peak, s->whole_peak_bytes};
     int64_t *all = s->R == 0 ? malloc((size_t)s->W * sizeof mine) : NULL;
     if (s->R == 0 && all == NULL) serve_die("info", &(zdp_error){.msg = "out of memory"});
     zdp_error err;
@@ -942,15 +1021,16 @@ static char *exec_info_(server *s, job *j, int *status) {
     if (s->R != 0) return NULL;
     json_t *mem = json_array();
     for (int r = 0; r < s->W; r++) {
-        int64_t *x = all + 10 * r;
-        json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", r,
+        int64_t *x = all + 12 * r;
+        json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", r,
                                              "params_bytes", (json_int_t)x[0], "grads_bytes", (json_int_t)x[1],
                                              "grad_partition_bytes", (json_int_t)x[2], "bucket_bytes",
                                              (json_int_t)x[3], "optimizer_bytes", (json_int_t)x[4],
                                              "master_bytes", (json_int_t)x[5], "other_bytes",
                                              (json_int_t)x[6], "total_bytes", (json_int_t)x[7],
-                                             "gathered_whole_bytes", (json_int_t)x[8], "snapshot_bytes",
-                                             (json_int_t)x[9]));
+                                             "sampler_weights_bytes", (json_int_t)x[8], "kv_cache_bytes",
+                                             (json_int_t)x[9], "kv_cache_peak_bytes", (json_int_t)x[10],
+                                             "gathered_whole_bytes", (json_int_t)x[11]));
     }
     free(all);
     const zdp_optimizer_config *oc = &s->cfg.optimizer;
@@ -1048,8 +1128,8 @@ static char *exec_create_(server *s, job *j, int *status) {
     free(v);
     if (zdp_engine_sync_params(x->eng, &err) != ZDP_OK) serve_die("create_model", &err);
     if (s->R != 0) return NULL;
-    char targets[32];
-    zdp_lora_targets_name(lc.targets, targets, sizeof targets);
+    char targets[ZDP_LORA_TARGETS_NAME_MAX];
+    zdp_lora_targets_name(lc.targets, lc.modules, targets, sizeof targets);
     fprintf(stderr, "zdp serve: create_model -> %s: LoRA rank %d, alpha %g, targets %s, seed %llu, "
             "%lld trainable parameters (slot %d)\n", model_id, lc.rank, p.alpha, targets,
             (unsigned long long)lc.seed, (long long)zdp_engine_numel(x->eng), p.slot);

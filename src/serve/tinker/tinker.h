@@ -133,6 +133,12 @@ enum MHD_Result tinker_reply_error(struct MHD_Connection *c, int status, const c
 /* A checkpoint name from a client: one path component of letters, digits,
  * '.', '_' or '-', not starting with '.'. */
 bool tinker_good_name(const char *n);
+/* Sampler weights NAME of run folder dir_name, relative to --checkpoint-dir:
+ * "DIR/sampler_weights/NAME.safetensors" (a weights file, --full-finetune),
+ * or "DIR/sampler_weights/NAME" (a LoRA model's PEFT adapter folder) when
+ * that folder exists, or, for one not written yet, when this server trains
+ * LoRA models.  False when it does not fit cap. */
+bool tinker_sampler_rel(const server *s, const char *dir_name, const char *name, char *rel, size_t cap);
 
 /* tinker/runs.c: training runs and checkpoints in --checkpoint-dir.
  * Start-up: the last session number handed out by an earlier server on this
