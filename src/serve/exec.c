@@ -168,13 +168,14 @@ static char *exec_fwd_(server *s, job *j, int *status) {
              * against the engine's mean over ranks. */
             if (zdp_engine_backward(s->eng, false, (float)len[i] * (float)s->W, &err) != ZDP_OK)
                 serve_die("backward", &err);
-        } else if (bwd) {
+        } else if (bwd || s->cfg.zero.stage == 3) {
             /* No datum left for this rank: a zero-weight micro-batch keeps the
-             * backward() count, and stage 2's reductions, equal on all ranks. */
+             * backward() count, and stage 2's reductions, equal on all ranks
+             * (and at stage 3 the forward's gathers, forward alone too). */
             zdp_lm_batch b = {.inputs = &pad, .targets = &pad, .B = 1, .T = 1};
             float loss;
             if (zdp_engine_forward(s->eng, &b, &loss, &err) != ZDP_OK) serve_die("forward", &err);
-            if (zdp_engine_backward(s->eng, false, 0.0f, &err) != ZDP_OK) serve_die("backward", &err);
+            if (bwd && zdp_engine_backward(s->eng, false, 0.0f, &err) != ZDP_OK) serve_die("backward", &err);
         }
     }
     /* Each position was filled by exactly one rank, the others hold 0: a sum
