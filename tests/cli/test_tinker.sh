@@ -31,6 +31,11 @@ JSON
 
 # NP:STAGE; -np 2 at ZeRO stage 3 too (the whole model gathered for sampling
 # and save_weights, scattered by load_weights: docs/server.md, "Models").
+# NPS (as scripts/test.sh's TSan run sets it) picks the stages-0-2 runs alone.
+if [ -n "${NPS:-}" ]; then
+  RUNS=$(for np in $NPS; do printf '%s:%s ' "$np" $((np - 1)); done)
+  KS=$NPS
+fi
 for run in ${RUNS:-1:0 2:1 3:2 2:3}; do
   np=${run%%:*} stage=${run##*:}
   k=$np
