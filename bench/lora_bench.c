@@ -169,7 +169,7 @@ int main(int argc, char **argv) {
     if (gpt) zdp_gpt_init_params(&base, bp, 1);
     else zdp_llama_init_params(&base, bp, 1);
     zdp_lora_config lc = {.rank = rank, .alpha = ZDP_LORA_DEFAULT_ALPHA, .seed = 2};
-    if (zdp_lora_targets_parse(targets, &lc.targets, &err) != ZDP_OK) die_("--targets", &err);
+    if (zdp_lora_targets_parse(targets, &lc.targets, &lc.modules, &err) != ZDP_OK) die_("--targets", &err);
     zdp_model lora;
     if (zdp_lora_create(&base, (const float *const *)bp, &lc, &lora, &err) != ZDP_OK)
         die_("lora", &err);

@@ -30,7 +30,7 @@ typedef struct dummy {
     zdp_param_info info;
 } dummy;
 
-static zdp_status fwd_(void *self, const float *const *params, const void *batch, float *loss,
+static zdp_status fwd_(void *self, zdp_param_source *params, const void *batch, float *loss,
                        zdp_error *err) {
     (void)self;
     (void)params;
@@ -40,7 +40,7 @@ static zdp_status fwd_(void *self, const float *const *params, const void *batch
     return ZDP_OK;
 }
 
-static zdp_status bwd_(void *self, const float *const *params, float dloss, zdp_grad_sink *sink,
+static zdp_status bwd_(void *self, zdp_param_source *params, float dloss, zdp_grad_sink *sink,
                        zdp_error *err) {
     (void)params;
     dummy *d = self;

@@ -75,7 +75,7 @@ E1=$(median <"$T/e1"); E4=$(median <"$T/e4")
 echo "engine alone (zdp train -np 2, B=1 T=64): $E1 ms/step at 1 micro-batch/rank, $E4 at 4" \
   "(runs: $(tr '\n' ' ' <"$T/e1")/ $(tr '\n' ' ' <"$T/e4"))"
 
-mpirun -np 2 "$ZDP" serve "${MODEL[@]}" --config "$T/cfg.json" --init "$T/init.safetensors" \
+mpirun -np 2 "$ZDP" serve "${MODEL[@]}" --full-finetune --config "$T/cfg.json" --init "$T/init.safetensors" \
   --port 0 --checkpoint-dir "$T/ck" --long-poll-seconds 30 --seq-gap-seconds 30 >"$T/server.log" 2>&1 &
 SERVER_PID=$!
 URL=""

@@ -14,7 +14,7 @@ Uses only the standard library.  Two ways to talk to the server:
                      use it instead (docs/server.md).
 
     source scripts/env.sh
-    mpirun -np 2 build/bin/zdp serve --config serve.json --model gpt \\
+    mpirun -np 2 build/bin/zdp serve --config serve.json --model gpt --full-finetune \\
         --n-layer 2 --n-head 2 --n-embd 16 --vocab-size 256 --block-size 32 --port 8000 &
     python3 examples/tinker_client.py --url http://127.0.0.1:8000 --steps 20 --protocol tinker
 

@@ -36,8 +36,22 @@ ZDP_API int64_t zdp_kv_bytes(const zdp_kv_cache *kv);
 ZDP_API int zdp_kv_slots(const zdp_kv_cache *kv);
 /* Positions stored in a slot (0 when empty or out of range). */
 ZDP_API int zdp_kv_length(const zdp_kv_cache *kv, int slot);
-/* Empties a slot for a new sequence. */
+/* Empties a slot for a new sequence (and unbinds its adapter). */
 ZDP_API void zdp_kv_clear(zdp_kv_cache *kv, int slot);
+
+/* Binds a LoRA adapter to a slot until zdp_kv_clear empties it: every row
+ * of that slot then runs through `lora`'s adapters (a model from
+ * zdp_lora_create over this cache's model, or over another with the same
+ * shape) with the tensors `adapter` (lora->n_params, borrowed: they must
+ * outlive the slot's use), y = W x + (alpha/r) B (A x) at each adapted
+ * linear, as the LoRA model's forward.  lora NULL: the base (the default).
+ * Slots with different adapters, and none, decode in one pass: the base's
+ * products run once over all rows, each adapter's low-rank product over
+ * its own rows (one product per run of consecutive rows with the same
+ * adapter).  Refused naming the reason: a slot out of range, adapter NULL,
+ * a LoRA model for another base shape. */
+ZDP_API zdp_status zdp_kv_set_adapter(zdp_kv_cache *kv, int slot, const zdp_model *lora,
+                                      const float *const *adapter, zdp_error *err);
 
 /* One batched pass over n rows: row i appends token tokens[i] to slot
  * slots[i] at the slot's next position (rows of the same slot take
@@ -73,6 +87,13 @@ ZDP_API int zdp_sample_token(const float *logits, int V, const zdp_sample_params
 /* log p(target) under softmax(logits) (V), temperature 1, in double. */
 ZDP_API float zdp_logprob_of(const float *logits, int V, int target);
 
+/* The k (1..V) most likely tokens of logits (V) into ids (k), by logprob
+ * descending, ties by the lower id first, and their log-probabilities at
+ * temperature 1 (each equal to zdp_logprob_of's) into logprobs (k).
+ * Returns ZDP_ERR_INVALID_ARG for k outside 1..V. */
+ZDP_API zdp_status zdp_topk_logprobs(const float *logits, int V, int k, int32_t *ids,
+                                     float *logprobs);
+
 /* ---- batched generation ---------------------------------------------------- */
 
 /* One sequence to generate.  OUT fields are written by zdp_generate. */
@@ -88,11 +109,25 @@ typedef struct zdp_gen_seq {
      * (out[0..n)); nonzero ends the sequence (string stop sequences). */
     int (*stop_fn)(void *user, const int32_t *out, int n);
     void *stop_user;
+    /* Optional: a LoRA model over `model` (zdp_lora_create) and its adapter
+     * tensors, applied to this sequence alone (zdp_kv_set_adapter); NULL:
+     * the base model.  Sequences with different adapters share passes. */
+    const zdp_model *lora;
+    const float *const *adapter;
     int32_t *out;            /* OUT (max_tokens) the new tokens */
     float *out_logprobs;     /* OUT (max_tokens) their logprobs (temperature 1), or NULL */
     float *prompt_logprobs;  /* OUT (prompt_len) log p(prompt[t] | prompt[<t]), [0] = 0; or NULL */
     int n_out;               /* OUT tokens generated */
     int stopped;             /* OUT 1: a stop id or stop_fn ended it (else max_tokens) */
+    /* Top-k prompt logprobs (Tinker's topk_prompt_logprobs), from the
+     * prefill: prompt_topk = k in 0..vocab_size (0: none).  Row t of the
+     * (prompt_len, k) outputs: the k most likely next tokens after
+     * prompt[<t], by logprob descending (ties: the lower id first), and
+     * their log-probabilities at temperature 1; row 0 (nothing predicts
+     * the first token): ids -1, logprobs NaN. */
+    int prompt_topk;
+    int32_t *prompt_topk_ids;     /* OUT (prompt_len, prompt_topk), or NULL when prompt_topk = 0 */
+    float *prompt_topk_logprobs;  /* OUT (prompt_len, prompt_topk), or NULL when prompt_topk = 0 */
 } zdp_gen_seq;
 
 typedef struct zdp_gen_stats {
@@ -109,7 +144,9 @@ typedef struct zdp_gen_stats {
  * batched matrix products).  kv: a cache with >= batch slots, or NULL (one
  * is made for the call, of the longest prompt_len + max_tokens positions).  Refused before any work, naming seqs[i] and the
  * field: prompt_len outside 1..block_size, prompt_len + max_tokens beyond
- * block_size (the context), a token outside [0, V), batch < 1.
+ * block_size (the context), a token outside [0, V), prompt_topk outside
+ * 0..V or without its outputs, batch < 1, a lora without its adapter or
+ * for another base shape.
  * stats may be NULL. */
 ZDP_API zdp_status zdp_generate(const zdp_model *model, const float *const *params,
                                 zdp_kv_cache *kv, zdp_gen_seq *seqs, int n_seqs, int batch,

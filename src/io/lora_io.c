@@ -8,8 +8,9 @@
  * "." + entry).  zdp writes the shortest suffixes that pick exactly its
  * targets: the Llama family's leaf names (q_proj, ..., down_proj), GPT-2's
  * "attn.c_proj" and "mlp.c_proj" (a bare "c_proj" would match both), and
- * "lm_head".  Reading maps each entry back to its target group; a group
- * must come whole, since zdp adapts attention, MLP and lm_head as groups.
+ * "lm_head".  Reading maps each entry back to its target group, and a group
+ * listed in part (PEFT's common ["q_proj", "v_proj"]) to the modules named
+ * (zdp_lora_config.modules); writing lists the modules the model adapts.
  */
 #include <errno.h>
 #include <math.h>
@@ -25,8 +26,13 @@
 /* The module suffixes of each group, per family, as written. */
 static const char *const llama_attn_[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
 static const char *const llama_mlp_[] = {"gate_proj", "up_proj", "down_proj"};
-static const char *const gpt_attn_[] = {"attn.c_attn", "attn.c_proj"};
-static const char *const gpt_mlp_[] = {"mlp.c_fc", "mlp.c_proj"};
+
+/* Each family's module bits (zdp/lora.h), in the order written. */
+static const int llama_bits_[] = {ZDP_LORA_Q_PROJ,    ZDP_LORA_K_PROJ,  ZDP_LORA_V_PROJ,
+                                  ZDP_LORA_O_PROJ,    ZDP_LORA_GATE_PROJ, ZDP_LORA_UP_PROJ,
+                                  ZDP_LORA_DOWN_PROJ, ZDP_LORA_LM_HEAD};
+static const int gpt_bits_[] = {ZDP_LORA_C_ATTN, ZDP_LORA_ATTN_C_PROJ, ZDP_LORA_C_FC,
+                                ZDP_LORA_MLP_C_PROJ, ZDP_LORA_LM_HEAD};
 
 static zdp_status path_(char *buf, const char *dir, const char *file, zdp_error *err) {
     if (snprintf(buf, PATH_MAX_, "%s/%s", dir, file) >= PATH_MAX_)
@@ -34,9 +40,6 @@ static zdp_status path_(char *buf, const char *dir, const char *file, zdp_error 
     return ZDP_OK;
 }
 
-static void add_all_(json_t *arr, const char *const *names, size_t n) {
-    for (size_t i = 0; i < n; i++) json_array_append_new(arr, json_string(names[i]));
-}
 
 zdp_status zdp_lora_save_adapter(const char *dir, const zdp_model *model,
                                  const float *const *adapter, const char *base_model_name,
@@ -72,12 +75,15 @@ zdp_status zdp_lora_save_adapter(const char *dir, const zdp_model *model,
     free(t);
     if (st != ZDP_OK) return st;
 
+    /* The modules adapted: those of the targeted groups, narrowed by modules. */
     json_t *mods = json_array();
-    if (c->targets & ZDP_LORA_ATTN)
-        gpt ? add_all_(mods, gpt_attn_, 2) : add_all_(mods, llama_attn_, 4);
-    if (c->targets & ZDP_LORA_MLP)
-        gpt ? add_all_(mods, gpt_mlp_, 2) : add_all_(mods, llama_mlp_, 3);
-    if (c->targets & ZDP_LORA_UNEMBED) json_array_append_new(mods, json_string("lm_head"));
+    const int *bits = gpt ? gpt_bits_ : llama_bits_;
+    const size_t nbits = gpt ? sizeof gpt_bits_ / sizeof gpt_bits_[0]
+                             : sizeof llama_bits_ / sizeof llama_bits_[0];
+    for (size_t k = 0; k < nbits; k++) {
+        if (zdp_lora_adapts(c, bits[k]))
+            json_array_append_new(mods, json_string(zdp_lora_module_name(bits[k])));
+    }
     /* lora_alpha as PEFT writes it: an integer when it is one. */
     const double a = c->alpha;
     json_t *alpha = a == floor(a) && fabs(a) < 1e9 ? json_integer((json_int_t)a) : json_real(a);
@@ -118,6 +124,7 @@ static bool listed_(const json_t *mods, const char *name) {
     const json_t *m;
     json_array_foreach(mods, i, m) {
         const char *v = json_string_value(m);
+        if (v == NULL) continue;
         const size_t lv = strlen(v), ln = strlen(name);
         if (strcmp(v, name) == 0 ||
             (ln > lv && name[ln - lv - 1] == '.' && strcmp(name + ln - lv, v) == 0))
@@ -189,22 +196,30 @@ zdp_status zdp_lora_read_adapter_config(const char *dir, zdp_lora_config *cfg, z
             }
             c.targets |= g;
         }
-        /* Groups come whole: attention or the MLP in part is not what zdp
-         * trains.  fan_in_fan_out marks GPT-2 (Conv1D weights). */
+        /* The family's modules the list picks (fan_in_fan_out marks GPT-2,
+         * whose weights are Conv1D): a group in part adapts only those. */
         const bool gpt = json_is_true(json_object_get(root, "fan_in_fan_out"));
-        for (int grp = 0; grp < 2 && st == ZDP_OK; grp++) {
-            if (!(c.targets & (grp == 0 ? ZDP_LORA_ATTN : ZDP_LORA_MLP))) continue;
-            const char *const *names = grp == 0 ? (gpt ? gpt_attn_ : llama_attn_)
-                                                 : (gpt ? gpt_mlp_ : llama_mlp_);
-            const size_t nn = grp == 0 ? (gpt ? 2 : 4) : (gpt ? 2 : 3);
-            for (size_t k = 0; k < nn && st == ZDP_OK; k++)
-                if (!listed_(mods, names[k]))
-                    st = zdp_err_set(err, ZDP_ERR_INVALID_ARG,
-                                     "%s: target_modules lacks %s: zdp adapts %s as a whole "
-                                     "(Tinker's train_%s); list every one of its modules",
-                                     path, names[k], grp == 0 ? "attention" : "the MLP",
-                                     grp == 0 ? "attn" : "mlp");
+        const int *bits = gpt ? gpt_bits_ : llama_bits_;
+        const size_t nbits = gpt ? sizeof gpt_bits_ / sizeof gpt_bits_[0]
+                                 : sizeof llama_bits_ / sizeof llama_bits_[0];
+        int listed = 0, whole = 0, picked = 0; /* module bits; groups */
+        for (size_t k = 0; k < nbits && st == ZDP_OK; k++) {
+            int group = 0;
+            zdp_lora_module_bit(zdp_lora_module_name(bits[k]), &group);
+            if (!(c.targets & group)) continue;
+            whole |= bits[k];
+            if (listed_(mods, zdp_lora_module_name(bits[k]))) listed |= bits[k], picked |= group;
         }
+        const int missed = st == ZDP_OK ? c.targets & ~picked : 0;
+        if (missed != 0)
+            st = zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                             "%s: target_modules names no %s module of a %s adapter "
+                             "(fan_in_fan_out %s): %s",
+                             path, missed & ZDP_LORA_ATTN ? "attention" : "MLP",
+                             gpt ? "GPT-2" : "Llama-family", gpt ? "true" : "false",
+                             gpt ? "GPT-2 adapts attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj"
+                                 : "the Llama family adapts q/k/v/o_proj, gate/up/down_proj");
+        c.modules = listed != whole ? listed : 0;
     }
     if (st == ZDP_OK) {
         c.rank = (int)json_integer_value(r);

@@ -70,4 +70,15 @@ int zdp_llama_adapter_sites_(const zdp_model *base, zdp_adapter_site *sites, int
                              int64_t *max_rows);
 int zdp_llama_adapter_attach_(const zdp_model *base, const zdp_adapter *ad);
 
+/* For KV-cache decoding (src/sample/kv.c), which applies a LoRA model's
+ * adapters itself, per sequence: the index of site `site`'s A among the
+ * LoRA model's parameters (B is the next one), or -1 when that site is not
+ * adapted (or lora is not a LoRA model). */
+int zdp_lora_site_param_(const zdp_model *lora, int site);
+/* Whether a LoRA model's sites are those of `model` (same modules, in order,
+ * same dimensions): its adapters then fit that model's weights, even when
+ * `model` is another object than the LoRA model's base.  0 when not, with
+ * the reason in err. */
+int zdp_lora_fits_(const zdp_model *lora, const zdp_model *model, zdp_error *err);
+
 #endif /* ZDP_MODELS_ADAPTER_H */

@@ -29,7 +29,9 @@ typedef struct lora {
     float scale;                      /* alpha / rank */
     const zdp_model *base;
     const float *const *base_params;
-    zdp_param_source *base_src;       /* dense, over base_params */
+    zdp_param_source *base_src;       /* dense, over base_params; at ZeRO stage 3
+                                         the engine's, over its partition */
+    zdp_frozen frozen;                /* the base, as the engine sees it */
     int n_params;                     /* the adapters' tensors */
     int nsites;
     zdp_adapter_site *sites;          /* (nsites) the base's, in its order */
@@ -105,8 +107,9 @@ static zdp_status hook_backward_(void *ctx, int site, float *dinp, const float *
 /* ---- the model ops: the base's, with the hooks attached for the call ------------------ */
 
 /* The adapters from the engine's source (all of them, for the whole call)
- * into m->params; the base runs over its own borrowed weights through a
- * dense source (stage 3 is refused for a LoRA model: zdp_engine_create). */
+ * into m->params; the base runs over base_src: a dense source over its
+ * borrowed weights, or at ZeRO stage 3 the engine's source over its
+ * partition of them (zdp_frozen), gathered layer by layer. */
 static zdp_status fetch_(lora *m, zdp_param_source *src, zdp_error *err) {
     return zdp_param_fetch(src, 0, m->n_params, &m->params, err);
 }
@@ -160,16 +163,82 @@ static zdp_status lora_next_logits_(void *self, zdp_param_source *src, const int
 static const zdp_lm_ops lora_lm_ops_ = {.set_loss_weights = lora_set_loss_weights_,
                                         .next_logits = lora_next_logits_};
 
+/* ---- single modules ------------------------------------------------------------------ */
+
+/* Every module zdp adapts, by the name transformers' module paths end with. */
+static const struct { const char *name; int bit, group; } modules_[] = {
+    {"q_proj", ZDP_LORA_Q_PROJ, ZDP_LORA_ATTN},
+    {"k_proj", ZDP_LORA_K_PROJ, ZDP_LORA_ATTN},
+    {"v_proj", ZDP_LORA_V_PROJ, ZDP_LORA_ATTN},
+    {"o_proj", ZDP_LORA_O_PROJ, ZDP_LORA_ATTN},
+    {"gate_proj", ZDP_LORA_GATE_PROJ, ZDP_LORA_MLP},
+    {"up_proj", ZDP_LORA_UP_PROJ, ZDP_LORA_MLP},
+    {"down_proj", ZDP_LORA_DOWN_PROJ, ZDP_LORA_MLP},
+    {"attn.c_attn", ZDP_LORA_C_ATTN, ZDP_LORA_ATTN},
+    {"attn.c_proj", ZDP_LORA_ATTN_C_PROJ, ZDP_LORA_ATTN},
+    {"mlp.c_fc", ZDP_LORA_C_FC, ZDP_LORA_MLP},
+    {"mlp.c_proj", ZDP_LORA_MLP_C_PROJ, ZDP_LORA_MLP},
+    {"lm_head", ZDP_LORA_LM_HEAD, ZDP_LORA_UNEMBED}};
+#define N_MODULES_ ((int)(sizeof modules_ / sizeof modules_[0]))
+
+int zdp_lora_module_bit(const char *name, int *group) {
+    for (int k = 0; name != NULL && k < N_MODULES_; k++)
+        if (strcmp(name, modules_[k].name) == 0) {
+            if (group != NULL) *group = modules_[k].group;
+            return modules_[k].bit;
+        }
+    return 0;
+}
+
+const char *zdp_lora_module_name(int bit) {
+    for (int k = 0; k < N_MODULES_; k++)
+        if (modules_[k].bit == bit) return modules_[k].name;
+    return NULL;
+}
+
+/* The module bit of a site: its path equals a module's name or ends with
+ * "." + it. */
+static int site_bit_(const zdp_adapter_site *s) {
+    const size_t lp = strlen(s->module);
+    for (int k = 0; k < N_MODULES_; k++) {
+        const size_t ln = strlen(modules_[k].name);
+        if (strcmp(s->module, modules_[k].name) == 0 ||
+            (lp > ln && s->module[lp - ln - 1] == '.' &&
+             strcmp(s->module + lp - ln, modules_[k].name) == 0))
+            return modules_[k].bit;
+    }
+    return 0;
+}
+
+static const char *group_name_(int group) {
+    return group == ZDP_LORA_ATTN ? "attn" : group == ZDP_LORA_MLP ? "mlp" : "unembed";
+}
+
+/* Every module bit of a group (both families'). */
+static int group_modules_(int group) {
+    int bits = 0;
+    for (int k = 0; k < N_MODULES_; k++)
+        if (modules_[k].group == group) bits |= modules_[k].bit;
+    return bits;
+}
+
+int zdp_lora_adapts(const zdp_lora_config *c, int bit) {
+    int group = 0;
+    if (c == NULL || zdp_lora_module_bit(zdp_lora_module_name(bit), &group) == 0) return 0;
+    if (!(c->targets & group)) return 0;
+    return !(c->modules & group_modules_(group)) || (c->modules & bit) != 0;
+}
+
 /* ---- targets ------------------------------------------------------------------------ */
 
 static const struct { const char *name; int bit; } targets_[] = {
     {"attn", ZDP_LORA_ATTN}, {"mlp", ZDP_LORA_MLP}, {"unembed", ZDP_LORA_UNEMBED}};
 
-zdp_status zdp_lora_targets_parse(const char *list, int *targets, zdp_error *err) {
+zdp_status zdp_lora_targets_parse(const char *list, int *targets, int *modules, zdp_error *err) {
     const char *fn = "lora targets";
     if (list == NULL || targets == NULL)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: list and targets must be set", fn);
-    int bits = 0;
+    int bits = 0, mods = 0;
     const char *p = list;
     while (1) {
         const char *e = strchr(p, ',');
@@ -179,30 +248,76 @@ zdp_status zdp_lora_targets_parse(const char *list, int *targets, zdp_error *err
         for (size_t k = 0; k < sizeof targets_ / sizeof targets_[0]; k++)
             if (strlen(targets_[k].name) == len && strncmp(p, targets_[k].name, len) == 0)
                 bit = targets_[k].bit;
+        for (int k = 0; bit == 0 && modules != NULL && k < N_MODULES_; k++)
+            if (strlen(modules_[k].name) == len && strncmp(p, modules_[k].name, len) == 0)
+                bit = modules_[k].group, mods |= modules_[k].bit;
         if (bit == 0)
             return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
                                "%s: '%.*s' in \"%s\": unknown target; use a comma-separated list "
-                               "of attn, mlp, unembed (or all)",
-                               fn, (int)(len > 40 ? 40 : len), p, list);
+                               "of attn, mlp, unembed (or all)%s",
+                               fn, (int)(len > 40 ? 40 : len), p, list,
+                               modules != NULL ? ", or single modules (q_proj, k_proj, v_proj, "
+                                                 "o_proj, gate_proj, up_proj, down_proj; GPT-2's "
+                                                 "attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj; "
+                                                 "lm_head)"
+                                               : "");
         bits |= bit;
         if (e == NULL) break;
         p = e + 1;
     }
     *targets = bits;
+    if (modules != NULL) *modules = mods;
     return ZDP_OK;
 }
 
-void zdp_lora_targets_name(int targets, char *buf, size_t size) {
+void zdp_lora_targets_name(int targets, int modules, char *buf, size_t size) {
     if (buf == NULL || size == 0) return;
     buf[0] = '\0';
     size_t used = 0;
-    for (size_t k = 0; k < sizeof targets_ / sizeof targets_[0]; k++)
-        if (targets & targets_[k].bit) {
-            int w = snprintf(buf + used, size - used, "%s%s", used > 0 ? "," : "",
-                             targets_[k].name);
-            if (w < 0 || (size_t)w >= size - used) return;
-            used += (size_t)w;
+    for (size_t k = 0; k < sizeof targets_ / sizeof targets_[0]; k++) {
+        if (!(targets & targets_[k].bit)) continue;
+        const int part = modules & group_modules_(targets_[k].bit);
+        for (int j = 0; j < N_MODULES_; j++) {
+            const char *name = part == 0 ? targets_[k].name
+                               : (part & modules_[j].bit) ? modules_[j].name : NULL;
+            if (name != NULL) {
+                int w = snprintf(buf + used, size - used, "%s%s", used > 0 ? "," : "", name);
+                if (w < 0 || (size_t)w >= size - used) return;
+                used += (size_t)w;
+            }
+            if (part == 0) break;
         }
+    }
+}
+
+/* cfg->modules against the base's sites: every bit a module of this base
+ * and of a targeted group. */
+static zdp_status check_modules_(const zdp_lora_config *c, const zdp_adapter_site *sites,
+                                 int nsites, int gpt, zdp_error *err) {
+    const char *fn = "zdp_lora_create";
+    if (c->modules == 0) return ZDP_OK;
+    if ((c->modules & ~ZDP_LORA_MODULES_ALL) != 0)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: modules = %#x: unknown module bits (ZDP_LORA_Q_PROJ .. "
+                           "ZDP_LORA_LM_HEAD, or 0 for whole groups)",
+                           fn, (unsigned)c->modules);
+    int have = 0; /* the base's module bits */
+    for (int i = 0; i < nsites; i++) have |= site_bit_(&sites[i]);
+    for (int k = 0; k < N_MODULES_; k++) {
+        if (!(c->modules & modules_[k].bit)) continue;
+        if (!(have & modules_[k].bit))
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: modules: %s is not a module of this %s base (it adapts %s)",
+                               fn, modules_[k].name, gpt ? "GPT-2" : "Llama-family",
+                               gpt ? "attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj, lm_head"
+                                   : "q/k/v/o_proj, gate/up/down_proj, lm_head");
+        if (!(c->targets & modules_[k].group))
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: modules: %s is in group %s, which targets leaves out; add "
+                               "the group to targets or drop the module",
+                               fn, modules_[k].name, group_name_(modules_[k].group));
+    }
+    return ZDP_OK;
 }
 
 /* ---- create / destroy ------------------------------------------------------------------ */
@@ -255,12 +370,15 @@ zdp_status zdp_lora_create(const zdp_model *base, const float *const *base_param
     m->param_of = calloc((size_t)nsites, sizeof *m->param_of);
     if (m->sites == NULL || m->param_of == NULL) goto nomem;
     zdp_adapter_sites(base, m->sites, nsites, NULL);
+    if ((st = check_modules_(cfg, m->sites, nsites, zdp_gpt_config_of(base) != NULL, err)) !=
+        ZDP_OK)
+        goto fail;
 
     int n_params = 0, lowest = INT32_MAX;
     for (int i = 0; i < nsites; i++) {
         const zdp_adapter_site *s = &m->sites[i];
         m->param_of[i] = -1;
-        if (!(s->group & cfg->targets)) continue;
+        if (!zdp_lora_adapts(cfg, site_bit_(s))) continue;
         const int64_t lim = s->in < s->out ? s->in : s->out;
         if (cfg->rank > lim) {
             st = zdp_err_set(err, ZDP_ERR_INVALID_ARG,
@@ -306,8 +424,8 @@ zdp_status zdp_lora_create(const zdp_model *base, const float *const *base_param
     /* The checkpoint's shape: the adapter's keys, then the base's (its
      * "model" key folded into ours), so a checkpoint of another rank, targets
      * or base is refused naming the key. */
-    char tnames[32];
-    zdp_lora_targets_name(cfg->targets, tnames, sizeof tnames);
+    char tnames[ZDP_LORA_TARGETS_NAME_MAX];
+    zdp_lora_targets_name(cfg->targets, cfg->modules, tnames, sizeof tnames);
     const char *bj = base->shape_json != NULL ? base->shape_json : "{}";
     const char *model_end = strstr(bj, "\",");
     const char *base_model = strstr(bj, "\"model\":\"");
@@ -321,10 +439,13 @@ zdp_status zdp_lora_create(const zdp_model *base, const float *const *base_param
              "\"%s\"%s%s",
              bname, cfg->rank, (double)m->cfg.alpha, tnames, model_end != NULL ? "," : "}",
              model_end != NULL ? model_end + 2 : "");
+    m->frozen = (zdp_frozen){.n_params = base->n_params, .params = base->params,
+                             .data = base_params, .src = &m->base_src};
     *out = (zdp_model){.self = m, .ops = &lora_ops_, .lm = &lora_lm_ops_,
                        .vocab_size = base->vocab_size, .block_size = base->block_size,
                        .n_params = n_params, .params = m->info, .shape_json = m->shape_json,
-                       .activation_bytes = 2 * scratch * (int64_t)sizeof(float)};
+                       .activation_bytes = 2 * scratch * (int64_t)sizeof(float),
+                       .frozen = &m->frozen};
     return ZDP_OK;
 nomem:
     st = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for rank %d", fn, cfg->rank);
@@ -357,6 +478,48 @@ const zdp_lora_config *zdp_lora_config_of(const zdp_model *model) {
 const zdp_model *zdp_lora_base_of(const zdp_model *model) {
     const lora *m = lora_of_(model);
     return m != NULL ? m->base : NULL;
+}
+
+int zdp_lora_site_param_(const zdp_model *model, int site) {
+    const lora *m = lora_of_(model);
+    return m != NULL && site >= 0 && site < m->nsites ? m->param_of[site] : -1;
+}
+
+int zdp_lora_fits_(const zdp_model *model, const zdp_model *base, zdp_error *err) {
+    const lora *m = lora_of_(model);
+    if (m == NULL) {
+        zdp_err_set(err, ZDP_ERR_INVALID_ARG, "not a LoRA model (make one with zdp_lora_create)");
+        return 0;
+    }
+    if (base == m->base) return 1;
+    const int n = zdp_adapter_sites(base, NULL, 0, NULL);
+    if (n != m->nsites) {
+        zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                    "the LoRA model's base has %d adaptable linears, this model %d: the adapter "
+                    "is for another base",
+                    m->nsites, n);
+        return 0;
+    }
+    zdp_adapter_site *s = malloc((size_t)n * sizeof *s);
+    if (s == NULL) {
+        zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory");
+        return 0;
+    }
+    zdp_adapter_sites(base, s, n, NULL);
+    int ok = 1;
+    for (int i = 0; i < n && ok; i++)
+        if (strcmp(s[i].module, m->sites[i].module) != 0 || s[i].in != m->sites[i].in ||
+            s[i].out != m->sites[i].out) {
+            zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                        "the LoRA model's %s is (in %lld, out %lld), this model's %s (in %lld, "
+                        "out %lld): the adapter is for another base",
+                        m->sites[i].module, (long long)m->sites[i].in,
+                        (long long)m->sites[i].out, s[i].module, (long long)s[i].in,
+                        (long long)s[i].out);
+            ok = 0;
+        }
+    free(s);
+    return ok;
 }
 
 void zdp_lora_init_params(const zdp_model *model, float *const *params) {

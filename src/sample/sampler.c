@@ -5,7 +5,10 @@
  * pass is one zdp_lm_decode over: the whole prompt of each sequence that
  * joins a free slot (its prefill) and the last sampled token of each
  * running one.  A sequence draws from its own splitmix64 stream, so what it
- * samples does not depend on which others share its passes.  Not here: the
+ * samples does not depend on which others share its passes.  A sequence
+ * with a LoRA adapter binds it to its slot; each pass lists its slots
+ * grouped by adapter, so kv.c runs each adapter's products once over all
+ * of its rows.  Not here: the
  * model math (kv.c), dividing sequences across ranks (the callers).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -17,6 +20,7 @@
 #include <time.h>
 
 #include "../core/core.h"
+#include "../models/adapter.h"
 #include "zdp/zdp.h"
 
 typedef struct ranked_ {
@@ -63,6 +67,61 @@ float zdp_logprob_of(const float *logits, int V, int target) {
     return (float)((double)logits[target] - top - log(z));
 }
 
+/* The heap of topk_logprobs: a[0] is the least likely kept (the lowest
+ * logit, the higher id among equals), so it is the one a better token
+ * replaces. */
+static bool worse_(ranked_ x, ranked_ y) {
+    return x.logit < y.logit || (x.logit == y.logit && x.id > y.id);
+}
+
+static void sift_down_(ranked_ *a, int k, int i) {
+    for (;;) {
+        int m = i;
+        const int l = 2 * i + 1, r = l + 1;
+        if (l < k && worse_(a[l], a[m])) m = l;
+        if (r < k && worse_(a[r], a[m])) m = r;
+        if (m == i) return;
+        const ranked_ t = a[i];
+        a[i] = a[m], a[m] = t;
+        i = m;
+    }
+}
+
+zdp_status zdp_topk_logprobs(const float *logits, int V, int k, int32_t *ids, float *logprobs) {
+    if (k < 1 || k > V) return ZDP_ERR_INVALID_ARG;
+    /* One pass with a k-entry min-heap: O(V log k), no (V) scratch.  The
+     * normaliser is zdp_logprob_of's, so a listed logprob equals what it
+     * gives for that token. */
+    ranked_ stack_heap[64];
+    ranked_ *a = k <= 64 ? stack_heap : malloc((size_t)k * sizeof *a);
+    if (a == NULL) return ZDP_ERR_NOMEM;
+    float top = logits[0];
+    for (int v = 0; v < V; v++) {
+        if (logits[v] > top) top = logits[v];
+        const ranked_ x = {logits[v], v};
+        if (v < k) {
+            a[v] = x;
+            if (v == k - 1)
+                for (int i = k / 2 - 1; i >= 0; i--) sift_down_(a, k, i);
+        } else if (worse_(a[0], x)) {
+            a[0] = x;
+            sift_down_(a, k, 0);
+        }
+    }
+    double z = 0;
+    for (int v = 0; v < V; v++) z += exp((double)logits[v] - top);
+    const double lse = top + log(z);
+    /* Pop the least likely into the last place: the output ends up descending. */
+    for (int n = k; n > 0; n--) {
+        ids[n - 1] = a[0].id;
+        logprobs[n - 1] = (float)((double)a[0].logit - lse);
+        a[0] = a[n - 1];
+        sift_down_(a, n - 1, 0);
+    }
+    if (a != stack_heap) free(a);
+    return ZDP_OK;
+}
+
 int zdp_sample_token(const float *logits, int V, const zdp_sample_params *sp, uint64_t *rng,
                      float *logprob) {
     int best = 0;
@@ -98,10 +157,30 @@ int zdp_sample_token(const float *logits, int V, const zdp_sample_params *sp, ui
     return t;
 }
 
+/* Slots ordered by their sequence's adapter (the base's first), then by
+ * slot: qsort's context through a file-private pointer is not reentrant,
+ * so the key is carried in the array itself. */
+typedef struct slot_key_ {
+    uintptr_t lora, adapter;
+    int slot;
+} slot_key_;
+
+static int by_adapter_(const void *a, const void *b) {
+    const slot_key_ *x = a, *y = b;
+    if (x->lora != y->lora) return x->lora < y->lora ? -1 : 1;
+    if (x->adapter != y->adapter) return x->adapter < y->adapter ? -1 : 1;
+    return (x->slot > y->slot) - (x->slot < y->slot);
+}
+
 static double now_(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A sequence whose prefill keeps every prompt row's logits. */
+static bool wants_prompt_(const zdp_gen_seq *s) {
+    return s->prompt_logprobs != NULL || s->prompt_topk > 0;
 }
 
 static zdp_status check_seqs_(const zdp_model *model, const zdp_gen_seq *seqs, int n_seqs,
@@ -125,6 +204,23 @@ static zdp_status check_seqs_(const zdp_model *model, const zdp_gen_seq *seqs, i
                                model->block_size - s->prompt_len);
         if (s->max_tokens > 0 && s->out == NULL)
             return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: seqs[%d].out must be set", fn, i);
+        if (s->prompt_topk < 0 || s->prompt_topk > model->vocab_size)
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: seqs[%d].prompt_topk = %d: must be in 0..%d (vocab_size)", fn,
+                               i, s->prompt_topk, model->vocab_size);
+        if (s->prompt_topk > 0 && (s->prompt_topk_ids == NULL || s->prompt_topk_logprobs == NULL))
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: seqs[%d].prompt_topk = %d needs prompt_topk_ids and "
+                               "prompt_topk_logprobs",
+                               fn, i, s->prompt_topk);
+        if (s->lora != NULL && s->adapter == NULL)
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: seqs[%d].adapter is NULL: a LoRA model (seqs[%d].lora) needs "
+                               "its adapter tensors",
+                               fn, i, i);
+        zdp_error why;
+        if (s->lora != NULL && !zdp_lora_fits_(s->lora, model, &why))
+            return zdp_err_set(err, why.code, "%s: seqs[%d].lora: %s", fn, i, why.msg);
         for (int t = 0; t < s->prompt_len; t++)
             if (s->prompt[t] < 0 || s->prompt[t] >= model->vocab_size)
                 return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
@@ -164,12 +260,13 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
     int *slot_seq = malloc((size_t)batch * sizeof *slot_seq);   /* (batch) sequence or -1 */
     int32_t *pending = malloc((size_t)batch * sizeof *pending);  /* (batch) token to feed */
     uint64_t *rng = malloc((size_t)(n_seqs > 0 ? n_seqs : 1) * sizeof *rng);
+    slot_key_ *order = malloc((size_t)batch * sizeof *order); /* (batch) this pass's slot order */
     int cap = 0, lcap = 0;
     int32_t *rs = NULL, *rt = NULL;
     uint8_t *rw = NULL;
     float *logits = NULL;
     zdp_gen_stats sts = {0};
-    if (slot_seq == NULL || pending == NULL || rng == NULL) {
+    if (slot_seq == NULL || pending == NULL || rng == NULL || order == NULL) {
         st = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory", fn);
         goto out;
     }
@@ -185,12 +282,14 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
         int n = 0, m = 0, need = 0;
         for (int b = 0; b < batch; b++) {
             if (slot_seq[b] < 0) {
-                while (next < n_seqs && seqs[next].max_tokens == 0 &&
-                       seqs[next].prompt_logprobs == NULL)
+                while (next < n_seqs && seqs[next].max_tokens == 0 && !wants_prompt_(&seqs[next]))
                     next++; /* nothing to compute */
                 if (next < n_seqs) {
                     slot_seq[b] = next++;
                     zdp_kv_clear(kv, b);
+                    st = zdp_kv_set_adapter(kv, b, seqs[slot_seq[b]].lora,
+                                            seqs[slot_seq[b]].adapter, err);
+                    if (st != ZDP_OK) goto out;
                     need += seqs[slot_seq[b]].prompt_len;
                     pending[b] = -1; /* prefill */
                 }
@@ -199,6 +298,13 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
             }
         }
         if (need == 0) break;
+        /* Each adapter's rows together: one run per adapter in kv.c. */
+        int n_live = 0;
+        for (int b = 0; b < batch; b++)
+            if (slot_seq[b] >= 0)
+                order[n_live++] = (slot_key_){(uintptr_t)seqs[slot_seq[b]].lora,
+                                              (uintptr_t)seqs[slot_seq[b]].adapter, b};
+        qsort(order, (size_t)n_live, sizeof *order, by_adapter_);
         if (need > cap) {
             int32_t *a = realloc(rs, (size_t)need * sizeof *a);
             if (a != NULL) rs = a;
@@ -212,13 +318,13 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
             }
             cap = need;
         }
-        for (int b = 0; b < batch; b++) {
-            if (slot_seq[b] < 0) continue;
+        for (int k = 0; k < n_live; k++) {
+            const int b = order[k].slot;
             const zdp_gen_seq *s = &seqs[slot_seq[b]];
             if (pending[b] < 0) {
                 for (int t = 0; t < s->prompt_len; t++) {
                     rs[n] = b, rt[n] = s->prompt[t];
-                    rw[n] = s->prompt_logprobs != NULL || t == s->prompt_len - 1;
+                    rw[n] = wants_prompt_(s) || t == s->prompt_len - 1;
                     m += rw[n++];
                 }
                 sts.prefill_tokens += s->prompt_len;
@@ -241,13 +347,24 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
         sts.passes++;
         /* Walk the logits in row order: each slot's last wanted row samples. */
         const float *lg = logits;
-        for (int b = 0; b < batch; b++) {
-            if (slot_seq[b] < 0) continue;
+        for (int k = 0; k < n_live; k++) {
+            const int b = order[k].slot;
             zdp_gen_seq *s = &seqs[slot_seq[b]];
-            if (pending[b] < 0 && s->prompt_logprobs != NULL) {
-                s->prompt_logprobs[0] = 0.0f;
-                for (int t = 0; t + 1 < s->prompt_len; t++, lg += V)
-                    s->prompt_logprobs[t + 1] = zdp_logprob_of(lg, V, s->prompt[t + 1]);
+            if (pending[b] < 0 && wants_prompt_(s)) {
+                const int K = s->prompt_topk;
+                if (s->prompt_logprobs != NULL) s->prompt_logprobs[0] = 0.0f;
+                for (int j = 0; j < K; j++)
+                    s->prompt_topk_ids[j] = -1, s->prompt_topk_logprobs[j] = NAN;
+                for (int t = 0; t + 1 < s->prompt_len; t++, lg += V) {
+                    if (s->prompt_logprobs != NULL)
+                        s->prompt_logprobs[t + 1] = zdp_logprob_of(lg, V, s->prompt[t + 1]);
+                    if (K > 0 && zdp_topk_logprobs(lg, V, K, s->prompt_topk_ids + (int64_t)(t + 1) * K,
+                                                   s->prompt_topk_logprobs + (int64_t)(t + 1) * K) != ZDP_OK) {
+                        st = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for top-%d prompt logprobs",
+                                         fn, K);
+                        goto out;
+                    }
+                }
             }
             const float *row = lg;
             lg += V;
@@ -264,8 +381,8 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
             s->out[s->n_out] = tok;
             if (s->out_logprobs != NULL) s->out_logprobs[s->n_out] = lp;
             s->n_out++;
-            for (int k = 0; k < s->n_stop_ids; k++)
-                if (s->stop_ids[k] == tok) s->stopped = 1;
+            for (int j = 0; j < s->n_stop_ids; j++)
+                if (s->stop_ids[j] == tok) s->stopped = 1;
             if (!s->stopped && s->stop_fn != NULL && s->stop_fn(s->stop_user, s->out, s->n_out))
                 s->stopped = 1;
             if (s->stopped || s->n_out == s->max_tokens)
@@ -281,6 +398,7 @@ out:
     free(slot_seq);
     free(pending);
     free(rng);
+    free(order);
     free(rs);
     free(rt);
     free(rw);

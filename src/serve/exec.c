@@ -35,9 +35,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/core.h"
 #include "serve_impl.h"
 
 /* ---- execution (every rank) ---------------------------------------------------- */
+
+static int64_t numel_(const zdp_param_info *p);
 
 void serve_die(const char *what, const zdp_error *err) {
     char msg[ZDP_ERROR_MSG_MAX + 128];
@@ -49,7 +52,59 @@ void serve_die(const char *what, const zdp_error *err) {
 float **serve_views(server *s) {
     float **v = malloc((size_t)s->model.n_params * sizeof *v);
     if (v == NULL) return NULL;
-    for (int i = 0; i < s->model.n_params; i++) v[i] = zdp_engine_param_data(s->eng, i);
+    for (int i = 0; i < s->model.n_params; i++)
+        v[i] = s->base != NULL ? s->base[i] : zdp_engine_param_data(s->slots[0].eng, i);
+    return v;
+}
+
+/* Stage 3 with --full-finetune: no rank holds whole tensors, so reading the
+ * weights (sampling, save_weights) gathers a whole copy from the partitions
+ * and writing them (start-up, load_weights) scatters one into them. */
+static bool whole_copies_(const server *s) { return s->cfg.zero.stage == 3 && !serve_lora(s); }
+
+float **serve_weights_get(server *s, bool gather, zdp_error *err) {
+    if (!whole_copies_(s)) {
+        float **v = serve_views(s);
+        if (v == NULL) zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory");
+        return v;
+    }
+    const int np = s->model.n_params;
+    const int64_t n = zdp_engine_numel(s->slots[0].eng);
+    float **v = calloc((size_t)np, sizeof *v);
+    float *block = v != NULL ? malloc((size_t)n * sizeof(float)) : NULL; /* (n) every tensor, v[0] first */
+    /* The gathers are collective: every rank has its copy first (without
+     * them the caller handles a failure on this rank alone). */
+    if (gather ? !zdp_dist_all_ok(block != NULL) : block == NULL) {
+        free(block);
+        free(v);
+        zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory for the whole model (%lld parameters, gathered at "
+                    "ZeRO stage 3 on every rank)", (long long)n);
+        return NULL;
+    }
+    for (int i = 0; i < np; i++) v[i] = block + zdp_engine_param_offset(s->slots[0].eng, i);
+    for (int i = 0; gather && i < np; i++)
+        if (zdp_engine_get_param(s->slots[0].eng, i, v[i], err) != ZDP_OK) serve_die("gather weights", err);
+    const int64_t bytes = n * (int64_t)sizeof(float);
+    if (bytes > s->whole_peak_bytes) s->whole_peak_bytes = bytes;
+    return v;
+}
+
+zdp_status serve_weights_push(server *s, float *const *v, zdp_error *err) {
+    for (int i = 0; whole_copies_(s) && i < s->model.n_params; i++)
+        if (zdp_engine_set_param(s->slots[0].eng, i, v[i], err) != ZDP_OK) return err->code;
+    return zdp_engine_sync_params(s->slots[0].eng, err);
+}
+
+void serve_weights_free(server *s, float **v) {
+    if (v != NULL && whole_copies_(s)) free(v[0]);
+    free(v);
+}
+
+/* The engine's parameter views of the model being trained (s->cur). */
+static float **cur_views_(server *s) {
+    float **v = malloc((size_t)s->cur->n_params * sizeof *v);
+    if (v == NULL) return NULL;
+    for (int i = 0; i < s->cur->n_params; i++) v[i] = zdp_engine_param_data(s->eng, i);
     return v;
 }
 
@@ -106,20 +161,21 @@ static char *exec_fwd_(server *s, job *j, int *status) {
                  * weights computed from this forward's log-probabilities. */
                 double unused;
                 datum_loss_(&h, len[i], lp + o, w + o, q + o, adv + o, coef + o, el + o, &unused);
-                if (zdp_lm_set_loss_weights(&s->model, coef + o, len[i], &err) != ZDP_OK)
+                if (zdp_lm_set_loss_weights(s->cur, coef + o, len[i], &err) != ZDP_OK)
                     serve_die("forward_backward", &err);
             }
             /* d(sum_t c_t CE_t)/dθ: times N against the mean over positions, times W
              * against the engine's mean over ranks. */
             if (zdp_engine_backward(s->eng, false, (float)len[i] * (float)s->W, &err) != ZDP_OK)
                 serve_die("backward", &err);
-        } else if (bwd) {
+        } else if (bwd || s->cfg.zero.stage == 3) {
             /* No datum left for this rank: a zero-weight micro-batch keeps the
-             * backward() count, and stage 2's reductions, equal on all ranks. */
+             * backward() count, and stage 2's reductions, equal on all ranks
+             * (and at stage 3 the forward's gathers, forward alone too). */
             zdp_lm_batch b = {.inputs = &pad, .targets = &pad, .B = 1, .T = 1};
             float loss;
             if (zdp_engine_forward(s->eng, &b, &loss, &err) != ZDP_OK) serve_die("forward", &err);
-            if (zdp_engine_backward(s->eng, false, 0.0f, &err) != ZDP_OK) serve_die("backward", &err);
+            if (bwd && zdp_engine_backward(s->eng, false, 0.0f, &err) != ZDP_OK) serve_die("backward", &err);
         }
     }
     /* Each position was filled by exactly one rank, the others hold 0: a sum
@@ -317,6 +373,17 @@ char *serve_sample_result_json(const serve_sample_result *r) {
             json_array_append_new(pl, serve_jreal(r->prompt_logprobs[t]));
         json_object_set_new(o, "prompt_logprobs", pl);
     }
+    if (o != NULL && r->topk_k > 0) { /* SampleResponse.topk_prompt_logprobs: None first */
+        json_t *rows = json_array();
+        for (int64_t t = 0; t < r->n_topk; t++) {
+            json_t *row = t == 0 ? json_null() : json_array();
+            for (int64_t k = 0; t > 0 && k < r->topk_k; k++)
+                json_array_append_new(row, json_pack("[I,o]", (json_int_t)r->topk_ids[t * r->topk_k + k],
+                                                      serve_jreal(r->topk_logprobs[t * r->topk_k + k])));
+            json_array_append_new(rows, row);
+        }
+        json_object_set_new(o, "topk_prompt_logprobs", rows);
+    }
     return serve_dump(o);
 }
 
@@ -346,6 +413,18 @@ serve_sample_result *serve_sample_result_copy(const serve_sample_result *r) {
         memcpy(c->prompt_logprobs, r->prompt_logprobs, (size_t)r->n_prompt_logprobs * sizeof *c->prompt_logprobs);
         c->n_prompt_logprobs = r->n_prompt_logprobs;
     }
+    if (r->topk_k > 0) {
+        const size_t nk = (size_t)(r->n_topk * r->topk_k);
+        c->topk_ids = malloc((nk + 1) * sizeof *c->topk_ids);
+        c->topk_logprobs = malloc((nk + 1) * sizeof *c->topk_logprobs);
+        if (c->topk_ids == NULL || c->topk_logprobs == NULL) {
+            serve_sample_result_free(c);
+            return NULL;
+        }
+        memcpy(c->topk_ids, r->topk_ids, nk * sizeof *c->topk_ids);
+        memcpy(c->topk_logprobs, r->topk_logprobs, nk * sizeof *c->topk_logprobs);
+        c->topk_k = r->topk_k, c->n_topk = r->n_topk;
+    }
     return c;
 }
 
@@ -356,6 +435,8 @@ void serve_sample_result_free(serve_sample_result *r) {
     free(r->logprobs);
     free(r->stopped);
     free(r->prompt_logprobs);
+    free(r->topk_ids);
+    free(r->topk_logprobs);
     free(r);
 }
 
@@ -392,15 +473,17 @@ static char *exec_sample_(server *s, job *j, int *status) {
     if (!serve_sample_req_view(j, &rq))
         serve_die("sample", &(zdp_error){.msg = "a malformed request (a bug in zdp)"});
     const sample_req r = rq.r;
-    float **v = serve_views(s);
-    if (v == NULL) serve_die("sample", &(zdp_error){.msg = "out of memory"});
+    zdp_error err = {0};
+    float **v = serve_weights_get(s, true, &err);
+    verr why = {.status = 500};
+    if (v == NULL) snprintf(why.msg, sizeof why.msg, "%s", err.msg);
     const serve_sample_spec sp = {.j = j, .prompt = rq.prompt, .n_prompt = r.n, .num_samples = 1,
                                   .max_tokens = r.max_tokens, .top_k = r.top_k, .n_stop = r.n_stop,
                                   .n_stop_str = r.n_stop_str, .temperature = r.temperature, .top_p = 1.0,
                                   .seed = (uint64_t)r.seed, .stop = rq.stop, .stop_str = rq.stop_str,
                                   .prompt_length = r.n};
-    char *body = serve_sampler_run(s, (const float *const *)v, &sp, NULL, status);
-    free(v);
+    char *body = serve_sampler_run(s, (const float *const *)v, &sp, v == NULL ? &why : NULL, status);
+    serve_weights_free(s, v);
     return body;
 }
 
@@ -413,9 +496,30 @@ static int64_t numel_(const zdp_param_info *p) {
 void serve_free_snapshot(server *s) {
     for (int i = 0; s->snap != NULL && i < s->model.n_params; i++) free(s->snap[i]);
     free(s->snap);
+    for (int i = 0; s->snap_ad != NULL && i < s->snap_lora.n_params; i++) free(s->snap_ad[i]);
+    free(s->snap_ad);
+    zdp_lora_destroy(&s->snap_lora);
     free(s->snap_path);
     s->snap = NULL;
+    s->snap_ad = NULL;
     s->snap_path = NULL;
+}
+
+/* A LoRA model's sampler weights, a PEFT adapter folder (docs/lora.md): its
+ * LoRA model over the base weights and its adapter tensors, into
+ * s->snap_lora and s->snap_ad.  Every rank reads it. */
+static zdp_status load_adapter_snapshot_(server *s, const char *dir, zdp_error *err) {
+    zdp_lora_config lc;
+    zdp_status st = zdp_lora_read_adapter_config(dir, &lc, err);
+    if (st == ZDP_OK) st = zdp_lora_create(&s->model, (const float *const *)s->base, &lc, &s->snap_lora, err);
+    if (st != ZDP_OK) return st;
+    const zdp_model *m = &s->snap_lora;
+    if ((s->snap_ad = calloc((size_t)m->n_params, sizeof *s->snap_ad)) == NULL)
+        return zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory for the adapter");
+    for (int i = 0; i < m->n_params; i++)
+        if ((s->snap_ad[i] = malloc((size_t)numel_(&m->params[i]) * sizeof(float))) == NULL)
+            return zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory for the adapter");
+    return zdp_lora_load_adapter(dir, m, s->snap_ad, err);
 }
 
 /* Tinker's asample: num_samples continuations of the prompt from the
@@ -433,15 +537,23 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
     zdp_error err = {0};
     const int np = s->model.n_params;
     verr why = {0};
+    struct stat sb;
+    /* A folder is a LoRA model's PEFT adapter (over the base weights). */
+    const bool adapter = s->base != NULL && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
     if (s->snap_path == NULL || strcmp(s->snap_path, path) != 0) {
         serve_free_snapshot(s);
-        s->snap = calloc((size_t)np, sizeof *s->snap);
         s->snap_path = strdup(path);
-        bool ok = s->snap != NULL && s->snap_path != NULL;
-        for (int i = 0; ok && i < np; i++)
-            ok = (s->snap[i] = malloc((size_t)numel_(&s->model.params[i]) * sizeof(float))) != NULL;
-        zdp_status st = ok ? s->opt.lm.load(s->opt.lm.ctx, path, &s->model, s->snap, &err)
-                           : ZDP_ERR_NOMEM;
+        bool ok = s->snap_path != NULL;
+        zdp_status st;
+        if (adapter) {
+            st = ok ? load_adapter_snapshot_(s, path, &err) : ZDP_ERR_NOMEM;
+        } else {
+            s->snap = calloc((size_t)np, sizeof *s->snap);
+            ok = ok && s->snap != NULL;
+            for (int i = 0; ok && i < np; i++)
+                ok = (s->snap[i] = malloc((size_t)numel_(&s->model.params[i]) * sizeof(float))) != NULL;
+            st = ok ? s->opt.lm.load(s->opt.lm.ctx, path, &s->model, s->snap, &err) : ZDP_ERR_NOMEM;
+        }
         if (st != ZDP_OK) {
             serve_free_snapshot(s);
             why.status = status_of_(st);
@@ -454,9 +566,12 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
                                   .n_stop = h.n_stop, .n_stop_str = h.n_stop_str, .temperature = h.temperature,
                                   .top_p = h.top_p, .seed = h.seed, .stop = rq.stop, .stop_str = rq.stop_str,
                                   .logprobs = true, .prompt_logprobs = h.prompt_logprobs != 0,
-                                  .prompt_length = -1};
-    return serve_sampler_run(s, (const float *const *)s->snap, &sp, why.msg[0] != '\0' ? &why : NULL,
-                             status);
+                                  .topk_prompt = h.topk_prompt,
+                                  .prompt_length = -1,
+                                  .lora = s->snap_ad != NULL ? &s->snap_lora : NULL,
+                                  .adapter = (const float *const *)s->snap_ad};
+    return serve_sampler_run(s, (const float *const *)(adapter ? s->base : s->snap), &sp,
+                             why.msg[0] != '\0' ? &why : NULL, status);
 }
 
 /* Rank 0, a save or load that succeeded: its typed result.  A protocol's
@@ -506,17 +621,41 @@ void serve_save_result_free(serve_save_result *r) {
     free(r);
 }
 
+/* A LoRA model's adapters as a PEFT adapter folder at dir (rank 0):
+ * adapter_model.safetensors and adapter_config.json, base_model_name_or_path
+ * the served model's name (docs/lora.md). */
+static zdp_status save_adapter_(server *s, const char *dir, zdp_error *err) {
+    float **v = cur_views_(s);
+    if (v == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory");
+    zdp_status st = zdp_lora_save_adapter(dir, s->cur, (const float *const *)v, s->opt.model_name, err);
+    free(v);
+    return st;
+}
+
 static char *exec_save_weights_(server *s, job *j, int *status) {
-    if (s->R != 0) return NULL;
+    /* Rank 0 writes the file; at stage 3 (--full-finetune) every rank
+     * gathers the weights first. */
+    if (s->R != 0 && (serve_lora(s) || s->cfg.zero.stage < 3)) return NULL;
     const char *path = (const char *)j->payload;
-    zdp_error err;
-    float **v = serve_views(s);
-    if (v == NULL) {
+    zdp_error err = {0};
+    if (serve_lora(s)) { /* the adapter, a PEFT folder: what sampling and users take */
+        zdp_status st = save_adapter_(s, path, &err);
+        if (st != ZDP_OK) {
+            *status = status_of_(st);
+            return serve_error_body("path", err.msg);
+        }
+        *status = 200;
+        return finish_save_(s, j, path);
+    }
+    float **v = serve_weights_get(s, true, &err);
+    if (v == NULL || s->R != 0) {
+        serve_weights_free(s, v);
+        if (s->R != 0) return NULL;
         *status = 500;
-        return serve_error_body("path", "out of memory");
+        return serve_error_body("path", err.msg);
     }
     zdp_status st = s->opt.lm.save(s->opt.lm.ctx, path, &s->model, (const float *const *)v, &err);
-    free(v);
+    serve_weights_free(s, v);
     if (st != ZDP_OK) {
         *status = status_of_(st);
         return serve_error_body("path", err.msg);
@@ -610,8 +749,46 @@ static char *exec_state_(server *s, job *j, int *status) {
         *status = status_of_((zdp_status)bad_st);
         return serve_error_body("path", why);
     }
+    /* A LoRA model's checkpoint is a PEFT adapter folder too (beside the
+     * engine's files), as Tinker's checkpoint download gives. */
+    if (j->op == OP_SAVE_STATE && serve_lora(s) && (st = save_adapter_(s, path, &err)) != ZDP_OK) {
+        *status = status_of_(st);
+        return serve_error_body("path", err.msg);
+    }
     *status = 200;
     return finish_save_(s, j, path);
+}
+
+/* A LoRA model's adapters from a checkpoint's model.safetensors (the
+ * engine's checkpoint of a LoRA model names them as PEFT does): every
+ * tensor present, F32, of the model's shape, or refused naming it before
+ * anything changes.  Rank 0; sync_params then gives every rank the values. */
+static zdp_status load_adapters_(server *s, const char *path, zdp_error *err) {
+    zdp_safetensors st;
+    if (zdp_safetensors_read(path, &st, err) != ZDP_OK) return err->code;
+    const zdp_model *m = s->cur;
+    zdp_status rc = ZDP_OK;
+    if (st.n != m->n_params)
+        rc = zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: %d tensors, but this LoRA model has %d (%s): a "
+                         "checkpoint of another model's LoRA configuration", path, st.n, m->n_params,
+                         m->shape_json != NULL ? m->shape_json : "");
+    for (int i = 0; rc == ZDP_OK && i < m->n_params; i++) {
+        const zdp_param_info *p = &m->params[i];
+        const zdp_tensor *t = zdp_safetensors_find(&st, p->name);
+        bool same = t != NULL && t->dtype == ZDP_DTYPE_F32 && t->ndim == p->ndim;
+        for (int d = 0; same && d < p->ndim; d++) same = t->shape[d] == p->shape[d];
+        if (!same)
+            rc = zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: tensor %s is %s; this LoRA model needs it F32 of "
+                             "shape [%lld, %lld] (a checkpoint of another base or rank)", path, p->name,
+                             t == NULL ? "missing" : "of another dtype or shape", (long long)p->shape[0],
+                             (long long)(p->ndim > 1 ? p->shape[1] : 1));
+    }
+    for (int i = 0; rc == ZDP_OK && i < m->n_params; i++) {
+        const zdp_tensor *t = zdp_safetensors_find(&st, m->params[i].name);
+        memcpy(zdp_engine_param_data(s->eng, i), t->data, t->nbytes);
+    }
+    zdp_safetensors_free(&st);
+    return rc;
 }
 
 /* Tinker's load_weights without the optimizer: the weights of a checkpoint
@@ -622,7 +799,36 @@ static char *exec_load_weights_(server *s, job *j, int *status) {
     const char *path = (const char *)j->payload;
     zdp_error err = {0};
     zdp_status st = ZDP_OK;
-    if (s->R == 0) {
+    if (s->R == 0 && serve_lora(s)) {
+        st = load_adapters_(s, path, &err);
+    } else if (!serve_lora(s) && s->cfg.zero.stage == 3) {
+        /* No rank holds what sync_params would broadcast: rank 0 reads into
+         * every rank's whole copy by broadcast, and each keeps its slice. */
+        float **v = serve_weights_get(s, false, &err);
+        if (!zdp_dist_all_ok(v != NULL)) {
+            serve_weights_free(s, v);
+            if (s->R != 0) return NULL;
+            *status = 500;
+            return serve_error_body("path", v == NULL ? err.msg : "another rank is out of memory for the weights");
+        }
+        if (s->R == 0) st = s->opt.lm.load(s->opt.lm.ctx, path, &s->model, v, &err);
+        int ok = st == ZDP_OK;
+        if (zdp_channel_bcast(s->ch, &ok, (int64_t)sizeof ok, &err) != ZDP_OK) serve_die("load_weights", &err);
+        if (ok) {
+            const int64_t nbytes = zdp_engine_numel(s->eng) * (int64_t)sizeof(float);
+            if (zdp_channel_bcast(s->ch, v[0], nbytes, &err) != ZDP_OK) serve_die("load_weights", &err);
+            if (serve_weights_push(s, v, &err) != ZDP_OK) serve_die("load_weights", &err);
+            zdp_engine_reset_optimizer_state(s->eng);
+        }
+        serve_weights_free(s, v);
+        if (s->R != 0) return NULL;
+        if (!ok) {
+            *status = status_of_(st);
+            return serve_error_body("path", err.msg);
+        }
+        *status = 200;
+        return finish_save_(s, j, path);
+    } else if (s->R == 0) {
         const int np = s->model.n_params;
         float **tmp = calloc((size_t)np, sizeof *tmp);
         st = tmp == NULL ? ZDP_ERR_NOMEM : ZDP_OK;
@@ -657,13 +863,14 @@ static char *exec_load_weights_(server *s, job *j, int *status) {
 static json_t *limits_json_(server *s) {
     const union MHD_DaemonInfo *ci =
         s->daemon != NULL ? MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS) : NULL;
-    return json_pack("{s:I,s:I,s:I,s:i,s:i,s:i,s:i,s:f,s:f}", "max_body_bytes", (json_int_t)s->opt.max_body,
+    return json_pack("{s:I,s:I,s:I,s:i,s:i,s:i,s:i,s:f,s:f,s:i,s:i}", "max_body_bytes", (json_int_t)s->opt.max_body,
                      "max_inflight_bytes", (json_int_t)s->opt.max_inflight, "inflight_bytes",
                      (json_int_t)serve_body_inflight(s), "max_connections", s->opt.max_connections,
                      "max_connections_per_ip", s->opt.max_connections_per_ip, "connections",
                      ci != NULL ? (int)ci->num_connections : -1, "idle_timeout_seconds",
                      s->opt.idle_timeout_s, "request_timeout_seconds", s->opt.request_timeout_s,
-                     "health_timeout_seconds", s->opt.health_timeout_s);
+                     "health_timeout_seconds", s->opt.health_timeout_s, "max_sample_batch",
+                     s->opt.max_sample_batch, "max_stop_bytes", s->opt.max_stop_bytes);
 }
 
 /* /info's model: its arch, the shape it records (zdp_model.shape_json, a
@@ -679,7 +886,9 @@ static json_t *model_json_(server *s) {
     json_decref(shape);
     json_object_set_new(o, "vocab_size", json_integer(s->model.vocab_size));
     json_object_set_new(o, "block_size", json_integer(s->model.block_size));
-    json_object_set_new(o, "n_params", json_integer((json_int_t)zdp_engine_numel(s->eng)));
+    int64_t n = 0;
+    for (int i = 0; i < s->model.n_params; i++) n += numel_(&s->model.params[i]);
+    json_object_set_new(o, "n_params", json_integer((json_int_t)n));
     return o;
 }
 
@@ -730,12 +939,82 @@ static char *exec_delete_(server *s, job *j, int *status) {
     return serve_dump(json_pack("{s:s}", "deleted", (const char *)j->payload));
 }
 
+/* GET /info's "models": every live model with its counters and its memory
+ * on each rank (the engine's report: adapter parameters, gradients and
+ * optimizer state; the shared base is not counted).  Every rank gathers. */
+static json_t *requests_json_(server *s);
+
+static json_t *models_json_(server *s) {
+    enum { K = 5 };
+    json_t *arr = s->R == 0 ? json_array() : NULL;
+    int64_t *all = s->R == 0 ? malloc((size_t)s->W * K * sizeof *all) : NULL;
+    if (s->R == 0 && (arr == NULL || all == NULL)) serve_die("info", &(zdp_error){.msg = "out of memory"});
+    for (int k = 0; k < s->opt.max_models; k++) {
+        const serve_slot *x = &s->slots[k];
+        if (x->uid == 0) continue;
+        zdp_memory_report m;
+        zdp_engine_memory_report(x->eng, &m);
+        int64_t mine[K] = {m.params_bytes, m.grads_bytes + m.grad_partition_bytes + m.bucket_bytes,
+                           m.optimizer_bytes, m.other_bytes, m.total_bytes};
+        zdp_error err;
+        if (zdp_channel_gather(s->ch, mine, (int64_t)sizeof mine, all, &err) != ZDP_OK) serve_die("info", &err);
+        if (s->R != 0) continue;
+        json_t *mem = json_array();
+        for (int r = 0; r < s->W; r++) {
+            const int64_t *v = all + K * r;
+            json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I}", "rank", r, "params_bytes",
+                                                 (json_int_t)v[0], "grads_bytes", (json_int_t)v[1],
+                                                 "optimizer_bytes", (json_int_t)v[2], "other_bytes",
+                                                 (json_int_t)v[3], "total_bytes", (json_int_t)v[4]));
+        }
+        json_t *o = json_pack("{s:i,s:I,s:I,s:I,s:I,s:o}", "slot", k, "n_params",
+                              (json_int_t)zdp_engine_numel(x->eng), "step",
+                              (json_int_t)zdp_engine_global_steps(x->eng), "pending_backwards",
+                              (json_int_t)zdp_engine_pending_backwards(x->eng), "micro_steps",
+                              (json_int_t)zdp_engine_micro_steps(x->eng), "memory", mem);
+        if (serve_lora(s)) {
+            char targets[ZDP_LORA_TARGETS_NAME_MAX];
+            zdp_lora_targets_name(x->lc.targets, x->lc.modules, targets, sizeof targets);
+            json_object_set_new(o, "model_id", json_string(x->name));
+            json_object_set_new(o, "lora", json_pack("{s:i,s:f,s:s,s:I}", "rank", x->lc.rank, "alpha",
+                                                     (double)(x->lc.alpha != 0 ? x->lc.alpha : ZDP_LORA_DEFAULT_ALPHA),
+                                                     "targets", targets, "seed", (json_int_t)x->lc.seed));
+        }
+        json_array_append_new(arr, o);
+    }
+    free(all);
+    return arr;
+}
+
 static char *exec_info_(server *s, job *j, int *status) {
     (void)j;
+    json_t *models = models_json_(s);
+    if (serve_lora(s)) {
+        if (s->R != 0) return NULL;
+        int64_t base = 0;
+        for (int i = 0; i < s->model.n_params; i++) base += numel_(&s->model.params[i]) * (int64_t)sizeof(float);
+        json_t *o = json_pack("{s:o,s:i,s:i,s:s,s:i,s:f,s:I,s:o,s:I}", "model", model_json_(s), "world_size", s->W,
+                              "zero_stage", s->cfg.zero.stage, "mode", "lora", "max_models", s->opt.max_models,
+                              "model_idle_timeout_seconds", s->opt.model_idle_timeout_s, "base_bytes",
+                              (json_int_t)base, "models", models, "max_body_bytes", (json_int_t)s->opt.max_body);
+        json_object_set_new(o, "requests", requests_json_(s));
+        json_object_set_new(o, "limits", limits_json_(s));
+        *status = 200;
+        return serve_dump(o);
+    }
+    s->eng = s->slots[0].eng;
     zdp_memory_report m;
     zdp_engine_memory_report(s->eng, &m);
-    int64_t mine[8] = {m.params_bytes, m.grads_bytes, m.grad_partition_bytes, m.bucket_bytes,
-                       m.optimizer_bytes, m.master_bytes, m.other_bytes, m.total_bytes};
+    /* Beyond the engine's: the sampling side, which lives outside it (the
+     * sampler weights asample keeps, the KV cache a request makes, and at
+     * stage 3 the most bytes of whole-model copies gathered at once for
+     * sampling and save_weights, held only while such a request runs). */
+    int64_t snap = 0;
+    for (int i = 0; s->snap != NULL && i < s->model.n_params; i++)
+        snap += numel_(&s->model.params[i]) * (int64_t)sizeof(float);
+    int64_t mine[12] = {m.params_bytes, m.grads_bytes, m.grad_partition_bytes, m.bucket_bytes,
+                        m.optimizer_bytes, m.master_bytes, m.other_bytes, m.total_bytes,
+                        snap, s->kv_bytes_last, s->kv_bytes_peak, s->whole_peak_bytes};
     int64_t *all = s->R == 0 ? malloc((size_t)s->W * sizeof mine) : NULL;
     if (s->R == 0 && all == NULL) serve_die("info", &(zdp_error){.msg = "out of memory"});
     zdp_error err;
@@ -743,13 +1022,16 @@ static char *exec_info_(server *s, job *j, int *status) {
     if (s->R != 0) return NULL;
     json_t *mem = json_array();
     for (int r = 0; r < s->W; r++) {
-        int64_t *x = all + 8 * r;
-        json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", r,
+        int64_t *x = all + 12 * r;
+        json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", r,
                                              "params_bytes", (json_int_t)x[0], "grads_bytes", (json_int_t)x[1],
                                              "grad_partition_bytes", (json_int_t)x[2], "bucket_bytes",
                                              (json_int_t)x[3], "optimizer_bytes", (json_int_t)x[4],
                                              "master_bytes", (json_int_t)x[5], "other_bytes",
-                                             (json_int_t)x[6], "total_bytes", (json_int_t)x[7]));
+                                             (json_int_t)x[6], "total_bytes", (json_int_t)x[7],
+                                             "sampler_weights_bytes", (json_int_t)x[8], "kv_cache_bytes",
+                                             (json_int_t)x[9], "kv_cache_peak_bytes", (json_int_t)x[10],
+                                             "gathered_whole_bytes", (json_int_t)x[11]));
     }
     free(all);
     const zdp_optimizer_config *oc = &s->cfg.optimizer;
@@ -771,8 +1053,18 @@ static char *exec_info_(server *s, job *j, int *status) {
         hp.lr, "beta1", hp.beta1, "beta2", hp.beta2, "eps", hp.eps, "weight_decay", hp.weight_decay,
         "gradient_clipping", hp.gradient_clipping, "memory", mem, "max_body_bytes",
         (json_int_t)s->opt.max_body);
-    /* Server-side timing by request kind (the one being answered not yet
-     * counted): how long requests waited in the FIFO and ran on the ranks. */
+    json_object_set_new(o, "mode", json_string("full_finetune"));
+    json_object_set_new(o, "max_models", json_integer(s->opt.max_models));
+    json_object_set_new(o, "models", models);
+    json_object_set_new(o, "requests", requests_json_(s));
+    json_object_set_new(o, "limits", limits_json_(s));
+    *status = 200;
+    return serve_dump(o);
+}
+
+/* Server-side timing by request kind (the one being answered not yet
+ * counted): how long requests waited in the FIFO and ran on the ranks. */
+static json_t *requests_json_(server *s) {
     json_t *req = json_object();
     for (int op = 0; op < SERVE_N_OPS; op++) {
         if (s->stats[op].count == 0) continue;
@@ -783,10 +1075,77 @@ static char *exec_info_(server *s, job *j, int *status) {
                                       1e3 * s->stats[op].exec_s / n, "max_exec_ms",
                                       1e3 * s->stats[op].exec_max_s));
     }
-    json_object_set_new(o, "requests", req);
-    json_object_set_new(o, "limits", limits_json_(s));
+    return req;
+}
+
+/* OP_CREATE, every rank: a LoRA model (fresh adapters, PEFT's
+ * initialisation from the seed; a fresh optimizer) in the payload's slot.
+ * Every rank takes the same steps on the same inputs, so a refusal
+ * (zdp_lora_create's: a rank larger than a target's dimensions) is every
+ * rank's alike, and nothing changes. */
+static char *exec_create_(server *s, job *j, int *status) {
+    create_payload p;
+    if (j->nbytes < (int64_t)sizeof p || j->payload[j->nbytes - 1] != '\0')
+        serve_die("create_model", &(zdp_error){.msg = "a malformed request from rank 0 (a bug in zdp)"});
+    memcpy(&p, j->payload, sizeof p);
+    const char *model_id = (const char *)j->payload + sizeof p;
+    if (p.slot < 0 || p.slot >= s->opt.max_models || s->slots[p.slot].uid != 0 || !serve_lora(s))
+        serve_die("create_model", &(zdp_error){.msg = "a create_model into a slot in use (a bug in zdp)"});
+    serve_slot *x = &s->slots[p.slot];
+    const zdp_lora_config lc = {.rank = p.rank, .alpha = (float)p.alpha, .targets = p.targets, .seed = p.seed};
+    zdp_error err = {0};
+    zdp_status st = zdp_lora_create(&s->model, (const float *const *)s->base, &lc, &x->lora, &err);
+    bool made = st == ZDP_OK;
+    if (made && (st = zdp_engine_create(&s->cfg, &x->lora, &x->eng, &err)) != ZDP_OK) {
+        zdp_lora_destroy(&x->lora);
+        made = false;
+    }
+    if (!zdp_dist_all_ok(made)) {
+        if (made) { /* failed on another rank only */
+            zdp_engine_destroy(x->eng);
+            zdp_lora_destroy(&x->lora);
+            snprintf(err.msg, sizeof err.msg, "another rank could not create the model");
+            st = ZDP_ERR_INTERNAL;
+        }
+        *x = (serve_slot){0};
+        if (s->R != 0) return NULL;
+        *status = status_of_(st);
+        fprintf(stderr, "zdp serve: create_model %s refused: %s\n", model_id, err.msg);
+        /* The library names the rank as "rank = N"; the client sent lora_config.rank. */
+        const char *field = strstr(err.msg, "rank =") != NULL ? "lora_config.rank" : "lora_config";
+        char msg[ZDP_ERROR_MSG_MAX + 64];
+        snprintf(msg, sizeof msg, "%s: %s; nothing was created", field, err.msg);
+        return serve_error_body(field, msg);
+    }
+    x->model = &x->lora;
+    x->uid = p.uid;
+    x->lc = lc;
+    snprintf(x->name, sizeof x->name, "%s", model_id);
+    s->cur = x->model;
+    s->eng = x->eng;
+    float **v = cur_views_(s);
+    if (v == NULL) serve_die("create_model", &(zdp_error){.msg = "out of memory"});
+    zdp_lora_init_params(x->model, v);
+    free(v);
+    if (zdp_engine_sync_params(x->eng, &err) != ZDP_OK) serve_die("create_model", &err);
+    if (s->R != 0) return NULL;
+    char targets[ZDP_LORA_TARGETS_NAME_MAX];
+    zdp_lora_targets_name(lc.targets, lc.modules, targets, sizeof targets);
+    fprintf(stderr, "zdp serve: create_model -> %s: LoRA rank %d, alpha %g, targets %s, seed %llu, "
+            "%lld trainable parameters (slot %d)\n", model_id, lc.rank, p.alpha, targets,
+            (unsigned long long)lc.seed, (long long)zdp_engine_numel(x->eng), p.slot);
     *status = 200;
-    return serve_dump(o);
+    return serve_dump(json_pack("{s:s,s:s}", "model_id", model_id, "type", "create_model"));
+}
+
+/* OP_UNLOAD, every rank: frees the model's slot (its checkpoints stay). */
+static char *exec_unload_(server *s, job *j, int *status) {
+    serve_slot_free(s, j->slot);
+    s->cur = NULL;
+    s->eng = NULL;
+    if (s->R != 0) return NULL;
+    *status = 200;
+    return serve_dump(json_pack("{s:s}", "type", "unload_model"));
 }
 
 const serve_op serve_ops[SERVE_N_OPS] = {
@@ -795,8 +1154,25 @@ const serve_op serve_ops[SERVE_N_OPS] = {
 #undef SERVE_OP_ROW_
 };
 
+/* Ops that run on one model (the job's slot). */
+static bool on_model_(int op) {
+    return op == OP_FWDBWD || op == OP_FORWARD || op == OP_OPTIM || op == OP_SAVE_WEIGHTS || op == OP_SAVE_STATE ||
+           op == OP_LOAD_STATE || op == OP_LOAD_WEIGHTS || op == OP_UNLOAD;
+}
+
 char *serve_exec(server *s, job *j, int *status) {
     if (j->op < 0 || j->op >= SERVE_N_OPS || serve_ops[j->op].exec == NULL)
         serve_die("serve", &(zdp_error){.msg = "unknown request type from rank 0 (a bug in zdp)"});
+    if (on_model_(j->op)) {
+        /* The same table on every rank: each refuses alike, before any collective. */
+        if (j->slot < 0 || j->slot >= s->opt.max_models || j->uid == 0 || s->slots[j->slot].uid != j->uid) {
+            if (s->R != 0) return NULL;
+            *status = 400;
+            return serve_error_body("model_id", "the model was unloaded (or its create_model failed) before "
+                                                "this request ran; nothing changed");
+        }
+        s->cur = s->slots[j->slot].model;
+        s->eng = s->slots[j->slot].eng;
+    }
     return serve_ops[j->op].exec(s, j, status);
 }

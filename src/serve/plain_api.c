@@ -69,9 +69,18 @@ enum MHD_Result serve_plain_handle(server *s, struct MHD_Connection *c, const ch
         return serve_reply_error(c, 405, "method", "%s %s: method not allowed; use %s", method, url, want);
     }
     if (rt->op < 0) return serve_healthz(s, c);
+    /* The plain endpoints train the one model of --full-finetune; LoRA
+     * models are the Tinker protocol's (each created by create_model). */
+    if (serve_lora(s) && rt->op != OP_INFO && rt->op != OP_SAMPLE)
+        return serve_reply_error(c, 400, "url", "%s %s: the plain JSON API trains the one model of a "
+                                 "--full-finetune server; this server trains LoRA models through the Tinker "
+                                 "API (/api/v1/create_model); restart it with --full-finetune to use %s",
+                                 method, url, url);
     job *j = calloc(1, sizeof *j);
     if (j == NULL) return serve_reply_error(c, 500, NULL, "out of memory");
     j->op = rt->op;
+    j->slot = 0;
+    j->uid = s->slots[0].uid; /* --full-finetune: the one model */
     if (rt->op == OP_INFO) return run_job_(s, c, j);
 
     /* Parse and validate everything before the engine sees anything. */
@@ -94,7 +103,7 @@ enum MHD_Result serve_plain_handle(server *s, struct MHD_Connection *c, const ch
         ok = serve_only_keys(root, "", keys, 1, &e) &&
              serve_parse_optim(json_object_get(root, "adam_params"), "adam_params", false, j, &e);
     } else if (rt->op == OP_SAMPLE) {
-        ok = serve_parse_sample(root, &s->model, s->opt.lm.decode != NULL, j, &e);
+        ok = serve_parse_sample(root, &s->model, s->opt.lm.decode != NULL, s->opt.max_stop_bytes, j, &e);
     } else {
         ok = serve_parse_path(s, root, j, &e);
     }

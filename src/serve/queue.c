@@ -91,10 +91,14 @@ static void wait_idle_(server *s, zdp_comm_req *req) {
     }
 }
 
-static void bcast_job_(server *s, int64_t hdr[2], unsigned char **payload) {
+/* The job header every rank receives: {op, payload bytes, slot, uid} (the
+ * model it runs on, so every rank runs the same model's collectives). */
+enum { HDR_N = 4 };
+
+static void bcast_job_(server *s, int64_t hdr[HDR_N], unsigned char **payload) {
     zdp_comm_req *req;
     zdp_error err;
-    if (zdp_channel_ibcast(s->ch, hdr, 2 * sizeof *hdr, &req, &err) != ZDP_OK) serve_die("serve", &err);
+    if (zdp_channel_ibcast(s->ch, hdr, HDR_N * sizeof *hdr, &req, &err) != ZDP_OK) serve_die("serve", &err);
     wait_idle_(s, req);
     if (hdr[0] == OP_QUIT || hdr[1] == 0) return;
     if (s->R != 0) {
@@ -106,7 +110,7 @@ static void bcast_job_(server *s, int64_t hdr[2], unsigned char **payload) {
 
 void serve_worker_loop(server *s) {
     for (;;) {
-        int64_t hdr[2] = {0, 0};
+        int64_t hdr[HDR_N] = {0, 0, 0, 0};
         job j = {0};
         bcast_job_(s, hdr, &j.payload);
         if (hdr[0] == OP_QUIT) {
@@ -123,6 +127,8 @@ void serve_worker_loop(server *s) {
         }
         j.op = (int)hdr[0];
         j.nbytes = hdr[1];
+        j.slot = (int)hdr[2];
+        j.uid = hdr[3];
         int status = 0;
         char *body = serve_exec(s, &j, &status);
         free(body);
@@ -140,7 +146,7 @@ static void ping_(server *s) {
     s->ping_since = serve_now();
     s->ping_missing = -1; /* not known yet: the broadcast itself may wait */
     pthread_mutex_unlock(&s->mu);
-    int64_t hdr[2] = {OP_PING, 0};
+    int64_t hdr[HDR_N] = {OP_PING, 0, 0, 0};
     bcast_job_(s, hdr, NULL);
     zdp_comm_req **req = malloc((size_t)s->W * sizeof *req);
     int *ack = malloc((size_t)s->W * sizeof *ack);
@@ -221,7 +227,7 @@ void serve_leader_loop(server *s) {
             s->head = s->tail = NULL;
             pthread_cond_broadcast(&s->cv_done);
             pthread_mutex_unlock(&s->mu);
-            int64_t hdr[2] = {OP_QUIT, 0};
+            int64_t hdr[HDR_N] = {OP_QUIT, 0, 0, 0};
             if (s->W > 1) bcast_job_(s, hdr, NULL);
             return;
         }
@@ -233,7 +239,7 @@ void serve_leader_loop(server *s) {
         pthread_mutex_unlock(&s->mu);
 
         if (serve_ops[j->op].all_ranks && s->W > 1) {
-            int64_t hdr[2] = {j->op, j->nbytes};
+            int64_t hdr[HDR_N] = {j->op, j->nbytes, j->slot, j->uid};
             bcast_job_(s, hdr, &j->payload);
         }
         int status = 500;

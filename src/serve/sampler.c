@@ -51,13 +51,17 @@ char *serve_sampler_run(server *s, const float *const *params, const serve_sampl
     float *lp = malloc((size_t)(mine * M + 1) * sizeof *lp);
     /* The prompt's logprobs are the same for every sequence: sequence 0's
      * prefill computes them, on rank 0, which keeps them (no gather). */
-    float *plp = sp->prompt_logprobs && lo == 0 && mine > 0
-                     ? malloc((size_t)sp->n_prompt * sizeof *plp) : NULL;
+    const bool first = lo == 0 && mine > 0;
+    float *plp = sp->prompt_logprobs && first ? malloc((size_t)sp->n_prompt * sizeof *plp) : NULL;
+    /* Top-k prompt logprobs: the same prefill, the same rank. */
+    const int64_t K = first ? sp->topk_prompt : 0;
+    int32_t *tki = K > 0 ? malloc((size_t)(sp->n_prompt * K) * sizeof *tki) : NULL;
+    float *tkl = K > 0 ? malloc((size_t)(sp->n_prompt * K) * sizeof *tkl) : NULL;
     int32_t failed = why != NULL;
     zdp_error err = {0};
     verr mine_why = why != NULL ? *why : (verr){0};
     if (blk == NULL || g == NULL || ss == NULL || out == NULL || lp == NULL ||
-        (sp->prompt_logprobs && lo == 0 && mine > 0 && plp == NULL)) {
+        (sp->prompt_logprobs && first && plp == NULL) || (K > 0 && (tki == NULL || tkl == NULL))) {
         /* Without its block this rank cannot even report: the gather
          * needs it, so give up as a collective failure would. */
         serve_die("sample", &(zdp_error){.msg = "out of memory for a sampling request"});
@@ -73,11 +77,19 @@ char *serve_sampler_run(server *s, const float *const *params, const serve_sampl
                                  .seed = sp->seed + 0x9E3779B97F4A7C15ull * (uint64_t)k,
                                  .stop_ids = sp->stop, .n_stop_ids = (int)sp->n_stop,
                                  .stop_fn = sp->n_stop_str > 0 ? str_stop_fn_ : NULL,
-                                 .stop_user = &ss[i], .out = out + i * M,
+                                 .stop_user = &ss[i], .lora = sp->lora, .adapter = sp->adapter,
+                                 .out = out + i * M,
                                  .out_logprobs = lp + i * M};
         }
         g[0].prompt_logprobs = plp;
-        if (zdp_generate(&s->model, params, NULL, g, (int)mine, (int)mine, NULL, &err) != ZDP_OK) {
+        g[0].prompt_topk = (int)K, g[0].prompt_topk_ids = tki, g[0].prompt_topk_logprobs = tkl;
+        zdp_gen_stats gs = {0};
+        const zdp_status st = zdp_generate(&s->model, params, NULL, g, (int)mine, (int)mine, &gs, &err);
+        /* The cache lives for this call only: /info reports the last one's
+         * size and the largest so far (docs/sampling.md). */
+        s->kv_bytes_last = gs.kv_bytes;
+        if (gs.kv_bytes > s->kv_bytes_peak) s->kv_bytes_peak = gs.kv_bytes;
+        if (st != ZDP_OK) {
             fprintf(stderr, "zdp serve: rank %d: sampling: %s\n", s->R, err.msg);
             failed = 1;
             mine_why.status = err.code == ZDP_ERR_NOMEM ? 500 : 400;
@@ -111,7 +123,7 @@ char *serve_sampler_run(server *s, const float *const *params, const serve_sampl
     }
     free(blk);
     if (s->R != 0) {
-        free(plp);
+        free(plp), free(tki), free(tkl);
         return NULL;
     }
     int bad = -1;
@@ -121,7 +133,7 @@ char *serve_sampler_run(server *s, const float *const *params, const serve_sampl
         if (f) bad = r;
     }
     if (bad >= 0) {
-        free(all), free(plp);
+        free(all), free(plp), free(tki), free(tkl);
         if (bad == 0 && mine_why.msg[0] != '\0') {
             *status = mine_why.status;
             return serve_error_body(mine_why.field[0] != '\0' ? mine_why.field : NULL, mine_why.msg);
@@ -143,7 +155,7 @@ char *serve_sampler_run(server *s, const float *const *params, const serve_sampl
     if (res == NULL || res->off == NULL || res->tokens == NULL || res->stopped == NULL ||
         (sp->logprobs && res->logprobs == NULL)) {
         serve_sample_result_free(res);
-        free(all), free(plp);
+        free(all), free(plp), free(tki), free(tkl);
         *status = 500;
         return serve_error_body(NULL, "out of memory");
     }
@@ -163,6 +175,10 @@ char *serve_sampler_run(server *s, const float *const *params, const serve_sampl
         plp[0] = NAN; /* nothing predicts the first token: Tinker's None */
         res->prompt_logprobs = plp;
         res->n_prompt_logprobs = sp->n_prompt;
+    }
+    if (tki != NULL) {
+        res->topk_k = K, res->n_topk = sp->n_prompt;
+        res->topk_ids = tki, res->topk_logprobs = tkl;
     }
     *status = 200;
     return serve_finish_sample(sp->j, res);

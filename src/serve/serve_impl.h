@@ -39,7 +39,7 @@
     X(FWDBWD, "forward_backward", exec_fwd_, true)                                           \
     X(FORWARD, "forward", exec_fwd_, true)                                                   \
     X(OPTIM, "optim_step", exec_optim_, true)                                                \
-    X(SAVE_WEIGHTS, "save_weights", exec_save_weights_, false)                               \
+    X(SAVE_WEIGHTS, "save_weights", exec_save_weights_, true) /* stage 3 gathers */          \
     X(SAVE_STATE, "save_state", exec_state_, true)                                           \
     X(LOAD_STATE, "load_state", exec_state_, true)                                           \
     X(INFO, "info", exec_info_, true)                                                        \
@@ -48,7 +48,9 @@
     X(NOOP, "noop", NULL, false)     /* refused before the engine: only its seq_id counts */ \
     X(SAMPLE_FILE, "asample", exec_sample_file_, true) /* from saved sampler weights */     \
     X(PING, "ping", NULL, true)      /* the health check: every rank answers rank 0 */        \
-    X(DELETE_CKPT, "delete_checkpoint", exec_delete_, true) /* each rank its own part */
+    X(DELETE_CKPT, "delete_checkpoint", exec_delete_, true) /* each rank its own part */    \
+    X(CREATE, "create_model", exec_create_, true)   /* a LoRA model in a free slot */        \
+    X(UNLOAD, "unload_model", exec_unload_, true)   /* frees a LoRA model's slot */
 
 enum {
 #define SERVE_OP_ENUM_(name, str, fn, all) OP_##name,
@@ -79,9 +81,23 @@ extern const serve_op serve_ops[SERVE_N_OPS]; /* indexed by op */
 typedef struct sample_file_header {
     int64_t n_prompt, max_tokens, top_k, num_samples, n_stop, n_stop_str;
     int64_t prompt_logprobs; /* 1: the reply carries the prompt's logprobs */
+    int64_t topk_prompt;     /* k > 0: and the k most likely tokens at each prompt position */
     uint64_t seed;
     double temperature, top_p;
 } sample_file_header;
+
+/* topk_prompt_logprobs at most (and at most the vocabulary): a reply holds
+ * prompt_len x k ids and logprobs. */
+#define SERVE_MAX_TOPK 1024
+
+/* An OP_CREATE payload: a LoRA model (zdp_lora_config) for slot, known
+ * from then on by uid (docs/server.md, "Models"). */
+typedef struct create_payload {
+    int64_t uid;
+    int32_t slot, rank, targets, unused;
+    double alpha;
+    uint64_t seed;
+} create_payload;
 
 /* Optimizer hyperparameters of an optim_step, in zdp_hparams' order. */
 #define N_ADAM 6
@@ -142,6 +158,11 @@ typedef struct serve_sample_result {
                               -1: Tinker's SampleResponse ("type": "sample") */
     float *prompt_logprobs; /* (n_prompt_logprobs) log p(prompt[t] | prompt[<t]), [0] NaN; or NULL */
     int64_t n_prompt_logprobs;
+    /* Top-k prompt logprobs (Tinker's TopkPromptLogprobs): topk_k > 0, rows
+     * of n_topk prompt positions; row 0 ids -1, logprobs NaN (None). */
+    int64_t topk_k, n_topk;
+    int32_t *topk_ids;    /* (n_topk, topk_k) */
+    float *topk_logprobs; /* (n_topk, topk_k) */
 } serve_sample_result;
 /* The reply as JSON text; NULL when out of memory. */
 char *serve_sample_result_json(const serve_sample_result *r);
@@ -220,6 +241,11 @@ typedef struct job {
     int op;
     unsigned char *payload;
     int64_t nbytes;
+    /* The model it runs on (docs/server.md, "Models"): its slot and uid,
+     * broadcast with the op; a job whose slot no longer holds that uid (the
+     * model was unloaded, or its create failed) is refused on every rank. */
+    int slot;
+    int64_t uid;
     /* A Tinker request: its result goes to this future, nobody waits on the
      * job; tinker_path is the tinker:// name a save/load answers with. */
     struct future *fut;
@@ -272,11 +298,30 @@ typedef struct serve_protocol {
     void (*destroy)(void *state); /* no lock; after the HTTP server stopped */
 } serve_protocol;
 
+/* One trained model (docs/server.md, "Models").  --full-finetune: slot 0
+ * alone, the base model itself (every weight trains).  Otherwise a LoRA
+ * model over the shared read-only base weights, with its own engine
+ * (adapters, Adam state, gradient window, counters, hyperparameters).
+ * Every rank holds the same table: only all-rank jobs change it. */
+typedef struct serve_slot {
+    int64_t uid;      /* 0: free */
+    zdp_model lora;   /* LoRA mode: zdp_lora_create's (the engine keeps its address) */
+    zdp_model *model; /* what the engine trains: &lora, or &server.model */
+    zdp_engine *eng;
+    char name[160];   /* LoRA mode: its model_id (GET /info, logs) */
+    zdp_lora_config lc;
+} serve_slot;
+
 typedef struct server {
     serve_opts opt;
     zdp_config cfg;
-    zdp_model model;
+    zdp_model model; /* the base (--full-finetune: the one model that trains) */
+    /* The model of the job running now (serve_exec sets them from the
+     * job's slot; NULL when none). */
+    zdp_model *cur;
     zdp_engine *eng;
+    serve_slot *slots; /* (opt.max_models), every rank */
+    float **base;      /* LoRA mode: the base weights (model.n_params tensors), read-only */
     zdp_channel *ch; /* every rank: a private duplicate of the world (src/comm) */
     int W, R;
     /* rank 0: the queue; mu also guards the Tinker state */
@@ -294,12 +339,23 @@ typedef struct server {
     } stats[SERVE_N_OPS];
     /* every rank, main thread only: the sampler weights asample last read. */
     char *snap_path;
+    /* every rank, main thread only: bytes of the KV cache of the last
+     * sampling request and of the largest so far (GET /info's memory). */
+    int64_t kv_bytes_last, kv_bytes_peak;
     /* every rank: realpath of --checkpoint-dir, made at start-up.  The path
      * of a save_state/load_state job is relative to it (each rank joins its
      * own, so ranks with their own working directories each use their own
      * folder); other jobs carry absolute paths. */
     char *ckpt_root;
     float **snap;
+    /* every rank: the most bytes of whole-model copies serve_weights_get
+     * held at once (stage 3; GET /info "gathered_whole_bytes"). */
+    int64_t whole_peak_bytes;
+    /* LoRA mode: when snap_path is a PEFT adapter folder, its LoRA model over
+     * the base and its adapter tensors (snap stays NULL: the base's weights
+     * are s->base). */
+    zdp_model snap_lora;
+    float **snap_ad;
     bool have_model, started, watching;
     /* rank 0: the guards every request passes (http.c, guard_). */
     char *api_key; /* NULL: no --api-key-file */
@@ -397,8 +453,23 @@ void serve_worker_loop(server *s);
 void serve_die(const char *what, const zdp_error *err) __attribute__((noreturn));
 /* Every rank: runs one request (serve_ops[j->op].exec); rank 0 gets the answer. */
 char *serve_exec(server *s, job *j, int *status);
-/* The engine's parameter views (malloc'd array; NULL when out of memory). */
+/* The base model's weights (--full-finetune: the engine's parameter views;
+ * LoRA: the shared base), a malloc'd array; NULL when out of memory. */
 float **serve_views(server *s);
+/* --full-finetune's weights as whole tensors on every rank, at any stage:
+ * serve_views at stages 0-2; at stage 3 a copy (one block, v[0] first),
+ * gathered from the partitions when `gather` -- COLLECTIVE, every rank
+ * calls it; its bytes count in GET /info's memory rows.  NULL (err set;
+ * with `gather` on every rank alike) when out of memory.  serve_weights_push writes v back
+ * (stage 3: each rank keeps its slice) and syncs the ranks; every rank
+ * passes the same values.  serve_weights_free releases v. */
+float **serve_weights_get(server *s, bool gather, zdp_error *err);
+zdp_status serve_weights_push(server *s, float *const *v, zdp_error *err);
+void serve_weights_free(server *s, float **v);
+/* server.c: frees slot k's LoRA model and engine (no-op for --full-finetune). */
+void serve_slot_free(server *s, int k);
+/* Whether the server trains LoRA models (no --full-finetune). */
+static inline bool serve_lora(const server *s) { return !s->opt.full_finetune; }
 /* Drops the sampler weights asample last read. */
 void serve_free_snapshot(server *s);
 /* String stops (docs/server.md, "Stop sequences"): -1 while the text of
@@ -421,7 +492,10 @@ typedef struct serve_sample_spec {
     const char *stop_str;   /* n_stop_str NUL-terminated strings */
     bool logprobs;          /* the result carries each token's log p */
     bool prompt_logprobs;   /* and the prompt's (from the prefill, temperature 1) */
+    int64_t topk_prompt;    /* and the k most likely tokens at each prompt position (0: none) */
     int64_t prompt_length;  /* serve_sample_result.prompt_length */
+    const zdp_model *lora;  /* a LoRA model over the base, applied to every sequence; NULL: none */
+    const float *const *adapter; /* its adapter tensors */
 } serve_sample_spec;
 /* Every rank generates its contiguous block of the num_samples sequences
  * from params (whole weights) and rank 0 gathers them; rank 0 gets the
@@ -431,13 +505,14 @@ char *serve_sampler_run(server *s, const float *const *params, const serve_sampl
                         const verr *why, int *status);
 /* POST /sample's body -> an OP_SAMPLE payload.  can_decode: the served
  * model has a tokenizer, so stop strings are taken. */
-bool serve_parse_sample(const json_t *root, const zdp_model *mc, bool can_decode, job *j, verr *e);
+bool serve_parse_sample(const json_t *root, const zdp_model *mc, bool can_decode, int max_stop_bytes, job *j,
+                        verr *e);
 /* A stop field (Tinker's SamplingParams.stop: a string, strings or token ids
  * in [0, V)) -> token ids (int32) in ids, strings (each NUL-terminated) in
- * strs, *n_str of them.  Strings only when can_decode (docs/server.md,
- * "Stop sequences"). */
-bool serve_parse_stops(const json_t *v, const char *field, int V, bool can_decode, serve_bytes *ids,
-                       serve_bytes *strs, int64_t *n_str, verr *e);
+ * strs, *n_str of them.  Strings only when can_decode, each of at most
+ * max_bytes (--max-stop-bytes; docs/server.md, "Stop sequences"). */
+bool serve_parse_stops(const json_t *v, const char *field, int V, bool can_decode, int max_bytes,
+                       serve_bytes *ids, serve_bytes *strs, int64_t *n_str, verr *e);
 /* POST /save_weights, /save_state, /load_state's body {"path"} -> payload. */
 bool serve_parse_path(const server *s, const json_t *root, job *j, verr *e);
 

@@ -93,12 +93,12 @@ zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error 
         return fail_(err, "%s: zdp serve needs unmanaged gradient accumulation (each optim_step request "
                      "is the optimizer step); set \"managed_gradient_accumulation\": false",
                      s->opt.config);
-    /* The server reads and writes whole tensors (sampling, load/save of
-     * weights) through zdp_engine_param_data, which stage 3 does not have. */
-    if (s->cfg.zero.stage == 3)
-        return fail_(err, "%s: zero_optimization.stage = 3: zdp serve does not run ZeRO stage 3 "
-                     "yet (sampling and weight load/save need whole tensors); use stage 2",
-                     s->opt.config);
+    /* LoRA at stage 3 would partition the shared base under every model's
+     * engine: not built yet.  --full-finetune gathers what it reads. */
+    if (s->cfg.zero.stage == 3 && !s->opt.full_finetune)
+        return fail_(err, "%s: zero_optimization.stage = 3: zdp serve trains LoRA models over a whole base "
+                     "(stages 0-2) only; set \"stage\" to 2 or lower, or serve the model with --full-finetune "
+                     "(stage 3 partitions its weights)", s->opt.config);
     /* The caller's model (one datum per micro-batch: activation memory for
      * one sequence); a causal LM, since every request is token sequences. */
     zdp_status st = s->opt.lm.create(s->opt.lm.ctx, &s->model, err);
@@ -106,16 +106,61 @@ zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error 
     s->have_model = true;
     if (s->model.lm == NULL || s->model.vocab_size < 1 || s->model.block_size < 1)
         return fail_(err, "zdp serve: the model is not a causal language model");
-    if ((st = zdp_engine_create(&s->cfg, &s->model, &s->eng, err)) != ZDP_OK) return st;
-    float **v = serve_views(s);
-    if (v == NULL) return fail_(err, "out of memory");
-    st = s->opt.lm.init(s->opt.lm.ctx, &s->model, v, err);
-    free(v);
-    return st;
+    if (s->opt.max_models < 1 || (s->opt.full_finetune && s->opt.max_models != 1))
+        return fail_(err, "--max-models %d: %s", s->opt.max_models,
+                     s->opt.full_finetune ? "--full-finetune trains one model: drop --max-models or set it to 1"
+                                          : "must be at least 1");
+    s->slots = calloc((size_t)s->opt.max_models, sizeof *s->slots);
+    if (s->slots == NULL) return fail_(err, "out of memory");
+    if (s->opt.full_finetune) {
+        /* The one model: every weight trains, in the engine from start-up. */
+        if ((st = zdp_engine_create(&s->cfg, &s->model, &s->eng, err)) != ZDP_OK) return st;
+        s->slots[0] = (serve_slot){.uid = 1, .model = &s->model, .eng = s->eng};
+        s->cur = &s->model;
+        /* Every rank initialises the same values (stage 3 keeps each rank's
+         * slice of them); zdp_server_start syncs. */
+        float **v = serve_weights_get(s, false, err);
+        if (v == NULL) return err->code;
+        st = s->opt.lm.init(s->opt.lm.ctx, &s->model, v, err);
+        if (st == ZDP_OK && s->cfg.zero.stage == 3)
+            for (int i = 0; st == ZDP_OK && i < s->model.n_params; i++)
+                st = zdp_engine_set_param(s->eng, i, v[i], err);
+        serve_weights_free(s, v);
+        return st;
+    }
+    /* LoRA: the base weights, loaded once on every rank and never written;
+     * each model's engine holds its adapters alone. */
+    s->base = calloc((size_t)s->model.n_params, sizeof *s->base);
+    if (s->base == NULL) return fail_(err, "out of memory");
+    for (int i = 0; i < s->model.n_params; i++) {
+        int64_t n = 1;
+        for (int d = 0; d < s->model.params[i].ndim; d++) n *= s->model.params[i].shape[d];
+        if ((s->base[i] = malloc((size_t)n * sizeof(float))) == NULL)
+            return fail_(err, "out of memory for the base weights");
+    }
+    if ((st = s->opt.lm.init(s->opt.lm.ctx, &s->model, s->base, err)) != ZDP_OK) return st;
+    /* A model LoRA cannot adapt is refused now, not at the first create_model. */
+    zdp_model probe;
+    const zdp_lora_config lc = {.rank = 1, .targets = ZDP_LORA_ALL};
+    if (zdp_lora_create(&s->model, (const float *const *)s->base, &lc, &probe, err) != ZDP_OK)
+        return fail_(err, "zdp serve trains LoRA models unless --full-finetune is given: %s", err->msg);
+    zdp_lora_destroy(&probe);
+    return ZDP_OK;
+}
+
+/* Frees slot k's model and engine (LoRA mode; every rank alike). */
+void serve_slot_free(server *s, int k) {
+    serve_slot *x = &s->slots[k];
+    if (x->uid == 0 || s->opt.full_finetune) return;
+    zdp_engine_destroy(x->eng);
+    zdp_lora_destroy(&x->lora);
+    *x = (serve_slot){0};
 }
 
 zdp_status zdp_server_start(zdp_server *s, zdp_error *err) {
-    if (zdp_engine_sync_params(s->eng, err) != ZDP_OK) serve_die("sync params", err);
+    /* LoRA mode: every rank loaded the same base; each model syncs its own
+     * adapters as it is created. */
+    if (s->eng != NULL && zdp_engine_sync_params(s->eng, err) != ZDP_OK) serve_die("sync params", err);
     if (zdp_channel_open(&s->ch, err) != ZDP_OK) serve_die("serve", err);
     serve_install_signals();
     if (s->R != 0) return ZDP_OK;
@@ -157,7 +202,10 @@ void zdp_server_run(zdp_server *s) {
     s->proto = (serve_protocol){0};
     s->tinker = NULL;
     serve_free_snapshot(s);
-    printf("zdp serve: stopped at step %lld\n", (long long)zdp_engine_global_steps(s->eng));
+    if (s->opt.full_finetune)
+        printf("zdp serve: stopped at step %lld\n", (long long)zdp_engine_global_steps(s->slots[0].eng));
+    else
+        printf("zdp serve: stopped\n");
     fflush(stdout);
 }
 
@@ -179,7 +227,11 @@ void zdp_server_destroy(zdp_server *s) {
     if (s->api_key != NULL) memset(s->api_key, 0, s->api_key_len);
     free(s->api_key);
     free(s->ckpt_root);
-    zdp_engine_destroy(s->eng);
+    if (s->opt.full_finetune && s->slots != NULL) zdp_engine_destroy(s->slots[0].eng);
+    for (int k = 0; s->slots != NULL && k < s->opt.max_models; k++) serve_slot_free(s, k);
+    free(s->slots);
+    for (int i = 0; s->base != NULL && i < s->model.n_params; i++) free(s->base[i]);
+    free(s->base);
     if (s->have_model) s->opt.lm.destroy(s->opt.lm.ctx, &s->model);
     free(s);
 }

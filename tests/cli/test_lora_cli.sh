@@ -4,9 +4,10 @@
 # startup line counting adapter parameters), --save-adapter-dir writes a
 # PEFT folder, `zdp lora merge` writes a merged model folder whose val loss
 # is the LoRA model's (tied Qwen3 with an lm_head adapter: the head comes
-# out untied; untied Llama with attn,mlp), checkpoints of the adapters resume
-# exactly (and refuse another rank), and bad input (rank 0, a rank
-# larger than a target, an unknown target, ZeRO stage 3, LoRA flags without --lora-rank or
+# out untied; untied Llama with attn,mlp; q_proj,v_proj alone), checkpoints of
+# the adapters resume exactly (and refuse another rank), ZeRO stage 3 (the
+# base partitioned: stage 2's losses), and bad input (rank 0, a rank
+# larger than a target, an unknown target, LoRA flags without --lora-rank or
 # without --model-dir, --save-model-dir with LoRA, an adapter for another
 # base, a missing adapter folder): one message naming the flag or tensor,
 # non-zero exit, never a hang.
@@ -85,6 +86,25 @@ expect_ok 2 "${TRAIN0[@]}" --model-dir "$T/ml"  # -np 2: the same val batches
 val_ml=$(last_val)
 python3 -c "import sys; a,b=float('$val_l'),float('$val_ml'); sys.exit(0 if abs(a-b) <= 2e-4*abs(a) else 1)" ||
   fail "merged llama val loss $val_ml != LoRA val loss $val_l"
+# PEFT's common partial set: q_proj and v_proj only.  The folder lists exactly those,
+# --adapter reads it back (the same adapter tensors), and the merge has the LoRA val loss.
+expect_ok 2 "${TRAIN[@]}" --model-dir "$T/l" --lora-rank 2 --lora-targets q_proj,v_proj \
+  --save-adapter-dir "$T/aqv"
+val_qv=$(last_val)
+# per layer q 2*16 + 16*2 = 64, v 2*16 + 8*2 = 48; 2 layers
+grep -qF "LoRA: rank 2, alpha 32, targets q_proj,v_proj: 224 adapter parameters" "$T/out" ||
+  { fail "q_proj,v_proj: start-up line"; grep LoRA "$T/out"; }
+python3 -c "import json,sys; m=json.load(open('$T/aqv/adapter_config.json'))['target_modules']; sys.exit(0 if m == ['q_proj', 'v_proj'] else 1)" ||
+  { fail "q_proj,v_proj: target_modules"; cat "$T/aqv/adapter_config.json"; }
+expect_ok 1 "${TRAIN0[@]}" --model-dir "$T/l" --adapter "$T/aqv" --save-adapter-dir "$T/aqv2"
+grep -qF "targets q_proj,v_proj: 224 adapter parameters" "$T/out" || fail "--adapter q_proj,v_proj: start-up line"
+expect_ok 1 lora merge --model-dir "$T/l" --adapter "$T/aqv" --out "$T/mqv" --dtype F32
+expect_ok 2 "${TRAIN0[@]}" --model-dir "$T/mqv"
+val_mqv=$(last_val)
+python3 -c "import sys; a,b=float('$val_qv'),float('$val_mqv'); sys.exit(0 if abs(a-b) <= 2e-4*abs(a) else 1)" ||
+  fail "merged q_proj,v_proj val loss $val_mqv != LoRA val loss $val_qv"
+expect_error 2 "attn.c_attn is not a module of this Llama-family base" "${TRAIN[@]}" --model-dir "$T/l" \
+  --lora-rank 2 --lora-targets attn.c_attn
 
 # Checkpoints hold the adapters: 2 steps, resume to 4 = the -np 1 run's steps 3-4; a
 # checkpoint of another rank is refused naming the key.
@@ -95,10 +115,19 @@ expect_ok 2 "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 4 --lora-alpha 8 --resu
 expect_error 2 "lora_rank" "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 2 --lora-alpha 8 \
   --resume "$T/ck"
 
+# ZeRO stage 3: the adapters partitioned and the base too, gathered layer by
+# layer (docs/lora.md): the same losses as stage 2, the base's partition in
+# the memory report.
+sed 's/"stage": 2,/"stage": 3, "stage3_param_persistence_threshold": 0,/' "$T/ds.json" >"$T/ds3.json"
+for np in 2 3; do
+  expect_ok $np "${TRAIN[@]/%ds.json/ds3.json}" --model-dir "$T/q" --lora-rank 4 --lora-alpha 8 \
+    --memory-report on
+  [ "$(losses)" = "$ref" ] || fail "stage 3 -np $np losses differ from stage 2: $(losses) vs $ref"
+  frozen=$(grep -a '^memory | rank 0 | frozen |' "$T/out" | awk '{print $(NF-1)}')
+  [ -n "$frozen" ] && [ "$frozen" -gt 0 ] || fail "stage 3 -np $np: no frozen partition in the memory report"
+done
+
 # Bad input.
-sed 's/"stage": 2/"stage": 3/' "$T/ds.json" >"$T/ds3.json"
-expect_error 2 "a LoRA model is not supported at ZeRO stage 3" train --config "$T/ds3.json" \
-  --data "$T/tok.npy" --block-size 16 --steps 1 --out-dir "$T/o" --model-dir "$T/q" --lora-rank 2
 expect_error 1 "--lora-rank" "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 0
 expect_error 2 "rank must be at most 16" "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 20
 expect_error 2 "unknown target" "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 2 --lora-targets attn,embed

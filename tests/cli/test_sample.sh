@@ -5,12 +5,17 @@
 #     text for text, the same as each sampled alone with its seed (seed + i);
 #   - greedy sampling is the same at every --batch;
 #   - the speed line (tokens/s) goes to stderr;
-#   - refusals name the flag: --max-tokens beyond the context, --batch 0.
+#   - --adapter: a PEFT folder trained here (every target) applied while
+#     decoding: greedy with it equals greedy over the `zdp lora merge`d
+#     folder, and differs from the base's;
+#   - refusals name the flag: --max-tokens beyond the context, --batch 0,
+#     --adapter without --model-dir, an adapter for another base.
 # Exit 77 (skipped) when the shared folder beside the repository (ZDP_SHARED
 # overrides where) has no GPT-2 tokenizer.
 # usage: test_sample.sh ZDP_BINARY MPIEXEC
 set -u
 ZDP=$1
+MPIEXEC=${2:-mpiexec}
 HERE=$(cd "$(dirname "$0")" && pwd)
 SHARED=${ZDP_SHARED:-$(cd "$HERE/../../.." && pwd)/shared}
 TOK="$SHARED/data/tokenizers/gpt2"
@@ -39,6 +44,43 @@ G=("$ZDP" sample --model-dir "$T/m" --prompt "To be, or not" --max-tokens 20 --t
 "${G[@]}" --batch 1 >"$T/g1.txt" 2>/dev/null || fail "greedy --batch 1"
 "${G[@]}" --batch 3 >"$T/g3.txt" 2>/dev/null || fail "greedy --batch 3"
 cmp -s "$T/g1.txt" "$T/g3.txt" || { fail "greedy --batch 1 != --batch 3"; diff "$T/g1.txt" "$T/g3.txt"; }
+
+# --adapter: train 3 LoRA steps (every target, so the untied lm_head too), then greedy with the
+# adapter == greedy over the merged folder != the base's greedy.
+python3 - "$T/tok.npy" <<'PY'
+import struct, sys
+n, v = 4000, 50257
+toks = [(i * 7919 + i // 3) % v for i in range(n)]
+head = "{'descr': '<i4', 'fortran_order': False, 'shape': (%d,), }" % n
+head += " " * ((64 - (10 + len(head) + 1) % 64) % 64) + "\n"
+open(sys.argv[1], "wb").write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(head)) + head.encode()
+                              + struct.pack("<%di" % n, *toks))
+PY
+cat >"$T/ds.json" <<'JSON'
+{"train_batch_size": 2, "train_micro_batch_size_per_gpu": 2,
+ "optimizer": {"type": "AdamW", "params": {"lr": 5e-2, "weight_decay": 0.0}}}
+JSON
+timeout 120 "$MPIEXEC" -np 1 "$ZDP" train --model-dir "$T/m" --config "$T/ds.json" --data "$T/tok.npy" \
+  --block-size 32 --steps 3 --lora-rank 4 --save-adapter-dir "$T/a" --out-dir "$T/o" >"$T/train.log" 2>&1 ||
+  { fail "zdp train --lora-rank"; cat "$T/train.log"; }
+"$ZDP" lora merge --model-dir "$T/m" --adapter "$T/a" --out "$T/mm" >"$T/merge.log" 2>&1 ||
+  { fail "zdp lora merge"; cat "$T/merge.log"; }
+A=("$ZDP" sample --prompt "To be, or not" --max-tokens 30 --temperature 0)
+body() { sed 1d "$1"; }  # the text, without the header line (it names the adapter)
+"${A[@]}" --model-dir "$T/m" --adapter "$T/a" --num-samples 2 --batch 2 >"$T/ad.txt" 2>"$T/ad.err" ||
+  { fail "--adapter"; cat "$T/ad.err"; }
+grep -q "LoRA adapter rank 4 alpha 32" "$T/ad.txt" || { fail "--adapter: header lacks the adapter"; cat "$T/ad.txt"; }
+"${A[@]}" --model-dir "$T/mm" --num-samples 2 --batch 2 >"$T/mm.txt" 2>/dev/null || fail "merged folder"
+"${A[@]}" --model-dir "$T/m" --num-samples 2 --batch 2 >"$T/base.txt" 2>/dev/null || fail "base folder"
+[ "$(body "$T/ad.txt")" = "$(body "$T/mm.txt")" ] ||
+  { fail "greedy with --adapter != greedy over the merged folder"; diff "$T/ad.txt" "$T/mm.txt"; }
+[ "$(body "$T/ad.txt")" != "$(body "$T/base.txt")" ] || fail "--adapter changed nothing (the test proves nothing)"
+"$ZDP" sample --weights "$T/x.safetensors" --adapter "$T/a" >"$T/r3.log" 2>&1 && fail "--adapter without --model-dir ran"
+grep -q "\-\-adapter .*needs --model-dir" "$T/r3.log" || { fail "--adapter without --model-dir message"; cat "$T/r3.log"; }
+"$ZDP" init-model --arch llama --layers 2 --hidden 48 --heads 4 --kv-heads 2 --ffn 64 --vocab 50257 \
+  --max-pos 64 --tokenizer "$TOK" --out "$T/w" >/dev/null 2>&1 || fail "init-model (wide)"
+"$ZDP" sample --model-dir "$T/w" --adapter "$T/a" --max-tokens 2 >"$T/r4.log" 2>&1 && fail "an adapter for another base ran"
+grep -q "\-\-adapter .*has shape" "$T/r4.log" || { fail "another base's adapter message"; cat "$T/r4.log"; }
 
 # Refusals.
 "$ZDP" sample --model-dir "$T/m" --prompt "To be" --max-tokens 100 >"$T/r1.log" 2>&1 && fail "--max-tokens beyond the context ran"

@@ -33,7 +33,7 @@ JSON
 start_plain() {
   local np=$1 cfg=$2 log=$3
   shift 3
-  start_server "$np" "$log" "${MODEL[@]}" --config "$cfg" --init "$T/init.safetensors" --max-body $MAX_BODY "$@"
+  start_server "$np" "$log" "${MODEL[@]}" --full-finetune --config "$cfg" --init "$T/init.safetensors" --max-body $MAX_BODY "$@"
 }
 
 config 0.05 0 true >"$T/cfg_init.json"
@@ -83,12 +83,12 @@ fi
 
 # ---- refusals at start-up ----
 config 0.05 0 true >"$T/managed.json"
-timeout 60 "$MPIEXEC" -np 2 --oversubscribe "$ZDP" serve "${MODEL[@]}" --config "$T/managed.json" \
+timeout 60 "$MPIEXEC" -np 2 --oversubscribe "$ZDP" serve "${MODEL[@]}" --full-finetune --config "$T/managed.json" \
   --port 0 >"$T/managed.log" 2>&1
 if [ $? -eq 0 ] || ! grep -q "managed_gradient_accumulation" "$T/managed.log"; then
   fail "a managed config was not refused clearly"; cat "$T/managed.log"
 fi
-timeout 60 "$MPIEXEC" -np 1 "$ZDP" serve "${MODEL[@]}" --config "$T/cfg1.json" --bind nowhere \
+timeout 60 "$MPIEXEC" -np 1 "$ZDP" serve "${MODEL[@]}" --full-finetune --config "$T/cfg1.json" --bind nowhere \
   >"$T/bind.log" 2>&1
 if [ $? -eq 0 ] || ! grep -q -- "--bind nowhere" "$T/bind.log"; then
   fail "a bad --bind was not refused clearly"; cat "$T/bind.log"

@@ -43,7 +43,7 @@ run() {
   local log="$T/$name-np$np.log"
   # Started here, not by start_server: a sanitizer build takes longer than
   # its 30 s to load a real tokenizer and a 128k-token vocabulary.
-  timeout 900 "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" serve "${args[@]}" --config "$T/cfg.json" \
+  timeout 900 "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" serve "${args[@]}" --full-finetune --config "$T/cfg.json" \
     --model-name "$name" --checkpoint-dir "$T/ck-$name-$np" --port 0 >"$log" 2>&1 &
   SERVER_PID=$!
   if ! wait_listening "$SERVER_PID" "$log" 3000; then
@@ -59,7 +59,8 @@ run() {
 
 # A byte-level GPT: its decode is the bytes themselves.
 for np in ${NPS:-1}; do
-  run $np zdp-bytes gpt2 - --model gpt --n-layer 2 --n-head 2 --n-embd 32 --vocab-size 256 --block-size 64 -- bytes
+  run $np zdp-bytes gpt2 - --model gpt --n-layer 2 --n-head 2 --n-embd 32 --vocab-size 256 --block-size 64 \
+    --max-stop-bytes 40 -- bytes
 done
 
 # A tiny Llama folder with a real tokenizer (GPT-2's: the smallest

@@ -24,7 +24,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 PY=${PYTHON:-python3}
 source "$HERE/serve_lib.sh"
 
-MODEL=(--model gpt --n-layer 2 --n-head 2 --n-embd 16 --vocab-size 64 --block-size 16)
+MODEL=(--model gpt --n-layer 2 --n-head 2 --n-embd 16 --vocab-size 64 --block-size 16 --full-finetune)
 cat >"$T/cfg.json" <<'JSON'
 {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
  "managed_gradient_accumulation": false, "gradient_clipping": 0,

@@ -96,7 +96,7 @@ expect_rank_error() {
 
 GPT=(train --model gpt "${MODEL[@]}" --config c.json --data tok.bin --steps 2 --val-every 0 --out-dir run)
 MLP=(train --model mlp --hidden 8 --layers 2 --config c.json --data d.safetensors --steps 2)
-SERVE=(serve --model gpt "${MODEL[@]}" --config s.json --port 0)
+SERVE=(serve --model gpt "${MODEL[@]}" --full-finetune --config s.json --port 0)
 
 for np in 2 3; do
   last=$((np - 1))

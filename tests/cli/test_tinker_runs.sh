@@ -28,7 +28,7 @@ cat >"$T/cfg.json" <<JSON
  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
  "zero_optimization": {"stage": 1, "reduce_bucket_size": 5000}}
 JSON
-MODEL=(--model gpt --n-layer 1 --n-head 2 --n-embd 16 --vocab-size 32 --block-size 16 --config "$T/cfg.json")
+MODEL=(--model gpt --n-layer 1 --n-head 2 --n-embd 16 --vocab-size 32 --block-size 16 --config "$T/cfg.json" --full-finetune)
 
 for np in ${NPS:-1 2}; do
   ck="$T/ck-$np"

@@ -53,7 +53,7 @@ def main():
     sc = tinker.ServiceClient(base_url=url)
     rest = sc.create_rest_client()
     name = sc.get_server_capabilities().supported_models[0].model_name
-    tc = sc.create_lora_training_client(base_model=name)
+    tc = sc.create_lora_training_client(base_model=name, rank=0)  # --full-finetune
     run_id = tc.model_id
     if phase == "second":
         first = json.load(open(state_file))

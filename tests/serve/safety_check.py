@@ -203,7 +203,7 @@ def apikey(url, key):
     import tinker_sdk as T
     sc = T.ServiceClient(url, api_key=key, heartbeat_interval=0.3, backoff_base=0.02, outer_backoff_unit=0.05)
     try:
-        tc = sc.create_lora_training_client("zdp-gpt")
+        tc = sc.create_lora_training_client("zdp-gpt", rank=0)  # --full-finetune
         tc.forward_backward([T.datum([1, 2, 3], [2, 3, 4])], "cross_entropy").result()
         tc.optim_step({"learning_rate": 1e-4}).result()
     except Exception as e:  # noqa: BLE001

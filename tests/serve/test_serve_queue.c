@@ -35,6 +35,8 @@ static server *server_(void) {
     s->model = (zdp_model){.vocab_size = 16, .block_size = 8};
     s->opt.seq_gap_s = 30;
     s->opt.model_name = "zdp-gpt";
+    s->opt.full_finetune = true; /* one model, slot 0 (docs/server.md, "Models") */
+    s->opt.max_models = 1;
     s->W = 1;
     s->busy_op = -1;
     pthread_mutex_init(&s->mu, NULL);
@@ -43,9 +45,8 @@ static server *server_(void) {
     char why[512];
     assert_true(serve_register_tinker(s, why, sizeof why));
     tinker_state *t = s->tinker;
-    t->live = true;
-    snprintf(t->model_id, sizeof t->model_id, "%s", MODEL_ID);
-    t->next_seq = 1;
+    t->models[0] = (tinker_model){.live = true, .slot = 0, .uid = 1, .next_seq = 1};
+    snprintf(t->models[0].model_id, sizeof t->models[0].model_id, "%s", MODEL_ID);
     return s;
 }
 
@@ -385,15 +386,15 @@ static void test_seq_holding(void **state) {
     submit_(s, fwdbwd_(3, 1), NULL);
     submit_(s, fwdbwd_(2, 1), NULL);
     assert_int_equal(queued_(s, seq, 8), 0);
-    assert_non_null(s->tinker->held);
+    assert_non_null(s->tinker->models[0].held);
     /* 1 arrives: 1, 2, 3 run in that order. */
     submit_(s, fwdbwd_(1, 1), NULL);
     assert_int_equal(queued_(s, seq, 8), 3);
     assert_int_equal(seq[0], 1);
     assert_int_equal(seq[1], 2);
     assert_int_equal(seq[2], 3);
-    assert_null(s->tinker->held);
-    assert_int_equal(s->tinker->next_seq, 4);
+    assert_null(s->tinker->models[0].held);
+    assert_int_equal(s->tinker->models[0].next_seq, 4);
     /* A refused request (a token outside the vocabulary) keeps its place:
      * 5 waits for 4, and 4 is answered without reaching the queue. */
     submit_(s, fwdbwd_(5, 1), NULL);
@@ -419,13 +420,13 @@ static void test_seq_gap_expiry(void **state) {
     assert_int_equal(queued_(s, seq, 8), 0);
     /* The oldest held request has waited longer than --seq-gap-seconds: 1
      * and 2 are given up, 3 and 4 run. */
-    s->tinker->held->arrived -= 6;
+    s->tinker->models[0].held->arrived -= 6;
     assert_true(tinker_tick_locked(s));
     pthread_mutex_unlock(&s->mu);
     assert_int_equal(queued_(s, seq, 8), 2);
     assert_int_equal(seq[0], 3);
     assert_int_equal(seq[1], 4);
-    assert_int_equal(s->tinker->next_seq, 5);
+    assert_int_equal(s->tinker->models[0].next_seq, 5);
     /* 1 arriving now is refused: its future fails, nothing is queued. */
     const int late = submit_(s, fwdbwd_(1, 1), NULL);
     assert_int_equal(queued_(s, seq, 8), 2);
@@ -554,7 +555,7 @@ static void test_sample_result_encodings(void **state) {
     char err[256];
     size_t n_json, n_typed;
     unsigned char *a = serve_proto_encode_sample_response(o, &n_json, err, sizeof err);
-    unsigned char *b = serve_proto_encode_sample_typed(r.n, r.off, r.tokens, r.logprobs, r.stopped, NULL, 0, &n_typed, err,
+    unsigned char *b = serve_proto_encode_sample_typed(r.n, r.off, r.tokens, r.logprobs, r.stopped, NULL, 0, 0, 0, NULL, NULL, &n_typed, err,
                                                        sizeof err);
     assert_non_null(a);
     assert_non_null(b);
@@ -578,7 +579,7 @@ static void test_sample_result_encodings(void **state) {
     o = json_loads(text, 0, NULL);
     assert_non_null(o);
     a = serve_proto_encode_sample_response(o, &n_json, err, sizeof err);
-    b = serve_proto_encode_sample_typed(p.n, p.off, p.tokens, p.logprobs, p.stopped, NULL, 0, &n_typed, err, sizeof err);
+    b = serve_proto_encode_sample_typed(p.n, p.off, p.tokens, p.logprobs, p.stopped, NULL, 0, 0, 0, NULL, NULL, &n_typed, err, sizeof err);
     assert_non_null(a);
     assert_non_null(b);
     assert_int_equal(n_json, n_typed);

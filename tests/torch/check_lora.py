@@ -29,7 +29,9 @@ Cases: qwen3 (tied, GQA, q/k norm) every target at -np 1 ZeRO 0 managed G 2
 and -np 2 ZeRO 2 unmanaged --schedule 2,1,3; llama (untied, biases, llama3
 rope) attn+mlp at -np 3 ZeRO 1 managed G 2; GPT-2 (a gpt2 folder written
 here from bench/torch/gpt_torch.py's model; Conv1D sites, fan_in_fan_out)
-attn+mlp at -np 2 ZeRO 1 unmanaged --schedule 1,2.  Exit 0 when all agree.
+attn+mlp at -np 2 ZeRO 1 unmanaged --schedule 1,2; single modules (PEFT's
+target_modules in part): llama q_proj, v_proj, down_proj at -np 2 ZeRO 2
+managed G 2, GPT-2 attn.c_attn alone at -np 1.  Exit 0 when all agree.
 """
 
 import argparse
@@ -109,11 +111,17 @@ class LoraRef(torch.nn.Module):
         return {n: p.detach() for n, p in zip(self.names, self.ps)}
 
 
+def expand(targets, groups):
+    """Targets as module names: a group (attn, mlp, unembed) its modules, a
+    module (q_proj, attn.c_attn) itself."""
+    return [m for g in targets for m in groups.get(g, (g,))]
+
+
 def write_adapter(folder, tensors, r, alpha, targets, gpt):
     os.makedirs(folder, exist_ok=True)
     gt.write_safetensors(os.path.join(folder, "adapter_model.safetensors"),
                          {n: t.float() for n, t in tensors.items()}, {"format": "pt"})
-    mods = [m for g in targets for m in (GPT_GROUPS if gpt else GROUPS)[g]]
+    mods = expand(targets, {**GROUPS, **GPT_GROUPS} if gpt else GROUPS)
     with open(os.path.join(folder, "adapter_config.json"), "w") as f:
         json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": alpha,
                    "target_modules": mods, "bias": "none", "fan_in_fan_out": gpt}, f)
@@ -126,8 +134,8 @@ def read_adapter(folder):
 def adapter_shapes(m, r, targets):
     """PEFT's names and shapes for llama_ref model m."""
     out = {}
-    mods = {mm for g in targets for mm in GROUPS[g]}
-    gmods = {mm for g in targets for mm in GPT_GROUPS.get(g, ())}
+    mods = set(expand(targets, GROUPS))
+    gmods = set(expand(targets, GPT_GROUPS))
     for name, mod in m.named_modules():
         leaf = name.split(".")[-1]
         if leaf in mods and isinstance(mod, torch.nn.Linear):
@@ -137,7 +145,7 @@ def adapter_shapes(m, r, targets):
             n_in, n_out = mod.weight.shape
             out[f"base_model.model.{name}.lora_A.weight"] = (r, n_in)
             out[f"base_model.model.{name}.lora_B.weight"] = (n_out, r)
-    if "unembed" in targets:
+    if "lm_head" in mods:
         V, H = m.head_weight().shape
         out["base_model.model.lm_head.lora_A.weight"] = (r, H)
         out["base_model.model.lm_head.lora_B.weight"] = (V, r)
@@ -333,9 +341,15 @@ def main():
                  "2,1,3")
         run_case(a, rep, work, "llama-np3-stage1-managed", llama, ["attn", "mlp"], 3, 32, 3, 1,
                  True, 2, None)
+        # PEFT's partial sets (zdp_lora_config.modules): attention in part, the MLP's down
+        # projection alone; GPT-2's fused c_attn alone.
+        run_case(a, rep, work, "llama-np2-stage2-partial", llama, ["q_proj", "v_proj", "down_proj"],
+                 4, 16, 2, 2, True, 2, None)
         gpt2 = ["gpt2", dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=T)]
         run_case(a, rep, work, "gpt2-np2-stage1-unmanaged", gpt2, ["attn", "mlp"], 4, 16, 2, 1,
                  False, 1, "1,2")
+        run_case(a, rep, work, "gpt2-np1-stage0-c_attn", gpt2, ["attn.c_attn"], 2, 8, 1, 0,
+                 True, 1, None)
     return rep.finish("check_lora")
 
 

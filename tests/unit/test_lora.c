@@ -243,10 +243,12 @@ static void test_fresh_is_base(void **state) {
 
 static double obj_(fx *f, float dloss) { return dloss * (double)loss_(&f->m, f->p, &f->batch); }
 
-static void check_fd_(const zdp_llama_config *lc, const zdp_gpt_config *gc, int targets,
-                      float b_scale) {
+static void check_fd_modules_(const zdp_llama_config *lc, const zdp_gpt_config *gc, int targets,
+                              int modules, float b_scale) {
     fx f;
-    fx_init_(&f, lc, gc, (zdp_lora_config){.rank = 2, .alpha = 6, .targets = targets, .seed = 9},
+    fx_init_(&f, lc, gc,
+             (zdp_lora_config){.rank = 2, .alpha = 6, .targets = targets, .seed = 9,
+                               .modules = modules},
              b_scale);
     const float dloss = 0.5f;
     grad_(&f, dloss);
@@ -271,6 +273,11 @@ static void check_fd_(const zdp_llama_config *lc, const zdp_gpt_config *gc, int 
     }
     assert_base_unchanged_(&f);
     fx_free_(&f);
+}
+
+static void check_fd_(const zdp_llama_config *lc, const zdp_gpt_config *gc, int targets,
+                      float b_scale) {
+    check_fd_modules_(lc, gc, targets, 0, b_scale);
 }
 
 static void test_fd_llama(void **state) {
@@ -564,8 +571,8 @@ static void test_peft_folder(void **state) {
     expect_config_err_(dir, "{\"peft_type\": \"IA3\", \"r\": 2, \"target_modules\": [\"q_proj\"]}",
                        "peft_type = IA3");
     expect_config_err_(dir, "{\"peft_type\": \"LORA\", \"r\": 0, \"target_modules\": [\"q_proj\"]}", "r:");
-    expect_config_err_(dir, "{\"peft_type\": \"LORA\", \"r\": 4, \"target_modules\": [\"q_proj\", \"v_proj\"]}",
-                       "target_modules lacks k_proj");
+    expect_config_err_(dir, "{\"peft_type\": \"LORA\", \"r\": 4, \"target_modules\": [\"c_attn\"]}",
+                       "target_modules names no attention module of a Llama-family adapter");
     expect_config_err_(dir, "{\"peft_type\": \"LORA\", \"r\": 4, \"target_modules\": [\"embed_tokens\"]}",
                        "target_modules[0] = embed_tokens");
     expect_config_err_(dir, "{\"peft_type\": \"LORA\", \"r\": 4, \"bias\": \"all\", \"target_modules\": [\"lm_head\"]}",
@@ -587,8 +594,6 @@ static void test_peft_folder(void **state) {
     rmdir(dir);
 }
 
-/* ---- refusals ---------------------------------------------------------------------- */
-
 static void expect_create_err_(const zdp_model *base, float *const *bp, zdp_lora_config c,
                                const char *want) {
     zdp_model m;
@@ -598,6 +603,164 @@ static void expect_create_err_(const zdp_model *base, float *const *bp, zdp_lora
     if (strstr(err.msg, want) == NULL) fail_msg("error '%s' lacks '%s'", err.msg, want);
     assert_null(m.self);
 }
+
+/* ---- single modules (PEFT's target_modules in part) ---------------------------------- */
+
+/* Drops the white space of a JSON text (none inside these strings). */
+static void squeeze_(char *t) {
+    char *o = t;
+    for (; *t; t++)
+        if (*t != ' ' && *t != '\n') *o++ = *t;
+    *o = '\0';
+}
+
+/* Llama with q_proj, v_proj and down_proj only, GPT-2 with attn.c_attn
+ * only: the names, the gradients (finite differences), the PEFT folder out
+ * and back, the merge touching only those weights, the checkpoint's shape,
+ * and the refusals. */
+static void test_partial_modules(void **state) {
+    (void)state;
+    zdp_error err;
+    fx f;
+    zdp_llama_config c = tiny_llama_();
+    const int mods = ZDP_LORA_Q_PROJ | ZDP_LORA_V_PROJ | ZDP_LORA_DOWN_PROJ;
+    fx_init_(&f, &c, NULL,
+             (zdp_lora_config){.rank = 2, .alpha = 16, .targets = ZDP_LORA_ATTN | ZDP_LORA_MLP,
+                               .seed = 4, .modules = mods},
+             0.3f);
+    assert_int_equal(f.m.n_params, 2 * 3 * 2);
+    const char *want[] = {"self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj"};
+    for (int i = 0; i < f.m.n_params; i++) {
+        char name[128];
+        snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_%c.weight", i / 6,
+                 want[(i % 6) / 2], i % 2 ? 'B' : 'A');
+        assert_string_equal(f.m.params[i].name, name);
+    }
+    assert_non_null(strstr(f.m.shape_json, "\"lora_targets\":\"q_proj,v_proj,down_proj\""));
+    /* The merge adapts those three weights and leaves every other bitwise. */
+    float **merged = alloc_params_(&f.base);
+    assert_int_equal(zdp_lora_merge(&f.m, (const float *const *)f.p, merged, NULL, &err), ZDP_OK);
+    check_merge_product_(&f, merged);
+    int changed = 0;
+    for (int i = 0; i < f.base.n_params; i++) {
+        const char *n = f.base.params[i].name;
+        const int adapted = strstr(n, "q_proj.weight") || strstr(n, "v_proj.weight") ||
+                            strstr(n, "down_proj.weight");
+        const int same = memcmp(merged[i], f.bp[i],
+                                (size_t)numel_(&f.base.params[i]) * sizeof(float)) == 0;
+        if (adapted == same) fail_msg("%s: %s by the merge", n, same ? "unchanged" : "changed");
+        changed += !same;
+    }
+    assert_int_equal(changed, 6);
+    const float lm = loss_(&f.base, merged, &f.batch), ll = loss_(&f.m, f.p, &f.batch);
+    if (!(fabsf(lm - ll) <= 2e-6f * fabsf(ll))) fail_msg("merged loss %.9g, LoRA loss %.9g", lm, ll);
+    free_params_(&f.base, merged);
+    /* The folder lists exactly those modules, and reads back to the same config. */
+    char dir[] = "/tmp/zdp_lora_partXXXXXX", path[512];
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(zdp_lora_save_adapter(dir, &f.m, (const float *const *)f.p, NULL, &err), ZDP_OK);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    char *text = slurp_(path);
+    squeeze_(text);
+    if (strstr(text, "\"target_modules\":[\"q_proj\",\"v_proj\",\"down_proj\"]") == NULL)
+        fail_msg("adapter_config.json:\n%s", text);
+    free(text);
+    zdp_lora_config rc;
+    assert_int_equal(zdp_lora_read_adapter_config(dir, &rc, &err), ZDP_OK);
+    assert_int_equal(rc.targets, ZDP_LORA_ATTN | ZDP_LORA_MLP);
+    assert_int_equal(rc.modules, mods);
+    zdp_model m2;
+    assert_int_equal(zdp_lora_create(&f.base, (const float *const *)f.bp, &rc, &m2, &err), ZDP_OK);
+    float **p2 = alloc_params_(&m2);
+    assert_int_equal(zdp_lora_load_adapter(dir, &m2, p2, &err), ZDP_OK);
+    for (int i = 0; i < m2.n_params; i++)
+        assert_memory_equal(p2[i], f.p[i], (size_t)numel_(&m2.params[i]) * sizeof(float));
+    free_params_(&m2, p2);
+    zdp_lora_destroy(&m2);
+    /* The whole attention group reads as the group (modules 0); the common
+     * ["q_proj", "v_proj"] as attention in part. */
+    write_text_(path, "{\"peft_type\": \"LORA\", \"r\": 4, \"target_modules\": [\"q_proj\", \"v_proj\"]}");
+    assert_int_equal(zdp_lora_read_adapter_config(dir, &rc, &err), ZDP_OK);
+    assert_int_equal(rc.targets, ZDP_LORA_ATTN);
+    assert_int_equal(rc.modules, ZDP_LORA_Q_PROJ | ZDP_LORA_V_PROJ);
+    write_text_(path, "{\"peft_type\": \"LORA\", \"r\": 4, \"target_modules\": [\"v_proj\", \"o_proj\", \"k_proj\", \"q_proj\", \"lm_head\"]}");
+    assert_int_equal(zdp_lora_read_adapter_config(dir, &rc, &err), ZDP_OK);
+    assert_int_equal(rc.targets, ZDP_LORA_ATTN | ZDP_LORA_UNEMBED);
+    assert_int_equal(rc.modules, 0);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    unlink(path);
+    rmdir(dir);
+    /* Refusals, naming the module or group. */
+    expect_create_err_(&f.base, f.bp, (zdp_lora_config){.rank = 2, .targets = ZDP_LORA_ATTN, .modules = ZDP_LORA_C_ATTN},
+                       "attn.c_attn is not a module of this Llama-family base");
+    expect_create_err_(&f.base, f.bp, (zdp_lora_config){.rank = 2, .targets = ZDP_LORA_MLP, .modules = ZDP_LORA_Q_PROJ | ZDP_LORA_UP_PROJ},
+                       "q_proj is in group attn, which targets leaves out");
+    expect_create_err_(&f.base, f.bp, (zdp_lora_config){.rank = 2, .targets = ZDP_LORA_ATTN, .modules = 1 << 12},
+                       "unknown module bits");
+    fx_free_(&f);
+    /* A group with none of its modules named is whole: q_proj alone, the MLP whole. */
+    fx_init_(&f, &c, NULL, (zdp_lora_config){.rank = 2, .alpha = 16, .targets = ZDP_LORA_ATTN | ZDP_LORA_MLP, .modules = ZDP_LORA_Q_PROJ}, 0.3f);
+    assert_int_equal(f.m.n_params, 2 * 4 * 2);
+    assert_non_null(strstr(f.m.shape_json, "\"lora_targets\":\"q_proj,mlp\""));
+    fx_free_(&f);
+    /* Gradients by finite differences with modules in part: Llama (the MLP's
+     * middle projection skipped), Qwen3 tied (v_proj and lm_head), GPT-2
+     * (the fused c_attn alone). */
+    check_fd_modules_(&c, NULL, ZDP_LORA_ATTN | ZDP_LORA_MLP, ZDP_LORA_K_PROJ | ZDP_LORA_GATE_PROJ, 0.3f);
+    zdp_llama_config q = tiny_qwen3_();
+    check_fd_modules_(&q, NULL, ZDP_LORA_ATTN | ZDP_LORA_UNEMBED, ZDP_LORA_V_PROJ | ZDP_LORA_LM_HEAD, 0.3f);
+    check_fd_modules_(NULL, &tiny_gpt_, ZDP_LORA_ATTN, ZDP_LORA_C_ATTN, 0.3f);
+    /* GPT-2: c_attn alone out and back; a Llama module refused. */
+    fx_init_(&f, NULL, &tiny_gpt_, (zdp_lora_config){.rank = 2, .alpha = 8, .targets = ZDP_LORA_ATTN, .modules = ZDP_LORA_C_ATTN}, 0.3f);
+    assert_int_equal(f.m.n_params, 2 * 2);
+    assert_string_equal(f.m.params[0].name, "base_model.model.transformer.h.0.attn.c_attn.lora_A.weight");
+    char gdir[] = "/tmp/zdp_lora_partXXXXXX";
+    assert_non_null(mkdtemp(gdir));
+    assert_int_equal(zdp_lora_save_adapter(gdir, &f.m, (const float *const *)f.p, NULL, &err), ZDP_OK);
+    snprintf(path, sizeof path, "%s/adapter_config.json", gdir);
+    text = slurp_(path);
+    squeeze_(text);
+    if (strstr(text, "\"target_modules\":[\"attn.c_attn\"]") == NULL) fail_msg("adapter_config.json:\n%s", text);
+    free(text);
+    assert_int_equal(zdp_lora_read_adapter_config(gdir, &rc, &err), ZDP_OK);
+    assert_int_equal(rc.targets, ZDP_LORA_ATTN);
+    assert_int_equal(rc.modules, ZDP_LORA_C_ATTN);
+    expect_create_err_(&f.base, f.bp, (zdp_lora_config){.rank = 2, .targets = ZDP_LORA_ATTN, .modules = ZDP_LORA_Q_PROJ},
+                       "q_proj is not a module of this GPT-2 base");
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", gdir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/adapter_config.json", gdir);
+    unlink(path);
+    rmdir(gdir);
+    fx_free_(&f);
+    /* Target lists with single modules, and back. */
+    int t = 0, mo = 0;
+    assert_int_equal(zdp_lora_targets_parse("q_proj,v_proj,mlp", &t, &mo, &err), ZDP_OK);
+    assert_int_equal(t, ZDP_LORA_ATTN | ZDP_LORA_MLP);
+    assert_int_equal(mo, ZDP_LORA_Q_PROJ | ZDP_LORA_V_PROJ);
+    char tn[ZDP_LORA_TARGETS_NAME_MAX];
+    zdp_lora_targets_name(t, mo, tn, sizeof tn);
+    assert_string_equal(tn, "q_proj,v_proj,mlp");
+    zdp_lora_targets_name(ZDP_LORA_ALL, ZDP_LORA_MODULES_ALL, tn, sizeof tn);
+    assert_string_equal(tn, "q_proj,k_proj,v_proj,o_proj,attn.c_attn,attn.c_proj,gate_proj,up_proj,"
+                            "down_proj,mlp.c_fc,mlp.c_proj,lm_head");
+    assert_int_equal(zdp_lora_targets_parse("q_proj", &t, NULL, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_lora_targets_parse("q_proj,embed", &t, &mo, &err), ZDP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "'embed'"));
+    assert_non_null(strstr(err.msg, "single modules"));
+    /* Names and bits. */
+    int g = 0;
+    assert_int_equal(zdp_lora_module_bit("down_proj", &g), ZDP_LORA_DOWN_PROJ);
+    assert_int_equal(g, ZDP_LORA_MLP);
+    assert_int_equal(zdp_lora_module_bit("embed_tokens", NULL), 0);
+    assert_string_equal(zdp_lora_module_name(ZDP_LORA_MLP_C_PROJ), "mlp.c_proj");
+    assert_null(zdp_lora_module_name(ZDP_LORA_Q_PROJ | ZDP_LORA_K_PROJ));
+}
+
+/* ---- refusals ---------------------------------------------------------------------- */
+
 
 static void test_refusals(void **state) {
     (void)state;
@@ -640,23 +803,24 @@ static void test_refusals(void **state) {
     zdp_mlp_destroy(&mlpm);
     /* Target lists. */
     int t = 0;
-    assert_int_equal(zdp_lora_targets_parse("attn,unembed", &t, &err), ZDP_OK);
+    assert_int_equal(zdp_lora_targets_parse("attn,unembed", &t, NULL, &err), ZDP_OK);
     assert_int_equal(t, ZDP_LORA_ATTN | ZDP_LORA_UNEMBED);
-    assert_int_equal(zdp_lora_targets_parse("all", &t, &err), ZDP_OK);
+    assert_int_equal(zdp_lora_targets_parse("all", &t, NULL, &err), ZDP_OK);
     assert_int_equal(t, ZDP_LORA_ALL);
     char name[32];
-    zdp_lora_targets_name(ZDP_LORA_MLP | ZDP_LORA_UNEMBED, name, sizeof name);
+    zdp_lora_targets_name(ZDP_LORA_MLP | ZDP_LORA_UNEMBED, 0, name, sizeof name);
     assert_string_equal(name, "mlp,unembed");
-    assert_int_equal(zdp_lora_targets_parse("attn,embed", &t, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_lora_targets_parse("attn,embed", &t, NULL, &err), ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "'embed'"));
-    assert_int_equal(zdp_lora_targets_parse("", &t, &err), ZDP_ERR_INVALID_ARG);
-    assert_int_equal(zdp_lora_targets_parse("mlp,", &t, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_lora_targets_parse("", &t, NULL, &err), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_lora_targets_parse("mlp,", &t, NULL, &err), ZDP_ERR_INVALID_ARG);
     fx_free_(&f);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names_llama),   cmocka_unit_test(test_names_gpt),
+        cmocka_unit_test(test_partial_modules),
         cmocka_unit_test(test_fresh_is_base), cmocka_unit_test(test_fd_llama),
         cmocka_unit_test(test_fd_qwen3_tied), cmocka_unit_test(test_fd_gpt),
         cmocka_unit_test(test_fresh_grads),   cmocka_unit_test(test_shared_base),

@@ -112,8 +112,8 @@ static int merge_(const char *base_dir, const char *adapter_dir, const char *out
     int copied = 0;
     if (rc == 0) (void)zdp_hf_copy_tokenizer(base_dir, out, &copied, &err);
     if (rc == 0) {
-        char tn[32];
-        zdp_lora_targets_name(lc.targets, tn, sizeof tn);
+        char tn[ZDP_LORA_TARGETS_NAME_MAX];
+        zdp_lora_targets_name(lc.targets, lc.modules, tn, sizeof tn);
         printf("merged %s (rank %d, alpha %g, %s) into %s: %s (%s%s%s)\n", adapter_dir, lc.rank,
                (double)lc.alpha, tn, base_dir, out, zdp_dtype_name((zdp_dtype)dtype),
                untie ? ", lm_head untied" : "", copied > 0 ? ", with the tokenizer" : "");

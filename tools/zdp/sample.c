@@ -59,7 +59,8 @@ static int print_text_(void *user, const int32_t *t, int n) {
  * batching).  Each is printed after `prompt_text` by print(), without a
  * final eos; then the speed goes to stderr.  max_tokens < 0: up to 200, as
  * the context allows.  0 or cli_fail's code. */
-static int generate_print_(const zdp_model *model, const float *const *params, const int32_t *prompt,
+static int generate_print_(const zdp_model *model, const float *const *params,
+                           const zdp_model *lora, const float *const *adapter, const int32_t *prompt,
                            int n, int max_tokens, const zdp_sample_params *sp, uint64_t seed,
                            int num_samples, int batch, int32_t eos, const char *prompt_text,
                            int (*print)(void *, const int32_t *, int), void *user) {
@@ -82,6 +83,7 @@ static int generate_print_(const zdp_model *model, const float *const *params, c
         g[i] = (zdp_gen_seq){.prompt = prompt, .prompt_len = n, .max_tokens = max_tokens,
                              .sp = *sp, .seed = seed + (uint64_t)i,
                              .stop_ids = eos >= 0 ? &eos : NULL, .n_stop_ids = eos >= 0,
+                             .lora = lora, .adapter = adapter,
                              .out = out + (size_t)i * max_tokens};
     zdp_gen_stats stats;
     zdp_error err;
@@ -124,7 +126,7 @@ void sample_print(const zdp_model *model, const float *const *params, const char
     const int room = model->block_size - (n - start);
     const zdp_sample_params sp = {.temperature = temperature, .top_k = top_k, .top_p = 1.0};
     printf("--- sample (temperature %.2f, top-k %d) ---\n", temperature, top_k);
-    generate_print_(model, params, tok + start, n - start, max_tokens < room ? max_tokens : room, &sp,
+    generate_print_(model, params, NULL, NULL, tok + start, n - start, max_tokens < room ? max_tokens : room, &sp,
                     seed, 1, 1, -1, prompt, print_bytes_, NULL);
     free(tok);
 }
@@ -242,21 +244,34 @@ static int infer_config_(const zdp_safetensors *st, int n_head, zdp_gpt_config *
     return 0;
 }
 
-/* `zdp sample --model-dir DIR`: the prompt through the folder's tokenizer
- * (no BOS added, special tokens' text recognised), then num_samples
- * continuations of up to max_tokens tokens, printed as text; the
- * tokenizer's EOS ends one.  0 or cli_fail's code. */
-static int sample_dir_(const char *dir, int block_size, const char *prompt, int max_tokens,
-                       const zdp_sample_params *sp, uint64_t seed, int num_samples, int batch) {
+/* `zdp sample --model-dir DIR [--adapter ADIR]`: the prompt through the
+ * folder's tokenizer (no BOS added, special tokens' text recognised), then
+ * num_samples continuations of up to max_tokens tokens, printed as text;
+ * the tokenizer's EOS ends one.  With a PEFT adapter folder, every sample
+ * decodes with the adapter applied (docs/lora.md).  0 or cli_fail's code. */
+static int sample_dir_(const char *dir, const char *adapter_dir, int block_size, const char *prompt,
+                       int max_tokens, const zdp_sample_params *sp, uint64_t seed, int num_samples,
+                       int batch) {
     lm_dir d;
     int rc = lm_dir_open(dir, block_size, true, true, &d);
-    zdp_model model = {0};
-    float **views = NULL;
+    zdp_model model = {0}, lora = {0};
+    float **views = NULL, **ad = NULL;
     int32_t *ids = NULL;
     zdp_error err;
     if (rc == 0 && lm_dir_create(&d, 1, &model, &err) != ZDP_OK) rc = cli_fail("--model-dir %s: %s", dir, err.msg);
     if (rc == 0 && (views = lm_views_alloc(&model)) == NULL) rc = cli_fail("out of memory for the weights");
     if (rc == 0 && zdp_hf_weights_load(dir, &model, views, &err) != ZDP_OK) rc = cli_fail("--model-dir %s", err.msg);
+    zdp_lora_config lc;
+    if (rc == 0 && adapter_dir != NULL) {
+        if (zdp_lora_read_adapter_config(adapter_dir, &lc, &err) != ZDP_OK)
+            rc = cli_fail("--adapter %s", err.msg);
+        else if (zdp_lora_create(&model, (const float *const *)views, &lc, &lora, &err) != ZDP_OK)
+            rc = cli_fail("--adapter %s: %s", adapter_dir, err.msg);
+        else if ((ad = lm_views_alloc(&lora)) == NULL)
+            rc = cli_fail("out of memory for the adapter");
+        else if (zdp_lora_load_adapter(adapter_dir, &lora, ad, &err) != ZDP_OK)
+            rc = cli_fail("--adapter %s", err.msg);
+    }
     size_t n = 0;
     if (rc == 0 && zdp_tokenizer_encode(d.tok, prompt, strlen(prompt), ZDP_TOKENIZE_SPECIAL, &ids, &n, &err) != ZDP_OK)
         rc = cli_fail("--prompt: %s", err.msg);
@@ -266,12 +281,17 @@ static int sample_dir_(const char *dir, int block_size, const char *prompt, int 
             rc = cli_fail("--prompt: token %zu is id %d, outside the model's vocabulary [0, %d)", i, (int)ids[i],
                           model.vocab_size);
     if (rc == 0) {
-        printf("--- sample (%s, temperature %.2f, top-k %d, top-p %.2f) ---\n", d.summary, sp->temperature,
-               sp->top_k, sp->top_p);
-        rc = generate_print_(&model, (const float *const *)views, ids, (int)n, max_tokens, sp, seed, num_samples,
+        char with[64] = "";
+        if (ad != NULL) snprintf(with, sizeof with, ", LoRA adapter rank %d alpha %g", lc.rank, (double)lc.alpha);
+        printf("--- sample (%s%s, temperature %.2f, top-k %d, top-p %.2f) ---\n", d.summary, with,
+               sp->temperature, sp->top_k, sp->top_p);
+        rc = generate_print_(&model, (const float *const *)views, ad != NULL ? &lora : NULL,
+                             (const float *const *)ad, ids, (int)n, max_tokens, sp, seed, num_samples,
                              batch, zdp_tokenizer_eos_id(d.tok), prompt, print_text_, d.tok);
     }
     free(ids);
+    lm_views_free(&lora, ad);
+    zdp_lora_destroy(&lora);
     lm_views_free(&model, views);
     if (model.self != NULL) zdp_model_destroy(&model);
     lm_dir_close(&d);
@@ -279,13 +299,14 @@ static int sample_dir_(const char *dir, int block_size, const char *prompt, int 
 }
 
 int cmd_sample(int argc, char **argv) {
-    const char *weights = NULL, *model_dir = NULL, *prompt = "\n";
+    const char *weights = NULL, *model_dir = NULL, *adapter = NULL, *prompt = "\n";
     int64_t n_head = 0, max_tokens = -1, top_k = 40, seed = 1, block_size = 0, num_samples = 1,
             batch = 0;
     double temperature = 0.8, top_p = 1.0;
     const cli_opt opts[] = {
         CLI_STR("--weights", &weights),
         CLI_STR("--model-dir", &model_dir),
+        CLI_STR("--adapter", &adapter),
         CLI_I64("--block-size", &block_size, 1, 1 << 24, "need a positive integer"),
         CLI_F64("--top-p", &top_p, 1e-9, 1.0, "need a number in (0, 1]"),
         CLI_STR("--prompt", &prompt),
@@ -306,6 +327,9 @@ int cmd_sample(int argc, char **argv) {
                "  --model-dir DIR    a Hugging Face folder (config.json, safetensors, tokenizer):\n"
                "                     Llama 3, Qwen3, SmolLM2, GPT-2; the prompt goes through its\n"
                "                     tokenizer (docs/models.md, \"Sampling and serving\")\n"
+               "  --adapter ADIR     with --model-dir: a PEFT LoRA adapter folder (zdp train\n"
+               "                     --save-adapter-dir, Tinker's checkpoint download) applied\n"
+               "                     while decoding (docs/lora.md)\n"
                "  --block-size T     the longest context (default: min(max_position_embeddings, 1024))\n"
                "  --weights W        GPT-2 weights of a byte-level model (vocab 256): the prompt is\n"
                "                     read as bytes; --n-head H (default n_embd/64)\n"
@@ -319,10 +343,13 @@ int cmd_sample(int argc, char **argv) {
     if (prc != 0) return prc;
     if (model_dir != NULL && weights != NULL)
         return cli_fail("--model-dir and --weights: give one (a model folder, or a byte-level GPT's weights)");
+    if (adapter != NULL && model_dir == NULL)
+        return cli_fail("--adapter %s: needs --model-dir (the base model folder the adapter was "
+                        "trained on)", adapter);
     if (batch == 0) batch = num_samples < 4096 ? num_samples : 4096;
     const zdp_sample_params sp = {.temperature = temperature, .top_k = (int)top_k, .top_p = top_p};
     if (model_dir != NULL)
-        return sample_dir_(model_dir, (int)block_size, prompt, (int)max_tokens, &sp, (uint64_t)seed,
+        return sample_dir_(model_dir, adapter, (int)block_size, prompt, (int)max_tokens, &sp, (uint64_t)seed,
                            (int)num_samples, (int)batch);
     if (weights == NULL) return cli_fail("--model-dir DIR or --weights W.safetensors is required");
     zdp_safetensors st;
@@ -353,7 +380,7 @@ int cmd_sample(int argc, char **argv) {
         for (const char *q = prompt; *q != '\0'; q++) ids[n++] = (unsigned char)*q;
         if (n == 0) ids[n++] = '\n';
         printf("--- sample (temperature %.2f, top-k %d, top-p %.2f) ---\n", temperature, (int)top_k, top_p);
-        rc = generate_print_(&model, (const float *const *)views, ids, n, (int)max_tokens, &sp, (uint64_t)seed,
+        rc = generate_print_(&model, (const float *const *)views, NULL, NULL, ids, n, (int)max_tokens, &sp, (uint64_t)seed,
                              (int)num_samples, (int)batch, -1, prompt, print_bytes_, NULL);
     }
     free(ids);

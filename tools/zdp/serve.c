@@ -165,6 +165,15 @@ static void usage_(void) {
            "  --long-poll-seconds S (30)   retrieve_future holds a pending request this long\n"
            "  --seq-gap-seconds S (30)     a missing seq_id is given up after this long\n"
            "\n"
+           "Models (docs/server.md, \"Models\"):\n"
+           "  (default)                  LoRA: each create_model is a new model of adapters over\n"
+           "                             the one read-only base (lora_config.rank >= 1)\n"
+           "  --max-models K (4)         LoRA models held at once; another create_model is a 400\n"
+           "  --model-idle-timeout-seconds S (120)  a LoRA model whose session sent no\n"
+           "                             heartbeat or request for S is unloaded (checkpoints stay)\n"
+           "  --full-finetune            one model, every weight trains (rank 0 / no lora_config;\n"
+           "                             the plain JSON API needs it)\n"
+           "\n"
            "Safety (docs/server.md, \"Threat model\"):\n"
            "  --api-key-file F           every request but GET /healthz must carry the key in F\n"
            "                             (X-API-Key: KEY or Authorization: Bearer KEY)\n"
@@ -183,7 +192,10 @@ static void usage_(void) {
            "  --max-inflight-bytes B (64 MiB, at least --max-body)  request body bytes held\n"
            "                                     at once by all connections; over it: 503\n"
            "  --health-timeout-seconds S (60)    /healthz is 503 when a request or a rank's\n"
-           "                                     health check is older than S\n");
+           "                                     health check is older than S\n"
+           "  --max-sample-batch N (64)          num_samples of one sampling request (the\n"
+           "                                     sequences the ranks' KV caches hold); over it: 400\n"
+           "  --max-stop-bytes B (1024)          bytes of one stop string; over it: 400\n");
 }
 
 static int parse_(int argc, char **argv, serve_opts *o, gpt_src *g, lm_dir *d) {
@@ -195,8 +207,10 @@ static int parse_(int argc, char **argv, serve_opts *o, gpt_src *g, lm_dir *d) {
                       .checkpoint_dir = "zdp-serve-checkpoints",
                       .long_poll_s = 30, .seq_gap_s = 30, .max_connections = 512,
                       .max_connections_per_ip = -1, .idle_timeout_s = 15, .request_timeout_s = 60,
-                      .max_inflight = -1, .health_timeout_s = 60};
+                      .max_inflight = -1, .health_timeout_s = 60, .max_sample_batch = 64,
+                      .max_stop_bytes = 1024, .max_models = -1, .model_idle_timeout_s = 120};
     const char *model = NULL;
+    int full = 0;
     const cli_opt opts[] = {
         CLI_GPT_ROWS(&g->cfg),
         CLI_STR("--model", &model),
@@ -225,7 +239,13 @@ static int parse_(int argc, char **argv, serve_opts *o, gpt_src *g, lm_dir *d) {
                 "need seconds in [0.1, 86400]"),
         CLI_F64("--health-timeout-seconds", &o->health_timeout_s, 0.1, 86400,
                 "need seconds in [0.1, 86400]"),
+        CLI_INT("--max-sample-batch", &o->max_sample_batch, 1, 4096, "need an integer in [1, 4096]"),
+        CLI_INT("--max-stop-bytes", &o->max_stop_bytes, 1, 1 << 20, "need a byte count in [1, 2^20]"),
         CLI_U64("--seed", &g->seed, 0, INT64_MAX, "need an integer >= 0"),
+        CLI_FLAG("--full-finetune", &full, 1),
+        CLI_INT("--max-models", &o->max_models, 1, 1024, "need an integer in [1, 1024]"),
+        CLI_F64("--model-idle-timeout-seconds", &o->model_idle_timeout_s, 0.1, 86400 * 365,
+                "need seconds in [0.1, 31536000]"),
     };
     static const cli_command cmd = {
         .missing = "expected an option with a value (see zdp serve --help)",
@@ -234,6 +254,12 @@ static int parse_(int argc, char **argv, serve_opts *o, gpt_src *g, lm_dir *d) {
     if (rc == 1 && zdp_dist_rank() == 0) usage_();
     if (rc != 0) return rc;
     if (o->config == NULL) return cli_fail("--config CFG.json is required");
+    o->full_finetune = full != 0;
+    if (o->full_finetune && o->max_models > 1)
+        return cli_fail("--max-models %d with --full-finetune: a full fine-tune holds one model (every weight "
+                        "trains); drop --max-models, or drop --full-finetune to hold %d LoRA models",
+                        o->max_models, o->max_models);
+    if (o->max_models < 0) o->max_models = o->full_finetune ? 1 : 4;
     const bool name_given = o->model_name != NULL;
     if (!name_given) o->model_name = "zdp-gpt";
     const zdp_gpt_config *c = &g->cfg;

@@ -106,7 +106,8 @@ static void usage_(void) {
            "  --lora-rank r             train rank-r adapters over the folder's frozen\n"
            "                            weights instead of every weight\n"
            "  --lora-alpha a (32)       scaling a / r\n"
-           "  --lora-targets LIST (all) attn, mlp, unembed, comma-separated\n"
+           "  --lora-targets LIST (all) attn, mlp, unembed, comma-separated; or single\n"
+           "                            modules (q_proj,v_proj; GPT-2's attn.c_attn, ...)\n"
            "  --save-adapter-dir OUT    at the end, a PEFT adapter folder (rank 0); merge\n"
            "                            it with zdp lora merge\n"
            "  --adapter DIR             start from a PEFT adapter folder instead (its\n"
@@ -198,8 +199,8 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
             return cli_fail("--adapter %s", aerr.msg);
         o->lora_rank = ac.rank;
         o->lora_alpha = ac.alpha;
-        static char tn[32]; /* one parse per run */
-        zdp_lora_targets_name(ac.targets, tn, sizeof tn);
+        static char tn[ZDP_LORA_TARGETS_NAME_MAX]; /* one parse per run */
+        zdp_lora_targets_name(ac.targets, ac.modules, tn, sizeof tn);
         o->lora_targets = tn;
     }
     if ((lora_flag || save_flag) && o->lora_rank == 0)
@@ -212,9 +213,9 @@ static int parse_(int argc, char **argv, gpt_opts *o) {
         return cli_fail("--save-model-dir with --lora-rank: save the adapter with "
                         "--save-adapter-dir OUT, then write the merged model with zdp lora "
                         "merge --model-dir %s --adapter OUT --out DIR", o->model_dir);
-    int targets;
+    int targets, modules;
     zdp_error terr;
-    if (zdp_lora_targets_parse(o->lora_targets, &targets, &terr) != ZDP_OK)
+    if (zdp_lora_targets_parse(o->lora_targets, &targets, &modules, &terr) != ZDP_OK)
         return cli_fail("--lora-targets %s", terr.msg);
     if (o->model_dir == NULL) return 0;
     /* The folder's config.json is the shape and its safetensors the weights. */
@@ -406,7 +407,7 @@ static int lora_start_(const gpt_opts *o, run_state *st) {
         return cli_fail("--model-dir %s", err.msg);
     zdp_lora_config lc = {.rank = (int)o->lora_rank, .alpha = (float)o->lora_alpha,
                           .seed = o->seed};
-    if (zdp_lora_targets_parse(o->lora_targets, &lc.targets, &err) != ZDP_OK ||
+    if (zdp_lora_targets_parse(o->lora_targets, &lc.targets, &lc.modules, &err) != ZDP_OK ||
         zdp_lora_create(&st->base, (const float *const *)st->base_params, &lc, &st->model,
                         &err) != ZDP_OK)
         return cli_fail("--lora-rank %d: %s", lc.rank, err.msg);
@@ -714,8 +715,8 @@ int cmd_train_gpt(int argc, char **argv) {
                (long long)zdp_dataset_n_tokens(st.ds, ZDP_SPLIT_VAL));
         if (st.base.self != NULL) {
             const zdp_lora_config *lc = zdp_lora_config_of(&st.model);
-            char tn[32];
-            zdp_lora_targets_name(lc->targets, tn, sizeof tn);
+            char tn[ZDP_LORA_TARGETS_NAME_MAX];
+            zdp_lora_targets_name(lc->targets, lc->modules, tn, sizeof tn);
             printf("LoRA: rank %d, alpha %g, targets %s: %lld adapter parameters train, the "
                    "base's %d tensors are frozen\n",
                    lc->rank, (double)lc->alpha, tn, (long long)zdp_engine_numel(st.eng),

@@ -85,8 +85,9 @@ static void iso_time_(double t, char *out, size_t cap) {
     strftime(out, cap, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
-bool tinker_runs_record(server *s, const char *model_id, const char *dir_name, int lora_rank, char *why,
-                        size_t cap) {
+bool tinker_runs_record(server *s, const char *model_id, const char *dir_name, const zdp_lora_config *lc,
+                        char *why, size_t cap) {
+    const int lora_rank = lc != NULL ? lc->rank : 0;
     char rel[400], path[PATH_MAX + 4096], dir[PATH_MAX + 4096];
     snprintf(rel, sizeof rel, "%s/run.json", dir_name);
     /* Inside --checkpoint-dir, even through a symbolic link placed there. */
@@ -105,7 +106,15 @@ bool tinker_runs_record(server *s, const char *model_id, const char *dir_name, i
     }
     json_t *o = json_pack("{s:s,s:s,s:b,s:f}", "training_run_id", model_id, "base_model", s->opt.model_name,
                           "is_lora", lora_rank > 0, "created", (double)time(NULL));
-    if (o != NULL && lora_rank > 0) json_object_set_new(o, "lora_rank", json_integer(lora_rank));
+    if (o != NULL && lora_rank > 0) {
+        /* What create_training_client_from_state recreates the model with
+         * (weights_info). */
+        json_object_set_new(o, "lora_rank", json_integer(lora_rank));
+        json_object_set_new(o, "lora_alpha", json_real(lc->alpha != 0 ? lc->alpha : ZDP_LORA_DEFAULT_ALPHA));
+        json_object_set_new(o, "train_attn", json_boolean(lc->targets & ZDP_LORA_ATTN));
+        json_object_set_new(o, "train_mlp", json_boolean(lc->targets & ZDP_LORA_MLP));
+        json_object_set_new(o, "train_unembed", json_boolean(lc->targets & ZDP_LORA_UNEMBED));
+    }
     const int rc = o ? json_dump_file(o, path, JSON_INDENT(1)) : -1;
     json_decref(o);
     if (rc != 0) {
@@ -162,6 +171,19 @@ static json_t *checkpoint_json_(const char *run_id, bool sampler, const char *na
                      (json_int_t)bytes, "public", 0, "expires_at", exp > 0 ? until : NULL);
 }
 
+bool tinker_sampler_rel(const server *s, const char *dir_name, const char *name, char *rel, size_t cap) {
+    char full[PATH_MAX + 1200];
+    struct stat sb;
+    const bool folder =
+        snprintf(full, sizeof full, "%s/%s/sampler_weights/%s", s->ckpt_root, dir_name, name) < (int)sizeof full &&
+        (lstat(full, &sb) == 0 ? S_ISDIR(sb.st_mode)
+                               : serve_lora(s) && (snprintf(full, sizeof full, "%s/%s/sampler_weights/%s.safetensors",
+                                                            s->ckpt_root, dir_name, name) >= (int)sizeof full ||
+                                                   lstat(full, &sb) != 0));
+    return snprintf(rel, cap, folder ? "%s/sampler_weights/%s" : "%s/sampler_weights/%s.safetensors", dir_name,
+                    name) < (int)cap;
+}
+
 /* A checkpoint's "time" (ISO 8601 in UTC, one format: such strings sort as the
  * times do). */
 static const char *time_of_(const json_t *ck) {
@@ -195,15 +217,19 @@ static void list_run_checkpoints_(const server *s, const char *dir_name, const c
     }
     const char *ext = ".safetensors";
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        /* NAME.safetensors, a weights file; NAME/, a LoRA model's PEFT folder. */
         const size_t n = strlen(e->d_name), k = strlen(ext);
-        if (e->d_name[0] == '.' || n <= k || strcmp(e->d_name + n - k, ext) != 0) continue;
         char p[PATH_MAX + 600], name[300];
         struct stat sb;
-        if (snprintf(p, sizeof p, "%s/%s", sdir, e->d_name) >= (int)sizeof p || lstat(p, &sb) != 0 ||
-            !S_ISREG(sb.st_mode) || n - k >= sizeof name)
+        if (e->d_name[0] == '.' || snprintf(p, sizeof p, "%s/%s", sdir, e->d_name) >= (int)sizeof p ||
+            lstat(p, &sb) != 0)
             continue;
-        snprintf(name, sizeof name, "%.*s", (int)(n - k), e->d_name);
-        json_array_append_new(arr, checkpoint_json_(run_id, true, name, (double)sb.st_mtime, (int64_t)sb.st_size,
+        const bool file = S_ISREG(sb.st_mode) && n > k && strcmp(e->d_name + n - k, ext) == 0;
+        const bool folder = S_ISDIR(sb.st_mode) && tinker_good_name(e->d_name);
+        if ((!file && !folder) || n >= sizeof name) continue;
+        snprintf(name, sizeof name, "%.*s", (int)(file ? n - k : n), e->d_name);
+        json_array_append_new(arr, checkpoint_json_(run_id, true, name, (double)sb.st_mtime,
+                                                    folder ? size_of_(p, 0) : (int64_t)sb.st_size,
                                                     expiry));
     }
     closedir(d);
@@ -422,6 +448,12 @@ static json_t *load_expiry_(const server *s, const char *dir_name) {
     return o;
 }
 
+json_t *tinker_runs_record_of(const server *s, const char *tinker_path) {
+    char dir_name[200], ck[400];
+    if (!split_tinker_path_(tinker_path, dir_name, sizeof dir_name, ck, sizeof ck)) return NULL;
+    return read_run_(s, dir_name);
+}
+
 /* Writes o as the run folder's expires.json (through a temporary file). */
 static bool store_expiry_(const server *s, const char *dir_name, json_t *o) {
     char path[PATH_MAX + 300], tmp[PATH_MAX + 320];
@@ -479,8 +511,8 @@ bool tinker_runs_sweep_locked(server *s) {
             job *j = NULL;
             verr ve = {0};
             if (name != NULL && tinker_good_name(name) &&
-                snprintf(rel, sizeof rel, sampler ? "%s/sampler_weights/%s.safetensors" : "%s/%s", e->d_name,
-                         name) < (int)sizeof rel &&
+                (sampler ? tinker_sampler_rel(s, e->d_name, name, rel, sizeof rel)
+                         : snprintf(rel, sizeof rel, "%s/%s", e->d_name, name) < (int)sizeof rel) &&
                 serve_resolve_path(s, "checkpoint_id", rel, full, sizeof full, &ve)) {
                 const size_t len = strlen(rel) + 1;
                 if ((j = calloc(1, sizeof *j)) == NULL || (j->payload = malloc(len)) == NULL) {
@@ -533,12 +565,13 @@ static bool checkpoint_of_(server *s, const char *sub, char *run_id, size_t rcap
                          "server's --checkpoint-dir", run_id);
     json_decref(rec);
     char full[PATH_MAX + 800];
-    if (snprintf(rel, relcap, sampler ? "%s/sampler_weights/%s.safetensors" : "%s/%s", dir_name, name) >=
-        (int)relcap)
+    if (sampler ? !tinker_sampler_rel(s, dir_name, name, rel, relcap)
+                : snprintf(rel, relcap, "%s/%s", dir_name, name) >= (int)relcap)
         return serve_bad(e, 400, "checkpoint_id", "checkpoint_id: too long");
     if (!serve_resolve_path(s, "checkpoint_id", rel, full, sizeof full, e)) return false;
     struct stat sb;
-    if (lstat(full, &sb) != 0 || (sampler ? !S_ISREG(sb.st_mode) : !S_ISDIR(sb.st_mode)))
+    const bool sampler_file = sampler && strstr(rel, ".safetensors") != NULL;
+    if (lstat(full, &sb) != 0 || (sampler_file ? !S_ISREG(sb.st_mode) : !S_ISDIR(sb.st_mode)))
         return serve_bad(e, 404, "checkpoint_id", "checkpoint_id \"%s\": training run %s has no such "
                          "checkpoint (list_checkpoints names them)", ck, run_id);
     return true;

@@ -62,7 +62,16 @@
 #include "tinker/proto.h"
 #include "tinker/tinker.h"
 
-tinker_state *tinker_create(void) { return calloc(1, sizeof(tinker_state)); }
+tinker_state *tinker_create(int n_models) {
+    tinker_state *t = calloc(1, sizeof *t);
+    if (t == NULL) return NULL;
+    t->n_models = n_models > 0 ? n_models : 1;
+    if ((t->models = calloc((size_t)t->n_models, sizeof *t->models)) == NULL) {
+        free(t);
+        return NULL;
+    }
+    return t;
+}
 
 void tinker_destroy(tinker_state *t) {
     if (t == NULL) return;
@@ -83,10 +92,12 @@ void tinker_destroy(tinker_state *t) {
         free(x->path);
         free(x);
     }
-    for (job *j = t->held, *n; j != NULL; j = n) {
-        n = j->next;
-        serve_job_free(j);
-    }
+    for (int k = 0; k < t->n_models; k++)
+        for (job *j = t->models[k].held, *n; j != NULL; j = n) {
+            n = j->next;
+            serve_job_free(j);
+        }
+    free(t->models);
     free(t);
 }
 
@@ -166,12 +177,19 @@ void tinker_prune(tinker_state *t) {
     }
 }
 
-/* Sessions silent for an hour are forgotten (the model's own is kept). */
+/* Whether a live model belongs to session id. */
+static bool owns_model_(const tinker_state *t, const char *id) {
+    for (int k = 0; k < t->n_models; k++)
+        if (t->models[k].live && !strcmp(t->models[k].session, id)) return true;
+    return false;
+}
+
+/* Sessions silent for an hour are forgotten (those of live models are kept). */
 static void prune_sessions_(tinker_state *t) {
     const double now = serve_now();
     for (session **pp = &t->sessions; *pp != NULL;) {
         session *x = *pp;
-        if (now - x->seen > FUTURE_TTL_S && !(t->live && !strcmp(x->id, t->model_session))) {
+        if (now - x->seen > FUTURE_TTL_S && !owns_model_(t, x->id)) {
             *pp = x->next;
             free(x);
         } else {
@@ -224,9 +242,35 @@ static session *find_session_(tinker_state *t, const char *id) {
     return NULL;
 }
 
-static void touch_model_session_(tinker_state *t) {
-    session *x = find_session_(t, t->model_session);
+static void touch_model_session_(tinker_state *t, const tinker_model *m) {
+    session *x = find_session_(t, m->session);
     if (x != NULL) x->seen = serve_now();
+}
+
+/* The live model named model_id; NULL when none. */
+static tinker_model *find_model_(tinker_state *t, const char *model_id) {
+    for (int k = 0; k < t->n_models; k++)
+        if (t->models[k].live && !strcmp(t->models[k].model_id, model_id)) return &t->models[k];
+    return NULL;
+}
+
+static int live_models_(const tinker_state *t) {
+    int n = 0;
+    for (int k = 0; k < t->n_models; k++) n += t->models[k].live;
+    return n;
+}
+
+/* Why model_id is not live: it was unloaded (and why), or never existed.
+ * Sets e (400) naming it. */
+static bool not_live_(const tinker_state *t, const char *model_id, verr *e) {
+    for (int64_t i = t->n_gone - 1; i >= 0 && i >= t->n_gone - MAX_GONE; i--) {
+        const tinker_gone *g = &t->gone[i % MAX_GONE];
+        if (!strcmp(g->model_id, model_id))
+            return serve_bad(e, 400, "model_id", "model_id \"%s\": unloaded: %s; its checkpoints stay "
+                             "(create_training_client_from_state loads one into a new model)", model_id, g->why);
+    }
+    return serve_bad(e, 400, "model_id", "model_id \"%s\": no such model on this server (%d live); send the "
+                     "model_id create_model returned", model_id, live_models_(t));
 }
 
 static void ticket_(const future *f, tinker_ticket *out) {
@@ -241,14 +285,13 @@ static enum MHD_Result reply_future_(struct MHD_Connection *c, const future *f) 
 
 /* ---- seq_id order (s->mu held) ------------------------------------------------------ */
 
-/* Queues held requests while the next one is the seq_id due. */
-static bool release_(server *s) {
-    tinker_state *t = s->tinker;
+/* Queues m's held requests while the next one is the seq_id due. */
+static bool release_(server *s, tinker_model *m) {
     bool queued = false;
-    while (t->held != NULL && t->held->seq_id <= t->next_seq) {
-        job *j = t->held;
-        t->held = j->next;
-        t->next_seq = j->seq_id + 1;
+    while (m->held != NULL && m->held->seq_id <= m->next_seq) {
+        job *j = m->held;
+        m->held = j->next;
+        m->next_seq = j->seq_id + 1;
         if (j->op == OP_NOOP) {
             serve_job_free(j); /* refused before the engine; its future is answered */
         } else {
@@ -259,46 +302,93 @@ static bool release_(server *s) {
     return queued;
 }
 
-static void hold_(server *s, job *j) {
-    job **pp = &s->tinker->held;
+static void hold_(server *s, tinker_model *m, job *j) {
+    job **pp = &m->held;
     while (*pp != NULL && (*pp)->seq_id < j->seq_id) pp = &(*pp)->next;
     j->next = *pp;
     *pp = j;
-    release_(s);
+    release_(s, m);
+}
+
+/* Fails every held request of m with msg (shutdown, a replaced or unloaded model). */
+static void fail_held_(server *s, tinker_model *m, const char *category, const char *msg) {
+    for (job *j = m->held, *n; j != NULL; j = n) {
+        n = j->next;
+        if (j->op != OP_NOOP) complete_(j->fut, failure_(category, "%s", msg));
+        serve_job_free(j);
+    }
+    m->held = NULL;
+    pthread_cond_broadcast(&s->cv_done);
+}
+
+/* Unloads live LoRA model m (s->mu held): its slot is freed by an all-rank
+ * job behind every request of it already queued, so a create_model that
+ * takes the slot next runs after it; its held requests fail; a later
+ * request is told why (tinker_gone).  fut: unload_model's future, answered
+ * when the job ran; NULL: nobody waits (the heartbeat timeout).  false when
+ * out of memory (nothing changed). */
+static bool unload_(server *s, tinker_model *m, future *fut, const char *why) {
+    tinker_state *t = s->tinker;
+    job *j = calloc(1, sizeof *j);
+    if (j == NULL) return false;
+    j->op = OP_UNLOAD;
+    j->slot = m->slot;
+    j->uid = m->uid;
+    j->fut = fut;
+    j->detached = fut == NULL;
+    tinker_gone *g = &t->gone[t->n_gone++ % MAX_GONE];
+    snprintf(g->model_id, sizeof g->model_id, "%s", m->model_id);
+    snprintf(g->why, sizeof g->why, "%s", why);
+    fprintf(stderr, "zdp serve: model %s unloaded: %s\n", m->model_id, why);
+    m->live = false;
+    char msg[600];
+    snprintf(msg, sizeof msg, "model %s was unloaded before this request ran: %s", m->model_id, why);
+    fail_held_(s, m, "user", msg);
+    serve_enqueue_locked(s, j);
+    return true;
 }
 
 bool tinker_tick_locked(server *s) {
     tinker_state *t = s->tinker;
     if (t == NULL) return false;
-    const bool swept = tinker_runs_sweep_locked(s);
-    if (t->held == NULL) return swept;
-    double oldest = t->held->arrived;
-    for (job *j = t->held; j != NULL; j = j->next)
-        if (j->arrived < oldest) oldest = j->arrived;
-    if (serve_now() - oldest < s->opt.seq_gap_s) return swept;
-    fprintf(stderr,
-            "zdp serve: warning: model %s: seq_id %lld..%lld never arrived within %g s "
-            "(--seq-gap-seconds); running seq_id %lld and later without them\n",
-            t->model_id, (long long)t->next_seq, (long long)t->held->seq_id - 1, s->opt.seq_gap_s,
-            (long long)t->held->seq_id);
-    t->next_seq = t->held->seq_id;
-    return release_(s) || swept;
-}
-
-/* Fails every held request with msg (shutdown, a replaced or unloaded model). */
-static void fail_held_(server *s, const char *category, const char *msg) {
-    tinker_state *t = s->tinker;
-    for (job *j = t->held, *n; j != NULL; j = n) {
-        n = j->next;
-        if (j->op != OP_NOOP) complete_(j->fut, failure_(category, "%s", msg));
-        serve_job_free(j);
+    bool queued = tinker_runs_sweep_locked(s);
+    const double now = serve_now();
+    for (int k = 0; k < t->n_models; k++) {
+        tinker_model *m = &t->models[k];
+        if (!m->live) continue;
+        if (serve_lora(s)) {
+            /* A LoRA model whose session went silent is unloaded (its slot is
+             * another's to take); --full-finetune keeps its one model. */
+            const session *x = find_session_(t, m->session);
+            const double idle = x != NULL ? now - x->seen : s->opt.model_idle_timeout_s;
+            if (idle >= s->opt.model_idle_timeout_s) {
+                char why[300];
+                snprintf(why, sizeof why, "its session %s sent no heartbeat or request for %.0f s "
+                         "(--model-idle-timeout-seconds %g)", m->session, idle, s->opt.model_idle_timeout_s);
+                if (unload_(s, m, NULL, why)) queued = true;
+                continue;
+            }
+        }
+        if (m->held == NULL) continue;
+        double oldest = m->held->arrived;
+        for (job *j = m->held; j != NULL; j = j->next)
+            if (j->arrived < oldest) oldest = j->arrived;
+        if (now - oldest < s->opt.seq_gap_s) continue;
+        fprintf(stderr,
+                "zdp serve: warning: model %s: seq_id %lld..%lld never arrived within %g s "
+                "(--seq-gap-seconds); running seq_id %lld and later without them\n",
+                m->model_id, (long long)m->next_seq, (long long)m->held->seq_id - 1, s->opt.seq_gap_s,
+                (long long)m->held->seq_id);
+        m->next_seq = m->held->seq_id;
+        if (release_(s, m)) queued = true;
     }
-    t->held = NULL;
-    pthread_cond_broadcast(&s->cv_done);
+    return queued;
 }
 
 void tinker_shutdown_locked(server *s) {
-    if (s->tinker != NULL) fail_held_(s, "server", "the server is shutting down");
+    if (s->tinker == NULL) return;
+    for (int k = 0; k < s->tinker->n_models; k++)
+        fail_held_(s, &s->tinker->models[k], "server", "the server is shutting down");
 }
 
 /* Registers (or re-points) sampling session id -> weights file. */
@@ -334,9 +424,22 @@ static const sampling_session *find_sampler_(const tinker_state *t, const char *
 
 /* A job's (status, body) -> its future's result, in the SDK's shapes. */
 void tinker_finish_locked(server *s, job *j, int status, char *body) {
-    (void)s;
     char *result = NULL;
-    if (status != 200) {
+    if (j->op == OP_CREATE && status != 200) {
+        /* Refused on every rank (nothing was made): the model never lived,
+         * and what was queued behind it is refused at its turn. */
+        tinker_model *m = NULL;
+        for (int k = 0; k < s->tinker->n_models; k++)
+            if (s->tinker->models[k].live && s->tinker->models[k].uid == j->uid) m = &s->tinker->models[k];
+        if (m != NULL) {
+            m->live = false;
+            fail_held_(s, m, "user", "the model's create_model failed");
+        }
+    }
+    if ((j->op == OP_CREATE || j->op == OP_UNLOAD) && status == 200) {
+        result = body; /* CreateModelResponse, UnloadModelResponse */
+        body = NULL;
+    } else if (status != 200) {
         json_t *o = body ? json_loads(body, 0, NULL) : NULL;
         const char *msg = json_string_value(json_object_get(json_object_get(o, "error"), "message"));
         result = failure_(status >= 500 ? "server" : "user", "%s", msg ? msg : "request failed");
@@ -411,7 +514,7 @@ void tinker_finish_locked(server *s, job *j, int status, char *body) {
 static void destroy_(void *state) { tinker_destroy(state); }
 
 bool serve_register_tinker(server *s, char *why, size_t cap) {
-    s->tinker = tinker_create();
+    s->tinker = tinker_create(s->opt.max_models);
     if (s->tinker == NULL) {
         snprintf(why, cap, "out of memory");
         return false;
@@ -542,7 +645,10 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
                                                                             : zdp_json_type_name(ttl));
         j->expires = json_is_integer(ttl) ? (double)time(NULL) + (double)json_integer_value(ttl) : 0;
         /* Inside --checkpoint-dir, even through a symbolic link placed there. */
-        snprintf(rel, sizeof rel, sampler ? "%s/sampler_weights/%s.safetensors" : "%s/%s", mdir, name);
+        /* A LoRA model's sampler weights are a PEFT adapter folder (docs/lora.md). */
+        if (sampler ? !tinker_sampler_rel(s, mdir, name, rel, sizeof rel)
+                    : snprintf(rel, sizeof rel, "%s/%s", mdir, name) >= (int)sizeof rel)
+            return serve_bad(e, 400, "path", "path: too long");
         if (!serve_resolve_path(s, "path", rel, path, sizeof path, e)) return false;
         /* save_state(name, overwrite=False), the SDK's default: a name
          * that exists is refused, never silently replaced. */
@@ -609,6 +715,15 @@ static int queue_job_(server *s, const char *model_id, int64_t seq, job *j, bool
         serve_job_free(j);
         return serve_bad(e, 503, "", "the server is shutting down"), 503;
     }
+    /* Routed by model_id: an unknown or unloaded one is refused at once,
+     * 400 naming it (and why it is gone). */
+    tinker_model *m = find_model_(t, model_id);
+    if (m == NULL) {
+        not_live_(t, model_id, e);
+        pthread_mutex_unlock(&s->mu);
+        serve_job_free(j);
+        return e->status;
+    }
     f = new_future_(t, idem, model_id, seq);
     if (f == NULL) {
         pthread_mutex_unlock(&s->mu);
@@ -616,20 +731,15 @@ static int queue_job_(server *s, const char *model_id, int64_t seq, job *j, bool
         return serve_bad(e, 500, "", "out of memory"), 500;
     }
     f->proto = proto;
-    const bool mine = t->live && !strcmp(model_id, t->model_id);
-    if (!mine) {
-        complete_(f, failure_("user", "model_id \"%s\": %s", model_id,
-                              t->live ? "not the model this server is training (another create_model "
-                                        "replaced it, or it never existed)"
-                                      : "no model is loaded; call create_model first"));
-        serve_job_free(j);
-    } else if (seq < t->next_seq) {
+    if (seq < m->next_seq) {
         complete_(f, failure_("user", "seq_id %lld of model %s arrived after seq_id %lld had run "
                               "(it was missing for more than --seq-gap-seconds = %g s); it was not applied",
-                              (long long)seq, model_id, (long long)t->next_seq - 1, s->opt.seq_gap_s));
+                              (long long)seq, model_id, (long long)m->next_seq - 1, s->opt.seq_gap_s));
         serve_job_free(j);
     } else {
-        touch_model_session_(t);
+        touch_model_session_(t, m);
+        j->slot = m->slot;
+        j->uid = m->uid;
         if (!valid) {
             /* Refused, but it keeps its place: later seq_ids wait for it. */
             complete_(f, failure_(why->status >= 500 ? "server" : "user", "%s", why->msg));
@@ -642,7 +752,7 @@ static int queue_job_(server *s, const char *model_id, int64_t seq, job *j, bool
         }
         j->seq_id = seq;
         j->arrived = serve_now();
-        hold_(s, j);
+        hold_(s, m, j);
     }
     pthread_cond_broadcast(&s->cv_done);
     ticket_(f, out);
@@ -696,19 +806,100 @@ static enum MHD_Result submit_(server *s, struct MHD_Connection *c, const char *
     return reply_ticket_(c, &tk);
 }
 
-/* POST create_model: one model; it attaches to the server's training state. */
+/* lora_config (Tinker's LoraConfig: rank, seed, train_mlp, train_attn,
+ * train_unembed; and zdp's alpha, PEFT's lora_alpha, default 32) -> *lc;
+ * rank 0 (or no lora_config): a full fine-tune.  false with e set. */
+static bool parse_lora_(const json_t *lora, zdp_lora_config *lc, bool *seeded, verr *e) {
+    *lc = (zdp_lora_config){.targets = ZDP_LORA_ALL};
+    *seeded = false;
+    if (lora == NULL || json_is_null(lora)) return true;
+    if (!json_is_object(lora)) return serve_bad(e, 400, "lora_config", "lora_config: must be an object");
+    static const char *const keys[] = {"rank", "seed", "train_mlp", "train_attn", "train_unembed", "alpha"};
+    if (!serve_only_keys(lora, "lora_config", keys, 6, e)) return false;
+    const json_t *r = json_object_get(lora, "rank");
+    if (r != NULL && (!json_is_integer(r) || json_integer_value(r) < 0 || json_integer_value(r) > 65536))
+        return serve_bad(e, 400, "lora_config.rank", "lora_config.rank: must be an integer in [0, 65536], got %s",
+                         json_is_integer(r) ? "an integer out of range" : zdp_json_type_name(r));
+    lc->rank = r != NULL ? (int)json_integer_value(r) : 0;
+    const json_t *sd = json_object_get(lora, "seed");
+    if (sd != NULL && !json_is_null(sd) && (!json_is_integer(sd) || json_integer_value(sd) < 0))
+        return serve_bad(e, 400, "lora_config.seed", "lora_config.seed: must be null or an integer >= 0");
+    if (json_is_integer(sd)) {
+        lc->seed = (uint64_t)json_integer_value(sd);
+        *seeded = true;
+    }
+    static const char *const flags[3] = {"train_attn", "train_mlp", "train_unembed"};
+    static const int bits[3] = {ZDP_LORA_ATTN, ZDP_LORA_MLP, ZDP_LORA_UNEMBED};
+    for (int k = 0; k < 3; k++) {
+        const json_t *v = json_object_get(lora, flags[k]);
+        char field[64];
+        snprintf(field, sizeof field, "lora_config.%s", flags[k]);
+        if (v != NULL && !json_is_boolean(v))
+            return serve_bad(e, 400, field, "%s: must be true or false, got %s", field, zdp_json_type_name(v));
+        if (json_is_false(v)) lc->targets &= ~bits[k];
+    }
+    const json_t *al = json_object_get(lora, "alpha");
+    if (al != NULL && !json_is_null(al) && (!json_is_number(al) || !(json_number_value(al) > 0) ||
+                                            json_number_value(al) > 1e6))
+        return serve_bad(e, 400, "lora_config.alpha", "lora_config.alpha: must be a number in (0, 1e6] "
+                         "(PEFT's lora_alpha; default %g)", (double)ZDP_LORA_DEFAULT_ALPHA);
+    if (json_is_number(al)) lc->alpha = (float)json_number_value(al);
+    if (lc->rank > 0 && lc->targets == 0)
+        return serve_bad(e, 400, "lora_config", "lora_config: train_attn, train_mlp and train_unembed are all "
+                         "false, so nothing would train; set at least one");
+    return true;
+}
+
+/* The model_ids of the live models, for a message ("s1:train:0, s2:train:0"). */
+static void live_names_(const tinker_state *t, char *out, size_t cap) {
+    size_t n = 0;
+    out[0] = '\0';
+    for (int k = 0; k < t->n_models && n < cap; k++)
+        if (t->models[k].live)
+            n += (size_t)snprintf(out + n, cap - n, "%s%s", n ? ", " : "", t->models[k].model_id);
+}
+
+/* POST create_model.  LoRA (the default): a new model in a free slot, fresh
+ * adapters and optimizer, created by an all-rank job (the future answers
+ * when it ran).  --full-finetune: the one model; it attaches to the
+ * server's training state.  A request of the other kind is a 400 naming
+ * lora_config.rank and the flag. */
 static enum MHD_Result create_model_(server *s, struct MHD_Connection *c, const json_t *root,
                                      const char *idem) {
     tinker_state *t = s->tinker;
     const json_t *sid = json_object_get(root, "session_id");
     const json_t *seq = json_object_get(root, "model_seq_id");
     const json_t *base = json_object_get(root, "base_model");
-    const json_t *lora = json_object_get(root, "lora_config");
     if (!json_is_string(sid)) return reply_err_(c, 400, "session_id", "session_id: missing or not a string");
     if (seq != NULL && !json_is_integer(seq))
         return reply_err_(c, 400, "model_seq_id", "model_seq_id: must be an integer");
-    if (lora != NULL && !json_is_null(lora) && !json_is_object(lora))
-        return reply_err_(c, 400, "lora_config", "lora_config: must be an object");
+    zdp_lora_config lc;
+    bool seeded;
+    verr e = {0};
+    if (!parse_lora_(json_object_get(root, "lora_config"), &lc, &seeded, &e))
+        return reply_err_(c, e.status, e.field, "%s", e.msg);
+    if (!serve_lora(s) && lc.rank > 0)
+        return reply_err_(c, 400, "lora_config.rank", "lora_config.rank = %d: this server trains every weight of "
+                          "one model (--full-finetune), not LoRA adapters; send rank 0 (no lora_config) for a "
+                          "full fine-tune, or restart zdp serve without --full-finetune to train LoRA models",
+                          lc.rank);
+    if (serve_lora(s) && lc.rank == 0)
+        return reply_err_(c, 400, "lora_config.rank", "lora_config.rank = 0 (or no lora_config) asks for a full "
+                          "fine-tune, but this server trains LoRA models over a frozen base; send a rank >= 1, "
+                          "or restart zdp serve with --full-finetune to train every weight");
+    if (serve_lora(s) && s->base != NULL) {
+        /* The library's own check (a rank larger than a targeted linear's
+         * dimensions), answered at once: zdp_lora_create only reads the
+         * base's shape, so a probe here is safe beside a running job. */
+        zdp_model probe;
+        zdp_error err;
+        if (zdp_lora_create(&s->model, (const float *const *)s->base, &lc, &probe, &err) != ZDP_OK) {
+            const char *field = strstr(err.msg, "rank =") != NULL ? "lora_config.rank" : "lora_config";
+            return reply_err_(c, err.code == ZDP_ERR_NOMEM ? 500 : 400, field, "%s: %s; nothing was created",
+                              field, err.msg);
+        }
+        zdp_lora_destroy(&probe);
+    }
     pthread_mutex_lock(&s->mu);
     future *f = find_retry_(t, idem, "", 0);
     if (f != NULL) {
@@ -719,14 +910,32 @@ static enum MHD_Result create_model_(server *s, struct MHD_Connection *c, const 
     char model_id[160];
     snprintf(model_id, sizeof model_id, "%s:train:%lld", json_string_value(sid),
              seq ? (long long)json_integer_value(seq) : 0LL);
+    session *x = find_session_(t, json_string_value(sid));
+    const double now = serve_now();
+    /* LoRA: a new model needs a free slot; refused at once (400: no retry
+     * would help until a model is unloaded). */
+    int slot = -1;
+    for (int k = 0; serve_lora(s) && k < t->n_models && slot < 0; k++)
+        if (!t->models[k].live) slot = k;
+    if (serve_lora(s) && x != NULL && find_model_(t, model_id) == NULL && slot < 0) {
+        char names[1024];
+        live_names_(t, names, sizeof names);
+        enum MHD_Result r = reply_err_(c, 400, "--max-models", "create_model: this server holds at most %d "
+                                       "models (--max-models %d) and %d are live (%s); unload_model one, let "
+                                       "its session end (a model whose session is silent for "
+                                       "--model-idle-timeout-seconds %g is unloaded), or restart with a larger "
+                                       "--max-models", t->n_models, t->n_models, live_models_(t), names,
+                                       s->opt.model_idle_timeout_s);
+        pthread_mutex_unlock(&s->mu);
+        return r;
+    }
     f = new_future_(t, idem, "", 0);
     if (f == NULL) {
         pthread_mutex_unlock(&s->mu);
         return reply_err_(c, 500, NULL, "out of memory");
     }
-    session *x = find_session_(t, json_string_value(sid));
-    const session *owner = t->live ? find_session_(t, t->model_session) : NULL;
-    const double now = serve_now();
+    tinker_model *m0 = &t->models[0];
+    const session *owner = !serve_lora(s) && m0->live ? find_session_(t, m0->session) : NULL;
     if (x == NULL) {
         complete_(f, failure_("user", "session_id \"%s\": unknown; call create_session first",
                               json_string_value(sid)));
@@ -735,35 +944,68 @@ static enum MHD_Result create_model_(server *s, struct MHD_Connection *c, const 
                               json_is_string(base) ? "\"" : "", json_is_string(base) ? json_string_value(base)
                                                                                      : "(missing)",
                               json_is_string(base) ? "\"" : "", s->opt.model_name));
-    } else if (t->live && strcmp(t->model_id, model_id) != 0 && owner != NULL &&
+    } else if (serve_lora(s)) {
+        x->seen = now;
+        if (find_model_(t, model_id) != NULL) { /* the same model again: a retry under a new key */
+            complete_(f, serve_dump(json_pack("{s:s,s:s}", "model_id", model_id, "type", "create_model")));
+        } else {
+            char mdir[160], why[PATH_MAX + 200];
+            model_dir_(model_id, mdir, sizeof mdir);
+            if (!seeded) /* LoraConfig.seed None: a random seed, as Tinker's */
+                lc.seed = zdp_splitmix64(&(uint64_t){(uint64_t)(now * 1e6) ^ (uint64_t)t->n_uids});
+            job *j = calloc(1, sizeof *j);
+            serve_bytes b = {0};
+            const create_payload p = {.uid = t->n_uids + 1, .slot = slot, .rank = lc.rank, .targets = lc.targets,
+                                      .alpha = lc.alpha != 0 ? lc.alpha : ZDP_LORA_DEFAULT_ALPHA, .seed = lc.seed};
+            if (j == NULL || !serve_put(&b, &p, sizeof p) || !serve_put(&b, model_id, strlen(model_id) + 1)) {
+                free(j);
+                free(b.p);
+                complete_(f, failure_("server", "out of memory"));
+            } else {
+                tinker_model *m = &t->models[slot];
+                *m = (tinker_model){.live = true, .slot = slot, .uid = ++t->n_uids, .lc = lc, .next_seq = 1};
+                m->lc.alpha = (float)p.alpha;
+                snprintf(m->model_id, sizeof m->model_id, "%s", model_id);
+                snprintf(m->session, sizeof m->session, "%s", json_string_value(sid));
+                if (!tinker_runs_record(s, model_id, mdir, &m->lc, why, sizeof why))
+                    fprintf(stderr, "zdp serve: %s: list_training_runs will not show %s\n", why, model_id);
+                *j = (job){.op = OP_CREATE, .payload = b.p, .nbytes = (int64_t)b.len, .slot = slot,
+                           .uid = m->uid, .fut = f};
+                serve_enqueue_locked(s, j);
+            }
+        }
+    } else if (m0->live && strcmp(m0->model_id, model_id) != 0 && owner != NULL &&
                now - owner->seen < SESSION_TIMEOUT_S) {
         complete_(f, failure_("user", "model %s of a live session is training on this server, which holds "
-                              "one model; unload_model it, or end that session (a session without "
-                              "heartbeats for %g s ends)", t->model_id, SESSION_TIMEOUT_S));
+                              "one model (--full-finetune); unload_model it, or end that session (a session "
+                              "without heartbeats for %g s ends)", m0->model_id, SESSION_TIMEOUT_S));
     } else {
         x->seen = now;
-        if (t->live && strcmp(t->model_id, model_id) != 0) {
-            fprintf(stderr, "zdp serve: model %s (its session went silent) is replaced by %s\n", t->model_id,
+        if (m0->live && strcmp(m0->model_id, model_id) != 0) {
+            fprintf(stderr, "zdp serve: model %s (its session went silent) is replaced by %s\n", m0->model_id,
                     model_id);
-            fail_held_(s, "user", "the model was replaced by a newer create_model");
+            fail_held_(s, m0, "user", "the model was replaced by a newer create_model");
+            tinker_gone *g = &t->gone[t->n_gone++ % MAX_GONE];
+            snprintf(g->model_id, sizeof g->model_id, "%s", m0->model_id);
+            snprintf(g->why, sizeof g->why, "replaced by %s (a create_model after its session went silent; "
+                     "--full-finetune holds one model)", model_id);
         }
         char mdir[160], why[PATH_MAX + 200];
         model_dir_(model_id, mdir, sizeof mdir);
-        if (!tinker_runs_record(s, model_id, mdir, 0, why, sizeof why))
+        if (!tinker_runs_record(s, model_id, mdir, NULL, why, sizeof why))
             fprintf(stderr, "zdp serve: %s: list_training_runs will not show %s\n", why, model_id);
-        if (!t->live || strcmp(t->model_id, model_id) != 0) {
-            snprintf(t->model_id, sizeof t->model_id, "%s", model_id);
-            snprintf(t->model_session, sizeof t->model_session, "%s", json_string_value(sid));
-            t->next_seq = 1;
-            t->live = true;
+        if (!m0->live || strcmp(m0->model_id, model_id) != 0) {
+            *m0 = (tinker_model){.live = true, .slot = 0, .uid = s->slots != NULL ? s->slots[0].uid : 1,
+                                 .next_seq = 1};
+            snprintf(m0->model_id, sizeof m0->model_id, "%s", model_id);
+            snprintf(m0->session, sizeof m0->session, "%s", json_string_value(sid));
         }
-        const json_t *rank = json_object_get(lora, "rank");
+        zdp_engine *eng = s->slots != NULL ? s->slots[0].eng : NULL;
         fprintf(stderr,
-                "zdp serve: create_model -> %s: every parameter trains (full fine-tuning)%s; it continues "
-                "from the server's current weights and optimizer state (step %lld, %lld backward passes "
-                "pending)\n",
-                model_id, json_integer_value(rank) > 0 ? "; lora_config is ignored" : "",
-                (long long)zdp_engine_global_steps(s->eng), (long long)zdp_engine_pending_backwards(s->eng));
+                "zdp serve: create_model -> %s: every parameter trains (--full-finetune); it continues from the "
+                "server's current weights and optimizer state (step %lld, %lld backward passes pending)\n",
+                model_id, eng ? (long long)zdp_engine_global_steps(eng) : 0LL,
+                eng ? (long long)zdp_engine_pending_backwards(eng) : 0LL);
         complete_(f, serve_dump(json_pack("{s:s,s:s}", "model_id", model_id, "type", "create_model")));
     }
     enum MHD_Result r = reply_future_(c, f);
@@ -854,7 +1096,8 @@ static enum MHD_Result reply_sample_(struct MHD_Connection *c, serve_sample_resu
     char err[512];
     size_t len;
     unsigned char *pb = serve_proto_encode_sample_typed(r->n, r->off, r->tokens, r->logprobs, r->stopped,
-                                                        r->prompt_logprobs, r->n_prompt_logprobs, &len, err,
+                                                        r->prompt_logprobs, r->n_prompt_logprobs, r->topk_k,
+                                                        r->n_topk, r->topk_ids, r->topk_logprobs, &len, err,
                                                         sizeof err);
     serve_sample_result_free(r);
     return reply_proto_(c, pb, len, "SampleResponse", err);
@@ -933,8 +1176,9 @@ static bool weights_file_(const server *s, const char *tinker_path, char *out, s
         snprintf(owner, sizeof owner, "%.*s", (int)(mark - v), v);
         model_dir_(owner, odir, sizeof odir);
         char rel[600];
-        snprintf(rel, sizeof rel, k == 0 ? "%s/sampler_weights/%s.safetensors" : "%s/%s/model.safetensors",
-                 odir, name);
+        if (k == 0 ? !tinker_sampler_rel(s, odir, name, rel, sizeof rel)
+                   : snprintf(rel, sizeof rel, "%s/%s/model.safetensors", odir, name) >= (int)sizeof rel)
+            return serve_bad(e, 400, field, "%s: too long", field);
         if (!serve_resolve_path(s, field, rel, out, cap, e)) return false;
         struct stat sb;
         if (stat(out, &sb) != 0)
@@ -986,15 +1230,28 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
     sample_file_header h = {.max_tokens = s->model.block_size, .num_samples = 1, .temperature = 1.0,
                             .top_p = 1.0};
     const json_t *ns = json_object_get(root, "num_samples");
-    if (ns != NULL && (!json_is_integer(ns) || json_integer_value(ns) < 1 || json_integer_value(ns) > 64))
-        return serve_bad(e, 400, "num_samples", "num_samples: must be an integer in [1, 64]");
+    if (ns != NULL && !json_is_integer(ns))
+        return serve_bad(e, 400, "num_samples", "num_samples: must be an integer in [1, %d]", s->opt.max_sample_batch);
+    if (ns != NULL && (json_integer_value(ns) < 1 || json_integer_value(ns) > s->opt.max_sample_batch))
+        return serve_bad(e, 400, "num_samples", "num_samples = %lld: must be in [1, %d], this server's "
+                         "--max-sample-batch %d (the sequences its KV caches hold at once): send at most %d per "
+                         "request", (long long)json_integer_value(ns), s->opt.max_sample_batch,
+                         s->opt.max_sample_batch, s->opt.max_sample_batch);
     if (ns != NULL) h.num_samples = json_integer_value(ns);
     const json_t *pl = json_object_get(root, "prompt_logprobs");
     if (pl != NULL && !json_is_null(pl) && !json_is_boolean(pl))
         return serve_bad(e, 400, "prompt_logprobs", "prompt_logprobs: must be true or false");
     h.prompt_logprobs = json_is_true(pl); /* from the prefill pass (docs/sampling.md) */
-    static const char *const topk[] = {"topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"};
-    for (int k = 0; k < 3; k++) {
+    /* Top-k prompt logprobs, from the same prefill (docs/sampling.md). */
+    const json_t *tkp = json_object_get(root, "topk_prompt_logprobs");
+    const int max_k = V < SERVE_MAX_TOPK ? V : SERVE_MAX_TOPK;
+    if (tkp != NULL && !json_is_null(tkp) &&
+        (!json_is_integer(tkp) || json_integer_value(tkp) < 0 || json_integer_value(tkp) > max_k))
+        return serve_bad(e, 400, "topk_prompt_logprobs", "topk_prompt_logprobs: must be an integer in [0, %d] "
+                         "(the vocabulary, at most %d)", max_k, SERVE_MAX_TOPK);
+    h.topk_prompt = json_is_integer(tkp) ? json_integer_value(tkp) : 0;
+    static const char *const topk[] = {"topk_sample_logprobs", "prompt_alt_tokens_k"};
+    for (int k = 0; k < 2; k++) {
         const json_t *v = json_object_get(root, topk[k]);
         if (v != NULL && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 0))
             return serve_bad(e, 400, topk[k], "%s: top-k log-probabilities are not offered; send 0", topk[k]);
@@ -1081,8 +1338,8 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
             else h.seed = (uint64_t)json_integer_value(v) + 1; /* 0 below means "none given" */
         }
         if (ok && (v = json_object_get(sp, "stop")) != NULL && !json_is_null(v))
-            ok = serve_parse_stops(v, "sampling_params.stop", s->model.vocab_size, s->opt.lm.decode != NULL, &stops,
-                                   &stop_str, &h.n_stop_str, e);
+            ok = serve_parse_stops(v, "sampling_params.stop", s->model.vocab_size, s->opt.lm.decode != NULL,
+                                   s->opt.max_stop_bytes, &stops, &stop_str, &h.n_stop_str, e);
     }
     if (ok) {
         h.n_stop = (int64_t)(stops.len / sizeof(int32_t));
@@ -1225,12 +1482,12 @@ static enum MHD_Result post_create_session_(server *s, struct MHD_Connection *c,
     pthread_mutex_unlock(&s->mu);
     if (x == NULL) return reply_err_(c, 500, NULL, "out of memory");
     char warn[512];
-    snprintf(warn, sizeof warn,
-             "zdp serve trains every parameter of one model (\"%s\", full fine-tuning): lora_config "
-             "is ignored, and a new create_model continues from the current weights and optimizer "
-             "state", s->opt.model_name);
-    return reply_json_(c, 200, json_pack("{s:s,s:s,s:s}", "session_id", id, "type", "create_session",
-                                         "warning_message", warn));
+    /* LoRA (what Tinker does): nothing to warn about.  --full-finetune: the SDK logs it. */
+    if (!serve_lora(s))
+        snprintf(warn, sizeof warn, "zdp serve trains every parameter of one model (\"%s\", --full-finetune): "
+                 "a new create_model continues from the current weights and optimizer state", s->opt.model_name);
+    return reply_json_(c, 200, json_pack("{s:s,s:s,s:s*}", "session_id", id, "type", "create_session",
+                                         "warning_message", serve_lora(s) ? NULL : warn));
 }
 
 static enum MHD_Result post_heartbeat_(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
@@ -1267,36 +1524,65 @@ static enum MHD_Result post_model_(server *s, struct MHD_Connection *c, const ch
     if (!envelope_(root, &mid, &unused, false, &e)) return reply_err_(c, e.status, e.field, "%s", e.msg);
     const bool unload = !strcmp(sub, "unload_model");
     pthread_mutex_lock(&s->mu);
-    const bool live = t->live, mine = live && !strcmp(mid, t->model_id);
+    tinker_model *m = find_model_(t, mid);
     future *f = NULL;
-    if (mine && unload) {
+    zdp_lora_config lc = {0};
+    if (m != NULL && unload) {
         f = find_retry_(t, idem, "", 0);
         if (f == NULL && (f = new_future_(t, idem, "", 0)) != NULL) {
-            t->live = false;
-            fail_held_(s, "user", "the model was unloaded");
-            complete_(f, serve_dump(json_pack("{s:s,s:s}", "model_id", mid, "type", "unload_model")));
+            if (!serve_lora(s)) {
+                /* --full-finetune: the model detaches; the weights stay in the engine. */
+                m->live = false;
+                fail_held_(s, m, "user", "the model was unloaded");
+                tinker_gone *g = &t->gone[t->n_gone++ % MAX_GONE];
+                snprintf(g->model_id, sizeof g->model_id, "%s", mid);
+                snprintf(g->why, sizeof g->why, "unload_model was called");
+                complete_(f, serve_dump(json_pack("{s:s,s:s}", "model_id", mid, "type", "unload_model")));
+            } else if (!unload_(s, m, f, "unload_model was called")) {
+                complete_(f, failure_("server", "out of memory"));
+            }
         }
-    } else if (mine) {
-        touch_model_session_(t);
+    } else if (m != NULL) {
+        touch_model_session_(t, m);
+        lc = m->lc;
+    } else {
+        not_live_(t, mid, &e);
     }
     pthread_mutex_unlock(&s->mu);
-    if (!mine)
-        return reply_err_(c, 400, "model_id", "model_id \"%s\": not the model this server is training%s", mid,
-                          live ? "" : " (no model is loaded; call create_model)");
+    if (m == NULL) return reply_err_(c, e.status, e.field, "%s", e.msg);
     if (unload) return f ? reply_future_(c, f) : reply_err_(c, 500, NULL, "out of memory");
     /* tokenizer_id: what the caller named (a model folder's path, "gpt2" for
      * GPT-2's vocabulary), else null: the client brings its own. */
-    return reply_json_(c, 200, json_pack("{s:s,s:{s:s,s:s,s:s*},s:b,s:n,s:s,s:s}", "model_id", mid, "model_data",
-                                         "arch", s->opt.lm.arch, "model_name", s->opt.model_name, "tokenizer_id",
-                                         s->opt.lm.tokenizer_id, "is_lora", 0, "lora_rank", "model_name",
-                                         s->opt.model_name, "type", "get_info"));
+    json_t *o = json_pack("{s:s,s:{s:s,s:s,s:s*},s:b,s:s,s:s}", "model_id", mid, "model_data", "arch",
+                          s->opt.lm.arch, "model_name", s->opt.model_name, "tokenizer_id", s->opt.lm.tokenizer_id,
+                          "is_lora", lc.rank > 0, "model_name", s->opt.model_name, "type", "get_info");
+    json_object_set_new(o, "lora_rank", lc.rank > 0 ? json_integer(lc.rank) : json_null());
+    return reply_json_(c, 200, o);
 }
 
+/* POST weights_info {tinker_path}: what create_training_client_from_state
+ * recreates the model with (the run's LoRA configuration, from run.json). */
 static enum MHD_Result post_weights_info_(server *s, struct MHD_Connection *c, const char *sub,
                                           const json_t *root, const char *idem) {
-    (void)sub, (void)root, (void)idem;
-    return reply_json_(c, 200, json_pack("{s:s,s:b,s:i}", "base_model", s->opt.model_name, "is_lora", 0,
-                                         "lora_rank", 0));
+    (void)sub, (void)idem;
+    const json_t *tp = json_object_get(root, "tinker_path");
+    if (!json_is_string(tp))
+        return reply_err_(c, 400, "tinker_path", "tinker_path: missing or not a string; send the tinker:// path "
+                          "save_state returned");
+    json_t *rec = tinker_runs_record_of(s, json_string_value(tp));
+    if (rec == NULL)
+        return reply_err_(c, 404, "tinker_path", "tinker_path \"%s\": no training run of this server's "
+                          "--checkpoint-dir has it", json_string_value(tp));
+    const json_t *rank = json_object_get(rec, "lora_rank");
+    json_t *o = json_pack("{s:s,s:b}", "base_model", s->opt.model_name, "is_lora", json_is_integer(rank));
+    json_object_set_new(o, "lora_rank", json_is_integer(rank) ? json_incref((json_t *)rank) : json_null());
+    static const char *const flags[3] = {"train_attn", "train_mlp", "train_unembed"};
+    for (int k = 0; k < 3; k++) {
+        const json_t *v = json_object_get(rec, flags[k]);
+        if (json_is_boolean(v)) json_object_set_new(o, flags[k], json_incref((json_t *)v));
+    }
+    json_decref(rec);
+    return reply_json_(c, 200, o);
 }
 
 static enum MHD_Result post_sampling_session_(server *s, struct MHD_Connection *c, const char *sub,

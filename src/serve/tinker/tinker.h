@@ -50,17 +50,36 @@ typedef struct session {
     struct session *next;
 } session;
 
+/* A model of create_model (docs/server.md, "Models"): the slot of the
+ * server's table it trains in, and its own seq_id order. */
+typedef struct tinker_model {
+    bool live;        /* created (its create job queued) and not unloaded */
+    int slot;
+    int64_t uid;      /* the job header's: the slot holds this model while its uid matches */
+    char model_id[160];
+    char session[32]; /* the session that created it: its heartbeats keep it loaded */
+    zdp_lora_config lc; /* rank 0: --full-finetune */
+    int64_t next_seq; /* the next seq_id to queue */
+    job *held;        /* arrived early, sorted by seq_id */
+} tinker_model;
+
+/* An unloaded model and why (a later request to it is told). */
+#define MAX_GONE 256
+typedef struct tinker_gone {
+    char model_id[160];
+    char why[400];
+} tinker_gone;
+
 struct tinker_state {
     int64_t n_requests, n_sessions;
     future *futures;
     int64_t n_futures;
     session *sessions;
-    /* The one model. */
-    bool live;
-    char model_id[160];
-    char model_session[32];
-    int64_t next_seq; /* the next seq_id to queue */
-    job *held;        /* arrived early, sorted by seq_id */
+    tinker_model *models; /* (n_models): the server's --max-models (1 with --full-finetune) */
+    int n_models;
+    int64_t n_uids;       /* uids handed out */
+    tinker_gone gone[MAX_GONE]; /* a ring: the latest MAX_GONE unloaded models */
+    int64_t n_gone;
     sampling_session *samplers;
     uint64_t n_samples; /* seeds for asample requests without one */
     double next_sweep;  /* when tinker_runs_sweep_locked looks again (epoch seconds) */
@@ -73,7 +92,8 @@ typedef struct tinker_ticket {
     char model_id[160];
 } tinker_ticket;
 
-tinker_state *tinker_create(void);
+/* n_models: the models it may hold at once (at least 1). */
+tinker_state *tinker_create(int n_models);
 void tinker_destroy(tinker_state *t);
 /* The handler for every path under /api/v1/ (sub: the rest of the path). */
 enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *sub,
@@ -113,6 +133,12 @@ enum MHD_Result tinker_reply_error(struct MHD_Connection *c, int status, const c
 /* A checkpoint name from a client: one path component of letters, digits,
  * '.', '_' or '-', not starting with '.'. */
 bool tinker_good_name(const char *n);
+/* Sampler weights NAME of run folder dir_name, relative to --checkpoint-dir:
+ * "DIR/sampler_weights/NAME.safetensors" (a weights file, --full-finetune),
+ * or "DIR/sampler_weights/NAME" (a LoRA model's PEFT adapter folder) when
+ * that folder exists, or, for one not written yet, when this server trains
+ * LoRA models.  False when it does not fit cap. */
+bool tinker_sampler_rel(const server *s, const char *dir_name, const char *name, char *rel, size_t cap);
 
 /* tinker/runs.c: training runs and checkpoints in --checkpoint-dir.
  * Start-up: the last session number handed out by an earlier server on this
@@ -122,8 +148,11 @@ bool tinker_runs_restore(server *s, char *why, size_t cap);
  * restart hands it out again); false with why set when it cannot be written. */
 bool tinker_runs_next_session(server *s, int64_t *n, char *why, size_t cap);
 /* s->mu held: CKPT/dir_name/run.json for a new model (kept if there). */
-bool tinker_runs_record(server *s, const char *model_id, const char *dir_name, int lora_rank, char *why,
-                        size_t cap);
+bool tinker_runs_record(server *s, const char *model_id, const char *dir_name, const zdp_lora_config *lc,
+                        char *why, size_t cap);
+/* The run.json of the run a tinker:// checkpoint path belongs to; NULL when
+ * none (s->mu not needed: it reads the folder). */
+json_t *tinker_runs_record_of(const server *s, const char *tinker_path);
 /* Main thread, s->mu held, as a save finishes: the checkpoint at
  * tinker_path ("tinker://ID/weights/NAME" or ".../sampler_weights/NAME")
  * expires at `expires` (seconds since the epoch; 0: never, which also
