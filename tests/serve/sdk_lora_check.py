@@ -25,7 +25,8 @@ PHASE "train": two training clients of different LoRA configurations
     tokens and logprobs as the one from the training client;
   - RestClient: list_training_runs, get_training_run, list_checkpoints
     (the sampler weights listed), list_user_checkpoints,
-    get_weights_info_by_tinker_path (the LoRA rank).
+    get_weights_info_by_tinker_path (the LoRA rank), delete_checkpoint of
+    a sampler weights folder.
   STATE_FILE gets each client's checkpoint path and its next loss.
 PHASE "resume" (a fresh server process on the same --checkpoint-dir):
   create_training_client_from_state_with_optimizer from each saved state
@@ -241,6 +242,13 @@ def phase_train(url, ckdir, state_file):
     for k, r in results.items():
         if r["sampler"] not in user:
             fail(f"list_user_checkpoints lacks {r['sampler']}")
+    # delete_checkpoint of a LoRA model's sampler weights removes the folder.
+    gone = results[1]["sampler"]
+    rest.delete_checkpoint_from_tinker_path(gone).result()
+    cks = [c.checkpoint_id for c in rest.list_checkpoints(results[1]["run"]).result().checkpoints]
+    left = [d for d in os.listdir(ckdir) if os.path.isdir(os.path.join(ckdir, d, "sampler_weights", "sampler1"))]
+    if "sampler_weights/sampler1" in cks or left:
+        fail(f"delete_checkpoint({gone}): still listed ({cks}) or on disk ({left})")
     json.dump(results, open(state_file, "w"))
     print(f"sdk_lora_check train: 2 LoRA clients, SFT + RL, PEFT folders, {len(user)} user checkpoints",
           flush=True)
