@@ -19,34 +19,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <time.h>
 
 #include <mpi.h>
 
+#include "bench_common.h"
 #include "zdp/zdp.h"
-
-static double now_(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double_(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median_(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double_);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static void die_(const char *what, const zdp_error *err) {
-    char msg[1200];
-    snprintf(msg, sizeof msg, "%s: %s", what, err->msg);
-    zdp_dist_abort(1, msg);
-}
 
 int main(int argc, char **argv) {
     int stage = 2, overlap = 0, managed = 1, hidden = 1024, layers = 4, micro = 64, gas = 4;
@@ -71,7 +49,7 @@ int main(int argc, char **argv) {
         }
     }
     zdp_error err;
-    if (zdp_dist_init(&argc, &argv, &err) != ZDP_OK) die_("init", &err);
+    if (zdp_dist_init(&argc, &argv, &err) != ZDP_OK) bench_die("init", &err);
     zdp_set_log(NULL, NULL);
     const int W = zdp_dist_world_size(), R = zdp_dist_rank();
 
@@ -84,15 +62,15 @@ int main(int argc, char **argv) {
              "\"reduce_bucket_size\": %lld}}",
              micro, gas, managed ? "true" : "false", stage, overlap ? "true" : "false", bucket);
     zdp_config cfg;
-    if (zdp_config_load_string(json, "<bench>", W, &cfg, &err) != ZDP_OK) die_("config", &err);
+    if (zdp_config_load_string(json, "<bench>", W, &cfg, &err) != ZDP_OK) bench_die("config", &err);
     zdp_model model;
-    if (zdp_mlp_create(hidden, layers, micro, &model, &err) != ZDP_OK) die_("model", &err);
+    if (zdp_mlp_create(hidden, layers, micro, &model, &err) != ZDP_OK) bench_die("model", &err);
     zdp_engine *eng;
-    if (zdp_engine_create(&cfg, &model, &eng, &err) != ZDP_OK) die_("engine", &err);
+    if (zdp_engine_create(&cfg, &model, &eng, &err) != ZDP_OK) bench_die("engine", &err);
     float *views[2048];
     for (int i = 0; i < model.n_params; i++) views[i] = zdp_engine_param_data(eng, i);
     zdp_mlp_init_params(&model, views, 1);
-    if (zdp_engine_sync_params(eng, &err) != ZDP_OK) die_("sync", &err);
+    if (zdp_engine_sync_params(eng, &err) != ZDP_OK) bench_die("sync", &err);
 
     /* Random inputs and labels, different per rank. */
     float *x = malloc((size_t)micro * (size_t)hidden * sizeof(float));
@@ -110,16 +88,16 @@ int main(int argc, char **argv) {
         int n = managed ? gas : gas - 1 + it % 3;
         if (n < 1) n = 1;
         MPI_Barrier(MPI_COMM_WORLD);
-        double t0 = now_();
+        double t0 = bench_now();
         for (int k = 0; k < n; k++) {
             float loss;
-            if (zdp_engine_forward(eng, &batch, &loss, &err) != ZDP_OK) die_("forward", &err);
+            if (zdp_engine_forward(eng, &batch, &loss, &err) != ZDP_OK) bench_die("forward", &err);
             if (zdp_engine_backward(eng, managed, managed ? 1.0f : 1.0f / (float)n, &err) != ZDP_OK)
-                die_("backward", &err);
-            if (managed && zdp_engine_step(eng, &err) != ZDP_OK) die_("step", &err);
+                bench_die("backward", &err);
+            if (managed && zdp_engine_step(eng, &err) != ZDP_OK) bench_die("step", &err);
         }
-        if (!managed && zdp_engine_step(eng, &err) != ZDP_OK) die_("step", &err);
-        double dt = now_() - t0;
+        if (!managed && zdp_engine_step(eng, &err) != ZDP_OK) bench_die("step", &err);
+        double dt = bench_now() - t0;
         if (it >= warmup) {
             zdp_step_timing t;
             zdp_engine_step_timing(eng, &t);
@@ -132,13 +110,9 @@ int main(int argc, char **argv) {
     }
     double share_sum = 0;
     for (int i = 0; i < steps; i++) share_sum += wait_s[i] / step_s[i];
-    double step_med = median_(step_s, steps), wait_med = median_(wait_s, steps);
+    double step_med = bench_median(step_s, steps), wait_med = bench_median(wait_s, steps);
 
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    long rss_kib = ru.ru_maxrss;
-    long *all = R == 0 ? malloc((size_t)W * sizeof(long)) : NULL;
-    MPI_Gather(&rss_kib, 1, MPI_LONG, all, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+    long *all = bench_gather_rss(R, W); /* peak RSS, KiB, on rank 0 */
     /* The slowest rank decides the step time. */
     double step_max = 0, wait_of_max = 0;
     MPI_Allreduce(&step_med, &step_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);

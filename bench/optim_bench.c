@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_common.h"
 #include "zdp/zdp.h"
 
 typedef struct dummy {
@@ -29,7 +30,7 @@ typedef struct dummy {
     zdp_param_info info;
 } dummy;
 
-static zdp_status fwd_(void *self, const float *const *params, const void *batch, float *loss,
+static zdp_status fwd_(void *self, zdp_param_source *params, const void *batch, float *loss,
                        zdp_error *err) {
     (void)self;
     (void)params;
@@ -39,7 +40,7 @@ static zdp_status fwd_(void *self, const float *const *params, const void *batch
     return ZDP_OK;
 }
 
-static zdp_status bwd_(void *self, const float *const *params, float dloss, zdp_grad_sink *sink,
+static zdp_status bwd_(void *self, zdp_param_source *params, float dloss, zdp_grad_sink *sink,
                        zdp_error *err) {
     (void)params;
     dummy *d = self;
@@ -55,22 +56,6 @@ static zdp_status bwd_(void *self, const float *const *params, float dloss, zdp_
 
 static const zdp_model_ops ops_ = {.forward = fwd_, .backward = bwd_};
 
-static int cmp_(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median_(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static void die_(const char *what, const zdp_error *err) {
-    char msg[1200];
-    snprintf(msg, sizeof msg, "%s: %s", what, err->msg);
-    zdp_dist_abort(1, msg);
-}
-
 int main(int argc, char **argv) {
     long long numel = 3257856;
     int stage = 2, steps = 20;
@@ -84,7 +69,7 @@ int main(int argc, char **argv) {
         }
     }
     zdp_error err;
-    if (zdp_dist_init(&argc, &argv, &err) != ZDP_OK) die_("init", &err);
+    if (zdp_dist_init(&argc, &argv, &err) != ZDP_OK) bench_die("init", &err);
     zdp_set_log(NULL, NULL);
     const int W = zdp_dist_world_size(), R = zdp_dist_rank();
     char json[512];
@@ -94,22 +79,22 @@ int main(int argc, char **argv) {
              "{\"lr\": 1e-4, \"weight_decay\": 0.1}}, \"zero_optimization\": {\"stage\": %d}}",
              stage);
     zdp_config cfg;
-    if (zdp_config_load_string(json, "<optim_bench>", W, &cfg, &err) != ZDP_OK) die_("config", &err);
+    if (zdp_config_load_string(json, "<optim_bench>", W, &cfg, &err) != ZDP_OK) bench_die("config", &err);
     dummy d = {.n = numel, .info = {.name = "w", .ndim = 1, .shape = {numel}}};
     zdp_model model = {.self = &d, .ops = &ops_, .n_params = 1, .params = &d.info};
     zdp_engine *eng;
-    if (zdp_engine_create(&cfg, &model, &eng, &err) != ZDP_OK) die_("engine_create", &err);
+    if (zdp_engine_create(&cfg, &model, &eng, &err) != ZDP_OK) bench_die("engine_create", &err);
     float *p = zdp_engine_param_data(eng, 0);
     for (int64_t i = 0; i < numel; i++) p[i] = 0.01f * (float)(i % 13);
-    if (zdp_engine_sync_params(eng, &err) != ZDP_OK) die_("sync", &err);
+    if (zdp_engine_sync_params(eng, &err) != ZDP_OK) bench_die("sync", &err);
 
     double *upd = malloc((size_t)steps * sizeof(double)), *stp = malloc((size_t)steps * sizeof(double));
     int warm = 2;
     for (int s = 0; s < warm + steps; s++) {
         float loss;
-        if (zdp_engine_forward(eng, NULL, &loss, &err) != ZDP_OK) die_("forward", &err);
-        if (zdp_engine_backward(eng, true, 1.0f, &err) != ZDP_OK) die_("backward", &err);
-        if (zdp_engine_step(eng, &err) != ZDP_OK) die_("step", &err);
+        if (zdp_engine_forward(eng, NULL, &loss, &err) != ZDP_OK) bench_die("forward", &err);
+        if (zdp_engine_backward(eng, true, 1.0f, &err) != ZDP_OK) bench_die("backward", &err);
+        if (zdp_engine_step(eng, &err) != ZDP_OK) bench_die("step", &err);
         zdp_step_timing t;
         zdp_engine_step_timing(eng, &t);
         if (s >= warm) {
@@ -117,7 +102,7 @@ int main(int argc, char **argv) {
             stp[s - warm] = t.step_s;
         }
     }
-    double u = median_(upd, steps), st = median_(stp, steps);
+    double u = bench_median(upd, steps), st = bench_median(stp, steps);
     int64_t part = stage == 0 ? zdp_engine_numel(eng) : zdp_engine_partition_numel(eng);
     if (R == 0) {
         printf("optim numel=%lld stage=%d W=%d partition=%lld update_ms=%.3f step_ms=%.3f "

@@ -35,6 +35,7 @@
 #include "../core/core.h"
 #include "../nn/nn.h"
 #include "adapter.h"
+#include "lm.h"
 
 /* Offsets of one layer's tensors from its first (registration order). */
 enum {
@@ -169,56 +170,18 @@ static zdp_status head_forward_(gpt *m, zdp_param_source *src, const float *x, i
     return ZDP_OK;
 }
 
-/* Token ids (B,T) must lie in [0, V): the first bad one is named. */
-static zdp_status check_ids_(const gpt *m, const int32_t *ids, int B, int T, const char *what,
-                             const char *fn, zdp_error *err) {
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            int32_t v = ids[(int64_t)b * T + t];
-            if (v < 0 || v >= m->cfg.vocab_size)
-                return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
-                                   "%s: %s[%d][%d] = %d: token ids must be in [0, %d) "
-                                   "(vocab_size)",
-                                   fn, what, b, t, (int)v, m->cfg.vocab_size);
-        }
-    return ZDP_OK;
-}
-
 static zdp_status gpt_forward_(void *self, zdp_param_source *src, const void *batch_v,
                                float *loss, zdp_error *err) {
     gpt *m = self;
     const zdp_lm_batch *batch = batch_v;
     const char *fn = "gpt forward";
     m->have_forward = false;
-    if (batch == NULL || batch->inputs == NULL || batch->targets == NULL || loss == NULL)
-        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
-                           "%s: batch, batch->inputs, batch->targets and loss must be set", fn);
-    if (batch->B < 1 || batch->B > m->max_batch)
-        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
-                           "%s: batch->B = %d: must be 1..%d (the max_batch the model was "
-                           "created with)",
-                           fn, batch->B, m->max_batch);
-    if (batch->T < 1 || batch->T > m->cfg.block_size)
-        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: batch->T = %d: must be 1..%d (block_size)",
-                           fn, batch->T, m->cfg.block_size);
-    const int B = batch->B, T = batch->T;
-    zdp_status st = check_ids_(m, batch->inputs, B, T, "inputs", fn, err);
-    if (st == ZDP_OK) st = check_ids_(m, batch->targets, B, T, "targets", fn, err);
+    zdp_status st = zdp_lm_take_batch_(batch, loss, m->max_batch, m->cfg.block_size,
+                                       m->cfg.vocab_size, fn, m->inputs, m->targets, m->weights,
+                                       &m->weighted, err);
     if (st != ZDP_OK) return st;
-
+    const int B = batch->B, T = batch->T;
     const int64_t V = m->cfg.vocab_size, N = (int64_t)B * T;
-    memcpy(m->inputs, batch->inputs, (size_t)N * sizeof(int32_t));
-    memcpy(m->targets, batch->targets, (size_t)N * sizeof(int32_t));
-    m->weighted = batch->weights != NULL;
-    if (m->weighted) {
-        for (int64_t n = 0; n < N; n++)
-            if (!isfinite(batch->weights[n]))
-                return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
-                                   "%s: weights[%lld][%lld] = %g: weights must be finite", fn,
-                                   (long long)(n / T), (long long)(n % T),
-                                   (double)batch->weights[n]);
-        memcpy(m->weights, batch->weights, (size_t)N * sizeof(float));
-    }
     const float *x;
     if ((st = trunk_forward_(m, src, m->inputs, B, T, &x, err)) != ZDP_OK ||
         (st = head_forward_(m, src, x, N, m->probs, err)) != ZDP_OK)
@@ -276,15 +239,9 @@ static zdp_status hook_bwd_(const gpt *m, int site, float *dinp, const float *do
 static zdp_status gpt_backward_(void *self, zdp_param_source *src, float dloss,
                                 zdp_grad_sink *sink, zdp_error *err) {
     gpt *m = self;
-    if (!m->have_forward)
-        return zdp_err_set(err, ZDP_ERR_STATE,
-                           "gpt backward: no forward to differentiate (run forward on the "
-                           "micro-batch first; backward consumes it)");
-    if (m->fwd_ad != m->ad)
-        return zdp_err_set(err, ZDP_ERR_STATE,
-                           "gpt backward: the last forward ran through another model over this "
-                           "base (LoRA models sharing a base run forward and backward one model "
-                           "at a time); run this model's forward again");
+    const zdp_status ready =
+        zdp_lm_check_backward_("gpt", m->have_forward, m->fwd_ad == m->ad, err);
+    if (ready != ZDP_OK) return ready;
     /* Backward turns probs into dlogits in place: one backward per forward. */
     m->have_forward = false;
     const int B = m->B, T = m->T, L = m->cfg.n_layer;
@@ -546,37 +503,9 @@ void zdp_gpt_destroy(zdp_model *model) {
  * loss under the forward's own weights. */
 static zdp_status gpt_set_loss_weights_(void *self, const float *w, int64_t n,
                                         zdp_error *err) {
-    const char *fn = "zdp_lm_set_loss_weights";
     gpt *m = self;
-    if (!m->have_forward)
-        return zdp_err_set(err, ZDP_ERR_STATE,
-                           "%s: no forward to reweight (run forward on the micro-batch first; "
-                           "a backward, a failed forward or zdp_lm_next_logits uses it up)",
-                           fn);
-    if (m->fwd_ad != m->ad)
-        return zdp_err_set(err, ZDP_ERR_STATE,
-                           "%s: the last forward ran through another model over this base; run "
-                           "this model's forward again",
-                           fn);
-    const int64_t N = (int64_t)m->B * m->T;
-    if (n != N)
-        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
-                           "%s: n = %lld: must be B*T = %lld of the last forward (B = %d, T = "
-                           "%d): one weight per position",
-                           fn, (long long)n, (long long)N, m->B, m->T);
-    if (w == NULL)
-        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: w is NULL: pass %lld weights", fn,
-                           (long long)N);
-    for (int64_t i = 0; i < N; i++)
-        if (!isfinite(w[i]))
-            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
-                               "%s: w[%lld] (position [%lld][%lld]) = %g: weights must be "
-                               "finite; check the inputs they were computed from",
-                               fn, (long long)i, (long long)(i / m->T), (long long)(i % m->T),
-                               (double)w[i]);
-    memcpy(m->weights, w, (size_t)N * sizeof(float));
-    m->weighted = true;
-    return ZDP_OK;
+    return zdp_lm_reweight_(m->have_forward, m->fwd_ad == m->ad, m->B, m->T, w, n, m->weights,
+                            &m->weighted, err);
 }
 
 const zdp_gpt_config *zdp_gpt_config_of(const zdp_model *model) {
@@ -613,7 +542,7 @@ static zdp_status gpt_next_logits_(void *self, zdp_param_source *src, const int3
                                    int T, float *logits, zdp_error *err) {
     gpt *m = self;
     const char *fn = "zdp_lm_next_logits";
-    zdp_status st = check_ids_(m, tokens, 1, T, "tokens", fn, err);
+    zdp_status st = zdp_lm_check_ids_(tokens, 1, T, m->cfg.vocab_size, "tokens", fn, err);
     if (st != ZDP_OK) return st;
     m->have_forward = false; /* the activations are about to change */
     const float *x;

@@ -1,7 +1,9 @@
 # serve_lib.sh -- sourced by the `zdp serve` tests (test_serve.sh,
 # test_tinker.sh, test_serve_ops.sh, test_serve_safety.sh): start a server in
-# the background, wait for it to listen, and stop it cleanly.
-# Needs ZDP, MPIEXEC and a fail function.
+# the background, wait for it to listen, and stop it cleanly.  Needs ZDP
+# and MPIEXEC; sources lib.sh ($T, fail, run, the cleanup that stops the
+# server on exit).
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 SERVER_PID=""
 RANK0_PID=""
 SERVER_RC=0

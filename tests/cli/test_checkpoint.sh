@@ -18,40 +18,13 @@
 set -u
 ZDP=$1
 MPIEXEC=$2
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/lib.sh"
 
-run() { # run NP ARGS... -> stdout+stderr in $T/out, exit code in $rc
-  local np=$1; shift
-  timeout 120 "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" "$@" >"$T/out" 2>&1
-  rc=$?
-  if [ $rc -eq 124 ]; then fail "timed out (hang): zdp $*"; fi
-}
-expect_ok() { # expect_ok NP ARGS...
-  run "$@"
-  if [ $rc -ne 0 ]; then fail "exit $rc: zdp ${*:2}"; cat "$T/out"; fi
-}
-expect_error() { # expect_error NP SUBSTRING ARGS...: the output has one error line, containing SUBSTRING
-  local np=$1 sub=$2; shift 2
-  run "$np" "$@"
-  if [ $rc -eq 0 ]; then fail "exit 0, wanted an error: zdp $*"; return; fi
-  if ! grep -aqF -- "$sub" "$T/out"; then fail "message lacks '$sub': zdp $*"; cat "$T/out"; fi
-  local n
-  n=$(grep -ac "zdp: error:" "$T/out")
-  if [ "$n" -ne 1 ]; then fail "wanted one error line, got $n: zdp $*"; cat "$T/out"; fi
-}
 error_has() { # error_has SUBSTRING: the error line of the last run contains SUBSTRING too
   grep -a "zdp: error:" "$T/out" | grep -aqF -- "$1" || { fail "error line lacks '$1'"; cat "$T/out"; }
 }
 # The deterministic part of the step lines (GPT lines end with timings).
 steps_of() { grep -a '^step ' "$1" | cut -d'|' -f1-5; }
-# loss of step N in file F
-loss_of() { awk -v n="$2" '$1 == "step" && $2 == n { for (i = 1; i < NF; i++) if ($i == "loss") print $(i + 1) }' "$1"; }
-# relative difference of two numbers within tol?
-close() { awk -v a="$1" -v b="$2" -v tol="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; m = a < 0 ? -a : a;
-  if (a == "" || b == "" || d > tol * (m > 1e-30 ? m : 1e-30)) exit 1; exit 0 }'; }
 
 # ---- models, data, configs ------------------------------------------------------
 MLP=(--model mlp --hidden 8 --layers 3)
@@ -414,5 +387,4 @@ expect_ok 1 train "${GPT[@]}" --data "$T/tokens.bin" --config "$T/s0m.json" --st
 expect_error 1 "--data-format xml" train "${GPT[@]}" --data "$T/tokens.bin" --data-format xml \
   --config "$T/s0m.json"
 
-if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "test_checkpoint: all checks passed"
+finish test_checkpoint

@@ -6,10 +6,7 @@
 set -u
 ZDP=$1
 MPIEXEC=$2
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/lib.sh"
 COMMANDS="train sample serve gen-data ckpt tokenize"
 
 # check_list FILE WHAT: every command on a line of its own, once, and no

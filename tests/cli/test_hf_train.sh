@@ -14,26 +14,7 @@
 set -u
 ZDP=$1
 MPIEXEC=$2
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-run() {
-  local np=$1; shift
-  timeout 120 "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" "$@" >"$T/out" 2>&1
-  rc=$?
-  if [ $rc -eq 124 ]; then fail "timed out (hang): zdp $*"; fi
-}
-expect_ok() { run "$@"; if [ $rc -ne 0 ]; then fail "exit $rc: zdp ${*:2}"; cat "$T/out"; fi; }
-expect_error() {
-  local np=$1 sub=$2; shift 2
-  run "$np" "$@"
-  if [ $rc -eq 0 ]; then fail "exit 0, wanted an error: zdp $*"; return; fi
-  if ! grep -qF -- "$sub" "$T/out"; then fail "message lacks '$sub': zdp $*"; cat "$T/out"; fi
-  local n; n=$(grep -c "zdp: error:" "$T/out")
-  if [ "$n" -ne 1 ]; then fail "wanted one error line, got $n: zdp $*"; cat "$T/out"; fi
-}
-losses() { grep -E '^step [0-9]+ \|' "$T/out" | sed -E 's/^step ([0-9]+) \| loss ([^ ]+).*/\1 \2/'; }
+source "$(dirname "$0")/lib.sh"
 
 # A .npy int32 token array (numpy's format 1.0, written without numpy).
 npy() {  # npy OUT N VOCAB [LAST]
@@ -183,5 +164,4 @@ echo "plain text, not token ids" >"$T/text.txt"
 expect_error 2 "is text, which needs --model-dir" train --model-dir "$T/m" --config "$T/ds.json" --data "$T/text.txt" --block-size 8
 expect_error 2 "--model-dir $T/m needs --data FILE" train --model-dir "$T/m" --config "$T/ds.json" --block-size 8
 
-if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "test_hf_train: all passed"
+finish test_hf_train

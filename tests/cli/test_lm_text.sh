@@ -21,10 +21,7 @@ SHARED=${ZDP_SHARED:-$(cd "$HERE/../../.." && pwd)/shared}
 TOK="$SHARED/data/tokenizers/gpt2"
 PY=${PYTHON:-python3}
 [ -f "$TOK/encoder.json" ] || { echo "SKIP: no GPT-2 tokenizer at $TOK (encoder.json + vocab.bpe)"; exit 77; }
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/lib.sh"
 
 "$ZDP" init-model --arch llama --layers 2 --hidden 32 --heads 4 --kv-heads 2 --ffn 64 --vocab 50257 --tie \
   --max-pos 128 --tokenizer "$TOK" --out "$T/tiny" >"$T/init.log" 2>&1 || { fail "init-model"; cat "$T/init.log"; }
@@ -88,5 +85,4 @@ grep -q "give one" "$T/r2.log" || { fail "--model-dir with --weights: message"; 
 "$ZDP" sample --model-dir "$T/tiny" --prompt "" >"$T/r3.log" 2>&1 && fail "an empty prompt ran"
 grep -q "\-\-prompt: empty" "$T/r3.log" || { fail "empty prompt: message"; cat "$T/r3.log"; }
 
-if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "test_lm_text: all checks passed"
+finish test_lm_text

@@ -14,26 +14,7 @@
 set -u
 ZDP=$1
 MPIEXEC=$2
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-run() {
-  local np=$1; shift
-  timeout 120 "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" "$@" >"$T/out" 2>&1
-  rc=$?
-  if [ $rc -eq 124 ]; then fail "timed out (hang): zdp $*"; fi
-}
-expect_ok() { run "$@"; if [ $rc -ne 0 ]; then fail "exit $rc: zdp ${*:2}"; cat "$T/out"; fi; }
-expect_error() {
-  local np=$1 sub=$2; shift 2
-  run "$np" "$@"
-  if [ $rc -eq 0 ]; then fail "exit 0, wanted an error: zdp $*"; return; fi
-  if ! grep -qF -- "$sub" "$T/out"; then fail "message lacks '$sub': zdp $*"; cat "$T/out"; fi
-  local n; n=$(grep -c "zdp: error:" "$T/out")
-  if [ "$n" -ne 1 ]; then fail "wanted one error line, got $n: zdp $*"; cat "$T/out"; fi
-}
-losses() { grep -E '^step [0-9]+ \|' "$T/out" | sed -E 's/^step ([0-9]+) \| loss ([^ ]+).*/\1 \2/'; }
+source "$(dirname "$0")/lib.sh"
 last_val() { grep -E '^step [0-9]+ \|.*val_loss' "$T/out" | tail -1 | sed -E 's/.*val_loss ([^ ]+).*/\1/'; }
 
 npy() {  # npy OUT N VOCAB: a .npy int32 token array (numpy's format 1.0)
@@ -149,5 +130,4 @@ expect_error 1 "has shape [4, 16], this base and rank need [4, 24]" \
 expect_error 1 "adapter_config.json" lora merge --model-dir "$T/q" --adapter "$T/nothing" --out "$T/x3"
 expect_error 1 "needs --model-dir BASE" lora merge --model-dir "$T/q" --out "$T/x4"
 
-if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "test_lora_cli: ok"
+finish test_lora_cli

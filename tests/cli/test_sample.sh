@@ -20,10 +20,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 SHARED=${ZDP_SHARED:-$(cd "$HERE/../../.." && pwd)/shared}
 TOK="$SHARED/data/tokenizers/gpt2"
 [ -f "$TOK/encoder.json" ] || { echo "SKIP: no GPT-2 tokenizer at $TOK (encoder.json + vocab.bpe)"; exit 77; }
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/lib.sh"
 
 "$ZDP" init-model --arch llama --layers 2 --hidden 32 --heads 4 --kv-heads 2 --ffn 64 --vocab 50257 \
   --max-pos 64 --tokenizer "$TOK" --out "$T/m" >"$T/init.log" 2>&1 || { fail "init-model"; cat "$T/init.log"; }
@@ -91,5 +88,4 @@ grep -q "\-\-max-tokens 100: .*context (block_size 64): give at most 62" "$T/r1.
 "$ZDP" sample --model-dir "$T/m" --prompt "To be" --batch 0 >"$T/r2.log" 2>&1 && fail "--batch 0 ran"
 grep -q "\-\-batch" "$T/r2.log" || { fail "--batch 0 message"; cat "$T/r2.log"; }
 
-if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "test_sample: all checks passed"
+finish test_sample

@@ -14,11 +14,7 @@ MPIEXEC=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 CHECK="$HERE/../serve/serve_check.py"
 PY=${PYTHON:-python3}
-T=$(mktemp -d)
 source "$HERE/serve_lib.sh"
-trap 'stop_server; rm -rf "$T"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 MODEL=(--model gpt --n-layer 2 --n-head 2 --n-embd 16 --vocab-size 64 --block-size 16)
 MAX_BODY=100000
@@ -98,5 +94,4 @@ if [ $? -eq 0 ] || ! grep -q -- "--bind nowhere" "$T/bind.log"; then
   fail "a bad --bind was not refused clearly"; cat "$T/bind.log"
 fi
 
-if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "test_serve: all checks passed"
+finish test_serve

@@ -22,11 +22,7 @@ ZDP=$(readlink -f "$1")
 MPIEXEC=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 PY=${PYTHON:-python3}
-T=$(mktemp -d)
 source "$HERE/serve_lib.sh"
-trap 'stop_server; rm -rf "$T"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 MODEL=(--model gpt --n-layer 2 --n-head 2 --n-embd 16 --vocab-size 64 --block-size 16 --full-finetune)
 cat >"$T/cfg.json" <<'JSON'
@@ -163,5 +159,4 @@ fi
 stop_server
 [ "$SERVER_RC" -eq 0 ] || { fail "per-rank directories: no clean stop (exit $SERVER_RC)"; cat "$T/save.log"; }
 
-if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "test_serve_ops: all checks passed"
+finish test_serve_ops

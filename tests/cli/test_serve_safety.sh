@@ -15,11 +15,7 @@ MPIEXEC=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 CHECK="$HERE/../serve/safety_check.py"
 PY=${PYTHON:-python3}
-T=$(mktemp -d)
 source "$HERE/serve_lib.sh"
-trap 'stop_server; rm -rf "$T"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 MODEL=(--model gpt --n-layer 1 --n-head 2 --n-embd 16 --vocab-size 64 --block-size 16 --full-finetune)
 cat >"$T/cfg.json" <<JSON
@@ -90,5 +86,4 @@ if start_server 1 "$T/server_644.log" "${MODEL[@]}" --config "$T/cfg.json" --che
   grep -q "can be read by other users" "$T/server_644.log" || fail "a world-readable key file gave no warning"
 fi
 
-if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "test_serve_safety: all checks passed"
+finish test_serve_safety

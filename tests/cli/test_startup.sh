@@ -12,10 +12,7 @@
 set -u
 ZDP=$(cd "$(dirname "$1")" && pwd)/$(basename "$1") # the test changes directory
 MPIEXEC=$2
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/lib.sh"
 
 # The good files every rank's directory starts with.
 G=$T/good

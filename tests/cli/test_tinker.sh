@@ -17,11 +17,7 @@ MPIEXEC=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 CHECK="$HERE/../serve/tinker_check.py"
 PY=${PYTHON:-python3}
-T=$(mktemp -d)
 source "$HERE/serve_lib.sh"
-trap 'stop_server; rm -rf "$T"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 MODEL=(--model gpt --n-layer 2 --n-head 2 --n-embd 16 --vocab-size 64 --block-size 16 --full-finetune)
 config() {
@@ -57,5 +53,4 @@ for np in ${NPS:-1 2 3}; do
   cmp -s "$T/np1/samples.json" "$T/np$np/samples.json" || fail "-np $np: 7 samples differ from -np 1"
 done
 
-if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "test_tinker: all checks passed"
+finish test_tinker

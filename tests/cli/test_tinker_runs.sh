@@ -12,11 +12,7 @@ MPIEXEC=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 CHECK="$HERE/../serve/runs_check.py"
 SHARED=${ZDP_SHARED:-$(cd "$HERE/../../.." && pwd)/shared}
-T=$(mktemp -d)
 source "$HERE/serve_lib.sh"
-trap 'stop_server; rm -rf "$T"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 if ! sdk=$(bash "$SHARED/tinker-sdk.sh" 2>"$T/sdk.err"); then
   echo "SKIP: the Tinker SDK is not importable ($SHARED/tinker-sdk.sh: $(cat "$T/sdk.err"))"; exit 77

@@ -17,11 +17,7 @@ MPIEXEC=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 CHECK="$HERE/../serve/sdk_lora_check.py"
 SHARED=${ZDP_SHARED:-$(cd "$HERE/../../.." && pwd)/shared}
-T=$(mktemp -d)
 source "$HERE/serve_lib.sh"
-trap 'stop_server; rm -rf "$T"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 if ! sdk=$(bash "$SHARED/tinker-sdk.sh" 2>"$T/sdk.err"); then
   echo "SKIP: the Tinker SDK is not importable ($SHARED/tinker-sdk.sh: $(cat "$T/sdk.err"))"; exit 77
@@ -54,5 +50,4 @@ JSON
   done
 done
 
-[ $failures -eq 0 ] && echo "test_tinker_sdk_lora: OK"
-exit $((failures > 0))
+finish test_tinker_sdk_lora

@@ -9,10 +9,7 @@
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 ZDP=$1
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/lib.sh"
 mkdir "$T/tok"
 cp "$HERE/../fuzz/corpus/tokenizer/qwen3_like.json" "$T/tok/tokenizer.json"
 

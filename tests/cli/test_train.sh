@@ -7,38 +7,12 @@
 set -u
 ZDP=$1
 MPIEXEC=$2
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-failures=0
-
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-
-run() { # run NP ARGS... -> stdout+stderr in $T/out, exit code in $rc
-  local np=$1; shift
-  timeout 120 "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" "$@" >"$T/out" 2>&1
-  rc=$?
-  if [ $rc -eq 124 ]; then fail "timed out (hang): zdp $*"; fi
-}
-
-expect_ok() { # expect_ok NP ARGS...
-  run "$@"
-  if [ $rc -ne 0 ]; then fail "exit $rc: zdp ${*:2}"; cat "$T/out"; fi
-}
+source "$(dirname "$0")/lib.sh"
 
 # Step lines (stdout) counted wherever they start: $T/out holds stdout and
 # stderr together, and mpirun may splice a warning line into the middle of
 # one, so "^step" would miss it.
 steps_in() { grep -o 'step [0-9]* | loss' "$1" | wc -l; }
-
-expect_error() { # expect_error NP SUBSTRING ARGS...
-  local np=$1 sub=$2; shift 2
-  run "$np" "$@"
-  if [ $rc -eq 0 ]; then fail "exit 0, wanted an error: zdp $*"; return; fi
-  if ! grep -qF -- "$sub" "$T/out"; then fail "message lacks '$sub': zdp $*"; cat "$T/out"; fi
-  local n
-  n=$(grep -c "zdp: error:" "$T/out")
-  if [ "$n" -ne 1 ]; then fail "wanted one error line, got $n: zdp $*"; cat "$T/out"; fi
-}
 
 cat >"$T/managed.json" <<'JSON'
 {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
@@ -146,5 +120,4 @@ sed 's/"lr": 1e-2/"lr": 1e308/' "$T/managed.json" >"$T/lr_huge.json"
 expect_error 2 "optimizer.params.lr = 1e308: out of range; fix: write a number in [0, 100]" \
   train --model mlp --hidden 8 --config "$T/lr_huge.json"
 
-if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "test_train: all checks passed"
+finish test_train

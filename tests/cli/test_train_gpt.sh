@@ -8,25 +8,8 @@
 set -u
 ZDP=$1
 MPIEXEC=$2
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-run() {
-  local np=$1; shift
-  timeout 180 "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" "$@" >"$T/out" 2>&1
-  rc=$?
-  if [ $rc -eq 124 ]; then fail "timed out (hang): zdp $*"; fi
-}
-expect_ok() { run "$@"; if [ $rc -ne 0 ]; then fail "exit $rc: zdp ${*:2}"; cat "$T/out"; fi; }
-expect_error() {
-  local np=$1 sub=$2; shift 2
-  run "$np" "$@"
-  if [ $rc -eq 0 ]; then fail "exit 0, wanted an error: zdp $*"; return; fi
-  if ! grep -qF -- "$sub" "$T/out"; then fail "message lacks '$sub': zdp $*"; cat "$T/out"; fi
-  local n; n=$(grep -c "zdp: error:" "$T/out")
-  if [ "$n" -ne 1 ]; then fail "wanted one error line, got $n: zdp $*"; cat "$T/out"; fi
-}
+RUN_TIMEOUT=180
+source "$(dirname "$0")/lib.sh"
 
 MODEL=(--n-layer 2 --n-head 2 --n-embd 16 --vocab-size 256 --block-size 16)
 cat >"$T/managed.json" <<'JSON'
@@ -123,5 +106,4 @@ expect_error 2 "training stopped: the last 2 optimizer steps (1 to 2) were all s
 grep -q "^step 3 " "$T/out" && fail "gpt skip stop: ran past the limit"
 expect_error 2 "--max-skipped-steps x: need an integer >= 0" train --model gpt "${MODEL[@]}" \
   --config "$T/managed.json" --max-skipped-steps x
-if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "test_train_gpt: all checks passed"
+finish test_train_gpt

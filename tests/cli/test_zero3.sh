@@ -20,33 +20,7 @@
 set -u
 ZDP=$1
 MPIEXEC=$2
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-
-run() { # run NP ARGS... -> stdout+stderr in $T/out, exit code in $rc
-  local np=$1; shift
-  timeout 120 "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" "$@" >"$T/out" 2>&1
-  rc=$?
-  if [ $rc -eq 124 ]; then fail "timed out (hang): zdp $*"; fi
-}
-expect_ok() { # expect_ok NP ARGS...
-  run "$@"
-  if [ $rc -ne 0 ]; then fail "exit $rc: zdp ${*:2}"; cat "$T/out"; fi
-}
-expect_error() { # expect_error NP SUBSTRING ARGS...
-  local np=$1 sub=$2; shift 2
-  run "$np" "$@"
-  if [ $rc -eq 0 ]; then fail "exit 0, wanted an error: zdp $*"; return; fi
-  if ! grep -aqF -- "$sub" "$T/out"; then fail "message lacks '$sub': zdp $*"; cat "$T/out"; fi
-  local n
-  n=$(grep -ac "zdp: error:" "$T/out")
-  if [ "$n" -ne 1 ]; then fail "wanted one error line, got $n: zdp $*"; cat "$T/out"; fi
-}
-loss_of() { awk -v n="$2" '$1 == "step" && $2 == n { for (i = 1; i < NF; i++) if ($i == "loss") print $(i + 1) }' "$1"; }
-close() { awk -v a="$1" -v b="$2" -v tol="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; m = a < 0 ? -a : a;
-  if (a == "" || b == "" || d > tol * (m > 1e-30 ? m : 1e-30)) exit 1; exit 0 }'; }
+source "$(dirname "$0")/lib.sh"
 
 MLP=(--model mlp --hidden 8 --layers 3)
 GPT=(--model gpt --n-layer 2 --n-head 2 --n-embd 16 --vocab-size 256 --block-size 16 --val-every 0)
@@ -163,5 +137,4 @@ expect_error 2 "zero_optimization.stage3_prefetch_bucket_size" train "${MLP[@]}"
 sed 's/"stage": 3,/"stage": 3, "offload_param": {"device": "cpu"},/' "$T/s3m.json" >"$T/bad3.json"
 expect_error 2 "offload" train "${MLP[@]}" --config "$T/bad3.json"
 
-if [ $failures -ne 0 ]; then echo "test_zero3: $failures failure(s)"; exit 1; fi
-echo "test_zero3: ok"
+finish test_zero3

@@ -70,6 +70,15 @@ static inline void check_close_(const float *a, const float *b, long long n, dou
 }
 #define CHECK_CLOSE(a, b, n, rtol, atol, what) check_close_(a, b, n, rtol, atol, what, __FILE__, __LINE__)
 
+/* A zdp_set_log callback for the engine tests: a memory-accounting warning
+ * is a failure (the engine's byte counts disagree with what it holds); other
+ * warnings print with the rank; info lines stay quiet. */
+static inline void check_quiet_log(int level, const char *msg, void *user) {
+    (void)user;
+    if (strstr(msg, "memory accounting") != NULL) CHECK_FAIL_("%s", msg);
+    if (level > 0) fprintf(stderr, "[rank %d] warning: %s\n", zdp_dist_rank(), msg);
+}
+
 /* A distributed test's main: starts MPI (zdp_dist_init), sets *W and *R,
  * runs the test, and on rank 0 prints "NAME: all passed at -np W".  A failed
  * check inside ends the whole job (CHECK_FAIL_), so returning means passing.

@@ -23,15 +23,14 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/dist_lm.h"
 #include "engine/engine.h"
 #include "zdp/zdp.h"
 
 static int W, R;
 
 enum { STEPS = 3, MAX_BACKWARDS = 3, GLOBAL_B = 12, T = 5 };
-#define LR 0.05
-#define MOMENTUM 0.9
-#define CLIP 0.5
+static const dist_lm_sgd SGD_ = {.lr = 0.05, .momentum = 0.9, .clip = 0.5};
 
 /* Backwards per step: managed runs use gradient_accumulation_steps 2, the
  * unmanaged ones vary it from step to step. */
@@ -59,121 +58,47 @@ static zdp_llama_config qwen3_cfg_(void) {
 
 /* Token data, the same on every rank: STEPS * MAX_BACKWARDS global
  * micro-batches of GLOBAL_B sequences of T tokens. */
-typedef struct data {
-    int32_t *inputs, *targets;
-} data;
-
-static data data_make_(int vocab, uint64_t seed) {
-    const int64_t n = (int64_t)STEPS * MAX_BACKWARDS * GLOBAL_B * T;
-    data d = {malloc((size_t)n * sizeof(int32_t)), malloc((size_t)n * sizeof(int32_t))};
-    uint64_t s = seed;
-    for (int64_t i = 0; i < n; i++) {
-        d.inputs[i] = (int32_t)(zdp_splitmix64(&s) % (uint64_t)vocab);
-        d.targets[i] = (int32_t)(zdp_splitmix64(&s) % (uint64_t)vocab);
-    }
-    return d;
-}
-
-/* Sequences [first, first + b) of global micro-batch j. */
-static zdp_lm_batch batch_(const data *d, int64_t j, int64_t first, int b) {
-    const int64_t off = (j * GLOBAL_B + first) * T;
-    return (zdp_lm_batch){.inputs = d->inputs + off, .targets = d->targets + off, .B = b, .T = T};
-}
-
-static int64_t numel_(const zdp_param_info *pi) {
-    int64_t n = 1;
-    for (int k = 0; k < pi->ndim; k++) n *= pi->shape[k];
-    return n;
+static dist_lm_data data_make_(int vocab, uint64_t seed) {
+    return dist_lm_data_make((int64_t)STEPS * MAX_BACKWARDS, GLOBAL_B, T, vocab, seed);
 }
 
 /* ---- the single-process reference ------------------------------------------------ */
 
-/* Parameters after STEPS steps of clipped SGD with momentum, step s averaging
- * counts[s] whole global micro-batches; one flat array in registration order. */
-static float *reference_(const zdp_llama_config *mc, const data *d, const int *counts,
+/* Parameters after STEPS steps of the reference, step s averaging counts[s]
+ * whole global micro-batches; one flat array in registration order. */
+static float *reference_(const zdp_llama_config *mc, const dist_lm_data *d, const int *counts,
                          uint64_t seed, int64_t *n_out) {
     zdp_model m;
-    zdp_error err = {0};
-    if (zdp_llama_create(mc, GLOBAL_B, &m, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
-    const int np = m.n_params;
-    float **p = calloc((size_t)np, sizeof(float *)), **g = calloc((size_t)np, sizeof(float *));
-    int64_t n = 0;
-    for (int i = 0; i < np; i++) {
+    CHECK_OK(zdp_llama_create(mc, GLOBAL_B, &m, &e_));
+    float **p = calloc((size_t)m.n_params, sizeof(float *));
+    for (int i = 0; i < m.n_params; i++)
         p[i] = calloc((size_t)numel_(&m.params[i]), sizeof(float));
-        g[i] = calloc((size_t)numel_(&m.params[i]), sizeof(float));
-        n += numel_(&m.params[i]);
-    }
     zdp_llama_init_params(&m, p, seed);
-    double *pd = malloc((size_t)n * sizeof(double)), *gd = malloc((size_t)n * sizeof(double));
-    double *buf = calloc((size_t)n, sizeof(double));
-    for (int i = 0, k = 0; i < np; i++)
-        for (int64_t e = 0; e < numel_(&m.params[i]); e++) pd[k++] = p[i][e];
-    int64_t mb = 0; /* global micro-batches used so far */
-    for (int s = 0; s < STEPS; s++) {
-        memset(gd, 0, (size_t)n * sizeof(double));
-        for (int j = 0; j < counts[s]; j++, mb++) {
-            for (int i = 0; i < np; i++)
-                memset(g[i], 0, (size_t)numel_(&m.params[i]) * sizeof(float));
-            zdp_lm_batch b = batch_(d, mb, 0, GLOBAL_B);
-            float loss;
-            CHECK_OK(zdp_model_forward_dense(&m, (const float *const *)p, &b, &loss, &e_));
-            zdp_grad_sink *sink = zdp_grad_sink_create_dense(g, np);
-            CHECK_OK(zdp_model_backward_dense(&m, (const float *const *)p, 1.0f / (float)counts[s],
-                                     sink, &e_));
-            free(sink);
-            for (int i = 0, k = 0; i < np; i++)
-                for (int64_t e = 0; e < numel_(&m.params[i]); e++) gd[k++] += g[i][e];
-        }
-        double sq = 0.0;
-        for (int64_t k = 0; k < n; k++) sq += gd[k] * gd[k];
-        const double c = (sqrt(sq) + 1e-6) / CLIP, scale = c > 1.0 ? 1.0 / c : 1.0;
-        for (int64_t k = 0; k < n; k++) {
-            buf[k] = MOMENTUM * buf[k] + gd[k] * scale;
-            pd[k] -= LR * buf[k];
-        }
-        for (int i = 0, k = 0; i < np; i++)
-            for (int64_t e = 0; e < numel_(&m.params[i]); e++) p[i][e] = (float)pd[k++];
-    }
-    float *out = malloc((size_t)n * sizeof(float));
-    for (int64_t k = 0; k < n; k++) out[k] = (float)pd[k];
-    for (int i = 0; i < np; i++) free(p[i]), free(g[i]);
-    free(p), free(g), free(pd), free(gd), free(buf);
+    float *out = dist_lm_reference(&m, p, d, STEPS, counts, SGD_, n_out);
+    for (int i = 0; i < m.n_params; i++) free(p[i]);
+    free(p);
     zdp_llama_destroy(&m);
-    *n_out = n;
     return out;
 }
 
 /* ---- engine runs ------------------------------------------------------------------- */
 
-static float *train_(const zdp_llama_config *mc, const data *d, int stage, bool managed,
+static float *train_(const zdp_llama_config *mc, const dist_lm_data *d, int stage, bool managed,
                      const char *extra, uint64_t seed) {
     const int b = GLOBAL_B / W;
     const int *counts = managed ? MANAGED_COUNTS : UNMANAGED_COUNTS;
-    char json[1024];
-    snprintf(json, sizeof json,
-             "{\"train_batch_size\": %d, \"train_micro_batch_size_per_gpu\": %d, "
-             "\"zero_allow_untested_optimizer\": true, "
-             "\"gradient_clipping\": %g, \"managed_gradient_accumulation\": %s, "
-             "\"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": %g, \"momentum\": %g}}, "
-             "\"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": 40, "
-             "\"allgather_bucket_size\": 100 %s}}",
-             GLOBAL_B * MANAGED_COUNTS[0], b, CLIP, managed ? "true" : "false", LR, MOMENTUM,
-             stage, extra);
     zdp_config cfg;
+    dist_lm_config(W, GLOBAL_B, b, MANAGED_COUNTS[0], SGD_, managed, stage, 40, extra, &cfg);
     zdp_error err = {0};
-    if (zdp_config_load_string(json, "<test>", W, &cfg, &err) != ZDP_OK)
-        CHECK_FAIL_("config: %s", err.msg);
     zdp_model m;
     zdp_engine *eng;
     if (zdp_llama_create(mc, b, &m, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
     if (zdp_engine_create(&cfg, &m, &eng, &err) != ZDP_OK) CHECK_FAIL_("engine: %s", err.msg);
     /* Every stage through set_param / get_param: at stage 3 no rank holds
      * whole tensors for zdp_engine_param_data to show. */
-    int64_t n = 0;
-    for (int i = 0; i < m.n_params; i++) n += numel_(&m.params[i]);
-    float *out = malloc((size_t)n * sizeof(float));
-    float **views = calloc((size_t)m.n_params, sizeof(float *));
-    for (int i = 0, k = 0; i < m.n_params; k += (int)numel_(&m.params[i]), i++) views[i] = out + k;
+    int64_t n;
+    float **views;
+    float *out = dist_lm_flat(&m, &views, &n);
     zdp_llama_init_params(&m, views, seed);
     for (int i = 0; i < m.n_params; i++) CHECK_OK(zdp_engine_set_param(eng, i, views[i], &e_));
     CHECK_OK(zdp_engine_sync_params(eng, &e_));
@@ -182,33 +107,7 @@ static float *train_(const zdp_llama_config *mc, const data *d, int stage, bool 
     zdp_engine_memory_report(eng, &mr);
     CHECK(m.activation_bytes > 0);
     CHECK_EQ_I64(mr.activation_bytes, m.activation_bytes);
-    int64_t mbi = 0;
-    for (int s = 0; s < STEPS; s++) {
-        for (int j = 0; j < counts[s]; j++, mbi++) {
-            zdp_lm_batch mb = batch_(d, mbi, (int64_t)R * b, b);
-            float loss;
-            CHECK_OK(zdp_engine_forward(eng, &mb, &loss, &e_));
-            CHECK(isfinite(loss) && loss > 0.0f);
-            /* Misuse of the grad sink would make this ZDP_ERR_STATE. */
-            zdp_status st =
-                zdp_engine_backward(eng, managed, managed ? 1.0f : 1.0f / (float)counts[s], &err);
-            if (st != ZDP_OK) CHECK_FAIL_("backward: %s", err.msg);
-            if (managed) {
-                CHECK_OK(zdp_engine_step(eng, &e_));
-                CHECK(zdp_engine_was_step_applied(eng) == (j == counts[s] - 1));
-            } else {
-                CHECK_EQ_I64(zdp_engine_pending_backwards(eng), j + 1);
-            }
-        }
-        if (!managed) {
-            CHECK_OK(zdp_engine_step(eng, &e_));
-            CHECK(zdp_engine_was_step_applied(eng));
-            CHECK_EQ_I64(zdp_engine_pending_backwards(eng), 0);
-        }
-        CHECK_EQ_I64(zdp_engine_global_steps(eng), s + 1);
-        CHECK(isfinite(zdp_engine_last_grad_norm(eng)) && zdp_engine_last_grad_norm(eng) > 0.0);
-    }
-    CHECK_EQ_I64(zdp_engine_skipped_steps(eng), 0);
+    dist_lm_train(eng, d, R, b, STEPS, counts, managed);
     CHECK_EQ_I64(zdp_engine_numel(eng), n);
     for (int i = 0; i < m.n_params; i++) CHECK_OK(zdp_engine_get_param(eng, i, views[i], &e_));
     if (stage == 3) {
@@ -258,7 +157,7 @@ static float *train_(const zdp_llama_config *mc, const data *d, int stage, bool 
 }
 
 static void check_model_(const char *name, const zdp_llama_config *mc, uint64_t seed) {
-    data d = data_make_(mc->vocab_size, seed + 70);
+    dist_lm_data d = data_make_(mc->vocab_size, seed + 70);
     int64_t n;
     float *ref[2];
     ref[0] = reference_(mc, &d, UNMANAGED_COUNTS, seed, &n);
@@ -310,12 +209,10 @@ static void check_model_(const char *name, const zdp_llama_config *mc, uint64_t 
     /* Training moved the parameters, differently for the two schedules. */
     zdp_model m;
     CHECK_OK(zdp_llama_create(mc, 1, &m, &e_));
-    float **p = calloc((size_t)m.n_params, sizeof(float *));
-    float *init = malloc((size_t)n * sizeof(float));
-    for (int i = 0, k = 0; i < m.n_params; i++) {
-        p[i] = init + k;
-        k += (int)numel_(&m.params[i]);
-    }
+    float **p;
+    int64_t n_init;
+    float *init = dist_lm_flat(&m, &p, &n_init);
+    CHECK_EQ_I64(n_init, n);
     zdp_llama_init_params(&m, p, seed);
     double moved = 0.0, apart = 0.0;
     for (int64_t k = 0; k < n; k++) {
@@ -324,11 +221,10 @@ static void check_model_(const char *name, const zdp_llama_config *mc, uint64_t 
     }
     CHECK(moved > 1e-3);
     CHECK(apart > 1e-4);
-    free(init), free(p), free(ref[0]), free(ref[1]), free(d.inputs), free(d.targets);
+    free(init), free(p), free(ref[0]), free(ref[1]);
+    dist_lm_data_free(&d);
     zdp_llama_destroy(&m);
 }
-
-void quiet_log_(int level, const char *msg, void *user);
 
 int main(int argc, char **argv) {
     zdp_error err;
@@ -338,7 +234,7 @@ int main(int argc, char **argv) {
     }
     W = zdp_dist_world_size();
     R = zdp_dist_rank();
-    if (getenv("ZDP_TEST_VERBOSE") == NULL) zdp_set_log(quiet_log_, NULL);
+    if (getenv("ZDP_TEST_VERBOSE") == NULL) zdp_set_log(check_quiet_log, NULL);
     if (GLOBAL_B % W != 0) {
         if (R == 0) printf("test_llama_dist: world size %d does not divide %d, skipped\n", W, GLOBAL_B);
         zdp_dist_finalize();
@@ -350,10 +246,4 @@ int main(int argc, char **argv) {
     if (R == 0) printf("test_llama_dist: 2 models x 8 runs matched the reference at world size %d\n", W);
     zdp_dist_finalize();
     return 0;
-}
-
-void quiet_log_(int level, const char *msg, void *user) {
-    (void)user;
-    if (strstr(msg, "memory accounting") != NULL) CHECK_FAIL_("%s", msg);
-    if (level > 0) fprintf(stderr, "[rank %d] warning: %s\n", R, msg);
 }

@@ -19,15 +19,14 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/dist_lm.h"
 #include "engine/engine.h"
 #include "zdp/zdp.h"
 
 static int W, R;
 
 enum { STEPS = 3, MAX_BACKWARDS = 3, GLOBAL_B = 12, T = 5 };
-#define LR 0.05
-#define MOMENTUM 0.9
-#define CLIP 0.5
+static const dist_lm_sgd SGD_ = {.lr = 0.05, .momentum = 0.9, .clip = 0.5};
 
 static const int MANAGED_COUNTS[STEPS] = {2, 2, 2};
 static const int UNMANAGED_COUNTS[STEPS] = {1, 3, 2};
@@ -46,12 +45,6 @@ static const zdp_llama_config QWEN3_ = {.arch = ZDP_ARCH_QWEN3, .qk_norm = 1, .n
                                         .initializer_range = 0.2};
 static const zdp_gpt_config GPT_ = {.n_layer = 2, .n_head = 2, .n_embd = 8, .vocab_size = 13,
                                     .block_size = 6};
-
-static int64_t numel_(const zdp_param_info *pi) {
-    int64_t n = 1;
-    for (int k = 0; k < pi->ndim; k++) n *= pi->shape[k];
-    return n;
-}
 
 /* The base model and its weights (one allocation per tensor). */
 static float **base_make_(const base_spec *b, int max_batch, zdp_model *m) {
@@ -87,105 +80,41 @@ static void check_base_unchanged_(const base_spec *b, const zdp_model *m, float 
 }
 /* Token data, the same on every rank: STEPS * MAX_BACKWARDS global
  * micro-batches of GLOBAL_B sequences of T tokens. */
-typedef struct data {
-    int32_t *inputs, *targets;
-} data;
-
-static data data_make_(int vocab, uint64_t seed) {
-    const int64_t n = (int64_t)STEPS * MAX_BACKWARDS * GLOBAL_B * T;
-    data d = {malloc((size_t)n * sizeof(int32_t)), malloc((size_t)n * sizeof(int32_t))};
-    uint64_t s = seed;
-    for (int64_t i = 0; i < n; i++) {
-        d.inputs[i] = (int32_t)(zdp_splitmix64(&s) % (uint64_t)vocab);
-        d.targets[i] = (int32_t)(zdp_splitmix64(&s) % (uint64_t)vocab);
-    }
-    return d;
-}
-
-/* Sequences [first, first + b) of global micro-batch j. */
-static zdp_lm_batch batch_(const data *d, int64_t j, int64_t first, int b) {
-    const int64_t off = (j * GLOBAL_B + first) * T;
-    return (zdp_lm_batch){.inputs = d->inputs + off, .targets = d->targets + off, .B = b, .T = T};
+static dist_lm_data data_make_(int vocab, uint64_t seed) {
+    return dist_lm_data_make((int64_t)STEPS * MAX_BACKWARDS, GLOBAL_B, T, vocab, seed);
 }
 
 /* ---- the single-process reference ------------------------------------------------ */
 
-/* Parameters after STEPS steps of clipped SGD with momentum, step s averaging
- * counts[s] whole global micro-batches; one flat array in registration order. */
-static float *reference_(const base_spec *bs, const data *d, const int *counts, int64_t *n_out) {
+/* Parameters after STEPS steps of the reference, step s averaging counts[s]
+ * whole global micro-batches; one flat array in registration order. */
+static float *reference_(const base_spec *bs, const dist_lm_data *d, const int *counts,
+                         int64_t *n_out) {
     zdp_model base, m;
     float **bp = base_make_(bs, GLOBAL_B, &base);
     CHECK_OK(zdp_lora_create(&base, (const float *const *)bp, &bs->lora, &m, &e_));
-    const int np = m.n_params;
-    float **p = calloc((size_t)np, sizeof(float *)), **g = calloc((size_t)np, sizeof(float *));
-    int64_t n = 0;
-    for (int i = 0; i < np; i++) {
+    float **p = calloc((size_t)m.n_params, sizeof(float *));
+    for (int i = 0; i < m.n_params; i++)
         p[i] = calloc((size_t)numel_(&m.params[i]), sizeof(float));
-        g[i] = calloc((size_t)numel_(&m.params[i]), sizeof(float));
-        n += numel_(&m.params[i]);
-    }
     zdp_lora_init_params(&m, p);
-    double *pd = malloc((size_t)n * sizeof(double)), *gd = malloc((size_t)n * sizeof(double));
-    double *buf = calloc((size_t)n, sizeof(double));
-    for (int i = 0, k = 0; i < np; i++)
-        for (int64_t e = 0; e < numel_(&m.params[i]); e++) pd[k++] = p[i][e];
-    int64_t mb = 0; /* global micro-batches used so far */
-    for (int s = 0; s < STEPS; s++) {
-        memset(gd, 0, (size_t)n * sizeof(double));
-        for (int j = 0; j < counts[s]; j++, mb++) {
-            for (int i = 0; i < np; i++)
-                memset(g[i], 0, (size_t)numel_(&m.params[i]) * sizeof(float));
-            zdp_lm_batch b = batch_(d, mb, 0, GLOBAL_B);
-            float loss;
-            CHECK_OK(zdp_model_forward_dense(&m, (const float *const *)p, &b, &loss, &e_));
-            zdp_grad_sink *sink = zdp_grad_sink_create_dense(g, np);
-            CHECK_OK(zdp_model_backward_dense(&m, (const float *const *)p, 1.0f / (float)counts[s],
-                                     sink, &e_));
-            free(sink);
-            for (int i = 0, k = 0; i < np; i++)
-                for (int64_t e = 0; e < numel_(&m.params[i]); e++) gd[k++] += g[i][e];
-        }
-        double sq = 0.0;
-        for (int64_t k = 0; k < n; k++) sq += gd[k] * gd[k];
-        const double c = (sqrt(sq) + 1e-6) / CLIP, scale = c > 1.0 ? 1.0 / c : 1.0;
-        for (int64_t k = 0; k < n; k++) {
-            buf[k] = MOMENTUM * buf[k] + gd[k] * scale;
-            pd[k] -= LR * buf[k];
-        }
-        for (int i = 0, k = 0; i < np; i++)
-            for (int64_t e = 0; e < numel_(&m.params[i]); e++) p[i][e] = (float)pd[k++];
-    }
-    float *out = malloc((size_t)n * sizeof(float));
-    for (int64_t k = 0; k < n; k++) out[k] = (float)pd[k];
-    for (int i = 0; i < np; i++) free(p[i]), free(g[i]);
-    free(p), free(g), free(pd), free(gd), free(buf);
+    float *out = dist_lm_reference(&m, p, d, STEPS, counts, SGD_, n_out);
+    for (int i = 0; i < m.n_params; i++) free(p[i]);
+    free(p);
     zdp_lora_destroy(&m);
     check_base_unchanged_(bs, &base, bp);
     base_free_(&base, bp);
-    *n_out = n;
     return out;
 }
 
 /* ---- engine runs ------------------------------------------------------------------- */
 
-static float *train_(const base_spec *bs, const data *d, int stage, bool managed,
+static float *train_(const base_spec *bs, const dist_lm_data *d, int stage, bool managed,
                      const char *extra) {
     const int b = GLOBAL_B / W;
     const int *counts = managed ? MANAGED_COUNTS : UNMANAGED_COUNTS;
-    char json[1024];
-    snprintf(json, sizeof json,
-             "{\"train_batch_size\": %d, \"train_micro_batch_size_per_gpu\": %d, "
-             "\"zero_allow_untested_optimizer\": true, "
-             "\"gradient_clipping\": %g, \"managed_gradient_accumulation\": %s, "
-             "\"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": %g, \"momentum\": %g}}, "
-             "\"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": 20, "
-             "\"allgather_bucket_size\": 100 %s}}",
-             GLOBAL_B * MANAGED_COUNTS[0], b, CLIP, managed ? "true" : "false", LR, MOMENTUM,
-             stage, extra);
     zdp_config cfg;
+    dist_lm_config(W, GLOBAL_B, b, MANAGED_COUNTS[0], SGD_, managed, stage, 20, extra, &cfg);
     zdp_error err = {0};
-    if (zdp_config_load_string(json, "<test>", W, &cfg, &err) != ZDP_OK)
-        CHECK_FAIL_("config: %s", err.msg);
     zdp_model base, m;
     zdp_engine *eng;
     float **bp = base_make_(bs, b, &base);
@@ -200,33 +129,7 @@ static float *train_(const base_spec *bs, const data *d, int stage, bool managed
     zdp_engine_memory_report(eng, &mr);
     CHECK(m.activation_bytes > 0);
     CHECK_EQ_I64(mr.activation_bytes, m.activation_bytes);
-    int64_t mbi = 0;
-    for (int s = 0; s < STEPS; s++) {
-        for (int j = 0; j < counts[s]; j++, mbi++) {
-            zdp_lm_batch mb = batch_(d, mbi, (int64_t)R * b, b);
-            float loss;
-            CHECK_OK(zdp_engine_forward(eng, &mb, &loss, &e_));
-            CHECK(isfinite(loss) && loss > 0.0f);
-            /* Misuse of the grad sink would make this ZDP_ERR_STATE. */
-            zdp_status st =
-                zdp_engine_backward(eng, managed, managed ? 1.0f : 1.0f / (float)counts[s], &err);
-            if (st != ZDP_OK) CHECK_FAIL_("backward: %s", err.msg);
-            if (managed) {
-                CHECK_OK(zdp_engine_step(eng, &e_));
-                CHECK(zdp_engine_was_step_applied(eng) == (j == counts[s] - 1));
-            } else {
-                CHECK_EQ_I64(zdp_engine_pending_backwards(eng), j + 1);
-            }
-        }
-        if (!managed) {
-            CHECK_OK(zdp_engine_step(eng, &e_));
-            CHECK(zdp_engine_was_step_applied(eng));
-            CHECK_EQ_I64(zdp_engine_pending_backwards(eng), 0);
-        }
-        CHECK_EQ_I64(zdp_engine_global_steps(eng), s + 1);
-        CHECK(isfinite(zdp_engine_last_grad_norm(eng)) && zdp_engine_last_grad_norm(eng) > 0.0);
-    }
-    CHECK_EQ_I64(zdp_engine_skipped_steps(eng), 0);
+    dist_lm_train(eng, d, R, b, STEPS, counts, managed);
     int64_t n = 0;
     for (int i = 0; i < m.n_params; i++) n += numel_(&m.params[i]);
     CHECK_EQ_I64(zdp_engine_numel(eng), n);
@@ -245,7 +148,7 @@ static float *train_(const base_spec *bs, const data *d, int stage, bool managed
 }
 
 static void check_model_(const char *name, const base_spec *bs, uint64_t seed) {
-    data d = data_make_(13, seed + 70);
+    dist_lm_data d = data_make_(13, seed + 70);
     int64_t n;
     float *ref[2];
     ref[0] = reference_(bs, &d, UNMANAGED_COUNTS, &n);
@@ -270,12 +173,10 @@ static void check_model_(const char *name, const base_spec *bs, uint64_t seed) {
     zdp_model base, m;
     float **bp = base_make_(bs, 1, &base);
     CHECK_OK(zdp_lora_create(&base, (const float *const *)bp, &bs->lora, &m, &e_));
-    float **p = calloc((size_t)m.n_params, sizeof(float *));
-    float *init = malloc((size_t)n * sizeof(float));
-    for (int i = 0, k = 0; i < m.n_params; i++) {
-        p[i] = init + k;
-        k += (int)numel_(&m.params[i]);
-    }
+    float **p;
+    int64_t n_init;
+    float *init = dist_lm_flat(&m, &p, &n_init);
+    CHECK_EQ_I64(n_init, n);
     zdp_lora_init_params(&m, p);
     double moved_a = 0.0, moved_b = 0.0, apart = 0.0;
     for (int i = 0, k = 0; i < m.n_params; i++)
@@ -288,7 +189,8 @@ static void check_model_(const char *name, const base_spec *bs, uint64_t seed) {
     CHECK(moved_a > 1e-4);
     CHECK(moved_b > 1e-3);
     CHECK(apart > 1e-4);
-    free(init), free(p), free(ref[0]), free(ref[1]), free(d.inputs), free(d.targets);
+    free(init), free(p), free(ref[0]), free(ref[1]);
+    dist_lm_data_free(&d);
     zdp_lora_destroy(&m);
     base_free_(&base, bp);
 }
@@ -318,8 +220,6 @@ static void check_stage3_refused_(const base_spec *bs) {
     base_free_(&base, bp);
 }
 
-void quiet_log_(int level, const char *msg, void *user);
-
 int main(int argc, char **argv) {
     zdp_error err;
     if (zdp_dist_init(&argc, &argv, &err) != ZDP_OK) {
@@ -328,7 +228,7 @@ int main(int argc, char **argv) {
     }
     W = zdp_dist_world_size();
     R = zdp_dist_rank();
-    if (getenv("ZDP_TEST_VERBOSE") == NULL) zdp_set_log(quiet_log_, NULL);
+    if (getenv("ZDP_TEST_VERBOSE") == NULL) zdp_set_log(check_quiet_log, NULL);
     if (GLOBAL_B % W != 0) {
         if (R == 0) printf("test_lora_dist: world size %d does not divide %d, skipped\n", W, GLOBAL_B);
         zdp_dist_finalize();
@@ -342,10 +242,4 @@ int main(int argc, char **argv) {
     if (R == 0) printf("test_lora_dist: 2 models x 8 runs matched the reference at world size %d\n", W);
     zdp_dist_finalize();
     return 0;
-}
-
-void quiet_log_(int level, const char *msg, void *user) {
-    (void)user;
-    if (strstr(msg, "memory accounting") != NULL) CHECK_FAIL_("%s", msg);
-    if (level > 0) fprintf(stderr, "[rank %d] warning: %s\n", R, msg);
 }

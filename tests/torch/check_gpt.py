@@ -42,39 +42,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "bench", "torch"))
 import torch  # noqa: E402
 
 import gpt_torch as gt  # noqa: E402
-
-TOL = {"loss": (1e-5, 1e-6), "logits": (1e-4, 1e-5), "grad": (1e-4, 1e-5)}
-
-
-class Report:
-    def __init__(self):
-        self.failures = []
-
-    def compare(self, label, got, ref, kind, ref32=None):
-        rtol, atol = TOL[kind]
-        got = got.double()
-        ref = ref.double()
-        if tuple(got.shape) != tuple(ref.shape):
-            self.failures.append(f"{label}: shape {list(got.shape)} vs reference {list(ref.shape)}")
-            print(f"  FAIL {label}: shape {list(got.shape)} vs reference {list(ref.shape)}")
-            return
-        diff = (got - ref).abs()
-        bound = atol + rtol * ref.abs()
-        ratio = float((diff / bound).max()) if diff.numel() else 0.0
-        ok = bool(torch.isfinite(got).all()) and ratio <= 1.0
-        d32 = f"{float((ref32.double() - ref).abs().max()):.2e}" if ref32 is not None else "-"
-        print(f"  {'ok  ' if ok else 'FAIL'} {label:<42} {str(list(ref.shape)):<12} "
-              f"max|diff| {float(diff.max()) if diff.numel() else 0:.2e}  "
-              f"max|ref| {float(ref.abs().max()) if ref.numel() else 0:.2e}  "
-              f"diff/tol {ratio:.3f}  torch-fp32 {d32}")
-        if not ok:
-            self.failures.append(f"{label}: max|diff| {float(diff.max()):.3e}, diff/tol {ratio:.3f}")
-
-    def check(self, label, ok, detail):
-        print(f"  {'ok  ' if ok else 'FAIL'} {label}: {detail}")
-        if not ok:
-            self.failures.append(f"{label}: {detail}")
-
+from checklib import Report, check_grads_file  # noqa: E402
 
 def model_args(cfg):
     return ["--n-layer", str(cfg.n_layer), "--n-head", str(cfg.n_head), "--n-embd",
@@ -165,23 +133,8 @@ def cmd_grads(a, rep, work):
         loss64, logits64, grads64 = torch_pass(cfg, {k: v.double() for k, v in params.items()},
                                               inputs, targets, torch.float64)
         loss32, logits32, grads32 = torch_pass(cfg, params, inputs, targets, torch.float32)
-        rep.compare(f"{name}: loss", z["loss"].view(()), loss64, "loss", loss32)
-        rep.check(f"{name}: loss deterministic", torch.equal(z["loss"], z["loss_again"]),
-                  f"{float(z['loss']):.9g} then {float(z['loss_again']):.9g}")
-        rep.compare(f"{name}: next_logits", z["next_logits"], logits64[:, -1, :], "logits",
-                    logits32[:, -1, :])
-        rep.compare(f"{name}: prefix_logits (seq 0, all t)", z["prefix_logits"], logits64[0],
-                    "logits", logits32[0])
-        for n_ in names:
-            rep.compare(f"{name}: grad {n_}", z["grad." + n_], grads64[n_], "grad", grads32[n_])
-        # The sink adds: grad_accum = grad + 0.5 grad, to fp32 rounding of zdp's own values.
-        worst = 0.0
-        for n_ in names:
-            gz = z["grad." + n_].double()
-            d = (z["grad_accum." + n_].double() - 1.5 * gz).abs()
-            worst = max(worst, float((d / (1e-7 + 1e-5 * gz.abs())).max()))
-        rep.check(f"{name}: backward adds into the sink", worst <= 1.0,
-                  f"grad_accum vs 1.5 x grad, worst diff/tol {worst:.3f}")
+        check_grads_file(rep, name, z, names, (loss64, logits64, None, grads64),
+                         (loss32, logits32, None, grads32))
 
 
 STEP_RE = re.compile(r"^step (\d+) \| loss ([-+0-9.eEnaif]+)")
@@ -309,13 +262,7 @@ def main():
         work = a.keep or tmp
         os.makedirs(work, exist_ok=True)
         (cmd_grads if a.cmd == "grads" else cmd_train)(a, rep, work)
-    if rep.failures:
-        print(f"\ncheck_gpt {a.cmd}: {len(rep.failures)} FAILED:")
-        for f in rep.failures[:40]:
-            print("  " + f)
-        return 1
-    print(f"\ncheck_gpt {a.cmd}: all agree")
-    return 0
+    return rep.finish(f"check_gpt {a.cmd}", limit=40)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,8 @@ import torch  # noqa: E402
 
 import gpt_torch as gt  # noqa: E402
 import llama_ref as lr  # noqa: E402
-from check_gpt import Report, parse_step_losses  # noqa: E402
+from check_gpt import parse_step_losses  # noqa: E402
+from checklib import Report  # noqa: E402
 
 STEPS = 5
 
@@ -299,13 +300,7 @@ def main():
                     "--kv-heads", "2", "--ffn", "40", "--vocab", "70", "--no-tie",
                     "--attention-bias", "--max-pos", "64", "--rope-scaling", "llama3:4,1,4,8"],
                    W=3, stage=1, managed=True, G=2, schedule=None, ntok=4000, T=T)
-    if rep.failures:
-        print(f"check_hf: {len(rep.failures)} FAILED:")
-        for f in rep.failures:
-            print("  " + f.splitlines()[0])
-        return 1
-    print("check_hf: all passed")
-    return 0
+    return rep.finish("check_hf")
 
 
 if __name__ == "__main__":

@@ -36,9 +36,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "bench", "torch"))
 import torch  # noqa: E402
 
 import llama_ref as lr  # noqa: E402
+from checklib import Report, check_grads_file  # noqa: E402
 from gpt_torch import read_safetensors, write_safetensors  # noqa: E402
-
-TOL = {"loss": (1e-5, 1e-6), "logits": (1e-4, 1e-5), "grad": (1e-4, 1e-5)}
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 32}
@@ -64,32 +63,6 @@ CASES = [
                                         initializer_range=0.05),
      2, 8, "zdp", False),
 ]
-
-
-class Report:
-    def __init__(self):
-        self.failures = []
-
-    def compare(self, label, got, ref, kind, ref32=None):
-        rtol, atol = TOL[kind]
-        got, ref = got.double(), ref.double()
-        if tuple(got.shape) != tuple(ref.shape):
-            self.check(label, False, f"shape {list(got.shape)} vs reference {list(ref.shape)}")
-            return
-        diff = (got - ref).abs()
-        ratio = float((diff / (atol + rtol * ref.abs())).max()) if diff.numel() else 0.0
-        ok = bool(torch.isfinite(got).all()) and ratio <= 1.0
-        d32 = f"{float((ref32.double() - ref).abs().max()):.2e}" if ref32 is not None else "-"
-        print(f"  {'ok  ' if ok else 'FAIL'} {label:<58} {str(list(ref.shape)):<10} "
-              f"max|diff| {float(diff.max()):.2e}  max|ref| {float(ref.abs().max()):.2e}  "
-              f"diff/tol {ratio:.3f}  torch-fp32 {d32}")
-        if not ok:
-            self.failures.append(f"{label}: max|diff| {float(diff.max()):.3e}, diff/tol {ratio:.3f}")
-
-    def check(self, label, ok, detail):
-        print(f"  {'ok  ' if ok else 'FAIL'} {label}: {detail}")
-        if not ok:
-            self.failures.append(f"{label}: {detail}")
 
 
 def zdp_args(cfg):
@@ -195,23 +168,8 @@ def run_case(a, rep, work, name, cfg, B, T, init, weighted):
                                                  inputs, targets, weights, torch.float64)
     loss32, logits32, logp32, grads32 = ref_pass(cfg, params, inputs, targets, weights,
                                                  torch.float32)
-    rep.compare(f"{name}: loss", z["loss"].view(()), loss64, "loss", loss32)
-    rep.check(f"{name}: loss deterministic", torch.equal(z["loss"], z["loss_again"]),
-              f"{float(z['loss']):.9g} then {float(z['loss_again']):.9g}")
-    rep.compare(f"{name}: logprobs", z["logprobs"], logp64, "logits", logp32)
-    rep.compare(f"{name}: next_logits", z["next_logits"], logits64[:, -1, :], "logits",
-                logits32[:, -1, :])
-    rep.compare(f"{name}: prefix_logits (seq 0, all t)", z["prefix_logits"], logits64[0],
-                "logits", logits32[0])
-    for n_ in names:
-        rep.compare(f"{name}: grad {n_}", z["grad." + n_], grads64[n_], "grad", grads32[n_])
-    worst = 0.0
-    for n_ in names:
-        gz = z["grad." + n_].double()
-        d = (z["grad_accum." + n_].double() - 1.5 * gz).abs()
-        worst = max(worst, float((d / (1e-7 + 1e-5 * gz.abs())).max()))
-    rep.check(f"{name}: backward adds into the sink", worst <= 1.0,
-              f"grad_accum vs 1.5 x grad, worst diff/tol {worst:.3f}")
+    check_grads_file(rep, name, z, names, (loss64, logits64, logp64, grads64),
+                     (loss32, logits32, logp32, grads32))
 
 
 def main():
@@ -228,13 +186,7 @@ def main():
         for case in CASES:
             if a.case is None or case[0] == a.case:
                 run_case(a, rep, work, *case)
-    if rep.failures:
-        print(f"check_llama: {len(rep.failures)} FAILED:")
-        for f in rep.failures:
-            print("  " + f)
-        return 1
-    print("check_llama: all checks passed")
-    return 0
+    return rep.finish("check_llama")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import gpt_torch as gt  # noqa: E402
-from check_gpt import Report, parse_step_losses  # noqa: E402
+from check_gpt import parse_step_losses  # noqa: E402
+from checklib import Report  # noqa: E402
 from check_hf import read_folder, ref_model, sh, write_npy_int32  # noqa: E402
 
 STEPS = 5
@@ -349,13 +350,7 @@ def main():
                  False, 1, "1,2")
         run_case(a, rep, work, "gpt2-np1-stage0-c_attn", gpt2, ["attn.c_attn"], 2, 8, 1, 0,
                  True, 1, None)
-    if rep.failures:
-        print(f"check_lora: {len(rep.failures)} FAILED:")
-        for f in rep.failures:
-            print("  " + f.splitlines()[0])
-        return 1
-    print("check_lora: all passed")
-    return 0
+    return rep.finish("check_lora")
 
 
 if __name__ == "__main__":

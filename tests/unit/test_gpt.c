@@ -21,57 +21,12 @@
 
 #include <cmocka.h>
 
+#include "common/unit_lm.h"
 #include "engine/engine.h"
 #include "nn/nn.h"
 #include "zdp/zdp.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
-
-static uint64_t rng_(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-static float uniform_(uint64_t *s) { return (float)((double)(rng_(s) >> 11) * 0x1.0p-53 * 2.0 - 1.0); }
-
-static float *rand_vec_(int64_t n, float scale, uint64_t *s) {
-    float *v = malloc((size_t)n * sizeof(float));
-    for (int64_t i = 0; i < n; i++) v[i] = scale * uniform_(s);
-    return v;
-}
-
-static double dot_d_(const float *a, const float *b, int64_t n) {
-    double s = 0.0;
-    for (int64_t i = 0; i < n; i++) s += (double)a[i] * b[i];
-    return s;
-}
-
-/* An objective evaluated at the current inputs (forward only). */
-typedef double (*objective_fn)(void *ctx);
-
-/* Central differences of f w.r.t. every element of x (or `sample` random
- * ones when x is larger), against the analytic gradient g. */
-static void fd_check_(const char *what, float *x, const float *g, int64_t n, objective_fn f,
-                      void *ctx, float h, double rtol, double atol, int64_t sample) {
-    uint64_t s = 99;
-    const int64_t count = sample > 0 && sample < n ? sample : n;
-    for (int64_t i = 0; i < count; i++) {
-        const int64_t k = count == n ? i : (int64_t)(rng_(&s) % (uint64_t)n);
-        const float keep = x[k];
-        x[k] = keep + h;
-        const double hp = (double)x[k] - keep, up = f(ctx);
-        x[k] = keep - h;
-        const double hm = keep - (double)x[k], down = f(ctx);
-        x[k] = keep;
-        const double fd = (up - down) / (hp + hm);
-        const double tol = atol + rtol * fmax(fabs(fd), fabs(g[k]));
-        if (!(fabs(fd - g[k]) <= tol))
-            fail_msg("%s[%lld]: analytic %.7g, finite difference %.7g (tolerance %.3g)", what,
-                     (long long)k, (double)g[k], fd, tol);
-    }
-}
 
 /* Gradient buffers that start non-zero: a backward that must ADD is checked
  * by subtracting the starting values, one that must overwrite by ignoring them. */
@@ -437,57 +392,18 @@ static void test_lmhead_crossentropy(void **state) {
 
 /* ---- the whole model --------------------------------------------------------------------------- */
 
-typedef struct model_fx {
-    zdp_model m;
-    zdp_gpt_config cfg;
-    float **p, **g;
-    int64_t *numel;
-    int32_t *inputs, *targets;
-    zdp_lm_batch batch;
-} model_fx;
-
-static int64_t numel_(const zdp_param_info *pi) {
-    int64_t n = 1;
-    for (int d = 0; d < pi->ndim; d++) n *= pi->shape[d];
-    return n;
-}
-
 /* A tiny model with parameters larger than GPT-2's init (so gradients are
  * well above the finite-difference noise) and random data. */
 static void fx_init_(model_fx *f, zdp_gpt_config cfg, int max_batch, int B, int T, uint64_t seed) {
     memset(f, 0, sizeof *f);
-    f->cfg = cfg;
     zdp_error err;
     if (zdp_gpt_create(&cfg, max_batch, &f->m, &err) != ZDP_OK) fail_msg("%s", err.msg);
-    const int np = f->m.n_params;
-    f->p = calloc((size_t)np, sizeof(float *));
-    f->g = calloc((size_t)np, sizeof(float *));
-    f->numel = calloc((size_t)np, sizeof(int64_t));
-    for (int i = 0; i < np; i++) {
-        f->numel[i] = numel_(&f->m.params[i]);
-        f->p[i] = calloc((size_t)f->numel[i], sizeof(float));
-        f->g[i] = calloc((size_t)f->numel[i], sizeof(float));
-    }
+    fx_alloc_(f);
     zdp_gpt_init_params(&f->m, f->p, seed);
     uint64_t s = seed;
-    for (int i = 0; i < np; i++)
+    for (int i = 0; i < f->m.n_params; i++)
         for (int64_t k = 0; k < f->numel[i]; k++) f->p[i][k] += 0.3f * uniform_(&s);
-    f->inputs = malloc((size_t)B * T * sizeof(int32_t));
-    f->targets = malloc((size_t)B * T * sizeof(int32_t));
-    for (int i = 0; i < B * T; i++) {
-        f->inputs[i] = (int32_t)(rng_(&s) % (uint64_t)cfg.vocab_size);
-        f->targets[i] = (int32_t)(rng_(&s) % (uint64_t)cfg.vocab_size);
-    }
-    f->batch = (zdp_lm_batch){.inputs = f->inputs, .targets = f->targets, .B = B, .T = T};
-}
-
-static void fx_free_(model_fx *f) {
-    for (int i = 0; i < f->m.n_params; i++) {
-        free(f->p[i]);
-        free(f->g[i]);
-    }
-    free(f->p), free(f->g), free(f->numel), free(f->inputs), free(f->targets);
-    zdp_gpt_destroy(&f->m);
+    fx_tokens_(f, B, T, cfg.vocab_size, &s);
 }
 
 typedef struct loss_ctx {

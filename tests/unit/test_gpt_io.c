@@ -26,6 +26,7 @@
 
 #include <cmocka.h>
 
+#include "common/tmpdir.h"
 #include "zdp/zdp.h"
 
 /* ---- fixtures -------------------------------------------------------------- */
@@ -39,24 +40,13 @@ static void quiet_log(int level, const char *msg, void *user) {
 static int group_setup(void **state) {
     (void)state;
     zdp_set_log(quiet_log, NULL);
-    snprintf(g_dir, sizeof g_dir, "/tmp/zdp_test_gptio_XXXXXX");
-    return mkdtemp(g_dir) == NULL ? -1 : 0;
+    return tmpdir_make(g_dir, sizeof g_dir, "gptio");
 }
 
 static int group_teardown(void **state) {
     (void)state;
-    DIR *d = opendir(g_dir);
-    if (d == NULL) return -1;
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        snprintf(p, sizeof p, "%s/%s", g_dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
     zdp_set_log(NULL, NULL);
-    return rmdir(g_dir);
+    return tmpdir_remove(g_dir);
 }
 
 static const char *path_in(const char *name) {

@@ -28,26 +28,12 @@
 
 #include <cmocka.h>
 
+#include "common/unit_lm.h"
 #include "engine/engine.h"
 #include "models/policy_loss.h"
 #include "zdp/zdp.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
-
-static uint64_t rng_(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-static float uniform_(uint64_t *s) { return (float)((double)(rng_(s) >> 11) * 0x1.0p-53 * 2.0 - 1.0); }
-
-static int64_t numel_(const zdp_param_info *pi) {
-    int64_t n = 1;
-    for (int d = 0; d < pi->ndim; d++) n *= pi->shape[d];
-    return n;
-}
 
 static void near_(const char *what, int64_t i, double got, double want, double tol) {
     if (!(fabs(got - want) <= tol * (1.0 + fabs(want))))
@@ -306,14 +292,6 @@ static void test_policy_loss_errors(void **state) {
 
 /* ---- a tiny GPT ------------------------------------------------------------------ */
 
-typedef struct model_fx {
-    zdp_model m;
-    float **p, **g;
-    int64_t *numel;
-    int32_t *inputs, *targets;
-    int B, T;
-} model_fx;
-
 /* Parameters larger than GPT-2's init so gradients stand well above the
  * finite-difference noise; random tokens. */
 static void fx_init_(model_fx *f, int B, int T, uint64_t seed) {
@@ -322,33 +300,12 @@ static void fx_init_(model_fx *f, int B, int T, uint64_t seed) {
                                 .block_size = 6};
     zdp_error err;
     if (zdp_gpt_create(&cfg, 2, &f->m, &err) != ZDP_OK) fail_msg("%s", err.msg);
-    const int np = f->m.n_params;
-    f->p = calloc((size_t)np, sizeof(float *));
-    f->g = calloc((size_t)np, sizeof(float *));
-    f->numel = calloc((size_t)np, sizeof(int64_t));
-    for (int i = 0; i < np; i++) {
-        f->numel[i] = numel_(&f->m.params[i]);
-        f->p[i] = calloc((size_t)f->numel[i], sizeof(float));
-        f->g[i] = calloc((size_t)f->numel[i], sizeof(float));
-    }
+    fx_alloc_(f);
     zdp_gpt_init_params(&f->m, f->p, seed);
     uint64_t s = seed;
-    for (int i = 0; i < np; i++)
+    for (int i = 0; i < f->m.n_params; i++)
         for (int64_t k = 0; k < f->numel[i]; k++) f->p[i][k] += 0.3f * uniform_(&s);
-    f->B = B;
-    f->T = T;
-    f->inputs = malloc((size_t)B * T * sizeof(int32_t));
-    f->targets = malloc((size_t)B * T * sizeof(int32_t));
-    for (int i = 0; i < B * T; i++) {
-        f->inputs[i] = (int32_t)(rng_(&s) % 11);
-        f->targets[i] = (int32_t)(rng_(&s) % 11);
-    }
-}
-
-static void fx_free_(model_fx *f) {
-    for (int i = 0; i < f->m.n_params; i++) free(f->p[i]), free(f->g[i]);
-    free(f->p), free(f->g), free(f->numel), free(f->inputs), free(f->targets);
-    zdp_gpt_destroy(&f->m);
+    fx_tokens_(f, B, T, cfg.vocab_size, &s);
 }
 
 static zdp_lm_batch fx_batch_(const model_fx *f, const float *weights, float *logprobs) {

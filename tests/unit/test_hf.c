@@ -30,6 +30,7 @@
 
 #include <cmocka.h>
 
+#include "common/tmpdir.h"
 #include "zdp/zdp.h"
 
 /* ---- fixtures -------------------------------------------------------------- */
@@ -40,32 +41,15 @@ static void quiet_log(int level, const char *msg, void *user) {
     (void)level, (void)msg, (void)user;
 }
 
-static void rm_tree_(const char *dir) {
-    DIR *d = opendir(dir);
-    if (d == NULL) return;
-    struct dirent *e;
-    char p[1024];
-    while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) rm_tree_(p);
-        else unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
 static int group_setup(void **state) {
     (void)state;
     zdp_set_log(quiet_log, NULL);
-    snprintf(g_dir, sizeof g_dir, "/tmp/zdp_test_hf_XXXXXX");
-    return mkdtemp(g_dir) == NULL ? -1 : 0;
+    return tmpdir_make(g_dir, sizeof g_dir, "hf");
 }
 
 static int group_teardown(void **state) {
     (void)state;
-    rm_tree_(g_dir);
+    (void)tmpdir_remove(g_dir);
     zdp_set_log(NULL, NULL);
     return 0;
 }

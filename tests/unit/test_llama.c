@@ -24,53 +24,12 @@
 
 #include <cmocka.h>
 
+#include "common/unit_lm.h"
 #include "engine/engine.h"
 #include "nn/nn.h"
 #include "zdp/zdp.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
-
-static uint64_t rng_(uint64_t *s) { return zdp_splitmix64(s); }
-
-static float uniform_(uint64_t *s) {
-    return (float)((double)(rng_(s) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-}
-
-static float *rand_vec_(int64_t n, float scale, uint64_t *s) {
-    float *v = malloc((size_t)n * sizeof(float));
-    for (int64_t i = 0; i < n; i++) v[i] = scale * uniform_(s);
-    return v;
-}
-
-static double dot_d_(const float *a, const float *b, int64_t n) {
-    double s = 0.0;
-    for (int64_t i = 0; i < n; i++) s += (double)a[i] * b[i];
-    return s;
-}
-
-typedef double (*objective_fn)(void *ctx);
-
-/* Central differences of f w.r.t. every element of x (or `sample` random
- * ones), against the analytic gradient g. */
-static void fd_check_(const char *what, float *x, const float *g, int64_t n, objective_fn f,
-                      void *ctx, float h, double rtol, double atol, int64_t sample) {
-    uint64_t s = 99;
-    const int64_t count = sample > 0 && sample < n ? sample : n;
-    for (int64_t i = 0; i < count; i++) {
-        const int64_t k = count == n ? i : (int64_t)(rng_(&s) % (uint64_t)n);
-        const float keep = x[k];
-        x[k] = keep + h;
-        const double hp = (double)x[k] - keep, up = f(ctx);
-        x[k] = keep - h;
-        const double hm = keep - (double)x[k], down = f(ctx);
-        x[k] = keep;
-        const double fd = (up - down) / (hp + hm);
-        const double tol = atol + rtol * fmax(fabs(fd), fabs(g[k]));
-        if (!(fabs(fd - g[k]) <= tol))
-            fail_msg("%s[%lld]: analytic %.7g, finite difference %.7g (tolerance %.3g)", what,
-                     (long long)k, (double)g[k], fd, tol);
-    }
-}
 
 static double max_abs_(const float *x, int64_t n) {
     double m = 0.0;
@@ -563,15 +522,6 @@ static void test_init_params(void **state) {
 
 /* ---- the model: gradients ------------------------------------------------------------------ */
 
-typedef struct model_fx {
-    zdp_model m;
-    float **p, **g;
-    int64_t *numel;
-    int32_t *inputs, *targets;
-    float *weights;
-    zdp_lm_batch batch;
-} model_fx;
-
 /* A tiny model with parameters well above transformers' init (so gradients
  * are far above the finite-difference noise) and random data. */
 static void fx_init_(model_fx *f, zdp_llama_config cfg, int max_batch, int B, int T,
@@ -580,16 +530,8 @@ static void fx_init_(model_fx *f, zdp_llama_config cfg, int max_batch, int B, in
     cfg.initializer_range = 0.3;
     zdp_error err;
     if (zdp_llama_create(&cfg, max_batch, &f->m, &err) != ZDP_OK) fail_msg("%s", err.msg);
+    fx_alloc_(f);
     const int np = f->m.n_params;
-    f->p = calloc((size_t)np, sizeof(float *));
-    f->g = calloc((size_t)np, sizeof(float *));
-    f->numel = calloc((size_t)np, sizeof(int64_t));
-    for (int i = 0; i < np; i++) {
-        const zdp_param_info *pi = &f->m.params[i];
-        f->numel[i] = pi->shape[0] * (pi->ndim == 2 ? pi->shape[1] : 1);
-        f->p[i] = calloc((size_t)f->numel[i], sizeof(float));
-        f->g[i] = calloc((size_t)f->numel[i], sizeof(float));
-    }
     zdp_llama_init_params(&f->m, f->p, seed);
     uint64_t s = seed;
     /* Norm weights and biases away from 1 and 0, so their gradients and
@@ -601,19 +543,7 @@ static void fx_init_(model_fx *f, zdp_llama_config cfg, int max_batch, int B, in
      * input goes as 1/|x|^2, and the central difference's truncation error
      * with it. */
     for (int64_t k = 0; k < f->numel[0]; k++) f->p[0][k] *= 3.0f;
-    f->inputs = malloc((size_t)B * T * sizeof(int32_t));
-    f->targets = malloc((size_t)B * T * sizeof(int32_t));
-    for (int i = 0; i < B * T; i++) {
-        f->inputs[i] = (int32_t)(rng_(&s) % (uint64_t)cfg.vocab_size);
-        f->targets[i] = (int32_t)(rng_(&s) % (uint64_t)cfg.vocab_size);
-    }
-    f->batch = (zdp_lm_batch){.inputs = f->inputs, .targets = f->targets, .B = B, .T = T};
-}
-
-static void fx_free_(model_fx *f) {
-    for (int i = 0; i < f->m.n_params; i++) free(f->p[i]), free(f->g[i]);
-    free(f->p), free(f->g), free(f->numel), free(f->inputs), free(f->targets), free(f->weights);
-    zdp_llama_destroy(&f->m);
+    fx_tokens_(f, B, T, cfg.vocab_size, &s);
 }
 
 typedef struct loss_ctx {

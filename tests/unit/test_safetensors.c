@@ -32,6 +32,7 @@
 
 #include <cmocka.h>
 
+#include "common/tmpdir.h"
 #include "zdp/zdp.h"
 
 /* ---- fixtures and helpers ---------------------------------------------- */
@@ -40,23 +41,12 @@ static char g_dir[256];
 
 static int group_setup(void **state) {
     (void)state;
-    snprintf(g_dir, sizeof g_dir, "/tmp/zdp_test_st_XXXXXX");
-    return mkdtemp(g_dir) == NULL ? -1 : 0;
+    return tmpdir_make(g_dir, sizeof g_dir, "st");
 }
 
 static int group_teardown(void **state) {
     (void)state;
-    DIR *d = opendir(g_dir);
-    if (d == NULL) return -1;
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        snprintf(p, sizeof p, "%s/%s", g_dir, e->d_name);
-        if (unlink(p) != 0) rmdir(p);
-    }
-    closedir(d);
-    return rmdir(g_dir);
+    return tmpdir_remove(g_dir);
 }
 
 /* Path of `name` inside the test directory; each call gets its own buffer
