@@ -887,6 +887,19 @@ static enum MHD_Result create_model_(server *s, struct MHD_Connection *c, const 
         return reply_err_(c, 400, "lora_config.rank", "lora_config.rank = 0 (or no lora_config) asks for a full "
                           "fine-tune, but this server trains LoRA models over a frozen base; send a rank >= 1, "
                           "or restart zdp serve with --full-finetune to train every weight");
+    if (serve_lora(s) && s->base != NULL) {
+        /* The library's own check (a rank larger than a targeted linear's
+         * dimensions), answered at once: zdp_lora_create only reads the
+         * base's shape, so a probe here is safe beside a running job. */
+        zdp_model probe;
+        zdp_error err;
+        if (zdp_lora_create(&s->model, (const float *const *)s->base, &lc, &probe, &err) != ZDP_OK) {
+            const char *field = strstr(err.msg, "rank =") != NULL ? "lora_config.rank" : "lora_config";
+            return reply_err_(c, err.code == ZDP_ERR_NOMEM ? 500 : 400, field, "%s: %s; nothing was created",
+                              field, err.msg);
+        }
+        zdp_lora_destroy(&probe);
+    }
     pthread_mutex_lock(&s->mu);
     future *f = find_retry_(t, idem, "", 0);
     if (f != NULL) {
