@@ -498,10 +498,15 @@ static serve_adapter *adapter_of_(server *s, const char *dir, int64_t pin, zdp_e
     return a;
 }
 
-/* Whether an asample job's weights are a LoRA model's adapter folder. */
+/* Whether an asample job's weights are a LoRA model's adapter folder (a
+ * model folder, --model-dir's base_model, is not: it has no
+ * adapter_config.json). */
 static bool on_adapter_(const server *s, const char *path) {
+    char conf[4200];
     struct stat sb;
-    return s->base != NULL && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+    return s->base != NULL &&
+           snprintf(conf, sizeof conf, "%s/adapter_config.json", path) < (int)sizeof conf &&
+           stat(conf, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
 static serve_sample_spec sample_file_spec_(job *j, const serve_sample_file_req *rq, const serve_adapter *a) {

@@ -41,7 +41,7 @@ JSON
   for phase in train resume; do
     log="$T/$phase-$np.log"
     start_server "$np" "$log" --model-dir "$T/base" --block-size 32 --config "$T/cfg$np.json" \
-      --checkpoint-dir "$ck" --max-models 2 || continue
+      --checkpoint-dir "$ck" --max-models 3 || continue
     timeout 400 $PY "$CHECK" "$URL" "$ck" "$phase" "$T/state-$np.json" || fail "sdk_lora_check $phase at -np $np"
     stop_server
     if [ $SERVER_RC -ne 0 ] || ! grep -q "zdp serve: stopped" "$log"; then

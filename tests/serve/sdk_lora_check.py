@@ -32,6 +32,8 @@ PHASE "train": two training clients of different LoRA configurations
     and each equals the same request run alone.
   STATE_FILE gets each client's checkpoint path and its next loss.
 PHASE "resume" (a fresh server process on the same --checkpoint-dir):
+  sampling the base_model (the folder's weights) matches a fresh LoRA
+  client's forward;
   create_training_client_from_state_with_optimizer from each saved state
   beside the other; the first forward_backward's loss equals the loss the
   first process measured after saving (the adapters and step restored), and
@@ -304,6 +306,12 @@ def phase_resume(url, state_file):
     sc = tinker.ServiceClient(base_url=url)
     first = json.load(open(state_file))
     vocab = 64
+    # base_model sampling (the --model-dir folder's weights): a fresh LoRA
+    # client (B = 0) computes the base's logprobs.
+    base = sc.get_server_capabilities().supported_models[0].model_name
+    fresh = sc.create_lora_training_client(base_model=base, rank=2, seed=1)
+    check_sampler_matches_forward(fresh, sc.create_sampling_client(base_model=base), lcg_tokens(77, 5, vocab),
+                                  "base_model sampling")
     tcs = {}
     for k, r in first.items():
         try:
