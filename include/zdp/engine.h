@@ -35,20 +35,25 @@ typedef struct zdp_memory_report {
                                      included) */
     int64_t gathered_peak_bytes;  /* stage 3: the most fetched copies held at once since
                                      create (persistent ones not included) */
+    int64_t frozen_bytes;         /* stage 3: this rank's partition of the model's frozen
+                                     weights (a LoRA base; zdp_frozen), 0 otherwise */
     int64_t total_bytes;          /* the engine's bytes: the fields above */
     int64_t activation_bytes;     /* the model's activations (zdp_model.activation_bytes),
                                      held by the model, not in total_bytes */
 } zdp_memory_report;
 
 /* COLLECTIVE.  Builds the engine for `model` on all ranks of the job:
- * validates the config (create-time rejections: stage 3, offload with a
- * device other than "none", overlap_comm with stage 0/1 in unmanaged mode,
- * a pipeline section, Apex amp, fp16/bf16), lays the parameters out in one
+ * validates the config (create-time rejections: offload with a device
+ * other than "none", overlap_comm with stage 0/1 in unmanaged mode, a
+ * pipeline section, Apex amp, fp16/bf16), lays the parameters out in one
  * flat buffer padded to a multiple of 2*W and partitions it, allocates
  * gradients and optimizer state for the stage, and logs the memory report on
- * rank 0.  Parameters start at zero: write them through
- * zdp_engine_param_data() and call zdp_engine_sync_params().  `model` must
- * outlive the engine.  On failure *out is NULL. */
+ * rank 0.  At stage 3 a model's frozen weights (zdp_model.frozen, a LoRA
+ * base) are partitioned too and the model is pointed at the engine's source
+ * over them.  Parameters start at zero: write them through
+ * zdp_engine_param_data() (stage 3: zdp_engine_set_param) and call
+ * zdp_engine_sync_params().  `model` must outlive the engine.  On failure
+ * *out is NULL. */
 ZDP_API zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model,
                                      zdp_engine **out, zdp_error *err);
 /* Frees everything; NULL is a no-op.  Not collective. */

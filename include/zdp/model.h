@@ -89,6 +89,20 @@ typedef struct zdp_lm_ops {
                               int T, float *logits, zdp_error *err);
 } zdp_lm_ops;
 
+/* Weights a model reads but never trains (a LoRA model's base): its
+ * tensors, their whole values, and the source the model reads them
+ * through.  At ZeRO stage 3 the engine partitions them 1/W per rank beside
+ * the parameters (no gradient, no optimizer state), and points *src at its
+ * own source over them, which gathers them layer by layer as it does the
+ * parameters; zdp_engine_destroy points it back (destroy the engine before
+ * the model).  data is read once, at zdp_engine_create. */
+typedef struct zdp_frozen {
+    int n_params;
+    const zdp_param_info *params; /* (n_params) */
+    const float *const *data;     /* (n_params) whole tensors */
+    zdp_param_source **src;       /* where the model reads them */
+} zdp_frozen;
+
 typedef struct zdp_model {
     void *self;                  /* the model's own state (activations) */
     const zdp_model_ops *ops;
@@ -108,6 +122,8 @@ typedef struct zdp_model {
      * block_size tokens of every layer for backward); 0 when not counted.
      * The engine's memory report shows it beside the engine's own bytes. */
     int64_t activation_bytes;
+    /* Optional (NULL: none): frozen weights (see zdp_frozen). */
+    const zdp_frozen *frozen;
 } zdp_model;
 
 /* ---- causal language models ------------------------------------------- */

@@ -35,7 +35,10 @@
  *              and the model's zdp_param_fetch gathers a layer on the stream
  *              (prefetched ahead in the order the first pass recorded); the
  *              update runs on the partition with no all-gather after it
- *              (docs/deepspeed.md §4.8).
+ *              (docs/deepspeed.md §4.8).  Every collective inside a stage-3
+ *              pass agrees first, and every pass ends with an agreement, so
+ *              one rank that cannot go on fails the pass on every rank
+ *              (§4.9).
  * Not here: MPI (src/comm), update formulas (src/optim), layout (src/zero).
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
@@ -68,6 +71,7 @@ typedef enum op_kind {
     OP_BCAST_PARAMS,      /* rank 0's parameters to everyone */
     OP_ALLREDUCE_I64,     /* SUM all-reduce of `bucket` int64s (checkpoint agreement) */
     OP_GATHER_RANGE,      /* stage 3: all-gather the flat range [lo, hi) into buf */
+    OP_PASS_END,          /* stage 3: the end-of-pass agreement (engine_impl.h's rows) */
 } op_kind;
 
 /* The agreement all-reduce: {in_step, count, count^2, sumsq}, summed over
@@ -91,7 +95,31 @@ typedef struct engine_op {
     void *buf;
     int bucket;
     int64_t lo, hi; /* OP_GATHER_RANGE */
+    int slot;       /* OP_GATHER_RANGE: its verdict slot */
 } engine_op;
+
+/* Stage 3 (stream thread): this rank's row {kind, a, b} and every other
+ * rank's, summed into e->rows (each rank fills its own row, zeros
+ * elsewhere).  One rank alone has nothing to agree with. */
+static zdp_status rows_exchange_(zdp_engine *e, int64_t kind, int64_t a, int64_t b,
+                                 zdp_error *err) {
+    memset(e->rows, 0, (size_t)(ROW_N_ * e->world) * sizeof(int64_t));
+    int64_t *mine = e->rows + ROW_N_ * e->rank;
+    mine[0] = kind;
+    mine[1] = a;
+    mine[2] = b;
+    if (e->world == 1) return ZDP_OK;
+    return zdp_comm_allreduce_sum_i64(e->rows, ROW_N_ * e->world, &e->comm_total, err);
+}
+
+/* The first rank whose row is not {kind, a, b}, or -1. */
+static int rows_differ_(const zdp_engine *e, int64_t kind, int64_t a, int64_t b) {
+    for (int r = 0; r < e->world; r++) {
+        const int64_t *row = e->rows + ROW_N_ * r;
+        if (row[0] != kind || row[1] != a || row[2] != b) return r;
+    }
+    return -1;
+}
 
 /* Stages 1/2: divide the bucket by W in place (DeepSpeed's order), reduce-
  * scatter it, and put this rank's piece into grad_part: stage 2 adds (the
@@ -108,6 +136,17 @@ static zdp_status reduce_bucket_(zdp_engine *e, int b, float *buf, zdp_error *er
     /* This backward's agreement failed (on every rank alike): no rank
      * reduces, so the ranks stay matched collective for collective. */
     if (e->stream_skip) return ZDP_OK;
+    if (e->cfg.zero.stage == 3 && e->world > 1) {
+        /* Inside a stage-3 backward, gathers and reductions interleave: a
+         * rank whose model stopped early must not meet a reduce-scatter
+         * with a gather (engine_impl.h's rows). */
+        zdp_status ast = rows_exchange_(e, ROW_REDUCE, b, 0, err);
+        if (ast != ZDP_OK) return ast;
+        if (rows_differ_(e, ROW_REDUCE, b, 0) >= 0) {
+            e->pass_bad = true;
+            return ZDP_OK;
+        }
+    }
     if (e->world > 1) {
         const float w = (float)e->world;
         for (int64_t i = 0; i < n; i++) buf[i] /= w;
@@ -158,9 +197,23 @@ static zdp_status allgather_params_(zdp_engine *e, zdp_error *err) {
 
 /* Stage 3: the flat range [lo, hi) whole into buf (hi - lo floats): each
  * rank puts in the piece its partition holds, then one all-gather. */
-static zdp_status gather_range_(zdp_engine *e, float *buf, int64_t lo, int64_t hi,
+static zdp_status gather_range_(zdp_engine *e, float *buf, int64_t lo, int64_t hi, int slot,
                                 zdp_error *err) {
     const int64_t P = e->lay.part;
+    /* Every rank gathers, or none does: a rank without a buffer (or one
+     * asking for another range, or already at the end of its pass) makes
+     * the verdict bad on every rank, and the one who waits for it reports. */
+    gather_verdict *v = &e->verdicts[slot];
+    zdp_status ast = rows_exchange_(e, buf != NULL ? ROW_GATHER : ROW_NOMEM, lo, hi, err);
+    if (ast != ZDP_OK) return ast;
+    v->bad_rank = rows_differ_(e, ROW_GATHER, lo, hi);
+    if (v->bad_rank >= 0) {
+        memcpy(v->row, e->rows + ROW_N_ * v->bad_rank, sizeof v->row);
+        /* Out of memory on a rank is agreed on; anything else means the
+         * ranks' passes went apart. */
+        if (v->row[0] != ROW_NOMEM || v->row[1] != lo || v->row[2] != hi) e->pass_bad = true;
+        return ZDP_OK;
+    }
     for (int r = 0; r < e->world; r++) {
         int64_t a = lo > r * P ? lo : r * P, b = hi < (r + 1) * P ? hi : (r + 1) * P;
         e->ag_counts[r] = b > a ? (int)(b - a) : 0;
@@ -202,7 +255,29 @@ static zdp_status run_op_(void *arg, zdp_error *err) {
     case OP_ALLREDUCE_I64:
         return zdp_comm_allreduce_sum_i64(op->buf, op->bucket, &e->comm_total, err);
     case OP_GATHER_RANGE:
-        return gather_range_(e, op->buf, op->lo, op->hi, err);
+        return gather_range_(e, op->buf, op->lo, op->hi, op->slot, err);
+    case OP_PASS_END: {
+        /* The flag: 2 this rank's model failed, 1 a collective of its pass
+         * disagreed, 0 clean. */
+        const bool bad = e->pass_bad || (e->frozen != NULL && e->frozen->pass_bad);
+        if (e->frozen != NULL) e->frozen->pass_bad = false; /* carried by this row */
+        zdp_status st = rows_exchange_(e, ROW_END, e->end_model_failed ? 2 : bad ? 1 : 0, 0, err);
+        if (st != ZDP_OK) return st;
+        e->end_done = true;
+        e->end_fail_rank = -1;
+        e->end_fail_flag = 0;
+        for (int r = 0; r < e->world; r++) {
+            const int64_t *row = e->rows + ROW_N_ * r;
+            if (row[0] != ROW_END) e->end_done = false;
+            else if (row[1] > e->end_fail_flag) {
+                e->end_fail_rank = r;
+                e->end_fail_flag = (int)row[1];
+            }
+        }
+        /* A rank still in its pass: this one says so again until it ends. */
+        e->pass_bad = !e->end_done;
+        return ZDP_OK;
+    }
     }
     return zdp_err_set(err, ZDP_ERR_INTERNAL, "comm stream: unknown operation %d", (int)op->kind);
 }
@@ -401,6 +476,67 @@ zdp_param_source *zdp_param_source_create_dense(const float *const *params, int 
     return s;
 }
 
+/* ---- stage 3: agreed gathers ---- */
+
+/* Queues the agreed gather of the flat range [lo, hi) into buf (NULL when
+ * this rank could not allocate it); *slot gets its verdict's slot. */
+static uint64_t gather_queue_(zdp_engine *e, float *buf, int64_t lo, int64_t hi, int *slot) {
+    *slot = (int)(e->gather_seq++ % e->n_verdicts);
+    engine_op op = {.kind = OP_GATHER_RANGE, .e = e, .buf = buf, .lo = lo, .hi = hi,
+                    .slot = *slot};
+    return zdp_stream_enqueue(e->stream, run_op_, &op, sizeof op);
+}
+
+/* A gather buffer: counted memory, except where the test hook
+ * (ZDP_TEST_FAIL_GATHER) makes this rank's N-th allocation fail. */
+static float *gather_alloc_(zdp_engine *e, int64_t n) {
+    e->gather_allocs++;
+    if (e->rank == e->fail_rank && e->gather_allocs == e->fail_nth) return NULL;
+    return zdp_alloc(&e->mem, ZDP_MEM_GATHERED, (size_t)n * sizeof(float));
+}
+
+static const char *pass_name_(const zdp_engine *e) {
+    return e->pass_kind == PASS_BACKWARD ? "backward()" : "forward()";
+}
+
+/* The error of a gather whose verdict is bad, the same story on every
+ * rank; what: the call that asked for it (names the tensors). */
+static zdp_status verdict_error_(const zdp_engine *e, int slot, const char *what, int64_t lo,
+                                 int64_t hi, zdp_error *err) {
+    const gather_verdict *v = &e->verdicts[slot];
+    if (v->bad_rank < 0) return ZDP_OK;
+    const int64_t *row = v->row;
+    if (row[0] == ROW_NOMEM && row[1] == lo && row[2] == hi)
+        return zdp_err_set(err, ZDP_ERR_NOMEM,
+                           "%s: rank %d cannot allocate %lld bytes to gather it (ZeRO stage 3); "
+                           "no rank gathered, this %s stops here on every rank and nothing was "
+                           "changed (lower stage3_prefetch_bucket_size or "
+                           "stage3_max_live_parameters, or use more ranks)",
+                           what, v->bad_rank, (long long)((hi - lo) * 4), pass_name_(e));
+    if (row[0] == ROW_END)
+        return zdp_err_set(err, ZDP_ERR_STATE,
+                           "%s: rank %d has already ended this %s (its model stopped early; its "
+                           "own error says why) while this rank asked to gather flat elements "
+                           "[%lld, %lld); this %s stops here on every rank",
+                           what, v->bad_rank, pass_name_(e), (long long)lo, (long long)hi,
+                           pass_name_(e));
+    if (row[0] == ROW_REDUCE)
+        return zdp_err_set(err, ZDP_ERR_STATE,
+                           "%s: rank %d was reducing gradient bucket %lld where this rank gathers "
+                           "flat elements [%lld, %lld): the ranks' models fetch different layers "
+                           "or in a different order (every rank must run the same model code); "
+                           "this %s stops here on every rank",
+                           what, v->bad_rank, (long long)row[1], (long long)lo, (long long)hi,
+                           pass_name_(e));
+    return zdp_err_set(err, ZDP_ERR_STATE,
+                       "%s: rank %d gathered flat elements [%lld, %lld) where this rank gathers "
+                       "[%lld, %lld): the ranks' models fetch different layers or in a different "
+                       "order (every rank must run the same model code); this %s stops here on "
+                       "every rank",
+                       what, v->bad_rank, (long long)row[1], (long long)row[2], (long long)lo,
+                       (long long)hi, pass_name_(e));
+}
+
 /* Stage 3: the persistent tensors whole again after their partitions
  * changed (an update, set_param, a checkpoint load): one gather per run of
  * consecutive persistent tensors.  Every rank gets here alike (the calls
@@ -414,23 +550,56 @@ static zdp_status persist_refresh_(zdp_engine *e, zdp_error *err) {
             i++;
             continue;
         }
-        int j = i;
+        int j = i, slot;
         while (j + 1 < nt && e->persist_off[j + 1] >= 0) j++;
-        engine_op op = {.kind = OP_GATHER_RANGE, .e = e, .buf = e->persist + e->persist_off[i],
-                        .lo = e->lay.offsets[i], .hi = e->lay.offsets[j] + e->lay.numels[j]};
-        last = zdp_stream_enqueue(e->stream, run_op_, &op, sizeof op);
+        last = gather_queue_(e, e->persist + e->persist_off[i], e->lay.offsets[i],
+                             e->lay.offsets[j] + e->lay.numels[j], &slot);
         i = j + 1;
     }
     zdp_status st = last > 0 ? wait_(e, last, err) : ZDP_OK;
+    /* The runs' verdicts, in order (each run took the next slot). */
+    int64_t seq = e->gather_seq;
+    for (int i = nt - 1; st == ZDP_OK && i >= 0;) {
+        if (e->persist_off[i] < 0) {
+            i--;
+            continue;
+        }
+        int j = i;
+        while (j - 1 >= 0 && e->persist_off[j - 1] >= 0) j--;
+        const int slot = (int)(--seq % e->n_verdicts);
+        char what[320];
+        snprintf(what, sizeof what, "persistent parameters %s..%s", e->model->params[j].name,
+                 e->model->params[i].name);
+        st = verdict_error_(e, slot, what, e->lay.offsets[j], e->lay.offsets[i] + e->lay.numels[i],
+                            err);
+        i = j - 1;
+    }
     if (st == ZDP_OK) e->persist_stale = false;
     return st;
 }
 
-static int64_t gathered_now_(const zdp_engine *e) {
-    return e->mem.bytes[ZDP_MEM_GATHERED] - e->persist_elems * (int64_t)sizeof(float);
+/* Elements gathered now (fetched, prefetched, kept for reuse), of the
+ * parameters and of the frozen weights together: the live bound and the
+ * peak cover both. */
+static int64_t live_elems_(const zdp_engine *e) {
+    const zdp_engine *root = e->parent != NULL ? e->parent : e;
+    return root->gathered_elems + (root->frozen != NULL ? root->frozen->gathered_elems : 0);
 }
 
 /* ---- stage 3 prefetch ---- */
+
+static void rec_free_(zdp_engine *e, int k);
+
+/* Frees one range kept for reuse (refs == 0), the most recent; false when
+ * none is kept. */
+static bool reuse_evict_one_(zdp_engine *e) {
+    for (int k = e->n_recs - 1; k >= 0; k--)
+        if (e->recs[k].refs == 0) {
+            rec_free_(e, k);
+            return true;
+        }
+    return false;
+}
 
 static int64_t extent_(const zdp_engine *e, int first, int count) {
     const int last = first + count - 1;
@@ -438,15 +607,23 @@ static int64_t extent_(const zdp_engine *e, int first, int count) {
 }
 
 static void peak_update_(zdp_engine *e) {
-    if (gathered_now_(e) > e->gathered_peak) e->gathered_peak = gathered_now_(e);
+    zdp_engine *root = e->parent != NULL ? e->parent : e;
+    const int64_t now = live_elems_(e) * (int64_t)sizeof(float);
+    if (now > root->gathered_peak) root->gathered_peak = now;
 }
 
-/* Drops prefetch k (its gather has run or the stream has stopped). */
+static void gathered_free_(zdp_engine *e, float *buf, int64_t elems) {
+    e->gathered_elems -= elems;
+    zdp_free(&e->mem, ZDP_MEM_GATHERED, buf, (size_t)elems * sizeof(float));
+}
+
+/* Drops prefetch k (its gather has run or the stream has stopped); its
+ * buffer is freed unless it became a live fetch's. */
 static void pf_remove_(zdp_engine *e, int k, bool free_buf) {
     gather_rec *r = &e->pf[k];
     for (int i = r->first; i < r->first + r->count; i++) e->pf_of[i] = -1;
     e->pf_elems -= r->elems;
-    if (free_buf) zdp_free(&e->mem, ZDP_MEM_GATHERED, r->buf, (size_t)r->elems * sizeof(float));
+    if (free_buf) gathered_free_(e, r->buf, r->elems);
     for (int j = k; j + 1 < e->n_pf; j++) {
         e->pf[j] = e->pf[j + 1];
         for (int i = e->pf[j].first; i < e->pf[j].first + e->pf[j].count; i++) e->pf_of[i] = j;
@@ -489,7 +666,11 @@ static void trace_note_(zdp_engine *e, int first, int count) {
 /* Queues the gathers of the next trace entries, ahead of the model, while
  * the prefetched elements stay within stage3_prefetch_bucket_size and all
  * gathered ones within stage3_max_live_parameters.  Every rank runs the same
- * model code, so every rank queues the same gathers in the same order. */
+ * model code, so every rank queues the same gathers in the same order: the
+ * decision reads only counts every rank keeps alike (gathered_elems counts a
+ * buffer that failed to allocate too), and a rank without its buffer still
+ * queues the gather, whose agreement then fails on every rank (the model's
+ * fetch of it reports). */
 static void prefetch_more_(zdp_engine *e) {
     const fetch_trace *t = &e->trace[e->pass_kind];
     const zdp_zero_config *z = &e->cfg.zero;
@@ -510,32 +691,43 @@ static void prefetch_more_(zdp_engine *e) {
             continue;
         }
         const int64_t n = extent_(e, f, c);
-        const int64_t live = gathered_now_(e) / (int64_t)sizeof(float);
-        if (e->pf_elems + n > z->stage3_prefetch_bucket_size ||
-            live + n > z->stage3_max_live_parameters)
-            return;
-        float *buf = zdp_alloc(&e->mem, ZDP_MEM_GATHERED, (size_t)n * sizeof(float));
-        if (buf == NULL) return; /* the model's own fetch will report it */
-        engine_op op = {.kind = OP_GATHER_RANGE, .e = e, .buf = buf, .lo = e->lay.offsets[f],
-                        .hi = e->lay.offsets[f] + n};
+        if (e->pf_elems + n > z->stage3_prefetch_bucket_size) return;
+        /* Ranges kept for reuse give way to the prefetch of what comes
+         * next (every rank keeps and evicts alike). */
+        while (live_elems_(e) + n > z->stage3_max_live_parameters && reuse_evict_one_(e)) {
+        }
+        if (live_elems_(e) + n > z->stage3_max_live_parameters) return;
         gather_rec *r = &e->pf[e->n_pf];
-        *r = (gather_rec){.first = f, .count = c, .buf = buf, .elems = n,
-                          .event = zdp_stream_enqueue(e->stream, run_op_, &op, sizeof op)};
+        *r = (gather_rec){.first = f, .count = c, .buf = gather_alloc_(e, n), .elems = n};
+        r->event = gather_queue_(e, r->buf, e->lay.offsets[f], e->lay.offsets[f] + n, &r->slot);
         for (int i = f; i < f + c; i++) e->pf_of[i] = e->n_pf;
         e->n_pf++;
         e->pf_elems += n;
+        e->gathered_elems += n;
         e->next_pf++;
         peak_update_(e);
     }
+}
+
+/* "zdp_param_fetch(first, count) (name..name)" for errors. */
+static void fetch_what_(const zdp_engine *e, int first, int count, char *out, size_t cap) {
+    const zdp_param_info *pi = e->model->params;
+    snprintf(out, cap, "zdp_param_fetch(%d, %d) (%s..%s)", first, count, pi[first].name,
+             pi[first + count - 1].name);
 }
 
 /* A prefetched range the model asks for becomes live. */
 static zdp_status pf_take_(zdp_engine *e, int k, zdp_error *err) {
     gather_rec p = e->pf[k];
     zdp_status st = wait_(e, p.event, err);
+    const int64_t lo = e->lay.offsets[p.first];
+    if (st == ZDP_OK) {
+        char what[320];
+        fetch_what_(e, p.first, p.count, what, sizeof what);
+        st = verdict_error_(e, p.slot, what, lo, lo + p.elems, err);
+    }
     pf_remove_(e, k, st != ZDP_OK);
     if (st != ZDP_OK) return st;
-    const int64_t lo = e->lay.offsets[p.first];
     p.refs = 1;
     e->recs[e->n_recs] = p;
     for (int i = p.first; i < p.first + p.count; i++) {
@@ -573,11 +765,16 @@ static zdp_status fetch3_(zdp_engine *e, int first, int count, zdp_error *err) {
         }
     int rec = e->live_of[first];
     if (rec >= 0 && e->recs[rec].first == first && e->recs[rec].count == count) {
-        e->recs[rec].refs++;
+        if (e->recs[rec].refs++ == 0) {
+            e->reuse_hits++;
+            prefetch_more_(e);
+        }
         return ZDP_OK;
     }
     bool all_persistent = true;
     for (int i = first; i <= last; i++) {
+        if (e->live_of[i] >= 0 && e->recs[e->live_of[i]].refs == 0)
+            rec_free_(e, e->live_of[i]); /* kept for reuse, overlapped: gather anew */
         if (e->live_of[i] >= 0) {
             const gather_rec *r = &e->recs[e->live_of[i]];
             return zdp_err_set(err, ZDP_ERR_STATE,
@@ -593,19 +790,22 @@ static zdp_status fetch3_(zdp_engine *e, int first, int count, zdp_error *err) {
         prefetch_more_(e);
         return ZDP_OK;
     }
+    /* Without its buffer this rank still takes part in the gather's
+     * agreement, so every rank fails here together. */
     const int64_t lo = e->lay.offsets[first], hi = e->lay.offsets[last] + e->lay.numels[last];
     gather_rec *r = &e->recs[e->n_recs];
     *r = (gather_rec){.first = first, .count = count, .refs = 1, .elems = hi - lo};
-    r->buf = zdp_alloc(&e->mem, ZDP_MEM_GATHERED, (size_t)r->elems * sizeof(float));
-    if (r->buf == NULL)
-        return zdp_err_set(err, ZDP_ERR_NOMEM,
-                           "zdp_param_fetch(%d, %d): cannot allocate %lld bytes on rank %d to "
-                           "gather %s..%s",
-                           first, count, (long long)(r->elems * 4), e->rank, pi[first].name,
-                           pi[last].name);
-    engine_op op = {.kind = OP_GATHER_RANGE, .e = e, .buf = r->buf, .lo = lo, .hi = hi};
-    if ((st = wait_(e, zdp_stream_enqueue(e->stream, run_op_, &op, sizeof op), err)) != ZDP_OK) {
-        zdp_free(&e->mem, ZDP_MEM_GATHERED, r->buf, (size_t)r->elems * sizeof(float));
+    r->buf = gather_alloc_(e, r->elems);
+    e->gathered_elems += r->elems;
+    int slot;
+    st = wait_(e, gather_queue_(e, r->buf, lo, hi, &slot), err);
+    if (st == ZDP_OK) {
+        char what[320];
+        fetch_what_(e, first, count, what, sizeof what);
+        st = verdict_error_(e, slot, what, lo, hi, err);
+    }
+    if (st != ZDP_OK) {
+        gathered_free_(e, r->buf, r->elems);
         return st;
     }
     for (int i = first; i <= last; i++) {
@@ -650,13 +850,33 @@ static void rec_free_(zdp_engine *e, int k) {
         e->live_of[i] = -1;
         e->table[i] = e->persist_off[i] >= 0 ? e->persist + e->persist_off[i] : NULL;
     }
-    zdp_free(&e->mem, ZDP_MEM_GATHERED, r->buf, (size_t)r->elems * sizeof(float));
+    gathered_free_(e, r->buf, r->elems);
     const int lastk = --e->n_recs;
     if (k != lastk) {
         e->recs[k] = e->recs[lastk];
         for (int i = e->recs[k].first; i < e->recs[k].first + e->recs[k].count; i++)
             e->live_of[i] = k;
     }
+}
+
+/* stage3_max_reuse_distance (DeepSpeed's rule, docs/deepspeed.md §4.8): a
+ * range the model releases stays gathered when the pass's trace fetches it
+ * again before more than that many elements of other fetches, and the
+ * gathered elements stay within stage3_max_live_parameters.  Only a pass
+ * that replays its trace knows what comes next. */
+static bool reuse_soon_(const zdp_engine *e, int k) {
+    const zdp_zero_config *z = &e->cfg.zero;
+    const fetch_trace *t = &e->trace[e->pass_kind];
+    const gather_rec *r = &e->recs[k];
+    if (z->stage3_max_reuse_distance <= 0 || !t->done || !e->trace_ok) return false;
+    if (live_elems_(e) > z->stage3_max_live_parameters) return false;
+    int64_t dist = 0;
+    for (int p = e->trace_pos; p < t->len; p++) {
+        if (t->first[p] == r->first && t->count[p] == r->count) return true;
+        dist += extent_(e, t->first[p], t->count[p]);
+        if (dist > z->stage3_max_reuse_distance) return false;
+    }
+    return false;
 }
 
 void zdp_param_release(zdp_param_source *src, int first, int count) {
@@ -666,8 +886,10 @@ void zdp_param_release(zdp_param_source *src, int first, int count) {
     const int k = e->live_of[first];
     /* A release that matches no live fetch (or a persistent range) has
      * nothing to free. */
-    if (k < 0 || e->recs[k].first != first || e->recs[k].count != count) return;
-    if (--e->recs[k].refs == 0) rec_free_(e, k);
+    if (k < 0 || e->recs[k].first != first || e->recs[k].count != count ||
+        e->recs[k].refs == 0)
+        return;
+    if (--e->recs[k].refs == 0 && !reuse_soon_(e, k)) rec_free_(e, k);
 }
 
 /* Before the model's forward or backward (stage 3): the persistent tensors
@@ -678,11 +900,13 @@ static zdp_status pass_begin_(zdp_engine *e, int kind, zdp_error *err) {
     e->in_pass = true;
     if (e->recs == NULL) return ZDP_OK;
     e->pass_kind = kind;
+    e->trace_recording = !e->trace[kind].done;
     e->trace_pos = 0;
     e->next_pf = 0;
     e->trace_ok = true;
     zdp_status st = persist_refresh_(e, err);
     if (st == ZDP_OK) prefetch_more_(e);
+    if (st == ZDP_OK && e->frozen != NULL) st = pass_begin_(e->frozen, kind, err);
     return st;
 }
 
@@ -695,9 +919,57 @@ static void pass_end_wait_(zdp_engine *e, bool wait) {
     pf_cancel_all_(e, wait);
     while (e->n_recs > 0) rec_free_(e, e->n_recs - 1);
     e->trace[e->pass_kind].done = true;
+    if (e->frozen != NULL) pass_end_wait_(e->frozen, wait);
 }
 
 static void pass_end_(zdp_engine *e) { pass_end_wait_(e, true); }
+
+/* Stage 3, after a pass (and, in backward, after its last reductions were
+ * queued): the end-of-pass agreement, repeated until every rank has ended
+ * its pass.  A rank still gathering or reducing meets an END row, so its
+ * operation fails and its model stops; then it comes here too.  Returns
+ * the model's own status, or, where the model succeeded here but the pass
+ * failed on another rank (or a collective disagreed), an error naming that
+ * rank: every rank leaves with the same verdict. */
+static zdp_status pass_agree_(zdp_engine *e, zdp_status model_st, zdp_error *err) {
+    if (e->recs == NULL) return model_st;
+    if (e->frozen != NULL) { /* the frozen weights' gather waits count as this engine's */
+        e->timing_window.comm_wait_s += e->frozen->timing_window.comm_wait_s;
+        e->frozen->timing_window.comm_wait_s = 0.0;
+    }
+    e->end_model_failed = model_st != ZDP_OK;
+    e->end_fail_rank = -1;
+    while (e->world > 1) {
+        zdp_error werr = {0};
+        zdp_status st = wait_(e, enqueue_(e, OP_PASS_END, NULL, -1), &werr);
+        if (st != ZDP_OK) {
+            if (model_st != ZDP_OK) return model_st;
+            if (err != NULL) *err = werr;
+            return st;
+        }
+        if (e->end_done) break;
+    }
+    if (model_st == ZDP_OK && e->end_fail_rank < 0) return ZDP_OK;
+    /* A failed first pass recorded a trace that may differ between the
+     * ranks (one stopped early, or fetched something else): record it again
+     * on the next pass, on every rank alike. */
+    for (zdp_engine *x = e; x != NULL; x = x->frozen)
+        if (x->trace_recording) {
+            x->trace[x->pass_kind].len = 0;
+            x->trace[x->pass_kind].done = false;
+        }
+    if (model_st != ZDP_OK) return model_st;
+    if (e->end_fail_flag == 2)
+        return zdp_err_set(err, ZDP_ERR_STATE,
+                           "%s: the model failed on rank %d (its own error says why); at ZeRO "
+                           "stage 3 the ranks gather together, so this %s fails on every rank",
+                           pass_name_(e), e->end_fail_rank, pass_name_(e));
+    return zdp_err_set(err, ZDP_ERR_STATE,
+                       "%s: the ranks' stage-3 gathers and reductions went apart (rank %d saw "
+                       "it; the ranks' models fetched different layers or in a different order), "
+                       "so this %s fails on every rank",
+                       pass_name_(e), e->end_fail_rank, pass_name_(e));
+}
 
 /* ---- create / destroy --------------------------------------------------- */
 
@@ -743,8 +1015,27 @@ static zdp_status stage3_init_(zdp_engine *e, zdp_error *err) {
         (st = alloc_(e, &e->recs, nt, sizeof(gather_rec), ZDP_MEM_OTHER, "stage 3", err)) ||
         (st = alloc_(e, &e->persist_off, nt, sizeof(int64_t), ZDP_MEM_OTHER, "stage 3", err)) ||
         (st = alloc_(e, &e->pf, nt, sizeof(gather_rec), ZDP_MEM_OTHER, "stage 3", err)) ||
-        (st = alloc_(e, &e->pf_of, nt, sizeof(int), ZDP_MEM_OTHER, "stage 3", err)))
+        (st = alloc_(e, &e->pf_of, nt, sizeof(int), ZDP_MEM_OTHER, "stage 3", err)) ||
+        (st = alloc_(e, &e->rows, ROW_N_ * (int64_t)e->world, sizeof(int64_t), ZDP_MEM_OTHER,
+                     "stage 3", err)))
         return st;
+    /* One verdict per gather in flight: at most every prefetch (one per
+     * tensor) and the model's own fetch, or one per persistent run. */
+    e->n_verdicts = 2 * nt + 8;
+    if ((st = alloc_(e, &e->verdicts, e->n_verdicts, sizeof(gather_verdict), ZDP_MEM_OTHER,
+                     "stage 3", err)))
+        return st;
+    /* The test hook: "RANK:N" makes this engine's N-th gather buffer on
+     * RANK fail to allocate (tests/dist/test_zero3_faults.c). */
+    e->fail_rank = -1;
+    const char *hook = getenv("ZDP_TEST_FAIL_GATHER");
+    if (hook != NULL) {
+        long long r = -1, n = 0;
+        if (sscanf(hook, "%lld:%lld", &r, &n) == 2 && r >= 0 && n > 0) {
+            e->fail_rank = (int)r;
+            e->fail_nth = n;
+        }
+    }
     /* A model fetches each tensor a few times per pass (GPT-2's wte twice
      * in forward); a longer pass is traced up to the cap, and prefetch
      * follows the part recorded. */
@@ -773,6 +1064,54 @@ static zdp_status stage3_init_(zdp_engine *e, zdp_error *err) {
     for (int i = 0; i < nt; i++)
         if (e->persist_off[i] >= 0) e->table[i] = e->persist + e->persist_off[i];
     e->persist_stale = true;
+    return ZDP_OK;
+}
+
+/* Stage 3 with a model's frozen weights (zdp_frozen, a LoRA base): a second
+ * engine over them, without gradients or optimizer, sharing this engine's
+ * stream (so its gathers keep their place among this engine's collectives)
+ * and its passes; this rank keeps only its partition of them, copied from
+ * the model's whole tensors, and the model is pointed at the second
+ * engine's source, which gathers them layer by layer (docs/lora.md). */
+static zdp_status frozen_init_(zdp_engine *e, zdp_error *err) {
+    const zdp_frozen *fz = e->model->frozen;
+    zdp_engine *f = calloc(1, sizeof *f);
+    if (f == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "engine: out of memory");
+    e->frozen = f;
+    f->parent = e;
+    f->cfg = e->cfg;
+    f->rank = e->rank;
+    f->world = e->world;
+    f->stream = e->stream;
+    f->boundary_override = -1;
+    e->frozen_model = (zdp_model){.n_params = fz->n_params, .params = fz->params};
+    f->model = &e->frozen_model;
+    zdp_status st = zdp_layout_init(&f->lay, fz->params, fz->n_params, e->world, &f->mem, err);
+    if (st != ZDP_OK) return st;
+    if (f->lay.padded > INT32_MAX)
+        return zdp_err_set(err, ZDP_ERR_UNSUPPORTED,
+                           "model: %lld frozen weights (padded): zdp's MPI path supports up to %d "
+                           "elements in one flat buffer",
+                           (long long)f->lay.padded, INT32_MAX);
+    if ((st = alloc_(f, &f->params, f->lay.part, sizeof(float), ZDP_MEM_PARAMS, "frozen weights",
+                     err)) ||
+        (st = alloc_(f, &f->ag_counts, f->world, sizeof(int), ZDP_MEM_OTHER, "engine", err)) ||
+        (st = alloc_(f, &f->ag_displs, f->world, sizeof(int), ZDP_MEM_OTHER, "engine", err)) ||
+        (st = stage3_init_(f, err)))
+        return st;
+    f->fail_rank = -1; /* the test hook is the parameters' */
+    f->src.eng = f;
+    /* This rank's piece of each tensor; the padding stays zero. */
+    const int64_t P = f->lay.part, plo = (int64_t)f->rank * P;
+    memset(f->params, 0, (size_t)P * sizeof(float));
+    for (int i = 0; i < fz->n_params; i++) {
+        const int64_t lo = f->lay.offsets[i], hi = lo + f->lay.numels[i];
+        const int64_t a = lo > plo ? lo : plo, b = hi < plo + P ? hi : plo + P;
+        if (b > a)
+            memcpy(f->params + (a - plo), fz->data[i] + (a - lo), (size_t)(b - a) * sizeof(float));
+    }
+    e->frozen_prev = *fz->src;
+    *fz->src = &f->src;
     return ZDP_OK;
 }
 
@@ -850,13 +1189,13 @@ zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model, zdp_
                            "config was derived for world size %d but the job has %d ranks; load "
                            "it with zdp_config_load_file(path, zdp_dist_world_size(), ...)",
                            cfg->world_size, world);
-    /* A LoRA model's base weights are borrowed (zdp_lora_create), not the
-     * engine's, so stage 3 could partition only the adapters: refused. */
-    if (cfg->zero.stage == 3 && zdp_lora_config_of(model) != NULL)
+    /* A LoRA model's base must be partitioned too at stage 3: it says
+     * what its base is (zdp_frozen). */
+    if (cfg->zero.stage == 3 && zdp_lora_config_of(model) != NULL && model->frozen == NULL)
         return zdp_err_set(err, ZDP_ERR_CONFIG,
-                           "zero_optimization.stage = 3: a LoRA model is not supported at ZeRO "
-                           "stage 3 (its base weights are borrowed whole, not partitioned by the "
-                           "engine; only the adapters would be); use stage 0, 1 or 2");
+                           "zero_optimization.stage = 3: this LoRA model does not expose its "
+                           "base weights (zdp_model.frozen), so they cannot be partitioned; "
+                           "create it with zdp_lora_create, or use stage 0, 1 or 2");
 
     zdp_engine *e = calloc(1, sizeof *e);
     if (e == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "engine: out of memory");
@@ -914,6 +1253,7 @@ zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model, zdp_
     /* Deep enough for every bucket of one backward plus the step's work. */
     int depth = e->n_buckets + e->pool_cap + 8;
     if ((st = zdp_stream_create(&e->stream, depth, &e->mem, err)) != ZDP_OK) goto fail;
+    if (stage == 3 && model->frozen != NULL && (st = frozen_init_(e, err)) != ZDP_OK) goto fail;
 
     if (e->rank == 0) log_memory_report_(e);
     *out = e;
@@ -928,6 +1268,12 @@ void zdp_engine_destroy(zdp_engine *e) {
     /* Let queued operations finish before their buffers go. */
     zdp_stream_destroy(e->stream);
     e->stream = NULL;
+    if (e->frozen != NULL) {
+        if (e->frozen_prev != NULL) *e->model->frozen->src = e->frozen_prev;
+        e->frozen->stream = NULL; /* this engine's, gone */
+        zdp_engine_destroy(e->frozen);
+        e->frozen = NULL;
+    }
     const size_t fb = sizeof(float);
     const int nt = e->lay.n_tensors, nb = e->n_buckets, W = e->world;
     /* Stage 2's buffers are in the pool, held by a bucket, or in flight. */
@@ -946,6 +1292,8 @@ void zdp_engine_destroy(zdp_engine *e) {
     free_(e, e->persist_off, nt, sizeof(int64_t), ZDP_MEM_OTHER);
     free_(e, e->pf, nt, sizeof(gather_rec), ZDP_MEM_OTHER);
     free_(e, e->pf_of, nt, sizeof(int), ZDP_MEM_OTHER);
+    free_(e, e->rows, ROW_N_ * (int64_t)W, sizeof(int64_t), ZDP_MEM_OTHER);
+    free_(e, e->verdicts, e->n_verdicts, sizeof(gather_verdict), ZDP_MEM_OTHER);
     for (int k = 0; k < 2; k++) {
         free_(e, e->trace[k].first, e->trace[k].cap, sizeof(int), ZDP_MEM_OTHER);
         free_(e, e->trace[k].count, e->trace[k].cap, sizeof(int), ZDP_MEM_OTHER);
@@ -1026,8 +1374,12 @@ zdp_status zdp_engine_get_param(zdp_engine *e, int i, float *out, zdp_error *err
         memcpy(out, e->param_ptrs[i], (size_t)n * sizeof(float));
         return ZDP_OK;
     }
-    engine_op op = {.kind = OP_GATHER_RANGE, .e = e, .buf = out, .lo = lo, .hi = lo + n};
-    return wait_(e, zdp_stream_enqueue(e->stream, run_op_, &op, sizeof op), err);
+    int slot;
+    st = wait_(e, gather_queue_(e, out, lo, lo + n, &slot), err);
+    if (st != ZDP_OK) return st;
+    char what[300];
+    snprintf(what, sizeof what, "zdp_engine_get_param(%d) (%s)", i, e->model->params[i].name);
+    return verdict_error_(e, slot, what, lo, lo + n, err);
 }
 
 /* Stage 3: the padding at the end of the last partition stays zero. */
@@ -1085,6 +1437,7 @@ zdp_status zdp_engine_forward(zdp_engine *e, const void *batch, float *loss, zdp
     zdp_status st = pass_begin_(e, PASS_FORWARD, err);
     if (st == ZDP_OK) st = e->model->ops->forward(e->model->self, &e->src, batch, loss, err);
     pass_end_(e);
+    st = pass_agree_(e, st, err);
     e->timing_window.forward_s += now_() - t0;
     if (st != ZDP_OK) return st;
     e->have_forward = true;
@@ -1128,6 +1481,12 @@ zdp_status zdp_engine_backward(zdp_engine *e, bool scale_wrt_gas, float loss_sca
     /* Finish the reductions even after a model failure, so that this rank
      * issues the same collectives as the others before reporting. */
     sink_end_(e);
+    /* Stage 3: every rank leaves this backward with the same verdict; a
+     * failed one (here or on another rank) leaves the window's gradient
+     * partition half reduced, so it is dropped below on every rank. */
+    const zdp_status model_st = st;
+    st = pass_agree_(e, st, err);
+    const bool pass_failed = e->recs != NULL && st != ZDP_OK;
     e->timing_window.backward_s += now_() - t0;
     if (agree) {
         /* Every rank takes the disagreement path alike, whatever else went
@@ -1139,6 +1498,19 @@ zdp_status zdp_engine_backward(zdp_engine *e, bool scale_wrt_gas, float loss_sca
         if (ast != ZDP_OK && st == ZDP_OK) {
             if (err != NULL) *err = aerr;
             return ast;
+        }
+    }
+    if (pass_failed && e->sink.comm_status == ZDP_OK) {
+        /* With overlap_comm the last reductions may still be adding in. */
+        zdp_error rerr = {0};
+        (void)reclaim_all_(e, &rerr);
+        memset(e->grad_part, 0, (size_t)e->lay.part * sizeof(float));
+        e->window_backwards = 0;
+        if (model_st == ZDP_OK && err != NULL) {
+            const size_t len = strlen(err->msg);
+            snprintf(err->msg + len, sizeof err->msg - len,
+                     "; the window's gradients were dropped on every rank (parameters, optimizer "
+                     "state and counters unchanged)");
         }
     }
     if (st != ZDP_OK) return st;
@@ -1545,6 +1917,7 @@ int64_t zdp_engine_padded_numel(const zdp_engine *e) { return e->lay.padded; }
 int64_t zdp_engine_partition_numel(const zdp_engine *e) { return e->lay.part; }
 
 int64_t zdp_engine_prefetch_hits(const zdp_engine *e) { return e->prefetch_hits; }
+int64_t zdp_engine_reuse_hits(const zdp_engine *e) { return e->reuse_hits; }
 
 int64_t zdp_engine_param_offset(const zdp_engine *e, int i) {
     if (i < 0 || i >= e->lay.n_tensors) return -1;
@@ -1567,6 +1940,13 @@ void zdp_engine_memory_report(const zdp_engine *e, zdp_memory_report *m) {
     };
     int64_t total = 0;
     for (int c = 0; c < ZDP_MEM_NCATEGORIES; c++) total += b[c];
+    if (e->frozen != NULL) {
+        const int64_t *fb = e->frozen->mem.bytes;
+        m->frozen_bytes = fb[ZDP_MEM_PARAMS];
+        m->gathered_bytes += fb[ZDP_MEM_GATHERED];
+        m->other_bytes += fb[ZDP_MEM_OTHER];
+        for (int c = 0; c < ZDP_MEM_NCATEGORIES; c++) total += fb[c];
+    }
     m->total_bytes = total;
 }
 

@@ -35,13 +35,33 @@ struct zdp_param_source {
 };
 
 /* Stage 3: one live fetch of tensors [first, first + count), gathered into
- * buf (elems floats, the range's flat extent). */
+ * buf (elems floats, the range's flat extent).  refs == 0: released by the
+ * model but kept gathered for a reuse the trace shows within
+ * stage3_max_reuse_distance (docs/deepspeed.md §4.8). */
 typedef struct gather_rec {
     int first, count, refs;
-    float *buf;
+    float *buf;     /* NULL when this rank's allocation failed (the ranks agree
+                       on the gather's verdict before anyone gathers) */
     int64_t elems;
     uint64_t event; /* prefetched: the gather's stream event */
+    int slot;       /* prefetched: its verdict in zdp_engine.verdicts */
 } gather_rec;
+
+/* Stage 3's agreement (docs/deepspeed.md §4.9): every
+ * collective inside a stage-3 pass first all-reduces one row per rank,
+ * {kind, a, b}, and runs only when every row says the same, so one rank's
+ * failure (an allocation, a model that stops early or fetches something
+ * else) fails the operation on every rank instead of leaving the others
+ * in a collective it never enters. */
+enum { ROW_GATHER = 1, ROW_NOMEM = 2, ROW_REDUCE = 3, ROW_END = 4 };
+#define ROW_N_ 3
+/* The outcome of one agreed gather, written on the stream thread and read
+ * after waiting for its event: bad_rank < 0 when it ran, else the first
+ * rank whose row differed (or could not allocate) and that row. */
+typedef struct gather_verdict {
+    int bad_rank;
+    int64_t row[ROW_N_];
+} gather_verdict;
 
 /* Stage 3's prefetch follows the order of the fetches of the first forward
  * and of the first backward (DeepSpeed's trace), one trace per kind of
@@ -126,6 +146,7 @@ struct zdp_engine {
      * the model, in trace order, until it asks for them. */
     fetch_trace trace[2];
     int pass_kind;         /* PASS_* of the pass running */
+    bool trace_recording;  /* this pass records its kind's trace */
     int trace_pos;         /* the next trace entry the model should ask for */
     bool trace_ok;         /* this pass still follows its trace */
     int next_pf;           /* the next trace entry to consider prefetching */
@@ -134,6 +155,31 @@ struct zdp_engine {
     int *pf_of;            /* (n_tensors) the pf entry holding tensor i, -1 if none */
     int64_t pf_elems;      /* elements prefetched and not yet asked for */
     int64_t prefetch_hits; /* fetches served by a prefetch (tests, benchmarks) */
+    int64_t reuse_hits;    /* fetches served by a range kept for reuse */
+    int64_t gathered_elems; /* elements of fetched and prefetched copies, counted
+                               the same on every rank whether or not the
+                               allocation succeeded (prefetch decides on it) */
+    int64_t *rows;         /* (ROW_N_ W) the agreement rows, stream thread only */
+    gather_verdict *verdicts; /* (n_verdicts) ring, one slot per gather in flight */
+    int n_verdicts;
+    int64_t gather_seq;    /* gathers queued so far: the next slot */
+    bool pass_bad;         /* stream thread: a collective of this pass disagreed */
+    bool end_model_failed; /* the END row's flag: this rank's model failed */
+    bool end_done;         /* the last END agreement found every rank at END */
+    int end_fail_rank;     /* then: the first rank whose pass failed, or -1 */
+    int end_fail_flag;     /* and how: 2 its model failed, 1 it saw a disagreement */
+    /* Fault injection for tests (ZDP_TEST_FAIL_GATHER=RANK:N): the N-th
+     * gather buffer this engine allocates on rank RANK fails. */
+    int fail_rank;
+    int64_t fail_nth, gather_allocs;
+    /* Stage 3 with a model's frozen weights (zdp_frozen, a LoRA base): a
+     * second engine over them, without gradients or optimizer, sharing this
+     * one's stream, mem-free of this one's counters (the report adds its
+     * bytes); frozen_prev is the source the model read them through. */
+    zdp_engine *frozen;
+    zdp_engine *parent;    /* in the frozen engine: the engine it serves */
+    zdp_model frozen_model; /* its tensors, as the frozen engine's model */
+    zdp_param_source *frozen_prev;
     float *save_params;    /* stage 3, during a checkpoint save: the whole model
                               (numel), gathered for rank 0's model file */
     zdp_optim optim;

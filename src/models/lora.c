@@ -29,7 +29,9 @@ typedef struct lora {
     float scale;                      /* alpha / rank */
     const zdp_model *base;
     const float *const *base_params;
-    zdp_param_source *base_src;       /* dense, over base_params */
+    zdp_param_source *base_src;       /* dense, over base_params; at ZeRO stage 3
+                                         the engine's, over its partition */
+    zdp_frozen frozen;                /* the base, as the engine sees it */
     int n_params;                     /* the adapters' tensors */
     int nsites;
     zdp_adapter_site *sites;          /* (nsites) the base's, in its order */
@@ -105,8 +107,9 @@ static zdp_status hook_backward_(void *ctx, int site, float *dinp, const float *
 /* ---- the model ops: the base's, with the hooks attached for the call ------------------ */
 
 /* The adapters from the engine's source (all of them, for the whole call)
- * into m->params; the base runs over its own borrowed weights through a
- * dense source (stage 3 is refused for a LoRA model: zdp_engine_create). */
+ * into m->params; the base runs over base_src: a dense source over its
+ * borrowed weights, or at ZeRO stage 3 the engine's source over its
+ * partition of them (zdp_frozen), gathered layer by layer. */
 static zdp_status fetch_(lora *m, zdp_param_source *src, zdp_error *err) {
     return zdp_param_fetch(src, 0, m->n_params, &m->params, err);
 }
@@ -436,10 +439,13 @@ zdp_status zdp_lora_create(const zdp_model *base, const float *const *base_param
              "\"%s\"%s%s",
              bname, cfg->rank, (double)m->cfg.alpha, tnames, model_end != NULL ? "," : "}",
              model_end != NULL ? model_end + 2 : "");
+    m->frozen = (zdp_frozen){.n_params = base->n_params, .params = base->params,
+                             .data = base_params, .src = &m->base_src};
     *out = (zdp_model){.self = m, .ops = &lora_ops_, .lm = &lora_lm_ops_,
                        .vocab_size = base->vocab_size, .block_size = base->block_size,
                        .n_params = n_params, .params = m->info, .shape_json = m->shape_json,
-                       .activation_bytes = 2 * scratch * (int64_t)sizeof(float)};
+                       .activation_bytes = 2 * scratch * (int64_t)sizeof(float),
+                       .frozen = &m->frozen};
     return ZDP_OK;
 nomem:
     st = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for rank %d", fn, cfg->rank);

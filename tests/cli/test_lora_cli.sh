@@ -5,8 +5,9 @@
 # PEFT folder, `zdp lora merge` writes a merged model folder whose val loss
 # is the LoRA model's (tied Qwen3 with an lm_head adapter: the head comes
 # out untied; untied Llama with attn,mlp; q_proj,v_proj alone), checkpoints of the adapters resume
-# exactly (and refuse another rank), and bad input (rank 0, a rank
-# larger than a target, an unknown target, ZeRO stage 3, LoRA flags without --lora-rank or
+# exactly (and refuse another rank), ZeRO stage 3 (the base partitioned:
+# stage 2's losses), and bad input (rank 0, a rank
+# larger than a target, an unknown target, LoRA flags without --lora-rank or
 # without --model-dir, --save-model-dir with LoRA, an adapter for another
 # base, a missing adapter folder): one message naming the flag or tensor,
 # non-zero exit, never a hang.
@@ -114,10 +115,19 @@ expect_ok 2 "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 4 --lora-alpha 8 --resu
 expect_error 2 "lora_rank" "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 2 --lora-alpha 8 \
   --resume "$T/ck"
 
+# ZeRO stage 3: the adapters partitioned and the base too, gathered layer by
+# layer (docs/lora.md): the same losses as stage 2, the base's partition in
+# the memory report.
+sed 's/"stage": 2,/"stage": 3, "stage3_param_persistence_threshold": 0,/' "$T/ds.json" >"$T/ds3.json"
+for np in 2 3; do
+  expect_ok $np "${TRAIN[@]/%ds.json/ds3.json}" --model-dir "$T/q" --lora-rank 4 --lora-alpha 8 \
+    --memory-report on
+  [ "$(losses)" = "$ref" ] || fail "stage 3 -np $np losses differ from stage 2: $(losses) vs $ref"
+  frozen=$(grep -a '^memory | rank 0 | frozen |' "$T/out" | awk '{print $(NF-1)}')
+  [ -n "$frozen" ] && [ "$frozen" -gt 0 ] || fail "stage 3 -np $np: no frozen partition in the memory report"
+done
+
 # Bad input.
-sed 's/"stage": 2/"stage": 3/' "$T/ds.json" >"$T/ds3.json"
-expect_error 2 "a LoRA model is not supported at ZeRO stage 3" train --config "$T/ds3.json" \
-  --data "$T/tok.npy" --block-size 16 --steps 1 --out-dir "$T/o" --model-dir "$T/q" --lora-rank 2
 expect_error 1 "--lora-rank" "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 0
 expect_error 2 "rank must be at most 16" "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 20
 expect_error 2 "unknown target" "${TRAIN[@]}" --model-dir "$T/q" --lora-rank 2 --lora-targets attn,embed

@@ -132,9 +132,18 @@ static float *train_(const zdp_llama_config *mc, const dist_lm_data *d, int stag
             if (layer > largest) largest = layer;
         }
         if (numel_(&m.params[m.n_params - 1]) > largest) largest = numel_(&m.params[m.n_params - 1]);
-        /* Without prefetch the peak is the largest of those ranges. */
-        if (thr == 0 && cfg.zero.stage3_prefetch_bucket_size == 0)
+        /* Without prefetch and reuse the peak is the largest of those
+         * ranges. */
+        if (thr == 0 && cfg.zero.stage3_prefetch_bucket_size == 0 &&
+            cfg.zero.stage3_max_reuse_distance == 0)
             CHECK_EQ_I64(mr.gathered_peak_bytes, 4 * largest);
+        /* Reuse: a tied embedding is fetched at both ends of each pass; kept
+         * gathered in between when the whole model is within the distance
+         * and the live bound, never with distance 0. */
+        if (cfg.zero.stage3_max_reuse_distance == 0) CHECK_EQ_I64(zdp_engine_reuse_hits(eng), 0);
+        else if (mc->tie_word_embeddings && thr == 0 && cfg.zero.stage3_max_reuse_distance >= n &&
+                 cfg.zero.stage3_max_live_parameters >= n)
+            CHECK(zdp_engine_reuse_hits(eng) > 0);
         if (persist == n) CHECK_EQ_I64(mr.gathered_peak_bytes, 0);
         /* Prefetch: on by default, every fetch after the first pass of
          * each kind served ahead (the whole trace fits the default bucket);
@@ -174,7 +183,8 @@ static void check_model_(const char *name, const zdp_llama_config *mc, uint64_t 
                  * of these tiny models stays whole); a threshold that keeps only
                  * the small ones whole; prefetch bounded by a small
                  * max_live_parameters and bucket. */
-                {3, ", \"stage3_param_persistence_threshold\": 0, \"stage3_prefetch_bucket_size\": 0"},
+                {3, ", \"stage3_param_persistence_threshold\": 0, \"stage3_prefetch_bucket_size\": 0, "
+                    "\"stage3_max_reuse_distance\": 0"},
                 {3, ", \"stage3_param_persistence_threshold\": 0"},
                 {3, ", \"stage3_param_persistence_threshold\": 0, \"overlap_comm\": true"},
                 {3, ", \"stage3_param_persistence_threshold\": 0, \"overlap_comm\": true, "
@@ -182,7 +192,9 @@ static void check_model_(const char *name, const zdp_llama_config *mc, uint64_t 
                 {3, ""},
                 {3, ", \"stage3_param_persistence_threshold\": 20, \"overlap_comm\": true"},
                 {3, ", \"stage3_param_persistence_threshold\": 0, \"stage3_max_live_parameters\": 200, "
-                    "\"stage3_prefetch_bucket_size\": 150"}};
+                    "\"stage3_prefetch_bucket_size\": 150"},
+                /* Reuse within a short distance only. */
+                {3, ", \"stage3_param_persistence_threshold\": 0, \"stage3_max_reuse_distance\": 100"}};
     const int nruns = (int)(sizeof runs / sizeof runs[0]);
     float *s2 = NULL; /* stage 2's parameters (plain), the same schedule */
     for (int managed = 0; managed < 2; managed++)

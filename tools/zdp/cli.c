@@ -435,6 +435,7 @@ int cli_memory_report(zdp_engine *eng) {
                         {"optimizer", m[r].optimizer_bytes},
                         {"gathered", m[r].gathered_bytes},
                         {"gathered_peak", m[r].gathered_peak_bytes},
+                        {"frozen", m[r].frozen_bytes},
                         {"other", m[r].other_bytes},
                         {"total", m[r].total_bytes},
                         {"activations", m[r].activation_bytes}};
