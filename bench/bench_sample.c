@@ -12,7 +12,13 @@
  *   prefill_tok_s, prefill_gflops, decode_tok_s (new tokens of all sequences
  *   per second), decode_gflops, weight_bytes, copy_gb_s, roofline_tok_s
  *   (copy_gb_s / weight_bytes: batch-1 decode reading every weight once per
- *   token), sgemm_gflops (cblas_sgemm 1024^3 .. 2048^3, best).
+ *   token), sgemm_gflops (cblas_sgemm 1024^3 .. 2048^3, best), kv_mb
+ *   (zdp_kv_bytes: the cache, its scratch and, at a batch > 1, the packed
+ *   weights), first_decode_tok_s (the first repetition, which packs them),
+ *   prefill_cpu_gflops and decode_cpu_gflops (per CPU second of the
+ *   process: what a loaded machine's waiting leaves out), sgemm_cpu_gflops
+ *   (the sgemm probe per CPU second; the ratio of these is the fraction of
+ *   peak each core reached while it ran).
  * Threads: OPENBLAS_NUM_THREADS, as the tool runs.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -48,19 +54,34 @@ static double copy_gb_s_(void) {
     return best;
 }
 
-static double sgemm_gflops_(void) {
+/* CPU seconds of this process (all its threads): on a shared, loaded
+ * machine, time spent waiting for a core is not counted, so figures per CPU
+ * second compare runs taken under different loads (at one thread, they are
+ * the speed the code would have on a core of its own). */
+static double cpu_now_(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Best cblas_sgemm GFLOP/s per wall second; *cpu_best: per CPU second. */
+static double sgemm_gflops_(double *cpu_best) {
     double best = 0;
+    *cpu_best = 0;
     for (int n = 1024; n <= 2048; n *= 2) {
         size_t nn = (size_t)n * n;
         float *a = malloc(nn * 4), *b = malloc(nn * 4), *c = malloc(nn * 4);
         if (a == NULL || b == NULL || c == NULL) return best;
         for (size_t i = 0; i < nn; i++) a[i] = b[i] = (float)(i % 7) * 0.01f;
         for (int r = 0; r < 3; r++) {
+            const double c0 = cpu_now_();
             double t = now_();
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f,
                         c, n);
             t = now_() - t;
+            const double ct = cpu_now_() - c0;
             if (2.0 * n * n * n / t / 1e9 > best) best = 2.0 * n * n * n / t / 1e9;
+            if (2.0 * n * n * n / ct / 1e9 > *cpu_best) *cpu_best = 2.0 * n * n * n / ct / 1e9;
         }
         free(a), free(b), free(c);
     }
@@ -150,16 +171,18 @@ int main(int argc, char **argv) {
             tok[b * P + t] = (int32_t)(zdp_splitmix64(&s) % (uint64_t)V);
             want[b * P + t] = t == P - 1;
         }
-    double best_pre = 1e30, best_dec = 1e30;
+    double best_pre = 1e30, best_dec = 1e30, first_dec = 0, best_cpu_dec = 1e30, best_cpu_pre = 1e30;
     const zdp_sample_params greedy = {.temperature = 0};
     for (int r = 0; r < reps; r++) {
         for (int b = 0; b < B; b++) zdp_kv_clear(kv, b);
+        const double c0 = cpu_now_();
         double t0 = now_();
         if (zdp_lm_decode(kv, (const float *const *)p, slots, tok, B * P, want, logits, &err) != ZDP_OK) {
             fprintf(stderr, "bench_sample: %s\n", err.msg);
             return 1;
         }
         double t1 = now_();
+        const double c1 = cpu_now_();
         int32_t next[4096];
         for (int step = 0; step < N; step++) {
             for (int b = 0; b < B; b++)
@@ -171,21 +194,29 @@ int main(int argc, char **argv) {
             }
         }
         double t2 = now_();
+        const double c2 = cpu_now_();
+        if (c1 - c0 < best_cpu_pre) best_cpu_pre = c1 - c0;
+        if (c2 - c1 < best_cpu_dec) best_cpu_dec = c2 - c1;
         if (t1 - t0 < best_pre) best_pre = t1 - t0;
         if (t2 - t1 < best_dec) best_dec = t2 - t1;
+        if (r == 0) first_dec = t2 - t1; /* includes packing the weights (a batch > 1) */
     }
     /* Decode: N - 1 passes of B rows (the first new token comes from the prefill). */
     const double pre_tok = (double)B * P, dec_tok = (double)B * (N - 1);
     const double att_pre = 4.0 * L * QD * (double)B * P * (P + 1) / 2;
     const double att_dec = 4.0 * L * QD * (double)B * ((double)(N - 1) * P + (double)N * (N - 1) / 2);
-    const double copy = copy_gb_s_(), peak = sgemm_gflops_();
+    double cpu_peak;
+    const double copy = copy_gb_s_(), peak = sgemm_gflops_(&cpu_peak);
     printf("model=%s P=%d N=%d B=%d params=%lld prefill_tok_s=%.1f prefill_gflops=%.1f "
            "decode_tok_s=%.1f decode_gflops=%.1f weight_bytes=%.0f copy_gb_s=%.2f "
-           "roofline_tok_s=%.1f sgemm_gflops=%.1f kv_mb=%.1f\n",
+           "roofline_tok_s=%.1f sgemm_gflops=%.1f kv_mb=%.1f first_decode_tok_s=%.1f "
+           "prefill_cpu_gflops=%.1f decode_cpu_gflops=%.1f sgemm_cpu_gflops=%.1f\n",
            which, P, N, B, (long long)nparam, pre_tok / best_pre,
            (pre_tok * mm_flops + att_pre) / best_pre / 1e9, dec_tok / best_dec,
            (dec_tok * mm_flops + att_dec) / best_dec / 1e9, weight_bytes, copy,
-           copy * 1e9 / weight_bytes, peak, zdp_kv_bytes(kv) / 1e6);
+           copy * 1e9 / weight_bytes, peak, zdp_kv_bytes(kv) / 1e6, dec_tok / first_dec,
+           (pre_tok * mm_flops + att_pre) / best_cpu_pre / 1e9,
+           (dec_tok * mm_flops + att_dec) / best_cpu_dec / 1e9, cpu_peak);
     zdp_kv_destroy(kv);
     for (int i = 0; i < m.n_params; i++) free(p[i]);
     free(p), free(slots), free(dslots), free(tok), free(want), free(logits);

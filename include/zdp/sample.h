@@ -87,6 +87,13 @@ ZDP_API int zdp_sample_token(const float *logits, int V, const zdp_sample_params
 /* log p(target) under softmax(logits) (V), temperature 1, in double. */
 ZDP_API float zdp_logprob_of(const float *logits, int V, int target);
 
+/* The k (1..V) most likely tokens of logits (V) into ids (k), by logprob
+ * descending, ties by the lower id first, and their log-probabilities at
+ * temperature 1 (each equal to zdp_logprob_of's) into logprobs (k).
+ * Returns ZDP_ERR_INVALID_ARG for k outside 1..V. */
+ZDP_API zdp_status zdp_topk_logprobs(const float *logits, int V, int k, int32_t *ids,
+                                     float *logprobs);
+
 /* ---- batched generation ---------------------------------------------------- */
 
 /* One sequence to generate.  OUT fields are written by zdp_generate. */
@@ -112,6 +119,15 @@ typedef struct zdp_gen_seq {
     float *prompt_logprobs;  /* OUT (prompt_len) log p(prompt[t] | prompt[<t]), [0] = 0; or NULL */
     int n_out;               /* OUT tokens generated */
     int stopped;             /* OUT 1: a stop id or stop_fn ended it (else max_tokens) */
+    /* Top-k prompt logprobs (Tinker's topk_prompt_logprobs), from the
+     * prefill: prompt_topk = k in 0..vocab_size (0: none).  Row t of the
+     * (prompt_len, k) outputs: the k most likely next tokens after
+     * prompt[<t], by logprob descending (ties: the lower id first), and
+     * their log-probabilities at temperature 1; row 0 (nothing predicts
+     * the first token): ids -1, logprobs NaN. */
+    int prompt_topk;
+    int32_t *prompt_topk_ids;     /* OUT (prompt_len, prompt_topk), or NULL when prompt_topk = 0 */
+    float *prompt_topk_logprobs;  /* OUT (prompt_len, prompt_topk), or NULL when prompt_topk = 0 */
 } zdp_gen_seq;
 
 typedef struct zdp_gen_stats {
@@ -128,8 +144,9 @@ typedef struct zdp_gen_stats {
  * batched matrix products).  kv: a cache with >= batch slots, or NULL (one
  * is made for the call, of the longest prompt_len + max_tokens positions).  Refused before any work, naming seqs[i] and the
  * field: prompt_len outside 1..block_size, prompt_len + max_tokens beyond
- * block_size (the context), a token outside [0, V), batch < 1, a lora
- * without its adapter or for another base shape.
+ * block_size (the context), a token outside [0, V), prompt_topk outside
+ * 0..V or without its outputs, batch < 1, a lora without its adapter or
+ * for another base shape.
  * stats may be NULL. */
 ZDP_API zdp_status zdp_generate(const zdp_model *model, const float *const *params,
                                 zdp_kv_cache *kv, zdp_gen_seq *seqs, int n_seqs, int batch,

@@ -99,6 +99,28 @@ void zdp_nn_colsum_add_(float *dbias, const float *dout, int64_t N, int64_t OC);
 typedef void (*zdp_nn_range_fn)(void *ctx, int64_t lo, int64_t hi);
 void zdp_nn_parallel_ranges_(int64_t len, int64_t min_len, zdp_nn_range_fn body, void *ctx);
 
+/* ---- packed B: small-M products against a weight packed once (packed.c) ----
+ * C (M,N) [+]= A (M,K) @ B (K,N) + bias, B packed by zdp_nn_pack_b into
+ * column panels: for the decode steps of the KV cache (M = the batch), where
+ * cblas_sgemm would re-pack the weight on every call.  Any M; threads split
+ * the panels, so results do not depend on the pool's size. */
+
+/* Floats the packed copy of a (K,N) B takes. */
+ZDP_API int64_t zdp_nn_packed_floats(int64_t K, int64_t N);
+/* dst (zdp_nn_packed_floats(K, N)) <- B: trans = 1 for W (N,K) (B = W^T,
+ * torch.nn.Linear's weight), 0 for W (K,N) (Hugging Face Conv1D). */
+ZDP_API void zdp_nn_pack_b(float *dst, const float *W, int64_t K, int64_t N, int trans);
+/* C (rows at ldc) = A (rows at lda) @ B + bias (NULL: none), or += with
+ * accumulate. */
+ZDP_API void zdp_nn_packed_gemm(float *C, int64_t ldc, const float *A, int64_t lda, const float *Bp,
+                                const float *bias, int64_t M, int64_t K, int64_t N, int accumulate);
+/* The path the products take: 0 portable C, 1 AVX2+FMA, 2 AVX-512 (the
+ * best the CPU has, or lower when ZDP_PACKED_ISA=0|1 says so). */
+ZDP_API int zdp_nn_packed_path(void);
+/* Uses path min(want, the best the CPU has) from now on (tests compare the
+ * paths); returns it.  Not while a product runs. */
+ZDP_API int zdp_nn_packed_use_path(int want);
+
 /* out = inp @ weight^T + bias   (torch.nn.Linear)
  * out (N,OC), inp (N,C), weight (OC,C) row-major, bias (OC) or NULL.
  * accumulate: add into out instead of overwriting it. */

@@ -5,13 +5,18 @@
  * every row is one (slot, token) at the slot's next position.  The
  * projections, MLPs and the lm_head are one matrix product over all rows
  * (a prefill's prompt and a decode step's sequences alike); only attention
- * is per row, against its own slot's cached keys and values.  Parameters
- * are found by name (zdp/gpt.h's and zdp/llama.h's lists), so the models'
- * own files are not touched.  LoRA adapters (zdp_kv_set_adapter) are per
+ * is per row, against its own slot's cached keys and values (rows split
+ * over the thread pool).  A pass of 2..PACK_ROWS_ rows (a batched decode
+ * step) multiplies by weights packed once per cache (nn.h's packed B:
+ * cblas_sgemm would re-pack each weight on every step); one row goes to
+ * sgemv, more rows (prefills) to the nn kernels' sgemm.  Parameters are
+ * found by name (zdp/gpt.h's and zdp/llama.h's lists), so the models' own
+ * files are not touched.  LoRA adapters (zdp_kv_set_adapter) are per
  * slot: after each adaptable linear's base product over all rows, each run
  * of consecutive rows whose slots share an adapter adds that adapter's
- * (alpha/r) (x A^T) B^T, as lora.c's hooks do in training.  Not here: token choice and scheduling
- * (sampler.c), threads, stage-3 gathering (the caller passes whole weights).
+ * (alpha/r) (x A^T) B^T, as lora.c's hooks do in training.  Not here: token
+ * choice and scheduling (sampler.c), stage-3 gathering (the caller passes
+ * whole weights).
  */
 #include <math.h>
 #include <stdbool.h>
@@ -65,7 +70,19 @@ struct zdp_kv_cache {
     float *x, *h, *qkv, *q, *kk, *vv, *atty, *f1, *f2, *mean, *rstd, *score;
     int *pos;
     int64_t scratch_bytes;
+    /* Packed copies of the weight matrices (nn.h's packed B), made on the
+     * first pass that uses each: (n_params) copy and the weights it was
+     * made from (a pointer: the weights must not change in place while the
+     * cache is in use). */
+    float **packed;
+    const float **packed_src;
+    int64_t packed_bytes;
+    int n_threads;
 };
+
+/* Rows of a pass that go to the packed kernels: decode steps of a batch.
+ * Larger passes (prefills) are long enough for OpenBLAS's own packing. */
+#define PACK_ROWS_ 96
 
 static int find_(const zdp_model *m, const char *fmt, int l) {
     char name[96];
@@ -96,6 +113,9 @@ void zdp_kv_destroy(zdp_kv_cache *kv) {
     free(kv->rstd);
     free(kv->score);
     free(kv->pos);
+    for (int i = 0; kv->packed != NULL && i < kv->model->n_params; i++) free(kv->packed[i]);
+    free(kv->packed);
+    free(kv->packed_src);
     free(kv->sites);
     free(kv->slot_lora);
     free(kv->slot_ad);
@@ -144,6 +164,9 @@ zdp_status zdp_kv_create(const zdp_model *model, int n_slots, int max_len, zdp_k
     if (max_len > 0) kv->T = max_len; /* positions per slot */
     const size_t per = (size_t)kv->L * n_slots * kv->T * kv->KV * kv->hd;
     kv->len = calloc((size_t)n_slots, sizeof *kv->len);
+    kv->packed = calloc((size_t)model->n_params, sizeof *kv->packed);
+    kv->packed_src = calloc((size_t)model->n_params, sizeof *kv->packed_src);
+    kv->n_threads = zdp_pool_size();
     kv->k = malloc(per * sizeof(float));
     kv->v = malloc(per * sizeof(float));
     kv->layer = calloc((size_t)kv->L, sizeof *kv->layer);
@@ -155,8 +178,8 @@ zdp_status zdp_kv_create(const zdp_model *model, int n_slots, int max_len, zdp_k
         kv->cos = malloc((size_t)kv->T * kv->hd / 2 * sizeof(float));
         kv->sin = malloc((size_t)kv->T * kv->hd / 2 * sizeof(float));
     }
-    if (kv->len == NULL || kv->k == NULL || kv->v == NULL || kv->layer == NULL ||
-        kv->sites == NULL || kv->slot_lora == NULL || kv->slot_ad == NULL ||
+    if (kv->len == NULL || kv->k == NULL || kv->v == NULL || kv->layer == NULL || kv->packed == NULL ||
+        kv->packed_src == NULL || kv->sites == NULL || kv->slot_lora == NULL || kv->slot_ad == NULL ||
         (kv->llama && (kv->cos == NULL || kv->sin == NULL))) {
         zdp_kv_destroy(kv);
         return zdp_err_set(err, ZDP_ERR_NOMEM,
@@ -241,7 +264,7 @@ int64_t zdp_kv_bytes(const zdp_kv_cache *kv) {
     if (kv == NULL) return 0;
     int64_t b = 2 * (int64_t)kv->L * kv->n_slots * kv->T * kv->KV * kv->hd * 4;
     if (kv->llama) b += (int64_t)kv->T * kv->hd * 4;
-    return b + kv->scratch_bytes;
+    return b + kv->scratch_bytes + kv->packed_bytes;
 }
 
 int zdp_kv_slots(const zdp_kv_cache *kv) { return kv != NULL ? kv->n_slots : 0; }
@@ -300,23 +323,66 @@ static bool reserve_(zdp_kv_cache *kv, int n) {
     int32_t *ws = realloc(kv->wslot, N * sizeof *ws);
     if (ws == NULL) return false;
     kv->wslot = ws;
-    if (kv->score == NULL) { /* (NH/KV, T) one group's attention scores */
-        kv->score = malloc((size_t)(kv->NH / kv->KV) * kv->T * sizeof(float));
+    const int64_t score = (int64_t)kv->n_threads * kv->NH * kv->T;
+    if (kv->score == NULL) { /* (threads, NH, T) one row's attention scores per thread */
+        kv->score = malloc((size_t)score * sizeof(float));
         if (kv->score == NULL) return false;
     }
     kv->cap = n;
-    kv->scratch_bytes = bytes + 2 * (int64_t)N * 4 + (int64_t)(kv->NH / kv->KV) * kv->T * 4;
+    kv->scratch_bytes = bytes + 2 * (int64_t)N * 4 + score * 4;
     return true;
 }
 
 /* A one-row product is a matrix-vector product: cblas_sgemv reads each
  * weight once, where sgemm with one row first copies (packs) the whole
- * weight matrix (batch-1 decode is bound by reading the weights).  Larger
- * batches go to the nn kernels training uses. */
+ * weight matrix (batch-1 decode is bound by reading the weights).  A
+ * batched decode step multiplies by the packed copy; larger passes go to
+ * the nn kernels training uses. */
 
-/* out (N,OC) [+]= inp (N,C) @ W^T + bias, W (OC,C): torch.nn.Linear */
-static void linear_(float *out, const float *inp, const float *W, const float *bias, int64_t N,
-                    int64_t C, int64_t OC, int accumulate) {
+typedef struct pack_job_ {
+    float *dst;
+    const float *W;
+    int64_t K, N, panel_floats;
+    int trans;
+} pack_job_;
+
+/* Panels [lo, hi) of one weight: 16 columns each (zdp_nn_pack_b of the
+ * column range, which packs into the same place). */
+static void pack_range_(void *ctx, int64_t lo, int64_t hi) {
+    const pack_job_ *j = ctx;
+    for (int64_t p = lo; p < hi; p++) {
+        const int64_t n0 = p * 16, n = j->N - n0 < 16 ? j->N - n0 : 16;
+        float *d = j->dst + p * j->panel_floats;
+        if (j->trans) {
+            zdp_nn_pack_b(d, j->W + n0 * j->K, j->K, n, 1);
+        } else { /* a (K, n) column block of the (K, N) matrix */
+            for (int64_t k = 0; k < j->K; k++)
+                for (int64_t c = 0; c < 16; c++) d[k * 16 + c] = c < n ? j->W[k * j->N + n0 + c] : 0.0f;
+        }
+    }
+}
+
+/* The packed copy of weight idx, B (K,N) (trans: stored (N,K)), made on
+ * its first use; NULL when out of memory (the caller uses sgemm then). */
+static const float *packed_(zdp_kv_cache *kv, const float *const *P, int idx, int64_t K, int64_t N,
+                            int trans) {
+    if (kv->packed[idx] != NULL && kv->packed_src[idx] == P[idx]) return kv->packed[idx];
+    const int64_t floats = zdp_nn_packed_floats(K, N);
+    if (kv->packed[idx] == NULL) {
+        if ((kv->packed[idx] = malloc((size_t)floats * sizeof(float))) == NULL) return NULL;
+        kv->packed_bytes += floats * 4;
+    }
+    pack_job_ j = {.dst = kv->packed[idx], .W = P[idx], .K = K, .N = N, .panel_floats = K * 16,
+                   .trans = trans};
+    zdp_nn_parallel_ranges_((N + 15) / 16, 8, pack_range_, &j);
+    kv->packed_src[idx] = P[idx];
+    return kv->packed[idx];
+}
+
+/* out (N,OC) [+]= inp (N,C) @ W^T + bias, W (OC,C): torch.nn.Linear, any
+ * weights (the adapters' too) */
+static void gemm_nt_(float *out, const float *inp, const float *W, const float *bias, int64_t N,
+                     int64_t C, int64_t OC, int accumulate) {
     if (N != 1) {
         zdp_nn_linear_forward(out, inp, W, bias, N, C, OC, accumulate);
         return;
@@ -327,9 +393,23 @@ static void linear_(float *out, const float *inp, const float *W, const float *b
         for (int64_t o = 0; o < OC; o++) out[o] += bias[o];
 }
 
-/* out (N,OC) = inp (N,C) @ W + bias, W (C,OC): Hugging Face Conv1D (GPT-2) */
-static void conv1d_(float *out, const float *inp, const float *W, const float *bias, int64_t N,
-                    int64_t C, int64_t OC) {
+/* The same for the model's weight P[w]: a batched decode step multiplies
+ * by its packed copy. */
+static void linear_(zdp_kv_cache *kv, const float *const *P, float *out, const float *inp, int w,
+                    const float *bias, int64_t N, int64_t C, int64_t OC, int accumulate) {
+    const float *Bp = N > 1 && N <= PACK_ROWS_ ? packed_(kv, P, w, C, OC, 1) : NULL;
+    if (Bp != NULL) zdp_nn_packed_gemm(out, OC, inp, C, Bp, bias, N, C, OC, accumulate);
+    else gemm_nt_(out, inp, P[w], bias, N, C, OC, accumulate);
+}
+
+/* out (N,OC) = inp (N,C) @ W + bias, W = P[w] (C,OC): Hugging Face Conv1D (GPT-2) */
+static void conv1d_(zdp_kv_cache *kv, const float *const *P, float *out, const float *inp, int w,
+                    const float *bias, int64_t N, int64_t C, int64_t OC) {
+    const float *W = P[w], *Bp = N > 1 && N <= PACK_ROWS_ ? packed_(kv, P, w, C, OC, 0) : NULL;
+    if (Bp != NULL) {
+        zdp_nn_packed_gemm(out, OC, inp, C, Bp, bias, N, C, OC, 0);
+        return;
+    }
     if (N != 1) {
         zdp_nn_matmul_forward(out, inp, W, bias, N, C, OC);
         return;
@@ -338,6 +418,20 @@ static void conv1d_(float *out, const float *inp, const float *W, const float *b
                 1);
     if (bias != NULL)
         for (int64_t o = 0; o < OC; o++) out[o] += bias[o];
+}
+
+/* q . k over hd floats in 16 interleaved partial sums, added pairwise at
+ * the end: a fixed order (so the same bits at any batch or thread count)
+ * that the compiler vectorises, where one running sum cannot be. */
+static inline float dot_(const float *q, const float *k, int hd) {
+    float acc[16] = {0};
+    int d = 0;
+    for (; d + 16 <= hd; d += 16)
+        for (int j = 0; j < 16; j++) acc[j] += q[d + j] * k[d + j];
+    for (int j = 0; d < hd; d++, j++) acc[j] += q[d] * k[d];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+    return acc[0];
 }
 
 /* out (N, s.out) += the adapter product of inp (N, s.in) for site `site`,
@@ -359,9 +453,9 @@ static void adapt_(zdp_kv_cache *kv, int site, float *out, const float *inp, int
             const zdp_lora_config *c = zdp_lora_config_of(lm);
             const int64_t r = c->rank;
             const float scale = c->alpha / (float)c->rank;
-            linear_(kv->xa, inp + i * in, ad[p], NULL, j - i, in, r, 0);
+            gemm_nt_(kv->xa, inp + i * in, ad[p], NULL, j - i, in, r, 0);
             for (int64_t k = 0; k < (j - i) * r; k++) kv->xa[k] *= scale;
-            linear_(out + i * od, kv->xa, ad[p + 1], NULL, j - i, r, od, 1);
+            gemm_nt_(out + i * od, kv->xa, ad[p + 1], NULL, j - i, r, od, 1);
         }
         i = j;
     }
@@ -369,33 +463,60 @@ static void adapt_(zdp_kv_cache *kv, int site, float *out, const float *inp, int
 
 /* out (NH*hd) = softmax(q . K / sqrt(hd)) V over the slot's positions
  * 0..p: q (NH*hd), K, V (>p, KV*hd) with query head h on KV head
- * h / (NH/KV).  The group of query heads sharing a KV head is contiguous
- * in q, so each group is two small products (cblas: vectorised, where a
- * plain float dot product loop is not, its order of additions being fixed).
- * score: (NH/KV, p+1) scratch. */
+ * h / (NH/KV).  Position by position, every head at once, so each cached
+ * key and value row is read once, front to back (decode attention is bound
+ * by reading the cache: every row reads its own slot's).  Plain loops: one
+ * row's products are far too small for cblas_sgemm's call and packing
+ * costs (a sgemm per row and head was 11% of a batch-32 decode step).
+ * score: (NH, p+1) scratch. */
 static void attend_(float *out, const float *q, const float *K, const float *Vc, int p, int NH,
                     int KVh, int hd, float *score) {
     const int KD = KVh * hd, group = NH / KVh, n = p + 1;
     const float scale = 1.0f / sqrtf((float)hd);
-    for (int g = 0; g < KVh; g++) {
-        const float *qg = q + (size_t)g * group * hd;
-        /* score (group, n) = scale * qg (group, hd) @ K[:, g]^T (hd, n) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group, n, hd, scale, qg, hd,
-                    K + (size_t)g * hd, KD, 0.0f, score, n);
-        for (int r = 0; r < group; r++) {
-            float *sr = score + (size_t)r * n, mx = -INFINITY, sum = 0.0f;
-            for (int s = 0; s < n; s++) mx = sr[s] > mx ? sr[s] : mx;
-            for (int s = 0; s < n; s++) {
-                sr[s] = expf(sr[s] - mx);
-                sum += sr[s];
-            }
-            const float inv = 1.0f / sum;
-            for (int s = 0; s < n; s++) sr[s] *= inv;
-        }
-        /* out[g's heads] (group, hd) = score (group, n) @ V[:, g] (n, hd) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, group, hd, n, 1.0f, score, n,
-                    Vc + (size_t)g * hd, KD, 0.0f, out + (size_t)g * group * hd, hd);
+    for (int s = 0; s < n; s++) {
+        const float *ks = K + (size_t)s * KD;
+        for (int h = 0; h < NH; h++)
+            score[(size_t)h * n + s] = scale * dot_(q + (size_t)h * hd, ks + (size_t)(h / group) * hd, hd);
     }
+    for (int h = 0; h < NH; h++) {
+        float *sr = score + (size_t)h * n, mx = -INFINITY, sum = 0.0f;
+        for (int s = 0; s < n; s++) mx = sr[s] > mx ? sr[s] : mx;
+        for (int s = 0; s < n; s++) {
+            sr[s] = zdp_nn_exp_(sr[s] - mx);
+            sum += sr[s];
+        }
+        const float inv = 1.0f / sum;
+        for (int s = 0; s < n; s++) sr[s] *= inv;
+    }
+    memset(out, 0, (size_t)NH * hd * sizeof(float));
+    for (int s = 0; s < n; s++) {
+        const float *vs = Vc + (size_t)s * KD;
+        for (int h = 0; h < NH; h++) {
+            const float w = score[(size_t)h * n + s], *vh = vs + (size_t)(h / group) * hd;
+            float *o = out + (size_t)h * hd;
+            for (int d = 0; d < hd; d++) o[d] += w * vh[d];
+        }
+    }
+}
+
+/* Attention of rows [lo, hi) of a pass, each on its own slot (one thread's
+ * score scratch). */
+typedef struct attend_job_ {
+    zdp_kv_cache *kv;
+    const int32_t *slots;
+    const float *q;
+    int64_t qs, l;
+} attend_job_;
+
+static void attend_rows_(void *ctx, int64_t task, int thread) {
+    const attend_job_ *j = ctx;
+    zdp_kv_cache *kv = j->kv;
+    const int64_t QD = (int64_t)kv->NH * kv->hd, KD = (int64_t)kv->KV * kv->hd;
+    float *score = kv->score + (int64_t)thread * kv->NH * kv->T;
+    const int64_t i = task;
+    const int64_t base = ((j->l * kv->n_slots + j->slots[i]) * kv->T) * KD;
+    attend_(kv->atty + i * QD, j->q + i * j->qs, kv->k + base, kv->v + base, kv->pos[i], kv->NH, kv->KV,
+            kv->hd, score);
 }
 
 zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t *slots,
@@ -468,15 +589,15 @@ zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t 
         if (!kv->llama) {
             zdp_nn_layernorm_forward(kv->h, kv->mean, kv->rstd, kv->x, P[y->ln1_w], P[y->ln1_b],
                                      N, C);
-            conv1d_(kv->qkv, kv->h, P[y->qkv_w], P[y->qkv_b], N, C, 3 * C);
+            conv1d_(kv, P, kv->qkv, kv->h, y->qkv_w, P[y->qkv_b], N, C, 3 * C);
             adapt_(kv, y->site[KS_Q], kv->qkv, kv->h, N, slots);
             q = kv->qkv, k = kv->qkv + C, v = kv->qkv + 2 * C, qs = ks = 3 * C;
         } else {
             zdp_nn_rmsnorm_forward(kv->h, kv->rstd, kv->x, P[y->ln1_w], N, C, kv->eps);
             q = kv->q, k = kv->kk, v = kv->vv, qs = QD, ks = KD;
-            linear_(q, kv->h, P[y->q_w], B_(y->q_b), N, C, QD, 0);
-            linear_(k, kv->h, P[y->k_w], B_(y->k_b), N, C, KD, 0);
-            linear_(v, kv->h, P[y->v_w], B_(y->v_b), N, C, KD, 0);
+            linear_(kv, P, q, kv->h, y->q_w, B_(y->q_b), N, C, QD, 0);
+            linear_(kv, P, k, kv->h, y->k_w, B_(y->k_b), N, C, KD, 0);
+            linear_(kv, P, v, kv->h, y->v_w, B_(y->v_b), N, C, KD, 0);
             adapt_(kv, y->site[KS_Q], q, kv->h, N, slots);
             adapt_(kv, y->site[KS_K], k, kv->h, N, slots);
             adapt_(kv, y->site[KS_V], v, kv->h, N, slots);
@@ -499,33 +620,30 @@ zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t 
             memcpy(kv->k + at, k + i * ks, (size_t)KD * sizeof(float));
             memcpy(kv->v + at, v + i * ks, (size_t)KD * sizeof(float));
         }
-        for (int i = 0; i < n; i++) {
-            const int64_t base = ((int64_t)l * kv->n_slots + slots[i]) * T * KD;
-            attend_(kv->atty + i * QD, q + i * qs, kv->k + base, kv->v + base, kv->pos[i],
-                    (int)NH, (int)KVh, (int)hd, kv->score);
-        }
+        attend_job_ aj = {.kv = kv, .slots = slots, .q = q, .qs = qs, .l = l};
+        zdp_pool_run(n, attend_rows_, &aj);
         if (!kv->llama) {
-            conv1d_(kv->h, kv->atty, P[y->o_w], P[y->o_b], N, C, C);
+            conv1d_(kv, P, kv->h, kv->atty, y->o_w, P[y->o_b], N, C, C);
             adapt_(kv, y->site[KS_O], kv->h, kv->atty, N, slots);
             zdp_nn_residual_forward(kv->x, kv->x, kv->h, N * C);
             zdp_nn_layernorm_forward(kv->h, kv->mean, kv->rstd, kv->x, P[y->ln2_w], P[y->ln2_b],
                                      N, C);
-            conv1d_(kv->f1, kv->h, P[y->fc_w], P[y->fc_b], N, C, F);
+            conv1d_(kv, P, kv->f1, kv->h, y->fc_w, P[y->fc_b], N, C, F);
             adapt_(kv, y->site[KS_UP], kv->f1, kv->h, N, slots);
             zdp_nn_gelu_forward(kv->f1, kv->f1, N * F);
-            conv1d_(kv->h, kv->f1, P[y->proj_w], P[y->proj_b], N, F, C);
+            conv1d_(kv, P, kv->h, kv->f1, y->proj_w, P[y->proj_b], N, F, C);
             adapt_(kv, y->site[KS_DOWN], kv->h, kv->f1, N, slots);
             zdp_nn_residual_forward(kv->x, kv->x, kv->h, N * C);
         } else {
-            linear_(kv->x, kv->atty, P[y->o_w], B_(y->o_b), N, QD, C, 1);
+            linear_(kv, P, kv->x, kv->atty, y->o_w, B_(y->o_b), N, QD, C, 1);
             adapt_(kv, y->site[KS_O], kv->x, kv->atty, N, slots);
             zdp_nn_rmsnorm_forward(kv->h, kv->rstd, kv->x, P[y->ln2_w], N, C, kv->eps);
-            linear_(kv->f1, kv->h, P[y->gate], NULL, N, C, F, 0);
-            linear_(kv->f2, kv->h, P[y->up], NULL, N, C, F, 0);
+            linear_(kv, P, kv->f1, kv->h, y->gate, NULL, N, C, F, 0);
+            linear_(kv, P, kv->f2, kv->h, y->up, NULL, N, C, F, 0);
             adapt_(kv, y->site[KS_GATE], kv->f1, kv->h, N, slots);
             adapt_(kv, y->site[KS_UP], kv->f2, kv->h, N, slots);
             zdp_nn_swiglu_forward(kv->f1, kv->f1, kv->f2, N * F);
-            linear_(kv->x, kv->f1, P[y->down], NULL, N, F, C, 1);
+            linear_(kv, P, kv->x, kv->f1, y->down, NULL, N, F, C, 1);
             adapt_(kv, y->site[KS_DOWN], kv->x, kv->f1, N, slots);
         }
     }
@@ -544,7 +662,7 @@ zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t 
                                  C);
     else
         zdp_nn_rmsnorm_forward(kv->h, kv->rstd, kv->x, P[kv->lnf_w], m, C, kv->eps);
-    linear_(logits, kv->h, P[kv->lm_head], NULL, m, C, kv->V, 0); /* lm_head (V,C) */
+    linear_(kv, P, logits, kv->h, kv->lm_head, NULL, m, C, kv->V, 0); /* lm_head (V,C) */
     adapt_(kv, kv->head_site, logits, kv->h, m, kv->wslot);
     return ZDP_OK;
 }

@@ -67,6 +67,61 @@ float zdp_logprob_of(const float *logits, int V, int target) {
     return (float)((double)logits[target] - top - log(z));
 }
 
+/* The heap of topk_logprobs: a[0] is the least likely kept (the lowest
+ * logit, the higher id among equals), so it is the one a better token
+ * replaces. */
+static bool worse_(ranked_ x, ranked_ y) {
+    return x.logit < y.logit || (x.logit == y.logit && x.id > y.id);
+}
+
+static void sift_down_(ranked_ *a, int k, int i) {
+    for (;;) {
+        int m = i;
+        const int l = 2 * i + 1, r = l + 1;
+        if (l < k && worse_(a[l], a[m])) m = l;
+        if (r < k && worse_(a[r], a[m])) m = r;
+        if (m == i) return;
+        const ranked_ t = a[i];
+        a[i] = a[m], a[m] = t;
+        i = m;
+    }
+}
+
+zdp_status zdp_topk_logprobs(const float *logits, int V, int k, int32_t *ids, float *logprobs) {
+    if (k < 1 || k > V) return ZDP_ERR_INVALID_ARG;
+    /* One pass with a k-entry min-heap: O(V log k), no (V) scratch.  The
+     * normaliser is zdp_logprob_of's, so a listed logprob equals what it
+     * gives for that token. */
+    ranked_ stack_heap[64];
+    ranked_ *a = k <= 64 ? stack_heap : malloc((size_t)k * sizeof *a);
+    if (a == NULL) return ZDP_ERR_NOMEM;
+    float top = logits[0];
+    for (int v = 0; v < V; v++) {
+        if (logits[v] > top) top = logits[v];
+        const ranked_ x = {logits[v], v};
+        if (v < k) {
+            a[v] = x;
+            if (v == k - 1)
+                for (int i = k / 2 - 1; i >= 0; i--) sift_down_(a, k, i);
+        } else if (worse_(a[0], x)) {
+            a[0] = x;
+            sift_down_(a, k, 0);
+        }
+    }
+    double z = 0;
+    for (int v = 0; v < V; v++) z += exp((double)logits[v] - top);
+    const double lse = top + log(z);
+    /* Pop the least likely into the last place: the output ends up descending. */
+    for (int n = k; n > 0; n--) {
+        ids[n - 1] = a[0].id;
+        logprobs[n - 1] = (float)((double)a[0].logit - lse);
+        a[0] = a[n - 1];
+        sift_down_(a, n - 1, 0);
+    }
+    if (a != stack_heap) free(a);
+    return ZDP_OK;
+}
+
 int zdp_sample_token(const float *logits, int V, const zdp_sample_params *sp, uint64_t *rng,
                      float *logprob) {
     int best = 0;
@@ -123,6 +178,11 @@ static double now_(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* A sequence whose prefill keeps every prompt row's logits. */
+static bool wants_prompt_(const zdp_gen_seq *s) {
+    return s->prompt_logprobs != NULL || s->prompt_topk > 0;
+}
+
 static zdp_status check_seqs_(const zdp_model *model, const zdp_gen_seq *seqs, int n_seqs,
                               int batch, zdp_error *err) {
     const char *fn = "zdp_generate";
@@ -144,6 +204,15 @@ static zdp_status check_seqs_(const zdp_model *model, const zdp_gen_seq *seqs, i
                                model->block_size - s->prompt_len);
         if (s->max_tokens > 0 && s->out == NULL)
             return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: seqs[%d].out must be set", fn, i);
+        if (s->prompt_topk < 0 || s->prompt_topk > model->vocab_size)
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: seqs[%d].prompt_topk = %d: must be in 0..%d (vocab_size)", fn,
+                               i, s->prompt_topk, model->vocab_size);
+        if (s->prompt_topk > 0 && (s->prompt_topk_ids == NULL || s->prompt_topk_logprobs == NULL))
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "%s: seqs[%d].prompt_topk = %d needs prompt_topk_ids and "
+                               "prompt_topk_logprobs",
+                               fn, i, s->prompt_topk);
         if (s->lora != NULL && s->adapter == NULL)
             return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
                                "%s: seqs[%d].adapter is NULL: a LoRA model (seqs[%d].lora) needs "
@@ -213,8 +282,7 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
         int n = 0, m = 0, need = 0;
         for (int b = 0; b < batch; b++) {
             if (slot_seq[b] < 0) {
-                while (next < n_seqs && seqs[next].max_tokens == 0 &&
-                       seqs[next].prompt_logprobs == NULL)
+                while (next < n_seqs && seqs[next].max_tokens == 0 && !wants_prompt_(&seqs[next]))
                     next++; /* nothing to compute */
                 if (next < n_seqs) {
                     slot_seq[b] = next++;
@@ -256,7 +324,7 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
             if (pending[b] < 0) {
                 for (int t = 0; t < s->prompt_len; t++) {
                     rs[n] = b, rt[n] = s->prompt[t];
-                    rw[n] = s->prompt_logprobs != NULL || t == s->prompt_len - 1;
+                    rw[n] = wants_prompt_(s) || t == s->prompt_len - 1;
                     m += rw[n++];
                 }
                 sts.prefill_tokens += s->prompt_len;
@@ -282,10 +350,21 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
         for (int k = 0; k < n_live; k++) {
             const int b = order[k].slot;
             zdp_gen_seq *s = &seqs[slot_seq[b]];
-            if (pending[b] < 0 && s->prompt_logprobs != NULL) {
-                s->prompt_logprobs[0] = 0.0f;
-                for (int t = 0; t + 1 < s->prompt_len; t++, lg += V)
-                    s->prompt_logprobs[t + 1] = zdp_logprob_of(lg, V, s->prompt[t + 1]);
+            if (pending[b] < 0 && wants_prompt_(s)) {
+                const int K = s->prompt_topk;
+                if (s->prompt_logprobs != NULL) s->prompt_logprobs[0] = 0.0f;
+                for (int j = 0; j < K; j++)
+                    s->prompt_topk_ids[j] = -1, s->prompt_topk_logprobs[j] = NAN;
+                for (int t = 0; t + 1 < s->prompt_len; t++, lg += V) {
+                    if (s->prompt_logprobs != NULL)
+                        s->prompt_logprobs[t + 1] = zdp_logprob_of(lg, V, s->prompt[t + 1]);
+                    if (K > 0 && zdp_topk_logprobs(lg, V, K, s->prompt_topk_ids + (int64_t)(t + 1) * K,
+                                                   s->prompt_topk_logprobs + (int64_t)(t + 1) * K) != ZDP_OK) {
+                        st = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for top-%d prompt logprobs",
+                                         fn, K);
+                        goto out;
+                    }
+                }
             }
             const float *row = lg;
             lg += V;

@@ -329,6 +329,17 @@ char *serve_sample_result_json(const serve_sample_result *r) {
             json_array_append_new(pl, serve_jreal(r->prompt_logprobs[t]));
         json_object_set_new(o, "prompt_logprobs", pl);
     }
+    if (o != NULL && r->topk_k > 0) { /* SampleResponse.topk_prompt_logprobs: None first */
+        json_t *rows = json_array();
+        for (int64_t t = 0; t < r->n_topk; t++) {
+            json_t *row = t == 0 ? json_null() : json_array();
+            for (int64_t k = 0; t > 0 && k < r->topk_k; k++)
+                json_array_append_new(row, json_pack("[I,o]", (json_int_t)r->topk_ids[t * r->topk_k + k],
+                                                      serve_jreal(r->topk_logprobs[t * r->topk_k + k])));
+            json_array_append_new(rows, row);
+        }
+        json_object_set_new(o, "topk_prompt_logprobs", rows);
+    }
     return serve_dump(o);
 }
 
@@ -358,6 +369,18 @@ serve_sample_result *serve_sample_result_copy(const serve_sample_result *r) {
         memcpy(c->prompt_logprobs, r->prompt_logprobs, (size_t)r->n_prompt_logprobs * sizeof *c->prompt_logprobs);
         c->n_prompt_logprobs = r->n_prompt_logprobs;
     }
+    if (r->topk_k > 0) {
+        const size_t nk = (size_t)(r->n_topk * r->topk_k);
+        c->topk_ids = malloc((nk + 1) * sizeof *c->topk_ids);
+        c->topk_logprobs = malloc((nk + 1) * sizeof *c->topk_logprobs);
+        if (c->topk_ids == NULL || c->topk_logprobs == NULL) {
+            serve_sample_result_free(c);
+            return NULL;
+        }
+        memcpy(c->topk_ids, r->topk_ids, nk * sizeof *c->topk_ids);
+        memcpy(c->topk_logprobs, r->topk_logprobs, nk * sizeof *c->topk_logprobs);
+        c->topk_k = r->topk_k, c->n_topk = r->n_topk;
+    }
     return c;
 }
 
@@ -368,6 +391,8 @@ void serve_sample_result_free(serve_sample_result *r) {
     free(r->logprobs);
     free(r->stopped);
     free(r->prompt_logprobs);
+    free(r->topk_ids);
+    free(r->topk_logprobs);
     free(r);
 }
 
@@ -516,7 +541,8 @@ static serve_sample_spec sample_file_spec_(job *j, const serve_sample_file_req *
                                .n_stop = h.n_stop, .n_stop_str = h.n_stop_str, .temperature = h.temperature,
                                .top_p = h.top_p, .seed = h.seed, .stop = rq->stop, .stop_str = rq->stop_str,
                                .logprobs = true, .prompt_logprobs = h.prompt_logprobs != 0,
-                               .prompt_length = -1, .lora = a != NULL ? &a->lora : NULL,
+                               .topk_prompt = h.topk_prompt, .prompt_length = -1,
+                               .lora = a != NULL ? &a->lora : NULL,
                                .adapter = a != NULL ? (const float *const *)a->ad : NULL};
 }
 
@@ -858,13 +884,14 @@ static char *exec_load_weights_(server *s, job *j, int *status) {
 static json_t *limits_json_(server *s) {
     const union MHD_DaemonInfo *ci =
         s->daemon != NULL ? MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS) : NULL;
-    return json_pack("{s:I,s:I,s:I,s:i,s:i,s:i,s:i,s:f,s:f}", "max_body_bytes", (json_int_t)s->opt.max_body,
+    return json_pack("{s:I,s:I,s:I,s:i,s:i,s:i,s:i,s:f,s:f,s:i,s:i}", "max_body_bytes", (json_int_t)s->opt.max_body,
                      "max_inflight_bytes", (json_int_t)s->opt.max_inflight, "inflight_bytes",
                      (json_int_t)serve_body_inflight(s), "max_connections", s->opt.max_connections,
                      "max_connections_per_ip", s->opt.max_connections_per_ip, "connections",
                      ci != NULL ? (int)ci->num_connections : -1, "idle_timeout_seconds",
                      s->opt.idle_timeout_s, "request_timeout_seconds", s->opt.request_timeout_s,
-                     "health_timeout_seconds", s->opt.health_timeout_s);
+                     "health_timeout_seconds", s->opt.health_timeout_s, "max_sample_batch",
+                     s->opt.max_sample_batch, "max_stop_bytes", s->opt.max_stop_bytes);
 }
 
 /* /info's model: its arch, the shape it records (zdp_model.shape_json, a
@@ -999,8 +1026,14 @@ static char *exec_info_(server *s, job *j, int *status) {
     s->eng = s->slots[0].eng;
     zdp_memory_report m;
     zdp_engine_memory_report(s->eng, &m);
-    int64_t mine[8] = {m.params_bytes, m.grads_bytes, m.grad_partition_bytes, m.bucket_bytes,
-                       m.optimizer_bytes, m.master_bytes, m.other_bytes, m.total_bytes};
+    /* Beyond the engine's: the sampling side, which lives outside it (the
+     * sampler weights asample keeps, the KV cache a request makes). */
+    int64_t snap = 0;
+    for (int i = 0; s->snap != NULL && i < s->model.n_params; i++)
+        snap += numel_(&s->model.params[i]) * (int64_t)sizeof(float);
+    int64_t mine[11] = {m.params_bytes, m.grads_bytes, m.grad_partition_bytes, m.bucket_bytes,
+                        m.optimizer_bytes, m.master_bytes, m.other_bytes, m.total_bytes,
+                        snap, s->kv_bytes_last, s->kv_bytes_peak};
     int64_t *all = s->R == 0 ? malloc((size_t)s->W * sizeof mine) : NULL;
     if (s->R == 0 && all == NULL) serve_die("info", &(zdp_error){.msg = "out of memory"});
     zdp_error err;
@@ -1008,13 +1041,15 @@ static char *exec_info_(server *s, job *j, int *status) {
     if (s->R != 0) return NULL;
     json_t *mem = json_array();
     for (int r = 0; r < s->W; r++) {
-        int64_t *x = all + 8 * r;
-        json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", r,
+        int64_t *x = all + 11 * r;
+        json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", r,
                                              "params_bytes", (json_int_t)x[0], "grads_bytes", (json_int_t)x[1],
                                              "grad_partition_bytes", (json_int_t)x[2], "bucket_bytes",
                                              (json_int_t)x[3], "optimizer_bytes", (json_int_t)x[4],
                                              "master_bytes", (json_int_t)x[5], "other_bytes",
-                                             (json_int_t)x[6], "total_bytes", (json_int_t)x[7]));
+                                             (json_int_t)x[6], "total_bytes", (json_int_t)x[7],
+                                             "sampler_weights_bytes", (json_int_t)x[8], "kv_cache_bytes",
+                                             (json_int_t)x[9], "kv_cache_peak_bytes", (json_int_t)x[10]));
     }
     free(all);
     const zdp_optimizer_config *oc = &s->cfg.optimizer;

@@ -103,7 +103,7 @@ enum MHD_Result serve_plain_handle(server *s, struct MHD_Connection *c, const ch
         ok = serve_only_keys(root, "", keys, 1, &e) &&
              serve_parse_optim(json_object_get(root, "adam_params"), "adam_params", false, j, &e);
     } else if (rt->op == OP_SAMPLE) {
-        ok = serve_parse_sample(root, &s->model, s->opt.lm.decode != NULL, j, &e);
+        ok = serve_parse_sample(root, &s->model, s->opt.lm.decode != NULL, s->opt.max_stop_bytes, j, &e);
     } else {
         ok = serve_parse_path(s, root, j, &e);
     }

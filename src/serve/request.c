@@ -782,7 +782,7 @@ bool serve_parse_path(const server *s, const json_t *root, job *j, verr *e) {
     return serve_set_path(s, j, resolved, e);
 }
 
-bool serve_parse_stops(const json_t *v, const char *f, int V, bool can_decode, serve_bytes *ids,
+bool serve_parse_stops(const json_t *v, const char *f, int V, bool can_decode, int max_bytes, serve_bytes *ids,
                        serve_bytes *strs, int64_t *n_str, verr *e) {
     if (!json_is_array(v) && !json_is_string(v))
         return serve_bad(e, 400, f, "%s: must be a string, a list of strings or a list of token ids", f);
@@ -797,9 +797,12 @@ bool serve_parse_stops(const json_t *v, const char *f, int V, bool can_decode, s
                 return serve_bad(e, 400, f, "%s[%zu]: a string stop needs the model's tokenizer, and this server "
                                  "has none (serve a model folder with its tokenizer, --model-dir); send token "
                                  "ids [id, ...]", f, k);
-            if (len == 0 || len > 1024 || strlen(t) != len)
-                return serve_bad(e, 400, f, "%s[%zu]: must be a non-empty string of at most 1024 bytes without "
-                                 "NUL", f, k);
+            if (len == 0 || strlen(t) != len)
+                return serve_bad(e, 400, f, "%s[%zu]: must be a non-empty string without NUL", f, k);
+            if (len > (size_t)max_bytes)
+                return serve_bad(e, 400, f, "%s[%zu]: %zu bytes, more than this server's --max-stop-bytes %d: "
+                                 "send a shorter stop string (or start the server with a larger bound)", f, k,
+                                 len, max_bytes);
             if (!serve_put(strs, t, len + 1)) return serve_bad(e, 500, f, "out of memory");
             ++*n_str;
         } else if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= V) {
@@ -812,7 +815,8 @@ bool serve_parse_stops(const json_t *v, const char *f, int V, bool can_decode, s
     return true;
 }
 
-bool serve_parse_sample(const json_t *root, const zdp_model *mc, bool can_decode, job *j, verr *e) {
+bool serve_parse_sample(const json_t *root, const zdp_model *mc, bool can_decode, int max_stop_bytes, job *j,
+                        verr *e) {
     static const char *const keys[] = {"prompt", "max_tokens", "temperature", "top_k", "seed", "stop"};
     if (!serve_only_keys(root, "", keys, 6, e)) return false;
     const json_t *p = json_object_get(root, "prompt");
@@ -857,7 +861,7 @@ bool serve_parse_sample(const json_t *root, const zdp_model *mc, bool can_decode
     serve_bytes stops = {0}, strs = {0};
     const json_t *st = json_object_get(root, "stop");
     if (st != NULL && !json_is_null(st) &&
-        !serve_parse_stops(st, "stop", mc->vocab_size, can_decode, &stops, &strs, &r.n_stop_str, e)) {
+        !serve_parse_stops(st, "stop", mc->vocab_size, can_decode, max_stop_bytes, &stops, &strs, &r.n_stop_str, e)) {
         serve_bytes_free(&stops), serve_bytes_free(&strs);
         return false;
     }

@@ -41,12 +41,12 @@ static int str_stop_fn_(void *user, const int32_t *out, int n) {
 /* One request's part on this rank, from its sequences to its answer. */
 typedef struct part_ {
     const serve_sample_spec *sp;
-    int64_t per, lo, mine, bb;
+    int64_t per, lo, mine, bb, K;
     unsigned char *blk;
     zdp_gen_seq *g; /* (mine) */
     str_stop_ *ss;
-    int32_t *out;
-    float *lp, *plp;
+    int32_t *out, *tki;
+    float *lp, *plp, *tkl;
     int32_t failed;
     verr why;
 } part_;
@@ -67,12 +67,16 @@ static void part_prepare_(server *s, const serve_sample_spec *sp, const verr *wh
     p->lp = malloc((size_t)(mine * M + 1) * sizeof *p->lp);
     /* The prompt's logprobs are the same for every sequence: sequence 0's
      * prefill computes them, on rank 0, which keeps them (no gather). */
-    const bool want_plp = sp->prompt_logprobs && p->lo == 0 && mine > 0;
-    p->plp = want_plp ? malloc((size_t)sp->n_prompt * sizeof *p->plp) : NULL;
+    const bool first = p->lo == 0 && mine > 0;
+    p->plp = sp->prompt_logprobs && first ? malloc((size_t)sp->n_prompt * sizeof *p->plp) : NULL;
+    /* Top-k prompt logprobs: the same prefill, the same rank. */
+    p->K = first ? sp->topk_prompt : 0;
+    p->tki = p->K > 0 ? malloc((size_t)(sp->n_prompt * p->K) * sizeof *p->tki) : NULL;
+    p->tkl = p->K > 0 ? malloc((size_t)(sp->n_prompt * p->K) * sizeof *p->tkl) : NULL;
     p->failed = why != NULL;
     p->why = why != NULL ? *why : (verr){0};
     if (p->blk == NULL || p->g == NULL || p->ss == NULL || p->out == NULL || p->lp == NULL ||
-        (want_plp && p->plp == NULL)) {
+        (sp->prompt_logprobs && first && p->plp == NULL) || (p->K > 0 && (p->tki == NULL || p->tkl == NULL))) {
         /* Without its block this rank cannot even report: the gather
          * needs it, so give up as a collective failure would. */
         serve_die("sample", &(zdp_error){.msg = "out of memory for a sampling request"});
@@ -90,7 +94,10 @@ static void part_prepare_(server *s, const serve_sample_spec *sp, const verr *wh
                                 .stop_user = &p->ss[i], .lora = sp->lora, .adapter = sp->adapter,
                                 .out = p->out + i * M, .out_logprobs = p->lp + i * M};
     }
-    if (!p->failed && mine > 0) p->g[0].prompt_logprobs = p->plp;
+    if (!p->failed && mine > 0) {
+        p->g[0].prompt_logprobs = p->plp;
+        p->g[0].prompt_topk = (int)p->K, p->g[0].prompt_topk_ids = p->tki, p->g[0].prompt_topk_logprobs = p->tkl;
+    }
 }
 
 static void part_failed_(server *s, part_ *p, const zdp_error *err) {
@@ -100,13 +107,25 @@ static void part_failed_(server *s, part_ *p, const zdp_error *err) {
     snprintf(p->why.msg, sizeof p->why.msg, "%s", err->msg);
 }
 
+/* zdp_generate over n sequences, with the cache's size for /info: the
+ * cache lives for this call only, so /info reports the last one's size and
+ * the largest so far (docs/sampling.md). */
+static zdp_status generate_(server *s, const float *const *params, zdp_gen_seq *g, int64_t n, zdp_error *err) {
+    zdp_gen_stats gs = {0};
+    const zdp_status st = zdp_generate(&s->model, params, NULL, g, (int)n, (int)n, &gs, err);
+    s->kv_bytes_last = gs.kv_bytes;
+    if (gs.kv_bytes > s->kv_bytes_peak) s->kv_bytes_peak = gs.kv_bytes;
+    return st;
+}
+
 /* Packs this rank's block, gathers every rank's on rank 0 and answers
  * there (NULL elsewhere); frees the part. */
 static char *part_finish_(server *s, part_ *p, int *status) {
     const serve_sample_spec *sp = p->sp;
-    const int64_t n = sp->num_samples, M = sp->max_tokens, per = p->per, bb = p->bb;
+    const int64_t n = sp->num_samples, M = sp->max_tokens, per = p->per, bb = p->bb, K = p->K;
     unsigned char *blk = p->blk;
-    float *plp = p->plp;
+    float *plp = p->plp, *tkl = p->tkl;
+    int32_t *tki = p->tki;
     verr mine_why = p->why;
     int32_t failed = p->failed;
     zdp_error err = {0};
@@ -136,7 +155,7 @@ static char *part_finish_(server *s, part_ *p, int *status) {
     }
     free(blk);
     if (s->R != 0) {
-        free(plp);
+        free(plp), free(tki), free(tkl);
         return NULL;
     }
     int bad = -1;
@@ -146,7 +165,7 @@ static char *part_finish_(server *s, part_ *p, int *status) {
         if (f) bad = r;
     }
     if (bad >= 0) {
-        free(all), free(plp);
+        free(all), free(plp), free(tki), free(tkl);
         if (bad == 0 && mine_why.msg[0] != '\0') {
             *status = mine_why.status;
             return serve_error_body(mine_why.field[0] != '\0' ? mine_why.field : NULL, mine_why.msg);
@@ -168,7 +187,7 @@ static char *part_finish_(server *s, part_ *p, int *status) {
     if (res == NULL || res->off == NULL || res->tokens == NULL || res->stopped == NULL ||
         (sp->logprobs && res->logprobs == NULL)) {
         serve_sample_result_free(res);
-        free(all), free(plp);
+        free(all), free(plp), free(tki), free(tkl);
         *status = 500;
         return serve_error_body(NULL, "out of memory");
     }
@@ -189,6 +208,10 @@ static char *part_finish_(server *s, part_ *p, int *status) {
         res->prompt_logprobs = plp;
         res->n_prompt_logprobs = sp->n_prompt;
     }
+    if (tki != NULL) {
+        res->topk_k = K, res->n_topk = sp->n_prompt;
+        res->topk_ids = tki, res->topk_logprobs = tkl;
+    }
     *status = 200;
     return serve_finish_sample(sp->j, res);
 }
@@ -198,9 +221,7 @@ char *serve_sampler_run(server *s, const float *const *params, const serve_sampl
     part_ p;
     part_prepare_(s, sp, why, &p);
     zdp_error err = {0};
-    if (!p.failed && p.mine > 0 &&
-        zdp_generate(&s->model, params, NULL, p.g, (int)p.mine, (int)p.mine, NULL, &err) != ZDP_OK)
-        part_failed_(s, &p, &err);
+    if (!p.failed && p.mine > 0 && generate_(s, params, p.g, p.mine, &err) != ZDP_OK) part_failed_(s, &p, &err);
     return part_finish_(s, &p, status);
 }
 
@@ -221,8 +242,7 @@ void serve_sampler_run_many(server *s, const float *const *params, const serve_s
     for (int k = 0; k < n; k++)
         if (!p[k].failed) memcpy(all + at, p[k].g, (size_t)p[k].mine * sizeof *all), at += p[k].mine;
     zdp_error err = {0};
-    const bool ok = total == 0 ||
-                    zdp_generate(&s->model, params, NULL, all, (int)total, (int)total, NULL, &err) == ZDP_OK;
+    const bool ok = total == 0 || generate_(s, params, all, total, &err) == ZDP_OK;
     at = 0;
     for (int k = 0; k < n; k++) {
         if (p[k].failed) continue;

@@ -76,6 +76,11 @@ typedef struct serve_opts {
     double request_timeout_s;   /* a request's body must arrive within this */
     int64_t max_inflight;       /* request body bytes held at once, all connections */
     double health_timeout_s;    /* /healthz: a request or rank check older is unhealthy */
+    /* Sampling bounds (docs/sampling.md, "Bounds"): num_samples of one
+     * request (the batch a rank's KV cache is sized for), bytes of one stop
+     * string. */
+    int max_sample_batch;
+    int max_stop_bytes;
     /* Models (docs/server.md, "Models"). */
     bool full_finetune;         /* --full-finetune: one model, every weight trains; else LoRA */
     int max_models;             /* --max-models: LoRA models held at once (1 with --full-finetune) */

@@ -82,9 +82,14 @@ extern const serve_op serve_ops[SERVE_N_OPS]; /* indexed by op */
 typedef struct sample_file_header {
     int64_t n_prompt, max_tokens, top_k, num_samples, n_stop, n_stop_str;
     int64_t prompt_logprobs; /* 1: the reply carries the prompt's logprobs */
+    int64_t topk_prompt;     /* k > 0: and the k most likely tokens at each prompt position */
     uint64_t seed;
     double temperature, top_p;
 } sample_file_header;
+
+/* topk_prompt_logprobs at most (and at most the vocabulary): a reply holds
+ * prompt_len x k ids and logprobs. */
+#define SERVE_MAX_TOPK 1024
 
 /* An OP_CREATE payload: a LoRA model (zdp_lora_config) for slot, known
  * from then on by uid (docs/server.md, "Models"). */
@@ -154,6 +159,11 @@ typedef struct serve_sample_result {
                               -1: Tinker's SampleResponse ("type": "sample") */
     float *prompt_logprobs; /* (n_prompt_logprobs) log p(prompt[t] | prompt[<t]), [0] NaN; or NULL */
     int64_t n_prompt_logprobs;
+    /* Top-k prompt logprobs (Tinker's TopkPromptLogprobs): topk_k > 0, rows
+     * of n_topk prompt positions; row 0 ids -1, logprobs NaN (None). */
+    int64_t topk_k, n_topk;
+    int32_t *topk_ids;    /* (n_topk, topk_k) */
+    float *topk_logprobs; /* (n_topk, topk_k) */
 } serve_sample_result;
 /* The reply as JSON text; NULL when out of memory. */
 char *serve_sample_result_json(const serve_sample_result *r);
@@ -342,6 +352,9 @@ typedef struct server {
     } stats[SERVE_N_OPS];
     /* every rank, main thread only: the sampler weights asample last read. */
     char *snap_path;
+    /* every rank, main thread only: bytes of the KV cache of the last
+     * sampling request and of the largest so far (GET /info's memory). */
+    int64_t kv_bytes_last, kv_bytes_peak;
     /* every rank: realpath of --checkpoint-dir, made at start-up.  The path
      * of a save_state/load_state job is relative to it (each rank joins its
      * own, so ranks with their own working directories each use their own
@@ -481,6 +494,7 @@ typedef struct serve_sample_spec {
     const char *stop_str;   /* n_stop_str NUL-terminated strings */
     bool logprobs;          /* the result carries each token's log p */
     bool prompt_logprobs;   /* and the prompt's (from the prefill, temperature 1) */
+    int64_t topk_prompt;    /* and the k most likely tokens at each prompt position (0: none) */
     int64_t prompt_length;  /* serve_sample_result.prompt_length */
     const zdp_model *lora;  /* a LoRA model over the base, applied to every sequence; NULL: none */
     const float *const *adapter; /* its adapter tensors */
@@ -507,13 +521,14 @@ void serve_exec_sample_batch(server *s, job **jobs, int n, int *statuses, char *
 void serve_free_adapters(server *s);
 /* POST /sample's body -> an OP_SAMPLE payload.  can_decode: the served
  * model has a tokenizer, so stop strings are taken. */
-bool serve_parse_sample(const json_t *root, const zdp_model *mc, bool can_decode, job *j, verr *e);
+bool serve_parse_sample(const json_t *root, const zdp_model *mc, bool can_decode, int max_stop_bytes, job *j,
+                        verr *e);
 /* A stop field (Tinker's SamplingParams.stop: a string, strings or token ids
  * in [0, V)) -> token ids (int32) in ids, strings (each NUL-terminated) in
- * strs, *n_str of them.  Strings only when can_decode (docs/server.md,
- * "Stop sequences"). */
-bool serve_parse_stops(const json_t *v, const char *field, int V, bool can_decode, serve_bytes *ids,
-                       serve_bytes *strs, int64_t *n_str, verr *e);
+ * strs, *n_str of them.  Strings only when can_decode, each of at most
+ * max_bytes (--max-stop-bytes; docs/server.md, "Stop sequences"). */
+bool serve_parse_stops(const json_t *v, const char *field, int V, bool can_decode, int max_bytes,
+                       serve_bytes *ids, serve_bytes *strs, int64_t *n_str, verr *e);
 /* POST /save_weights, /save_state, /load_state's body {"path"} -> payload. */
 bool serve_parse_path(const server *s, const json_t *root, job *j, verr *e);
 

@@ -4,9 +4,9 @@
 # startup line counting adapter parameters), --save-adapter-dir writes a
 # PEFT folder, `zdp lora merge` writes a merged model folder whose val loss
 # is the LoRA model's (tied Qwen3 with an lm_head adapter: the head comes
-# out untied; untied Llama with attn,mlp; q_proj,v_proj alone), checkpoints of the adapters resume
-# exactly (and refuse another rank), ZeRO stage 3 (the base partitioned:
-# stage 2's losses), and bad input (rank 0, a rank
+# out untied; untied Llama with attn,mlp; q_proj,v_proj alone), checkpoints of
+# the adapters resume exactly (and refuse another rank), ZeRO stage 3 (the
+# base partitioned: stage 2's losses), and bad input (rank 0, a rank
 # larger than a target, an unknown target, LoRA flags without --lora-rank or
 # without --model-dir, --save-model-dir with LoRA, an adapter for another
 # base, a missing adapter folder): one message naming the flag or tensor,

@@ -59,7 +59,8 @@ run() {
 
 # A byte-level GPT: its decode is the bytes themselves.
 for np in ${NPS:-1}; do
-  run $np zdp-bytes gpt2 - --model gpt --n-layer 2 --n-head 2 --n-embd 32 --vocab-size 256 --block-size 64 -- bytes
+  run $np zdp-bytes gpt2 - --model gpt --n-layer 2 --n-head 2 --n-embd 32 --vocab-size 256 --block-size 64 \
+    --max-stop-bytes 40 -- bytes
 done
 
 # A tiny Llama folder with a real tokenizer (GPT-2's: the smallest

@@ -36,7 +36,7 @@ for np in ${NPS:-1 2 3}; do
   log="$T/server$np.log"
   # The plain endpoints' reference files go to $T/np$np by absolute path.
   start_server $np "$log" "${MODEL[@]}" --config "$T/cfg$np.json" --checkpoint-dir "$T/ck$np" \
-    --allow-path-root "$T/np$np" --long-poll-seconds 1 --seq-gap-seconds 3 || continue
+    --allow-path-root "$T/np$np" --long-poll-seconds 1 --seq-gap-seconds 3 --max-sample-batch 7 || continue
   timeout 240 $PY "$CHECK" "$URL" "$T/np$np" $np "$T/ck$np" || fail "tinker_check at -np $np (ZeRO stage $stage)"
   stop_server
   if [ $SERVER_RC -ne 0 ] || ! grep -q "zdp serve: stopped" "$log"; then

@@ -174,6 +174,32 @@ def main(argv):
     if list(got.tokens) != want or got.stop_reason != "stop":
         fail("token stop %d: %s, wanted %s" % (gen[5], got, want))
 
+    # The sampling side in /info's memory (docs/sampling.md): every rank holds
+    # the sampler weights the last asample read, and the KV cache of the last
+    # request (1 sequence of 8 + 24 positions) holds at least its keys and values.
+    st, info = plain(url, "GET", "/info")
+    L = m.get("n_layer", 0)
+    kv_dim = m["n_embd"] if "n_embd" in m else m.get("n_kv_head", 0) * m.get("head_dim", 0)
+    for row in info.get("memory", []):
+        if row.get("sampler_weights_bytes") != 4 * m.get("n_params", -1):
+            fail("/info memory rank %s: sampler_weights_bytes %s, wanted 4 x %s parameters"
+                 % (row.get("rank"), row.get("sampler_weights_bytes"), m.get("n_params")))
+        if row.get("rank") == 0 and not (2 * L * 32 * kv_dim * 4 <= row.get("kv_cache_bytes", -1)
+                                         <= row.get("kv_cache_peak_bytes", -1)):
+            fail("/info memory rank 0: kv_cache_bytes %s, peak %s (wanted at least 2 x %d layers x 32 positions"
+                 " x %d x 4 bytes, and peak >= last)" % (row.get("kv_cache_bytes"), row.get("kv_cache_peak_bytes"),
+                                                       L, kv_dim))
+    # Stop strings are bounded by --max-stop-bytes: one byte more is a 400
+    # naming the field, the length and the flag.
+    mb = info.get("limits", {}).get("max_stop_bytes", 0)
+    st, js = plain(url, "POST", "/sample", {"prompt": ids[:8], "max_tokens": 4, "stop": ["x" * (mb + 1)]})
+    msg = json.dumps(js)
+    if st != 400 or "stop[0]" not in msg or "%d bytes" % (mb + 1) not in msg or "--max-stop-bytes %d" % mb not in msg:
+        fail("/sample with a %d-byte stop string over --max-stop-bytes %s: %s %s" % (mb + 1, mb, st, js))
+    st, js = plain(url, "POST", "/sample", {"prompt": ids[:8], "max_tokens": 4, "stop": ["x" * mb]})
+    if st != 200:
+        fail("/sample with a stop string of --max-stop-bytes %d bytes: %s %s" % (mb, st, js))
+
     # save_state / load_state: the weights come back (greedy sample equal).
     st, js = plain(url, "POST", "/save_state", {"path": "lm_check/s1"})
     if st != 200:

@@ -555,7 +555,7 @@ static void test_sample_result_encodings(void **state) {
     char err[256];
     size_t n_json, n_typed;
     unsigned char *a = serve_proto_encode_sample_response(o, &n_json, err, sizeof err);
-    unsigned char *b = serve_proto_encode_sample_typed(r.n, r.off, r.tokens, r.logprobs, r.stopped, NULL, 0, &n_typed, err,
+    unsigned char *b = serve_proto_encode_sample_typed(r.n, r.off, r.tokens, r.logprobs, r.stopped, NULL, 0, 0, 0, NULL, NULL, &n_typed, err,
                                                        sizeof err);
     assert_non_null(a);
     assert_non_null(b);
@@ -579,7 +579,7 @@ static void test_sample_result_encodings(void **state) {
     o = json_loads(text, 0, NULL);
     assert_non_null(o);
     a = serve_proto_encode_sample_response(o, &n_json, err, sizeof err);
-    b = serve_proto_encode_sample_typed(p.n, p.off, p.tokens, p.logprobs, p.stopped, NULL, 0, &n_typed, err, sizeof err);
+    b = serve_proto_encode_sample_typed(p.n, p.off, p.tokens, p.logprobs, p.stopped, NULL, 0, 0, 0, NULL, NULL, &n_typed, err, sizeof err);
     assert_non_null(a);
     assert_non_null(b);
     assert_int_equal(n_json, n_typed);

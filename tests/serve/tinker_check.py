@@ -387,6 +387,7 @@ class Check:
         vals = list(struct.unpack("<%df" % (len(f2[0]) // 4), f2[0])) if f2 else []
         if not vals or not math.isnan(vals[0]) or not close(vals):
             fail("protobuf SampleResponse prompt_logprobs %s, forward %s" % (vals, want_pl))
+        self.topk_prompt_logprobs(greedy, prompt, want_pl, r["sequences"])
         # Training after the save does not move what the session samples.
         self.tc.forward_backward(self.data, "cross_entropy").result()
         self.tc.optim_step(dict(ADAM, learning_rate=0.05)).result()
@@ -433,6 +434,8 @@ class Check:
         for body, field in ((dict(greedy, sampling_session_id="nope"), "sampling_session_id"),
                             (dict(greedy, sampling_params={"stop": ["\n"]}), "sampling_params.stop"),
                             (dict(greedy, prompt_logprobs="yes"), "prompt_logprobs"),
+                            (dict(greedy, topk_prompt_logprobs=65), "topk_prompt_logprobs"),
+                            (dict(greedy, topk_prompt_logprobs=-1), "topk_prompt_logprobs"),
                             # The prompt's 4 tokens and max_tokens must fit the context (block_size 16).
                             (dict(greedy, sampling_params={"max_tokens": 13}), "sampling_params.max_tokens"),
                             (dict(greedy, prompt={"chunks": [{"type": "encoded_text", "tokens": [1] * 16}]}),
@@ -441,6 +444,65 @@ class Check:
             r = self.sample(body)
             if r is None or r.get("category") != "user" or field not in r.get("error", ""):
                 fail("asample with a bad %s: %s (wanted a user error naming it)" % (field, r))
+        # num_samples is bounded by --max-sample-batch (test_tinker.sh: 7, which
+        # the 7 samples above used): one more is refused naming the field, the
+        # value and the flag.
+        mb = (self.info().get("limits") or {}).get("max_sample_batch")
+        if mb != 7:
+            fail("GET /info limits.max_sample_batch %s (the server runs with --max-sample-batch 7)" % mb)
+        r = self.sample(dict(greedy, num_samples=8)) or {}
+        if r.get("category") != "user" or not all(w in r.get("error", "") for w in ("num_samples = 8",
+                                                                                      "--max-sample-batch 7")):
+            fail("asample with num_samples 8 over --max-sample-batch 7: %s" % r)
+
+    def topk_prompt_logprobs(self, greedy, prompt, want_pl, seqs):
+        """Top-k prompt logprobs from the prefill (docs/sampling.md): None first;
+        with k = V (64) each row lists every token once, most likely first,
+        probabilities summing to 1, each logprob equal to forward's for that
+        token (checked column by column); k = 3 gives the first 3 of each row;
+        in JSON and in protobuf (field 3, the SDK's sentinel row first)."""
+        V = 64
+        rk = self.sample(dict(greedy, topk_prompt_logprobs=V)) or {}
+        tk = rk.get("topk_prompt_logprobs")
+        if not isinstance(tk, list) or len(tk) != len(prompt) or tk[0] is not None or rk.get("sequences") != seqs:
+            fail("asample topk_prompt_logprobs=%d: %s" % (V, rk))
+            return
+        if "prompt_logprobs" in rk:
+            fail("asample with topk_prompt_logprobs alone returned prompt_logprobs")
+        for t in range(1, len(prompt)):
+            ids, lps = [x[0] for x in tk[t]], [x[1] for x in tk[t]]
+            if sorted(ids) != list(range(V)) or any(b > a for a, b in zip(lps, lps[1:])):
+                fail("top-%d row %d: ids %s logprobs %s (wanted every token once, descending)" % (V, t, ids, lps))
+            if abs(sum(math.exp(x) for x in lps) - 1) > 1e-4:
+                fail("top-%d row %d: probabilities sum to %g" % (V, t, sum(math.exp(x) for x in lps)))
+            own = lps[ids.index(prompt[t])]
+            if abs(own - want_pl[t - 1]) > 1e-5 * max(1.0, abs(own)):
+                fail("top-%d row %d: the prompt token's logprob %g, forward %g" % (V, t, own, want_pl[t - 1]))
+        for j in (0, 1, V // 2, V - 1):
+            col = [tk[t][j][0] for t in range(1, len(prompt))]
+            fwd = self.tc.forward([T.datum(prompt[:-1], col)], "cross_entropy").result()
+            got = fwd["loss_fn_outputs"][0]["logprobs"]["data"]
+            want = [tk[t][j][1] for t in range(1, len(prompt))]
+            if any(abs(x - y) > 1e-5 * max(1.0, abs(x)) for x, y in zip(got, want)):
+                fail("top-k column %d: logprobs %s, forward of those tokens %s" % (j, want, got))
+        r3 = self.sample(dict(greedy, topk_prompt_logprobs=3)) or {}
+        if r3.get("topk_prompt_logprobs") != [None] + [row[:3] for row in tk[1:]]:
+            fail("top-3 prompt logprobs %s, wanted the first 3 of each top-%d row" % (r3.get("topk_prompt_logprobs"), V))
+        raw = self.sample(dict(greedy, topk_prompt_logprobs=3), accept_proto=True)
+        f3 = [v for n, w, v in T._pb_fields(raw) if n == 3] if isinstance(raw, bytes) else []
+        m = {n: v for n, w, v in T._pb_fields(f3[0])} if f3 else {}
+        n, k = m.get(4), m.get(3)
+        if n != len(prompt) or k != 3:
+            fail("protobuf topk_prompt_logprobs: prompt_length %s k %s (wanted %d, 3)" % (n, k, len(prompt)))
+            return
+        ids = list(struct.unpack("<%di" % (n * k), m.get(1, b"")))
+        lps = list(struct.unpack("<%df" % (n * k), m.get(2, b"")))
+        if ids[:3] != [0, 0, 0] or lps[:3] != [-99999.0] * 3:
+            fail("protobuf topk row 0: %s %s (wanted the sentinel 0, -99999)" % (ids[:3], lps[:3]))
+        for t in range(1, n):
+            if ids[3 * t:3 * t + 3] != [x[0] for x in tk[t][:3]] or any(
+                    abs(a - b[1]) > 1e-6 for a, b in zip(lps[3 * t:3 * t + 3], tk[t][:3])):
+                fail("protobuf topk row %d: %s %s, JSON %s" % (t, ids[3 * t:3 * t + 3], lps[3 * t:3 * t + 3], tk[t][:3]))
 
     def held_open_poll_and_gaps(self):
         """Raw wire: a seq_id posted past a missing one waits; retrieve_future

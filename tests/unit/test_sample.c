@@ -294,6 +294,83 @@ static void test_cache_holds_kv_heads(void **state) {
     fx_free_(&f);
 }
 
+/* zdp_topk_logprobs: order by logprob, ties by the lower id, each logprob
+ * zdp_logprob_of's; k outside 1..V refused. */
+static void test_topk_logprobs_order(void **state) {
+    (void)state;
+    const float lg[8] = {0.5f, 2.0f, -1.0f, 2.0f, 0.5f, 3.0f, -7.0f, 0.5f};
+    int32_t ids[8];
+    float lp[8];
+    assert_int_equal(zdp_topk_logprobs(lg, 8, 4, ids, lp), ZDP_OK);
+    const int32_t want[4] = {5, 1, 3, 0};
+    for (int j = 0; j < 4; j++) {
+        assert_int_equal(ids[j], want[j]);
+        assert_true(lp[j] == zdp_logprob_of(lg, 8, want[j]));
+    }
+    assert_int_equal(zdp_topk_logprobs(lg, 8, 8, ids, lp), ZDP_OK);
+    const int32_t all[8] = {5, 1, 3, 0, 4, 7, 2, 6};
+    for (int j = 0; j < 8; j++) assert_int_equal(ids[j], all[j]);
+    assert_int_equal(zdp_topk_logprobs(lg, 8, 0, ids, lp), ZDP_ERR_INVALID_ARG);
+    assert_int_equal(zdp_topk_logprobs(lg, 8, 9, ids, lp), ZDP_ERR_INVALID_ARG);
+}
+
+/* Top-k prompt logprobs from the prefill, beside another sequence in the
+ * batch: row t lists the k most likely tokens of a full forward of
+ * prompt[<t] (nothing left out is more likely than the last listed) with
+ * its logprobs; row 0 is the sentinel.  Also with max_tokens 0 (prompt
+ * logprobs only) and k = V. */
+static void test_prompt_topk(void **state) {
+    (void)state;
+    for (int kind = 0; kind < N_KINDS_; kind++) {
+        fx f;
+        fx_make_(&f, kind);
+        const int V = f.m.vocab_size, P = 9;
+        int32_t pa[9], pb[5], oa[4], ob[4];
+        rand_tokens_(pa, P, V, 77);
+        rand_tokens_(pb, 5, V, 78);
+        for (int pass = 0; pass < 2; pass++) {
+            const int k = pass == 0 ? 5 : V;
+            int32_t *ids = malloc((size_t)P * k * sizeof *ids);
+            float *lps = malloc((size_t)P * k * sizeof *lps), plp[9];
+            zdp_gen_seq g[2] = {
+                {.prompt = pb, .prompt_len = 5, .max_tokens = 4, .out = ob, .seed = 1},
+                {.prompt = pa, .prompt_len = P, .max_tokens = pass == 0 ? 4 : 0, .out = oa,
+                 .prompt_logprobs = plp, .prompt_topk = k, .prompt_topk_ids = ids,
+                 .prompt_topk_logprobs = lps, .seed = 2}};
+            zdp_error err;
+            if (zdp_generate(&f.m, P_(&f), NULL, g, 2, 2, NULL, &err) != ZDP_OK)
+                fail_msg("%s", err.msg);
+            for (int j = 0; j < k; j++) assert_true(ids[j] == -1 && isnan(lps[j]));
+            float *lg = malloc((size_t)V * sizeof(float));
+            for (int t = 1; t < P; t++) {
+                assert_int_equal(zdp_lm_next_logits(&f.m, P_(&f), pa, t, lg, &err), ZDP_OK);
+                const int32_t *row = ids + (int64_t)t * k;
+                const float *rl = lps + (int64_t)t * k;
+                uint8_t *listed = calloc((size_t)V, 1);
+                for (int j = 0; j < k; j++) {
+                    assert_true(row[j] >= 0 && row[j] < V && !listed[row[j]]);
+                    listed[row[j]] = 1;
+                    if (j > 0) assert_true(rl[j] <= rl[j - 1]);
+                    const float w = zdp_logprob_of(lg, V, row[j]);
+                    if (fabsf(w - rl[j]) > 1e-4f)
+                        fail_msg("%s k %d row %d #%d (id %d): %g, full forward %g", kind_name_[kind],
+                                 k, t, j, row[j], rl[j], w);
+                }
+                for (int v = 0; v < V; v++)
+                    if (!listed[v] && zdp_logprob_of(lg, V, v) > rl[k - 1] + 1e-4f)
+                        fail_msg("%s row %d: token %d (logprob %g) left out of the top %d",
+                                 kind_name_[kind], t, v, zdp_logprob_of(lg, V, v), k);
+                /* The prompt token's own logprob, where it is listed, is the same number. */
+                for (int j = 0; j < k; j++)
+                    if (row[j] == pa[t]) assert_true(fabsf(rl[j] - plp[t]) < 1e-6f);
+                free(listed);
+            }
+            free(lg), free(ids), free(lps);
+        }
+        fx_free_(&f);
+    }
+}
+
 static void test_bad_input(void **state) {
     (void)state;
     fx f;
@@ -319,6 +396,13 @@ static void test_bad_input(void **state) {
     assert_int_equal(zdp_lm_decode(kv, P_(&f), &slot, &tok, 1, NULL, NULL, &err),
                      ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "slots[0] = 1"));
+    g.prompt_topk = 3; /* no outputs given */
+    assert_int_equal(zdp_generate(&f.m, P_(&f), NULL, &g, 1, 1, NULL, &err), ZDP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "seqs[0].prompt_topk = 3 needs prompt_topk_ids"));
+    g.prompt_topk = f.m.vocab_size + 1;
+    assert_int_equal(zdp_generate(&f.m, P_(&f), NULL, &g, 1, 1, NULL, &err), ZDP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "must be in 0.."));
+    g.prompt_topk = 0;
     zdp_gen_seq two[2] = {g, g};
     assert_int_equal(zdp_generate(&f.m, P_(&f), kv, two, 2, 2, NULL, &err), ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "fewer than batch = 2"));
@@ -336,6 +420,8 @@ int main(void) {
         cmocka_unit_test(test_greedy_cached_equals_uncached),
         cmocka_unit_test(test_batched_equals_alone),
         cmocka_unit_test(test_cache_holds_kv_heads),
+        cmocka_unit_test(test_topk_logprobs_order),
+        cmocka_unit_test(test_prompt_topk),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -192,7 +192,10 @@ static void usage_(void) {
            "  --max-inflight-bytes B (64 MiB, at least --max-body)  request body bytes held\n"
            "                                     at once by all connections; over it: 503\n"
            "  --health-timeout-seconds S (60)    /healthz is 503 when a request or a rank's\n"
-           "                                     health check is older than S\n");
+           "                                     health check is older than S\n"
+           "  --max-sample-batch N (64)          num_samples of one sampling request (the\n"
+           "                                     sequences the ranks' KV caches hold); over it: 400\n"
+           "  --max-stop-bytes B (1024)          bytes of one stop string; over it: 400\n");
 }
 
 static int parse_(int argc, char **argv, serve_opts *o, gpt_src *g, lm_dir *d) {
@@ -204,8 +207,8 @@ static int parse_(int argc, char **argv, serve_opts *o, gpt_src *g, lm_dir *d) {
                       .checkpoint_dir = "zdp-serve-checkpoints",
                       .long_poll_s = 30, .seq_gap_s = 30, .max_connections = 512,
                       .max_connections_per_ip = -1, .idle_timeout_s = 15, .request_timeout_s = 60,
-                      .max_inflight = -1, .health_timeout_s = 60, .max_models = -1,
-                      .model_idle_timeout_s = 120};
+                      .max_inflight = -1, .health_timeout_s = 60, .max_sample_batch = 64,
+                      .max_stop_bytes = 1024, .max_models = -1, .model_idle_timeout_s = 120};
     const char *model = NULL;
     int full = 0;
     const cli_opt opts[] = {
@@ -236,6 +239,8 @@ static int parse_(int argc, char **argv, serve_opts *o, gpt_src *g, lm_dir *d) {
                 "need seconds in [0.1, 86400]"),
         CLI_F64("--health-timeout-seconds", &o->health_timeout_s, 0.1, 86400,
                 "need seconds in [0.1, 86400]"),
+        CLI_INT("--max-sample-batch", &o->max_sample_batch, 1, 4096, "need an integer in [1, 4096]"),
+        CLI_INT("--max-stop-bytes", &o->max_stop_bytes, 1, 1 << 20, "need a byte count in [1, 2^20]"),
         CLI_U64("--seed", &g->seed, 0, INT64_MAX, "need an integer >= 0"),
         CLI_FLAG("--full-finetune", &full, 1),
         CLI_INT("--max-models", &o->max_models, 1, 1024, "need an integer in [1, 1024]"),

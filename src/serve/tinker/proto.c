@@ -888,8 +888,9 @@ static void w_floats_(wbuf *b, int num, const float *x, int64_t n) {
 
 unsigned char *serve_proto_encode_sample_typed(int64_t n, const int64_t *off, const int32_t *tokens,
                                                const float *logprobs, const bool *stopped,
-                                               const float *prompt_lp, int64_t n_prompt_lp, size_t *out_len,
-                                               char *err, size_t errcap) {
+                                               const float *prompt_lp, int64_t n_prompt_lp, int64_t topk_k,
+                                               int64_t n_topk, const int32_t *topk_ids, const float *topk_lps,
+                                               size_t *out_len, char *err, size_t errcap) {
     if (errcap > 0) err[0] = '\0';
     *out_len = 0;
     wbuf b = {0};
@@ -908,5 +909,26 @@ unsigned char *serve_proto_encode_sample_typed(int64_t n, const int64_t *off, co
         w_msg_(&b, 1, &sq);
     }
     if (prompt_lp != NULL) w_floats_(&b, 2, prompt_lp, n_prompt_lp); /* 2 prompt_logprobs */
+    if (topk_k > 0) { /* 3 topk_prompt_logprobs */
+        wbuf tk = {0}, ib = {0}, lb = {0};
+        for (int64_t q = 0; q < n_topk * topk_k; q++) {
+            const bool none = topk_ids[q] < 0; /* what the SDK reads as None */
+            float f = none ? -99999.0f : isfinite(topk_lps[q]) ? topk_lps[q] : NAN;
+            uint32_t bits;
+            memcpy(&bits, &f, sizeof bits);
+            w_le_(&ib, none ? 0u : (uint32_t)topk_ids[q], 4);
+            w_le_(&lb, bits, 4);
+        }
+        w_bytes_(&tk, 1, ib.b.p ? ib.b.p : (void *)"", ib.b.len);
+        w_bytes_(&tk, 2, lb.b.p ? lb.b.p : (void *)"", lb.b.len);
+        w_tag_(&tk, 3, WT_VARINT);
+        w_varint_(&tk, (uint64_t)topk_k);
+        w_tag_(&tk, 4, WT_VARINT);
+        w_varint_(&tk, (uint64_t)n_topk);
+        b.oom = b.oom || tk.oom || ib.oom || lb.oom;
+        free(ib.b.p);
+        free(lb.b.p);
+        w_msg_(&b, 3, &tk);
+    }
     return w_finish_(&b, out_len, err, errcap);
 }

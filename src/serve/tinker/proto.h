@@ -76,11 +76,15 @@ unsigned char *serve_proto_encode_sample_response(const json_t *result, size_t *
 /* The same SampleResponse from a typed result (serve_sample_result's
  * fields): n sequences, sequence i's tokens [off[i], off[i + 1]) of tokens
  * and logprobs (NULL: none written), stopped[i] its stop_reason STOP (else
- * LENGTH); prompt_lp (n_prompt_lp floats, NULL: none) as field 2.
+ * LENGTH); prompt_lp (n_prompt_lp floats, NULL: none) as field 2; with
+ * topk_k > 0, field 3 TopkPromptLogprobs {1 token_ids int32 LE, 2 logprobs
+ * float32 LE, both (n_topk, topk_k) row-major, 3 k, 4 prompt_length}, row 0
+ * (ids -1) as the SDK's sentinel (id 0, logprob -99999: None).
  * Non-finite logprobs go as NaN, as their JSON null did. */
 unsigned char *serve_proto_encode_sample_typed(int64_t n, const int64_t *off, const int32_t *tokens,
                                                const float *logprobs, const bool *stopped,
-                                               const float *prompt_lp, int64_t n_prompt_lp, size_t *out_len,
-                                               char *err, size_t errcap);
+                                               const float *prompt_lp, int64_t n_prompt_lp, int64_t topk_k,
+                                               int64_t n_topk, const int32_t *topk_ids, const float *topk_lps,
+                                               size_t *out_len, char *err, size_t errcap);
 
 #endif /* ZDP_SERVE_PROTO_H */

@@ -1096,7 +1096,8 @@ static enum MHD_Result reply_sample_(struct MHD_Connection *c, serve_sample_resu
     char err[512];
     size_t len;
     unsigned char *pb = serve_proto_encode_sample_typed(r->n, r->off, r->tokens, r->logprobs, r->stopped,
-                                                        r->prompt_logprobs, r->n_prompt_logprobs, &len, err,
+                                                        r->prompt_logprobs, r->n_prompt_logprobs, r->topk_k,
+                                                        r->n_topk, r->topk_ids, r->topk_logprobs, &len, err,
                                                         sizeof err);
     serve_sample_result_free(r);
     return reply_proto_(c, pb, len, "SampleResponse", err);
@@ -1229,15 +1230,28 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
     sample_file_header h = {.max_tokens = s->model.block_size, .num_samples = 1, .temperature = 1.0,
                             .top_p = 1.0};
     const json_t *ns = json_object_get(root, "num_samples");
-    if (ns != NULL && (!json_is_integer(ns) || json_integer_value(ns) < 1 || json_integer_value(ns) > 64))
-        return serve_bad(e, 400, "num_samples", "num_samples: must be an integer in [1, 64]");
+    if (ns != NULL && !json_is_integer(ns))
+        return serve_bad(e, 400, "num_samples", "num_samples: must be an integer in [1, %d]", s->opt.max_sample_batch);
+    if (ns != NULL && (json_integer_value(ns) < 1 || json_integer_value(ns) > s->opt.max_sample_batch))
+        return serve_bad(e, 400, "num_samples", "num_samples = %lld: must be in [1, %d], this server's "
+                         "--max-sample-batch %d (the sequences its KV caches hold at once): send at most %d per "
+                         "request", (long long)json_integer_value(ns), s->opt.max_sample_batch,
+                         s->opt.max_sample_batch, s->opt.max_sample_batch);
     if (ns != NULL) h.num_samples = json_integer_value(ns);
     const json_t *pl = json_object_get(root, "prompt_logprobs");
     if (pl != NULL && !json_is_null(pl) && !json_is_boolean(pl))
         return serve_bad(e, 400, "prompt_logprobs", "prompt_logprobs: must be true or false");
     h.prompt_logprobs = json_is_true(pl); /* from the prefill pass (docs/sampling.md) */
-    static const char *const topk[] = {"topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"};
-    for (int k = 0; k < 3; k++) {
+    /* Top-k prompt logprobs, from the same prefill (docs/sampling.md). */
+    const json_t *tkp = json_object_get(root, "topk_prompt_logprobs");
+    const int max_k = V < SERVE_MAX_TOPK ? V : SERVE_MAX_TOPK;
+    if (tkp != NULL && !json_is_null(tkp) &&
+        (!json_is_integer(tkp) || json_integer_value(tkp) < 0 || json_integer_value(tkp) > max_k))
+        return serve_bad(e, 400, "topk_prompt_logprobs", "topk_prompt_logprobs: must be an integer in [0, %d] "
+                         "(the vocabulary, at most %d)", max_k, SERVE_MAX_TOPK);
+    h.topk_prompt = json_is_integer(tkp) ? json_integer_value(tkp) : 0;
+    static const char *const topk[] = {"topk_sample_logprobs", "prompt_alt_tokens_k"};
+    for (int k = 0; k < 2; k++) {
         const json_t *v = json_object_get(root, topk[k]);
         if (v != NULL && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 0))
             return serve_bad(e, 400, topk[k], "%s: top-k log-probabilities are not offered; send 0", topk[k]);
@@ -1324,8 +1338,8 @@ static bool sample_job_(server *s, const json_t *root, const char *file, job *j,
             else h.seed = (uint64_t)json_integer_value(v) + 1; /* 0 below means "none given" */
         }
         if (ok && (v = json_object_get(sp, "stop")) != NULL && !json_is_null(v))
-            ok = serve_parse_stops(v, "sampling_params.stop", s->model.vocab_size, s->opt.lm.decode != NULL, &stops,
-                                   &stop_str, &h.n_stop_str, e);
+            ok = serve_parse_stops(v, "sampling_params.stop", s->model.vocab_size, s->opt.lm.decode != NULL,
+                                   s->opt.max_stop_bytes, &stops, &stop_str, &h.n_stop_str, e);
     }
     if (ok) {
         h.n_stop = (int64_t)(stops.len / sizeof(int32_t));

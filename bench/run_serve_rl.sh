@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The RL loop through `zdp serve` (docs/benchmarks-sample.md, "RL loop"):
+# starts the server at -np NP on a gpt-m-shaped GPT-2 (L6 H6 C384 V256,
+# block 512; random weights), ZeRO stage 1, and runs bench/serve_rl.py
+# against it: 8 prompts x 8 samples x 64 new tokens, importance_sampling
+# forward_backward, optim_step, ITERS times, with where the time goes.
+# usage: bench/run_serve_rl.sh [ZDP_BINARY]
+# env:   NPS="1 2" (one run each) THREADS=1 (kernel threads per rank)
+#        ITERS=3 SAMPLE_ONLY=0 (1: the sampling phase only: -np scaling)
+#        PROMPTS=8 SAMPLES=8 NEW=64
+set -uo pipefail  # no -e: stop_server's kill of a finished server returns nonzero
+HERE=$(cd "$(dirname "$0")" && pwd)
+ZDP=${1:-$HERE/../build/bin/zdp}
+PY=${PYTHON:-/usr/bin/python3}
+source "$HERE/../scripts/env.sh"
+MPIEXEC=${MPIEXEC:-mpiexec}
+# The tests' server helpers: $T (removed on exit, the server stopped first),
+# fail, start_server / stop_server.
+source "$HERE/../tests/cli/serve_lib.sh"
+cat >"$T/cfg.json" <<JSON
+{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+ "managed_gradient_accumulation": false, "gradient_clipping": 1.0,
+ "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+ "zero_optimization": {"stage": 1, "reduce_bucket_size": 5000000}}
+JSON
+extra=()
+[ "${SAMPLE_ONLY:-0}" = 1 ] && extra+=(--sample-only)
+# Full fine-tuning on either side of a before/after comparison: a server
+# that trains LoRA models by default is told so (older ones know no flag).
+ft=()
+"$ZDP" serve --help 2>&1 | grep -q -- --full-finetune && ft+=(--full-finetune)
+for np in ${NPS:-1 2}; do
+  export OPENBLAS_NUM_THREADS=${THREADS:-1} ZDP_NUM_THREADS=${THREADS:-1}
+  start_server "$np" "$T/server$np.log" --model gpt --n-layer 6 --n-head 6 --n-embd 384 --vocab-size 256 \
+    --block-size 512 --config "$T/cfg.json" --checkpoint-dir "$T/ck$np" --model-name zdp-gpt "${ft[@]}" || continue
+  echo "run_serve_rl: -np $np, $(grep -c processor /proc/cpuinfo) cpus, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  timeout 1800 $PY "$HERE/serve_rl.py" "$URL" --iters "${ITERS:-3}" --prompts "${PROMPTS:-8}" \
+    --samples "${SAMPLES:-8}" --new "${NEW:-64}" "${extra[@]}" || fail "serve_rl.py at -np $np"
+  stop_server
+done
+exit $((failures > 0))

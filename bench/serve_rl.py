@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""The RL loop through `zdp serve` (docs/benchmarks-sample.md, "RL loop"):
+per iteration, save_weights_for_sampler, then P prompts x S samples x N new
+tokens through asample (all P requests in flight at once, every rank
+sampling its share of each), group advantages per prompt, one
+importance_sampling forward_backward over the P*S sequences and one
+optim_step -- the shape of tinker-cookbook's RL recipes, over the Tinker
+wire protocol (tests/serve/tinker_sdk.py, no SDK needed).
+
+Where the time goes, per iteration (medians over the iterations after the
+first): wall seconds of each phase as the client sees it, and the server's
+own execution seconds of each (GET /info "requests": count x mean_exec_ms
+before and after), so client wall - server exec = HTTP, polling and queueing.
+With --sample-only, only the sampling phase (the -np scaling load): sampled
+tokens per second.
+
+usage: serve_rl.py URL [--prompts 8] [--samples 8] [--new 64] [--prompt-len 32]
+                       [--iters 3] [--sample-only] [--json OUT]
+"""
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "serve"))
+import tinker_sdk as T  # noqa: E402
+
+
+def exec_seconds(http):
+    """The server's execution seconds so far, by op name."""
+    req = http.get("/info").json().get("requests", {})
+    return {k: v["count"] * v["mean_exec_ms"] / 1e3 for k, v in req.items()}
+
+
+def asample(http, body):
+    fut = http.post("/api/v1/asample", dict(body, type="sample")).json()
+    while True:
+        r = http.post("/api/v1/retrieve_future", {"request_id": fut["request_id"]}).json()
+        if r.get("type") != "try_again":
+            if "sequences" not in r:
+                raise RuntimeError("asample failed: %s" % r)
+            return r
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("url")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--sample-only", action="store_true")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    sc = T.ServiceClient(a.url, heartbeat_interval=5.0)
+    http = sc.http
+    info = http.get("/info").json()
+    V, W = info["model"]["vocab_size"], info["world_size"]
+    # rank 0: a full fine-tune (every weight trains), as a LoRA-less server runs it.
+    tc = sc.create_lora_training_client(base_model="zdp-gpt", rank=0)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(V) for _ in range(a.prompt_len)] for _ in range(a.prompts)]
+    rows = []
+    for it in range(a.iters):
+        row = {}
+        ex0 = exec_seconds(http)
+        t = time.time()
+        saved = tc.save_weights_for_sampler("rl%d" % it).result()
+        sess = http.post("/api/v1/create_sampling_session", {"session_id": sc.session_id,
+                         "sampling_session_seq_id": it, "model_path": saved["path"],
+                         "type": "create_sampling_session"}).json()["sampling_session_id"]
+        row["save_s"] = time.time() - t
+        # Sample: every prompt's request in flight at once.
+        t = time.time()
+        results = [None] * a.prompts
+
+        def one(i):
+            results[i] = asample(http, {"sampling_session_id": sess, "num_samples": a.samples,
+                                        "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompts[i]}]},
+                                        "sampling_params": {"max_tokens": a.new, "temperature": 1.0,
+                                                            "seed": 1000 * it + i}})
+        th = [threading.Thread(target=one, args=(i,)) for i in range(a.prompts)]
+        for x in th:
+            x.start()
+        for x in th:
+            x.join()
+        row["sample_s"] = time.time() - t
+        n_tok = sum(len(s["tokens"]) for r in results for s in r["sequences"])
+        row["sampled_tokens"] = n_tok
+        row["sample_tok_s"] = n_tok / row["sample_s"]
+        if not a.sample_only:
+            # Group advantages: reward = the share of even token ids, centred per prompt.
+            data = []
+            for p, r in zip(prompts, results):
+                rewards = [sum(1 for x in s["tokens"] if x % 2 == 0) / max(1, len(s["tokens"])) for s in r["sequences"]]
+                mean = sum(rewards) / len(rewards)
+                for s, rew in zip(r["sequences"], rewards):
+                    toks = p + s["tokens"]
+                    n_p = len(p) - 1
+                    lp = [0.0] * n_p + s["logprobs"]
+                    adv = [0.0] * n_p + [rew - mean] * len(s["tokens"])
+                    data.append(T.datum(toks[:-1], toks[1:], logprobs=lp[:len(toks) - 1],
+                                        advantages=adv[:len(toks) - 1]))
+            t = time.time()
+            fb = tc.forward_backward(data, "importance_sampling").result()
+            row["forward_backward_s"] = time.time() - t
+            t = time.time()
+            tc.optim_step({"learning_rate": a.lr}).result()
+            row["optim_s"] = time.time() - t
+            row["loss"] = fb.get("metrics", {}).get("loss:sum")
+        ex1 = exec_seconds(http)
+        row["server_exec_s"] = {k: round(ex1[k] - ex0.get(k, 0.0), 4) for k in ex1 if ex1[k] - ex0.get(k, 0.0) > 0}
+        wall = sum(row.get(k, 0.0) for k in ("save_s", "sample_s", "forward_backward_s", "optim_s"))
+        row["wall_s"] = wall
+        row["http_and_queue_s"] = wall - sum(row["server_exec_s"].values()) + row["server_exec_s"].get("info", 0.0)
+        rows.append(row)
+        print("iter %d: %s" % (it, json.dumps(row, sort_keys=True)), flush=True)
+    keep = rows[1:] if len(rows) > 1 else rows
+    med = {k: statistics.median(r[k] for r in keep) for k in keep[0] if isinstance(keep[0][k], (int, float))}
+    execs = {}
+    for r in keep:
+        for k, v in r["server_exec_s"].items():
+            execs.setdefault(k, []).append(v)
+    med["server_exec_s"] = {k: statistics.median(v) for k, v in execs.items()}
+    out = {"world_size": W, "prompts": a.prompts, "samples": a.samples, "new": a.new,
+           "prompt_len": a.prompt_len, "iters": a.iters, "median": med,
+           "loadavg": os.getloadavg()}
+    print("serve_rl: " + json.dumps(out, sort_keys=True), flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1, sort_keys=True)
+    sc.close()
+    return 0 if all(math.isfinite(r.get("loss", 0.0) or 0.0) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

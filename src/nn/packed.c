@@ -1,0 +1,253 @@
+/*
+ * packed.c -- C = A @ B for a B packed once into column panels, with our own
+ * small-M kernels (see nn.h, "packed B").
+ *
+ * Why: a batch-32 decode step multiplies 32 rows by every weight matrix.
+ * cblas_sgemm re-packs the whole weight for each such call (measured: 17% of
+ * a decode step), and the product itself is too short in M for OpenBLAS's
+ * blocking.  Here each weight is packed once (by the KV cache that uses it,
+ * on its first batched step) into panels of NR_ columns, K rows each:
+ *   panel j (K, NR_) = B[:, j*NR_ .. j*NR_+NR_), zero-padded past N,
+ * so a kernel streams one panel from start to end while it keeps a block of
+ * up to MR_ rows of C in registers.  Paths, chosen at run time: AVX-512
+ * (6 rows x 2 panels), AVX2+FMA (6 rows x 1 panel), portable C (4 rows x
+ * 1 panel, which GCC vectorises across the panel's columns).
+ *
+ * Every element of C is one chain of fused multiply-adds in k order (the
+ * C path: multiply then add, unless the compiler contracts), continued
+ * across K blocks, so it does not depend on how the work is split over
+ * threads (by panels) or on M; the paths differ only in rounding (FMA or
+ * not).
+ */
+#include "nn.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#include <immintrin.h>
+#define ZDP_PACKED_X86_ 1
+#endif
+
+#define NR_ 16  /* columns per panel */
+#define MR_ 6   /* rows per register block (AVX paths) */
+#define KC_ 128 /* rows of a panel block: 2 x 8 KB on the AVX-512 path, in L1 with the A rows */
+
+static int best_ = -1; /* the best path this CPU has; -1: not asked yet */
+static int isa_now_ = -1; /* the path in use */
+
+static int isa_(void) {
+    if (best_ < 0) {
+        int isa = 0;
+#ifdef ZDP_PACKED_X86_
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx512f")) isa = 2;
+        else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) isa = 1;
+#endif
+        best_ = isa;
+        /* ZDP_PACKED_ISA=0|1 pins a lower path (benchmarks, comparisons). */
+        const char *e = getenv("ZDP_PACKED_ISA");
+        isa_now_ = e != NULL && e[0] >= '0' && e[0] <= '2' && e[1] == '\0' && e[0] - '0' < isa ? e[0] - '0' : isa;
+    }
+    return isa_now_;
+}
+
+int zdp_nn_packed_path(void) { return isa_(); }
+
+int zdp_nn_packed_use_path(int want) {
+    isa_();
+    isa_now_ = want < 0 ? 0 : want < best_ ? want : best_;
+    return isa_now_;
+}
+
+int64_t zdp_nn_packed_floats(int64_t K, int64_t N) { return K * ((N + NR_ - 1) / NR_ * NR_); }
+
+void zdp_nn_pack_b(float *dst, const float *W, int64_t K, int64_t N, int trans) {
+    const int64_t np = (N + NR_ - 1) / NR_;
+    for (int64_t j = 0; j < np; j++) {
+        float *p = dst + j * K * NR_; /* (K, NR_) */
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t c = 0; c < NR_; c++) {
+                const int64_t n = j * NR_ + c;
+                /* trans: W is (N, K) (torch.nn.Linear's weight); else (K, N). */
+                p[k * NR_ + c] = n >= N ? 0.0f : trans ? W[n * K + k] : W[k * N + n];
+            }
+    }
+}
+
+/* ---- kernels: c (mr, ncols) [+]= a (mr, kc) @ panel block (kc, NR_ per panel) ----
+ * a: rows at lda; b0, b1: the panels' blocks (kc, NR_); c at ldc.  load:
+ * start from c (else 0).  ncols: the columns of c that exist (<= NR_ per
+ * panel: the last panel is cut at N). */
+
+static void kernel_c_(int64_t mr, int64_t kc, const float *a, int64_t lda, const float *b, float *c,
+                      int64_t ldc, int64_t ncols, int load) {
+    for (int64_t r0 = 0; r0 < mr; r0 += 4) {
+        const int64_t rn = mr - r0 < 4 ? mr - r0 : 4;
+        float acc[4][NR_];
+        for (int64_t r = 0; r < 4; r++)
+            for (int64_t j = 0; j < NR_; j++)
+                acc[r][j] = load && r < rn && j < ncols ? c[(r0 + r) * ldc + j] : 0.0f;
+        for (int64_t k = 0; k < kc; k++) {
+            const float *bk = b + k * NR_;
+            for (int64_t r = 0; r < rn; r++) {
+                const float av = a[(r0 + r) * lda + k];
+                for (int64_t j = 0; j < NR_; j++) acc[r][j] += av * bk[j];
+            }
+        }
+        for (int64_t r = 0; r < rn; r++)
+            for (int64_t j = 0; j < ncols; j++) c[(r0 + r) * ldc + j] = acc[r][j];
+    }
+}
+
+#ifdef ZDP_PACKED_X86_
+__attribute__((target("avx2,fma"))) static void kernel_avx2_(int64_t mr, int64_t kc, const float *a,
+                                                             int64_t lda, const float *b, float *c,
+                                                             int64_t ldc, int64_t ncols, int load) {
+    for (int64_t r0 = 0; r0 < mr; r0 += MR_) {
+        const int64_t rn = mr - r0 < MR_ ? mr - r0 : MR_;
+        __m256 lo[MR_], hi[MR_];
+        float tmp[NR_];
+        for (int64_t r = 0; r < MR_; r++) {
+            lo[r] = hi[r] = _mm256_setzero_ps();
+            if (load && r < rn) {
+                for (int64_t j = 0; j < NR_; j++) tmp[j] = j < ncols ? c[(r0 + r) * ldc + j] : 0.0f;
+                lo[r] = _mm256_loadu_ps(tmp), hi[r] = _mm256_loadu_ps(tmp + 8);
+            }
+        }
+        const float *ar = a + r0 * lda;
+        if (rn == MR_) { /* the full block: every row unrolled */
+            for (int64_t k = 0; k < kc; k++) {
+                const __m256 b0 = _mm256_loadu_ps(b + k * NR_), b1 = _mm256_loadu_ps(b + k * NR_ + 8);
+                for (int r = 0; r < MR_; r++) {
+                    const __m256 av = _mm256_broadcast_ss(ar + r * lda + k);
+                    lo[r] = _mm256_fmadd_ps(av, b0, lo[r]);
+                    hi[r] = _mm256_fmadd_ps(av, b1, hi[r]);
+                }
+            }
+        } else {
+            for (int64_t k = 0; k < kc; k++) {
+                const __m256 b0 = _mm256_loadu_ps(b + k * NR_), b1 = _mm256_loadu_ps(b + k * NR_ + 8);
+                for (int64_t r = 0; r < rn; r++) {
+                    const __m256 av = _mm256_broadcast_ss(ar + r * lda + k);
+                    lo[r] = _mm256_fmadd_ps(av, b0, lo[r]);
+                    hi[r] = _mm256_fmadd_ps(av, b1, hi[r]);
+                }
+            }
+        }
+        for (int64_t r = 0; r < rn; r++) {
+            float *cr = c + (r0 + r) * ldc;
+            if (ncols == NR_) {
+                _mm256_storeu_ps(cr, lo[r]);
+                _mm256_storeu_ps(cr + 8, hi[r]);
+            } else {
+                _mm256_storeu_ps(tmp, lo[r]);
+                _mm256_storeu_ps(tmp + 8, hi[r]);
+                for (int64_t j = 0; j < ncols; j++) cr[j] = tmp[j];
+            }
+        }
+    }
+}
+
+/* Two panels at once: 12 accumulators, 2 panel loads and 6 broadcasts per
+ * 12 fused multiply-adds.  b1 NULL: one panel (the odd last one). */
+__attribute__((target("avx512f"))) static void kernel_avx512_(int64_t mr, int64_t kc, const float *a,
+                                                              int64_t lda, const float *b0p,
+                                                              const float *b1p, float *c, int64_t ldc,
+                                                              int64_t ncols0, int64_t ncols1, int load) {
+    const __mmask16 m0 = (__mmask16)((1u << ncols0) - 1u), m1 = (__mmask16)((1u << ncols1) - 1u);
+    for (int64_t r0 = 0; r0 < mr; r0 += MR_) {
+        const int64_t rn = mr - r0 < MR_ ? mr - r0 : MR_;
+        __m512 x[MR_], y[MR_];
+        for (int64_t r = 0; r < MR_; r++) {
+            const bool on = load && r < rn;
+            x[r] = on ? _mm512_maskz_loadu_ps(m0, c + (r0 + r) * ldc) : _mm512_setzero_ps();
+            y[r] = on && b1p != NULL ? _mm512_maskz_loadu_ps(m1, c + (r0 + r) * ldc + NR_)
+                                     : _mm512_setzero_ps();
+        }
+        const float *ar = a + r0 * lda;
+        if (b1p != NULL && rn == MR_) {
+            for (int64_t k = 0; k < kc; k++) {
+                const __m512 b0 = _mm512_loadu_ps(b0p + k * NR_), b1 = _mm512_loadu_ps(b1p + k * NR_);
+                for (int r = 0; r < MR_; r++) {
+                    const __m512 av = _mm512_set1_ps(ar[r * lda + k]);
+                    x[r] = _mm512_fmadd_ps(av, b0, x[r]);
+                    y[r] = _mm512_fmadd_ps(av, b1, y[r]);
+                }
+            }
+        } else if (b1p != NULL) {
+            for (int64_t k = 0; k < kc; k++) {
+                const __m512 b0 = _mm512_loadu_ps(b0p + k * NR_), b1 = _mm512_loadu_ps(b1p + k * NR_);
+                for (int64_t r = 0; r < rn; r++) {
+                    const __m512 av = _mm512_set1_ps(ar[r * lda + k]);
+                    x[r] = _mm512_fmadd_ps(av, b0, x[r]);
+                    y[r] = _mm512_fmadd_ps(av, b1, y[r]);
+                }
+            }
+        } else {
+            for (int64_t k = 0; k < kc; k++) {
+                const __m512 b0 = _mm512_loadu_ps(b0p + k * NR_);
+                for (int64_t r = 0; r < rn; r++)
+                    x[r] = _mm512_fmadd_ps(_mm512_set1_ps(ar[r * lda + k]), b0, x[r]);
+            }
+        }
+        for (int64_t r = 0; r < rn; r++) {
+            _mm512_mask_storeu_ps(c + (r0 + r) * ldc, m0, x[r]);
+            if (b1p != NULL) _mm512_mask_storeu_ps(c + (r0 + r) * ldc + NR_, m1, y[r]);
+        }
+    }
+}
+#endif
+
+/* ---- the product, split over the pool by panels ---------------------------------- */
+
+typedef struct packed_job_ {
+    float *C;
+    const float *A, *B, *bias;
+    int64_t M, K, N, lda, ldc, np;
+    int accumulate, isa;
+} packed_job_;
+
+/* Panels [lo, hi) (in pairs on the AVX-512 path: lo, hi even or hi = np). */
+static void packed_range_(void *ctx, int64_t lo, int64_t hi) {
+    const packed_job_ *j = ctx;
+    const int64_t step = j->isa == 2 ? 2 : 1;
+    lo *= step, hi = hi * step < j->np ? hi * step : j->np;
+    for (int64_t k0 = 0; k0 < j->K; k0 += KC_) {
+        const int64_t kc = j->K - k0 < KC_ ? j->K - k0 : KC_;
+        const int load = k0 > 0 || j->accumulate;
+        const float *a = j->A + k0;
+        for (int64_t p = lo; p < hi; p += step) {
+            const float *b = j->B + p * j->K * NR_ + k0 * NR_;
+            float *c = j->C + p * NR_;
+            const int64_t n0 = j->N - p * NR_ < NR_ ? j->N - p * NR_ : NR_;
+#ifdef ZDP_PACKED_X86_
+            if (j->isa == 2) {
+                const bool two = p + 1 < hi;
+                const int64_t n1 = two ? (j->N - (p + 1) * NR_ < NR_ ? j->N - (p + 1) * NR_ : NR_) : 0;
+                kernel_avx512_(j->M, kc, a, j->lda, b, two ? b + j->K * NR_ : NULL, c, j->ldc, n0, n1, load);
+                continue;
+            }
+            if (j->isa == 1) {
+                kernel_avx2_(j->M, kc, a, j->lda, b, c, j->ldc, n0, load);
+                continue;
+            }
+#endif
+            kernel_c_(j->M, kc, a, j->lda, b, c, j->ldc, n0, load);
+        }
+    }
+    if (j->bias != NULL)
+        for (int64_t r = 0; r < j->M; r++)
+            for (int64_t n = lo * NR_; n < hi * NR_ && n < j->N; n++) j->C[r * j->ldc + n] += j->bias[n];
+}
+
+void zdp_nn_packed_gemm(float *C, int64_t ldc, const float *A, int64_t lda, const float *Bp,
+                        const float *bias, int64_t M, int64_t K, int64_t N, int accumulate) {
+    packed_job_ j = {.C = C, .A = A, .B = Bp, .bias = bias, .M = M, .K = K, .N = N, .lda = lda,
+                     .ldc = ldc, .np = (N + NR_ - 1) / NR_, .accumulate = accumulate, .isa = isa_()};
+    const int64_t units = j.isa == 2 ? (j.np + 1) / 2 : j.np;
+    /* A task of at least ~64k multiply-adds: smaller ones cost more to hand out. */
+    const int64_t per_unit = M * K * (j.isa == 2 ? 2 * NR_ : NR_);
+    zdp_nn_parallel_ranges_(units, per_unit >= (1 << 16) ? 1 : (1 << 16) / (per_unit + 1) + 1,
+                            packed_range_, &j);
+}
