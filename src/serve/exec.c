@@ -57,6 +57,49 @@ float **serve_views(server *s) {
     return v;
 }
 
+/* Stage 3 with --full-finetune: no rank holds whole tensors, so reading the
+ * weights (sampling, save_weights) gathers a whole copy from the partitions
+ * and writing them (start-up, load_weights) scatters one into them. */
+static bool whole_copies_(const server *s) { return s->cfg.zero.stage == 3 && !serve_lora(s); }
+
+float **serve_weights_get(server *s, bool gather, zdp_error *err) {
+    if (!whole_copies_(s)) {
+        float **v = serve_views(s);
+        if (v == NULL) zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory");
+        return v;
+    }
+    const int np = s->model.n_params;
+    const int64_t n = zdp_engine_numel(s->slots[0].eng);
+    float **v = calloc((size_t)np, sizeof *v);
+    float *block = v != NULL ? malloc((size_t)n * sizeof(float)) : NULL; /* (n) every tensor, v[0] first */
+    /* The gathers are collective: every rank has its copy first (without
+     * them the caller handles a failure on this rank alone). */
+    if (gather ? !zdp_dist_all_ok(block != NULL) : block == NULL) {
+        free(block);
+        free(v);
+        zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory for the whole model (%lld parameters, gathered at "
+                    "ZeRO stage 3 on every rank)", (long long)n);
+        return NULL;
+    }
+    for (int i = 0; i < np; i++) v[i] = block + zdp_engine_param_offset(s->slots[0].eng, i);
+    for (int i = 0; gather && i < np; i++)
+        if (zdp_engine_get_param(s->slots[0].eng, i, v[i], err) != ZDP_OK) serve_die("gather weights", err);
+    const int64_t bytes = n * (int64_t)sizeof(float);
+    if (bytes > s->whole_peak_bytes) s->whole_peak_bytes = bytes;
+    return v;
+}
+
+zdp_status serve_weights_push(server *s, float *const *v, zdp_error *err) {
+    for (int i = 0; whole_copies_(s) && i < s->model.n_params; i++)
+        if (zdp_engine_set_param(s->slots[0].eng, i, v[i], err) != ZDP_OK) return err->code;
+    return zdp_engine_sync_params(s->slots[0].eng, err);
+}
+
+void serve_weights_free(server *s, float **v) {
+    if (v != NULL && whole_copies_(s)) free(v[0]);
+    free(v);
+}
+
 /* The engine's parameter views of the model being trained (s->cur). */
 static float **cur_views_(server *s) {
     float **v = malloc((size_t)s->cur->n_params * sizeof *v);
@@ -125,13 +168,14 @@ static char *exec_fwd_(server *s, job *j, int *status) {
              * against the engine's mean over ranks. */
             if (zdp_engine_backward(s->eng, false, (float)len[i] * (float)s->W, &err) != ZDP_OK)
                 serve_die("backward", &err);
-        } else if (bwd) {
+        } else if (bwd || s->cfg.zero.stage == 3) {
             /* No datum left for this rank: a zero-weight micro-batch keeps the
-             * backward() count, and stage 2's reductions, equal on all ranks. */
+             * backward() count, and stage 2's reductions, equal on all ranks
+             * (and at stage 3 the forward's gathers, forward alone too). */
             zdp_lm_batch b = {.inputs = &pad, .targets = &pad, .B = 1, .T = 1};
             float loss;
             if (zdp_engine_forward(s->eng, &b, &loss, &err) != ZDP_OK) serve_die("forward", &err);
-            if (zdp_engine_backward(s->eng, false, 0.0f, &err) != ZDP_OK) serve_die("backward", &err);
+            if (bwd && zdp_engine_backward(s->eng, false, 0.0f, &err) != ZDP_OK) serve_die("backward", &err);
         }
     }
     /* Each position was filled by exactly one rank, the others hold 0: a sum
@@ -429,15 +473,17 @@ static char *exec_sample_(server *s, job *j, int *status) {
     if (!serve_sample_req_view(j, &rq))
         serve_die("sample", &(zdp_error){.msg = "a malformed request (a bug in zdp)"});
     const sample_req r = rq.r;
-    float **v = serve_views(s);
-    if (v == NULL) serve_die("sample", &(zdp_error){.msg = "out of memory"});
+    zdp_error err = {0};
+    float **v = serve_weights_get(s, true, &err);
+    verr why = {.status = 500};
+    if (v == NULL) snprintf(why.msg, sizeof why.msg, "%s", err.msg);
     const serve_sample_spec sp = {.j = j, .prompt = rq.prompt, .n_prompt = r.n, .num_samples = 1,
                                   .max_tokens = r.max_tokens, .top_k = r.top_k, .n_stop = r.n_stop,
                                   .n_stop_str = r.n_stop_str, .temperature = r.temperature, .top_p = 1.0,
                                   .seed = (uint64_t)r.seed, .stop = rq.stop, .stop_str = rq.stop_str,
                                   .prompt_length = r.n};
-    char *body = serve_sampler_run(s, (const float *const *)v, &sp, NULL, status);
-    free(v);
+    char *body = serve_sampler_run(s, (const float *const *)v, &sp, v == NULL ? &why : NULL, status);
+    serve_weights_free(s, v);
     return body;
 }
 
@@ -685,9 +731,11 @@ static zdp_status save_adapter_(server *s, const char *dir, zdp_error *err) {
 }
 
 static char *exec_save_weights_(server *s, job *j, int *status) {
-    if (s->R != 0) return NULL;
+    /* Rank 0 writes the file; at stage 3 (--full-finetune) every rank
+     * gathers the weights first. */
+    if (s->R != 0 && (serve_lora(s) || s->cfg.zero.stage < 3)) return NULL;
     const char *path = (const char *)j->payload;
-    zdp_error err;
+    zdp_error err = {0};
     if (serve_lora(s)) { /* the adapter, a PEFT folder: what sampling and users take */
         zdp_status st = save_adapter_(s, path, &err);
         if (st != ZDP_OK) {
@@ -697,13 +745,15 @@ static char *exec_save_weights_(server *s, job *j, int *status) {
         *status = 200;
         return finish_save_(s, j, path);
     }
-    float **v = serve_views(s);
-    if (v == NULL) {
+    float **v = serve_weights_get(s, true, &err);
+    if (v == NULL || s->R != 0) {
+        serve_weights_free(s, v);
+        if (s->R != 0) return NULL;
         *status = 500;
-        return serve_error_body("path", "out of memory");
+        return serve_error_body("path", err.msg);
     }
     zdp_status st = s->opt.lm.save(s->opt.lm.ctx, path, &s->model, (const float *const *)v, &err);
-    free(v);
+    serve_weights_free(s, v);
     if (st != ZDP_OK) {
         *status = status_of_(st);
         return serve_error_body("path", err.msg);
@@ -849,6 +899,33 @@ static char *exec_load_weights_(server *s, job *j, int *status) {
     zdp_status st = ZDP_OK;
     if (s->R == 0 && serve_lora(s)) {
         st = load_adapters_(s, path, &err);
+    } else if (!serve_lora(s) && s->cfg.zero.stage == 3) {
+        /* No rank holds what sync_params would broadcast: rank 0 reads into
+         * every rank's whole copy by broadcast, and each keeps its slice. */
+        float **v = serve_weights_get(s, false, &err);
+        if (!zdp_dist_all_ok(v != NULL)) {
+            serve_weights_free(s, v);
+            if (s->R != 0) return NULL;
+            *status = 500;
+            return serve_error_body("path", v == NULL ? err.msg : "another rank is out of memory for the weights");
+        }
+        if (s->R == 0) st = s->opt.lm.load(s->opt.lm.ctx, path, &s->model, v, &err);
+        int ok = st == ZDP_OK;
+        if (zdp_channel_bcast(s->ch, &ok, (int64_t)sizeof ok, &err) != ZDP_OK) serve_die("load_weights", &err);
+        if (ok) {
+            const int64_t nbytes = zdp_engine_numel(s->eng) * (int64_t)sizeof(float);
+            if (zdp_channel_bcast(s->ch, v[0], nbytes, &err) != ZDP_OK) serve_die("load_weights", &err);
+            if (serve_weights_push(s, v, &err) != ZDP_OK) serve_die("load_weights", &err);
+            zdp_engine_reset_optimizer_state(s->eng);
+        }
+        serve_weights_free(s, v);
+        if (s->R != 0) return NULL;
+        if (!ok) {
+            *status = status_of_(st);
+            return serve_error_body("path", err.msg);
+        }
+        *status = 200;
+        return finish_save_(s, j, path);
     } else if (s->R == 0) {
         const int np = s->model.n_params;
         float **tmp = calloc((size_t)np, sizeof *tmp);
@@ -1027,13 +1104,15 @@ static char *exec_info_(server *s, job *j, int *status) {
     zdp_memory_report m;
     zdp_engine_memory_report(s->eng, &m);
     /* Beyond the engine's: the sampling side, which lives outside it (the
-     * sampler weights asample keeps, the KV cache a request makes). */
+     * sampler weights asample keeps, the KV cache a request makes, and at
+     * stage 3 the most bytes of whole-model copies gathered at once for
+     * sampling and save_weights, held only while such a request runs). */
     int64_t snap = 0;
     for (int i = 0; s->snap != NULL && i < s->model.n_params; i++)
         snap += numel_(&s->model.params[i]) * (int64_t)sizeof(float);
-    int64_t mine[11] = {m.params_bytes, m.grads_bytes, m.grad_partition_bytes, m.bucket_bytes,
+    int64_t mine[12] = {m.params_bytes, m.grads_bytes, m.grad_partition_bytes, m.bucket_bytes,
                         m.optimizer_bytes, m.master_bytes, m.other_bytes, m.total_bytes,
-                        snap, s->kv_bytes_last, s->kv_bytes_peak};
+                        snap, s->kv_bytes_last, s->kv_bytes_peak, s->whole_peak_bytes};
     int64_t *all = s->R == 0 ? malloc((size_t)s->W * sizeof mine) : NULL;
     if (s->R == 0 && all == NULL) serve_die("info", &(zdp_error){.msg = "out of memory"});
     zdp_error err;
@@ -1041,15 +1120,16 @@ static char *exec_info_(server *s, job *j, int *status) {
     if (s->R != 0) return NULL;
     json_t *mem = json_array();
     for (int r = 0; r < s->W; r++) {
-        int64_t *x = all + 11 * r;
-        json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", r,
+        int64_t *x = all + 12 * r;
+        json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", r,
                                              "params_bytes", (json_int_t)x[0], "grads_bytes", (json_int_t)x[1],
                                              "grad_partition_bytes", (json_int_t)x[2], "bucket_bytes",
                                              (json_int_t)x[3], "optimizer_bytes", (json_int_t)x[4],
                                              "master_bytes", (json_int_t)x[5], "other_bytes",
                                              (json_int_t)x[6], "total_bytes", (json_int_t)x[7],
                                              "sampler_weights_bytes", (json_int_t)x[8], "kv_cache_bytes",
-                                             (json_int_t)x[9], "kv_cache_peak_bytes", (json_int_t)x[10]));
+                                             (json_int_t)x[9], "kv_cache_peak_bytes", (json_int_t)x[10],
+                                             "gathered_whole_bytes", (json_int_t)x[11]));
     }
     free(all);
     const zdp_optimizer_config *oc = &s->cfg.optimizer;

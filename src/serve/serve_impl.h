@@ -40,7 +40,7 @@
     X(FWDBWD, "forward_backward", exec_fwd_, true)                                           \
     X(FORWARD, "forward", exec_fwd_, true)                                                   \
     X(OPTIM, "optim_step", exec_optim_, true)                                                \
-    X(SAVE_WEIGHTS, "save_weights", exec_save_weights_, false)                               \
+    X(SAVE_WEIGHTS, "save_weights", exec_save_weights_, true) /* stage 3 gathers */          \
     X(SAVE_STATE, "save_state", exec_state_, true)                                           \
     X(LOAD_STATE, "load_state", exec_state_, true)                                           \
     X(INFO, "info", exec_info_, true)                                                        \
@@ -368,6 +368,9 @@ typedef struct server {
      * replaced first, never one the running batch uses. */
     serve_adapter ad_cache[SERVE_AD_CACHE];
     int64_t ad_clock;
+    /* every rank: the most bytes of whole-model copies serve_weights_get
+     * held at once (stage 3; GET /info "gathered_whole_bytes"). */
+    int64_t whole_peak_bytes;
     bool have_model, started, watching;
     /* rank 0: the guards every request passes (http.c, guard_). */
     char *api_key; /* NULL: no --api-key-file */
@@ -468,6 +471,16 @@ char *serve_exec(server *s, job *j, int *status);
 /* The base model's weights (--full-finetune: the engine's parameter views;
  * LoRA: the shared base), a malloc'd array; NULL when out of memory. */
 float **serve_views(server *s);
+/* --full-finetune's weights as whole tensors on every rank, at any stage:
+ * serve_views at stages 0-2; at stage 3 a copy (one block, v[0] first),
+ * gathered from the partitions when `gather` -- COLLECTIVE, every rank
+ * calls it; its bytes count in GET /info's memory rows.  NULL (err set;
+ * with `gather` on every rank alike) when out of memory.  serve_weights_push writes v back
+ * (stage 3: each rank keeps its slice) and syncs the ranks; every rank
+ * passes the same values.  serve_weights_free releases v. */
+float **serve_weights_get(server *s, bool gather, zdp_error *err);
+zdp_status serve_weights_push(server *s, float *const *v, zdp_error *err);
+void serve_weights_free(server *s, float **v);
 /* server.c: frees slot k's LoRA model and engine (no-op for --full-finetune). */
 void serve_slot_free(server *s, int k);
 /* Whether the server trains LoRA models (no --full-finetune). */

@@ -93,12 +93,12 @@ zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error 
         return fail_(err, "%s: zdp serve needs unmanaged gradient accumulation (each optim_step request "
                      "is the optimizer step); set \"managed_gradient_accumulation\": false",
                      s->opt.config);
-    /* The server reads and writes whole tensors (sampling, load/save of
-     * weights) through zdp_engine_param_data, which stage 3 does not have. */
-    if (s->cfg.zero.stage == 3)
-        return fail_(err, "%s: zero_optimization.stage = 3: zdp serve does not run ZeRO stage 3 "
-                     "yet (sampling and weight load/save need whole tensors); use stage 2",
-                     s->opt.config);
+    /* LoRA at stage 3 would partition the shared base under every model's
+     * engine: not built yet.  --full-finetune gathers what it reads. */
+    if (s->cfg.zero.stage == 3 && !s->opt.full_finetune)
+        return fail_(err, "%s: zero_optimization.stage = 3: zdp serve trains LoRA models over a whole base "
+                     "(stages 0-2) only; set \"stage\" to 2 or lower, or serve the model with --full-finetune "
+                     "(stage 3 partitions its weights)", s->opt.config);
     /* The caller's model (one datum per micro-batch: activation memory for
      * one sequence); a causal LM, since every request is token sequences. */
     zdp_status st = s->opt.lm.create(s->opt.lm.ctx, &s->model, err);
@@ -117,10 +117,15 @@ zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error 
         if ((st = zdp_engine_create(&s->cfg, &s->model, &s->eng, err)) != ZDP_OK) return st;
         s->slots[0] = (serve_slot){.uid = 1, .model = &s->model, .eng = s->eng};
         s->cur = &s->model;
-        float **v = serve_views(s);
-        if (v == NULL) return fail_(err, "out of memory");
+        /* Every rank initialises the same values (stage 3 keeps each rank's
+         * slice of them); zdp_server_start syncs. */
+        float **v = serve_weights_get(s, false, err);
+        if (v == NULL) return err->code;
         st = s->opt.lm.init(s->opt.lm.ctx, &s->model, v, err);
-        free(v);
+        if (st == ZDP_OK && s->cfg.zero.stage == 3)
+            for (int i = 0; st == ZDP_OK && i < s->model.n_params; i++)
+                st = zdp_engine_set_param(s->eng, i, v[i], err);
+        serve_weights_free(s, v);
         return st;
     }
     /* LoRA: the base weights, loaded once on every rank and never written;
