@@ -496,30 +496,106 @@ static int64_t numel_(const zdp_param_info *p) {
 void serve_free_snapshot(server *s) {
     for (int i = 0; s->snap != NULL && i < s->model.n_params; i++) free(s->snap[i]);
     free(s->snap);
-    for (int i = 0; s->snap_ad != NULL && i < s->snap_lora.n_params; i++) free(s->snap_ad[i]);
-    free(s->snap_ad);
-    zdp_lora_destroy(&s->snap_lora);
     free(s->snap_path);
     s->snap = NULL;
-    s->snap_ad = NULL;
     s->snap_path = NULL;
 }
 
+static void adapter_free_(serve_adapter *a) {
+    for (int i = 0; a->ad != NULL && i < a->lora.n_params; i++) free(a->ad[i]);
+    free(a->ad);
+    zdp_lora_destroy(&a->lora);
+    free(a->path);
+    *a = (serve_adapter){0};
+}
+
+void serve_free_adapters(server *s) {
+    for (int k = 0; k < SERVE_AD_CACHE; k++) adapter_free_(&s->ad_cache[k]);
+}
+
+/* The modification time of path (zero when it cannot be read). */
+static struct timespec mtime_(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 ? sb.st_mtim : (struct timespec){0};
+}
+
+static bool same_time_(struct timespec a, struct timespec b) {
+    return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
+}
+
 /* A LoRA model's sampler weights, a PEFT adapter folder (docs/lora.md): its
- * LoRA model over the base weights and its adapter tensors, into
- * s->snap_lora and s->snap_ad.  Every rank reads it. */
-static zdp_status load_adapter_snapshot_(server *s, const char *dir, zdp_error *err) {
+ * LoRA model over the base weights and its adapter tensors, from the cache
+ * (unless the folder was written again since) or read into the least
+ * recently used entry not used at or after ad_clock `pin` (the running
+ * batch's).  Every rank reads it.  NULL with err set on failure. */
+static serve_adapter *adapter_of_(server *s, const char *dir, int64_t pin, zdp_error *err) {
+    char file[4200];
+    snprintf(file, sizeof file, "%s/adapter_model.safetensors", dir);
+    const struct timespec t = mtime_(file);
+    serve_adapter *a = NULL;
+    for (int k = 0; k < SERVE_AD_CACHE && a == NULL; k++)
+        if (s->ad_cache[k].path != NULL && !strcmp(s->ad_cache[k].path, dir)) a = &s->ad_cache[k];
+    if (a != NULL && same_time_(a->mtime, t)) {
+        a->used = ++s->ad_clock;
+        return a;
+    }
+    for (int k = 0; k < SERVE_AD_CACHE && a == NULL; k++) {
+        serve_adapter *c = &s->ad_cache[k];
+        if (c->path != NULL && c->used >= pin) continue; /* the running batch's */
+        if (a == NULL || c->path == NULL || (a->path != NULL && c->used < a->used)) a = c;
+    }
+    if (a == NULL) {
+        zdp_err_set(err, ZDP_ERR_INTERNAL, "more adapters in one batch than the cache holds (a bug in zdp)");
+        return NULL;
+    }
+    adapter_free_(a);
     zdp_lora_config lc;
     zdp_status st = zdp_lora_read_adapter_config(dir, &lc, err);
-    if (st == ZDP_OK) st = zdp_lora_create(&s->model, (const float *const *)s->base, &lc, &s->snap_lora, err);
-    if (st != ZDP_OK) return st;
-    const zdp_model *m = &s->snap_lora;
-    if ((s->snap_ad = calloc((size_t)m->n_params, sizeof *s->snap_ad)) == NULL)
-        return zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory for the adapter");
-    for (int i = 0; i < m->n_params; i++)
-        if ((s->snap_ad[i] = malloc((size_t)numel_(&m->params[i]) * sizeof(float))) == NULL)
-            return zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory for the adapter");
-    return zdp_lora_load_adapter(dir, m, s->snap_ad, err);
+    if (st == ZDP_OK) st = zdp_lora_create(&s->model, (const float *const *)s->base, &lc, &a->lora, err);
+    if (st == ZDP_OK && (a->ad = calloc((size_t)a->lora.n_params, sizeof *a->ad)) == NULL)
+        st = zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory for the adapter");
+    for (int i = 0; st == ZDP_OK && i < a->lora.n_params; i++)
+        if ((a->ad[i] = malloc((size_t)numel_(&a->lora.params[i]) * sizeof(float))) == NULL)
+            st = zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory for the adapter");
+    if (st == ZDP_OK) st = zdp_lora_load_adapter(dir, &a->lora, a->ad, err);
+    if (st == ZDP_OK && (a->path = strdup(dir)) == NULL)
+        st = zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory for the adapter");
+    if (st != ZDP_OK) {
+        adapter_free_(a);
+        return NULL;
+    }
+    a->mtime = t;
+    a->used = ++s->ad_clock;
+    return a;
+}
+
+/* Whether an asample job's weights are a LoRA model's adapter folder (a
+ * model folder, --model-dir's base_model, is not: it has no
+ * adapter_config.json). */
+static bool on_adapter_(const server *s, const char *path) {
+    char conf[4200];
+    struct stat sb;
+    return s->base != NULL &&
+           snprintf(conf, sizeof conf, "%s/adapter_config.json", path) < (int)sizeof conf &&
+           stat(conf, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+static serve_sample_spec sample_file_spec_(job *j, const serve_sample_file_req *rq, const serve_adapter *a) {
+    const sample_file_header h = rq->h;
+    return (serve_sample_spec){.j = j, .prompt = rq->prompt, .n_prompt = h.n_prompt,
+                               .num_samples = h.num_samples, .max_tokens = h.max_tokens, .top_k = h.top_k,
+                               .n_stop = h.n_stop, .n_stop_str = h.n_stop_str, .temperature = h.temperature,
+                               .top_p = h.top_p, .seed = h.seed, .stop = rq->stop, .stop_str = rq->stop_str,
+                               .logprobs = true, .prompt_logprobs = h.prompt_logprobs != 0,
+                               .topk_prompt = h.topk_prompt, .prompt_length = -1,
+                               .lora = a != NULL ? &a->lora : NULL,
+                               .adapter = a != NULL ? (const float *const *)a->ad : NULL};
+}
+
+static verr adapter_why_(const zdp_error *err) {
+    verr why = {.status = status_of_(err->code), .field = "model_path"};
+    snprintf(why.msg, sizeof why.msg, "%s", err->msg);
+    return why;
 }
 
 /* Tinker's asample: num_samples continuations of the prompt from the
@@ -532,28 +608,27 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
     serve_sample_file_req rq;
     if (!serve_sample_file_req_view(j, &rq))
         serve_die("asample", &(zdp_error){.msg = "a malformed request (a bug in zdp)"});
-    const sample_file_header h = rq.h;
     const char *path = rq.path;
     zdp_error err = {0};
     const int np = s->model.n_params;
     verr why = {0};
-    struct stat sb;
     /* A folder is a LoRA model's PEFT adapter (over the base weights). */
-    const bool adapter = s->base != NULL && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
-    if (s->snap_path == NULL || strcmp(s->snap_path, path) != 0) {
+    if (on_adapter_(s, path)) {
+        const serve_adapter *a = adapter_of_(s, path, s->ad_clock + 1, &err);
+        if (a == NULL) why = adapter_why_(&err);
+        const serve_sample_spec sp = sample_file_spec_(j, &rq, a);
+        return serve_sampler_run(s, (const float *const *)s->base, &sp, a == NULL ? &why : NULL, status);
+    }
+    const struct timespec t = mtime_(path);
+    if (s->snap_path == NULL || strcmp(s->snap_path, path) != 0 || !same_time_(s->snap_mtime, t)) {
         serve_free_snapshot(s);
         s->snap_path = strdup(path);
-        bool ok = s->snap_path != NULL;
-        zdp_status st;
-        if (adapter) {
-            st = ok ? load_adapter_snapshot_(s, path, &err) : ZDP_ERR_NOMEM;
-        } else {
-            s->snap = calloc((size_t)np, sizeof *s->snap);
-            ok = ok && s->snap != NULL;
-            for (int i = 0; ok && i < np; i++)
-                ok = (s->snap[i] = malloc((size_t)numel_(&s->model.params[i]) * sizeof(float))) != NULL;
-            st = ok ? s->opt.lm.load(s->opt.lm.ctx, path, &s->model, s->snap, &err) : ZDP_ERR_NOMEM;
-        }
+        s->snap_mtime = t;
+        s->snap = calloc((size_t)np, sizeof *s->snap);
+        bool ok = s->snap_path != NULL && s->snap != NULL;
+        for (int i = 0; ok && i < np; i++)
+            ok = (s->snap[i] = malloc((size_t)numel_(&s->model.params[i]) * sizeof(float))) != NULL;
+        zdp_status st = ok ? s->opt.lm.load(s->opt.lm.ctx, path, &s->model, s->snap, &err) : ZDP_ERR_NOMEM;
         if (st != ZDP_OK) {
             serve_free_snapshot(s);
             why.status = status_of_(st);
@@ -561,17 +636,40 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
             snprintf(why.msg, sizeof why.msg, "%s", ok ? err.msg : "out of memory for the sampler weights");
         }
     }
-    const serve_sample_spec sp = {.j = j, .prompt = rq.prompt, .n_prompt = h.n_prompt,
-                                  .num_samples = h.num_samples, .max_tokens = h.max_tokens, .top_k = h.top_k,
-                                  .n_stop = h.n_stop, .n_stop_str = h.n_stop_str, .temperature = h.temperature,
-                                  .top_p = h.top_p, .seed = h.seed, .stop = rq.stop, .stop_str = rq.stop_str,
-                                  .logprobs = true, .prompt_logprobs = h.prompt_logprobs != 0,
-                                  .topk_prompt = h.topk_prompt,
-                                  .prompt_length = -1,
-                                  .lora = s->snap_ad != NULL ? &s->snap_lora : NULL,
-                                  .adapter = (const float *const *)s->snap_ad};
-    return serve_sampler_run(s, (const float *const *)(adapter ? s->base : s->snap), &sp,
-                             why.msg[0] != '\0' ? &why : NULL, status);
+    const serve_sample_spec sp = sample_file_spec_(j, &rq, NULL);
+    return serve_sampler_run(s, (const float *const *)s->snap, &sp, why.msg[0] != '\0' ? &why : NULL, status);
+}
+
+void serve_exec_sample_batch(server *s, job **jobs, int n, int *statuses, char **bodies) {
+    serve_sample_spec sps[SERVE_SAMPLE_BATCH] = {{0}};
+    verr whys[SERVE_SAMPLE_BATCH];
+    const verr *wp[SERVE_SAMPLE_BATCH] = {0};
+    int idx[SERVE_SAMPLE_BATCH], st[SERVE_SAMPLE_BATCH], m = 0;
+    char *bd[SERVE_SAMPLE_BATCH];
+    const int64_t pin = s->ad_clock + 1; /* the adapters this batch uses stay in the cache */
+    for (int k = 0; k < n && k < SERVE_SAMPLE_BATCH; k++) {
+        serve_sample_file_req rq;
+        if (!serve_sample_file_req_view(jobs[k], &rq))
+            serve_die("asample", &(zdp_error){.msg = "a malformed request (a bug in zdp)"});
+        bodies[k] = NULL;
+        statuses[k] = 500;
+        if (!on_adapter_(s, rq.path)) { /* a weights file: alone, in its turn */
+            bodies[k] = exec_sample_file_(s, jobs[k], &statuses[k]);
+            continue;
+        }
+        zdp_error err = {0};
+        const serve_adapter *a = adapter_of_(s, rq.path, pin, &err);
+        if (a == NULL) whys[m] = adapter_why_(&err);
+        sps[m] = sample_file_spec_(jobs[k], &rq, a);
+        wp[m] = a == NULL ? &whys[m] : NULL;
+        idx[m++] = k;
+    }
+    serve_sampler_run_many(s, (const float *const *)s->base, sps, wp, m, st, bd);
+    for (int i = 0; i < m; i++) {
+        statuses[idx[i]] = st[i];
+        bodies[idx[i]] = bd[i];
+    }
+    if (s->R == 0 && m > 1) s->stats[OP_SAMPLE_FILE].batched += m;
 }
 
 /* Rank 0, a save or load that succeeded: its typed result.  A protocol's
@@ -1074,6 +1172,9 @@ static json_t *requests_json_(server *s) {
                                       "mean_queue_ms", 1e3 * s->stats[op].queue_s / n, "mean_exec_ms",
                                       1e3 * s->stats[op].exec_s / n, "max_exec_ms",
                                       1e3 * s->stats[op].exec_max_s));
+        if (s->stats[op].batched > 0) /* asample: requests that shared decoding passes */
+            json_object_set_new(json_object_get(req, serve_ops[op].name), "batched",
+                                json_integer((json_int_t)s->stats[op].batched));
     }
     return req;
 }

@@ -130,6 +130,35 @@ void serve_worker_loop(server *s) {
         j.slot = (int)hdr[2];
         j.uid = hdr[3];
         int status = 0;
+        if (j.op == OP_SAMPLE_FILE && hdr[2] > 0) {
+            /* An asample batch: hdr[2] more asample jobs follow, and they
+             * all decode together (serve_exec_sample_batch). */
+            const int nb = 1 + (int)hdr[2];
+            if (nb > SERVE_SAMPLE_BATCH)
+                serve_die("serve", &(zdp_error){.msg = "a sampling batch too large from rank 0 (a bug in zdp)"});
+            job b[SERVE_SAMPLE_BATCH] = {{0}};
+            job *bp[SERVE_SAMPLE_BATCH];
+            int st[SERVE_SAMPLE_BATCH];
+            char *bodies[SERVE_SAMPLE_BATCH];
+            b[0] = j;
+            bp[0] = &b[0];
+            for (int k = 1; k < nb; k++) {
+                int64_t h2[HDR_N] = {0, 0, 0, 0};
+                bcast_job_(s, h2, &b[k].payload);
+                if (h2[0] != OP_SAMPLE_FILE || h2[2] != nb - 1 - k)
+                    serve_die("serve", &(zdp_error){.msg = "a broken sampling batch from rank 0 (a bug in zdp)"});
+                b[k].op = OP_SAMPLE_FILE;
+                b[k].nbytes = h2[1];
+                bp[k] = &b[k];
+            }
+            serve_exec_sample_batch(s, bp, nb, st, bodies);
+            for (int k = 0; k < nb; k++) {
+                free(bodies[k]);
+                serve_sample_result_free(b[k].sample);
+                free(b[k].payload);
+            }
+            continue;
+        }
         char *body = serve_exec(s, &j, &status);
         free(body);
         serve_fwd_result_free(j.fwd);
@@ -231,37 +260,61 @@ void serve_leader_loop(server *s) {
             if (s->W > 1) bcast_job_(s, hdr, NULL);
             return;
         }
-        job *j = s->head;
-        s->head = j->next;
+        job *batch[SERVE_SAMPLE_BATCH];
+        int nb = 0;
+        batch[nb++] = s->head;
+        s->head = s->head->next;
+        /* asample jobs next to each other in the FIFO decode together
+         * (several LoRA models' sampler weights share the passes); the order
+         * of the FIFO is kept: only the head's run of them is taken. */
+        while (batch[0]->op == OP_SAMPLE_FILE && nb < SERVE_SAMPLE_BATCH && s->head != NULL &&
+               s->head->op == OP_SAMPLE_FILE) {
+            batch[nb++] = s->head;
+            s->head = s->head->next;
+        }
         if (s->head == NULL) s->tail = NULL;
+        job *j = batch[0];
         s->busy_op = j->op;
         s->busy_since = serve_now();
         pthread_mutex_unlock(&s->mu);
 
-        if (serve_ops[j->op].all_ranks && s->W > 1) {
-            int64_t hdr[HDR_N] = {j->op, j->nbytes, j->slot, j->uid};
-            bcast_job_(s, hdr, &j->payload);
-        }
-        int status = 500;
+        if (serve_ops[j->op].all_ranks && s->W > 1)
+            for (int k = 0; k < nb; k++) {
+                /* An asample job's slot field tells the ranks how many more of
+                 * its batch follow. */
+                int64_t hdr[HDR_N] = {batch[k]->op, batch[k]->nbytes,
+                                      j->op == OP_SAMPLE_FILE ? nb - 1 - k : batch[k]->slot, batch[k]->uid};
+                bcast_job_(s, hdr, &batch[k]->payload);
+            }
+        int status[SERVE_SAMPLE_BATCH];
+        char *body[SERVE_SAMPLE_BATCH];
         const double t0 = serve_now();
-        char *body = serve_exec(s, j, &status);
+        if (nb == 1) {
+            status[0] = 500;
+            body[0] = serve_exec(s, j, &status[0]);
+        } else {
+            serve_exec_sample_batch(s, batch, nb, status, body);
+        }
         const double t1 = serve_now();
-        s->stats[j->op].count++;
-        s->stats[j->op].queue_s += t0 - j->queued_at;
-        s->stats[j->op].exec_s += t1 - t0;
-        if (t1 - t0 > s->stats[j->op].exec_max_s) s->stats[j->op].exec_max_s = t1 - t0;
         last_busy = t1;
         pthread_mutex_lock(&s->mu);
         s->busy_op = -1;
-        if (j->fut != NULL) {
-            s->proto.finish(s, j, status, body);
-        } else if (j->detached) {
-            free(body);
-            serve_job_free(j);
-        } else {
-            j->status = status;
-            j->body = body;
-            j->done = true;
+        for (int k = 0; k < nb; k++) {
+            job *q = batch[k];
+            s->stats[q->op].count++;
+            s->stats[q->op].queue_s += t0 - q->queued_at;
+            s->stats[q->op].exec_s += t1 - t0;
+            if (t1 - t0 > s->stats[q->op].exec_max_s) s->stats[q->op].exec_max_s = t1 - t0;
+            if (q->fut != NULL) {
+                s->proto.finish(s, q, status[k], body[k]);
+            } else if (q->detached) {
+                free(body[k]);
+                serve_job_free(q);
+            } else {
+                q->status = status[k];
+                q->body = body[k];
+                q->done = true;
+            }
         }
         pthread_cond_broadcast(&s->cv_done);
         pthread_mutex_unlock(&s->mu);

@@ -38,81 +38,113 @@ static int str_stop_fn_(void *user, const int32_t *out, int n) {
     return u->keep != -1;
 }
 
-char *serve_sampler_run(server *s, const float *const *params, const serve_sample_spec *sp,
-                        const verr *why, int *status) {
+/* One request's part on this rank, from its sequences to its answer. */
+typedef struct part_ {
+    const serve_sample_spec *sp;
+    int64_t per, lo, mine, bb, K;
+    unsigned char *blk;
+    zdp_gen_seq *g; /* (mine) */
+    str_stop_ *ss;
+    int32_t *out, *tki;
+    float *lp, *plp, *tkl;
+    int32_t failed;
+    verr why;
+} part_;
+
+/* This rank's sequences of sp (none when why: this rank has no params). */
+static void part_prepare_(server *s, const serve_sample_spec *sp, const verr *why, part_ *p) {
     const int64_t n = sp->num_samples, M = sp->max_tokens;
-    const int64_t per = (n + s->W - 1) / s->W;
-    const int64_t lo = per * s->R < n ? per * s->R : n, hi = lo + per < n ? lo + per : n;
-    const int64_t mine = hi - lo, bb = block_bytes_(per, M);
-    unsigned char *blk = calloc(1, (size_t)bb);
-    zdp_gen_seq *g = calloc((size_t)(mine > 0 ? mine : 1), sizeof *g);
-    str_stop_ *ss = calloc((size_t)(mine > 0 ? mine : 1), sizeof *ss);
-    int32_t *out = malloc((size_t)(mine * M + 1) * sizeof *out);
-    float *lp = malloc((size_t)(mine * M + 1) * sizeof *lp);
+    *p = (part_){.sp = sp, .per = (n + s->W - 1) / s->W};
+    p->lo = p->per * s->R < n ? p->per * s->R : n;
+    const int64_t hi = p->lo + p->per < n ? p->lo + p->per : n;
+    p->mine = hi - p->lo;
+    p->bb = block_bytes_(p->per, M);
+    const int64_t mine = p->mine;
+    p->blk = calloc(1, (size_t)p->bb);
+    p->g = calloc((size_t)(mine > 0 ? mine : 1), sizeof *p->g);
+    p->ss = calloc((size_t)(mine > 0 ? mine : 1), sizeof *p->ss);
+    p->out = malloc((size_t)(mine * M + 1) * sizeof *p->out);
+    p->lp = malloc((size_t)(mine * M + 1) * sizeof *p->lp);
     /* The prompt's logprobs are the same for every sequence: sequence 0's
      * prefill computes them, on rank 0, which keeps them (no gather). */
-    const bool first = lo == 0 && mine > 0;
-    float *plp = sp->prompt_logprobs && first ? malloc((size_t)sp->n_prompt * sizeof *plp) : NULL;
+    const bool first = p->lo == 0 && mine > 0;
+    p->plp = sp->prompt_logprobs && first ? malloc((size_t)sp->n_prompt * sizeof *p->plp) : NULL;
     /* Top-k prompt logprobs: the same prefill, the same rank. */
-    const int64_t K = first ? sp->topk_prompt : 0;
-    int32_t *tki = K > 0 ? malloc((size_t)(sp->n_prompt * K) * sizeof *tki) : NULL;
-    float *tkl = K > 0 ? malloc((size_t)(sp->n_prompt * K) * sizeof *tkl) : NULL;
-    int32_t failed = why != NULL;
-    zdp_error err = {0};
-    verr mine_why = why != NULL ? *why : (verr){0};
-    if (blk == NULL || g == NULL || ss == NULL || out == NULL || lp == NULL ||
-        (sp->prompt_logprobs && first && plp == NULL) || (K > 0 && (tki == NULL || tkl == NULL))) {
+    p->K = first ? sp->topk_prompt : 0;
+    p->tki = p->K > 0 ? malloc((size_t)(sp->n_prompt * p->K) * sizeof *p->tki) : NULL;
+    p->tkl = p->K > 0 ? malloc((size_t)(sp->n_prompt * p->K) * sizeof *p->tkl) : NULL;
+    p->failed = why != NULL;
+    p->why = why != NULL ? *why : (verr){0};
+    if (p->blk == NULL || p->g == NULL || p->ss == NULL || p->out == NULL || p->lp == NULL ||
+        (sp->prompt_logprobs && first && p->plp == NULL) || (p->K > 0 && (p->tki == NULL || p->tkl == NULL))) {
         /* Without its block this rank cannot even report: the gather
          * needs it, so give up as a collective failure would. */
         serve_die("sample", &(zdp_error){.msg = "out of memory for a sampling request"});
     }
-    if (!failed && mine > 0) {
-        for (int64_t i = 0; i < mine; i++) {
-            const int64_t k = lo + i;
-            ss[i] = (str_stop_){.s = s, .strs = sp->stop_str, .n_str = sp->n_stop_str, .keep = -1};
-            g[i] = (zdp_gen_seq){.prompt = sp->prompt, .prompt_len = (int)sp->n_prompt,
-                                 .max_tokens = (int)M,
-                                 .sp = {.temperature = sp->temperature, .top_k = (int)sp->top_k,
-                                        .top_p = sp->top_p},
-                                 .seed = sp->seed + 0x9E3779B97F4A7C15ull * (uint64_t)k,
-                                 .stop_ids = sp->stop, .n_stop_ids = (int)sp->n_stop,
-                                 .stop_fn = sp->n_stop_str > 0 ? str_stop_fn_ : NULL,
-                                 .stop_user = &ss[i], .lora = sp->lora, .adapter = sp->adapter,
-                                 .out = out + i * M,
-                                 .out_logprobs = lp + i * M};
-        }
-        g[0].prompt_logprobs = plp;
-        g[0].prompt_topk = (int)K, g[0].prompt_topk_ids = tki, g[0].prompt_topk_logprobs = tkl;
-        zdp_gen_stats gs = {0};
-        const zdp_status st = zdp_generate(&s->model, params, NULL, g, (int)mine, (int)mine, &gs, &err);
-        /* The cache lives for this call only: /info reports the last one's
-         * size and the largest so far (docs/sampling.md). */
-        s->kv_bytes_last = gs.kv_bytes;
-        if (gs.kv_bytes > s->kv_bytes_peak) s->kv_bytes_peak = gs.kv_bytes;
-        if (st != ZDP_OK) {
-            fprintf(stderr, "zdp serve: rank %d: sampling: %s\n", s->R, err.msg);
-            failed = 1;
-            mine_why.status = err.code == ZDP_ERR_NOMEM ? 500 : 400;
-            snprintf(mine_why.msg, sizeof mine_why.msg, "%s", err.msg);
-        }
+    for (int64_t i = 0; !p->failed && i < mine; i++) {
+        const int64_t k = p->lo + i;
+        p->ss[i] = (str_stop_){.s = s, .strs = sp->stop_str, .n_str = sp->n_stop_str, .keep = -1};
+        p->g[i] = (zdp_gen_seq){.prompt = sp->prompt, .prompt_len = (int)sp->n_prompt,
+                                .max_tokens = (int)M,
+                                .sp = {.temperature = sp->temperature, .top_k = (int)sp->top_k,
+                                       .top_p = sp->top_p},
+                                .seed = sp->seed + 0x9E3779B97F4A7C15ull * (uint64_t)k,
+                                .stop_ids = sp->stop, .n_stop_ids = (int)sp->n_stop,
+                                .stop_fn = sp->n_stop_str > 0 ? str_stop_fn_ : NULL,
+                                .stop_user = &p->ss[i], .lora = sp->lora, .adapter = sp->adapter,
+                                .out = p->out + i * M, .out_logprobs = p->lp + i * M};
     }
-    memcpy(blk, &failed, 4);
-    for (int64_t i = 0; !failed && i < mine; i++) {
-        int32_t keep = g[i].n_out, stopped = g[i].stopped;
-        if (ss[i].keep == -2) { /* the tokenizer could not decode them */
+    if (!p->failed && mine > 0) {
+        p->g[0].prompt_logprobs = p->plp;
+        p->g[0].prompt_topk = (int)p->K, p->g[0].prompt_topk_ids = p->tki, p->g[0].prompt_topk_logprobs = p->tkl;
+    }
+}
+
+static void part_failed_(server *s, part_ *p, const zdp_error *err) {
+    fprintf(stderr, "zdp serve: rank %d: sampling: %s\n", s->R, err->msg);
+    p->failed = 1;
+    p->why.status = err->code == ZDP_ERR_NOMEM ? 500 : 400;
+    snprintf(p->why.msg, sizeof p->why.msg, "%s", err->msg);
+}
+
+/* zdp_generate over n sequences, with the cache's size for /info: the
+ * cache lives for this call only, so /info reports the last one's size and
+ * the largest so far (docs/sampling.md). */
+static zdp_status generate_(server *s, const float *const *params, zdp_gen_seq *g, int64_t n, zdp_error *err) {
+    zdp_gen_stats gs = {0};
+    const zdp_status st = zdp_generate(&s->model, params, NULL, g, (int)n, (int)n, &gs, err);
+    s->kv_bytes_last = gs.kv_bytes;
+    if (gs.kv_bytes > s->kv_bytes_peak) s->kv_bytes_peak = gs.kv_bytes;
+    return st;
+}
+
+/* Packs this rank's block, gathers every rank's on rank 0 and answers
+ * there (NULL elsewhere); frees the part. */
+static char *part_finish_(server *s, part_ *p, int *status) {
+    const serve_sample_spec *sp = p->sp;
+    const int64_t n = sp->num_samples, M = sp->max_tokens, per = p->per, bb = p->bb, K = p->K;
+    unsigned char *blk = p->blk;
+    float *plp = p->plp, *tkl = p->tkl;
+    int32_t *tki = p->tki;
+    verr mine_why = p->why;
+    int32_t failed = p->failed;
+    zdp_error err = {0};
+    for (int64_t i = 0; !failed && i < p->mine; i++) {
+        int32_t keep = p->g[i].n_out, stopped = p->g[i].stopped;
+        if (p->ss[i].keep == -2) { /* the tokenizer could not decode them */
             failed = 1;
             mine_why = (verr){.status = 500, .field = "stop"};
             snprintf(mine_why.msg, sizeof mine_why.msg, "sampling failed: see the server's log");
         }
-        if (ss[i].keep >= 0) keep = (int32_t)ss[i].keep;
+        if (p->ss[i].keep >= 0) keep = (int32_t)p->ss[i].keep;
         unsigned char *q = blk + 4 + i * (8 + 8 * M);
         memcpy(q, &keep, 4);
         memcpy(q + 4, &stopped, 4);
-        memcpy(q + 8, g[i].out, (size_t)keep * 4);
-        memcpy(q + 8 + 4 * M, g[i].out_logprobs, (size_t)keep * 4);
+        memcpy(q + 8, p->g[i].out, (size_t)keep * 4);
+        memcpy(q + 8 + 4 * M, p->g[i].out_logprobs, (size_t)keep * 4);
     }
     memcpy(blk, &failed, 4);
-    free(g), free(ss), free(out), free(lp);
+    free(p->g), free(p->ss), free(p->out), free(p->lp);
     unsigned char *all = NULL;
     if (s->R == 0 && (all = malloc((size_t)(bb * s->W))) == NULL)
         serve_die("sample", &(zdp_error){.msg = "out of memory gathering a sampling request"});
@@ -182,4 +214,43 @@ char *serve_sampler_run(server *s, const float *const *params, const serve_sampl
     }
     *status = 200;
     return serve_finish_sample(sp->j, res);
+}
+
+char *serve_sampler_run(server *s, const float *const *params, const serve_sample_spec *sp,
+                        const verr *why, int *status) {
+    part_ p;
+    part_prepare_(s, sp, why, &p);
+    zdp_error err = {0};
+    if (!p.failed && p.mine > 0 && generate_(s, params, p.g, p.mine, &err) != ZDP_OK) part_failed_(s, &p, &err);
+    return part_finish_(s, &p, status);
+}
+
+void serve_sampler_run_many(server *s, const float *const *params, const serve_sample_spec *sps,
+                            const verr *const *whys, int n, int *statuses, char **bodies) {
+    part_ *p = calloc((size_t)(n > 0 ? n : 1), sizeof *p);
+    if (p == NULL) serve_die("sample", &(zdp_error){.msg = "out of memory for a sampling batch"});
+    int64_t total = 0;
+    for (int k = 0; k < n; k++) {
+        part_prepare_(s, &sps[k], whys[k], &p[k]);
+        if (!p[k].failed) total += p[k].mine;
+    }
+    /* Every request's sequences in one batch: they share each decoding pass,
+     * whatever their adapters (zdp_generate groups each adapter's rows). */
+    zdp_gen_seq *all = calloc((size_t)(total > 0 ? total : 1), sizeof *all);
+    if (all == NULL) serve_die("sample", &(zdp_error){.msg = "out of memory for a sampling batch"});
+    int64_t at = 0;
+    for (int k = 0; k < n; k++)
+        if (!p[k].failed) memcpy(all + at, p[k].g, (size_t)p[k].mine * sizeof *all), at += p[k].mine;
+    zdp_error err = {0};
+    const bool ok = total == 0 || generate_(s, params, all, total, &err) == ZDP_OK;
+    at = 0;
+    for (int k = 0; k < n; k++) {
+        if (p[k].failed) continue;
+        if (!ok) part_failed_(s, &p[k], &err);
+        else memcpy(p[k].g, all + at, (size_t)p[k].mine * sizeof *all);
+        at += p[k].mine;
+    }
+    free(all);
+    for (int k = 0; k < n; k++) bodies[k] = part_finish_(s, &p[k], &statuses[k]);
+    free(p);
 }

@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "zdp/zdp.h"
 #include "bytes.h"
@@ -298,6 +299,17 @@ typedef struct serve_protocol {
     void (*destroy)(void *state); /* no lock; after the HTTP server stopped */
 } serve_protocol;
 
+/* A LoRA model's sampler weights (a PEFT adapter folder) as asample holds
+ * them: path NULL when the entry is free. */
+#define SERVE_AD_CACHE 8
+typedef struct serve_adapter {
+    char *path;
+    struct timespec mtime; /* adapter_model.safetensors's when read */
+    zdp_model lora;        /* zdp_lora_create over the base */
+    float **ad;            /* (lora.n_params) the adapter tensors */
+    int64_t used;          /* ad_clock at its last use */
+} serve_adapter;
+
 /* One trained model (docs/server.md, "Models").  --full-finetune: slot 0
  * alone, the base model itself (every weight trains).  Otherwise a LoRA
  * model over the shared read-only base weights, with its own engine
@@ -336,6 +348,7 @@ typedef struct server {
     struct {
         int64_t count;
         double queue_s, exec_s, exec_max_s;
+        int64_t batched; /* asample: requests that shared decoding passes with another */
     } stats[SERVE_N_OPS];
     /* every rank, main thread only: the sampler weights asample last read. */
     char *snap_path;
@@ -348,14 +361,16 @@ typedef struct server {
      * folder); other jobs carry absolute paths. */
     char *ckpt_root;
     float **snap;
+    struct timespec snap_mtime; /* the file's when it was read: a newer one is read again */
+    /* every rank, LoRA mode: the PEFT adapter folders asample read last
+     * (a LoRA model's sampler weights), each a LoRA model over the base
+     * weights (s->base) and its adapter tensors; least recently used
+     * replaced first, never one the running batch uses. */
+    serve_adapter ad_cache[SERVE_AD_CACHE];
+    int64_t ad_clock;
     /* every rank: the most bytes of whole-model copies serve_weights_get
      * held at once (stage 3; GET /info "gathered_whole_bytes"). */
     int64_t whole_peak_bytes;
-    /* LoRA mode: when snap_path is a PEFT adapter folder, its LoRA model over
-     * the base and its adapter tensors (snap stays NULL: the base's weights
-     * are s->base). */
-    zdp_model snap_lora;
-    float **snap_ad;
     bool have_model, started, watching;
     /* rank 0: the guards every request passes (http.c, guard_). */
     char *api_key; /* NULL: no --api-key-file */
@@ -503,6 +518,20 @@ typedef struct serve_sample_spec {
  * rank has no params (the reason rank 0 reports), else NULL. */
 char *serve_sampler_run(server *s, const float *const *params, const serve_sample_spec *sp,
                         const verr *why, int *status);
+/* The same for n requests over the same params at once: every rank's
+ * sequences of all of them decode together in one zdp_generate (LoRA models'
+ * requests with different adapters share passes), then each request is
+ * gathered and answered in order: bodies[k], statuses[k] on rank 0.  whys[k]
+ * as why above (NULL: none). */
+void serve_sampler_run_many(server *s, const float *const *params, const serve_sample_spec *sps,
+                            const verr *const *whys, int n, int *statuses, char **bodies);
+/* Up to SERVE_SAMPLE_BATCH asample jobs that were next to each other in the
+ * FIFO, every rank: those on LoRA models' sampler weights decode together
+ * (serve_sampler_run_many), any other runs alone, in order. */
+#define SERVE_SAMPLE_BATCH SERVE_AD_CACHE
+void serve_exec_sample_batch(server *s, job **jobs, int n, int *statuses, char **bodies);
+/* Frees the adapters asample holds. */
+void serve_free_adapters(server *s);
 /* POST /sample's body -> an OP_SAMPLE payload.  can_decode: the served
  * model has a tokenizer, so stop strings are taken. */
 bool serve_parse_sample(const json_t *root, const zdp_model *mc, bool can_decode, int max_stop_bytes, job *j,

@@ -202,6 +202,7 @@ void zdp_server_run(zdp_server *s) {
     s->proto = (serve_protocol){0};
     s->tinker = NULL;
     serve_free_snapshot(s);
+    serve_free_adapters(s);
     if (s->opt.full_finetune)
         printf("zdp serve: stopped at step %lld\n", (long long)zdp_engine_global_steps(s->slots[0].eng));
     else
@@ -214,6 +215,7 @@ void zdp_server_destroy(zdp_server *s) {
     serve_http_stop(s);
     if (s->proto.destroy != NULL) s->proto.destroy(s->proto.state);
     serve_free_snapshot(s);
+    serve_free_adapters(s);
     if (s->started) {
         pthread_mutex_destroy(&s->mu);
         pthread_mutex_destroy(&s->body_mu);

@@ -17,11 +17,7 @@ MPIEXEC=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 CHECK="$HERE/../serve/sdk_lora_check.py"
 SHARED=${ZDP_SHARED:-$(cd "$HERE/../../.." && pwd)/shared}
-T=$(mktemp -d)
 source "$HERE/serve_lib.sh"
-trap 'stop_server; rm -rf "$T"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 if ! sdk=$(bash "$SHARED/tinker-sdk.sh" 2>"$T/sdk.err"); then
   echo "SKIP: the Tinker SDK is not importable ($SHARED/tinker-sdk.sh: $(cat "$T/sdk.err"))"; exit 77
@@ -45,7 +41,7 @@ JSON
   for phase in train resume; do
     log="$T/$phase-$np.log"
     start_server "$np" "$log" --model-dir "$T/base" --block-size 32 --config "$T/cfg$np.json" \
-      --checkpoint-dir "$ck" --max-models 2 || continue
+      --checkpoint-dir "$ck" --max-models 3 || continue
     timeout 400 $PY "$CHECK" "$URL" "$ck" "$phase" "$T/state-$np.json" || fail "sdk_lora_check $phase at -np $np"
     stop_server
     if [ $SERVER_RC -ne 0 ] || ! grep -q "zdp serve: stopped" "$log"; then
@@ -54,5 +50,4 @@ JSON
   done
 done
 
-[ $failures -eq 0 ] && echo "test_tinker_sdk_lora: OK"
-exit $((failures > 0))
+finish test_tinker_sdk_lora

@@ -25,9 +25,15 @@ PHASE "train": two training clients of different LoRA configurations
     tokens and logprobs as the one from the training client;
   - RestClient: list_training_runs, get_training_run, list_checkpoints
     (the sampler weights listed), list_user_checkpoints,
-    get_weights_info_by_tinker_path (the LoRA rank).
+    get_weights_info_by_tinker_path (the LoRA rank), delete_checkpoint of
+    a sampler weights folder;
+  - eight sampling requests of the two models in flight at once: the server
+    decodes them in shared passes (GET /info's requests.asample.batched)
+    and each equals the same request run alone.
   STATE_FILE gets each client's checkpoint path and its next loss.
 PHASE "resume" (a fresh server process on the same --checkpoint-dir):
+  sampling the base_model (the folder's weights) matches a fresh LoRA
+  client's forward;
   create_training_client_from_state_with_optimizer from each saved state
   beside the other; the first forward_backward's loss equals the loss the
   first process measured after saving (the adapters and step restored), and
@@ -41,6 +47,7 @@ import os
 import struct
 import sys
 import threading
+import urllib.request
 
 import tinker
 from tinker import types
@@ -140,7 +147,7 @@ def check_sampler_matches_forward(tc, sc, prompt, what):
     return seqs
 
 
-def train_one(sc, base, vocab, k, results, ckdir):
+def train_one(sc, base, vocab, k, results, ckdir, trainers):
     cfg = CLIENTS[k]
     what = f"client {k} (rank {cfg['rank']})"
     try:
@@ -204,8 +211,48 @@ def train_one(sc, base, vocab, k, results, ckdir):
         probe = [sft_datum(lcg_tokens(7000 + k, 12, vocab), 4)]
         after = tc.forward(probe, "cross_entropy").result().metrics["loss:sum"]
         results[k] = {"state": st, "sampler": sw, "run": run, "probe_loss": after}
+        trainers[k] = tc
     except Exception as e:  # noqa: BLE001 -- any SDK failure is this client's failure
         fail(f"{what}: {type(e).__name__}: {e}")
+
+
+def asample_batched(url):
+    """GET /info's count of asample requests that shared decoding passes."""
+    with urllib.request.urlopen(url + "/info", timeout=60) as r:
+        return json.loads(r.read()).get("requests", {}).get("asample", {}).get("batched", 0)
+
+
+def check_batched_sampling(url, sc, results, tc, vocab):
+    """Both models' sampling requests in flight at once decode in shared
+    passes (the server batches asample jobs next to each other in its FIFO)
+    and give what each gives alone."""
+    clients = [sc.create_sampling_client(model_path=results[k]["sampler"]) for k in (0, 1)]
+    # Long enough that the later requests arrive while the first decodes.
+    reqs = [(c, types.ModelInput.from_ints(lcg_tokens(500 + 3 * i, 4 + i, vocab)),
+             types.SamplingParams(max_tokens=20, temperature=1.0, seed=40 + i)) for i in range(8)
+            for c in (clients[i % 2],)]
+    before = asample_batched(url)
+    # A long forward ahead of them in the server's FIFO, so that they queue up
+    # behind it, next to each other.
+    busy = tc.forward([sft_datum(lcg_tokens(9000 + i, 31, vocab), 4) for i in range(512)], "cross_entropy")
+    futs = [c.sample(p, 8, sp) for c, p, sp in reqs]  # all submitted, then awaited
+    busy.result()
+    together = [f.result().sequences for f in futs]
+    batched = asample_batched(url) - before
+    alone = [c.sample(p, 8, sp).result().sequences for c, p, sp in reqs]  # one at a time
+    for i, (a, b) in enumerate(zip(together, alone)):
+        if [list(x.tokens) for x in a] != [list(x.tokens) for x in b]:
+            fail(f"sampling request {i} (model {i % 2}): batched with the other model's "
+                 f"{[list(x.tokens) for x in a]}, alone {[list(x.tokens) for x in b]}")
+            continue
+        worst = max((abs(u - v) for x, y in zip(a, b) for u, v in zip(x.logprobs, y.logprobs)), default=0.0)
+        if worst > 1e-4:
+            fail(f"sampling request {i}: logprobs batched vs alone differ by {worst:.2e}")
+    if batched < 2:
+        fail(f"8 sampling requests of two models in flight at once: {batched} shared decoding passes "
+             f"(GET /info requests.asample.batched), want >= 2")
+    print(f"sdk_lora_check: {batched} of 8 concurrent sampling requests of two LoRA models decoded "
+          f"in shared passes, equal to each alone", flush=True)
 
 
 def phase_train(url, ckdir, state_file):
@@ -213,8 +260,9 @@ def phase_train(url, ckdir, state_file):
     caps = sc.get_server_capabilities()
     base = caps.supported_models[0].model_name
     vocab = 64
-    results = {}
-    threads = [threading.Thread(target=train_one, args=(sc, base, vocab, k, results, ckdir)) for k in (0, 1)]
+    results, trainers = {}, {}
+    threads = [threading.Thread(target=train_one, args=(sc, base, vocab, k, results, ckdir, trainers))
+               for k in (0, 1)]
     for t in threads:
         t.start()
     for t in threads:
@@ -241,6 +289,14 @@ def phase_train(url, ckdir, state_file):
     for k, r in results.items():
         if r["sampler"] not in user:
             fail(f"list_user_checkpoints lacks {r['sampler']}")
+    check_batched_sampling(url, sc, results, trainers[0], vocab)
+    # delete_checkpoint of a LoRA model's sampler weights removes the folder.
+    gone = results[1]["sampler"]
+    rest.delete_checkpoint_from_tinker_path(gone).result()
+    cks = [c.checkpoint_id for c in rest.list_checkpoints(results[1]["run"]).result().checkpoints]
+    left = [d for d in os.listdir(ckdir) if os.path.isdir(os.path.join(ckdir, d, "sampler_weights", "sampler1"))]
+    if "sampler_weights/sampler1" in cks or left:
+        fail(f"delete_checkpoint({gone}): still listed ({cks}) or on disk ({left})")
     json.dump(results, open(state_file, "w"))
     print(f"sdk_lora_check train: 2 LoRA clients, SFT + RL, PEFT folders, {len(user)} user checkpoints",
           flush=True)
@@ -250,6 +306,12 @@ def phase_resume(url, state_file):
     sc = tinker.ServiceClient(base_url=url)
     first = json.load(open(state_file))
     vocab = 64
+    # base_model sampling (the --model-dir folder's weights): a fresh LoRA
+    # client (B = 0) computes the base's logprobs.
+    base = sc.get_server_capabilities().supported_models[0].model_name
+    fresh = sc.create_lora_training_client(base_model=base, rank=2, seed=1)
+    check_sampler_matches_forward(fresh, sc.create_sampling_client(base_model=base), lcg_tokens(77, 5, vocab),
+                                  "base_model sampling")
     tcs = {}
     for k, r in first.items():
         try:

@@ -25,20 +25,17 @@
 
 #include <cmocka.h>
 
+#include "common/unit_lm.h"
 #include "zdp/zdp.h"
 
 enum { GPT_, LLAMA_, QWEN3_, N_KINDS_ };
 static const char *kind_name_[] = {"gpt", "llama", "qwen3"};
 
-static float uniform_(uint64_t *s) {
-    return (float)((double)(zdp_splitmix64(s) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-}
-
 static float **alloc_fill_(const zdp_model *m, uint64_t seed, float a2, float a1, float base1) {
     float **p = calloc((size_t)m->n_params, sizeof *p);
     for (int i = 0; i < m->n_params; i++) {
         const zdp_param_info *pi = &m->params[i];
-        const int64_t n = pi->shape[0] * (pi->ndim == 2 ? pi->shape[1] : 1);
+        const int64_t n = numel_(pi);
         p[i] = malloc((size_t)n * sizeof(float));
         const float a = pi->ndim == 2 ? a2 : a1, b = pi->ndim == 2 ? 0.0f : base1;
         for (int64_t k = 0; k < n; k++) p[i][k] = b + a * uniform_(&seed);
