@@ -111,9 +111,10 @@ static void test_op_table(void **state) {
         assert_non_null(serve_ops[op].name);
         for (int k = 0; k < op; k++) assert_string_not_equal(serve_ops[op].name, serve_ops[k].name);
     }
-    /* What only rank 0 runs (nothing broadcast) and what runs nowhere;
-     * every rank samples (docs/sampling.md). */
-    assert_false(serve_ops[OP_SAVE_WEIGHTS].all_ranks);
+    /* What runs nowhere; every rank samples (docs/sampling.md) and every
+     * rank takes part in save_weights (stage 3 gathers the whole model). */
+    assert_true(serve_ops[OP_SAVE_WEIGHTS].all_ranks);
+    assert_false(serve_ops[OP_NOOP].all_ranks);
     assert_true(serve_ops[OP_SAMPLE].all_ranks);
     assert_true(serve_ops[OP_SAMPLE_FILE].all_ranks);
     assert_true(serve_ops[OP_FWDBWD].all_ranks);
