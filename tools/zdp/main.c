@@ -55,8 +55,8 @@ typedef struct train_opts {
 static const struct {
     const char *name, *what;
 } commands_[] = {
-    {"train", "train the MLP, a GPT or a model folder on W ranks with ZeRO 0/1/2 (--model mlp|gpt, --model-dir DIR)"},
-    {"sample", "generate text from GPT-2 weights"},
+    {"train", "train the MLP, a GPT or a model folder on W ranks with ZeRO 0-3 (--model mlp|gpt, --model-dir DIR)"},
+    {"sample", "generate text from GPT-2 weights or a model folder (--model-dir, --adapter)"},
     {"serve", "a training server: forward_backward / optim_step over HTTP"},
     {"gen-data", "write the MLP dataset or the arithmetic corpus to a file"},
     {"init-model", "write a randomly initialised Llama/Qwen3 model as a Hugging Face folder"},
