@@ -53,3 +53,19 @@ stop_server() {
     SERVER_PID=""
   fi
 }
+
+# use_tinker_sdk: makes the official Tinker SDK importable by PY
+# (/usr/bin/python3) through the shared folder's tinker-sdk.sh, or exits 77
+# (CTest's skip) with the reason.  Sets SHARED: the folder beside the
+# repository, or ZDP_SHARED.
+use_tinker_sdk() {
+  local here sdk
+  here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+  SHARED=${ZDP_SHARED:-$(cd "$here/../../.." && pwd)/shared}
+  if ! sdk=$(bash "$SHARED/tinker-sdk.sh" 2>"$T/sdk.err"); then
+    echo "SKIP: the Tinker SDK is not importable ($SHARED/tinker-sdk.sh: $(cat "$T/sdk.err"))"; exit 77
+  fi
+  eval "$sdk"
+  PY=/usr/bin/python3
+  $PY -c "import tinker" 2>"$T/sdk.err" || { echo "SKIP: import tinker failed: $(cat "$T/sdk.err")"; exit 77; }
+}

@@ -13,15 +13,8 @@ ZDP=$1
 MPIEXEC=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 CHECK="$HERE/../serve/lm_check.py"
-SHARED=${ZDP_SHARED:-$(cd "$HERE/../../.." && pwd)/shared}
 source "$HERE/serve_lib.sh"
-
-if ! sdk=$(bash "$SHARED/tinker-sdk.sh" 2>"$T/sdk.err"); then
-  echo "SKIP: the Tinker SDK is not importable ($SHARED/tinker-sdk.sh: $(cat "$T/sdk.err"))"; exit 77
-fi
-eval "$sdk"
-PY=/usr/bin/python3
-$PY -c "import tinker" 2>"$T/sdk.err" || { echo "SKIP: import tinker failed: $(cat "$T/sdk.err")"; exit 77; }
+use_tinker_sdk
 
 cat >"$T/cfg.json" <<JSON
 {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,

@@ -11,15 +11,8 @@ ZDP=$1
 MPIEXEC=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 CHECK="$HERE/../serve/runs_check.py"
-SHARED=${ZDP_SHARED:-$(cd "$HERE/../../.." && pwd)/shared}
 source "$HERE/serve_lib.sh"
-
-if ! sdk=$(bash "$SHARED/tinker-sdk.sh" 2>"$T/sdk.err"); then
-  echo "SKIP: the Tinker SDK is not importable ($SHARED/tinker-sdk.sh: $(cat "$T/sdk.err"))"; exit 77
-fi
-eval "$sdk"
-PY=/usr/bin/python3
-$PY -c "import tinker" 2>"$T/sdk.err" || { echo "SKIP: import tinker failed: $(cat "$T/sdk.err")"; exit 77; }
+use_tinker_sdk
 export TINKER_API_KEY=tml-local
 
 cat >"$T/cfg.json" <<JSON

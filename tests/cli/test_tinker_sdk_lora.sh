@@ -16,15 +16,8 @@ ZDP=$1
 MPIEXEC=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 CHECK="$HERE/../serve/sdk_lora_check.py"
-SHARED=${ZDP_SHARED:-$(cd "$HERE/../../.." && pwd)/shared}
 source "$HERE/serve_lib.sh"
-
-if ! sdk=$(bash "$SHARED/tinker-sdk.sh" 2>"$T/sdk.err"); then
-  echo "SKIP: the Tinker SDK is not importable ($SHARED/tinker-sdk.sh: $(cat "$T/sdk.err"))"; exit 77
-fi
-eval "$sdk"
-PY=/usr/bin/python3
-$PY -c "import tinker" 2>"$T/sdk.err" || { echo "SKIP: import tinker failed: $(cat "$T/sdk.err")"; exit 77; }
+use_tinker_sdk
 export TINKER_API_KEY=tml-local
 
 "$ZDP" init-model --arch llama --layers 2 --hidden 32 --heads 4 --kv-heads 2 --ffn 64 --vocab 64 \
