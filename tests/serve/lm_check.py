@@ -276,9 +276,10 @@ def check_packs(url, tc, data, ids):
     r2 = rows()
     if again != got:
         fail("packs: the same sampler file sampled again gave %s, first %s" % (again, got))
-    if r1 != r2 or any(p < 1 or b < 1 for p, b in r2):
+    per = -(-4 // max(len(r2), 1))  # the 4 samples in blocks of per: ranks past them sample nothing
+    if r1 != r2 or any((p < 1 or b < 1) for r, (p, b) in enumerate(r2) if r * per < 4):
         fail("packs: /info (packed_weights_packs, packed_weights_bytes) per rank %s, then %s after sampling the"
-             " same snapshot (wanted equal, every rank > 0)" % (r1, r2))
+             " same snapshot (wanted equal, > 0 on every rank with a share of the 4 samples)" % (r1, r2))
     print("lm_check: packs: greedy %s -> %s after a step; per rank (packs, bytes) %s" % (before[:6], after[:6], r2),
           flush=True)
 
