@@ -20,6 +20,14 @@
  *   (the sgemm probe per CPU second; the ratio of these is the fraction of
  *   peak each core reached while it ran).
  * Threads: OPENBLAS_NUM_THREADS, as the tool runs.
+ *
+ * bench_sample --gemm M,K,N [--reps R]: the products alone, C (M,N) = A (M,K)
+ *   @ W^T for W (N,K) a torch.nn.Linear weight, through the packed kernels
+ *   (nn.h's packed B, the decode path) and through cblas_sgemm, alternating
+ *   in the same loop R times over enough distinct weights (>= 256 MB) that
+ *   they stream from memory as a decode step's do (M,K,N,W: W weights; 1
+ *   keeps the weight in cache, the kernel's own speed).  Prints the medians of
+ *   GFLOP/s per CPU second and per wall second of each, and their ratio.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cblas.h>
@@ -28,6 +36,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "nn/nn.h"
 #include "zdp/zdp.h"
 
 static double now_(void) {
@@ -88,12 +97,73 @@ static double sgemm_gflops_(double *cpu_best) {
     return best;
 }
 
+static int cmp_d_(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median_(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d_);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* --gemm M,K,N: packed kernels against cblas_sgemm, alternating. */
+static int gemm_bench_(const char *shape, int reps) {
+    long M, K, N, nwant = 0;
+    const int got = sscanf(shape, "%ld,%ld,%ld,%ld", &M, &K, &N, &nwant);
+    if (got < 3 || M < 1 || K < 1 || N < 1 || nwant < 0 || reps > 64) {
+        fprintf(stderr, "bench_sample: --gemm M,K,N[,W] (each >= 1; --reps <= 64), not '%s'\n", shape);
+        return 2;
+    }
+    /* Distinct weights, each read once per pass, so that they come from
+     * memory (W: this many instead; 1 keeps one weight in cache). */
+    const int64_t wf = (int64_t)K * N, pf = zdp_nn_packed_floats(K, N);
+    const int nw = nwant > 0 ? (int)nwant : (int)(((int64_t)256 << 20) / (wf * 4) + 1);
+    float *A = malloc((size_t)(M * K) * 4), *Cm = malloc((size_t)(M * N) * 4);
+    float **W = calloc((size_t)nw, sizeof *W), **Bp = calloc((size_t)nw, sizeof *Bp);
+    if (A == NULL || Cm == NULL || W == NULL || Bp == NULL) return 1;
+    uint64_t s = 7;
+    for (int64_t i = 0; i < M * K; i++) A[i] = (float)(zdp_splitmix64(&s) % 1000) * 1e-3f - 0.5f;
+    for (int w = 0; w < nw; w++) {
+        W[w] = malloc((size_t)wf * 4), Bp[w] = malloc((size_t)pf * 4);
+        if (W[w] == NULL || Bp[w] == NULL) return 1;
+        for (int64_t i = 0; i < wf; i++) W[w][i] = (float)(zdp_splitmix64(&s) % 1000) * 1e-3f - 0.5f;
+        zdp_nn_pack_b(Bp[w], W[w], K, N, 1);
+    }
+    double pc[64], pw[64], bc[64], bw[64], ratio[64];
+    const double flops = 2.0 * M * K * N * nw;
+    for (int r = 0; r < reps; r++) {
+        for (int which = 0; which < 2; which++) {
+            const double c0 = cpu_now_(), t0 = now_();
+            for (int w = 0; w < nw; w++) {
+                if (which == 0) zdp_nn_packed_gemm(Cm, N, A, K, Bp[w], NULL, M, K, N, 0);
+                else
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, A,
+                                (int)K, W[w], (int)K, 0.0f, Cm, (int)N);
+            }
+            const double ct = cpu_now_() - c0, t = now_() - t0;
+            (which == 0 ? pc : bc)[r] = flops / ct / 1e9;
+            (which == 0 ? pw : bw)[r] = flops / t / 1e9;
+        }
+        ratio[r] = pc[r] / bc[r];
+    }
+    printf("gemm M=%ld K=%ld N=%ld weights=%d path=%d reps=%d packed_cpu_gflops=%.1f packed_gflops=%.1f "
+           "sgemm_cpu_gflops=%.1f sgemm_gflops=%.1f packed_over_sgemm_cpu=%.2f\n",
+           M, K, N, nw, zdp_nn_packed_path(), reps, median_(pc, reps), median_(pw, reps),
+           median_(bc, reps), median_(bw, reps), median_(ratio, reps));
+    for (int w = 0; w < nw; w++) free(W[w]), free(Bp[w]);
+    free(W), free(Bp), free(A), free(Cm);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *which = "gpt-m";
     int P = 64, N = 256, B = 1, reps = 2;
     uint64_t seed = 1;
+    const char *gemm = NULL;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--model") == 0) which = argv[i + 1];
+        else if (strcmp(argv[i], "--gemm") == 0) gemm = argv[i + 1];
         else if (strcmp(argv[i], "--prompt") == 0) P = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--new") == 0) N = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--batch") == 0) B = atoi(argv[i + 1]);
@@ -108,6 +178,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_sample: --prompt, --new, --batch and --reps must be >= 1\n");
         return 2;
     }
+    if (gemm != NULL) return gemm_bench_(gemm, reps);
     zdp_model m;
     zdp_error err;
     zdp_status st;

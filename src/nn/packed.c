@@ -149,27 +149,39 @@ __attribute__((target("avx2,fma"))) static void kernel_avx2_(int64_t mr, int64_t
     }
 }
 
-/* Two panels at once: 12 accumulators, 2 panel loads and 6 broadcasts per
- * 12 fused multiply-adds.  b1 NULL: one panel (the odd last one). */
+/* Two panels at once, up to MR512_ rows: 16 accumulators, 2 panel loads and
+ * 8 broadcasts per 16 fused multiply-adds (6 rows left a 2-row block at a
+ * batch of 32 and reloaded each panel block from L1 six times).  b1 NULL:
+ * one panel (the odd last one).  pf: while the first row block runs, fetch
+ * the panels' next pf floats past this block (the next K block, or the next
+ * pair's start: one cache line per panel and k), so that the weight stream
+ * is already in flight when the kernel gets there; 0: none. */
+#define MR512_ 8
 __attribute__((target("avx512f"))) static void kernel_avx512_(int64_t mr, int64_t kc, const float *a,
                                                               int64_t lda, const float *b0p,
                                                               const float *b1p, float *c, int64_t ldc,
-                                                              int64_t ncols0, int64_t ncols1, int load) {
+                                                              int64_t ncols0, int64_t ncols1, int load,
+                                                              int64_t pf) {
     const __mmask16 m0 = (__mmask16)((1u << ncols0) - 1u), m1 = (__mmask16)((1u << ncols1) - 1u);
-    for (int64_t r0 = 0; r0 < mr; r0 += MR_) {
-        const int64_t rn = mr - r0 < MR_ ? mr - r0 : MR_;
-        __m512 x[MR_], y[MR_];
-        for (int64_t r = 0; r < MR_; r++) {
+    for (int64_t r0 = 0; r0 < mr; r0 += MR512_) {
+        const int64_t rn = mr - r0 < MR512_ ? mr - r0 : MR512_;
+        __m512 x[MR512_], y[MR512_];
+        for (int64_t r = 0; r < MR512_; r++) {
             const bool on = load && r < rn;
             x[r] = on ? _mm512_maskz_loadu_ps(m0, c + (r0 + r) * ldc) : _mm512_setzero_ps();
             y[r] = on && b1p != NULL ? _mm512_maskz_loadu_ps(m1, c + (r0 + r) * ldc + NR_)
                                      : _mm512_setzero_ps();
         }
         const float *ar = a + r0 * lda;
-        if (b1p != NULL && rn == MR_) {
+        const bool fetch = r0 == 0 && pf > 0;
+        if (b1p != NULL && rn == MR512_) {
             for (int64_t k = 0; k < kc; k++) {
+                if (fetch) {
+                    _mm_prefetch((const char *)(b0p + pf + k * NR_), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(b1p + pf + k * NR_), _MM_HINT_T0);
+                }
                 const __m512 b0 = _mm512_loadu_ps(b0p + k * NR_), b1 = _mm512_loadu_ps(b1p + k * NR_);
-                for (int r = 0; r < MR_; r++) {
+                for (int r = 0; r < MR512_; r++) {
                     const __m512 av = _mm512_set1_ps(ar[r * lda + k]);
                     x[r] = _mm512_fmadd_ps(av, b0, x[r]);
                     y[r] = _mm512_fmadd_ps(av, b1, y[r]);
@@ -177,6 +189,10 @@ __attribute__((target("avx512f"))) static void kernel_avx512_(int64_t mr, int64_
             }
         } else if (b1p != NULL) {
             for (int64_t k = 0; k < kc; k++) {
+                if (fetch) {
+                    _mm_prefetch((const char *)(b0p + pf + k * NR_), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(b1p + pf + k * NR_), _MM_HINT_T0);
+                }
                 const __m512 b0 = _mm512_loadu_ps(b0p + k * NR_), b1 = _mm512_loadu_ps(b1p + k * NR_);
                 for (int64_t r = 0; r < rn; r++) {
                     const __m512 av = _mm512_set1_ps(ar[r * lda + k]);
@@ -186,6 +202,7 @@ __attribute__((target("avx512f"))) static void kernel_avx512_(int64_t mr, int64_
             }
         } else {
             for (int64_t k = 0; k < kc; k++) {
+                if (fetch) _mm_prefetch((const char *)(b0p + pf + k * NR_), _MM_HINT_T0);
                 const __m512 b0 = _mm512_loadu_ps(b0p + k * NR_);
                 for (int64_t r = 0; r < rn; r++)
                     x[r] = _mm512_fmadd_ps(_mm512_set1_ps(ar[r * lda + k]), b0, x[r]);
@@ -208,24 +225,32 @@ typedef struct packed_job_ {
     int accumulate, isa;
 } packed_job_;
 
-/* Panels [lo, hi) (in pairs on the AVX-512 path: lo, hi even or hi = np). */
+/* Panels [lo, hi) (in pairs on the AVX-512 path: lo, hi even or hi = np).
+ * Panel (pair) by panel, K block by K block within it: each panel is K rows
+ * of NR_ columns, contiguous (zdp_nn_pack_b), so the weights are read front
+ * to back as one stream per panel, and every row of C meets a K block of
+ * the panels (16 KB on the AVX-512 path, in L1) before the next is read;
+ * C's columns of the panels (M x 2 NR_) stay in L1 between K blocks. */
+static int64_t pf_floats_ = -1; /* prefetch distance; ZDP_PACKED_PF overrides (tuning) */
+
 static void packed_range_(void *ctx, int64_t lo, int64_t hi) {
     const packed_job_ *j = ctx;
     const int64_t step = j->isa == 2 ? 2 : 1;
     lo *= step, hi = hi * step < j->np ? hi * step : j->np;
-    for (int64_t k0 = 0; k0 < j->K; k0 += KC_) {
-        const int64_t kc = j->K - k0 < KC_ ? j->K - k0 : KC_;
-        const int load = k0 > 0 || j->accumulate;
-        const float *a = j->A + k0;
-        for (int64_t p = lo; p < hi; p += step) {
+    for (int64_t p = lo; p < hi; p += step) {
+        float *c = j->C + p * NR_;
+        const int64_t n0 = j->N - p * NR_ < NR_ ? j->N - p * NR_ : NR_;
+        for (int64_t k0 = 0; k0 < j->K; k0 += KC_) {
+            const int64_t kc = j->K - k0 < KC_ ? j->K - k0 : KC_;
+            const int load = k0 > 0 || j->accumulate;
+            const float *a = j->A + k0;
             const float *b = j->B + p * j->K * NR_ + k0 * NR_;
-            float *c = j->C + p * NR_;
-            const int64_t n0 = j->N - p * NR_ < NR_ ? j->N - p * NR_ : NR_;
 #ifdef ZDP_PACKED_X86_
             if (j->isa == 2) {
                 const bool two = p + 1 < hi;
                 const int64_t n1 = two ? (j->N - (p + 1) * NR_ < NR_ ? j->N - (p + 1) * NR_ : NR_) : 0;
-                kernel_avx512_(j->M, kc, a, j->lda, b, two ? b + j->K * NR_ : NULL, c, j->ldc, n0, n1, load);
+                kernel_avx512_(j->M, kc, a, j->lda, b, two ? b + j->K * NR_ : NULL, c, j->ldc, n0, n1, load,
+                               pf_floats_);
                 continue;
             }
             if (j->isa == 1) {
@@ -243,6 +268,10 @@ static void packed_range_(void *ctx, int64_t lo, int64_t hi) {
 
 void zdp_nn_packed_gemm(float *C, int64_t ldc, const float *A, int64_t lda, const float *Bp,
                         const float *bias, int64_t M, int64_t K, int64_t N, int accumulate) {
+    if (pf_floats_ < 0) {
+        const char *e = getenv("ZDP_PACKED_PF");
+        pf_floats_ = e != NULL ? atol(e) : KC_ * NR_;
+    }
     packed_job_ j = {.C = C, .A = A, .B = Bp, .bias = bias, .M = M, .K = K, .N = N, .lda = lda,
                      .ldc = ldc, .np = (N + NR_ - 1) / NR_, .accumulate = accumulate, .isa = isa_()};
     const int64_t units = j.isa == 2 ? (j.np + 1) / 2 : j.np;
