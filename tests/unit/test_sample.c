@@ -1,7 +1,8 @@
 /*
  * test_sample.c -- the KV cache and batched generation (zdp/sample.h) on
  * tiny GPT-2, Llama (GQA, attention biases, llama3 rope scaling, untied) and
- * Qwen3 (q/k norm, head_dim != H/NH, one KV head, tied) models with random
+ * Qwen3 (q/k norm, head_dim 38 != H/NH: decode attention's 32-wide blocks and
+ * their tail, one KV head, tied) models with random
  * weights:
  *   - every logit of a prefill and of each later one-position step equals
  *     the full forward's (zdp_lm_next_logits) within fp32 tolerance;
@@ -58,7 +59,7 @@ static void fx_make_(fx *f, int kind) {
                               .rope_original_max_position = 16, .attention_bias = 1,
                               .initializer_range = 0.02};
         if (kind == QWEN3_) {
-            c.arch = ZDP_ARCH_QWEN3, c.qk_norm = 1, c.head_dim = 6, c.n_kv_head = 1;
+            c.arch = ZDP_ARCH_QWEN3, c.qk_norm = 1, c.head_dim = 38, c.n_kv_head = 1;
             c.tie_word_embeddings = 1, c.attention_bias = 0, c.rope_type = ZDP_ROPE_DEFAULT;
             c.rms_norm_eps = 1e-6f;
         }
