@@ -8,6 +8,8 @@
 # env:   NPS="1 2" (one run each) THREADS=1 (kernel threads per rank)
 #        ITERS=3 SAMPLE_ONLY=0 (1: the sampling phase only: -np scaling)
 #        PROMPTS=8 SAMPLES=8 NEW=64
+# Each iteration also reports the sampling phase's CPU seconds summed over
+# the ranks and tokens per CPU second (-np scaling on a shared machine).
 set -uo pipefail  # no -e: stop_server's kill of a finished server returns nonzero
 HERE=$(cd "$(dirname "$0")" && pwd)
 ZDP=${1:-$HERE/../build/bin/zdp}
@@ -33,9 +35,18 @@ for np in ${NPS:-1 2}; do
   export OPENBLAS_NUM_THREADS=${THREADS:-1} ZDP_NUM_THREADS=${THREADS:-1}
   start_server "$np" "$T/server$np.log" --model gpt --n-layer 6 --n-head 6 --n-embd 384 --vocab-size 256 \
     --block-size 512 --config "$T/cfg.json" --checkpoint-dir "$T/ck$np" --model-name zdp-gpt "${ft[@]}" || continue
+  # The ranks' process ids (the zdp processes under the server's launcher):
+  # serve_rl.py sums their CPU seconds over the sampling phase.
+  pids=() todo=("$SERVER_PID")
+  while [ ${#todo[@]} -gt 0 ]; do
+    p=${todo[0]} todo=("${todo[@]:1}")
+    [ "$(cat /proc/"$p"/comm 2>/dev/null)" = zdp ] && pids+=("$p")
+    for c in $(cat /proc/"$p"/task/*/children 2>/dev/null); do todo+=("$c"); done
+  done
   echo "run_serve_rl: -np $np, $(grep -c processor /proc/cpuinfo) cpus, load $(cut -d' ' -f1-3 /proc/loadavg)"
   timeout 1800 $PY "$HERE/serve_rl.py" "$URL" --iters "${ITERS:-3}" --prompts "${PROMPTS:-8}" \
-    --samples "${SAMPLES:-8}" --new "${NEW:-64}" "${extra[@]}" || fail "serve_rl.py at -np $np"
+    --samples "${SAMPLES:-8}" --new "${NEW:-64}" \
+    --pids "$(IFS=,; echo "${pids[*]}")" "${extra[@]}" || fail "serve_rl.py at -np $np"
   stop_server
 done
 exit $((failures > 0))

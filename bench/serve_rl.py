@@ -48,6 +48,17 @@ def asample(http, body):
             return r
 
 
+def cpu_seconds(pids):
+    """User + system CPU seconds of the processes pids, summed (/proc/PID/stat)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("url")
@@ -59,6 +70,8 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--sample-only", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--pids", default="", help="the server ranks' process ids, comma separated: "
+                    "CPU seconds of the sampling phase summed over them (this machine's /proc)")
     a = ap.parse_args()
     sc = T.ServiceClient(a.url, heartbeat_interval=5.0)
     http = sc.http
@@ -68,6 +81,7 @@ def main():
     tc = sc.create_lora_training_client(base_model="zdp-gpt", rank=0)
     rng = random.Random(1)
     prompts = [[rng.randrange(V) for _ in range(a.prompt_len)] for _ in range(a.prompts)]
+    pids = [int(x) for x in a.pids.split(",") if x]
     rows = []
     for it in range(a.iters):
         row = {}
@@ -79,6 +93,7 @@ def main():
                          "type": "create_sampling_session"}).json()["sampling_session_id"]
         row["save_s"] = time.time() - t
         # Sample: every prompt's request in flight at once.
+        cpu0 = cpu_seconds(pids)
         t = time.time()
         results = [None] * a.prompts
 
@@ -93,9 +108,13 @@ def main():
         for x in th:
             x.join()
         row["sample_s"] = time.time() - t
+        if pids:
+            row["sample_cpu_s"] = cpu_seconds(pids) - cpu0
         n_tok = sum(len(s["tokens"]) for r in results for s in r["sequences"])
         row["sampled_tokens"] = n_tok
         row["sample_tok_s"] = n_tok / row["sample_s"]
+        if pids and row["sample_cpu_s"] > 0:
+            row["sample_tok_per_cpu_s"] = n_tok / row["sample_cpu_s"]
         if not a.sample_only:
             # Group advantages: reward = the share of even token ids, centred per prompt.
             data = []

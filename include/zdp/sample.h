@@ -57,6 +57,11 @@ ZDP_API void zdp_kv_set_packs(zdp_kv_cache *kv, zdp_kv_packs *pk, uint64_t key);
 ZDP_API int zdp_kv_length(const zdp_kv_cache *kv, int slot);
 /* Empties a slot for a new sequence (and unbinds its adapter). */
 ZDP_API void zdp_kv_clear(zdp_kv_cache *kv, int slot);
+/* Slot dst gets a copy of slot src's positions (keys and values of every
+ * layer; its adapter binding is dst's own): a prompt prefilled once serves
+ * every sequence that starts with it.  Nothing happens for a slot out of
+ * range or dst == src. */
+ZDP_API void zdp_kv_copy_slot(zdp_kv_cache *kv, int dst, int src);
 
 /* Binds a LoRA adapter to a slot until zdp_kv_clear empties it: every row
  * of that slot then runs through `lora`'s adapters (a model from
@@ -151,6 +156,7 @@ typedef struct zdp_gen_seq {
 
 typedef struct zdp_gen_stats {
     int64_t prefill_tokens, decode_tokens; /* rows through the model */
+    int64_t prefill_shared; /* prompt rows not run: copied from a sequence of the same pass with the same prompt */
     int64_t passes;                        /* zdp_lm_decode calls */
     int64_t kv_bytes;                      /* the cache's zdp_kv_bytes at the end */
     double seconds;

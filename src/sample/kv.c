@@ -334,6 +334,17 @@ void zdp_kv_clear(zdp_kv_cache *kv, int slot) {
     }
 }
 
+void zdp_kv_copy_slot(zdp_kv_cache *kv, int dst, int src) {
+    if (kv == NULL || dst == src || dst < 0 || src < 0 || dst >= kv->n_slots || src >= kv->n_slots) return;
+    const int64_t KD = (int64_t)kv->KV * kv->hd, T = kv->T, n = (int64_t)kv->len[src] * KD;
+    for (int l = 0; l < kv->L; l++) {
+        const int64_t from = ((int64_t)l * kv->n_slots + src) * T * KD, to = ((int64_t)l * kv->n_slots + dst) * T * KD;
+        memcpy(kv->k + to, kv->k + from, (size_t)n * sizeof(float));
+        memcpy(kv->v + to, kv->v + from, (size_t)n * sizeof(float));
+    }
+    kv->len[dst] = kv->len[src];
+}
+
 zdp_status zdp_kv_set_adapter(zdp_kv_cache *kv, int slot, const zdp_model *lora,
                               const float *const *adapter, zdp_error *err) {
     const char *fn = "zdp_kv_set_adapter";

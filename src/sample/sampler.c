@@ -261,12 +261,17 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
     int32_t *pending = malloc((size_t)batch * sizeof *pending);  /* (batch) token to feed */
     uint64_t *rng = malloc((size_t)(n_seqs > 0 ? n_seqs : 1) * sizeof *rng);
     slot_key_ *order = malloc((size_t)batch * sizeof *order); /* (batch) this pass's slot order */
+    /* (batch) a joiner's prompt is another joiner's of this pass: the slot
+     * whose prefill it copies, else -1; and each slot's row of logits. */
+    int *copy_of = malloc((size_t)batch * sizeof *copy_of);
+    const float **row_of = malloc((size_t)batch * sizeof *row_of);
     int cap = 0, lcap = 0;
     int32_t *rs = NULL, *rt = NULL;
     uint8_t *rw = NULL;
     float *logits = NULL;
     zdp_gen_stats sts = {0};
-    if (slot_seq == NULL || pending == NULL || rng == NULL || order == NULL) {
+    if (slot_seq == NULL || pending == NULL || rng == NULL || order == NULL || copy_of == NULL ||
+        row_of == NULL) {
         st = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory", fn);
         goto out;
     }
@@ -321,6 +326,27 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
         for (int k = 0; k < n_live; k++) {
             const int b = order[k].slot;
             const zdp_gen_seq *s = &seqs[slot_seq[b]];
+            copy_of[b] = -1;
+            if (pending[b] < 0 && !wants_prompt_(s)) {
+                /* The same prompt (and adapter: order keeps them adjacent)
+                 * as an earlier joiner of this pass: its prefill is copied,
+                 * not run again (a request's samples share their prompt). */
+                for (int e = k - 1; e >= 0 && order[e].lora == order[k].lora &&
+                                    order[e].adapter == order[k].adapter; e--) {
+                    const int c = order[e].slot;
+                    const zdp_gen_seq *o = &seqs[slot_seq[c]];
+                    if (pending[c] < 0 && copy_of[c] < 0 && !wants_prompt_(o) &&
+                        o->prompt_len == s->prompt_len &&
+                        memcmp(o->prompt, s->prompt, (size_t)s->prompt_len * sizeof *s->prompt) == 0) {
+                        copy_of[b] = c;
+                        break;
+                    }
+                }
+                if (copy_of[b] >= 0) {
+                    sts.prefill_shared += s->prompt_len;
+                    continue;
+                }
+            }
             if (pending[b] < 0) {
                 for (int t = 0; t < s->prompt_len; t++) {
                     rs[n] = b, rt[n] = s->prompt[t];
@@ -345,11 +371,16 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
         st = zdp_lm_decode(kv, params, rs, rt, n, rw, logits, err);
         if (st != ZDP_OK) goto out;
         sts.passes++;
-        /* Walk the logits in row order: each slot's last wanted row samples. */
+        /* Walk the logits in row order: each slot's last wanted row samples
+         * (a copied prefill: its source's row, and its keys and values). */
         const float *lg = logits;
         for (int k = 0; k < n_live; k++) {
             const int b = order[k].slot;
             zdp_gen_seq *s = &seqs[slot_seq[b]];
+            if (copy_of[b] >= 0) {
+                zdp_kv_copy_slot(kv, b, copy_of[b]);
+                row_of[b] = row_of[copy_of[b]];
+            }
             if (pending[b] < 0 && wants_prompt_(s)) {
                 const int K = s->prompt_topk;
                 if (s->prompt_logprobs != NULL) s->prompt_logprobs[0] = 0.0f;
@@ -366,8 +397,8 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
                     }
                 }
             }
-            const float *row = lg;
-            lg += V;
+            const float *row = copy_of[b] >= 0 ? row_of[b] : lg;
+            if (copy_of[b] < 0) row_of[b] = lg, lg += V;
             if (s->max_tokens == 0) { /* prompt logprobs only */
                 slot_seq[b] = -1;
                 continue;
@@ -399,6 +430,8 @@ out:
     free(pending);
     free(rng);
     free(order);
+    free(copy_of);
+    free(row_of);
     free(rs);
     free(rt);
     free(rw);

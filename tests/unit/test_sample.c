@@ -11,6 +11,8 @@
  *     and seeds, generated together with continuous batching, equal the
  *     same sequences generated alone, and an uncached sampler;
  *   - prompt logprobs equal the full forward's;
+ *   - sequences joining with the same prompt prefill it once and still
+ *     equal each alone;
  *   - the cache stores only the KV heads; bad input is refused naming it.
  */
 #include <math.h>
@@ -268,6 +270,56 @@ static void test_batched_equals_alone(void **state) {
     }
 }
 
+/* Sequences with the same prompt joining in the same pass prefill it once
+ * (the others copy its keys, values and last logits): each still equals the
+ * same sequence generated alone; one that asks for prompt logprobs and one
+ * with another prompt run their own prefill. */
+static void test_shared_prompt(void **state) {
+    (void)state;
+    for (int kind = 0; kind < N_KINDS_; kind++) {
+        fx f;
+        fx_make_(&f, kind);
+        const int V = f.m.vocab_size, PL = 5, NS = 6;
+        int32_t a[5], b[5], out[6][12], out1[6][12];
+        float lp[6][12], lp1[6][12], plp[5], plp1[5];
+        rand_tokens_(a, PL, V, 71);
+        rand_tokens_(b, PL, V, 72);
+        zdp_gen_seq g[6], g1[6];
+        for (int i = 0; i < NS; i++) {
+            g[i] = (zdp_gen_seq){.prompt = i == 5 ? b : a, .prompt_len = PL, .max_tokens = 4 + i,
+                                 .sp = {.temperature = i == 0 ? 0.0 : 0.7 + 0.1 * i},
+                                 .seed = 500 + (uint64_t)i, .out = out[i], .out_logprobs = lp[i],
+                                 .prompt_logprobs = i == 4 ? plp : NULL};
+            g1[i] = g[i], g1[i].out = out1[i], g1[i].out_logprobs = lp1[i];
+            g1[i].prompt_logprobs = i == 4 ? plp1 : NULL;
+        }
+        zdp_error err;
+        zdp_gen_stats stats;
+        if (zdp_generate(&f.m, P_(&f), NULL, g, NS, NS, &stats, &err) != ZDP_OK) fail_msg("%s", err.msg);
+        /* Sequences 1-3 copy sequence 0's prefill; 4 (prompt logprobs) and 5 run theirs. */
+        assert_int_equal(stats.prefill_shared, 3 * PL);
+        assert_int_equal(stats.prefill_tokens, 3 * PL);
+        for (int i = 0; i < NS; i++) {
+            if (zdp_generate(&f.m, P_(&f), NULL, &g1[i], 1, 1, NULL, &err) != ZDP_OK) fail_msg("%s", err.msg);
+            assert_int_equal(g[i].n_out, g1[i].n_out);
+            for (int t = 0; t < g[i].n_out; t++) {
+                if (out[i][t] != out1[i][t])
+                    fail_msg("%s seq %d token %d: shared prefill %d, alone %d", kind_name_[kind], i, t,
+                             out[i][t], out1[i][t]);
+                assert_true(fabsf(lp[i][t] - lp1[i][t]) < 1e-4f);
+            }
+        }
+        for (int t = 1; t < PL; t++) assert_true(fabsf(plp[t] - plp1[t]) < 1e-4f);
+        /* Two slots: 0 and 1 join together and share; 2 and 3 join alone as
+         * 0 and 1 finish (4 and 5 tokens), each in its own pass. */
+        if (zdp_generate(&f.m, P_(&f), NULL, g, 4, 2, &stats, &err) != ZDP_OK) fail_msg("%s", err.msg);
+        assert_int_equal(stats.prefill_shared, PL);
+        for (int i = 0; i < 4; i++)
+            for (int t = 0; t < g[i].n_out; t++) assert_int_equal(out[i][t], out1[i][t]);
+        fx_free_(&f);
+    }
+}
+
 /* GQA: the cache holds KV heads only (Qwen3 here: 1 KV head of 4). */
 static void test_cache_holds_kv_heads(void **state) {
     (void)state;
@@ -420,6 +472,7 @@ int main(void) {
         cmocka_unit_test(test_logits_match_full_forward),
         cmocka_unit_test(test_greedy_cached_equals_uncached),
         cmocka_unit_test(test_batched_equals_alone),
+        cmocka_unit_test(test_shared_prompt),
         cmocka_unit_test(test_cache_holds_kv_heads),
         cmocka_unit_test(test_topk_logprobs_order),
         cmocka_unit_test(test_prompt_topk),
