@@ -32,6 +32,7 @@
 #define NR_ 16  /* columns per panel */
 #define MR_ 6   /* rows per register block (AVX paths) */
 #define KC_ 128 /* rows of a panel block: 2 x 8 KB on the AVX-512 path, in L1 with the A rows */
+#define PF_ 32  /* panel rows the AVX-512 kernel prefetches ahead (2 KB; 16, 64, 128 and none measured no better: bench_sample --gemm) */
 
 static int best_ = -1; /* the best path this CPU has; -1: not asked yet */
 static int isa_now_ = -1; /* the path in use */
@@ -231,8 +232,6 @@ typedef struct packed_job_ {
  * to back as one stream per panel, and every row of C meets a K block of
  * the panels (16 KB on the AVX-512 path, in L1) before the next is read;
  * C's columns of the panels (M x 2 NR_) stay in L1 between K blocks. */
-static int64_t pf_floats_ = -1; /* prefetch distance; ZDP_PACKED_PF overrides (tuning) */
-
 static void packed_range_(void *ctx, int64_t lo, int64_t hi) {
     const packed_job_ *j = ctx;
     const int64_t step = j->isa == 2 ? 2 : 1;
@@ -250,7 +249,7 @@ static void packed_range_(void *ctx, int64_t lo, int64_t hi) {
                 const bool two = p + 1 < hi;
                 const int64_t n1 = two ? (j->N - (p + 1) * NR_ < NR_ ? j->N - (p + 1) * NR_ : NR_) : 0;
                 kernel_avx512_(j->M, kc, a, j->lda, b, two ? b + j->K * NR_ : NULL, c, j->ldc, n0, n1, load,
-                               pf_floats_);
+                               PF_ * NR_);
                 continue;
             }
             if (j->isa == 1) {
@@ -268,10 +267,6 @@ static void packed_range_(void *ctx, int64_t lo, int64_t hi) {
 
 void zdp_nn_packed_gemm(float *C, int64_t ldc, const float *A, int64_t lda, const float *Bp,
                         const float *bias, int64_t M, int64_t K, int64_t N, int accumulate) {
-    if (pf_floats_ < 0) {
-        const char *e = getenv("ZDP_PACKED_PF");
-        pf_floats_ = e != NULL ? atol(e) : KC_ * NR_;
-    }
     packed_job_ j = {.C = C, .A = A, .B = Bp, .bias = bias, .M = M, .K = K, .N = N, .lda = lda,
                      .ldc = ldc, .np = (N + NR_ - 1) / NR_, .accumulate = accumulate, .isa = isa_()};
     const int64_t units = j.isa == 2 ? (j.np + 1) / 2 : j.np;
