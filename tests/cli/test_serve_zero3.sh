@@ -8,12 +8,8 @@
 # Also the start-up refusal of LoRA at stage 3, naming the key and the fix.
 # usage: test_serve_zero3.sh ZDP_BINARY MPIEXEC
 set -u
-ZDP=$1
-MPIEXEC=$2
-HERE=$(cd "$(dirname "$0")" && pwd)
+source "$(dirname "$0")/serve_lib.sh" "$@" # ZDP MPIEXEC: HERE, PY, $T, fail, start_server
 CHECK="$HERE/../serve/zero3_check.py"
-PY=${PYTHON:-python3}
-source "$HERE/serve_lib.sh"
 
 config() {
   cat <<JSON
