@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/engine.h" /* zdp_grad_sink_create_dense */
 #include "zdp/zdp.h"
 
 static inline uint64_t rng_(uint64_t *s) { return zdp_splitmix64(s); }
@@ -107,6 +108,38 @@ static inline void fx_tokens_(model_fx *f, int B, int T, int vocab, uint64_t *s)
         f->targets[i] = (int32_t)(rng_(s) % (uint64_t)vocab);
     }
     f->batch = (zdp_lm_batch){.inputs = f->inputs, .targets = f->targets, .B = B, .T = T};
+}
+
+/* The objective for fd_check_: scale * the model's loss at f's parameters. */
+typedef struct loss_ctx {
+    model_fx *f;
+    float scale;
+} loss_ctx;
+
+static inline double model_obj_(void *v) {
+    loss_ctx *c = v;
+    float loss;
+    zdp_error err;
+    if (zdp_model_forward_dense(&c->f->m, (const float *const *)c->f->p, &c->f->batch, &loss,
+                                &err) != ZDP_OK)
+        fail_msg("%s", err.msg);
+    return c->scale * (double)loss;
+}
+
+/* Forward + backward with dloss through the dense sink into f->g (zeroed
+ * first); the loss. */
+static inline float fx_grad_(model_fx *f, float dloss) {
+    for (int i = 0; i < f->m.n_params; i++)
+        memset(f->g[i], 0, (size_t)f->numel[i] * sizeof(float));
+    float loss;
+    zdp_error err;
+    if (zdp_model_forward_dense(&f->m, (const float *const *)f->p, &f->batch, &loss, &err) != ZDP_OK)
+        fail_msg("%s", err.msg);
+    zdp_grad_sink *sink = zdp_grad_sink_create_dense(f->g, f->m.n_params);
+    if (zdp_model_backward_dense(&f->m, (const float *const *)f->p, dloss, sink, &err) != ZDP_OK)
+        fail_msg("%s", err.msg);
+    free(sink);
+    return loss;
 }
 
 static inline void fx_free_(model_fx *f) {
