@@ -190,6 +190,12 @@ void cli_params_free(zdp_engine *eng, float **views);
  * one line per rank and category ("memory | rank R | CATEGORY | N B").
  * 0, or cli_fail's code. */
 int cli_memory_report(zdp_engine *eng);
+/* COLLECTIVE.  --memory-report at the end of a run: rank 0 prints each
+ * rank's peak resident memory (VmHWM, "memory | rank R | peak_rss | N B";
+ * -1 where /proc is missing) and the most bytes of weights its model-folder
+ * loader held at once (zdp_hf_load_peak_bytes, "... | load_peak | N B").
+ * 0. */
+int cli_memory_peaks(void);
 /* The --memory-report row: on or off (int *p: 1 or 0). */
 #define CLI_MEMORY_REPORT_ROW(p) \
     CLI_CHOICE("--memory-report", (p), cli_on_off_words, cli_on_off_values, "on or off")
