@@ -369,8 +369,17 @@ float **cli_params_views(zdp_engine *eng, const zdp_model *model, bool gather) {
         for (int i = 0; i < np; i++) v[i] = zdp_engine_param_data(eng, i);
         return v;
     }
-    /* Stage 3: one block for every tensor, views[0] at its start. */
-    int64_t n = zdp_engine_numel(eng);
+    /* Stage 3: one block for every tensor, views[0] at its start.  A
+     * gather's whole copy is rank 0's alone: the other ranks take part in
+     * each tensor's gather through one buffer of the largest tensor's size,
+     * so they never hold the whole model. */
+    const bool whole = !gather || zdp_dist_rank() == 0;
+    int64_t n = whole ? zdp_engine_numel(eng) : 0;
+    for (int i = 0; !whole && i < np; i++) {
+        int64_t k = 1;
+        for (int d = 0; d < model->params[i].ndim; d++) k *= model->params[i].shape[d];
+        if (k > n) n = k;
+    }
     float *block = calloc((size_t)n, sizeof(float));
     int rc = block == NULL ? cli_fail("out of memory for the whole model (%lld parameters; ZeRO "
                                       "stage 3 gathers it here)",
@@ -378,7 +387,7 @@ float **cli_params_views(zdp_engine *eng, const zdp_model *model, bool gather) {
                            : 0;
     /* The gathers are collective: every rank has its block first. */
     if (gather) rc = cli_agree(rc);
-    for (int i = 0; rc == 0 && i < np; i++) v[i] = block + zdp_engine_param_offset(eng, i);
+    for (int i = 0; rc == 0 && i < np; i++) v[i] = whole ? block + zdp_engine_param_offset(eng, i) : block;
     zdp_error err = {0};
     for (int i = 0; rc == 0 && gather && i < np; i++)
         if (zdp_engine_get_param(eng, i, v[i], &err) != ZDP_OK) rc = cli_fail("%s", err.msg);

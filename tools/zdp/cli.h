@@ -178,8 +178,10 @@ int cli_skip_guard(const zdp_engine *eng, int64_t max, int64_t *run);
 
 /* The engine's parameters as whole tensors (views[i] for tensor i): at ZeRO
  * stages 0-2 the engine's own buffers; at stage 3 a copy gathered from the
- * partitions (COLLECTIVE: every rank calls it, gather = true) or a zeroed
- * copy to fill and push (gather = false, not collective).  NULL (message
+ * partitions onto rank 0 (COLLECTIVE: every rank calls it, gather = true;
+ * the other ranks' views all point at one tensor-sized scratch buffer, so
+ * their values mean nothing: use them on rank 0 only) or a zeroed copy to
+ * fill and push (gather = false, not collective).  NULL (message
  * printed) on failure.  cli_params_push writes the views back (every rank
  * alike) and syncs; cli_params_free frees a copy. */
 float **cli_params_views(zdp_engine *eng, const zdp_model *model, bool gather);
