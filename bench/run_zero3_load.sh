@@ -13,7 +13,9 @@
 # Nothing here is a test.
 #
 # usage: bench/run_zero3_load.sh BEFORE_ZDP [REPS]   (REPS default 1)
-# env:   NPS="1 2 3 4"  MODES="full lora"
+# env:   NPS="1 2 3 4"  MODES="full lora"  SAVE=1 (full runs end with --save-model-dir:
+#        the peak then includes saving, which main did from a whole gathered
+#        copy on every rank and this tree streams a tensor at a time)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BEFORE=${1:?usage: bench/run_zero3_load.sh BEFORE_ZDP [REPS]}
@@ -44,6 +46,7 @@ JSON
 run() { # run LABEL BINARY NP MODE REP
   local extra=()
   [ "$4" = lora ] && extra=(--lora-rank 8)
+  [ "$4" = full ] && [ -n "${SAVE:-}" ] && extra=(--save-model-dir "$OUT/saved")
   timeout 600 mpirun --allow-run-as-root --oversubscribe -np "$3" /usr/bin/time -f "maxrss_kb %M" \
     "$2" train --model-dir "$OUT/smol" --config "$OUT/s3.json" --data "$OUT/tok.bin" --block-size 64 \
     --steps 1 --val-every 0 --out-dir "$OUT/o" --memory-report on "${extra[@]}" >"$OUT/log" 2>&1 ||
