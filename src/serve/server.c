@@ -119,7 +119,16 @@ zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error 
         s->slots[0] = (serve_slot){.uid = 1, .model = &s->model, .eng = s->eng};
         s->cur = &s->model;
         /* Every rank initialises the same values (stage 3 keeps each rank's
-         * slice of them); zdp_server_start syncs. */
+         * slice of them); zdp_server_start syncs.  At stage 3 a reader
+         * brings each rank its slices alone (docs/training.md, "Stage 3
+         * loading"). */
+        if (s->cfg.zero.stage == 3 && s->opt.lm.reader_open != NULL) {
+            void *r = NULL;
+            st = s->opt.lm.reader_open(s->opt.lm.ctx, &s->model, &r, err);
+            if (st == ZDP_OK) st = zdp_engine_load_params(s->eng, s->opt.lm.read_slice, r, err);
+            if (r != NULL) s->opt.lm.reader_close(r);
+            return st;
+        }
         float **v = serve_weights_get(s, false, err);
         if (v == NULL) return err->code;
         st = s->opt.lm.init(s->opt.lm.ctx, &s->model, v, err);
