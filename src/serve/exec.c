@@ -62,14 +62,11 @@ float **serve_views(server *s) {
  * and writing them (start-up, load_weights) scatters one into them. */
 static bool whole_copies_(const server *s) { return s->cfg.zero.stage == 3 && !serve_lora(s); }
 
-float **serve_weights_get(server *s, bool gather, zdp_error *err) {
-    if (!whole_copies_(s)) {
-        float **v = serve_views(s);
-        if (v == NULL) zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory");
-        return v;
-    }
-    const int np = s->model.n_params;
-    const int64_t n = zdp_engine_numel(s->slots[0].eng);
+/* Whole copies of engine e's np tensors in one block (v[0] first), gathered
+ * from the stage-3 partitions when `gather` (COLLECTIVE then); NULL with
+ * err set when out of memory on this rank (on any rank, with gather). */
+static float **whole_get_(server *s, zdp_engine *e, int np, bool gather, zdp_error *err) {
+    const int64_t n = zdp_engine_numel(e);
     float **v = calloc((size_t)np, sizeof *v);
     float *block = v != NULL ? malloc((size_t)n * sizeof(float)) : NULL; /* (n) every tensor, v[0] first */
     /* The gathers are collective: every rank has its copy first (without
@@ -81,12 +78,21 @@ float **serve_weights_get(server *s, bool gather, zdp_error *err) {
                     "ZeRO stage 3 on every rank)", (long long)n);
         return NULL;
     }
-    for (int i = 0; i < np; i++) v[i] = block + zdp_engine_param_offset(s->slots[0].eng, i);
+    for (int i = 0; i < np; i++) v[i] = block + zdp_engine_param_offset(e, i);
     for (int i = 0; gather && i < np; i++)
-        if (zdp_engine_get_param(s->slots[0].eng, i, v[i], err) != ZDP_OK) serve_die("gather weights", err);
+        if (zdp_engine_get_param(e, i, v[i], err) != ZDP_OK) serve_die("gather weights", err);
     const int64_t bytes = n * (int64_t)sizeof(float);
     if (bytes > s->whole_peak_bytes) s->whole_peak_bytes = bytes;
     return v;
+}
+
+float **serve_weights_get(server *s, bool gather, zdp_error *err) {
+    if (!whole_copies_(s)) {
+        float **v = serve_views(s);
+        if (v == NULL) zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory");
+        return v;
+    }
+    return whole_get_(s, s->slots[0].eng, s->model.n_params, gather, err);
 }
 
 zdp_status serve_weights_push(server *s, float *const *v, zdp_error *err) {
@@ -100,12 +106,31 @@ void serve_weights_free(server *s, float **v) {
     free(v);
 }
 
-/* The engine's parameter views of the model being trained (s->cur). */
-static float **cur_views_(server *s) {
+/* The tensors of the model being trained (s->cur, a LoRA model's adapters):
+ * the engine's views at stages 0-2; at stage 3, where no rank holds whole
+ * tensors, whole copies (gathered when `gather`: COLLECTIVE, every rank
+ * alike).  NULL with err set when out of memory.  adapters_push_ writes
+ * them back (every rank the same values) and syncs; adapters_free_ frees. */
+static float **adapters_get_(server *s, bool gather, zdp_error *err) {
+    if (s->cfg.zero.stage == 3) return whole_get_(s, s->eng, s->cur->n_params, gather, err);
     float **v = malloc((size_t)s->cur->n_params * sizeof *v);
-    if (v == NULL) return NULL;
+    if (v == NULL) {
+        zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
     for (int i = 0; i < s->cur->n_params; i++) v[i] = zdp_engine_param_data(s->eng, i);
     return v;
+}
+
+static zdp_status adapters_push_(server *s, float *const *v, zdp_error *err) {
+    for (int i = 0; s->cfg.zero.stage == 3 && i < s->cur->n_params; i++)
+        if (zdp_engine_set_param(s->eng, i, v[i], err) != ZDP_OK) return err->code;
+    return zdp_engine_sync_params(s->eng, err);
+}
+
+static void adapters_free_(server *s, float **v) {
+    if (v != NULL && s->cfg.zero.stage == 3) free(v[0]);
+    free(v);
 }
 
 /* Per-token coefficients and losses of datum i: c_t (the weight its
@@ -723,21 +748,25 @@ void serve_save_result_free(serve_save_result *r) {
  * adapter_model.safetensors and adapter_config.json, base_model_name_or_path
  * the served model's name (docs/lora.md). */
 static zdp_status save_adapter_(server *s, const char *dir, zdp_error *err) {
-    float **v = cur_views_(s);
-    if (v == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory");
-    zdp_status st = zdp_lora_save_adapter(dir, s->cur, (const float *const *)v, s->opt.model_name, err);
-    free(v);
+    /* At stage 3 every rank gathers the adapters; rank 0 writes them. */
+    if (s->R != 0 && s->cfg.zero.stage < 3) return ZDP_OK;
+    float **v = adapters_get_(s, true, err);
+    if (v == NULL) return err->code;
+    zdp_status st = s->R == 0 ? zdp_lora_save_adapter(dir, s->cur, (const float *const *)v, s->opt.model_name, err)
+                              : ZDP_OK;
+    adapters_free_(s, v);
     return st;
 }
 
 static char *exec_save_weights_(server *s, job *j, int *status) {
     /* Rank 0 writes the file; at stage 3 (--full-finetune) every rank
      * gathers the weights first. */
-    if (s->R != 0 && (serve_lora(s) || s->cfg.zero.stage < 3)) return NULL;
+    if (s->R != 0 && s->cfg.zero.stage < 3) return NULL;
     const char *path = (const char *)j->payload;
     zdp_error err = {0};
     if (serve_lora(s)) { /* the adapter, a PEFT folder: what sampling and users take */
         zdp_status st = save_adapter_(s, path, &err);
+        if (s->R != 0) return NULL;
         if (st != ZDP_OK) {
             *status = status_of_(st);
             return serve_error_body("path", err.msg);
@@ -842,14 +871,16 @@ static char *exec_state_(server *s, job *j, int *status) {
     char why[2048];
     int bad_st = 0;
     if (!all) failed_ranks_(s, st, err.msg, &bad_st, why, sizeof why);
+    /* A LoRA model's checkpoint is a PEFT adapter folder too (beside the
+     * engine's files), as Tinker's checkpoint download gives; at stage 3
+     * every rank takes part in gathering it. */
+    if (all && j->op == OP_SAVE_STATE && serve_lora(s)) st = save_adapter_(s, path, &err);
     if (s->R != 0) return NULL;
     if (!all) {
         *status = status_of_((zdp_status)bad_st);
         return serve_error_body("path", why);
     }
-    /* A LoRA model's checkpoint is a PEFT adapter folder too (beside the
-     * engine's files), as Tinker's checkpoint download gives. */
-    if (j->op == OP_SAVE_STATE && serve_lora(s) && (st = save_adapter_(s, path, &err)) != ZDP_OK) {
+    if (j->op == OP_SAVE_STATE && serve_lora(s) && st != ZDP_OK) {
         *status = status_of_(st);
         return serve_error_body("path", err.msg);
     }
@@ -861,7 +892,7 @@ static char *exec_state_(server *s, job *j, int *status) {
  * engine's checkpoint of a LoRA model names them as PEFT does): every
  * tensor present, F32, of the model's shape, or refused naming it before
  * anything changes.  Rank 0; sync_params then gives every rank the values. */
-static zdp_status load_adapters_(server *s, const char *path, zdp_error *err) {
+static zdp_status load_adapters_(server *s, const char *path, float *const *dst, zdp_error *err) {
     zdp_safetensors st;
     if (zdp_safetensors_read(path, &st, err) != ZDP_OK) return err->code;
     const zdp_model *m = s->cur;
@@ -883,7 +914,7 @@ static zdp_status load_adapters_(server *s, const char *path, zdp_error *err) {
     }
     for (int i = 0; rc == ZDP_OK && i < m->n_params; i++) {
         const zdp_tensor *t = zdp_safetensors_find(&st, m->params[i].name);
-        memcpy(zdp_engine_param_data(s->eng, i), t->data, t->nbytes);
+        memcpy(dst[i], t->data, t->nbytes);
     }
     zdp_safetensors_free(&st);
     return rc;
@@ -897,28 +928,34 @@ static char *exec_load_weights_(server *s, job *j, int *status) {
     const char *path = (const char *)j->payload;
     zdp_error err = {0};
     zdp_status st = ZDP_OK;
-    if (s->R == 0 && serve_lora(s)) {
-        st = load_adapters_(s, path, &err);
-    } else if (!serve_lora(s) && s->cfg.zero.stage == 3) {
+    if (s->R == 0 && serve_lora(s) && s->cfg.zero.stage < 3) {
+        float **v = adapters_get_(s, false, &err);
+        st = v == NULL ? err.code : load_adapters_(s, path, v, &err);
+        adapters_free_(s, v);
+    } else if (s->cfg.zero.stage == 3) {
         /* No rank holds what sync_params would broadcast: rank 0 reads into
-         * every rank's whole copy by broadcast, and each keeps its slice. */
-        float **v = serve_weights_get(s, false, &err);
+         * every rank's whole copy by broadcast, and each keeps its slice
+         * (the LoRA model's adapters, or --full-finetune's weights). */
+        const bool lora = serve_lora(s);
+        float **v = lora ? adapters_get_(s, false, &err) : serve_weights_get(s, false, &err);
         if (!zdp_dist_all_ok(v != NULL)) {
-            serve_weights_free(s, v);
+            lora ? adapters_free_(s, v) : serve_weights_free(s, v);
             if (s->R != 0) return NULL;
             *status = 500;
             return serve_error_body("path", v == NULL ? err.msg : "another rank is out of memory for the weights");
         }
-        if (s->R == 0) st = s->opt.lm.load(s->opt.lm.ctx, path, &s->model, v, &err);
+        if (s->R == 0)
+            st = lora ? load_adapters_(s, path, v, &err) : s->opt.lm.load(s->opt.lm.ctx, path, &s->model, v, &err);
         int ok = st == ZDP_OK;
         if (zdp_channel_bcast(s->ch, &ok, (int64_t)sizeof ok, &err) != ZDP_OK) serve_die("load_weights", &err);
         if (ok) {
             const int64_t nbytes = zdp_engine_numel(s->eng) * (int64_t)sizeof(float);
             if (zdp_channel_bcast(s->ch, v[0], nbytes, &err) != ZDP_OK) serve_die("load_weights", &err);
-            if (serve_weights_push(s, v, &err) != ZDP_OK) serve_die("load_weights", &err);
+            if ((lora ? adapters_push_(s, v, &err) : serve_weights_push(s, v, &err)) != ZDP_OK)
+                serve_die("load_weights", &err);
             zdp_engine_reset_optimizer_state(s->eng);
         }
-        serve_weights_free(s, v);
+        lora ? adapters_free_(s, v) : serve_weights_free(s, v);
         if (s->R != 0) return NULL;
         if (!ok) {
             *status = status_of_(st);
@@ -1043,7 +1080,7 @@ static char *exec_delete_(server *s, job *j, int *status) {
 static json_t *requests_json_(server *s);
 
 static json_t *models_json_(server *s) {
-    enum { K = 5 };
+    enum { K = 6 };
     json_t *arr = s->R == 0 ? json_array() : NULL;
     int64_t *all = s->R == 0 ? malloc((size_t)s->W * K * sizeof *all) : NULL;
     if (s->R == 0 && (arr == NULL || all == NULL)) serve_die("info", &(zdp_error){.msg = "out of memory"});
@@ -1053,17 +1090,18 @@ static json_t *models_json_(server *s) {
         zdp_memory_report m;
         zdp_engine_memory_report(x->eng, &m);
         int64_t mine[K] = {m.params_bytes, m.grads_bytes + m.grad_partition_bytes + m.bucket_bytes,
-                           m.optimizer_bytes, m.other_bytes, m.total_bytes};
+                           m.optimizer_bytes, m.other_bytes, m.total_bytes, m.frozen_bytes};
         zdp_error err;
         if (zdp_channel_gather(s->ch, mine, (int64_t)sizeof mine, all, &err) != ZDP_OK) serve_die("info", &err);
         if (s->R != 0) continue;
         json_t *mem = json_array();
         for (int r = 0; r < s->W; r++) {
             const int64_t *v = all + K * r;
-            json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I}", "rank", r, "params_bytes",
+            json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", r, "params_bytes",
                                                  (json_int_t)v[0], "grads_bytes", (json_int_t)v[1],
                                                  "optimizer_bytes", (json_int_t)v[2], "other_bytes",
-                                                 (json_int_t)v[3], "total_bytes", (json_int_t)v[4]));
+                                                 (json_int_t)v[3], "total_bytes", (json_int_t)v[4],
+                                                 "frozen_bytes", (json_int_t)v[5]));
         }
         json_t *o = json_pack("{s:i,s:I,s:I,s:I,s:I,s:o}", "slot", k, "n_params",
                               (json_int_t)zdp_engine_numel(x->eng), "step",
@@ -1224,11 +1262,13 @@ static char *exec_create_(server *s, job *j, int *status) {
     snprintf(x->name, sizeof x->name, "%s", model_id);
     s->cur = x->model;
     s->eng = x->eng;
-    float **v = cur_views_(s);
-    if (v == NULL) serve_die("create_model", &(zdp_error){.msg = "out of memory"});
+    /* Every rank draws the same initial adapters from the seed (at stage 3
+     * each keeps its slice of them). */
+    float **v = adapters_get_(s, false, &err);
+    if (v == NULL) serve_die("create_model", &err);
     zdp_lora_init_params(x->model, v);
-    free(v);
-    if (zdp_engine_sync_params(x->eng, &err) != ZDP_OK) serve_die("create_model", &err);
+    if (adapters_push_(s, v, &err) != ZDP_OK) serve_die("create_model", &err);
+    adapters_free_(s, v);
     if (s->R != 0) return NULL;
     char targets[ZDP_LORA_TARGETS_NAME_MAX];
     zdp_lora_targets_name(lc.targets, lc.modules, targets, sizeof targets);

@@ -93,12 +93,9 @@ zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error 
         return fail_(err, "%s: zdp serve needs unmanaged gradient accumulation (each optim_step request "
                      "is the optimizer step); set \"managed_gradient_accumulation\": false",
                      s->opt.config);
-    /* LoRA at stage 3 would partition the shared base under every model's
-     * engine: not built yet.  --full-finetune gathers what it reads. */
-    if (s->cfg.zero.stage == 3 && !s->opt.full_finetune)
-        return fail_(err, "%s: zero_optimization.stage = 3: zdp serve trains LoRA models over a whole base "
-                     "(stages 0-2) only; set \"stage\" to 2 or lower, or serve the model with --full-finetune "
-                     "(stage 3 partitions its weights)", s->opt.config);
+    /* LoRA at stage 3: each model's engine partitions its own copy of the
+     * base (zdp_model.frozen); s->base stays whole on every rank for
+     * sampling and for creating models (docs/server.md, "ZeRO stage 3"). */
     /* The caller's model (one datum per micro-batch: activation memory for
      * one sequence); a causal LM, since every request is token sequences. */
     zdp_status st = s->opt.lm.create(s->opt.lm.ctx, &s->model, err);

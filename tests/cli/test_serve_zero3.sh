@@ -5,7 +5,10 @@
 # tolerance, greedy /sample tokens equal after every optim_step (stage 3
 # gathers the whole model for them), save_weights files within fp32
 # tolerance, save/load_state round trip, GET /info's gathered_whole_bytes.
-# Also the start-up refusal of LoRA at stage 3, naming the key and the fix.
+# Then the LoRA server (the default mode) at stage 3 against stage 2 at -np 2
+# and 3, driven by tests/serve/zero3_lora_check.py: two models' losses and
+# adapters within fp32 tolerance, greedy samples with each adapter equal,
+# load_state, GET /info's frozen_bytes (each model's partition of the base).
 # usage: test_serve_zero3.sh ZDP_BINARY MPIEXEC
 set -u
 ZDP=$1
@@ -32,10 +35,6 @@ GPT=(--model gpt --n-layer 2 --n-head 2 --n-embd 16 --vocab-size 64 --block-size
   --max-pos 64 --out "$T/qwen" >/dev/null || fail "init-model"
 QWEN=(--model-dir "$T/qwen" --block-size 32)
 
-# LoRA over a partitioned base is not built: refused at start-up.
-expect_error 1 "zero_optimization.stage = 3: zdp serve trains LoRA models over a whole base" \
-  serve "${GPT[@]}" --config "$T/cfg3.json" --port 0
-
 for run in ${RUNS:-gpt:2 gpt:3 qwen:2 qwen:3}; do
   name=${run%%:*} np=${run##*:}
   if [ "$name" = gpt ]; then model=("${GPT[@]}"); else model=("${QWEN[@]}"); fi
@@ -56,6 +55,28 @@ for run in ${RUNS:-gpt:2 gpt:3 qwen:2 qwen:3}; do
   timeout 60 $PY "$HERE/../serve/serve_check.py" compare "$T/ck-$name-$np-2/w.safetensors" \
     "$T/ck-$name-$np-3/w.safetensors" || fail "$name -np $np: save_weights at stage 3 differs from stage 2"
   [ $failures -eq "$before" ] && echo "ok: $name -np $np: stage 3 == stage 2"
+done
+
+LCHECK="$HERE/../serve/zero3_lora_check.py"
+for run in ${LORA_RUNS:-gpt:2 qwen:3}; do
+  name=${run%%:*} np=${run##*:}
+  if [ "$name" = gpt ]; then model=("${GPT[@]}"); else model=("${QWEN[@]}"); fi
+  for stage in 2 3; do
+    dir="$T/lck-$name-$np-$stage"
+    log="$T/lora-$name-$np-$stage.log"
+    start_server "$np" "$log" "${model[@]}" --config "$T/cfg$stage.json" --checkpoint-dir "$dir" \
+      --max-models 2 || continue
+    timeout 300 $PY "$LCHECK" run "$URL" "$dir" "$T/lora-$name-$np-$stage.json" ||
+      fail "zero3_lora_check run $name -np $np stage $stage"
+    stop_server
+    if [ $SERVER_RC -ne 0 ] || ! grep -q "zdp serve: stopped" "$log"; then
+      fail "LoRA $name -np $np stage $stage: no clean stop (exit $SERVER_RC)"; tail -20 "$log"
+    fi
+  done
+  before=$failures
+  timeout 60 $PY "$LCHECK" compare "$T/lora-$name-$np-2.json" "$T/lora-$name-$np-3.json" ||
+    fail "LoRA $name -np $np: stage 3 differs from stage 2"
+  [ $failures -eq "$before" ] && echo "ok: LoRA $name -np $np: stage 3 == stage 2"
 done
 
 finish test_serve_zero3
