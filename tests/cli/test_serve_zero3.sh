@@ -58,7 +58,7 @@ for run in ${RUNS:-gpt:2 gpt:3 qwen:2 qwen:3}; do
 done
 
 LCHECK="$HERE/../serve/zero3_lora_check.py"
-for run in ${LORA_RUNS:-gpt:2 qwen:3}; do
+for run in ${LORA_RUNS:-gpt:2 gpt:3 qwen:2 qwen:3}; do
   name=${run%%:*} np=${run##*:}
   if [ "$name" = gpt ]; then model=("${GPT[@]}"); else model=("${QWEN[@]}"); fi
   for stage in 2 3; do
