@@ -34,6 +34,25 @@ ZDP_API void zdp_kv_destroy(zdp_kv_cache *kv);
  * its largest call so far needed (for memory reports). */
 ZDP_API int64_t zdp_kv_bytes(const zdp_kv_cache *kv);
 ZDP_API int zdp_kv_slots(const zdp_kv_cache *kv);
+/* Packed copies of a model's weight matrices that several caches share:
+ * batched decode steps multiply by them, so one snapshot of the weights is
+ * packed once for every request that samples from it, not once per cache.
+ * For one model (borrowed); used by one thread at a time. */
+typedef struct zdp_kv_packs zdp_kv_packs;
+ZDP_API zdp_status zdp_kv_packs_create(const zdp_model *model, zdp_kv_packs **out,
+                                       zdp_error *err);
+ZDP_API void zdp_kv_packs_destroy(zdp_kv_packs *pk);
+/* Bytes of the copies (for memory reports; not in zdp_kv_bytes). */
+ZDP_API int64_t zdp_kv_packs_bytes(const zdp_kv_packs *pk);
+/* Weight matrices packed so far (each repack counts). */
+ZDP_API int64_t zdp_kv_packs_count(const zdp_kv_packs *pk);
+/* The cache multiplies by pk's copies (NULL, or a store of another model:
+ * its own).  key names the weights the caller will pass: a key other than
+ * the one pk's copies were made under drops every copy (repacked on first
+ * use), so a caller bumps it whenever the weights may have changed (a
+ * generation counter, never a pointer: rewritten weights can sit at the
+ * same address). */
+ZDP_API void zdp_kv_set_packs(zdp_kv_cache *kv, zdp_kv_packs *pk, uint64_t key);
 /* Positions stored in a slot (0 when empty or out of range). */
 ZDP_API int zdp_kv_length(const zdp_kv_cache *kv, int slot);
 /* Empties a slot for a new sequence (and unbinds its adapter). */

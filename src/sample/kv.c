@@ -7,7 +7,8 @@
  * (a prefill's prompt and a decode step's sequences alike); only attention
  * is per row, against its own slot's cached keys and values (rows split
  * over the thread pool).  A pass of 2..PACK_ROWS_ rows (a batched decode
- * step) multiplies by weights packed once per cache (nn.h's packed B:
+ * step) multiplies by weights packed once per cache, or once per weights
+ * snapshot in a store shared by caches (zdp_kv_set_packs; nn.h's packed B:
  * cblas_sgemm would re-pack each weight on every step); one row goes to
  * sgemv, more rows (prefills) to the nn kernels' sgemm.  Parameters are
  * found by name (zdp/gpt.h's and zdp/llama.h's lists), so the models' own
@@ -70,14 +71,25 @@ struct zdp_kv_cache {
     float *x, *h, *qkv, *q, *kk, *vv, *atty, *f1, *f2, *mean, *rstd, *score;
     int *pos;
     int64_t scratch_bytes;
-    /* Packed copies of the weight matrices (nn.h's packed B), made on the
-     * first pass that uses each: (n_params) copy and the weights it was
-     * made from (a pointer: the weights must not change in place while the
-     * cache is in use). */
-    float **packed;
-    const float **packed_src;
-    int64_t packed_bytes;
+    /* Packed copies of the weight matrices: the cache's own, or a store
+     * shared across caches (zdp_kv_set_packs). */
+    zdp_kv_packs *own_pk, *pk;
     int n_threads;
+};
+
+/* Packed copies of the weight matrices (nn.h's packed B), made on the
+ * first pass that uses each: (n_params) copy and the weights it was made
+ * from.  The pointer alone cannot tell rewritten weights (in place, or a
+ * new buffer at a freed one's address), so a shared store is also keyed
+ * on its caller's snapshot generation. */
+struct zdp_kv_packs {
+    const zdp_model *model; /* the copies' shapes are this model's */
+    int n_params;
+    float **packed;
+    const float **src;
+    int64_t bytes;
+    uint64_t key;
+    int64_t packs; /* weights packed so far (tests count the reuse) */
 };
 
 /* Rows of a pass that go to the packed kernels: decode steps of a batch.
@@ -90,6 +102,49 @@ static int find_(const zdp_model *m, const char *fmt, int l) {
     for (int i = 0; i < m->n_params; i++)
         if (strcmp(m->params[i].name, name) == 0) return i;
     return -1;
+}
+
+void zdp_kv_packs_destroy(zdp_kv_packs *pk) {
+    if (pk == NULL) return;
+    for (int i = 0; pk->packed != NULL && i < pk->n_params; i++) free(pk->packed[i]);
+    free(pk->packed);
+    free(pk->src);
+    free(pk);
+}
+
+zdp_status zdp_kv_packs_create(const zdp_model *model, zdp_kv_packs **out, zdp_error *err) {
+    if (out == NULL || model == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_kv_packs_create: model and out must be set");
+    zdp_kv_packs *pk = calloc(1, sizeof *pk);
+    if (pk != NULL) {
+        pk->model = model;
+        pk->n_params = model->n_params;
+        pk->packed = calloc((size_t)(model->n_params > 0 ? model->n_params : 1), sizeof *pk->packed);
+        pk->src = calloc((size_t)(model->n_params > 0 ? model->n_params : 1), sizeof *pk->src);
+    }
+    if (pk == NULL || pk->packed == NULL || pk->src == NULL) {
+        zdp_kv_packs_destroy(pk);
+        *out = NULL;
+        return zdp_err_set(err, ZDP_ERR_NOMEM, "zdp_kv_packs_create: out of memory");
+    }
+    *out = pk;
+    return ZDP_OK;
+}
+
+int64_t zdp_kv_packs_bytes(const zdp_kv_packs *pk) { return pk != NULL ? pk->bytes : 0; }
+
+int64_t zdp_kv_packs_count(const zdp_kv_packs *pk) { return pk != NULL ? pk->packs : 0; }
+
+void zdp_kv_set_packs(zdp_kv_cache *kv, zdp_kv_packs *pk, uint64_t key) {
+    if (kv == NULL) return;
+    if (pk == NULL || pk->model != kv->model) {
+        kv->pk = kv->own_pk;
+        return;
+    }
+    if (pk->key != key) /* another snapshot: every copy is stale */
+        for (int i = 0; i < pk->n_params; i++) pk->src[i] = NULL;
+    pk->key = key;
+    kv->pk = pk;
 }
 
 void zdp_kv_destroy(zdp_kv_cache *kv) {
@@ -113,9 +168,7 @@ void zdp_kv_destroy(zdp_kv_cache *kv) {
     free(kv->rstd);
     free(kv->score);
     free(kv->pos);
-    for (int i = 0; kv->packed != NULL && i < kv->model->n_params; i++) free(kv->packed[i]);
-    free(kv->packed);
-    free(kv->packed_src);
+    zdp_kv_packs_destroy(kv->own_pk);
     free(kv->sites);
     free(kv->slot_lora);
     free(kv->slot_ad);
@@ -164,8 +217,8 @@ zdp_status zdp_kv_create(const zdp_model *model, int n_slots, int max_len, zdp_k
     if (max_len > 0) kv->T = max_len; /* positions per slot */
     const size_t per = (size_t)kv->L * n_slots * kv->T * kv->KV * kv->hd;
     kv->len = calloc((size_t)n_slots, sizeof *kv->len);
-    kv->packed = calloc((size_t)model->n_params, sizeof *kv->packed);
-    kv->packed_src = calloc((size_t)model->n_params, sizeof *kv->packed_src);
+    zdp_kv_packs_create(model, &kv->own_pk, NULL);
+    kv->pk = kv->own_pk;
     kv->n_threads = zdp_pool_size();
     kv->k = malloc(per * sizeof(float));
     kv->v = malloc(per * sizeof(float));
@@ -178,8 +231,7 @@ zdp_status zdp_kv_create(const zdp_model *model, int n_slots, int max_len, zdp_k
         kv->cos = malloc((size_t)kv->T * kv->hd / 2 * sizeof(float));
         kv->sin = malloc((size_t)kv->T * kv->hd / 2 * sizeof(float));
     }
-    if (kv->len == NULL || kv->k == NULL || kv->v == NULL || kv->layer == NULL || kv->packed == NULL ||
-        kv->packed_src == NULL || kv->sites == NULL || kv->slot_lora == NULL || kv->slot_ad == NULL ||
+    if (kv->len == NULL || kv->k == NULL || kv->v == NULL || kv->layer == NULL || kv->own_pk == NULL || kv->sites == NULL || kv->slot_lora == NULL || kv->slot_ad == NULL ||
         (kv->llama && (kv->cos == NULL || kv->sin == NULL))) {
         zdp_kv_destroy(kv);
         return zdp_err_set(err, ZDP_ERR_NOMEM,
@@ -264,7 +316,7 @@ int64_t zdp_kv_bytes(const zdp_kv_cache *kv) {
     if (kv == NULL) return 0;
     int64_t b = 2 * (int64_t)kv->L * kv->n_slots * kv->T * kv->KV * kv->hd * 4;
     if (kv->llama) b += (int64_t)kv->T * kv->hd * 4;
-    return b + kv->scratch_bytes + kv->packed_bytes;
+    return b + kv->scratch_bytes + kv->own_pk->bytes;
 }
 
 int zdp_kv_slots(const zdp_kv_cache *kv) { return kv != NULL ? kv->n_slots : 0; }
@@ -366,17 +418,19 @@ static void pack_range_(void *ctx, int64_t lo, int64_t hi) {
  * its first use; NULL when out of memory (the caller uses sgemm then). */
 static const float *packed_(zdp_kv_cache *kv, const float *const *P, int idx, int64_t K, int64_t N,
                             int trans) {
-    if (kv->packed[idx] != NULL && kv->packed_src[idx] == P[idx]) return kv->packed[idx];
+    zdp_kv_packs *pk = kv->pk;
+    if (pk->packed[idx] != NULL && pk->src[idx] == P[idx]) return pk->packed[idx];
     const int64_t floats = zdp_nn_packed_floats(K, N);
-    if (kv->packed[idx] == NULL) {
-        if ((kv->packed[idx] = malloc((size_t)floats * sizeof(float))) == NULL) return NULL;
-        kv->packed_bytes += floats * 4;
+    if (pk->packed[idx] == NULL) {
+        if ((pk->packed[idx] = malloc((size_t)floats * sizeof(float))) == NULL) return NULL;
+        pk->bytes += floats * 4;
     }
-    pack_job_ j = {.dst = kv->packed[idx], .W = P[idx], .K = K, .N = N, .panel_floats = K * 16,
+    pack_job_ j = {.dst = pk->packed[idx], .W = P[idx], .K = K, .N = N, .panel_floats = K * 16,
                    .trans = trans};
     zdp_nn_parallel_ranges_((N + 15) / 16, 8, pack_range_, &j);
-    kv->packed_src[idx] = P[idx];
-    return kv->packed[idx];
+    pk->src[idx] = P[idx];
+    pk->packs++;
+    return pk->packed[idx];
 }
 
 /* out (N,OC) [+]= inp (N,C) @ W^T + bias, W (OC,C): torch.nn.Linear, any

@@ -519,6 +519,7 @@ static int64_t numel_(const zdp_param_info *p) {
 }
 
 void serve_free_snapshot(server *s) {
+    s->wgen++; /* the packed copies of these weights are stale */
     for (int i = 0; s->snap != NULL && i < s->model.n_params; i++) free(s->snap[i]);
     free(s->snap);
     free(s->snap_path);
@@ -1148,9 +1149,10 @@ static char *exec_info_(server *s, job *j, int *status) {
     int64_t snap = 0;
     for (int i = 0; s->snap != NULL && i < s->model.n_params; i++)
         snap += numel_(&s->model.params[i]) * (int64_t)sizeof(float);
-    int64_t mine[12] = {m.params_bytes, m.grads_bytes, m.grad_partition_bytes, m.bucket_bytes,
+    int64_t mine[14] = {m.params_bytes, m.grads_bytes, m.grad_partition_bytes, m.bucket_bytes,
                         m.optimizer_bytes, m.master_bytes, m.other_bytes, m.total_bytes,
-                        snap, s->kv_bytes_last, s->kv_bytes_peak, s->whole_peak_bytes};
+                        snap, s->kv_bytes_last, s->kv_bytes_peak, s->whole_peak_bytes,
+                        zdp_kv_packs_bytes(s->packs), zdp_kv_packs_count(s->packs)};
     int64_t *all = s->R == 0 ? malloc((size_t)s->W * sizeof mine) : NULL;
     if (s->R == 0 && all == NULL) serve_die("info", &(zdp_error){.msg = "out of memory"});
     zdp_error err;
@@ -1158,8 +1160,8 @@ static char *exec_info_(server *s, job *j, int *status) {
     if (s->R != 0) return NULL;
     json_t *mem = json_array();
     for (int r = 0; r < s->W; r++) {
-        int64_t *x = all + 12 * r;
-        json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", r,
+        int64_t *x = all + 14 * r;
+        json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", r,
                                              "params_bytes", (json_int_t)x[0], "grads_bytes", (json_int_t)x[1],
                                              "grad_partition_bytes", (json_int_t)x[2], "bucket_bytes",
                                              (json_int_t)x[3], "optimizer_bytes", (json_int_t)x[4],
@@ -1167,7 +1169,9 @@ static char *exec_info_(server *s, job *j, int *status) {
                                              (json_int_t)x[6], "total_bytes", (json_int_t)x[7],
                                              "sampler_weights_bytes", (json_int_t)x[8], "kv_cache_bytes",
                                              (json_int_t)x[9], "kv_cache_peak_bytes", (json_int_t)x[10],
-                                             "gathered_whole_bytes", (json_int_t)x[11]));
+                                             "gathered_whole_bytes", (json_int_t)x[11],
+                                             "packed_weights_bytes", (json_int_t)x[12],
+                                             "packed_weights_packs", (json_int_t)x[13]));
     }
     free(all);
     const zdp_optimizer_config *oc = &s->cfg.optimizer;
@@ -1315,5 +1319,7 @@ char *serve_exec(server *s, job *j, int *status) {
         s->cur = s->slots[j->slot].model;
         s->eng = s->slots[j->slot].eng;
     }
+    if (j->op != OP_INFO && j->op != OP_SAMPLE && j->op != OP_SAMPLE_FILE)
+        s->wgen++; /* it may write weights: drop their packed copies */
     return serve_ops[j->op].exec(s, j, status);
 }

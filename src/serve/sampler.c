@@ -109,10 +109,25 @@ static void part_failed_(server *s, part_ *p, const zdp_error *err) {
 
 /* zdp_generate over n sequences, with the cache's size for /info: the
  * cache lives for this call only, so /info reports the last one's size and
- * the largest so far (docs/sampling.md). */
+ * the largest so far (docs/sampling.md).  Its batched decode steps multiply
+ * by the server's packed weights (s->packs), made once per snapshot: the
+ * key is the write generation and which weights these are (live, sampler
+ * file, LoRA base). */
 static zdp_status generate_(server *s, const float *const *params, zdp_gen_seq *g, int64_t n, zdp_error *err) {
     zdp_gen_stats gs = {0};
-    const zdp_status st = zdp_generate(&s->model, params, NULL, g, (int)n, (int)n, &gs, err);
+    int longest = 1;
+    for (int64_t i = 0; i < n; i++)
+        if (g[i].prompt_len + g[i].max_tokens > longest) longest = g[i].prompt_len + g[i].max_tokens;
+    if (longest > s->model.block_size) longest = s->model.block_size; /* zdp_generate refuses, naming it */
+    zdp_kv_cache *kv = NULL;
+    zdp_status st = ZDP_OK;
+    if (s->packs == NULL) st = zdp_kv_packs_create(&s->model, &s->packs, err);
+    if (st == ZDP_OK) st = zdp_kv_create(&s->model, (int)n, longest, &kv, err);
+    if (st != ZDP_OK) return st;
+    const uint64_t which = (const float *const *)s->snap == params ? 1 : (const float *const *)s->base == params ? 2 : 0;
+    zdp_kv_set_packs(kv, s->packs, s->wgen * 4 + which);
+    st = zdp_generate(&s->model, params, kv, g, (int)n, (int)n, &gs, err);
+    zdp_kv_destroy(kv);
     s->kv_bytes_last = gs.kv_bytes;
     if (gs.kv_bytes > s->kv_bytes_peak) s->kv_bytes_peak = gs.kv_bytes;
     return st;

@@ -355,6 +355,13 @@ typedef struct server {
     /* every rank, main thread only: bytes of the KV cache of the last
      * sampling request and of the largest so far (GET /info's memory). */
     int64_t kv_bytes_last, kv_bytes_peak;
+    /* every rank, main thread only: the weights packed for batched decode
+     * steps, shared by every sampling request (sampler.c), and the
+     * generation that keys them: serve_exec bumps it before every request
+     * that may write weights, serve_free_snapshot when the sampler weights
+     * go, so a packed copy is never used after its weights changed. */
+    zdp_kv_packs *packs;
+    uint64_t wgen;
     /* every rank: realpath of --checkpoint-dir, made at start-up.  The path
      * of a save_state/load_state job is relative to it (each rank joins its
      * own, so ranks with their own working directories each use their own

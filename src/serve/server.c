@@ -213,6 +213,7 @@ void zdp_server_destroy(zdp_server *s) {
     if (s->proto.destroy != NULL) s->proto.destroy(s->proto.state);
     serve_free_snapshot(s);
     serve_free_adapters(s);
+    zdp_kv_packs_destroy(s->packs);
     if (s->started) {
         pthread_mutex_destroy(&s->mu);
         pthread_mutex_destroy(&s->body_mu);

@@ -226,7 +226,62 @@ def main(argv):
     if st != 400 or "stop" not in json.dumps(js):
         fail("/sample with an empty stop string: %s %s (wanted 400 naming stop)" % (st, js))
     print("lm_check: %d failure(s)" % FAILURES, flush=True)
+    check_packs(url, tc, data, ids)
     return min(FAILURES, 100)
+
+
+def check_packs(url, tc, data, ids):
+    """Packed weights (docs/sampling.md, "Packed weights"): the copy batched
+    decode steps multiply by is made once per weights snapshot and shared by
+    requests, and dropped when the weights change.  A live greedy /sample, a
+    training step, a live /sample again: the second must be the new weights'
+    (a stale packed copy gives neither the old nor the new continuation), as
+    are 4 greedy samples in one batch from a sampler file saved from them
+    (the prompt's 8-row prefill multiplies by packed copies on every rank)."""
+    def live():
+        st, js = plain(url, "POST", "/sample", {"prompt": ids[:8], "max_tokens": 24, "temperature": 0})
+        if st != 200:
+            fail("packs: /sample %s %s" % (st, js))
+            return []
+        return js["sequences"][0]["tokens"]
+
+    def rows():
+        st, info = plain(url, "GET", "/info")
+        return [(r.get("packed_weights_packs", -1), r.get("packed_weights_bytes", -1)) for r in info.get("memory", [])]
+
+    # Steps towards one token the continuation lacks until the greedy
+    # continuation changes: each live /sample packs the weights it sees.
+    after = live()
+    tgt = next((t for t in ids if t not in after), ids[0])
+    pull = [types.Datum(model_input=d.model_input,
+                        loss_fn_inputs={"target_tokens": [tgt] * d.model_input.length}) for d in data]
+    for _ in range(6):
+        before = after
+        tc.forward_backward(pull, "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+        after = live()
+        if after != before:
+            break
+    if after == before:
+        fail("packs: 6 training steps left the greedy continuation as it was (%s): the check proves nothing" % after)
+    samp = tc.save_weights_and_get_sampling_client()
+    prompt = types.ModelInput.from_ints(ids[:8])
+    greedy = types.SamplingParams(max_tokens=24, temperature=0.0)
+    got = [list(q.tokens) for q in samp.sample(prompt, 4, greedy).result().sequences]
+    if got != [after] * 4:
+        fail("packs: after a training step live /sample gave %s, 4 samples of its sampler file %s" % (after, got))
+    # The same snapshot again: the same tokens and nothing packed anew.
+    r1 = rows()
+    again = [list(q.tokens) for q in samp.sample(prompt, 4, greedy).result().sequences]
+    r2 = rows()
+    if again != got:
+        fail("packs: the same sampler file sampled again gave %s, first %s" % (again, got))
+    per = -(-4 // max(len(r2), 1))  # the 4 samples in blocks of per: ranks past them sample nothing
+    if r1 != r2 or any((p < 1 or b < 1) for r, (p, b) in enumerate(r2) if r * per < 4):
+        fail("packs: /info (packed_weights_packs, packed_weights_bytes) per rank %s, then %s after sampling the"
+             " same snapshot (wanted equal, > 0 on every rank with a share of the 4 samples)" % (r1, r2))
+    print("lm_check: packs: greedy %s -> %s after a step; per rank (packs, bytes) %s" % (before[:6], after[:6], r2),
+          flush=True)
 
 
 if __name__ == "__main__":
