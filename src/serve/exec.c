@@ -41,6 +41,7 @@
 /* ---- execution (every rank) ---------------------------------------------------- */
 
 static int64_t numel_(const zdp_param_info *p);
+static int status_of_(zdp_status st);
 
 void serve_die(const char *what, const zdp_error *err) {
     char msg[ZDP_ERROR_MSG_MAX + 128];
@@ -104,6 +105,44 @@ zdp_status serve_weights_push(server *s, float *const *v, zdp_error *err) {
 void serve_weights_free(server *s, float **v) {
     if (v != NULL && whole_copies_(s)) free(v[0]);
     free(v);
+}
+
+float **serve_base_get(server *s, char *why, size_t why_size) {
+    if (s->store == NULL) return s->base;
+    const int np = s->model.n_params;
+    int64_t n = 0;
+    for (int i = 0; i < np; i++) n += numel_(&s->model.params[i]);
+    float **v = calloc((size_t)np, sizeof *v);
+    float *block = v != NULL ? malloc((size_t)n * sizeof(float)) : NULL; /* (n) every tensor, v[0] first */
+    /* The gathers are collective: every rank has its block first, or none
+     * gathers and the batch fails on every rank. */
+    if (!zdp_dist_all_ok(block != NULL)) {
+        free(block);
+        free(v);
+        snprintf(why, why_size, "out of memory for the whole base weights (%lld floats) that sampling gathers "
+                 "at ZeRO stage 3 on some rank; send a smaller batch or serve with fewer models",
+                 (long long)n);
+        return NULL;
+    }
+    int64_t off = 0;
+    for (int i = 0; i < np; off += numel_(&s->model.params[i]), i++) v[i] = block + off;
+    zdp_error err = {0};
+    for (int i = 0; i < np; i++)
+        if (zdp_frozen_store_get(s->store, i, v[i], &err) != ZDP_OK) serve_die("gather the base", &err);
+    const int64_t bytes = n * (int64_t)sizeof(float);
+    if (bytes > s->whole_peak_bytes) s->whole_peak_bytes = bytes;
+    s->base_now = v;
+    return v;
+}
+
+void serve_base_free(server *s, float **v) {
+    if (v == NULL || s->store == NULL) return;
+    free(v[0]);
+    free(v);
+    s->base_now = NULL;
+    /* The weights packed from it are a copy of the whole base too. */
+    zdp_kv_packs_destroy(s->packs);
+    s->packs = NULL;
 }
 
 /* The tensors of the model being trained (s->cur, a LoRA model's adapters):
@@ -171,7 +210,20 @@ static char *exec_fwd_(server *s, job *j, int *status) {
     const int64_t rounds = (n + s->W - 1) / s->W;
     static const int32_t pad = 0;
     zdp_error err;
-    for (int64_t r = 0; r < rounds; r++) {
+    /* At stage 3 a failed pass (a gather that could not allocate on some
+     * rank) fails on every rank alike, in the same pass (the engine's
+     * agreement rows): every rank leaves the loop there and the request
+     * fails.  Below stage 3 a pass has no such agreement: a failure dies. */
+    const bool agreed = s->cfg.zero.stage == 3;
+    zdp_status fst = ZDP_OK;
+    zdp_error ferr = {0};
+#define FWD_FAIL_(what)                              \
+    do {                                             \
+        if (!agreed) serve_die(what, &err);          \
+        fst = err.code;                              \
+        ferr = err;                                  \
+    } while (0)
+    for (int64_t r = 0; r < rounds && fst == ZDP_OK; r++) {
         const int64_t i = r * s->W + s->R;
         if (i < n) {
             const int64_t o = off[i];
@@ -179,7 +231,10 @@ static char *exec_fwd_(server *s, job *j, int *status) {
             zdp_lm_batch b = {.inputs = tok + o, .targets = tgt + o, .weights = w + o,
                                .logprobs = lp + o, .B = 1, .T = len[i]};
             float loss;
-            if (zdp_engine_forward(s->eng, &b, &loss, &err) != ZDP_OK) serve_die("forward", &err);
+            if (zdp_engine_forward(s->eng, &b, &loss, &err) != ZDP_OK) {
+                FWD_FAIL_("forward");
+                break;
+            }
             if (!bwd) continue;
             if (h.loss != ZDP_LOSS_CROSS_ENTROPY) {
                 /* A policy loss: its gradient is the weighted cross-entropy's with
@@ -192,16 +247,32 @@ static char *exec_fwd_(server *s, job *j, int *status) {
             /* d(sum_t c_t CE_t)/dθ: times N against the mean over positions, times W
              * against the engine's mean over ranks. */
             if (zdp_engine_backward(s->eng, false, (float)len[i] * (float)s->W, &err) != ZDP_OK)
-                serve_die("backward", &err);
+                FWD_FAIL_("backward");
         } else if (bwd || s->cfg.zero.stage == 3) {
             /* No datum left for this rank: a zero-weight micro-batch keeps the
              * backward() count, and stage 2's reductions, equal on all ranks
              * (and at stage 3 the forward's gathers, forward alone too). */
             zdp_lm_batch b = {.inputs = &pad, .targets = &pad, .B = 1, .T = 1};
             float loss;
-            if (zdp_engine_forward(s->eng, &b, &loss, &err) != ZDP_OK) serve_die("forward", &err);
-            if (bwd && zdp_engine_backward(s->eng, false, 0.0f, &err) != ZDP_OK) serve_die("backward", &err);
+            if (zdp_engine_forward(s->eng, &b, &loss, &err) != ZDP_OK) FWD_FAIL_("forward");
+            else if (bwd && zdp_engine_backward(s->eng, false, 0.0f, &err) != ZDP_OK) FWD_FAIL_("backward");
         }
+    }
+#undef FWD_FAIL_
+    /* The engine made the verdict the same on every rank; this checks it
+     * (a rank that disagrees would leave the others in a collective). */
+    if (agreed && s->W > 1 && zdp_dist_all_ok(fst == ZDP_OK) != (fst == ZDP_OK))
+        serve_die("forward_backward", &(zdp_error){.msg = "the ranks disagree on a stage-3 pass's verdict "
+                                                          "(a bug in zdp)"});
+    if (fst != ZDP_OK) {
+        free(off);
+        free(lp);
+        free(coef);
+        free(el);
+        if (s->R != 0) return NULL;
+        fprintf(stderr, "zdp serve: %s failed on every rank: %s\n", bwd ? "forward_backward" : "forward", ferr.msg);
+        *status = status_of_(fst);
+        return serve_error_body("forward_backward", ferr.msg);
     }
     /* Each position was filled by exactly one rank, the others hold 0: a sum
      * gathers them exactly. */
@@ -643,7 +714,16 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
         const serve_adapter *a = adapter_of_(s, path, s->ad_clock + 1, &err);
         if (a == NULL) why = adapter_why_(&err);
         const serve_sample_spec sp = sample_file_spec_(j, &rq, a);
-        return serve_sampler_run(s, (const float *const *)s->base, &sp, a == NULL ? &why : NULL, status);
+        char bwhy[ZDP_ERROR_MSG_MAX];
+        float **base = serve_base_get(s, bwhy, sizeof bwhy);
+        if (base == NULL && a != NULL) {
+            why = (verr){.status = 500, .field = "model_path"};
+            snprintf(why.msg, sizeof why.msg, "%s", bwhy);
+        }
+        char *body = serve_sampler_run(s, (const float *const *)base, &sp, a == NULL || base == NULL ? &why : NULL,
+                                       status);
+        serve_base_free(s, base);
+        return body;
     }
     const struct timespec t = mtime_(path);
     if (s->snap_path == NULL || strcmp(s->snap_path, path) != 0 || !same_time_(s->snap_mtime, t)) {
@@ -690,7 +770,16 @@ void serve_exec_sample_batch(server *s, job **jobs, int n, int *statuses, char *
         wp[m] = a == NULL ? &whys[m] : NULL;
         idx[m++] = k;
     }
-    serve_sampler_run_many(s, (const float *const *)s->base, sps, wp, m, st, bd);
+    char bwhy[ZDP_ERROR_MSG_MAX];
+    float **base = m > 0 ? serve_base_get(s, bwhy, sizeof bwhy) : NULL;
+    for (int i = 0; m > 0 && base == NULL && i < m; i++) /* every rank alike: nothing samples */
+        if (wp[i] == NULL) {
+            whys[i] = (verr){.status = 500, .field = "model_path"};
+            snprintf(whys[i].msg, sizeof whys[i].msg, "%s", bwhy);
+            wp[i] = &whys[i];
+        }
+    serve_sampler_run_many(s, (const float *const *)base, sps, wp, m, st, bd);
+    serve_base_free(s, base);
     for (int i = 0; i < m; i++) {
         statuses[idx[i]] = st[i];
         bodies[idx[i]] = bd[i];
@@ -1127,13 +1216,38 @@ static char *exec_info_(server *s, job *j, int *status) {
     (void)j;
     json_t *models = models_json_(s);
     if (serve_lora(s)) {
-        if (s->R != 0) return NULL;
         int64_t base = 0;
         for (int i = 0; i < s->model.n_params; i++) base += numel_(&s->model.params[i]) * (int64_t)sizeof(float);
+        /* The server's own rows, once per rank (not per model): the base it
+         * holds whole (stages 0-2) or its one partition shared by every
+         * model (stage 3: zdp_frozen_store), and what sampling holds. */
+        enum { KB = 7 };
+        zdp_memory_report fm;
+        zdp_frozen_store_memory_report(s->store, &fm);
+        int64_t mine[KB] = {s->store == NULL ? base : 0, fm.frozen_bytes, fm.other_bytes,
+                            s->whole_peak_bytes, s->kv_bytes_peak, zdp_kv_packs_bytes(s->packs),
+                            zdp_kv_packs_count(s->packs)};
+        int64_t *all = s->R == 0 ? malloc((size_t)s->W * sizeof mine) : NULL;
+        if (s->R == 0 && all == NULL) serve_die("info", &(zdp_error){.msg = "out of memory"});
+        zdp_error gerr;
+        if (zdp_channel_gather(s->ch, mine, (int64_t)sizeof mine, all, &gerr) != ZDP_OK) serve_die("info", &gerr);
+        if (s->R != 0) return NULL;
+        json_t *mem = json_array();
+        for (int r = 0; r < s->W; r++) {
+            const int64_t *x = all + KB * r;
+            json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", r, "base_whole_bytes",
+                                                 (json_int_t)x[0], "base_partition_bytes", (json_int_t)x[1],
+                                                 "base_other_bytes", (json_int_t)x[2], "gathered_whole_bytes",
+                                                 (json_int_t)x[3], "kv_cache_peak_bytes", (json_int_t)x[4],
+                                                 "packed_weights_bytes", (json_int_t)x[5], "packed_weights_packs",
+                                                 (json_int_t)x[6]));
+        }
+        free(all);
         json_t *o = json_pack("{s:o,s:i,s:i,s:s,s:i,s:f,s:I,s:o,s:I}", "model", model_json_(s), "world_size", s->W,
                               "zero_stage", s->cfg.zero.stage, "mode", "lora", "max_models", s->opt.max_models,
                               "model_idle_timeout_seconds", s->opt.model_idle_timeout_s, "base_bytes",
                               (json_int_t)base, "models", models, "max_body_bytes", (json_int_t)s->opt.max_body);
+        json_object_set_new(o, "memory", mem);
         json_object_set_new(o, "requests", requests_json_(s));
         json_object_set_new(o, "limits", limits_json_(s));
         *status = 200;
@@ -1239,7 +1353,9 @@ static char *exec_create_(server *s, job *j, int *status) {
     zdp_error err = {0};
     zdp_status st = zdp_lora_create(&s->model, (const float *const *)s->base, &lc, &x->lora, &err);
     bool made = st == ZDP_OK;
-    if (made && (st = zdp_engine_create(&s->cfg, &x->lora, &x->eng, &err)) != ZDP_OK) {
+    /* At stage 3 the engine borrows the server's one partition of the base. */
+    if (made && (st = s->store != NULL ? zdp_engine_create_shared(&s->cfg, &x->lora, s->store, &x->eng, &err)
+                                       : zdp_engine_create(&s->cfg, &x->lora, &x->eng, &err)) != ZDP_OK) {
         zdp_lora_destroy(&x->lora);
         made = false;
     }

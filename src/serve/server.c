@@ -93,9 +93,6 @@ zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error 
         return fail_(err, "%s: zdp serve needs unmanaged gradient accumulation (each optim_step request "
                      "is the optimizer step); set \"managed_gradient_accumulation\": false",
                      s->opt.config);
-    /* LoRA at stage 3: each model's engine partitions its own copy of the
-     * base (zdp_model.frozen); s->base stays whole on every rank for
-     * sampling and for creating models (docs/server.md, "ZeRO stage 3"). */
     /* The caller's model (one datum per micro-batch: activation memory for
      * one sequence); a causal LM, since every request is token sequences. */
     zdp_status st = s->opt.lm.create(s->opt.lm.ctx, &s->model, err);
@@ -136,6 +133,18 @@ zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error 
             return fail_(err, "out of memory for the base weights");
     }
     if ((st = s->opt.lm.init(s->opt.lm.ctx, &s->model, s->base, err)) != ZDP_OK) return st;
+    if (s->cfg.zero.stage == 3) {
+        /* Stage 3: the base partitioned once per rank, 1/W, shared by every
+         * model's engine; the whole copy goes (sampling gathers it back for
+         * each batch, serve_base_get). */
+        const zdp_frozen fz = {.n_params = s->model.n_params, .params = s->model.params,
+                               .data = (const float *const *)s->base};
+        if ((st = zdp_frozen_store_create(&s->cfg, &fz, &s->store, err)) != ZDP_OK) return st;
+        for (int i = 0; i < s->model.n_params; i++) {
+            free(s->base[i]);
+            s->base[i] = NULL;
+        }
+    }
     /* A model LoRA cannot adapt is refused now, not at the first create_model. */
     zdp_model probe;
     const zdp_lora_config lc = {.rank = 1, .targets = ZDP_LORA_ALL};
@@ -230,6 +239,7 @@ void zdp_server_destroy(zdp_server *s) {
     if (s->opt.full_finetune && s->slots != NULL) zdp_engine_destroy(s->slots[0].eng);
     for (int k = 0; s->slots != NULL && k < s->opt.max_models; k++) serve_slot_free(s, k);
     free(s->slots);
+    zdp_frozen_store_destroy(s->store); /* after the last model that borrowed it */
     for (int i = 0; s->base != NULL && i < s->model.n_params; i++) free(s->base[i]);
     free(s->base);
     if (s->have_model) s->opt.lm.destroy(s->opt.lm.ctx, &s->model);

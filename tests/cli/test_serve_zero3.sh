@@ -5,10 +5,14 @@
 # tolerance, greedy /sample tokens equal after every optim_step (stage 3
 # gathers the whole model for them), save_weights files within fp32
 # tolerance, save/load_state round trip, GET /info's gathered_whole_bytes.
-# Then the LoRA server (the default mode) at stage 3 against stage 2 at -np 2
-# and 3, driven by tests/serve/zero3_lora_check.py: two models' losses and
-# adapters within fp32 tolerance, greedy samples with each adapter equal,
-# load_state, GET /info's frozen_bytes (each model's partition of the base).
+# Then the LoRA server (the default mode) at stage 3 against stage 2 at -np
+# 1-4 (GPT) and 2-3 (Qwen3), driven by tests/serve/zero3_lora_check.py: two
+# models' losses and adapters within fp32 tolerance, a third created, trained
+# and unloaded between their requests, greedy samples with each adapter
+# equal, load_state, GET /info's memory rows (the base's partition once per
+# rank, base / W, not once per model).  Last, stage 3 with gather failures
+# injected on one rank (ZDP_TEST_FAIL_GATHER, ZDP_TEST_FAIL_FROZEN_GATHER):
+# each fails its request on every rank and the next request works.
 # usage: test_serve_zero3.sh ZDP_BINARY MPIEXEC
 set -u
 ZDP=$1
@@ -58,14 +62,14 @@ for run in ${RUNS:-gpt:2 gpt:3 qwen:2 qwen:3}; do
 done
 
 LCHECK="$HERE/../serve/zero3_lora_check.py"
-for run in ${LORA_RUNS:-gpt:2 gpt:3 qwen:2 qwen:3}; do
+for run in ${LORA_RUNS:-gpt:1 gpt:2 gpt:3 gpt:4 qwen:2 qwen:3}; do
   name=${run%%:*} np=${run##*:}
   if [ "$name" = gpt ]; then model=("${GPT[@]}"); else model=("${QWEN[@]}"); fi
   for stage in 2 3; do
     dir="$T/lck-$name-$np-$stage"
     log="$T/lora-$name-$np-$stage.log"
     start_server "$np" "$log" "${model[@]}" --config "$T/cfg$stage.json" --checkpoint-dir "$dir" \
-      --max-models 2 || continue
+      --max-models 3 || continue
     timeout 300 $PY "$LCHECK" run "$URL" "$dir" "$T/lora-$name-$np-$stage.json" ||
       fail "zero3_lora_check run $name -np $np stage $stage"
     stop_server
@@ -77,6 +81,17 @@ for run in ${LORA_RUNS:-gpt:2 gpt:3 qwen:2 qwen:3}; do
   timeout 60 $PY "$LCHECK" compare "$T/lora-$name-$np-2.json" "$T/lora-$name-$np-3.json" ||
     fail "LoRA $name -np $np: stage 3 differs from stage 2"
   [ $failures -eq "$before" ] && echo "ok: LoRA $name -np $np: stage 3 == stage 2"
+done
+
+for np in ${FAULT_RUNS:-2 3}; do
+  log="$T/faults-$np.log"
+  ZDP_TEST_FAIL_GATHER=1:1 ZDP_TEST_FAIL_FROZEN_GATHER=0:2 \
+    start_server "$np" "$log" "${GPT[@]}" --config "$T/cfg3.json" --checkpoint-dir "$T/fck-$np" || continue
+  timeout 300 $PY "$LCHECK" faults "$URL" || fail "zero3_lora_check faults -np $np"
+  stop_server
+  if [ $SERVER_RC -ne 0 ] || ! grep -q "zdp serve: stopped" "$log"; then
+    fail "faults -np $np: no clean stop (exit $SERVER_RC)"; tail -20 "$log"
+  fi
 done
 
 finish test_serve_zero3

@@ -58,6 +58,79 @@ def greedy(sc, tc, what):
     return r["sequences"][0]["tokens"]
 
 
+def check_memory(info):
+    """GET /info: the base once per rank, not once per model.  At stage 3 the
+    server's rows show its one partition (about base / W: the flat buffer is
+    padded to a multiple of 2W) and no whole copy, except the one sampling
+    gathered (gathered_whole_bytes, the most held at once: the base); each
+    model's rows show no base partition of its own (frozen_bytes 0).  At
+    stages 0-2 the whole base, once."""
+    stage, W, base = info.get("zero_stage"), info.get("world_size"), info.get("base_bytes", 0)
+    rows = info.get("memory", [])
+    if len(rows) != W:
+        fail("GET /info: %d server memory rows for %d ranks" % (len(rows), W))
+    for row in rows:
+        r, part, whole = row.get("rank"), row.get("base_partition_bytes"), row.get("base_whole_bytes")
+        if stage == 3:
+            if not (base // W <= part <= base // W + 8 * W) or whole != 0:
+                fail("GET /info rank %s: base_partition_bytes %s, base_whole_bytes %s; wanted about base / W = %d "
+                     "and 0" % (r, part, whole, base // W))
+            if row.get("gathered_whole_bytes") != base:
+                fail("GET /info rank %s: gathered_whole_bytes %s, wanted the base (%d) gathered for sampling"
+                     % (r, row.get("gathered_whole_bytes"), base))
+        elif part != 0 or whole != base:
+            fail("GET /info rank %s: base_partition_bytes %s, base_whole_bytes %s at stage %s; wanted 0 and %d"
+                 % (r, part, whole, stage, base))
+    per_rank = [row.get("base_partition_bytes", 0) + row.get("base_whole_bytes", 0) for row in rows]
+    for m in info.get("models", []):
+        for r, row in enumerate(m.get("memory", [])):
+            if row.get("frozen_bytes") != 0:
+                fail("GET /info model %s rank %d: frozen_bytes %s: the model holds base weights of its own "
+                     "(the server's base is shared)" % (m.get("model_id"), r, row.get("frozen_bytes")))
+            if r < len(per_rank):
+                per_rank[r] += row.get("frozen_bytes", 0)
+    # The base's bytes on each rank, all models together: base / W at stage 3,
+    # whatever the number of models (K x base / W if each had its own copy).
+    want = base // W if stage == 3 else base
+    for r, got in enumerate(per_rank):
+        if not (want <= got <= want + 8 * W):
+            fail("GET /info rank %d: %d bytes of base weights with %d models, wanted about %d"
+                 % (r, got, len(info.get("models", [])), want))
+
+
+def faults(url):
+    """Stage 3 with ZDP_TEST_FAIL_GATHER=1:1 (rank 1's first adapter gather
+    in each model's engine fails) and ZDP_TEST_FAIL_FROZEN_GATHER=0:2 (rank 0's second gather of the
+    shared base fails): each failing request fails on every rank, nothing
+    changes, and the next request works."""
+    sc = M.client(url)
+    name = sc.get_server_capabilities()["supported_models"][0]["model_name"]
+    a = sc.create_lora_training_client(name, rank=4, seed=11)
+    M.expect_failure(lambda: a.forward_backward(M.DATA_A, "cross_entropy").result(),
+                     "forward_backward with rank 1's adapter gather failing", "rank 1")
+    M.expect_failure(lambda: a.forward_backward(M.DATA_A, "cross_entropy").result(),
+                     "forward_backward with rank 0's base gather failing", "rank 0")
+    got = loss(a.forward_backward(M.DATA_A, "cross_entropy").result())
+    a.optim_step(ADAM).result()
+    # A model created after the failures: its engine's first gather on rank 1
+    # fails too (the hook counts per engine), the next request works.
+    b = sc.create_lora_training_client(name, rank=2, seed=5)
+    M.expect_failure(lambda: b.forward(M.DATA_A, "cross_entropy").result(),
+                     "a new model's forward with rank 1's adapter gather failing", "rank 1")
+    fresh = loss(b.forward(M.DATA_A, "cross_entropy").result())
+    # Fresh adapters (B = 0) leave the base's output: a's first loss that
+    # came through equals a fresh model's, so the failures changed nothing.
+    if not close(got, fresh):
+        fail("after the failed requests: loss %r, a fresh model's %r" % (got, fresh))
+    moved = loss(a.forward(M.DATA_A, "cross_entropy").result())
+    if close(moved, got):
+        fail("the optim_step after the failed requests did not train (loss %r before and after)" % got)
+    if not greedy(sc, a, "after-faults"):
+        fail("sampling after the failed requests returned nothing")
+    check_memory(M.info(url))
+    print("zero3_lora_check faults: each injected gather failure failed its request; the next ones worked")
+
+
 def floats(raw):
     return array.array("f", raw).tolist()
 
@@ -72,6 +145,15 @@ def run(url, ckdir, out):
         res["tokens"].append(greedy(sc, tc, "fresh-" + tag))
     for k in range(3):
         ra = a.forward_backward(M.DATA_A, "cross_entropy")
+        if k == 1:
+            # A third model created, trained and unloaded between a's and b's
+            # requests: it borrows the same base and leaves it as it was.
+            c = sc.create_lora_training_client(name, rank=3, seed=7)
+            rc = c.forward_backward(M.DATA_B, "cross_entropy")
+            c.optim_step(ADAM).result()
+            res["losses"].append(loss(rc.result()))
+            res["losses"].append(loss(c.forward(M.DATA_B, "cross_entropy").result()))
+            c.unload().result()
         rb = b.forward_backward(M.DATA_B, "cross_entropy")
         oa, ob = a.optim_step(ADAM), b.optim_step(ADAM)
         res["losses"] += [loss(ra.result()), loss(rb.result())]
@@ -95,21 +177,8 @@ def run(url, ckdir, out):
         fail("load_state: loss %r after, %r at the save, %r in between (wanted after == at save != between)"
              % (again, at_save, moved))
     res["losses"] += [at_save, again]
+    check_memory(M.info(url))
     info = M.info(url)
-    stage, W, base = info.get("zero_stage"), info.get("world_size"), info.get("base_bytes", 0)
-    res["zero_stage"] = stage
-    for m in info.get("models", []):
-        fz = [row.get("frozen_bytes") for row in m.get("memory", [])]
-        if len(fz) != W:
-            fail("GET /info model %s: %d memory rows for %d ranks" % (m.get("model_id"), len(fz), W))
-        for r, f in enumerate(fz):
-            # Stage 3: this rank's partition of the base, about base / W (the
-            # flat buffer is padded to a multiple of 2W); none at stages 0-2.
-            if stage == 3 and not (base // W <= f <= base // W + 8 * W):
-                fail("GET /info model %s rank %d: frozen_bytes %s, wanted about base_bytes / W = %d"
-                     % (m.get("model_id"), r, f, base // W))
-            if stage != 3 and f != 0:
-                fail("GET /info model %s rank %d: frozen_bytes %s at stage %s" % (m.get("model_id"), r, f, stage))
     if len(info.get("models", [])) != 2:
         fail("GET /info lists %d models, wanted 2" % len(info.get("models", [])))
     with open(out, "w") as f:
@@ -142,12 +211,14 @@ def compare(pa, pb):
 
 
 def main():
-    if len(sys.argv) == 5 and sys.argv[1] == "run":
+    if len(sys.argv) == 3 and sys.argv[1] == "faults":
+        faults(sys.argv[2])
+    elif len(sys.argv) == 5 and sys.argv[1] == "run":
         run(sys.argv[2], sys.argv[3], sys.argv[4])
     elif len(sys.argv) == 4 and sys.argv[1] == "compare":
         compare(sys.argv[2], sys.argv[3])
     else:
-        sys.exit("usage: zero3_lora_check.py run URL CHECKPOINT_DIR OUT.json | compare A.json B.json")
+        sys.exit("usage: zero3_lora_check.py run URL CHECKPOINT_DIR OUT.json | compare A.json B.json | faults URL")
     sys.exit(min(FAILURES + M.failures, 100))
 
 
