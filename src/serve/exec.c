@@ -1224,7 +1224,10 @@ static char *exec_info_(server *s, job *j, int *status) {
         enum { KB = 7 };
         zdp_memory_report fm;
         zdp_frozen_store_memory_report(s->store, &fm);
-        int64_t mine[KB] = {s->store == NULL ? base : 0, fm.frozen_bytes, fm.other_bytes,
+        int64_t held = 0; /* the whole base tensors this rank holds (none at stage 3) */
+        for (int i = 0; s->base != NULL && i < s->model.n_params; i++)
+            if (s->base[i] != NULL) held += numel_(&s->model.params[i]) * (int64_t)sizeof(float);
+        int64_t mine[KB] = {held, fm.frozen_bytes, fm.other_bytes,
                             s->whole_peak_bytes, s->kv_bytes_peak, zdp_kv_packs_bytes(s->packs),
                             zdp_kv_packs_count(s->packs)};
         int64_t *all = s->R == 0 ? malloc((size_t)s->W * sizeof mine) : NULL;
