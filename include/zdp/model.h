@@ -95,7 +95,9 @@ typedef struct zdp_lm_ops {
  * the parameters (no gradient, no optimizer state), and points *src at its
  * own source over them, which gathers them layer by layer as it does the
  * parameters; zdp_engine_destroy points it back (destroy the engine before
- * the model).  data is read once, at zdp_engine_create. */
+ * the model).  data is read once, at zdp_engine_create; not at all by
+ * zdp_engine_create_shared, whose engine borrows one partition of them
+ * shared with other engines (zdp_frozen_store, zdp/engine.h). */
 typedef struct zdp_frozen {
     int n_params;
     const zdp_param_info *params; /* (n_params) */

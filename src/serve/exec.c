@@ -570,7 +570,9 @@ static char *exec_sample_(server *s, job *j, int *status) {
         serve_die("sample", &(zdp_error){.msg = "a malformed request (a bug in zdp)"});
     const sample_req r = rq.r;
     zdp_error err = {0};
-    float **v = serve_weights_get(s, true, &err);
+    /* A LoRA server samples its base (at stage 3 gathered for this request). */
+    const bool lora = serve_lora(s);
+    float **v = lora ? serve_base_get(s, err.msg, sizeof err.msg) : serve_weights_get(s, true, &err);
     verr why = {.status = 500};
     if (v == NULL) snprintf(why.msg, sizeof why.msg, "%s", err.msg);
     const serve_sample_spec sp = {.j = j, .prompt = rq.prompt, .n_prompt = r.n, .num_samples = 1,
@@ -579,7 +581,8 @@ static char *exec_sample_(server *s, job *j, int *status) {
                                   .seed = (uint64_t)r.seed, .stop = rq.stop, .stop_str = rq.stop_str,
                                   .prompt_length = r.n};
     char *body = serve_sampler_run(s, (const float *const *)v, &sp, v == NULL ? &why : NULL, status);
-    serve_weights_free(s, v);
+    if (lora) serve_base_free(s, v);
+    else serve_weights_free(s, v);
     return body;
 }
 

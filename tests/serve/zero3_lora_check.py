@@ -143,6 +143,12 @@ def run(url, ckdir, out):
     res = {"losses": [], "tokens": [], "adapters": {}}
     for tc, tag in ((a, "a"), (b, "b")):
         res["tokens"].append(greedy(sc, tc, "fresh-" + tag))
+    # POST /sample (the plain API) samples the base: at stage 3 gathered for it.
+    st, js = M.http(url, "POST", "/sample", {"prompt": PROMPT, "max_tokens": 10, "temperature": 0.0})
+    if st != 200 or "sequences" not in js:
+        fail("POST /sample of the base -> %s %s" % (st, js))
+    else:
+        res["tokens"].append(js["sequences"][0]["tokens"])
     for k in range(3):
         ra = a.forward_backward(M.DATA_A, "cross_entropy")
         if k == 1:
