@@ -70,8 +70,8 @@ ZDP_API void zdp_engine_destroy(zdp_engine *eng);
  * one at a time (one pass of one engine at a time on a rank, every rank in
  * the same order); a pass that finds the store in another's pass fails. */
 typedef struct zdp_frozen_store zdp_frozen_store;
-/* Partitions fz's tensors (fz->data, whole, read here only; fz->src is not
- * used) 1/W per rank.  Stage 3 only.  Not collective.  On failure *out is
+/* Partitions fz's tensors 1/W per rank, reading only this rank's slice of
+ * each through fz->read (here only; fz->src is not used).  Stage 3 only.  Not collective.  On failure *out is
  * NULL. */
 ZDP_API zdp_status zdp_frozen_store_create(const zdp_config *cfg, const zdp_frozen *fz,
                                            zdp_frozen_store **out, zdp_error *err);
@@ -88,8 +88,8 @@ ZDP_API void zdp_frozen_store_memory_report(const zdp_frozen_store *store,
                                             zdp_memory_report *out);
 /* COLLECTIVE.  zdp_engine_create for a model whose frozen weights
  * (zdp_model.frozen, same tensors as the store's, checked by name and size)
- * are read from `store` instead of partitioned anew: model->frozen->data is
- * not read, and the engine's memory report counts none of the store's bytes
+ * are read from `store` instead of partitioned anew: model->frozen->read is
+ * not called, and the engine's memory report counts none of the store's bytes
  * (frozen_bytes 0).  Stage 3 only.  Destroying the engine leaves the store
  * as it was. */
 ZDP_API zdp_status zdp_engine_create_shared(const zdp_config *cfg, const zdp_model *model,
@@ -107,6 +107,15 @@ ZDP_API float *zdp_engine_param_data(zdp_engine *eng, int i);
  * rank 0 does not hold).  Between steps only. */
 ZDP_API zdp_status zdp_engine_set_param(zdp_engine *eng, int i, const float *data,
                                         zdp_error *err);
+/* Reads what this rank holds of every parameter tensor through read(ctx,
+ * i, lo, hi, dst, err) (zdp_tensor_read_fn; zdp_hf_reader_read reads a
+ * model folder): at stage 3 only the slice of each tensor inside this
+ * rank's partition, straight into it, so no rank ever holds a whole
+ * tensor it does not own; at stages 0-2 every tensor whole.  Not
+ * collective; between steps only; call zdp_engine_sync_params afterwards.
+ * The first read error is returned (the tensors before it are written). */
+ZDP_API zdp_status zdp_engine_load_params(zdp_engine *eng, zdp_tensor_read_fn read, void *ctx,
+                                          zdp_error *err);
 /* COLLECTIVE at stage 3 (every rank calls it for the same i): copies tensor
  * i's values into out (numel floats), gathering it from the partitions. */
 ZDP_API zdp_status zdp_engine_get_param(zdp_engine *eng, int i, float *out, zdp_error *err);

@@ -25,6 +25,15 @@ int64_t zdp_io_numel(const int64_t *shape, int ndim);
  * NaN stays a quiet NaN, infinities stay infinite. */
 uint16_t zdp_io_f32_to_bf16(float f);
 
+/* The header of a .safetensors file, checked as zdp_safetensors_read checks
+ * it (dtypes, shapes, offsets inside the file, no overlaps), without reading
+ * any tensor: out->tensors[i].data is NULL and (*offsets)[i] (malloc'd; free
+ * it) is the file offset of tensor i's bytes, which safetensors stores
+ * contiguously, so any slice of a tensor is one pread.  Free out with
+ * zdp_safetensors_free. */
+zdp_status zdp_safetensors_read_header(const char *path, zdp_safetensors *out,
+                                       uint64_t **offsets, zdp_error *err);
+
 /* Writes root (taking its reference) to path as indented JSON with a final
  * newline, atomically (temporary file, fsync, rename): hf.c's config.json
  * writer, shared with lora_io.c's adapter_config.json. */

@@ -513,7 +513,39 @@ static zdp_status st_read_tensors_(int fd, const char *path, uint64_t header_byt
     return ZDP_OK;
 }
 
+/* Header-only: each tensor's metadata, data NULL, and *offsets (malloc'd)
+ * the file offset of its bytes. */
+static void st_header_only_(const st_entry_ *entries, size_t n, uint64_t header_bytes,
+                            zdp_tensor *tensors, uint64_t *offsets) {
+    for (size_t i = 0; i < n; i++) {
+        const st_entry_ *e = &entries[i];
+        zdp_tensor *t = &tensors[i];
+        t->dtype = e->dtype;
+        t->ndim = e->ndim;
+        memcpy(t->shape, e->shape, sizeof t->shape);
+        t->nbytes = (size_t)(e->end - e->begin);
+        offsets[i] = 8 + header_bytes + e->begin;
+    }
+}
+
+static zdp_status st_read_(const char *path, zdp_safetensors *out, uint64_t **offsets,
+                           zdp_error *err);
+
 zdp_status zdp_safetensors_read(const char *path, zdp_safetensors *out, zdp_error *err) {
+    return st_read_(path, out, NULL, err);
+}
+
+zdp_status zdp_safetensors_read_header(const char *path, zdp_safetensors *out,
+                                       uint64_t **offsets, zdp_error *err) {
+    if (offsets == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_safetensors_read_header: offsets is NULL");
+    *offsets = NULL;
+    return st_read_(path, out, offsets, err);
+}
+
+/* The whole file, or with offsets its header alone. */
+static zdp_status st_read_(const char *path, zdp_safetensors *out, uint64_t **offsets,
+                           zdp_error *err) {
     if (out == NULL)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_safetensors_read: out is NULL");
     out->n = 0;
@@ -541,7 +573,22 @@ zdp_status zdp_safetensors_read(const char *path, zdp_safetensors *out, zdp_erro
         if (tensors == NULL)
             s = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for %zu tensors", path, n);
     }
-    if (s == ZDP_OK) s = st_read_tensors_(fd, path, header_bytes, entries, n, tensors, err);
+    if (s == ZDP_OK && offsets != NULL) {
+        /* The names are strdup'd here too: they outlive the header. */
+        *offsets = malloc((n > 0 ? n : 1) * sizeof **offsets);
+        if (*offsets == NULL)
+            s = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for %zu tensors", path, n);
+        for (size_t i = 0; s == ZDP_OK && i < n; i++)
+            if ((tensors[i].name = strdup(entries[i].name)) == NULL)
+                s = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory", path);
+        if (s == ZDP_OK) st_header_only_(entries, n, header_bytes, tensors, *offsets);
+        if (s != ZDP_OK) {
+            free(*offsets);
+            *offsets = NULL;
+        }
+    } else if (s == ZDP_OK) {
+        s = st_read_tensors_(fd, path, header_bytes, entries, n, tensors, err);
+    }
     if (s == ZDP_OK) {
         out->n = (int)n;
         out->tensors = tensors;

@@ -42,6 +42,15 @@ typedef struct zdp_serve_model {
     void (*destroy)(void *ctx, zdp_model *model);
     /* The starting weights: a file, a folder's, or a seeded initialisation. */
     zdp_status (*init)(void *ctx, const zdp_model *model, float *const *dst, zdp_error *err);
+    /* Optional (NULL: none): the starting weights a slice at a time, for ZeRO
+     * stage 3, where no rank may hold the whole model: reader_open makes a
+     * reader over them, read_slice (a zdp_tensor_read_fn) reads elements
+     * [lo, hi) of tensor i through it, reader_close frees it.  A model folder
+     * has one (zdp_hf_reader); without it start-up at stage 3 fills whole
+     * copies through init. */
+    zdp_status (*reader_open)(void *ctx, const zdp_model *model, void **reader, zdp_error *err);
+    zdp_tensor_read_fn read_slice;
+    void (*reader_close)(void *reader);
     /* The weights at path (a file save wrote, a checkpoint's model.safetensors,
      * base_weights) into dst, one buffer per model->params entry. */
     zdp_status (*load)(void *ctx, const char *path, const zdp_model *model, float *const *dst,

@@ -73,6 +73,13 @@ static zdp_status load_roots_(server *s, zdp_error *err) {
     return ZDP_OK;
 }
 
+/* zdp_tensor_read_fn over whole tensors in memory (ctx: float **). */
+static zdp_status base_read_(void *ctx, int i, int64_t lo, int64_t hi, float *dst, zdp_error *err) {
+    (void)err;
+    memcpy(dst, ((float *const *)ctx)[i] + lo, (size_t)(hi - lo) * sizeof(float));
+    return ZDP_OK;
+}
+
 zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error *err) {
     server *s = calloc(1, sizeof *s);
     *out = s;
@@ -112,7 +119,16 @@ zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error 
         s->slots[0] = (serve_slot){.uid = 1, .model = &s->model, .eng = s->eng};
         s->cur = &s->model;
         /* Every rank initialises the same values (stage 3 keeps each rank's
-         * slice of them); zdp_server_start syncs. */
+         * slice of them); zdp_server_start syncs.  At stage 3 a reader
+         * brings each rank its slices alone (docs/training.md, "Stage 3
+         * loading"). */
+        if (s->cfg.zero.stage == 3 && s->opt.lm.reader_open != NULL) {
+            void *r = NULL;
+            st = s->opt.lm.reader_open(s->opt.lm.ctx, &s->model, &r, err);
+            if (st == ZDP_OK) st = zdp_engine_load_params(s->eng, s->opt.lm.read_slice, r, err);
+            if (r != NULL) s->opt.lm.reader_close(r);
+            return st;
+        }
         float **v = serve_weights_get(s, false, err);
         if (v == NULL) return err->code;
         st = s->opt.lm.init(s->opt.lm.ctx, &s->model, v, err);
@@ -123,22 +139,34 @@ zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error 
         return st;
     }
     /* LoRA: the base weights, loaded once on every rank and never written;
-     * each model's engine holds its adapters alone. */
+     * each model's engine holds its adapters alone.  At stage 3 the base is
+     * partitioned once per rank, 1/W, in a store every model's engine
+     * borrows (sampling gathers it whole for each batch, serve_base_get):
+     * read a slice at a time where the model has a reader (a model folder:
+     * no rank ever holds the whole base), else initialised whole, copied
+     * in, and freed. */
     s->base = calloc((size_t)s->model.n_params, sizeof *s->base);
     if (s->base == NULL) return fail_(err, "out of memory");
-    for (int i = 0; i < s->model.n_params; i++) {
-        int64_t n = 1;
-        for (int d = 0; d < s->model.params[i].ndim; d++) n *= s->model.params[i].shape[d];
-        if ((s->base[i] = malloc((size_t)n * sizeof(float))) == NULL)
-            return fail_(err, "out of memory for the base weights");
-    }
-    if ((st = s->opt.lm.init(s->opt.lm.ctx, &s->model, s->base, err)) != ZDP_OK) return st;
-    if (s->cfg.zero.stage == 3) {
-        /* Stage 3: the base partitioned once per rank, 1/W, shared by every
-         * model's engine; the whole copy goes (sampling gathers it back for
-         * each batch, serve_base_get). */
+    if (s->cfg.zero.stage == 3 && s->opt.lm.reader_open != NULL) {
+        void *r = NULL;
+        st = s->opt.lm.reader_open(s->opt.lm.ctx, &s->model, &r, err);
         const zdp_frozen fz = {.n_params = s->model.n_params, .params = s->model.params,
-                               .data = (const float *const *)s->base};
+                               .read = s->opt.lm.read_slice, .read_ctx = r};
+        if (st == ZDP_OK) st = zdp_frozen_store_create(&s->cfg, &fz, &s->store, err);
+        if (r != NULL) s->opt.lm.reader_close(r);
+        if (st != ZDP_OK) return st;
+    } else {
+        for (int i = 0; i < s->model.n_params; i++) {
+            int64_t n = 1;
+            for (int d = 0; d < s->model.params[i].ndim; d++) n *= s->model.params[i].shape[d];
+            if ((s->base[i] = malloc((size_t)n * sizeof(float))) == NULL)
+                return fail_(err, "out of memory for the base weights");
+        }
+        if ((st = s->opt.lm.init(s->opt.lm.ctx, &s->model, s->base, err)) != ZDP_OK) return st;
+    }
+    if (s->cfg.zero.stage == 3 && s->store == NULL) {
+        const zdp_frozen fz = {.n_params = s->model.n_params, .params = s->model.params,
+                               .read = base_read_, .read_ctx = s->base};
         if ((st = zdp_frozen_store_create(&s->cfg, &fz, &s->store, err)) != ZDP_OK) return st;
         for (int i = 0; i < s->model.n_params; i++) {
             free(s->base[i]);

@@ -194,6 +194,13 @@ static float *train_(const base_spec *bs, const dist_lm_data *d, int stage, bool
  * (the second after the first is destroyed); each must match the
  * reference, the store must hold base / W per rank once, the engines none
  * of it, and the caller's base (poisoned with NaN) is never read. */
+/* zdp_tensor_read_fn over whole tensors (ctx: float **). */
+static zdp_status read_(void *ctx, int i, int64_t lo, int64_t hi, float *dst, zdp_error *err) {
+    (void)err;
+    memcpy(dst, ((float *const *)ctx)[i] + lo, (size_t)(hi - lo) * sizeof(float));
+    return ZDP_OK;
+}
+
 static void shared_(const base_spec *bs, const dist_lm_data *d, const float *ref, int64_t n_ref) {
     const int b = GLOBAL_B / W;
     zdp_config cfg, cfg2;
@@ -203,8 +210,8 @@ static void shared_(const base_spec *bs, const dist_lm_data *d, const float *ref
     zdp_error err = {0};
     zdp_model base, m[2];
     float **bp = base_make_(bs, b, &base);
-    const zdp_frozen fz = {.n_params = base.n_params, .params = base.params,
-                           .data = (const float *const *)bp};
+    const zdp_frozen fz = {.n_params = base.n_params, .params = base.params, .read = read_,
+                           .read_ctx = bp};
     zdp_frozen_store *store = NULL;
     CHECK_ERR(zdp_frozen_store_create(&cfg2, &fz, &store, &err), ZDP_ERR_CONFIG, err, "stage = 2");
     CHECK(store == NULL);
