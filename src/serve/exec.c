@@ -27,6 +27,9 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,6 +146,12 @@ void serve_base_free(server *s, float **v) {
     /* The weights packed from it are a copy of the whole base too. */
     zdp_kv_packs_destroy(s->packs);
     s->packs = NULL;
+#ifdef __GLIBC__
+    /* glibc keeps large freed blocks in the heap once its mmap threshold
+     * has grown to their size; give them back, or the rank's resident set
+     * keeps the whole base between batches. */
+    malloc_trim(0);
+#endif
 }
 
 /* The tensors of the model being trained (s->cur, a LoRA model's adapters):
