@@ -71,7 +71,8 @@ ZDP_API void zdp_engine_destroy(zdp_engine *eng);
  * the same order); a pass that finds the store in another's pass fails. */
 typedef struct zdp_frozen_store zdp_frozen_store;
 /* Partitions fz's tensors 1/W per rank, reading only this rank's slice of
- * each through fz->read (here only; fz->src is not used).  Stage 3 only.  Not collective.  On failure *out is
+ * each through fz->read (here only; fz->src is not used); fz->params (the
+ * tensors' names and shapes) must outlive the store.  Stage 3 only.  Not collective.  On failure *out is
  * NULL. */
 ZDP_API zdp_status zdp_frozen_store_create(const zdp_config *cfg, const zdp_frozen *fz,
                                            zdp_frozen_store **out, zdp_error *err);
