@@ -146,8 +146,12 @@ ZDP_API zdp_status zdp_hf_save(const char *dir, const zdp_model *model, const fl
  * tokenizer_config.json, special_tokens_map.json, vocab.json, merges.txt,
  * added_tokens.json, encoder.json, vocab.bpe, and generation_config.json,
  * whose token ids generation stops on) into `to`, each atomically;
- * *n_copied (may be NULL) counts them.  A `from` with none of them is
- * ZDP_ERR_IO naming the folder and the files looked for. */
+ * *n_copied (may be NULL) counts them.  When both folders hold a
+ * config.json (to's from zdp_hf_save), the bos_token_id and eos_token_id
+ * of from's (a number, a list or null) are added to to's.  A `from` with
+ * no tokenizer file is ZDP_ERR_IO naming the folder and the files looked
+ * for (the token ids are copied all the same); a config.json that is not a
+ * JSON object is ZDP_ERR_FORMAT naming it. */
 ZDP_API zdp_status zdp_hf_copy_tokenizer(const char *from, const char *to, int *n_copied,
                                          zdp_error *err);
 

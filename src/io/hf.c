@@ -1352,10 +1352,50 @@ done:
 static const char *const hf_tokenizer_files_[] = {
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
     "merges.txt", "added_tokens.json", "encoder.json", "vocab.bpe",
-    /* Not the tokenizer's, but its eos/bos ids are what generate() stops on;
-     * zdp's config.json does not carry token ids. */
+    /* Not the tokenizer's, but its eos/bos ids are what generate() stops on. */
     "generation_config.json",
 };
+
+/* The token ids of from/config.json (bos_token_id, eos_token_id: a number, a
+ * list or null, as transformers writes them) into to/config.json, which
+ * zdp_hf_save wrote without them (the model does not know them): without
+ * them generate() of a folder with no generation_config.json never stops
+ * on eos.  Nothing to do when either config.json is missing or the source
+ * has neither key. */
+static zdp_status hf_copy_token_ids_(const char *from, const char *to, zdp_error *err) {
+    static const char *const keys[] = {"bos_token_id", "eos_token_id"};
+    char src[HF_PATH_MAX], dst[HF_PATH_MAX];
+    snprintf(src, sizeof src, "%s/%s", from, HF_CONFIG);
+    snprintf(dst, sizeof dst, "%s/%s", to, HF_CONFIG);
+    if (!hf_exists_(src) || !hf_exists_(dst)) return ZDP_OK;
+    json_error_t je = {.line = 0};
+    json_t *a = json_load_file(src, JSON_REJECT_DUPLICATES, &je);
+    json_t *b = json_is_object(a) ? json_load_file(dst, JSON_REJECT_DUPLICATES, &je) : NULL;
+    if (!json_is_object(b)) {
+        const char *bad = json_is_object(a) ? dst : src;
+        const bool parsed = json_is_object(a) ? b != NULL : a != NULL;
+        json_decref(a);
+        json_decref(b);
+        if (parsed)
+            return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: not a JSON object; a config.json is "
+                               "one ({\"model_type\": ...})", bad);
+        return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: line %d: %s; fix the JSON", bad, je.line,
+                           je.text);
+    }
+    bool added = false;
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        json_t *v = json_object_get(a, keys[k]);
+        if (v == NULL || json_object_get(b, keys[k]) != NULL) continue;
+        json_object_set(b, keys[k], v);
+        added = true;
+    }
+    json_decref(a);
+    if (!added) {
+        json_decref(b);
+        return ZDP_OK;
+    }
+    return hf_write_json_(dst, b, err); /* takes b */
+}
 
 zdp_status zdp_hf_copy_tokenizer(const char *from, const char *to, int *n_copied,
                                  zdp_error *err) {
@@ -1380,6 +1420,7 @@ zdp_status zdp_hf_copy_tokenizer(const char *from, const char *to, int *n_copied
         if (s != ZDP_OK) break;
         copied++;
     }
+    if (s == ZDP_OK) s = hf_copy_token_ids_(from, to, err);
     if (s == ZDP_OK && copied == 0)
         s = zdp_err_set(err, ZDP_ERR_IO, "%s: no tokenizer files (tokenizer.json, "
                         "tokenizer_config.json, vocab.json + merges.txt, encoder.json + "

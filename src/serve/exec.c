@@ -46,11 +46,13 @@
 static int64_t numel_(const zdp_param_info *p);
 static int status_of_(zdp_status st);
 
+jmp_buf *serve_fatal_jmp = NULL;
+zdp_error serve_fatal_err;
+
 void serve_die(const char *what, const zdp_error *err) {
-    char msg[ZDP_ERROR_MSG_MAX + 128];
-    snprintf(msg, sizeof msg, "%s: %s", what, err->msg);
-    zdp_dist_abort(1, msg);
-    abort(); /* not reached */
+    zdp_err_set(&serve_fatal_err, ZDP_ERR_FATAL, "%s: %s", what, err->msg);
+    if (serve_fatal_jmp != NULL) longjmp(*serve_fatal_jmp, 1);
+    abort(); /* a bug in zdp: serve_die outside zdp_server_run */
 }
 
 float **serve_views(server *s) {
@@ -1436,9 +1438,27 @@ static bool on_model_(int op) {
            op == OP_LOAD_STATE || op == OP_LOAD_WEIGHTS || op == OP_UNLOAD;
 }
 
+/* The test hook ZDP_TEST_SERVE_FATAL=RANK:N: the N-th job this process
+ * runs fails fatally on rank RANK alone, as a failure no agreement covers
+ * would (tests/cli/test_serve_zero3.sh: the tool then ends every rank).
+ * Read once; -1: off. */
+static long long fatal_rank_ = -2, fatal_nth_ = 0, fatal_jobs_ = 0;
+
+static void fatal_hook_(const server *s, const job *j) {
+    if (fatal_rank_ == -2) {
+        const char *h = getenv("ZDP_TEST_SERVE_FATAL");
+        if (h == NULL || sscanf(h, "%lld:%lld", &fatal_rank_, &fatal_nth_) != 2 || fatal_nth_ < 1)
+            fatal_rank_ = -1;
+    }
+    if (fatal_rank_ == s->R && ++fatal_jobs_ == fatal_nth_)
+        serve_die(serve_ops[j->op].name, &(zdp_error){.msg = "ZDP_TEST_SERVE_FATAL: a failure on this "
+                                                             "rank alone (the test hook)"});
+}
+
 char *serve_exec(server *s, job *j, int *status) {
     if (j->op < 0 || j->op >= SERVE_N_OPS || serve_ops[j->op].exec == NULL)
         serve_die("serve", &(zdp_error){.msg = "unknown request type from rank 0 (a bug in zdp)"});
+    fatal_hook_(s, j);
     if (on_model_(j->op)) {
         /* The same table on every rank: each refuses alike, before any collective. */
         if (j->slot < 0 || j->slot >= s->opt.max_models || j->uid == 0 || s->slots[j->slot].uid != j->uid) {

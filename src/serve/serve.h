@@ -10,12 +10,14 @@
  *   (the caller agrees across ranks; a failure on one rank stops all)
  *   zdp_server_start(srv, &err)           COLLECTIVE: weights synced; rank 0 listens
  *   (the caller agrees again)
- *   zdp_server_run(srv)                   COLLECTIVE: serves until SIGINT/SIGTERM
+ *   zdp_server_run(srv, &err)             COLLECTIVE: serves until SIGINT/SIGTERM
  *   zdp_server_destroy(srv)
  *
  * Errors come back as a status and a message naming the flag ("--init W:
- * ..."); the module never exits, except through zdp_dist_abort when a
- * collective step fails on some ranks only (no rank may be left waiting).
+ * ..."); the module never exits.  When a collective step fails on some ranks
+ * only, start or run returns ZDP_ERR_FATAL: the ranks can no longer agree,
+ * and the caller must end the MPI job (zdp_dist_abort) before anything else
+ * -- no rank may be left waiting in a collective.
  */
 #ifndef ZDP_SERVE_SERVE_H
 #define ZDP_SERVE_SERVE_H
@@ -107,12 +109,17 @@ typedef struct server zdp_server;
 zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error *err);
 /* COLLECTIVE.  Gives every rank the same weights, installs the SIGINT/SIGTERM
  * handlers; on rank 0 reads --api-key-file and --allow-path-root and starts
- * the HTTP server (a failure there is rank 0's alone). */
+ * the HTTP server (a failure there is rank 0's alone).  ZDP_ERR_FATAL: a
+ * collective step failed (end the job). */
 zdp_status zdp_server_start(zdp_server *s, zdp_error *err);
 /* COLLECTIVE.  Rank 0 prints the listening line and answers requests; the
- * other ranks execute what rank 0 broadcasts.  Returns when a signal stopped
- * every rank. */
-void zdp_server_run(zdp_server *s);
+ * other ranks execute what rank 0 broadcasts.  Returns ZDP_OK when a signal
+ * stopped every rank; ZDP_ERR_FATAL (err: "what: why") when the ranks can no
+ * longer agree (a collective step failed on some ranks only, e.g. out of
+ * memory mid-request): rank 0 has answered every request with a 500 and
+ * closed HTTP; the caller must end the MPI job (zdp_dist_abort) and may not
+ * run the server again. */
+zdp_status zdp_server_run(zdp_server *s, zdp_error *err);
 /* Stops what zdp_server_start started and frees everything.  NULL is a no-op. */
 void zdp_server_destroy(zdp_server *s);
 

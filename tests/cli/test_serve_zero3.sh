@@ -12,15 +12,13 @@
 # equal, load_state, GET /info's memory rows (the base's partition once per
 # rank, base / W, not once per model).  Last, stage 3 with gather failures
 # injected on one rank (ZDP_TEST_FAIL_GATHER, ZDP_TEST_FAIL_FROZEN_GATHER):
-# each fails its request on every rank and the next request works.
+# each fails its request on every rank and the next request works.  And a
+# failure on one rank alone that no agreement covers (ZDP_TEST_SERVE_FATAL)
+# ends every rank through the tool.
 # usage: test_serve_zero3.sh ZDP_BINARY MPIEXEC
 set -u
-ZDP=$1
-MPIEXEC=$2
-HERE=$(cd "$(dirname "$0")" && pwd)
+source "$(dirname "$0")/serve_lib.sh" "$@" # ZDP MPIEXEC: HERE, PY, $T, fail, start_server
 CHECK="$HERE/../serve/zero3_check.py"
-PY=${PYTHON:-python3}
-source "$HERE/serve_lib.sh"
 
 config() {
   cat <<JSON
@@ -38,6 +36,33 @@ GPT=(--model gpt --n-layer 2 --n-head 2 --n-embd 16 --vocab-size 64 --block-size
 "$ZDP" init-model --arch qwen3 --layers 2 --hidden 16 --heads 2 --kv-heads 1 --ffn 32 --vocab 64 --tie \
   --max-pos 64 --out "$T/qwen" >/dev/null || fail "init-model"
 QWEN=(--model-dir "$T/qwen" --block-size 32)
+
+# A step that fails on some ranks only, where no agreement covers it (the
+# test hook ZDP_TEST_SERVE_FATAL: rank 1's first job; a stage-3 gather that
+# cannot be allocated is agreed on instead, and fails the request on every
+# rank: the faults runs below): zdp_server_run returns ZDP_ERR_FATAL and
+# the tool, not the library, ends the whole job: no rank left waiting, a
+# non-zero exit and the reason ("zdp serve: " is the tool's prefix).
+if ZDP_TEST_SERVE_FATAL=1:1 start_server 2 "$T/fatal.log" "${GPT[@]}" --full-finetune \
+     --config "$T/cfg3.json" --checkpoint-dir "$T/ck-fatal"; then
+  $PY - "$URL" <<'PY' >/dev/null 2>&1
+import json, sys, urllib.request
+d = {"model_input": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3, 4]}]},
+     "loss_fn_inputs": {"target_tokens": [2, 3, 4, 5]}}
+r = urllib.request.Request(sys.argv[1] + "/forward_backward", method="POST",
+                           data=json.dumps({"data": [d], "loss_fn": "cross_entropy"}).encode(),
+                           headers={"Content-Type": "application/json"})
+urllib.request.urlopen(r, timeout=60)
+PY
+  for _ in $(seq 600); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$SERVER_PID" 2>/dev/null && fail "a fatal error: the server still runs after 60 s"
+  stop_server
+  if [ $SERVER_RC -ne 0 ] && grep -q "fatal: zdp serve: forward_backward: ZDP_TEST_SERVE_FATAL" "$T/fatal.log"; then
+    echo "ok: a fatal error mid-request ends every rank through the tool (exit $SERVER_RC)"
+  else
+    fail "a fatal error: exit $SERVER_RC, no 'fatal: zdp serve: forward_backward' line"; tail -20 "$T/fatal.log"
+  fi
+fi
 
 for run in ${RUNS:-gpt:2 gpt:3 qwen:2 qwen:3}; do
   name=${run%%:*} np=${run##*:}

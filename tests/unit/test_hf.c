@@ -17,6 +17,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <dirent.h>
+#include <jansson.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -767,6 +768,43 @@ static void test_copy_tokenizer(void **state) {
     assert_true(exists_(to, "generation_config.json"));
     assert_true(exists_(to, "tokenizer.json"));
     assert_false(exists_(to, "other.txt"));
+
+    /* The source config.json's token ids go into the saved one (a number
+     * and a list, as Llama 3 instruct folders have); its other keys stay. */
+    write_text_(from, "config.json", "{\"model_type\": \"llama\", \"bos_token_id\": 128000, "
+                "\"eos_token_id\": [128001, 128009], \"pad_token_id\": 7}");
+    write_text_(to, "config.json", "{\"model_type\": \"llama\", \"rms_norm_eps\": 1e-06}");
+    assert_int_equal(zdp_hf_copy_tokenizer(from, to, &n, &err), ZDP_OK);
+    assert_int_equal(n, 3);
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.json", to);
+    json_error_t je;
+    json_t *c = json_load_file(path, 0, &je);
+    assert_non_null(c);
+    assert_int_equal(json_integer_value(json_object_get(c, "bos_token_id")), 128000);
+    json_t *eos = json_object_get(c, "eos_token_id");
+    assert_true(json_is_array(eos) && json_array_size(eos) == 2);
+    assert_int_equal(json_integer_value(json_array_get(eos, 1)), 128009);
+    assert_null(json_object_get(c, "pad_token_id"));
+    assert_true(json_real_value(json_object_get(c, "rms_norm_eps")) == 1e-06);
+    assert_string_equal(json_string_value(json_object_get(c, "model_type")), "llama");
+    json_decref(c);
+    /* A source with eos_token_id alone adds that alone. */
+    char bare[512];
+    snprintf(bare, sizeof bare, "%s/tokbare", g_dir);
+    mkdir(bare, 0755);
+    write_text_(bare, "config.json", "{\"model_type\": \"llama\"}");
+    write_text_(from, "config.json", "{\"eos_token_id\": 2}");
+    assert_int_equal(zdp_hf_copy_tokenizer(from, bare, &n, &err), ZDP_OK);
+    snprintf(path, sizeof path, "%s/config.json", bare);
+    assert_non_null(c = json_load_file(path, 0, &je));
+    assert_int_equal(json_integer_value(json_object_get(c, "eos_token_id")), 2);
+    assert_null(json_object_get(c, "bos_token_id"));
+    json_decref(c);
+    /* A source config.json that is not JSON is named. */
+    write_text_(from, "config.json", "{\"eos_token_id\": ");
+    assert_int_equal(zdp_hf_copy_tokenizer(from, bare, &n, &err), ZDP_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "tokfrom/config.json"));
 }
 
 int main(void) {

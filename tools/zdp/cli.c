@@ -60,8 +60,12 @@ void cli_flush_error(void) {
 void cli_die(const char *what, const zdp_error *err) {
     char msg[ZDP_ERROR_MSG_MAX + 128];
     snprintf(msg, sizeof msg, "%s: %s", what, err->msg);
-    zdp_dist_abort(1, msg);
-    abort(); /* not reached */
+    cli_abort(msg);
+}
+
+void cli_abort(const char *msg) {
+    zdp_dist_abort(1, msg); /* returns only without MPI */
+    exit(1);
 }
 
 int cli_check_finite(const char *flag, const char *path, const char *name, const float *v,

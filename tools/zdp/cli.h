@@ -44,6 +44,9 @@ void cli_flush_error(void);
 /* A failure after training started: the message, then MPI_Abort (no rank
  * may be left waiting in a collective). */
 void cli_die(const char *what, const zdp_error *err) __attribute__((noreturn));
+/* The same with a message of its own: the tool, not the library, ends the
+ * job (zdp_dist_abort returns when MPI is not running). */
+void cli_abort(const char *msg) __attribute__((noreturn));
 
 bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 bool cli_parse_double(const char *s, double lo, double hi, double *out);

@@ -330,9 +330,13 @@ int cmd_serve(int argc, char **argv) {
     zdp_error err;
     if (rc == 0 && zdp_server_create(&opt, &s, &err) != ZDP_OK) rc = cli_fail("%s", err.msg);
     if ((rc = cli_agree(rc)) != 0) goto done;
-    if (zdp_server_start(s, &err) != ZDP_OK) rc = cli_fail("%s", err.msg);
+    /* ZDP_ERR_FATAL: some ranks wait in a collective; only ending the job
+     * (MPI_Abort) frees them. */
+    zdp_status st = zdp_server_start(s, &err);
+    if (st == ZDP_ERR_FATAL) cli_die("zdp serve", &err);
+    if (st != ZDP_OK) rc = cli_fail("%s", err.msg);
     if ((rc = cli_agree(rc)) != 0) goto done;
-    zdp_server_run(s);
+    if (zdp_server_run(s, &err) == ZDP_ERR_FATAL) cli_die("zdp serve", &err);
 done:
     zdp_server_destroy(s);
     free((void *)opt.allow_roots);
