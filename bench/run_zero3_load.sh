@@ -13,7 +13,9 @@
 # Nothing here is a test.
 #
 # usage: bench/run_zero3_load.sh BEFORE_ZDP [REPS]   (REPS default 1)
-# env:   NPS="1 2 3 4"  MODES="full lora"
+# env:   NPS="1 2 3 4"  MODES="full lora"  SAVE=1 (full runs end with --save-model-dir:
+#        the peak then includes saving, which main did from a whole gathered
+#        copy on every rank and this tree streams a tensor at a time)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BEFORE=${1:?usage: bench/run_zero3_load.sh BEFORE_ZDP [REPS]}
@@ -28,6 +30,7 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 
 echo "machine: $(nproc) cpus, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+echo "flags: $(grep -m1 -o 'avx512f\|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 echo "commit: $(git rev-parse --short HEAD) (after), date: $(date -u +%F)"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -43,14 +46,16 @@ JSON
 run() { # run LABEL BINARY NP MODE REP
   local extra=()
   [ "$4" = lora ] && extra=(--lora-rank 8)
+  [ "$4" = full ] && [ -n "${SAVE:-}" ] && extra=(--save-model-dir "$OUT/saved")
   timeout 600 mpirun --allow-run-as-root --oversubscribe -np "$3" /usr/bin/time -f "maxrss_kb %M" \
     "$2" train --model-dir "$OUT/smol" --config "$OUT/s3.json" --data "$OUT/tok.bin" --block-size 64 \
-    --steps 1 --val-every 0 --out-dir "$OUT/o" "${extra[@]}" >"$OUT/log" 2>&1 ||
+    --steps 1 --val-every 0 --out-dir "$OUT/o" --memory-report on "${extra[@]}" >"$OUT/log" 2>&1 ||
     { echo "FAILED: $1 np=$3 $4"; tail -5 "$OUT/log"; return 1; }
   # /usr/bin/time's lines come in rank order only by chance: one per rank.
   grep -a '^maxrss_kb' "$OUT/log" | sort -k2 -n | awk -v l="$1" -v np="$3" -v m="$4" -v rep="$5" \
     '{printf "%s np=%s %s rep=%s maxrss %.0f MB\n", l, np, m, rep, $2 / 1024}'
   grep -a 'load_peak\|peak_rss' "$OUT/log" | sed "s/^/  $1 np=$3 $4: /" || true
+  grep -a '| rank 0 | total |' "$OUT/log" | sed "s/^/  $1 np=$3 $4: engine /" || true
 }
 
 for mode in $MODES; do

@@ -142,6 +142,16 @@ ZDP_API int64_t zdp_hf_load_peak_bytes(void);
 ZDP_API zdp_status zdp_hf_save(const char *dir, const zdp_model *model, const float *const *src,
                                zdp_dtype dtype, int64_t max_shard_bytes, zdp_error *err);
 
+/* zdp_hf_save with each tensor read through read(ctx, i, 0, numel, dst)
+ * (zdp_tensor_read_fn) just before it is written, in registration order,
+ * each once (a write failure stops the reads there): the writer holds one
+ * tensor at a time (two copies of it for BF16), never the whole model --
+ * how `zdp train --save-model-dir` writes at ZeRO stage 3, each read a
+ * gather.  The same files, checks and status as zdp_hf_save. */
+ZDP_API zdp_status zdp_hf_save_stream(const char *dir, const zdp_model *model,
+                                      zdp_tensor_read_fn read, void *ctx, zdp_dtype dtype,
+                                      int64_t max_shard_bytes, zdp_error *err);
+
 /* Copies the tokenizer files found in `from` (tokenizer.json,
  * tokenizer_config.json, special_tokens_map.json, vocab.json, merges.txt,
  * added_tokens.json, encoder.json, vocab.bpe, and generation_config.json,

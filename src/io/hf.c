@@ -1247,17 +1247,71 @@ static zdp_status hf_remove_stale_(const char *dir, bool keep_single, int n_shar
 }
 
 /* Writes tensors [first, last) of t as one safetensors file. */
-static zdp_status hf_write_shard_(const char *path, const zdp_tensor *t, int first, int last,
-                                  zdp_error *err) {
-    static const char *const meta[] = {"format", "pt"};
-    return zdp_safetensors_write_meta(path, t + first, last - first, meta, 1, err);
+/* zdp_hf_save_stream's tensors: read one, converted to the file's dtype. */
+typedef struct hf_fill_ {
+    const zdp_model *model;
+    zdp_tensor_read_fn read;
+    void *ctx;
+    zdp_dtype dtype;
+    float *f;  /* (largest numel) BF16: the floats before rounding */
+    int first; /* the shard's first tensor */
+} hf_fill_;
+
+static zdp_status hf_fill_one_(void *ctx, int i, void *buf, zdp_error *err) {
+    hf_fill_ *h = ctx;
+    const int p = h->first + i;
+    const int64_t n = zdp_io_numel(h->model->params[p].shape, h->model->params[p].ndim);
+    float *dst = h->dtype == ZDP_DTYPE_F32 ? buf : h->f;
+    zdp_status s = h->read(h->ctx, p, 0, n, dst, err);
+    if (s != ZDP_OK || h->dtype == ZDP_DTYPE_F32) return s;
+    uint16_t *b = buf;
+    for (int64_t k = 0; k < n; k++) b[k] = zdp_io_f32_to_bf16(dst[k]);
+    return ZDP_OK;
 }
+
+static zdp_status hf_write_shard_(const char *path, const zdp_tensor *t, int first, int last,
+                                  hf_fill_ *fill, zdp_error *err) {
+    static const char *const meta[] = {"format", "pt"};
+    if (fill == NULL) return zdp_safetensors_write_meta(path, t + first, last - first, meta, 1, err);
+    fill->first = first;
+    return zdp_safetensors_write_fill(path, t + first, last - first, meta, 1, hf_fill_one_, fill, err);
+}
+
+static zdp_status hf_save_(const char *dir, const zdp_model *model, const float *const *src,
+                           hf_fill_ *fill, zdp_dtype dtype, int64_t max_shard_bytes,
+                           zdp_error *err);
 
 zdp_status zdp_hf_save(const char *dir, const zdp_model *model, const float *const *src,
                        zdp_dtype dtype, int64_t max_shard_bytes, zdp_error *err) {
     if (dir == NULL || model == NULL || src == NULL || model->n_params < 1)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_hf_save: dir, model and src must not "
                            "be NULL");
+    return hf_save_(dir, model, src, NULL, dtype, max_shard_bytes, err);
+}
+
+zdp_status zdp_hf_save_stream(const char *dir, const zdp_model *model, zdp_tensor_read_fn read,
+                              void *ctx, zdp_dtype dtype, int64_t max_shard_bytes,
+                              zdp_error *err) {
+    if (dir == NULL || model == NULL || read == NULL || model->n_params < 1)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_hf_save_stream: dir, model and read "
+                           "must not be NULL");
+    hf_fill_ fill = {.model = model, .read = read, .ctx = ctx, .dtype = dtype};
+    int64_t largest = 1;
+    for (int i = 0; i < model->n_params; i++) {
+        const int64_t n = zdp_io_numel(model->params[i].shape, model->params[i].ndim);
+        if (n > largest) largest = n;
+    }
+    if (dtype == ZDP_DTYPE_BF16 && (fill.f = malloc((size_t)largest * sizeof(float))) == NULL)
+        return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for one tensor", dir);
+    zdp_status s = hf_save_(dir, model, NULL, &fill, dtype, max_shard_bytes, err);
+    free(fill.f);
+    return s;
+}
+
+/* zdp_hf_save from whole tensors (src) or tensor by tensor (fill). */
+static zdp_status hf_save_(const char *dir, const zdp_model *model, const float *const *src,
+                           hf_fill_ *fill, zdp_dtype dtype, int64_t max_shard_bytes,
+                           zdp_error *err) {
     if (zdp_gpt_config_of(model) == NULL && zdp_llama_config_of(model) == NULL)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_hf_save: the model is neither GPT-2 "
                            "nor of the Llama family; only those have a Hugging Face folder");
@@ -1290,7 +1344,9 @@ zdp_status zdp_hf_save(const char *dir, const zdp_model *model, const float *con
         t[i] = (zdp_tensor){.name = (char *)p->name, .dtype = dtype, .ndim = p->ndim,
                             .nbytes = (size_t)numel * esize};
         memcpy(t[i].shape, p->shape, sizeof t[i].shape);
-        if (dtype == ZDP_DTYPE_F32) {
+        if (fill != NULL) {
+            t[i].data = NULL; /* read as it is written */
+        } else if (dtype == ZDP_DTYPE_F32) {
             t[i].data = (void *)src[i]; /* the writer only reads it */
         } else {
             uint16_t *h = malloc(t[i].nbytes > 0 ? t[i].nbytes : 1);
@@ -1321,7 +1377,7 @@ zdp_status zdp_hf_save(const char *dir, const zdp_model *model, const float *con
         if (n_shards == 1) snprintf(name, sizeof name, HF_SINGLE);
         else hf_shard_name_(k + 1, n_shards, name, sizeof name);
         snprintf(path, sizeof path, "%s/%s", dir, name);
-        s = hf_write_shard_(path, t, first, last, err);
+        s = hf_write_shard_(path, t, first, last, fill, err);
         for (int i = first; wm != NULL && i < last; i++)
             json_object_set_new(wm, t[i].name, json_string(name));
         first = last;
@@ -1341,7 +1397,7 @@ zdp_status zdp_hf_save(const char *dir, const zdp_model *model, const float *con
     if (s == ZDP_OK && n_shards == 1) s = hf_remove_stale_(dir, true, 1, err);
     json_decref(wm);
 done:
-    for (int i = 0; t != NULL && dtype != ZDP_DTYPE_F32 && i < n; i++) free(t[i].data);
+    for (int i = 0; t != NULL && dtype != ZDP_DTYPE_F32 && fill == NULL && i < n; i++) free(t[i].data);
     free(t);
     free(shard_of);
     return s;

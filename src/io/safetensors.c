@@ -636,8 +636,10 @@ static bool st_write_full_(int fd, const void *buf, size_t n) {
 
 /* Checks tensor i and appends its header entry; *offset advances by its
  * bytes.  root doubles as the set of names seen so far. */
+/* filled: the data comes from a fill function, so it may be NULL here. */
 static zdp_status st_add_entry_(json_t *root, const zdp_tensor *tensors, int i,
-                                uint64_t *offset, const char *path, zdp_error *err) {
+                                uint64_t *offset, const char *path, bool filled,
+                                zdp_error *err) {
     const zdp_tensor *t = &tensors[i];
     if (t->name == NULL || t->name[0] == '\0')
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
@@ -680,7 +682,7 @@ static zdp_status st_add_entry_(json_t *root, const zdp_tensor *tensors, int i,
                            "%s: tensor \"%s\": nbytes is %zu but dtype %s shape %s needs %"
                            PRIu64, path, t->name, t->nbytes, st_dtypes_[t->dtype].name,
                            zdp_io_shape_str(t->shape, t->ndim, shp, sizeof shp), need);
-    if (t->data == NULL && t->nbytes > 0)
+    if (!filled && t->data == NULL && t->nbytes > 0)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: tensor \"%s\": data is NULL", path,
                            t->name);
     /* JSON integers are signed 64-bit: keep offsets representable. */
@@ -736,8 +738,29 @@ zdp_status zdp_safetensors_write(const char *path, const zdp_tensor *tensors, in
     return zdp_safetensors_write_meta(path, tensors, n, NULL, 0, err);
 }
 
+static zdp_status st_write_(const char *path, const zdp_tensor *tensors, int n,
+                           const char *const *meta, int n_meta, zdp_io_fill_fn fill, void *ctx,
+                           zdp_error *err);
+
 zdp_status zdp_safetensors_write_meta(const char *path, const zdp_tensor *tensors, int n,
                                       const char *const *meta, int n_meta, zdp_error *err) {
+    return st_write_(path, tensors, n, meta, n_meta, NULL, NULL, err);
+}
+
+zdp_status zdp_safetensors_write_fill(const char *path, const zdp_tensor *tensors, int n,
+                                      const char *const *meta, int n_meta, zdp_io_fill_fn fill,
+                                      void *ctx, zdp_error *err) {
+    if (fill == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: zdp_safetensors_write_fill: fill is NULL",
+                           path != NULL ? path : "(null)");
+    return st_write_(path, tensors, n, meta, n_meta, fill, ctx, err);
+}
+
+/* With fill, tensor i's bytes come from fill into one buffer of the largest
+ * tensor's size, just before they are written. */
+static zdp_status st_write_(const char *path, const zdp_tensor *tensors, int n,
+                           const char *const *meta, int n_meta, zdp_io_fill_fn fill, void *ctx,
+                           zdp_error *err) {
     if (path == NULL || path[0] == '\0')
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_safetensors_write: path is empty");
     if (n < 0 || (n > 0 && tensors == NULL))
@@ -747,6 +770,7 @@ zdp_status zdp_safetensors_write_meta(const char *path, const zdp_tensor *tensor
 
     zdp_status s = ZDP_OK;
     char *json_text = NULL, *head = NULL, *tmp = NULL;
+    void *one = NULL; /* fill's buffer */
     int fd = -1;
     bool created = false; /* the temp file is ours to remove */
     json_t *root = json_object();
@@ -770,7 +794,7 @@ zdp_status zdp_safetensors_write_meta(const char *path, const zdp_tensor *tensor
     }
     uint64_t offset = 0;
     for (int i = 0; i < n; i++) {
-        s = st_add_entry_(root, tensors, i, &offset, path, err);
+        s = st_add_entry_(root, tensors, i, &offset, path, fill != NULL, err);
         if (s != ZDP_OK) goto done;
     }
 
@@ -811,8 +835,16 @@ zdp_status zdp_safetensors_write_meta(const char *path, const zdp_tensor *tensor
                         strerror(errno));
         goto done;
     }
+    size_t largest = 1;
+    for (int i = 0; fill != NULL && i < n; i++)
+        if (tensors[i].nbytes > largest) largest = tensors[i].nbytes;
+    if (fill != NULL && (one = malloc(largest)) == NULL) {
+        s = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for a %zu-byte tensor", path, largest);
+        goto done;
+    }
     for (int i = 0; i < n; i++) {
-        if (!st_write_full_(fd, tensors[i].data, tensors[i].nbytes)) {
+        if (fill != NULL && (s = fill(ctx, i, one, err)) != ZDP_OK) goto done;
+        if (!st_write_full_(fd, fill != NULL ? one : tensors[i].data, tensors[i].nbytes)) {
             s = zdp_err_set(err, ZDP_ERR_IO, "%s: writing tensor \"%s\" to %s: %s", path,
                             tensors[i].name, tmp, strerror(errno));
             goto done;
@@ -841,6 +873,7 @@ done:
     if (fd >= 0) close(fd);
     /* After a successful rename the temp name no longer exists. */
     if (s != ZDP_OK && created) unlink(tmp);
+    free(one);
     free(tmp);
     free(head);
     free(json_text);

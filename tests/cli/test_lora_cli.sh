@@ -156,7 +156,8 @@ done
 # folder, so the most weight bytes its loader holds at once (load_peak) stay
 # at or below 2x the largest tensor's (the slice and its staged raw bytes),
 # never the whole model, at -np 1-4, full fine-tuning and LoRA; the losses
-# are stage 2's.  (Loading whole tensors everywhere -- zdp_hf_weights_load --
+# are stage 2's, and --save-model-dir (streamed at stage 3) writes stage 2's
+# bytes.  (Loading whole tensors everywhere -- zdp_hf_weights_load --
 # gives load_peak = the whole model, which is above that bound here.)
 sed 's/"train_batch_size": 12/"train_batch_size": 24/' "$T/ds.json" >"$T/ds2b.json"
 sed 's/"stage": 2,/"stage": 3, "stage3_param_persistence_threshold": 0,/' "$T/ds2b.json" >"$T/ds3b.json"
@@ -167,8 +168,14 @@ ref_full=$(losses)
 expect_ok 1 "${TRAINB[@]}" --model-dir "$T/q" --lora-rank 4 --lora-alpha 8
 ref_lora=$(losses)
 for np in 1 2 3 4; do
-  expect_ok $np "${TRAINB[@]/%ds2b.json/ds3b.json}" --model-dir "$T/q"
+  # --save-model-dir at stage 3 streams the folder a gathered tensor at a time:
+  # the same bytes as stage 2's whole-model save at this -np.
+  expect_ok $np "${TRAINB[@]}" --model-dir "$T/q" --save-model-dir "$T/s2full" --save-dtype BF16
+  expect_ok $np "${TRAINB[@]/%ds2b.json/ds3b.json}" --model-dir "$T/q" --save-model-dir "$T/s3full" \
+    --save-dtype BF16
   [ "$(losses)" = "$ref_full" ] || fail "full stage 3 -np $np losses differ from stage 2: $(losses) vs $ref_full"
+  cmp -s "$T/s2full/model.safetensors" "$T/s3full/model.safetensors" ||
+    fail "full stage 3 -np $np: --save-model-dir wrote other bytes than stage 2's"
   check_load "full stage 3 -np $np" $np
   expect_ok $np "${TRAINB[@]/%ds2b.json/ds3b.json}" --model-dir "$T/q" --lora-rank 4 --lora-alpha 8
   [ "$(losses)" = "$ref_lora" ] || fail "LoRA stage 3 -np $np losses differ from stage 2: $(losses) vs $ref_lora"

@@ -96,7 +96,8 @@ static void usage_(void) {
            "  --steps S (200)  --schedule n1,n2,... (unmanaged)  --seed N (42)\n"
            "  --max-skipped-steps K (100) stop with an error after K skipped steps in a row\n"
            "                            (NaN/Inf gradient or update; 0 = never)\n"
-           "  --memory-report on|off     every rank's memory by category after the first step\n"
+           "  --memory-report on|off     every rank's memory by category after the first step;\n"
+           "                             at the end its peak RSS and the loader's peak\n"
            "  --init FILE                GPT2LMHeadModel safetensors or llm.c .bin weights\n"
            "  --save-weights FILE        GPT2LMHeadModel safetensors (rank 0; GPT flags only)\n"
            "  --save-model-dir OUT       at the end, a Hugging Face folder (config.json,\n"
@@ -652,16 +653,66 @@ static int save_weights_(const gpt_opts *o, run_state *st) {
     return zdp_dist_all_ok(mine == 0) ? 0 : 1;
 }
 
+/* Stage 3's --save-model-dir: tensor i gathered (every rank alike) just
+ * before rank 0 writes it; next counts the tensors gathered so far. */
+typedef struct gather_read_ctx {
+    zdp_engine *eng;
+    int next;
+} gather_read_ctx;
+
+static zdp_status gather_read_(void *ctx, int i, int64_t lo, int64_t hi, float *dst,
+                               zdp_error *err) {
+    (void)lo; /* zdp_hf_save_stream reads whole tensors, in order */
+    (void)hi;
+    gather_read_ctx *g = ctx;
+    g->next = i + 1;
+    return zdp_engine_get_param(g->eng, i, dst, err);
+}
+
+/* COLLECTIVE.  Stage 3: the folder streamed a tensor at a time (no rank
+ * holds the whole model: rank 0 one tensor, the others one gather buffer).
+ * Every rank runs the same gathers, in order, to the last tensor even when
+ * rank 0's write stopped early.  0 or 1 (rank 0's write failed). */
+static int save_model_dir_stream_(const gpt_opts *o, run_state *st, zdp_error *err) {
+    int64_t largest = 1;
+    for (int i = 0; i < st->model.n_params; i++) {
+        int64_t n = 1;
+        for (int d = 0; d < st->model.params[i].ndim; d++) n *= st->model.params[i].shape[d];
+        if (n > largest) largest = n;
+    }
+    float *one = malloc((size_t)largest * sizeof(float));
+    if (!zdp_dist_all_ok(one != NULL)) {
+        free(one);
+        snprintf(err->msg, sizeof err->msg, "%s: out of memory for one tensor", o->save_model_dir);
+        return 1;
+    }
+    gather_read_ctx g = {.eng = st->eng};
+    int mine = 0;
+    if (st->R == 0 &&
+        zdp_hf_save_stream(o->save_model_dir, &st->model, gather_read_, &g,
+                           (zdp_dtype)o->save_dtype, 0, err) != ZDP_OK)
+        mine = 1;
+    zdp_error ignored;
+    for (int i = g.next; i < st->model.n_params; i++)
+        (void)zdp_engine_get_param(st->eng, i, one, &ignored); /* failures agree on every rank */
+    free(one);
+    return mine;
+}
+
 /* COLLECTIVE.  --save-model-dir, written by rank 0: the folder, with
  * --model-dir's tokenizer files when it has any.  0, or 1 on every rank
  * when it failed. */
 static int save_model_dir_(const gpt_opts *o, run_state *st) {
     int mine = 0;
+    zdp_error err;
+    const bool stream = st->cfg.zero.stage == 3;
+    if (stream) mine = save_model_dir_stream_(o, st, &err);
+    if (stream && mine != 0 && st->R == 0)
+        fprintf(stderr, "zdp: error: --save-model-dir %s\n", err.msg);
     if (st->R == 0) {
-        zdp_error err;
-        float **views = st->views; /* the whole model, gathered at stage 3 */
-        if (views == NULL) mine = 1;
-        if (views != NULL &&
+        float **views = st->views; /* stages 0-2: the engine's own tensors */
+        if (!stream && views == NULL) mine = 1;
+        if (!stream && views != NULL &&
             zdp_hf_save(o->save_model_dir, &st->model, (const float *const *)views,
                         (zdp_dtype)o->save_dtype, 0, &err) != ZDP_OK) {
             fprintf(stderr, "zdp: error: --save-model-dir %s\n", err.msg);
@@ -755,8 +806,8 @@ int cmd_train_gpt(int argc, char **argv) {
     /* The whole model for the report's sample and the saves (at stage 3
      * every rank takes part in gathering it), only where one needs it. */
     const bool sample = zdp_gpt_config_of(&st.model) != NULL && (st.arith || st.vocab == 256);
-    const bool need = sample || o.save_weights != NULL || o.save_model_dir != NULL ||
-                      o.save_adapter_dir != NULL;
+    const bool need = sample || o.save_weights != NULL || o.save_adapter_dir != NULL ||
+                      (o.save_model_dir != NULL && st.cfg.zero.stage < 3); /* 3 streams it */
     if (need && (st.views = cli_params_views(st.eng, &st.model, true)) == NULL) {
         rc = 1;
         goto done;
