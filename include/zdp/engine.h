@@ -59,6 +59,44 @@ ZDP_API zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *mod
 /* Frees everything; NULL is a no-op.  Not collective. */
 ZDP_API void zdp_engine_destroy(zdp_engine *eng);
 
+/* ---- a frozen base shared by several engines (stage 3) ----------------- */
+
+/* One partition of frozen weights (a LoRA base) that several engines read:
+ * at ZeRO stage 3, K LoRA models over one base hold base / W bytes of it per
+ * rank in all, not K x base / W (zdp serve's LoRA models, docs/server.md).
+ * Engines created with zdp_engine_create_shared borrow it: within each of
+ * their forwards and backwards it gathers layer by layer on that engine's
+ * comm stream, as an engine's own frozen weights do.  Its borrowers must run
+ * one at a time (one pass of one engine at a time on a rank, every rank in
+ * the same order); a pass that finds the store in another's pass fails. */
+typedef struct zdp_frozen_store zdp_frozen_store;
+/* Partitions fz's tensors 1/W per rank, reading only this rank's slice of
+ * each through fz->read (here only; fz->src is not used); fz->params (the
+ * tensors' names and shapes) must outlive the store.  Stage 3 only.  Not collective.  On failure *out is
+ * NULL. */
+ZDP_API zdp_status zdp_frozen_store_create(const zdp_config *cfg, const zdp_frozen *fz,
+                                           zdp_frozen_store **out, zdp_error *err);
+/* Frees it: after every engine that borrows it (refused with a log line
+ * otherwise).  NULL is a no-op.  Not collective. */
+ZDP_API void zdp_frozen_store_destroy(zdp_frozen_store *store);
+/* COLLECTIVE (every rank, the same i): frozen tensor i whole into out,
+ * gathered from the partitions.  Between the borrowers' passes only. */
+ZDP_API zdp_status zdp_frozen_store_get(zdp_frozen_store *store, int i, float *out,
+                                        zdp_error *err);
+/* This rank's bytes of the store: frozen_bytes its partition, other_bytes
+ * its bookkeeping, gathered_bytes copies gathered now, total_bytes all. */
+ZDP_API void zdp_frozen_store_memory_report(const zdp_frozen_store *store,
+                                            zdp_memory_report *out);
+/* COLLECTIVE.  zdp_engine_create for a model whose frozen weights
+ * (zdp_model.frozen, same tensors as the store's, checked by name and size)
+ * are read from `store` instead of partitioned anew: model->frozen->read is
+ * not called, and the engine's memory report counts none of the store's bytes
+ * (frozen_bytes 0).  Stage 3 only.  Destroying the engine leaves the store
+ * as it was. */
+ZDP_API zdp_status zdp_engine_create_shared(const zdp_config *cfg, const zdp_model *model,
+                                            zdp_frozen_store *store, zdp_engine **out,
+                                            zdp_error *err);
+
 /* Writable view of parameter tensor i (NULL if out of range, and at ZeRO
  * stage 3, where no rank holds whole tensors: use zdp_engine_set_param /
  * zdp_engine_get_param).  Writes are allowed only between steps; call

@@ -105,7 +105,9 @@ typedef zdp_status (*zdp_tensor_read_fn)(void *ctx, int i, int64_t lo, int64_t h
  * (never again: read_ctx need live only that long), and points *src at its
  * own source over them, which gathers them layer by layer as it does the
  * parameters; zdp_engine_destroy points it back (destroy the engine before
- * the model). */
+ * the model).  Not read at all by zdp_engine_create_shared, whose engine
+ * borrows one partition of them shared with other engines
+ * (zdp_frozen_store, zdp/engine.h). */
 typedef struct zdp_frozen {
     int n_params;
     const zdp_param_info *params; /* (n_params) */

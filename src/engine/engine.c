@@ -906,6 +906,21 @@ static zdp_status pass_begin_(zdp_engine *e, int kind, zdp_error *err) {
     e->trace_ok = true;
     zdp_status st = persist_refresh_(e, err);
     if (st == ZDP_OK) prefetch_more_(e);
+    if (st == ZDP_OK && e->frozen != NULL && e->frozen_borrowed) {
+        /* A shared store runs its gathers on the stream of the engine whose
+         * pass this is.  Its borrowers never run at once (zdp serve runs one
+         * job at a time, every rank in the same order): a store already in a
+         * pass means a caller broke that rule. */
+        if (e->frozen->in_pass)
+            st = zdp_err_set(err, ZDP_ERR_STATE,
+                             "%s: the shared frozen store is inside another engine's pass; "
+                             "engines borrowing one store must run one at a time",
+                             pass_name_(e));
+        else {
+            e->frozen->parent = e;
+            e->frozen->stream = e->stream;
+        }
+    }
     if (st == ZDP_OK && e->frozen != NULL) st = pass_begin_(e->frozen, kind, err);
     return st;
 }
@@ -919,7 +934,8 @@ static void pass_end_wait_(zdp_engine *e, bool wait) {
     pf_cancel_all_(e, wait);
     while (e->n_recs > 0) rec_free_(e, e->n_recs - 1);
     e->trace[e->pass_kind].done = true;
-    if (e->frozen != NULL) pass_end_wait_(e->frozen, wait);
+    if (e->frozen != NULL && (!e->frozen_borrowed || e->frozen->parent == e))
+        pass_end_wait_(e->frozen, wait);
 }
 
 static void pass_end_(zdp_engine *e) { pass_end_wait_(e, true); }
@@ -1086,25 +1102,26 @@ static zdp_status read_partition_(zdp_engine *e, zdp_tensor_read_fn read, void *
 }
 
 /* Stage 3 with a model's frozen weights (zdp_frozen, a LoRA base): a second
- * engine over them, without gradients or optimizer, sharing this engine's
- * stream (so its gathers keep their place among this engine's collectives)
- * and its passes; this rank keeps only its partition of them, copied from
- * the model's whole tensors, and the model is pointed at the second
- * engine's source, which gathers them layer by layer (docs/lora.md). */
-static zdp_status frozen_init_(zdp_engine *e, zdp_error *err) {
-    const zdp_frozen *fz = e->model->frozen;
+ * engine over them, without gradients or optimizer, that runs its gathers
+ * on `stream` (the engine it serves: so they keep their place among that
+ * engine's collectives) within that engine's passes; this rank keeps only
+ * its partition of them, copied from fz's whole tensors, and the model is
+ * pointed at the second engine's source, which gathers them layer by layer
+ * (docs/lora.md).  On failure *out may hold a part-built engine (destroy
+ * it). */
+static zdp_status frozen_new_(const zdp_config *cfg, int rank, int world, const zdp_frozen *fz,
+                              zdp_stream *stream, zdp_engine **out, zdp_error *err) {
     zdp_engine *f = calloc(1, sizeof *f);
+    *out = f;
     if (f == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "engine: out of memory");
-    e->frozen = f;
-    f->parent = e;
-    f->cfg = e->cfg;
-    f->rank = e->rank;
-    f->world = e->world;
-    f->stream = e->stream;
+    f->cfg = *cfg;
+    f->rank = rank;
+    f->world = world;
+    f->stream = stream;
     f->boundary_override = -1;
-    e->frozen_model = (zdp_model){.n_params = fz->n_params, .params = fz->params};
-    f->model = &e->frozen_model;
-    zdp_status st = zdp_layout_init(&f->lay, fz->params, fz->n_params, e->world, &f->mem, err);
+    f->frozen_model = (zdp_model){.n_params = fz->n_params, .params = fz->params};
+    f->model = &f->frozen_model;
+    zdp_status st = zdp_layout_init(&f->lay, fz->params, fz->n_params, world, &f->mem, err);
     if (st != ZDP_OK) return st;
     if (f->lay.padded > INT32_MAX)
         return zdp_err_set(err, ZDP_ERR_UNSUPPORTED,
@@ -1117,7 +1134,17 @@ static zdp_status frozen_init_(zdp_engine *e, zdp_error *err) {
         (st = alloc_(f, &f->ag_displs, f->world, sizeof(int), ZDP_MEM_OTHER, "engine", err)) ||
         (st = stage3_init_(f, err)))
         return st;
-    f->fail_rank = -1; /* the test hook is the parameters' */
+    /* ZDP_TEST_FAIL_GATHER is the parameters' hook; the frozen weights
+     * have their own, ZDP_TEST_FAIL_FROZEN_GATHER=RANK:N (the N-th gather
+     * buffer of the frozen weights on RANK fails to allocate;
+     * tests/serve/zero3_lora_check.py). */
+    f->fail_rank = -1;
+    const char *hook = getenv("ZDP_TEST_FAIL_FROZEN_GATHER");
+    long long hr = -1, hn = 0;
+    if (hook != NULL && sscanf(hook, "%lld:%lld", &hr, &hn) == 2 && hr >= 0 && hn > 0) {
+        f->fail_rank = (int)hr;
+        f->fail_nth = hn;
+    }
     f->src.eng = f;
     /* This rank's piece of each tensor, read straight into the partition
      * (no rank reads a whole tensor it does not own); the padding stays
@@ -1127,7 +1154,126 @@ static zdp_status frozen_init_(zdp_engine *e, zdp_error *err) {
     if (fz->read == NULL)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_engine_create: the model's frozen "
                            "weights (zdp_model.frozen) have no read function");
-    if ((st = read_partition_(f, fz->read, fz->read_ctx, err)) != ZDP_OK) return st;
+    return read_partition_(f, fz->read, fz->read_ctx, err);
+}
+
+static zdp_status frozen_init_(zdp_engine *e, zdp_error *err) {
+    const zdp_frozen *fz = e->model->frozen;
+    zdp_status st = frozen_new_(&e->cfg, e->rank, e->world, fz, e->stream, &e->frozen, err);
+    if (e->frozen != NULL) e->frozen->parent = e;
+    if (st != ZDP_OK) return st;
+    e->frozen_prev = *fz->src;
+    *fz->src = &e->frozen->src;
+    return ZDP_OK;
+}
+
+/* ---- the shared frozen store ---------------------------------------------- */
+
+/* A frozen engine (frozen_new_) of its own, with a stream of its own for
+ * whole gathers; engines created with zdp_engine_create_shared borrow it. */
+struct zdp_frozen_store {
+    zdp_engine *f;
+};
+
+zdp_status zdp_frozen_store_create(const zdp_config *cfg, const zdp_frozen *fz,
+                                   zdp_frozen_store **out, zdp_error *err) {
+    if (out == NULL || cfg == NULL || fz == NULL || fz->params == NULL || fz->n_params < 1)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "zdp_frozen_store_create: cfg, fz (with params) and out must be set");
+    *out = NULL;
+    zdp_status st = zdp_config_validate(cfg, err);
+    if (st != ZDP_OK) return st;
+    if (cfg->zero.stage != 3)
+        return zdp_err_set(err, ZDP_ERR_CONFIG,
+                           "zdp_frozen_store_create: zero_optimization.stage = %d: a shared "
+                           "frozen store partitions weights, which only stage 3 does; below "
+                           "stage 3 share the whole tensors (zdp_lora_create's base_params)",
+                           cfg->zero.stage);
+    const int world = zdp_dist_world_size();
+    if (cfg->world_size != world)
+        return zdp_err_set(err, ZDP_ERR_CONFIG,
+                           "config was derived for world size %d but the job has %d ranks",
+                           cfg->world_size, world);
+    zdp_frozen_store *s = calloc(1, sizeof *s);
+    if (s == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "zdp_frozen_store_create: out of memory");
+    st = frozen_new_(cfg, zdp_dist_rank(), world, fz, NULL, &s->f, err);
+    if (st == ZDP_OK)
+        st = zdp_stream_create(&s->f->own_stream, 2 * s->f->lay.n_tensors + 16, &s->f->mem, err);
+    if (st != ZDP_OK) {
+        zdp_frozen_store_destroy(s);
+        return st;
+    }
+    s->f->stream = s->f->own_stream;
+    *out = s;
+    return ZDP_OK;
+}
+
+void zdp_frozen_store_destroy(zdp_frozen_store *s) {
+    if (s == NULL) return;
+    if (s->f != NULL && s->f->borrowers > 0) {
+        /* Freeing it would leave those engines reading freed memory. */
+        zdp_log(1, "zdp_frozen_store_destroy: %d engine(s) still borrow this store; destroy them "
+                   "first (the store is left allocated)",
+                s->f->borrowers);
+        return;
+    }
+    if (s->f != NULL) {
+        s->f->stream = s->f->own_stream; /* zdp_engine_destroy stops it */
+        s->f->own_stream = NULL;
+        s->f->parent = NULL;
+    }
+    zdp_engine_destroy(s->f);
+    free(s);
+}
+
+zdp_status zdp_frozen_store_get(zdp_frozen_store *s, int i, float *out, zdp_error *err) {
+    if (s == NULL) return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_frozen_store_get: store is NULL");
+    zdp_engine *f = s->f;
+    if (f->in_pass)
+        return zdp_err_set(err, ZDP_ERR_STATE,
+                           "zdp_frozen_store_get: an engine borrowing the store is inside its "
+                           "forward or backward; gather whole tensors between passes");
+    /* Between passes the borrowers' streams have run all of the store's
+     * gathers, so its own stream takes the next ones. */
+    f->stream = f->own_stream;
+    f->parent = NULL;
+    return zdp_engine_get_param(f, i, out, err);
+}
+
+void zdp_frozen_store_memory_report(const zdp_frozen_store *s, zdp_memory_report *m) {
+    *m = (zdp_memory_report){0};
+    if (s == NULL) return;
+    const int64_t *b = s->f->mem.bytes;
+    m->frozen_bytes = b[ZDP_MEM_PARAMS];
+    m->gathered_bytes = b[ZDP_MEM_GATHERED];
+    m->other_bytes = b[ZDP_MEM_OTHER];
+    for (int c = 0; c < ZDP_MEM_NCATEGORIES; c++) m->total_bytes += b[c];
+}
+
+/* zdp_engine_create_shared: e borrows the store's frozen engine after
+ * checking that the model's frozen tensors are the store's. */
+static zdp_status frozen_borrow_(zdp_engine *e, zdp_frozen_store *s, zdp_error *err) {
+    const zdp_frozen *fz = e->model->frozen;
+    zdp_engine *f = s->f;
+    if (fz->n_params != f->lay.n_tensors)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "zdp_engine_create_shared: the model has %d frozen tensors, the store "
+                           "%d; borrow a store made from this model's base",
+                           fz->n_params, f->lay.n_tensors);
+    for (int i = 0; i < fz->n_params; i++) {
+        int64_t n = 1;
+        for (int d = 0; d < fz->params[i].ndim; d++) n *= fz->params[i].shape[d];
+        if (n != f->lay.numels[i] || strcmp(fz->params[i].name, f->model->params[i].name) != 0)
+            return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                               "zdp_engine_create_shared: frozen tensor %d is %s (%lld elements) "
+                               "in the model but %s (%lld) in the store; borrow a store made from "
+                               "this model's base",
+                               i, fz->params[i].name, (long long)n, f->model->params[i].name,
+                               (long long)f->lay.numels[i]);
+    }
+    e->frozen = f;
+    e->frozen_borrowed = true;
+    f->borrowers++;
     e->frozen_prev = *fz->src;
     *fz->src = &f->src;
     return ZDP_OK;
@@ -1191,8 +1337,8 @@ static zdp_status plan_buckets_(zdp_engine *e, zdp_error *err) {
     return ZDP_OK;
 }
 
-zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model, zdp_engine **out,
-                             zdp_error *err) {
+static zdp_status create_(const zdp_config *cfg, const zdp_model *model,
+                        zdp_frozen_store *store, zdp_engine **out, zdp_error *err) {
     if (out == NULL || cfg == NULL || model == NULL || model->ops == NULL ||
         model->ops->forward == NULL || model->ops->backward == NULL || model->params == NULL)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
@@ -1271,7 +1417,9 @@ zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model, zdp_
     /* Deep enough for every bucket of one backward plus the step's work. */
     int depth = e->n_buckets + e->pool_cap + 8;
     if ((st = zdp_stream_create(&e->stream, depth, &e->mem, err)) != ZDP_OK) goto fail;
-    if (stage == 3 && model->frozen != NULL && (st = frozen_init_(e, err)) != ZDP_OK) goto fail;
+    if (stage == 3 && model->frozen != NULL &&
+        (st = store != NULL ? frozen_borrow_(e, store, err) : frozen_init_(e, err)) != ZDP_OK)
+        goto fail;
 
     if (e->rank == 0) log_memory_report_(e);
     *out = e;
@@ -1281,6 +1429,25 @@ fail:
     return st;
 }
 
+zdp_status zdp_engine_create(const zdp_config *cfg, const zdp_model *model, zdp_engine **out,
+                             zdp_error *err) {
+    return create_(cfg, model, NULL, out, err);
+}
+
+zdp_status zdp_engine_create_shared(const zdp_config *cfg, const zdp_model *model,
+                                    zdp_frozen_store *store, zdp_engine **out, zdp_error *err) {
+    if (out != NULL) *out = NULL;
+    if (store == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_engine_create_shared: store is NULL");
+    if (cfg != NULL && (cfg->zero.stage != 3 || model == NULL || model->frozen == NULL))
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "zdp_engine_create_shared: a shared frozen store is for a model with "
+                           "frozen weights (zdp_model.frozen) at zero_optimization.stage = 3 "
+                           "(stage here: %d); use zdp_engine_create",
+                           cfg->zero.stage);
+    return create_(cfg, model, store, out, err);
+}
+
 void zdp_engine_destroy(zdp_engine *e) {
     if (e == NULL) return;
     /* Let queued operations finish before their buffers go. */
@@ -1288,10 +1455,20 @@ void zdp_engine_destroy(zdp_engine *e) {
     e->stream = NULL;
     if (e->frozen != NULL) {
         /* Back to the model's own source (NULL for a partitioned base),
-         * once frozen_init_ got as far as pointing it here. */
+         * once frozen_init_ (or frozen_borrow_) got as far as pointing it
+         * here. */
         if (*e->model->frozen->src == &e->frozen->src) *e->model->frozen->src = e->frozen_prev;
-        e->frozen->stream = NULL; /* this engine's, gone */
-        zdp_engine_destroy(e->frozen);
+        if (e->frozen_borrowed) { /* the store's: give it back untouched */
+            zdp_engine *f = e->frozen;
+            if (f->parent == e) {
+                f->parent = NULL;
+                f->stream = f->own_stream;
+            }
+            f->borrowers--;
+        } else {
+            e->frozen->stream = NULL; /* this engine's, gone */
+            zdp_engine_destroy(e->frozen);
+        }
         e->frozen = NULL;
     }
     const size_t fb = sizeof(float);
@@ -2001,7 +2178,12 @@ void zdp_engine_memory_report(const zdp_engine *e, zdp_memory_report *m) {
     };
     int64_t total = 0;
     for (int c = 0; c < ZDP_MEM_NCATEGORIES; c++) total += b[c];
-    if (e->frozen != NULL) {
+    if (e->frozen != NULL && e->frozen_borrowed) {
+        /* A shared store's bytes are its own report's
+         * (zdp_frozen_store_memory_report); only what this engine's pass
+         * gathered of it counts here. */
+        m->gathered_bytes += e->frozen->parent == e ? e->frozen->mem.bytes[ZDP_MEM_GATHERED] : 0;
+    } else if (e->frozen != NULL) {
         const int64_t *fb = e->frozen->mem.bytes;
         m->frozen_bytes = fb[ZDP_MEM_PARAMS];
         m->gathered_bytes += fb[ZDP_MEM_GATHERED];

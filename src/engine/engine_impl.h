@@ -177,7 +177,12 @@ struct zdp_engine {
      * one's stream, mem-free of this one's counters (the report adds its
      * bytes); frozen_prev is the source the model read them through. */
     zdp_engine *frozen;
-    zdp_engine *parent;    /* in the frozen engine: the engine it serves */
+    bool frozen_borrowed;  /* frozen is a zdp_frozen_store's, shared: not ours to free */
+    zdp_engine *parent;    /* in the frozen engine: the engine it serves (a store's:
+                              the borrower whose pass runs, else NULL) */
+    zdp_stream *own_stream; /* a store's frozen engine: its own stream, for whole
+                               gathers outside any borrower's pass */
+    int borrowers;         /* a store's frozen engine: engines borrowing it now */
     zdp_model frozen_model; /* its tensors, as the frozen engine's model */
     zdp_param_source *frozen_prev;
     float *save_params;    /* stage 3, during a checkpoint save: the whole model

@@ -27,6 +27,9 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +44,7 @@
 /* ---- execution (every rank) ---------------------------------------------------- */
 
 static int64_t numel_(const zdp_param_info *p);
+static int status_of_(zdp_status st);
 
 jmp_buf *serve_fatal_jmp = NULL;
 zdp_error serve_fatal_err;
@@ -64,14 +68,11 @@ float **serve_views(server *s) {
  * and writing them (start-up, load_weights) scatters one into them. */
 static bool whole_copies_(const server *s) { return s->cfg.zero.stage == 3 && !serve_lora(s); }
 
-float **serve_weights_get(server *s, bool gather, zdp_error *err) {
-    if (!whole_copies_(s)) {
-        float **v = serve_views(s);
-        if (v == NULL) zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory");
-        return v;
-    }
-    const int np = s->model.n_params;
-    const int64_t n = zdp_engine_numel(s->slots[0].eng);
+/* Whole copies of engine e's np tensors in one block (v[0] first), gathered
+ * from the stage-3 partitions when `gather` (COLLECTIVE then); NULL with
+ * err set when out of memory on this rank (on any rank, with gather). */
+static float **whole_get_(server *s, zdp_engine *e, int np, bool gather, zdp_error *err) {
+    const int64_t n = zdp_engine_numel(e);
     float **v = calloc((size_t)np, sizeof *v);
     float *block = v != NULL ? malloc((size_t)n * sizeof(float)) : NULL; /* (n) every tensor, v[0] first */
     /* The gathers are collective: every rank has its copy first (without
@@ -83,12 +84,21 @@ float **serve_weights_get(server *s, bool gather, zdp_error *err) {
                     "ZeRO stage 3 on every rank)", (long long)n);
         return NULL;
     }
-    for (int i = 0; i < np; i++) v[i] = block + zdp_engine_param_offset(s->slots[0].eng, i);
+    for (int i = 0; i < np; i++) v[i] = block + zdp_engine_param_offset(e, i);
     for (int i = 0; gather && i < np; i++)
-        if (zdp_engine_get_param(s->slots[0].eng, i, v[i], err) != ZDP_OK) serve_die("gather weights", err);
+        if (zdp_engine_get_param(e, i, v[i], err) != ZDP_OK) serve_die("gather weights", err);
     const int64_t bytes = n * (int64_t)sizeof(float);
     if (bytes > s->whole_peak_bytes) s->whole_peak_bytes = bytes;
     return v;
+}
+
+float **serve_weights_get(server *s, bool gather, zdp_error *err) {
+    if (!whole_copies_(s)) {
+        float **v = serve_views(s);
+        if (v == NULL) zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory");
+        return v;
+    }
+    return whole_get_(s, s->slots[0].eng, s->model.n_params, gather, err);
 }
 
 zdp_status serve_weights_push(server *s, float *const *v, zdp_error *err) {
@@ -102,12 +112,75 @@ void serve_weights_free(server *s, float **v) {
     free(v);
 }
 
-/* The engine's parameter views of the model being trained (s->cur). */
-static float **cur_views_(server *s) {
+float **serve_base_get(server *s, char *why, size_t why_size) {
+    if (s->store == NULL) return s->base;
+    const int np = s->model.n_params;
+    int64_t n = 0;
+    for (int i = 0; i < np; i++) n += numel_(&s->model.params[i]);
+    float **v = calloc((size_t)np, sizeof *v);
+    float *block = v != NULL ? malloc((size_t)n * sizeof(float)) : NULL; /* (n) every tensor, v[0] first */
+    /* The gathers are collective: every rank has its block first, or none
+     * gathers and the batch fails on every rank. */
+    if (!zdp_dist_all_ok(block != NULL)) {
+        free(block);
+        free(v);
+        snprintf(why, why_size, "out of memory for the whole base weights (%lld floats) that sampling gathers "
+                 "at ZeRO stage 3 on some rank; send a smaller batch or serve with fewer models",
+                 (long long)n);
+        return NULL;
+    }
+    int64_t off = 0;
+    for (int i = 0; i < np; off += numel_(&s->model.params[i]), i++) v[i] = block + off;
+    zdp_error err = {0};
+    for (int i = 0; i < np; i++)
+        if (zdp_frozen_store_get(s->store, i, v[i], &err) != ZDP_OK) serve_die("gather the base", &err);
+    const int64_t bytes = n * (int64_t)sizeof(float);
+    if (bytes > s->whole_peak_bytes) s->whole_peak_bytes = bytes;
+    s->base_now = v;
+    return v;
+}
+
+void serve_base_free(server *s, float **v) {
+    if (v == NULL || s->store == NULL) return;
+    free(v[0]);
+    free(v);
+    s->base_now = NULL;
+    /* The weights packed from it are a copy of the whole base too. */
+    zdp_kv_packs_destroy(s->packs);
+    s->packs = NULL;
+#ifdef __GLIBC__
+    /* glibc keeps large freed blocks in the heap once its mmap threshold
+     * has grown to their size; give them back, or the rank's resident set
+     * keeps the whole base between batches. */
+    malloc_trim(0);
+#endif
+}
+
+/* The tensors of the model being trained (s->cur, a LoRA model's adapters):
+ * the engine's views at stages 0-2; at stage 3, where no rank holds whole
+ * tensors, whole copies (gathered when `gather`: COLLECTIVE, every rank
+ * alike).  NULL with err set when out of memory.  adapters_push_ writes
+ * them back (every rank the same values) and syncs; adapters_free_ frees. */
+static float **adapters_get_(server *s, bool gather, zdp_error *err) {
+    if (s->cfg.zero.stage == 3) return whole_get_(s, s->eng, s->cur->n_params, gather, err);
     float **v = malloc((size_t)s->cur->n_params * sizeof *v);
-    if (v == NULL) return NULL;
+    if (v == NULL) {
+        zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
     for (int i = 0; i < s->cur->n_params; i++) v[i] = zdp_engine_param_data(s->eng, i);
     return v;
+}
+
+static zdp_status adapters_push_(server *s, float *const *v, zdp_error *err) {
+    for (int i = 0; s->cfg.zero.stage == 3 && i < s->cur->n_params; i++)
+        if (zdp_engine_set_param(s->eng, i, v[i], err) != ZDP_OK) return err->code;
+    return zdp_engine_sync_params(s->eng, err);
+}
+
+static void adapters_free_(server *s, float **v) {
+    if (v != NULL && s->cfg.zero.stage == 3) free(v[0]);
+    free(v);
 }
 
 /* Per-token coefficients and losses of datum i: c_t (the weight its
@@ -148,7 +221,20 @@ static char *exec_fwd_(server *s, job *j, int *status) {
     const int64_t rounds = (n + s->W - 1) / s->W;
     static const int32_t pad = 0;
     zdp_error err;
-    for (int64_t r = 0; r < rounds; r++) {
+    /* At stage 3 a failed pass (a gather that could not allocate on some
+     * rank) fails on every rank alike, in the same pass (the engine's
+     * agreement rows): every rank leaves the loop there and the request
+     * fails.  Below stage 3 a pass has no such agreement: a failure dies. */
+    const bool agreed = s->cfg.zero.stage == 3;
+    zdp_status fst = ZDP_OK;
+    zdp_error ferr = {0};
+#define FWD_FAIL_(what)                              \
+    do {                                             \
+        if (!agreed) serve_die(what, &err);          \
+        fst = err.code;                              \
+        ferr = err;                                  \
+    } while (0)
+    for (int64_t r = 0; r < rounds && fst == ZDP_OK; r++) {
         const int64_t i = r * s->W + s->R;
         if (i < n) {
             const int64_t o = off[i];
@@ -156,7 +242,10 @@ static char *exec_fwd_(server *s, job *j, int *status) {
             zdp_lm_batch b = {.inputs = tok + o, .targets = tgt + o, .weights = w + o,
                                .logprobs = lp + o, .B = 1, .T = len[i]};
             float loss;
-            if (zdp_engine_forward(s->eng, &b, &loss, &err) != ZDP_OK) serve_die("forward", &err);
+            if (zdp_engine_forward(s->eng, &b, &loss, &err) != ZDP_OK) {
+                FWD_FAIL_("forward");
+                break;
+            }
             if (!bwd) continue;
             if (h.loss != ZDP_LOSS_CROSS_ENTROPY) {
                 /* A policy loss: its gradient is the weighted cross-entropy's with
@@ -169,16 +258,32 @@ static char *exec_fwd_(server *s, job *j, int *status) {
             /* d(sum_t c_t CE_t)/dθ: times N against the mean over positions, times W
              * against the engine's mean over ranks. */
             if (zdp_engine_backward(s->eng, false, (float)len[i] * (float)s->W, &err) != ZDP_OK)
-                serve_die("backward", &err);
+                FWD_FAIL_("backward");
         } else if (bwd || s->cfg.zero.stage == 3) {
             /* No datum left for this rank: a zero-weight micro-batch keeps the
              * backward() count, and stage 2's reductions, equal on all ranks
              * (and at stage 3 the forward's gathers, forward alone too). */
             zdp_lm_batch b = {.inputs = &pad, .targets = &pad, .B = 1, .T = 1};
             float loss;
-            if (zdp_engine_forward(s->eng, &b, &loss, &err) != ZDP_OK) serve_die("forward", &err);
-            if (bwd && zdp_engine_backward(s->eng, false, 0.0f, &err) != ZDP_OK) serve_die("backward", &err);
+            if (zdp_engine_forward(s->eng, &b, &loss, &err) != ZDP_OK) FWD_FAIL_("forward");
+            else if (bwd && zdp_engine_backward(s->eng, false, 0.0f, &err) != ZDP_OK) FWD_FAIL_("backward");
         }
+    }
+#undef FWD_FAIL_
+    /* The engine made the verdict the same on every rank; this checks it
+     * (a rank that disagrees would leave the others in a collective). */
+    if (agreed && s->W > 1 && zdp_dist_all_ok(fst == ZDP_OK) != (fst == ZDP_OK))
+        serve_die("forward_backward", &(zdp_error){.msg = "the ranks disagree on a stage-3 pass's verdict "
+                                                          "(a bug in zdp)"});
+    if (fst != ZDP_OK) {
+        free(off);
+        free(lp);
+        free(coef);
+        free(el);
+        if (s->R != 0) return NULL;
+        fprintf(stderr, "zdp serve: %s failed on every rank: %s\n", bwd ? "forward_backward" : "forward", ferr.msg);
+        *status = status_of_(fst);
+        return serve_error_body("forward_backward", ferr.msg);
     }
     /* Each position was filled by exactly one rank, the others hold 0: a sum
      * gathers them exactly. */
@@ -476,7 +581,9 @@ static char *exec_sample_(server *s, job *j, int *status) {
         serve_die("sample", &(zdp_error){.msg = "a malformed request (a bug in zdp)"});
     const sample_req r = rq.r;
     zdp_error err = {0};
-    float **v = serve_weights_get(s, true, &err);
+    /* A LoRA server samples its base (at stage 3 gathered for this request). */
+    const bool lora = serve_lora(s);
+    float **v = lora ? serve_base_get(s, err.msg, sizeof err.msg) : serve_weights_get(s, true, &err);
     verr why = {.status = 500};
     if (v == NULL) snprintf(why.msg, sizeof why.msg, "%s", err.msg);
     const serve_sample_spec sp = {.j = j, .prompt = rq.prompt, .n_prompt = r.n, .num_samples = 1,
@@ -485,7 +592,8 @@ static char *exec_sample_(server *s, job *j, int *status) {
                                   .seed = (uint64_t)r.seed, .stop = rq.stop, .stop_str = rq.stop_str,
                                   .prompt_length = r.n};
     char *body = serve_sampler_run(s, (const float *const *)v, &sp, v == NULL ? &why : NULL, status);
-    serve_weights_free(s, v);
+    if (lora) serve_base_free(s, v);
+    else serve_weights_free(s, v);
     return body;
 }
 
@@ -620,7 +728,16 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
         const serve_adapter *a = adapter_of_(s, path, s->ad_clock + 1, &err);
         if (a == NULL) why = adapter_why_(&err);
         const serve_sample_spec sp = sample_file_spec_(j, &rq, a);
-        return serve_sampler_run(s, (const float *const *)s->base, &sp, a == NULL ? &why : NULL, status);
+        char bwhy[ZDP_ERROR_MSG_MAX];
+        float **base = serve_base_get(s, bwhy, sizeof bwhy);
+        if (base == NULL && a != NULL) {
+            why = (verr){.status = 500, .field = "model_path"};
+            snprintf(why.msg, sizeof why.msg, "%s", bwhy);
+        }
+        char *body = serve_sampler_run(s, (const float *const *)base, &sp, a == NULL || base == NULL ? &why : NULL,
+                                       status);
+        serve_base_free(s, base);
+        return body;
     }
     const struct timespec t = mtime_(path);
     if (s->snap_path == NULL || strcmp(s->snap_path, path) != 0 || !same_time_(s->snap_mtime, t)) {
@@ -667,7 +784,16 @@ void serve_exec_sample_batch(server *s, job **jobs, int n, int *statuses, char *
         wp[m] = a == NULL ? &whys[m] : NULL;
         idx[m++] = k;
     }
-    serve_sampler_run_many(s, (const float *const *)s->base, sps, wp, m, st, bd);
+    char bwhy[ZDP_ERROR_MSG_MAX];
+    float **base = m > 0 ? serve_base_get(s, bwhy, sizeof bwhy) : NULL;
+    for (int i = 0; m > 0 && base == NULL && i < m; i++) /* every rank alike: nothing samples */
+        if (wp[i] == NULL) {
+            whys[i] = (verr){.status = 500, .field = "model_path"};
+            snprintf(whys[i].msg, sizeof whys[i].msg, "%s", bwhy);
+            wp[i] = &whys[i];
+        }
+    serve_sampler_run_many(s, (const float *const *)base, sps, wp, m, st, bd);
+    serve_base_free(s, base);
     for (int i = 0; i < m; i++) {
         statuses[idx[i]] = st[i];
         bodies[idx[i]] = bd[i];
@@ -726,21 +852,25 @@ void serve_save_result_free(serve_save_result *r) {
  * adapter_model.safetensors and adapter_config.json, base_model_name_or_path
  * the served model's name (docs/lora.md). */
 static zdp_status save_adapter_(server *s, const char *dir, zdp_error *err) {
-    float **v = cur_views_(s);
-    if (v == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory");
-    zdp_status st = zdp_lora_save_adapter(dir, s->cur, (const float *const *)v, s->opt.model_name, err);
-    free(v);
+    /* At stage 3 every rank gathers the adapters; rank 0 writes them. */
+    if (s->R != 0 && s->cfg.zero.stage < 3) return ZDP_OK;
+    float **v = adapters_get_(s, true, err);
+    if (v == NULL) return err->code;
+    zdp_status st = s->R == 0 ? zdp_lora_save_adapter(dir, s->cur, (const float *const *)v, s->opt.model_name, err)
+                              : ZDP_OK;
+    adapters_free_(s, v);
     return st;
 }
 
 static char *exec_save_weights_(server *s, job *j, int *status) {
     /* Rank 0 writes the file; at stage 3 (--full-finetune) every rank
      * gathers the weights first. */
-    if (s->R != 0 && (serve_lora(s) || s->cfg.zero.stage < 3)) return NULL;
+    if (s->R != 0 && s->cfg.zero.stage < 3) return NULL;
     const char *path = (const char *)j->payload;
     zdp_error err = {0};
     if (serve_lora(s)) { /* the adapter, a PEFT folder: what sampling and users take */
         zdp_status st = save_adapter_(s, path, &err);
+        if (s->R != 0) return NULL;
         if (st != ZDP_OK) {
             *status = status_of_(st);
             return serve_error_body("path", err.msg);
@@ -845,14 +975,16 @@ static char *exec_state_(server *s, job *j, int *status) {
     char why[2048];
     int bad_st = 0;
     if (!all) failed_ranks_(s, st, err.msg, &bad_st, why, sizeof why);
+    /* A LoRA model's checkpoint is a PEFT adapter folder too (beside the
+     * engine's files), as Tinker's checkpoint download gives; at stage 3
+     * every rank takes part in gathering it. */
+    if (all && j->op == OP_SAVE_STATE && serve_lora(s)) st = save_adapter_(s, path, &err);
     if (s->R != 0) return NULL;
     if (!all) {
         *status = status_of_((zdp_status)bad_st);
         return serve_error_body("path", why);
     }
-    /* A LoRA model's checkpoint is a PEFT adapter folder too (beside the
-     * engine's files), as Tinker's checkpoint download gives. */
-    if (j->op == OP_SAVE_STATE && serve_lora(s) && (st = save_adapter_(s, path, &err)) != ZDP_OK) {
+    if (j->op == OP_SAVE_STATE && serve_lora(s) && st != ZDP_OK) {
         *status = status_of_(st);
         return serve_error_body("path", err.msg);
     }
@@ -864,7 +996,7 @@ static char *exec_state_(server *s, job *j, int *status) {
  * engine's checkpoint of a LoRA model names them as PEFT does): every
  * tensor present, F32, of the model's shape, or refused naming it before
  * anything changes.  Rank 0; sync_params then gives every rank the values. */
-static zdp_status load_adapters_(server *s, const char *path, zdp_error *err) {
+static zdp_status load_adapters_(server *s, const char *path, float *const *dst, zdp_error *err) {
     zdp_safetensors st;
     if (zdp_safetensors_read(path, &st, err) != ZDP_OK) return err->code;
     const zdp_model *m = s->cur;
@@ -886,7 +1018,7 @@ static zdp_status load_adapters_(server *s, const char *path, zdp_error *err) {
     }
     for (int i = 0; rc == ZDP_OK && i < m->n_params; i++) {
         const zdp_tensor *t = zdp_safetensors_find(&st, m->params[i].name);
-        memcpy(zdp_engine_param_data(s->eng, i), t->data, t->nbytes);
+        memcpy(dst[i], t->data, t->nbytes);
     }
     zdp_safetensors_free(&st);
     return rc;
@@ -900,28 +1032,34 @@ static char *exec_load_weights_(server *s, job *j, int *status) {
     const char *path = (const char *)j->payload;
     zdp_error err = {0};
     zdp_status st = ZDP_OK;
-    if (s->R == 0 && serve_lora(s)) {
-        st = load_adapters_(s, path, &err);
-    } else if (!serve_lora(s) && s->cfg.zero.stage == 3) {
+    if (s->R == 0 && serve_lora(s) && s->cfg.zero.stage < 3) {
+        float **v = adapters_get_(s, false, &err);
+        st = v == NULL ? err.code : load_adapters_(s, path, v, &err);
+        adapters_free_(s, v);
+    } else if (s->cfg.zero.stage == 3) {
         /* No rank holds what sync_params would broadcast: rank 0 reads into
-         * every rank's whole copy by broadcast, and each keeps its slice. */
-        float **v = serve_weights_get(s, false, &err);
+         * every rank's whole copy by broadcast, and each keeps its slice
+         * (the LoRA model's adapters, or --full-finetune's weights). */
+        const bool lora = serve_lora(s);
+        float **v = lora ? adapters_get_(s, false, &err) : serve_weights_get(s, false, &err);
         if (!zdp_dist_all_ok(v != NULL)) {
-            serve_weights_free(s, v);
+            lora ? adapters_free_(s, v) : serve_weights_free(s, v);
             if (s->R != 0) return NULL;
             *status = 500;
             return serve_error_body("path", v == NULL ? err.msg : "another rank is out of memory for the weights");
         }
-        if (s->R == 0) st = s->opt.lm.load(s->opt.lm.ctx, path, &s->model, v, &err);
+        if (s->R == 0)
+            st = lora ? load_adapters_(s, path, v, &err) : s->opt.lm.load(s->opt.lm.ctx, path, &s->model, v, &err);
         int ok = st == ZDP_OK;
         if (zdp_channel_bcast(s->ch, &ok, (int64_t)sizeof ok, &err) != ZDP_OK) serve_die("load_weights", &err);
         if (ok) {
             const int64_t nbytes = zdp_engine_numel(s->eng) * (int64_t)sizeof(float);
             if (zdp_channel_bcast(s->ch, v[0], nbytes, &err) != ZDP_OK) serve_die("load_weights", &err);
-            if (serve_weights_push(s, v, &err) != ZDP_OK) serve_die("load_weights", &err);
+            if ((lora ? adapters_push_(s, v, &err) : serve_weights_push(s, v, &err)) != ZDP_OK)
+                serve_die("load_weights", &err);
             zdp_engine_reset_optimizer_state(s->eng);
         }
-        serve_weights_free(s, v);
+        lora ? adapters_free_(s, v) : serve_weights_free(s, v);
         if (s->R != 0) return NULL;
         if (!ok) {
             *status = status_of_(st);
@@ -1046,7 +1184,7 @@ static char *exec_delete_(server *s, job *j, int *status) {
 static json_t *requests_json_(server *s);
 
 static json_t *models_json_(server *s) {
-    enum { K = 5 };
+    enum { K = 6 };
     json_t *arr = s->R == 0 ? json_array() : NULL;
     int64_t *all = s->R == 0 ? malloc((size_t)s->W * K * sizeof *all) : NULL;
     if (s->R == 0 && (arr == NULL || all == NULL)) serve_die("info", &(zdp_error){.msg = "out of memory"});
@@ -1056,17 +1194,18 @@ static json_t *models_json_(server *s) {
         zdp_memory_report m;
         zdp_engine_memory_report(x->eng, &m);
         int64_t mine[K] = {m.params_bytes, m.grads_bytes + m.grad_partition_bytes + m.bucket_bytes,
-                           m.optimizer_bytes, m.other_bytes, m.total_bytes};
+                           m.optimizer_bytes, m.other_bytes, m.total_bytes, m.frozen_bytes};
         zdp_error err;
         if (zdp_channel_gather(s->ch, mine, (int64_t)sizeof mine, all, &err) != ZDP_OK) serve_die("info", &err);
         if (s->R != 0) continue;
         json_t *mem = json_array();
         for (int r = 0; r < s->W; r++) {
             const int64_t *v = all + K * r;
-            json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I}", "rank", r, "params_bytes",
+            json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", r, "params_bytes",
                                                  (json_int_t)v[0], "grads_bytes", (json_int_t)v[1],
                                                  "optimizer_bytes", (json_int_t)v[2], "other_bytes",
-                                                 (json_int_t)v[3], "total_bytes", (json_int_t)v[4]));
+                                                 (json_int_t)v[3], "total_bytes", (json_int_t)v[4],
+                                                 "frozen_bytes", (json_int_t)v[5]));
         }
         json_t *o = json_pack("{s:i,s:I,s:I,s:I,s:I,s:o}", "slot", k, "n_params",
                               (json_int_t)zdp_engine_numel(x->eng), "step",
@@ -1091,13 +1230,41 @@ static char *exec_info_(server *s, job *j, int *status) {
     (void)j;
     json_t *models = models_json_(s);
     if (serve_lora(s)) {
-        if (s->R != 0) return NULL;
         int64_t base = 0;
         for (int i = 0; i < s->model.n_params; i++) base += numel_(&s->model.params[i]) * (int64_t)sizeof(float);
+        /* The server's own rows, once per rank (not per model): the base it
+         * holds whole (stages 0-2) or its one partition shared by every
+         * model (stage 3: zdp_frozen_store), and what sampling holds. */
+        enum { KB = 7 };
+        zdp_memory_report fm;
+        zdp_frozen_store_memory_report(s->store, &fm);
+        int64_t held = 0; /* the whole base tensors this rank holds (none at stage 3) */
+        for (int i = 0; s->base != NULL && i < s->model.n_params; i++)
+            if (s->base[i] != NULL) held += numel_(&s->model.params[i]) * (int64_t)sizeof(float);
+        int64_t mine[KB] = {held, fm.frozen_bytes, fm.other_bytes,
+                            s->whole_peak_bytes, s->kv_bytes_peak, zdp_kv_packs_bytes(s->packs),
+                            zdp_kv_packs_count(s->packs)};
+        int64_t *all = s->R == 0 ? malloc((size_t)s->W * sizeof mine) : NULL;
+        if (s->R == 0 && all == NULL) serve_die("info", &(zdp_error){.msg = "out of memory"});
+        zdp_error gerr;
+        if (zdp_channel_gather(s->ch, mine, (int64_t)sizeof mine, all, &gerr) != ZDP_OK) serve_die("info", &gerr);
+        if (s->R != 0) return NULL;
+        json_t *mem = json_array();
+        for (int r = 0; r < s->W; r++) {
+            const int64_t *x = all + KB * r;
+            json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", r, "base_whole_bytes",
+                                                 (json_int_t)x[0], "base_partition_bytes", (json_int_t)x[1],
+                                                 "base_other_bytes", (json_int_t)x[2], "gathered_whole_bytes",
+                                                 (json_int_t)x[3], "kv_cache_peak_bytes", (json_int_t)x[4],
+                                                 "packed_weights_bytes", (json_int_t)x[5], "packed_weights_packs",
+                                                 (json_int_t)x[6]));
+        }
+        free(all);
         json_t *o = json_pack("{s:o,s:i,s:i,s:s,s:i,s:f,s:I,s:o,s:I}", "model", model_json_(s), "world_size", s->W,
                               "zero_stage", s->cfg.zero.stage, "mode", "lora", "max_models", s->opt.max_models,
                               "model_idle_timeout_seconds", s->opt.model_idle_timeout_s, "base_bytes",
                               (json_int_t)base, "models", models, "max_body_bytes", (json_int_t)s->opt.max_body);
+        json_object_set_new(o, "memory", mem);
         json_object_set_new(o, "requests", requests_json_(s));
         json_object_set_new(o, "limits", limits_json_(s));
         *status = 200;
@@ -1203,7 +1370,9 @@ static char *exec_create_(server *s, job *j, int *status) {
     zdp_error err = {0};
     zdp_status st = zdp_lora_create(&s->model, (const float *const *)s->base, &lc, &x->lora, &err);
     bool made = st == ZDP_OK;
-    if (made && (st = zdp_engine_create(&s->cfg, &x->lora, &x->eng, &err)) != ZDP_OK) {
+    /* At stage 3 the engine borrows the server's one partition of the base. */
+    if (made && (st = s->store != NULL ? zdp_engine_create_shared(&s->cfg, &x->lora, s->store, &x->eng, &err)
+                                       : zdp_engine_create(&s->cfg, &x->lora, &x->eng, &err)) != ZDP_OK) {
         zdp_lora_destroy(&x->lora);
         made = false;
     }
@@ -1230,11 +1399,13 @@ static char *exec_create_(server *s, job *j, int *status) {
     snprintf(x->name, sizeof x->name, "%s", model_id);
     s->cur = x->model;
     s->eng = x->eng;
-    float **v = cur_views_(s);
-    if (v == NULL) serve_die("create_model", &(zdp_error){.msg = "out of memory"});
+    /* Every rank draws the same initial adapters from the seed (at stage 3
+     * each keeps its slice of them). */
+    float **v = adapters_get_(s, false, &err);
+    if (v == NULL) serve_die("create_model", &err);
     zdp_lora_init_params(x->model, v);
-    free(v);
-    if (zdp_engine_sync_params(x->eng, &err) != ZDP_OK) serve_die("create_model", &err);
+    if (adapters_push_(s, v, &err) != ZDP_OK) serve_die("create_model", &err);
+    adapters_free_(s, v);
     if (s->R != 0) return NULL;
     char targets[ZDP_LORA_TARGETS_NAME_MAX];
     zdp_lora_targets_name(lc.targets, lc.modules, targets, sizeof targets);
@@ -1267,9 +1438,27 @@ static bool on_model_(int op) {
            op == OP_LOAD_STATE || op == OP_LOAD_WEIGHTS || op == OP_UNLOAD;
 }
 
+/* The test hook ZDP_TEST_SERVE_FATAL=RANK:N: the N-th job this process
+ * runs fails fatally on rank RANK alone, as a failure no agreement covers
+ * would (tests/cli/test_serve_zero3.sh: the tool then ends every rank).
+ * Read once; -1: off. */
+static long long fatal_rank_ = -2, fatal_nth_ = 0, fatal_jobs_ = 0;
+
+static void fatal_hook_(const server *s, const job *j) {
+    if (fatal_rank_ == -2) {
+        const char *h = getenv("ZDP_TEST_SERVE_FATAL");
+        if (h == NULL || sscanf(h, "%lld:%lld", &fatal_rank_, &fatal_nth_) != 2 || fatal_nth_ < 1)
+            fatal_rank_ = -1;
+    }
+    if (fatal_rank_ == s->R && ++fatal_jobs_ == fatal_nth_)
+        serve_die(serve_ops[j->op].name, &(zdp_error){.msg = "ZDP_TEST_SERVE_FATAL: a failure on this "
+                                                             "rank alone (the test hook)"});
+}
+
 char *serve_exec(server *s, job *j, int *status) {
     if (j->op < 0 || j->op >= SERVE_N_OPS || serve_ops[j->op].exec == NULL)
         serve_die("serve", &(zdp_error){.msg = "unknown request type from rank 0 (a bug in zdp)"});
+    fatal_hook_(s, j);
     if (on_model_(j->op)) {
         /* The same table on every rank: each refuses alike, before any collective. */
         if (j->slot < 0 || j->slot >= s->opt.max_models || j->uid == 0 || s->slots[j->slot].uid != j->uid) {

@@ -124,7 +124,8 @@ static zdp_status generate_(server *s, const float *const *params, zdp_gen_seq *
     if (s->packs == NULL) st = zdp_kv_packs_create(&s->model, &s->packs, err);
     if (st == ZDP_OK) st = zdp_kv_create(&s->model, (int)n, longest, &kv, err);
     if (st != ZDP_OK) return st;
-    const uint64_t which = (const float *const *)s->snap == params ? 1 : (const float *const *)s->base == params ? 2 : 0;
+    const uint64_t which = (const float *const *)s->snap == params ? 1 : (const float *const *)s->base == params ||
+                           (s->base_now != NULL && (const float *const *)s->base_now == params) ? 2 : 0;
     zdp_kv_set_packs(kv, s->packs, s->wgen * 4 + which);
     st = zdp_generate(&s->model, params, kv, g, (int)n, (int)n, &gs, err);
     zdp_kv_destroy(kv);

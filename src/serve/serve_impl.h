@@ -381,6 +381,12 @@ typedef struct server {
     /* every rank: the most bytes of whole-model copies serve_weights_get
      * held at once (stage 3; GET /info "gathered_whole_bytes"). */
     int64_t whole_peak_bytes;
+    /* every rank, LoRA mode at stage 3: the base, partitioned once and
+     * borrowed by every model's engine (zdp_engine_create_shared); s->base
+     * then holds no tensors (NULL each).  base_now: the whole base gathered
+     * for the sampling batch running (serve_base_get), else NULL. */
+    zdp_frozen_store *store;
+    float **base_now;
     bool have_model, started, watching;
     /* rank 0: the guards every request passes (http.c, guard_). */
     char *api_key; /* NULL: no --api-key-file */
@@ -509,6 +515,13 @@ zdp_status serve_weights_push(server *s, float *const *v, zdp_error *err);
 void serve_weights_free(server *s, float **v);
 /* server.c: frees slot k's LoRA model and engine (no-op for --full-finetune). */
 void serve_slot_free(server *s, int k);
+/* LoRA mode, every rank: the whole base for a sampling batch.  Stages 0-2:
+ * s->base.  Stage 3: COLLECTIVE, gathered from s->store into one block
+ * (counted in gathered_whole_bytes), NULL on every rank with *why set when
+ * a rank is out of memory for it.  serve_base_free lets it go (and, at
+ * stage 3, the weights packed from it). */
+float **serve_base_get(server *s, char *why, size_t why_size);
+void serve_base_free(server *s, float **v);
 /* Whether the server trains LoRA models (no --full-finetune). */
 static inline bool serve_lora(const server *s) { return !s->opt.full_finetune; }
 /* Drops the sampler weights asample last read. */

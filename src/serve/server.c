@@ -74,6 +74,13 @@ static zdp_status load_roots_(server *s, zdp_error *err) {
     return ZDP_OK;
 }
 
+/* zdp_tensor_read_fn over whole tensors in memory (ctx: float **). */
+static zdp_status base_read_(void *ctx, int i, int64_t lo, int64_t hi, float *dst, zdp_error *err) {
+    (void)err;
+    memcpy(dst, ((float *const *)ctx)[i] + lo, (size_t)(hi - lo) * sizeof(float));
+    return ZDP_OK;
+}
+
 zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error *err) {
     server *s = calloc(1, sizeof *s);
     *out = s;
@@ -94,12 +101,6 @@ zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error 
         return fail_(err, "%s: zdp serve needs unmanaged gradient accumulation (each optim_step request "
                      "is the optimizer step); set \"managed_gradient_accumulation\": false",
                      s->opt.config);
-    /* LoRA at stage 3 would partition the shared base under every model's
-     * engine: not built yet.  --full-finetune gathers what it reads. */
-    if (s->cfg.zero.stage == 3 && !s->opt.full_finetune)
-        return fail_(err, "%s: zero_optimization.stage = 3: zdp serve trains LoRA models over a whole base "
-                     "(stages 0-2) only; set \"stage\" to 2 or lower, or serve the model with --full-finetune "
-                     "(stage 3 partitions its weights)", s->opt.config);
     /* The caller's model (one datum per micro-batch: activation memory for
      * one sequence); a causal LM, since every request is token sequences. */
     zdp_status st = s->opt.lm.create(s->opt.lm.ctx, &s->model, err);
@@ -139,16 +140,40 @@ zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error 
         return st;
     }
     /* LoRA: the base weights, loaded once on every rank and never written;
-     * each model's engine holds its adapters alone. */
+     * each model's engine holds its adapters alone.  At stage 3 the base is
+     * partitioned once per rank, 1/W, in a store every model's engine
+     * borrows (sampling gathers it whole for each batch, serve_base_get):
+     * read a slice at a time where the model has a reader (a model folder:
+     * no rank ever holds the whole base), else initialised whole, copied
+     * in, and freed. */
     s->base = calloc((size_t)s->model.n_params, sizeof *s->base);
     if (s->base == NULL) return fail_(err, "out of memory");
-    for (int i = 0; i < s->model.n_params; i++) {
-        int64_t n = 1;
-        for (int d = 0; d < s->model.params[i].ndim; d++) n *= s->model.params[i].shape[d];
-        if ((s->base[i] = malloc((size_t)n * sizeof(float))) == NULL)
-            return fail_(err, "out of memory for the base weights");
+    if (s->cfg.zero.stage == 3 && s->opt.lm.reader_open != NULL) {
+        void *r = NULL;
+        st = s->opt.lm.reader_open(s->opt.lm.ctx, &s->model, &r, err);
+        const zdp_frozen fz = {.n_params = s->model.n_params, .params = s->model.params,
+                               .read = s->opt.lm.read_slice, .read_ctx = r};
+        if (st == ZDP_OK) st = zdp_frozen_store_create(&s->cfg, &fz, &s->store, err);
+        if (r != NULL) s->opt.lm.reader_close(r);
+        if (st != ZDP_OK) return st;
+    } else {
+        for (int i = 0; i < s->model.n_params; i++) {
+            int64_t n = 1;
+            for (int d = 0; d < s->model.params[i].ndim; d++) n *= s->model.params[i].shape[d];
+            if ((s->base[i] = malloc((size_t)n * sizeof(float))) == NULL)
+                return fail_(err, "out of memory for the base weights");
+        }
+        if ((st = s->opt.lm.init(s->opt.lm.ctx, &s->model, s->base, err)) != ZDP_OK) return st;
     }
-    if ((st = s->opt.lm.init(s->opt.lm.ctx, &s->model, s->base, err)) != ZDP_OK) return st;
+    if (s->cfg.zero.stage == 3 && s->store == NULL) {
+        const zdp_frozen fz = {.n_params = s->model.n_params, .params = s->model.params,
+                               .read = base_read_, .read_ctx = s->base};
+        if ((st = zdp_frozen_store_create(&s->cfg, &fz, &s->store, err)) != ZDP_OK) return st;
+        for (int i = 0; i < s->model.n_params; i++) {
+            free(s->base[i]);
+            s->base[i] = NULL;
+        }
+    }
     /* A model LoRA cannot adapt is refused now, not at the first create_model. */
     zdp_model probe;
     const zdp_lora_config lc = {.rank = 1, .targets = ZDP_LORA_ALL};
@@ -272,6 +297,7 @@ void zdp_server_destroy(zdp_server *s) {
     if (s->opt.full_finetune && s->slots != NULL) zdp_engine_destroy(s->slots[0].eng);
     for (int k = 0; s->slots != NULL && k < s->opt.max_models; k++) serve_slot_free(s, k);
     free(s->slots);
+    zdp_frozen_store_destroy(s->store); /* after the last model that borrowed it */
     for (int i = 0; s->base != NULL && i < s->model.n_params; i++) free(s->base[i]);
     free(s->base);
     if (s->have_model) s->opt.lm.destroy(s->opt.lm.ctx, &s->model);

@@ -5,7 +5,16 @@
 # tolerance, greedy /sample tokens equal after every optim_step (stage 3
 # gathers the whole model for them), save_weights files within fp32
 # tolerance, save/load_state round trip, GET /info's gathered_whole_bytes.
-# Also the start-up refusal of LoRA at stage 3, naming the key and the fix.
+# Then the LoRA server (the default mode) at stage 3 against stage 2 at -np
+# 1-4 (GPT) and 2-3 (Qwen3), driven by tests/serve/zero3_lora_check.py: two
+# models' losses and adapters within fp32 tolerance, a third created, trained
+# and unloaded between their requests, greedy samples with each adapter
+# equal, load_state, GET /info's memory rows (the base's partition once per
+# rank, base / W, not once per model).  Last, stage 3 with gather failures
+# injected on one rank (ZDP_TEST_FAIL_GATHER, ZDP_TEST_FAIL_FROZEN_GATHER):
+# each fails its request on every rank and the next request works.  And a
+# failure on one rank alone that no agreement covers (ZDP_TEST_SERVE_FATAL)
+# ends every rank through the tool.
 # usage: test_serve_zero3.sh ZDP_BINARY MPIEXEC
 set -u
 source "$(dirname "$0")/serve_lib.sh" "$@" # ZDP MPIEXEC: HERE, PY, $T, fail, start_server
@@ -28,15 +37,13 @@ GPT=(--model gpt --n-layer 2 --n-head 2 --n-embd 16 --vocab-size 64 --block-size
   --max-pos 64 --out "$T/qwen" >/dev/null || fail "init-model"
 QWEN=(--model-dir "$T/qwen" --block-size 32)
 
-# LoRA over a partitioned base is not built: refused at start-up.
-expect_error 1 "zero_optimization.stage = 3: zdp serve trains LoRA models over a whole base" \
-  serve "${GPT[@]}" --config "$T/cfg3.json" --port 0
-
-# A collective step that fails on some ranks only (rank 1 cannot allocate
-# its 3rd stage-3 gather, mid-forward): zdp_server_run returns ZDP_ERR_FATAL
-# and the tool, not the library, ends the whole job: no rank left waiting, a
+# A step that fails on some ranks only, where no agreement covers it (the
+# test hook ZDP_TEST_SERVE_FATAL: rank 1's first job; a stage-3 gather that
+# cannot be allocated is agreed on instead, and fails the request on every
+# rank: the faults runs below): zdp_server_run returns ZDP_ERR_FATAL and
+# the tool, not the library, ends the whole job: no rank left waiting, a
 # non-zero exit and the reason ("zdp serve: " is the tool's prefix).
-if ZDP_TEST_FAIL_GATHER=1:3 start_server 2 "$T/fatal.log" "${GPT[@]}" --full-finetune \
+if ZDP_TEST_SERVE_FATAL=1:1 start_server 2 "$T/fatal.log" "${GPT[@]}" --full-finetune \
      --config "$T/cfg3.json" --checkpoint-dir "$T/ck-fatal"; then
   $PY - "$URL" <<'PY' >/dev/null 2>&1
 import json, sys, urllib.request
@@ -50,10 +57,10 @@ PY
   for _ in $(seq 600); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
   kill -0 "$SERVER_PID" 2>/dev/null && fail "a fatal error: the server still runs after 60 s"
   stop_server
-  if [ $SERVER_RC -ne 0 ] && grep -q "fatal: zdp serve: forward: zdp_param_fetch" "$T/fatal.log"; then
+  if [ $SERVER_RC -ne 0 ] && grep -q "fatal: zdp serve: forward_backward: ZDP_TEST_SERVE_FATAL" "$T/fatal.log"; then
     echo "ok: a fatal error mid-request ends every rank through the tool (exit $SERVER_RC)"
   else
-    fail "a fatal error: exit $SERVER_RC, no 'fatal: zdp serve: forward' line"; tail -20 "$T/fatal.log"
+    fail "a fatal error: exit $SERVER_RC, no 'fatal: zdp serve: forward_backward' line"; tail -20 "$T/fatal.log"
   fi
 fi
 
@@ -77,6 +84,39 @@ for run in ${RUNS:-gpt:2 gpt:3 qwen:2 qwen:3}; do
   timeout 60 $PY "$HERE/../serve/serve_check.py" compare "$T/ck-$name-$np-2/w.safetensors" \
     "$T/ck-$name-$np-3/w.safetensors" || fail "$name -np $np: save_weights at stage 3 differs from stage 2"
   [ $failures -eq "$before" ] && echo "ok: $name -np $np: stage 3 == stage 2"
+done
+
+LCHECK="$HERE/../serve/zero3_lora_check.py"
+for run in ${LORA_RUNS:-gpt:1 gpt:2 gpt:3 gpt:4 qwen:2 qwen:3}; do
+  name=${run%%:*} np=${run##*:}
+  if [ "$name" = gpt ]; then model=("${GPT[@]}"); else model=("${QWEN[@]}"); fi
+  for stage in 2 3; do
+    dir="$T/lck-$name-$np-$stage"
+    log="$T/lora-$name-$np-$stage.log"
+    start_server "$np" "$log" "${model[@]}" --config "$T/cfg$stage.json" --checkpoint-dir "$dir" \
+      --max-models 3 || continue
+    timeout 300 $PY "$LCHECK" run "$URL" "$dir" "$T/lora-$name-$np-$stage.json" ||
+      fail "zero3_lora_check run $name -np $np stage $stage"
+    stop_server
+    if [ $SERVER_RC -ne 0 ] || ! grep -q "zdp serve: stopped" "$log"; then
+      fail "LoRA $name -np $np stage $stage: no clean stop (exit $SERVER_RC)"; tail -20 "$log"
+    fi
+  done
+  before=$failures
+  timeout 60 $PY "$LCHECK" compare "$T/lora-$name-$np-2.json" "$T/lora-$name-$np-3.json" ||
+    fail "LoRA $name -np $np: stage 3 differs from stage 2"
+  [ $failures -eq "$before" ] && echo "ok: LoRA $name -np $np: stage 3 == stage 2"
+done
+
+for np in ${FAULT_RUNS:-2 3}; do
+  log="$T/faults-$np.log"
+  ZDP_TEST_FAIL_GATHER=1:1 ZDP_TEST_FAIL_FROZEN_GATHER=0:2 \
+    start_server "$np" "$log" "${GPT[@]}" --config "$T/cfg3.json" --checkpoint-dir "$T/fck-$np" || continue
+  timeout 300 $PY "$LCHECK" faults "$URL" || fail "zero3_lora_check faults -np $np"
+  stop_server
+  if [ $SERVER_RC -ne 0 ] || ! grep -q "zdp serve: stopped" "$log"; then
+    fail "faults -np $np: no clean stop (exit $SERVER_RC)"; tail -20 "$log"
+  fi
 done
 
 finish test_serve_zero3

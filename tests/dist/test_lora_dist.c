@@ -11,7 +11,9 @@
  * whole global micro-batch through the dense grad sink, clipping and SGD
  * with momentum in double (SGD for the reason test_gpt_dist.c gives).  The
  * engine holds only the adapters (its numel is theirs), and the base
- * weights, which the engine never sees, stay bitwise unchanged.
+ * weights, which the engine never sees, stay bitwise unchanged.  At stage 3
+ * also two LoRA models borrowing one partition of the base
+ * (zdp_frozen_store, as zdp serve shares it): each matches the reference.
  */
 #include <math.h>
 #include <stdint.h>
@@ -186,6 +188,102 @@ static float *train_(const base_spec *bs, const dist_lm_data *d, int stage, bool
     return out;
 }
 
+/* Stage 3 with one base partition shared by two LoRA models
+ * (zdp_frozen_store, zdp_engine_create_shared, as zdp serve's models
+ * share it): both engines borrow the store and train one after the other
+ * (the second after the first is destroyed); each must match the
+ * reference, the store must hold base / W per rank once, the engines none
+ * of it, and the caller's base (poisoned with NaN) is never read. */
+/* zdp_tensor_read_fn over whole tensors (ctx: float **). */
+static zdp_status read_(void *ctx, int i, int64_t lo, int64_t hi, float *dst, zdp_error *err) {
+    (void)err;
+    memcpy(dst, ((float *const *)ctx)[i] + lo, (size_t)(hi - lo) * sizeof(float));
+    return ZDP_OK;
+}
+
+static void shared_(const base_spec *bs, const dist_lm_data *d, const float *ref, int64_t n_ref) {
+    const int b = GLOBAL_B / W;
+    zdp_config cfg, cfg2;
+    dist_lm_config(W, GLOBAL_B, b, MANAGED_COUNTS[0], SGD_, false, 3, 20,
+                   ", \"stage3_param_persistence_threshold\": 0", &cfg);
+    dist_lm_config(W, GLOBAL_B, b, MANAGED_COUNTS[0], SGD_, false, 2, 20, "", &cfg2);
+    zdp_error err = {0};
+    zdp_model base, m[2];
+    float **bp = base_make_(bs, b, &base);
+    const zdp_frozen fz = {.n_params = base.n_params, .params = base.params, .read = read_,
+                           .read_ctx = bp};
+    zdp_frozen_store *store = NULL;
+    CHECK_ERR(zdp_frozen_store_create(&cfg2, &fz, &store, &err), ZDP_ERR_CONFIG, err, "stage = 2");
+    CHECK(store == NULL);
+    CHECK_OK(zdp_frozen_store_create(&cfg, &fz, &store, &e_));
+    int64_t base_n = 0;
+    for (int i = 0; i < base.n_params; i++) base_n += numel_(&base.params[i]);
+    for (int i = 0; i < base.n_params; i++) /* the store holds its partition: never read again */
+        for (int64_t k = 0; k < numel_(&base.params[i]); k++) bp[i][k] = NAN;
+    zdp_engine *eng[2];
+    for (int j = 0; j < 2; j++) {
+        CHECK_OK(zdp_lora_create(&base, (const float *const *)bp, &bs->lora, &m[j], &e_));
+        if (j == 0) {
+            zdp_engine *bad = NULL;
+            CHECK_ERR(zdp_engine_create_shared(&cfg2, &m[j], store, &bad, &err), ZDP_ERR_INVALID_ARG,
+                      err, "stage here: 2");
+            CHECK(bad == NULL);
+        }
+        if (zdp_engine_create_shared(&cfg, &m[j], store, &eng[j], &err) != ZDP_OK)
+            CHECK_FAIL_("engine: %s", err.msg);
+    }
+    const int64_t padded = (base_n + 2 * W - 1) / (2 * W) * (2 * W);
+    zdp_memory_report mr;
+    zdp_frozen_store_memory_report(store, &mr);
+    CHECK_EQ_I64(mr.frozen_bytes, 4 * (padded / W));
+    for (int j = 0; j < 2; j++) {
+        zdp_engine_memory_report(eng[j], &mr);
+        CHECK_EQ_I64(mr.frozen_bytes, 0);
+    }
+    for (int j = 0; j < 2; j++) {
+        int64_t n = 0;
+        for (int i = 0; i < m[j].n_params; i++) n += numel_(&m[j].params[i]);
+        CHECK_EQ_I64(n, n_ref);
+        float *flat = malloc((size_t)n * sizeof(float));
+        const size_t np = (size_t)(unsigned)m[j].n_params; /* > 0: a LoRA model has adapters */
+        float **views = calloc(np, sizeof(float *));
+        for (int i = 0, k = 0; i < m[j].n_params; k += (int)numel_(&m[j].params[i]), i++)
+            views[i] = flat + k;
+        zdp_lora_init_params(&m[j], views);
+        for (int i = 0; i < m[j].n_params; i++)
+            CHECK_OK(zdp_engine_set_param(eng[j], i, views[i], &e_));
+        CHECK_OK(zdp_engine_sync_params(eng[j], &e_));
+        dist_lm_train(eng[j], d, R, b, STEPS, UNMANAGED_COUNTS, false);
+        for (int i = 0; i < m[j].n_params; i++)
+            CHECK_OK(zdp_engine_get_param(eng[j], i, views[i], &e_));
+        char what[96];
+        snprintf(what, sizeof what, "shared base store, model %d vs single-process reference", j);
+        CHECK_CLOSE(flat, ref, n, 1e-5, 1e-6, what);
+        free(views);
+        free(flat);
+        if (j == 0) {
+            zdp_frozen_store_destroy(store); /* refused: engine 1 still borrows it */
+            zdp_engine_destroy(eng[0]);
+            zdp_lora_destroy(&m[0]);
+        }
+    }
+    /* Whole tensors from the store equal the base (made again: ours is NaN;
+     * the store keeps pointing at our base's tensor infos, so that stays). */
+    zdp_model base2;
+    float **bp2 = base_make_(bs, b, &base2);
+    for (int i = 0; i < base.n_params; i++) {
+        float *whole = malloc((size_t)numel_(&base.params[i]) * sizeof(float));
+        CHECK_OK(zdp_frozen_store_get(store, i, whole, &e_));
+        CHECK(memcmp(whole, bp2[i], (size_t)numel_(&base.params[i]) * sizeof(float)) == 0);
+        free(whole);
+    }
+    base_free_(&base2, bp2);
+    zdp_engine_destroy(eng[1]);
+    zdp_lora_destroy(&m[1]);
+    zdp_frozen_store_destroy(store);
+    base_free_(&base, bp);
+}
+
 static void check_model_(const char *name, const base_spec *bs, uint64_t seed) {
     dist_lm_data d = data_make_(13, seed + 70);
     int64_t n;
@@ -214,6 +312,7 @@ static void check_model_(const char *name, const base_spec *bs, uint64_t seed) {
             CHECK_CLOSE(got, ref[managed], n, 1e-5, 1e-6, what);
             free(got);
         }
+    shared_(bs, &d, ref[0], n);
     /* Training moved the adapters (A too: B left zero after the first step), differently for
      * the two schedules. */
     zdp_model base, m;
@@ -249,7 +348,8 @@ int main(int argc, char **argv) {
     const base_spec gpt = {.gpt = 1, .lora = {.rank = 3, .alpha = 32, .targets = ZDP_LORA_ATTN | ZDP_LORA_MLP, .seed = 4}};
     check_model_("LoRA r2 all targets over qwen3 (tied)", &qwen3, 6);
     check_model_("LoRA r3 attn+mlp over gpt-2", &gpt, 7);
-    if (R == 0) printf("test_lora_dist: 2 models x 14 runs matched the reference at world size %d\n", W);
+    if (R == 0) printf("test_lora_dist: 2 models x 14 runs and a shared base store matched the reference at "
+               "world size %d\n", W);
     zdp_dist_finalize();
     return 0;
 }
