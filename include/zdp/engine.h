@@ -216,6 +216,13 @@ ZDP_API int64_t zdp_engine_micro_steps(const zdp_engine *eng);
 ZDP_API int64_t zdp_engine_skipped_steps(const zdp_engine *eng);
 /* backward() calls since the last model step (the window so far). */
 ZDP_API int64_t zdp_engine_pending_backwards(const zdp_engine *eng);
+/* Drops the open window: waits for this rank's reductions in flight, zeroes
+ * the gradients accumulated since the last optimizer step and sets the
+ * window's backward() count to 0; parameters, optimizer state and the step
+ * counters are untouched.  Call it on every rank alike, between passes (a
+ * caller whose request failed part-way, as zdp serve does, so that no
+ * partial set of micro-batches reaches the next step). */
+ZDP_API zdp_status zdp_engine_drop_window(zdp_engine *eng, zdp_error *err);
 /* Global L2 norm of the last model step's gradient before clipping (the
  * norm one process would compute over the whole averaged gradient, the same
  * on every rank); NaN/Inf when that step was skipped; -1 before any step. */

@@ -2148,6 +2148,14 @@ int64_t zdp_engine_global_samples(const zdp_engine *e) { return e->global_sample
 int64_t zdp_engine_micro_steps(const zdp_engine *e) { return e->micro_steps; }
 int64_t zdp_engine_skipped_steps(const zdp_engine *e) { return e->skipped_steps; }
 int64_t zdp_engine_pending_backwards(const zdp_engine *e) { return e->window_backwards; }
+
+zdp_status zdp_engine_drop_window(zdp_engine *e, zdp_error *err) {
+    zdp_status st = reclaim_all_(e, err); /* nothing may add in after the zeroing */
+    if (e->grads != NULL) memset(e->grads, 0, (size_t)e->lay.padded * sizeof(float));
+    if (e->grad_part != NULL) memset(e->grad_part, 0, (size_t)e->lay.part * sizeof(float));
+    e->window_backwards = 0;
+    return st;
+}
 double zdp_engine_last_grad_norm(const zdp_engine *e) { return e->last_grad_norm; }
 const zdp_config *zdp_engine_config(const zdp_engine *e) { return &e->cfg; }
 int64_t zdp_engine_numel(const zdp_engine *e) { return e->lay.numel; }

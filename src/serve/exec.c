@@ -226,6 +226,7 @@ static char *exec_fwd_(server *s, job *j, int *status) {
      * agreement rows): every rank leaves the loop there and the request
      * fails.  Below stage 3 a pass has no such agreement: a failure dies. */
     const bool agreed = s->cfg.zero.stage == 3;
+    const int64_t window_before = zdp_engine_pending_backwards(s->eng);
     zdp_status fst = ZDP_OK;
     zdp_error ferr = {0};
 #define FWD_FAIL_(what)                              \
@@ -280,6 +281,18 @@ static char *exec_fwd_(server *s, job *j, int *status) {
         free(lp);
         free(coef);
         free(el);
+        /* Earlier rounds of this request added their gradients (the count
+         * moved: the same on every rank, the engine agreed the pass): drop
+         * the window on every rank alike, so that no part of a failed
+         * request reaches optim_step (a retry must not count them twice). */
+        if (bwd && zdp_engine_pending_backwards(s->eng) != window_before) {
+            if (zdp_engine_drop_window(s->eng, &err) != ZDP_OK) serve_die("forward_backward", &err);
+            const size_t used = strlen(ferr.msg);
+            if (strstr(ferr.msg, "dropped") == NULL) /* a failed backward's message says so already */
+                snprintf(ferr.msg + used, sizeof ferr.msg - used,
+                         "; the gradients accumulated since the last optim_step were dropped on every "
+                         "rank: send this step's forward_backward requests again");
+        }
         if (s->R != 0) return NULL;
         fprintf(stderr, "zdp serve: %s failed on every rank: %s\n", bwd ? "forward_backward" : "forward", ferr.msg);
         *status = status_of_(fst);

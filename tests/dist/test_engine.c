@@ -827,6 +827,40 @@ static void test_reset_optimizer_state(int stage, bool sgd) {
     run_free_(&fresh);
 }
 
+/* zdp_engine_drop_window: two backward()s dropped, then one more and a
+ * step, equals a fresh engine's one backward and step -- bitwise, at every
+ * stage (with overlap_comm at 2/3 the dropped reductions are in flight). */
+static void test_drop_window(int stage) {
+    const char *json = stage_json_(stage, 1, false, stage >= 2 ? ", \"overlap_comm\": true, "
+                                                                  "\"reduce_bucket_size\": 7" : "");
+    run a, fresh;
+    run_init_(&a, json, 5, 3, 1, 42);
+    run_init_(&fresh, json, 5, 3, 1, 42);
+    data d = data_make_(5, 8 * W, 23);
+    for (int j = 0; j < 2; j++) {
+        zdp_mlp_batch mb = batch_(&d, j, 1);
+        fwd_(&a, &mb);
+        CHECK_OK(zdp_engine_backward(a.eng, false, 1.0f, &e_));
+    }
+    CHECK_EQ_I64(zdp_engine_pending_backwards(a.eng), 2);
+    CHECK_OK(zdp_engine_drop_window(a.eng, &e_));
+    CHECK_EQ_I64(zdp_engine_pending_backwards(a.eng), 0);
+    CHECK_EQ_I64(zdp_engine_global_steps(a.eng), 0);
+    zdp_mlp_batch mb = batch_(&d, 2, 1);
+    for (run *rn = &a; rn != NULL; rn = rn == &a ? &fresh : NULL) {
+        fwd_(rn, &mb);
+        CHECK_OK(zdp_engine_backward(rn->eng, false, 1.0f, &e_));
+        CHECK_OK(zdp_engine_step(rn->eng, &e_));
+    }
+    float *pa = params_copy_(&a), *pf = params_copy_(&fresh);
+    CHECK(memcmp(pa, pf, (size_t)zdp_engine_numel(a.eng) * sizeof(float)) == 0);
+    free(pa);
+    free(pf);
+    data_free_(&d);
+    run_free_(&a);
+    run_free_(&fresh);
+}
+
 /* docs/deepspeed.md §4.5: the result does not depend on reduce_bucket_size,
  * contiguous_gradients, reduce_scatter or overlap_comm; overlap_comm only
  * changes scheduling, so with it on and off the bits are the same.  Also
@@ -1294,6 +1328,7 @@ int main(int argc, char **argv) {
         test_hparams_rejections(stage), n++;
         test_reset_optimizer_state(stage, false), n++;
         test_reset_optimizer_state(stage, true), n++;
+        test_drop_window(stage), n++;
         test_averaging_invariance(stage, false), n++;
         for (int managed = 0; managed < 2; managed++) {
             test_nonfinite_skips_everywhere(stage, managed, NAN), n++;
