@@ -71,7 +71,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "gemm_shapes: --reps must be 1-99 and --rows >= 1\n");
         return 2;
     }
-    if (getenv("ZDP_NUM_THREADS") == NULL) zdp_pool_set_size(1);
+    if (getenv("ZDP_NUM_THREADS") == NULL) setenv("ZDP_NUM_THREADS", "1", 0);
     /* SmolLM2-135M: 30 layers, hidden 576, q 576, k/v 192, FFN 1536, vocab 49152.
      * gpt-m (bench/run_gpt_bench.sh): 6 layers, C 384, vocab 256. */
     const shape_ llama[] = {{"q_proj/o_proj", 576, 576, 60, 0},  {"k_proj/v_proj", 576, 192, 60, 0},
