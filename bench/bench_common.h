@@ -51,6 +51,7 @@ static inline void bench_die(const char *what, const zdp_error *err) {
     char msg[1200];
     snprintf(msg, sizeof msg, "%s: %s", what, err->msg);
     zdp_dist_abort(1, msg);
+    exit(1); /* without MPI zdp_dist_abort returns */
 }
 
 /* Every rank's peak RSS in KiB, gathered to rank 0: a malloc'd array of W

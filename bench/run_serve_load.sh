@@ -12,14 +12,26 @@
 # forward_backward + optim_step over /api/v1 while 2 threads hit GET /info and
 # POST /forward (docs/benchmarks-serve.md).
 #
-# usage: bench/run_serve_load.sh
+# With --lora: request throughput with 1, 2 and 4 LoRA models at once
+# (docs/benchmarks-serve.md, "Throughput with 1, 2 and 4 LoRA models")
+# through the official Tinker SDK (serve_load.py --lora): a Llama folder from
+# `zdp init-model` (4 layers, hidden 256, 4 heads, 2 KV heads, FFN 768, vocab
+# 4096, untied; random weights), --block-size 128, -np NP (default 1), ZeRO
+# stage 0, --max-models 4, rank-8 adapters on every target.  Needs the
+# vendored SDK: the shared folder beside the repository (or ZDP_SHARED) with
+# its tinker-sdk.sh.
+#
+# usage: bench/run_serve_load.sh [--lora]
 # env:   CS=1,4,16 LOAD_S=20 SOAK_S=60 TINKER_SOAK_S=0 BUILD=build JSON=out.json
 #        LOG=server.log (keep a copy of the server's log)
 #        TINKER_IDLE_S=0 (> 0: after the Tinker soak, idle this long, let the
 #        server drop old results, and measure rank 0 again)
 #        MALLOC_STATS=0 (1: gdb calls malloc_stats() in rank 0 around the
 #        Tinker soak, at idle moments; the numbers land in the server log)
+#        --lora: NP=1 SECONDS_PER_PHASE=10 REPEATS=3 BUILD=build
 set -euo pipefail
+LORA=0
+[ "${1:-}" = --lora ] && LORA=1
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 ZDP=$(cd "$BUILD" && pwd)/bin/zdp
@@ -46,6 +58,51 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# start_server_ TRIES SERVE_ARGS...: `zdp serve` in the background (SERVER_PID),
+# waits for its listening line (URL, RANK0_PID) or exits naming the log.
+start_server_() {
+  local tries=$1
+  shift
+  "$@" >"$T/server.log" 2>&1 &
+  SERVER_PID=$!
+  URL=""
+  for _ in $(seq "$tries"); do
+    URL=$(grep -o 'listening on http://[0-9.]*:[0-9]*' "$T/server.log" | sed 's/listening on //' || true)
+    RANK0_PID=$(grep -o 'rank 0 pid [0-9]*' "$T/server.log" | sed 's/rank 0 pid //' || true)
+    [ -n "$URL" ] && [ -n "$RANK0_PID" ] && break
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -n "$URL" ] || { echo "run_serve_load: the server did not start" >&2; cat "$T/server.log"; exit 1; }
+}
+
+echo "machine: $(nproc) CPU(s), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+
+if [ $LORA = 1 ]; then
+  SHARED=${ZDP_SHARED:-$(cd .. && pwd)/shared}
+  sdk=$(bash "$SHARED/tinker-sdk.sh") || { echo "run_serve_load: the Tinker SDK is not importable" >&2; exit 1; }
+  eval "$sdk"
+  export TINKER_API_KEY=tml-local
+  echo "CPU flags: $(grep -m1 '^flags' /proc/cpuinfo | grep -o 'avx512[a-z]*\|avx2\|fma' | sort -u | tr '\n' ' ')"
+  echo "BLAS: $(OPENBLAS_VERBOSE=2 "$ZDP" --help 2>&1 | grep -i 'core' | head -1 || true)"
+  echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+  "$ZDP" init-model --arch llama --layers 4 --hidden 256 --heads 4 --kv-heads 2 --ffn 768 --vocab 4096 \
+    --max-pos 128 --seed 1 --out "$T/base" >/dev/null
+  cat >"$T/cfg.json" <<'JSON'
+{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+ "managed_gradient_accumulation": false, "gradient_clipping": 0,
+ "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+ "zero_optimization": {"stage": 0}}
+JSON
+  start_server_ 600 timeout 900 mpirun -np "${NP:-1}" --oversubscribe "$ZDP" serve --model-dir "$T/base" \
+    --block-size 128 --config "$T/cfg.json" --checkpoint-dir "$T/ck" --max-models 4 --port 0
+  rc=0
+  timeout 800 /usr/bin/python3 bench/serve_load.py --lora --url "$URL" --seconds "${SECONDS_PER_PHASE:-10}" \
+    --repeats "${REPEATS:-3}" || rc=$?
+  echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+  exit $rc
+fi
+
 MODEL=(--model gpt --n-layer 2 --n-head 2 --n-embd 64 --vocab-size 256 --block-size 64)
 cat >"$T/cfg.json" <<'JSON'
 {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
@@ -55,7 +112,6 @@ cat >"$T/cfg.json" <<'JSON'
  "zero_optimization": {"stage": 2}}
 JSON
 
-echo "machine: $(nproc) CPU(s), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 timeout 60 mpirun -np 1 "$ZDP" train "${MODEL[@]}" --config "$T/cfg.json" --steps 0 --val-every 0 \
   --out-dir "$T/o" --save-weights "$T/init.safetensors" >"$T/init.log" 2>&1 ||
   { cat "$T/init.log"; exit 1; }
@@ -75,18 +131,8 @@ E1=$(median <"$T/e1"); E4=$(median <"$T/e4")
 echo "engine alone (zdp train -np 2, B=1 T=64): $E1 ms/step at 1 micro-batch/rank, $E4 at 4" \
   "(runs: $(tr '\n' ' ' <"$T/e1")/ $(tr '\n' ' ' <"$T/e4"))"
 
-mpirun -np 2 "$ZDP" serve "${MODEL[@]}" --full-finetune --config "$T/cfg.json" --init "$T/init.safetensors" \
-  --port 0 --checkpoint-dir "$T/ck" --long-poll-seconds 30 --seq-gap-seconds 30 >"$T/server.log" 2>&1 &
-SERVER_PID=$!
-URL=""
-for _ in $(seq 300); do
-  URL=$(grep -o 'listening on http://[0-9.]*:[0-9]*' "$T/server.log" | sed 's/listening on //' || true)
-  RANK0_PID=$(grep -o 'rank 0 pid [0-9]*' "$T/server.log" | sed 's/rank 0 pid //' || true)
-  [ -n "$URL" ] && [ -n "$RANK0_PID" ] && break
-  kill -0 "$SERVER_PID" 2>/dev/null || break
-  sleep 0.1
-done
-[ -n "$URL" ] || { echo "run_serve_load: the server did not start" >&2; cat "$T/server.log"; exit 1; }
+start_server_ 300 mpirun -np 2 "$ZDP" serve "${MODEL[@]}" --full-finetune --config "$T/cfg.json" \
+  --init "$T/init.safetensors" --port 0 --checkpoint-dir "$T/ck" --long-poll-seconds 30 --seq-gap-seconds 30
 grep 'listening on' "$T/server.log"
 
 rc=0

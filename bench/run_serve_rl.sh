@@ -9,20 +9,13 @@
 #        ITERS=3 SAMPLE_ONLY=0 (1: the sampling phase only: -np scaling)
 #        PROMPTS=8 SAMPLES=8 NEW=64
 set -uo pipefail  # no -e: stop_server's kill of a finished server returns nonzero
-HERE=$(cd "$(dirname "$0")" && pwd)
-ZDP=${1:-$HERE/../build/bin/zdp}
-PY=${PYTHON:-/usr/bin/python3}
-source "$HERE/../scripts/env.sh"
-MPIEXEC=${MPIEXEC:-mpiexec}
-# The tests' server helpers: $T (removed on exit, the server stopped first),
-# fail, start_server / stop_server.
-source "$HERE/../tests/cli/serve_lib.sh"
-cat >"$T/cfg.json" <<JSON
-{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
- "managed_gradient_accumulation": false, "gradient_clipping": 1.0,
- "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
- "zero_optimization": {"stage": 1, "reduce_bucket_size": 5000000}}
-JSON
+BENCH=$(cd "$(dirname "$0")" && pwd)
+source "$BENCH/../scripts/env.sh"
+PYTHON=${PYTHON:-/usr/bin/python3}
+# The tests' server helpers: ZDP, MPIEXEC, PY, $T (removed on exit, the
+# server stopped first), fail, start_server / stop_server.
+source "$BENCH/../tests/cli/serve_lib.sh" "${1:-$BENCH/../build/bin/zdp}" "${MPIEXEC:-mpiexec}"
+adamw_config 1 1e-4 1.0 5000000 >"$T/cfg.json"
 extra=()
 [ "${SAMPLE_ONLY:-0}" = 1 ] && extra+=(--sample-only)
 # Full fine-tuning on either side of a before/after comparison: a server
@@ -34,7 +27,7 @@ for np in ${NPS:-1 2}; do
   start_server "$np" "$T/server$np.log" --model gpt --n-layer 6 --n-head 6 --n-embd 384 --vocab-size 256 \
     --block-size 512 --config "$T/cfg.json" --checkpoint-dir "$T/ck$np" --model-name zdp-gpt "${ft[@]}" || continue
   echo "run_serve_rl: -np $np, $(grep -c processor /proc/cpuinfo) cpus, load $(cut -d' ' -f1-3 /proc/loadavg)"
-  timeout 1800 $PY "$HERE/serve_rl.py" "$URL" --iters "${ITERS:-3}" --prompts "${PROMPTS:-8}" \
+  timeout 1800 $PY "$BENCH/serve_rl.py" "$URL" --iters "${ITERS:-3}" --prompts "${PROMPTS:-8}" \
     --samples "${SAMPLES:-8}" --new "${NEW:-64}" "${extra[@]}" || fail "serve_rl.py at -np $np"
   stop_server
 done

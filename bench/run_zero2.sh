@@ -25,8 +25,8 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)" --target bench_train >/dev/null
 BIN=$PWD/build/bin/bench_train
 OUT=$(mktemp -d)
-NS=zdpbench$$
-cleanup() { ip netns del "$NS" 2>/dev/null || true; rm -rf "$OUT"; }
+source bench/netns_lib.sh
+cleanup() { netns_down; rm -rf "$OUT"; }
 trap cleanup EXIT
 
 configs=()
@@ -49,23 +49,12 @@ run_one() { # NET STAGE OVERLAP MANAGED
   if [ "$net" = shm ]; then
     mpirun -np 2 "$BIN" "${args[@]}"
   else
-    ip netns exec "$NS" env OMPI_MCA_btl=tcp,self mpirun -np 2 \
-      --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
-      "$BIN" "${args[@]}"
+    netns_mpirun -np 2 "$BIN" "${args[@]}"
   fi
 }
 
 for net in $NETS; do
-  if [ "$net" = tcp ]; then
-    if [ "$(id -u)" -ne 0 ] || ! command -v tc >/dev/null; then
-      echo "skipping the rate-limited TCP run: needs root and iproute2 (tc)"; continue
-    fi
-    ip netns add "$NS"
-    ip netns exec "$NS" ip link set lo up
-    ip netns exec "$NS" ip link set lo mtu 9000
-    # The burst must exceed the MTU or packets are dropped.
-    ip netns exec "$NS" tc qdisc replace dev lo root tbf rate 1gbit burst 2mb latency 200ms
-  fi
+  if [ "$net" = tcp ]; then netns_up || continue; fi
   for ((rep = 0; rep < REPS; rep++)); do
     for c in "${configs[@]}"; do
       # shellcheck disable=SC2086
@@ -85,5 +74,5 @@ for net in $NETS; do
         st = v["stage"]; ov = v["overlap"] }
       END { printf "%-5s %-7s %-9s %10.1f %14.1f %11.3f %14s\n", st, ov, mode, med(s, n), med(w, n), med(h, n), r }'
   done
-  if [ "$net" = tcp ]; then ip netns del "$NS"; fi
+  if [ "$net" = tcp ]; then netns_down; fi
 done

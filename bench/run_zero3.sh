@@ -32,8 +32,8 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)" --target zdp_cli >/dev/null
 ZDP=$PWD/build/bin/zdp
 OUT=$(mktemp -d)
-NS=zdpz3$$
-cleanup() { ip netns del "$NS" 2>/dev/null || true; rm -rf "$OUT"; }
+source bench/netns_lib.sh
+cleanup() { netns_down; rm -rf "$OUT"; }
 trap cleanup EXIT
 
 echo "machine: $(nproc) cpus, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
@@ -102,20 +102,12 @@ fi
 
 if [[ " $PARTS " == *" tcp "* ]]; then
   echo
-  if [ "$(id -u)" -ne 0 ] || ! command -v tc >/dev/null; then
-    echo "skipping the rate-limited TCP run: needs root and iproute2 (tc)"
-  else
+  if netns_up; then
     echo "== tcp: gpt-m shape, -np 2, 1 Gbit/s loopback; ms/step and comm wait ms, steps 3-$STEPS =="
-    ip netns add "$NS"
-    ip netns exec "$NS" ip link set lo up
-    ip netns exec "$NS" ip link set lo mtu 9000
-    ip netns exec "$NS" tc qdisc replace dev lo root tbf rate 1gbit burst 2mb latency 200ms
     : >"$OUT/tcp.txt"
     for ((rep = 0; rep < REPS; rep++)); do
       for c in s3 s3nopf; do
-        ip netns exec "$NS" env OMPI_MCA_btl=tcp,self timeout 1200 mpirun -np 2 --oversubscribe \
-          --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
-          "$ZDP" train "${GPT[@]}" --config "$OUT/$c.json" --data "$OUT/tok.bin" \
+        netns_mpirun -np 2 --oversubscribe "$ZDP" train "${GPT[@]}" --config "$OUT/$c.json" --data "$OUT/tok.bin" \
           --out-dir "$OUT/run" --steps "$STEPS" >/dev/null
         steps_of | sed "s/^/$c /" | tee -a "$OUT/tcp.txt"
       done
@@ -124,7 +116,7 @@ if [[ " $PARTS " == *" tcp "* ]]; then
       echo "$c median ms/step $(awk -v c=$c '$1 == c { print $2 }' "$OUT/tcp.txt" | median)" \
            "comm wait $(awk -v c=$c '$1 == c { print $3 }' "$OUT/tcp.txt" | median)"
     done
-    ip netns del "$NS"
+    netns_down
   fi
 fi
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

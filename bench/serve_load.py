@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """serve_load.py -- load benchmark and soak run for a running `zdp serve`.
 
-Standard library only.  Started by bench/run_serve_load.sh, which also starts
-the server and measures the engine alone with `zdp train`.
+Standard library only (--lora and the tinker phase: the Tinker SDK).
+Started by bench/run_serve_load.sh, which also starts the server and
+measures the engine alone with `zdp train`.
 
   serve_load.py --url http://127.0.0.1:PORT --pid RANK0_PID --log SERVER.log
                 [--cs 1,4,16] [--load-s 20] [--soak-s 60] [--soak-clients 4]
@@ -42,6 +43,23 @@ imply (ceil(n / W) backward calls per request of n datums, b * W samples per
 call), and pending_backwards is 0 after the last optim_step.  Then SIGTERM to
 rank 0, and the log must say "stopped at step N" with N = /info's step.
 Exit status: the number of failed checks (capped at 100).
+
+  serve_load.py --lora --url URL [--seconds S] [--repeats R] [--ks 1,2,4]
+
+Request throughput with 1, 2 and 4 LoRA models at once, through the official
+Tinker SDK (bench/run_serve_load.sh --lora; docs/benchmarks-serve.md).  Four
+LoRA training clients (rank 8, every target) are created first, so every
+phase runs with the same models loaded.  A phase uses K of them, one thread
+each, for S seconds:
+  train   each thread loops forward_backward (4 datums of 64 tokens,
+          cross_entropy) + optim_step, submitted together, then awaited:
+          one "step" = both requests;
+  sample  each thread loops sample(num_samples=4, max_tokens=32,
+          temperature 1) on its model's sampler weights (a PEFT folder:
+          the adapter applied per sequence).
+Phases alternate K (1, 2, 4, then 4, 2, 1, ...) so that a change of load
+on the shared machine touches every K alike; the figure per K is the
+median over the repeats.  The load average is printed beside each phase.
 """
 import argparse
 import http.client
@@ -352,6 +370,18 @@ def timed_loop(n, fn):
     return out
 
 
+def run_threads(n, worker):
+    """worker(0), ..., worker(n - 1) on n threads at once, until all return:
+    (when they started, the seconds they took)."""
+    t0 = time.perf_counter()
+    th = [threading.Thread(target=worker, args=(k,)) for k in range(n)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    return t0, time.perf_counter() - t0
+
+
 def load_phase(url, book, C, secs, V, seed):
     lat = [[] for _ in range(C)]
     done_at = [[] for _ in range(C)]
@@ -367,13 +397,7 @@ def load_phase(url, book, C, secs, V, seed):
                 lat[k].append(dt)
                 done_at[k].append(time.perf_counter())
 
-    t0 = time.perf_counter()
-    th = [threading.Thread(target=worker, args=(k,)) for k in range(C)]
-    for t in th:
-        t.start()
-    for t in th:
-        t.join()
-    el = time.perf_counter() - t0
+    t0, el = run_threads(C, worker)
     allat = [x for l in lat for x in l]
     ends = sorted([t0] + [x for l in done_at for x in l])
     gap = max(b - a for a, b in zip(ends, ends[1:])) if len(ends) > 1 else float("nan")
@@ -404,11 +428,7 @@ def soak_phase(url, book, C, secs, V, pids, warm_s=5.0):
                 with lk:
                     lat_st.append(dt)
 
-    th = [threading.Thread(target=worker, args=(k,)) for k in range(C)]
-    for t in th:
-        t.start()
-    for t in th:
-        t.join()
+    run_threads(C, worker)
     el = time.perf_counter() - t0
     samples = mon.stop()
     return {"clients": C, "seconds": el, "fb": len(lat_fb), "steps": len(lat_st),
@@ -620,7 +640,105 @@ def sibling_pids(pid):
     return out
 
 
+# ---- --lora: 1, 2 and 4 LoRA models through the Tinker SDK ----------------------
+
+def lcg(seed, n, vocab):
+    x, out = seed, []
+    for _ in range(n):
+        x = (x * 1103515245 + 12345) % (1 << 31)
+        out.append(3 + x % (vocab - 3))
+    return out
+
+
+def lora_datum(toks):
+    from tinker import types
+    return types.Datum(model_input=types.ModelInput.from_ints(toks[:-1]),
+                       loss_fn_inputs={"target_tokens": toks[1:]})
+
+
+def lora_phase(kind, clients, samplers, k, seconds, vocab):
+    from tinker import types
+    counts = [0] * k
+    tokens = [0] * k
+    stop = time.monotonic() + seconds
+    errors = []
+
+    def worker(i):
+        try:
+            if kind == "train":
+                tc = clients[i]
+                data = [lora_datum(lcg(100 * i + j, 65, vocab)) for j in range(4)]
+                adam = types.AdamParams(learning_rate=1e-4)
+                while time.monotonic() < stop:
+                    fb = tc.forward_backward(data, "cross_entropy")
+                    op = tc.optim_step(adam)
+                    fb.result()
+                    op.result()
+                    counts[i] += 1
+            else:
+                sc = samplers[i]
+                prompt = types.ModelInput.from_ints(lcg(7 + i, 16, vocab))
+                sp = types.SamplingParams(max_tokens=32, temperature=1.0)
+                while time.monotonic() < stop:
+                    r = sc.sample(prompt, 4, sp).result()
+                    counts[i] += 1
+                    tokens[i] += sum(len(s.tokens) for s in r.sequences)
+        except Exception as e:  # noqa: BLE001 -- reported, the phase is void
+            errors.append(f"{kind} client {i}: {type(e).__name__}: {e}")
+
+    _, dt = run_threads(k, worker)
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    return sum(counts) / dt, [c / dt for c in counts], sum(tokens) / dt
+
+
+def lora_main(argv):
+    import tinker
+    from tinker import types
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lora", action="store_true", required=True)
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--ks", default="1,2,4")
+    a = ap.parse_args(argv)
+    ks = [int(x) for x in a.ks.split(",")]
+    sc = tinker.ServiceClient(base_url=a.url)
+    base = sc.get_server_capabilities().supported_models[0].model_name
+    vocab = 4096
+    clients = [sc.create_lora_training_client(base_model=base, rank=8, seed=i) for i in range(max(ks))]
+    # One step each, so the adapters differ from the base; then their sampler weights.
+    for i, tc in enumerate(clients):
+        tc.forward_backward([lora_datum(lcg(i, 65, vocab))], "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    samplers = [tc.save_weights_and_get_sampling_client() for tc in clients]
+    res = {(kind, k): [] for kind in ("train", "sample") for k in ks}
+    for rep in range(a.repeats):
+        order = ks if rep % 2 == 0 else ks[::-1]
+        for k in order:
+            for kind in ("train", "sample"):
+                la = os.getloadavg()[0]
+                total, per, tok = lora_phase(kind, clients, samplers, k, a.seconds, vocab)
+                res[(kind, k)].append((total, per, tok))
+                per_s = " ".join(f"{p:.2f}" for p in per)
+                extra = f", {tok:.0f} sampled tokens/s" if kind == "sample" else ""
+                print(f"repeat {rep} {kind:6s} K={k}: {total:.2f} req/s in all (per model {per_s}){extra}; "
+                      f"load {la:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
+    print("\nmedians over the repeats:")
+    for kind in ("train", "sample"):
+        for k in ks:
+            tot = statistics.median(r[0] for r in res[(kind, k)])
+            fair = statistics.median(min(r[1]) / max(r[1]) for r in res[(kind, k)])
+            tok = statistics.median(r[2] for r in res[(kind, k)])
+            extra = f", {tok:.0f} sampled tokens/s" if kind == "sample" else ""
+            unit = "steps/s (forward_backward + optim_step)" if kind == "train" else "sample requests/s"
+            print(f"  {kind:6s} K={k}: {tot:.2f} {unit} in all, slowest/fastest model {fair:.2f}{extra}")
+    return 0
+
+
 def main():
+    if "--lora" in sys.argv[1:]:
+        return lora_main(sys.argv[1:])
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", required=True)
     ap.add_argument("--pid", type=int, required=True)

@@ -40,7 +40,8 @@ extern "C" {
     XX(ERR_FORMAT, -6, "malformed file")                                     \
     XX(ERR_NOMEM, -7, "out of memory")                                       \
     XX(ERR_COMM, -8, "communication failure")                                \
-    XX(ERR_INTERNAL, -9, "internal error (a bug in zdp)")
+    XX(ERR_INTERNAL, -9, "internal error (a bug in zdp)")                    \
+    XX(ERR_FATAL, -10, "the ranks can no longer agree: the job must stop")
 
 typedef enum zdp_status {
 #define ZDP_STATUS_ENUM_(name, val, desc) ZDP_##name = val,

@@ -20,9 +20,11 @@ ZDP_API int zdp_dist_rank(void);       /* 0 before init */
 ZDP_API int zdp_dist_world_size(void); /* 1 before init */
 /* COLLECTIVE.  Finalises MPI if zdp_dist_init initialised it. */
 ZDP_API void zdp_dist_finalize(void);
-/* Ends the whole job with `code` after printing msg on this rank: the clean
- * way out of a rank-local failure when other ranks may wait in a collective.
- * Only for programs (the library itself never calls it). */
+/* Ends the whole job with `code` (MPI_Abort) after printing msg on this rank:
+ * the clean way out of a rank-local failure when other ranks may wait in a
+ * collective, or of a ZDP_ERR_FATAL.  Only for programs (the library itself
+ * never calls it).  Returns only when MPI is not running (then nothing waits
+ * on this process: the caller exits). */
 ZDP_API void zdp_dist_abort(int code, const char *msg);
 /* COLLECTIVE.  Logical AND of `ok` over all ranks: lets a program agree
  * that every rank succeeded before it goes on. */

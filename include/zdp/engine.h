@@ -70,6 +70,15 @@ ZDP_API float *zdp_engine_param_data(zdp_engine *eng, int i);
  * rank 0 does not hold).  Between steps only. */
 ZDP_API zdp_status zdp_engine_set_param(zdp_engine *eng, int i, const float *data,
                                         zdp_error *err);
+/* Reads what this rank holds of every parameter tensor through read(ctx,
+ * i, lo, hi, dst, err) (zdp_tensor_read_fn; zdp_hf_reader_read reads a
+ * model folder): at stage 3 only the slice of each tensor inside this
+ * rank's partition, straight into it, so no rank ever holds a whole
+ * tensor it does not own; at stages 0-2 every tensor whole.  Not
+ * collective; between steps only; call zdp_engine_sync_params afterwards.
+ * The first read error is returned (the tensors before it are written). */
+ZDP_API zdp_status zdp_engine_load_params(zdp_engine *eng, zdp_tensor_read_fn read, void *ctx,
+                                          zdp_error *err);
 /* COLLECTIVE at stage 3 (every rank calls it for the same i): copies tensor
  * i's values into out (numel floats), gathering it from the partitions. */
 ZDP_API zdp_status zdp_engine_get_param(zdp_engine *eng, int i, float *out, zdp_error *err);

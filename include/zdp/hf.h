@@ -89,9 +89,38 @@ ZDP_API void zdp_model_destroy(zdp_model *model);
  * ZDP_ERR_UNSUPPORTED.  Messages name the file, the tensor, both shapes and
  * the fix.  Status: ZDP_ERR_IO, ZDP_ERR_FORMAT, ZDP_ERR_CONFIG (a shape of
  * another configuration), ZDP_ERR_UNSUPPORTED (dtype, untied lm_head),
- * ZDP_ERR_INVALID_ARG, ZDP_ERR_NOMEM.  Not collective. */
+ * ZDP_ERR_INVALID_ARG, ZDP_ERR_NOMEM.  Not collective.  The whole model at
+ * once: at ZeRO stage 3 read through zdp_hf_reader instead. */
 ZDP_API zdp_status zdp_hf_weights_load(const char *dir, const zdp_model *model,
                                        float *const *dst, zdp_error *err);
+
+/* A folder's weights read a tensor, or a slice of one, at a time: what
+ * ZeRO stage 3 uses so that no rank ever holds the whole model
+ * (docs/training.md, "Stage 3 loading").  zdp_hf_reader_open reads the
+ * headers only and runs every check zdp_hf_weights_load runs except
+ * finiteness (the index, each tensor's presence, shape and dtype, extras,
+ * a tied lm_head equal to the embedding -- compared a piece at a time);
+ * messages as zdp_hf_weights_load's.  The reader keeps the weight files
+ * open until zdp_hf_reader_close.  Not collective; one thread at a time. */
+typedef struct zdp_hf_reader zdp_hf_reader;
+ZDP_API zdp_status zdp_hf_reader_open(const char *dir, const zdp_model *model,
+                                      zdp_hf_reader **out, zdp_error *err);
+/* A zdp_tensor_read_fn (reader is a zdp_hf_reader): elements [lo, hi) of
+ * model tensor i (row-major, flattened) converted to fp32 into dst, read
+ * from the file with one pread per 1 MiB of raw bytes (safetensors stores
+ * each tensor contiguously).  A NaN or Inf is ZDP_ERR_FORMAT naming the
+ * file, the tensor and the element (dst then holds the slice up to it). */
+ZDP_API zdp_status zdp_hf_reader_read(void *reader, int i, int64_t lo, int64_t hi, float *dst,
+                                      zdp_error *err);
+ZDP_API void zdp_hf_reader_close(zdp_hf_reader *r);
+/* The most bytes of weights one load call of this process held at once:
+ * a zdp_hf_reader_read's destination plus the raw bytes staged for it (at
+ * most 1 MiB), or zdp_hf_weights_load's whole model -- the loader's share
+ * of a rank's peak memory.  `zdp train --memory-report` prints it
+ * ("load_peak"); a stage-3 load keeps it at or below 2x the largest
+ * tensor's fp32 bytes (4x for a tied lm_head compared with the
+ * embedding), whatever the model's size. */
+ZDP_API int64_t zdp_hf_load_peak_bytes(void);
 
 /* Writes the model (from zdp_hf_model_create, zdp_llama_create or
  * zdp_gpt_create) with weights src[i] as a folder transformers'
@@ -113,12 +142,26 @@ ZDP_API zdp_status zdp_hf_weights_load(const char *dir, const zdp_model *model,
 ZDP_API zdp_status zdp_hf_save(const char *dir, const zdp_model *model, const float *const *src,
                                zdp_dtype dtype, int64_t max_shard_bytes, zdp_error *err);
 
+/* zdp_hf_save with each tensor read through read(ctx, i, 0, numel, dst)
+ * (zdp_tensor_read_fn) just before it is written, in registration order,
+ * each once (a write failure stops the reads there): the writer holds one
+ * tensor at a time (two copies of it for BF16), never the whole model --
+ * how `zdp train --save-model-dir` writes at ZeRO stage 3, each read a
+ * gather.  The same files, checks and status as zdp_hf_save. */
+ZDP_API zdp_status zdp_hf_save_stream(const char *dir, const zdp_model *model,
+                                      zdp_tensor_read_fn read, void *ctx, zdp_dtype dtype,
+                                      int64_t max_shard_bytes, zdp_error *err);
+
 /* Copies the tokenizer files found in `from` (tokenizer.json,
  * tokenizer_config.json, special_tokens_map.json, vocab.json, merges.txt,
  * added_tokens.json, encoder.json, vocab.bpe, and generation_config.json,
  * whose token ids generation stops on) into `to`, each atomically;
- * *n_copied (may be NULL) counts them.  A `from` with none of them is
- * ZDP_ERR_IO naming the folder and the files looked for. */
+ * *n_copied (may be NULL) counts them.  When both folders hold a
+ * config.json (to's from zdp_hf_save), the bos_token_id and eos_token_id
+ * of from's (a number, a list or null) are added to to's.  A `from` with
+ * no tokenizer file is ZDP_ERR_IO naming the folder and the files looked
+ * for (the token ids are copied all the same); a config.json that is not a
+ * JSON object is ZDP_ERR_FORMAT naming it. */
 ZDP_API zdp_status zdp_hf_copy_tokenizer(const char *from, const char *to, int *n_copied,
                                          zdp_error *err);
 

@@ -80,6 +80,17 @@ typedef struct zdp_lora_config {
  * module, a base that is not GPT-2 or the Llama family. */
 ZDP_API zdp_status zdp_lora_create(const zdp_model *base, const float *const *base_params,
                                    const zdp_lora_config *cfg, zdp_model *out, zdp_error *err);
+/* The same LoRA model over a base no process holds whole: its weights are
+ * read through read(read_ctx, ...) (zdp_tensor_read_fn, e.g.
+ * zdp_hf_reader_read), only by a ZeRO stage-3 engine at
+ * zdp_engine_create, each rank its partition's slice of each tensor
+ * (zdp_frozen); read_ctx need live only until then.  Run it through that
+ * engine alone: a forward or next_logits outside a stage-3 engine is
+ * ZDP_ERR_STATE, and zdp_lora_merge cannot merge it.  Errors as
+ * zdp_lora_create's. */
+ZDP_API zdp_status zdp_lora_create_partitioned(const zdp_model *base, zdp_tensor_read_fn read,
+                                               void *read_ctx, const zdp_lora_config *cfg,
+                                               zdp_model *out, zdp_error *err);
 ZDP_API void zdp_lora_destroy(zdp_model *model);
 /* NULL when the model is not from zdp_lora_create. */
 ZDP_API const zdp_lora_config *zdp_lora_config_of(const zdp_model *model);

@@ -89,17 +89,28 @@ typedef struct zdp_lm_ops {
                               int T, float *logits, zdp_error *err);
 } zdp_lm_ops;
 
+/* Reads elements [lo, hi) of tensor i (row-major, flattened; 0 <= lo <= hi
+ * <= its numel) as fp32 into dst: how weights reach an engine a slice at a
+ * time (zdp_frozen.read, zdp_engine_load_params), so that at ZeRO stage 3 a
+ * rank reads only its partition's piece of each tensor.  zdp_hf_reader_read
+ * reads a Hugging Face folder this way. */
+typedef zdp_status (*zdp_tensor_read_fn)(void *ctx, int i, int64_t lo, int64_t hi, float *dst,
+                                         zdp_error *err);
+
 /* Weights a model reads but never trains (a LoRA model's base): its
- * tensors, their whole values, and the source the model reads them
- * through.  At ZeRO stage 3 the engine partitions them 1/W per rank beside
- * the parameters (no gradient, no optimizer state), and points *src at its
+ * tensors, how to read them, and the source the model reads them through.
+ * At ZeRO stage 3 the engine partitions them 1/W per rank beside the
+ * parameters (no gradient, no optimizer state), reading only this rank's
+ * slice of each tensor through read(read_ctx, ...) at zdp_engine_create
+ * (never again: read_ctx need live only that long), and points *src at its
  * own source over them, which gathers them layer by layer as it does the
  * parameters; zdp_engine_destroy points it back (destroy the engine before
- * the model).  data is read once, at zdp_engine_create. */
+ * the model). */
 typedef struct zdp_frozen {
     int n_params;
     const zdp_param_info *params; /* (n_params) */
-    const float *const *data;     /* (n_params) whole tensors */
+    zdp_tensor_read_fn read;
+    void *read_ctx;
     zdp_param_source **src;       /* where the model reads them */
 } zdp_frozen;
 

@@ -116,8 +116,9 @@ void zdp_dist_finalize(void) {
 void zdp_dist_abort(int code, const char *msg) {
     if (msg != NULL) fprintf(stderr, "[zdp rank %d] fatal: %s\n", zdp_dist_rank(), msg);
     fflush(stderr);
+    /* The library never exits: without MPI no other process waits on this
+     * one, and the caller decides how to stop. */
     if (mpi_ready_()) MPI_Abort(MPI_COMM_WORLD, code);
-    exit(code);
 }
 
 bool zdp_dist_all_ok(bool ok) {

@@ -1067,6 +1067,24 @@ static zdp_status stage3_init_(zdp_engine *e, zdp_error *err) {
     return ZDP_OK;
 }
 
+/* What this rank holds of every tensor, through read: at stage 3 the slice
+ * of each tensor inside its partition, read into place; otherwise whole
+ * tensors into the flat buffer. */
+static zdp_status read_partition_(zdp_engine *e, zdp_tensor_read_fn read, void *ctx,
+                                  zdp_error *err) {
+    const bool part = e->cfg.zero.stage == 3;
+    const int64_t P = e->lay.part, plo = part ? (int64_t)e->rank * P : 0;
+    const int64_t phi = part ? plo + P : e->lay.padded;
+    for (int i = 0; i < e->lay.n_tensors; i++) {
+        const int64_t lo = e->lay.offsets[i], hi = lo + e->lay.numels[i];
+        const int64_t a = lo > plo ? lo : plo, b = hi < phi ? hi : phi;
+        if (b <= a) continue;
+        zdp_status st = read(ctx, i, a - lo, b - lo, e->params + (a - plo), err);
+        if (st != ZDP_OK) return st;
+    }
+    return ZDP_OK;
+}
+
 /* Stage 3 with a model's frozen weights (zdp_frozen, a LoRA base): a second
  * engine over them, without gradients or optimizer, sharing this engine's
  * stream (so its gathers keep their place among this engine's collectives)
@@ -1101,15 +1119,15 @@ static zdp_status frozen_init_(zdp_engine *e, zdp_error *err) {
         return st;
     f->fail_rank = -1; /* the test hook is the parameters' */
     f->src.eng = f;
-    /* This rank's piece of each tensor; the padding stays zero. */
-    const int64_t P = f->lay.part, plo = (int64_t)f->rank * P;
+    /* This rank's piece of each tensor, read straight into the partition
+     * (no rank reads a whole tensor it does not own); the padding stays
+     * zero. */
+    const int64_t P = f->lay.part;
     memset(f->params, 0, (size_t)P * sizeof(float));
-    for (int i = 0; i < fz->n_params; i++) {
-        const int64_t lo = f->lay.offsets[i], hi = lo + f->lay.numels[i];
-        const int64_t a = lo > plo ? lo : plo, b = hi < plo + P ? hi : plo + P;
-        if (b > a)
-            memcpy(f->params + (a - plo), fz->data[i] + (a - lo), (size_t)(b - a) * sizeof(float));
-    }
+    if (fz->read == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_engine_create: the model's frozen "
+                           "weights (zdp_model.frozen) have no read function");
+    if ((st = read_partition_(f, fz->read, fz->read_ctx, err)) != ZDP_OK) return st;
     e->frozen_prev = *fz->src;
     *fz->src = &f->src;
     return ZDP_OK;
@@ -1269,7 +1287,9 @@ void zdp_engine_destroy(zdp_engine *e) {
     zdp_stream_destroy(e->stream);
     e->stream = NULL;
     if (e->frozen != NULL) {
-        if (e->frozen_prev != NULL) *e->model->frozen->src = e->frozen_prev;
+        /* Back to the model's own source (NULL for a partitioned base),
+         * once frozen_init_ got as far as pointing it here. */
+        if (*e->model->frozen->src == &e->frozen->src) *e->model->frozen->src = e->frozen_prev;
         e->frozen->stream = NULL; /* this engine's, gone */
         zdp_engine_destroy(e->frozen);
         e->frozen = NULL;
@@ -1364,6 +1384,16 @@ zdp_status zdp_engine_set_param(zdp_engine *e, int i, const float *data, zdp_err
                (size_t)(b - a) * sizeof(float));
     e->persist_stale = true;
     return ZDP_OK;
+}
+
+zdp_status zdp_engine_load_params(zdp_engine *e, zdp_tensor_read_fn read, void *ctx,
+                                  zdp_error *err) {
+    if (e == NULL || read == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_engine_load_params: engine and read "
+                           "must not be NULL");
+    zdp_status st = read_partition_(e, read, ctx, err);
+    e->persist_stale = true;
+    return st;
 }
 
 zdp_status zdp_engine_get_param(zdp_engine *e, int i, float *out, zdp_error *err) {

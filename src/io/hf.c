@@ -24,6 +24,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -636,12 +637,14 @@ done:
 
 /* ---- weights in ------------------------------------------------------------------ */
 
-/* The folder's weight files, all read, and the index when sharded. */
+/* The folder's weight files (their headers: no tensor is read here) and the
+ * index when sharded. */
 typedef struct hf_folder_ {
     const char *dir;
     int n;                 /* files */
     char **paths;          /* DIR/file */
-    zdp_safetensors *st;   /* one per file */
+    zdp_safetensors *st;   /* one per file, headers only (data NULL) */
+    uint64_t **off;        /* (n) per file: the file offset of each tensor's bytes */
     zdp_hf_index idx;      /* n == 0: a single model.safetensors */
     char index_path[HF_PATH_MAX];
 } hf_folder_;
@@ -650,9 +653,11 @@ static void hf_folder_free_(hf_folder_ *f) {
     for (int i = 0; i < f->n; i++) {
         if (f->paths) free(f->paths[i]);
         if (f->st) zdp_safetensors_free(&f->st[i]);
+        if (f->off) free(f->off[i]);
     }
     free(f->paths);
     free(f->st);
+    free(f->off);
     zdp_hf_index_free(&f->idx);
 }
 
@@ -661,7 +666,8 @@ static bool hf_exists_(const char *path) {
     return stat(path, &sb) == 0;
 }
 
-/* Finds and reads the weight files; checks the index against the shards. */
+/* Finds the weight files and reads their headers; checks the index against
+ * the shards. */
 static zdp_status hf_folder_open_(const char *dir, hf_folder_ *f, zdp_error *err) {
     *f = (hf_folder_){.dir = dir};
     f->idx.total_size = -1;
@@ -691,7 +697,9 @@ static zdp_status hf_folder_open_(const char *dir, hf_folder_ *f, zdp_error *err
     }
     f->paths = calloc((size_t)n, sizeof *f->paths);
     f->st = calloc((size_t)n, sizeof *f->st);
-    if (f->paths == NULL || f->st == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory");
+    f->off = calloc((size_t)n, sizeof *f->off);
+    if (f->paths == NULL || f->st == NULL || f->off == NULL)
+        return zdp_err_set(err, ZDP_ERR_NOMEM, "out of memory");
     f->n = n;
     for (int k = 0; k < n; k++) {
         const char *name = f->idx.n > 0 ? f->idx.files[k] : HF_SINGLE;
@@ -708,7 +716,8 @@ static zdp_status hf_folder_open_(const char *dir, hf_folder_ *f, zdp_error *err
                                name, f->paths[k], strerror(errno));
         }
     }
-    for (int k = 0; k < n && s == ZDP_OK; k++) s = zdp_safetensors_read(f->paths[k], &f->st[k], err);
+    for (int k = 0; k < n && s == ZDP_OK; k++)
+        s = zdp_safetensors_read_header(f->paths[k], &f->st[k], &f->off[k], err);
     if (s != ZDP_OK || f->idx.n == 0) return s;
     /* Each shard holds exactly what the index says it does. */
     for (int k = 0; k < n; k++) {
@@ -757,10 +766,12 @@ static const char *hf_bare_(const char *name, bool gpt) {
     return gpt && strncmp(name, HF_GPT_PREFIX, p) == 0 ? name + p : name;
 }
 
-/* Where each model parameter is found: file k, tensor j. */
+/* Where each model parameter is found: file k, tensor t, its bytes at file
+ * offset off. */
 typedef struct hf_loc_ {
     int file;
     const zdp_tensor *t;
+    uint64_t off;
 } hf_loc_;
 
 /* Maps every file tensor to a parameter (or an ignored buffer, or the tied
@@ -792,13 +803,14 @@ static zdp_status hf_map_(const hf_folder_ *f, const zdp_model *model, bool gpt,
                 return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: tensor \"%s\" is also in %s (as "
                                    "\"%s\"); keep one", f->paths[k], t->name,
                                    f->paths[slot->file], slot->t->name);
-            *slot = (hf_loc_){.file = k, .t = t};
+            *slot = (hf_loc_){.file = k, .t = t, .off = f->off[k][j]};
         }
     }
     return ZDP_OK;
 }
 
-/* Presence, shape, dtype and finiteness of each parameter's tensor. */
+/* Presence, shape and dtype of each parameter's tensor (finiteness is
+ * checked as it is read). */
 static zdp_status hf_check_(const hf_folder_ *f, const zdp_model *model, bool gpt,
                             const hf_loc_ *loc, zdp_error *err) {
     char a[64], b[64];
@@ -815,7 +827,9 @@ static zdp_status hf_check_(const hf_folder_ *f, const zdp_model *model, bool gp
                                    : ": the folder is incomplete or of another configuration");
         const zdp_tensor *t = loc[p].t;
         const char *file = f->paths[loc[p].file];
-        /* GPT-2's learned positions: the first block_size rows of the file's. */
+        /* GPT-2's learned positions: the first block_size rows of the file's
+         * (a prefix of its bytes, so element i of the model's tensor is
+         * element i of the file's). */
         bool crop = gpt && strcmp(hf_bare_(pi->name, true), "wpe.weight") == 0 && t->ndim == 2 &&
                     pi->ndim == 2 && t->shape[1] == pi->shape[1] && t->shape[0] >= pi->shape[0];
         bool same = t->ndim == pi->ndim;
@@ -837,43 +851,193 @@ static zdp_status hf_check_(const hf_folder_ *f, const zdp_model *model, bool gp
             return zdp_err_set(err, ZDP_ERR_UNSUPPORTED, "%s: tensor \"%s\" has dtype %s; zdp "
                                "loads F32, F16 and BF16 weights (convert the file)", file,
                                t->name, zdp_dtype_name(t->dtype));
-        const int64_t n = zdp_io_numel(pi->shape, pi->ndim);
-        const int64_t cols = pi->ndim == 2 ? pi->shape[1] : n;
-        for (int64_t i = 0; i < n; i++) {
-            float v = zdp_io_f32_at(t, i);
-            if (isfinite(v)) continue;
-            char at[64];
-            if (pi->ndim == 2)
-                snprintf(at, sizeof at, "[%" PRId64 ", %" PRId64 "]", i / cols, i % cols);
-            else
-                snprintf(at, sizeof at, "[%" PRId64 "]", i);
-            return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: tensor \"%s\"%s = %g: weights must be "
-                               "finite (NaN or Inf would make every step skip); load a folder "
-                               "saved from a healthy run", file, t->name, at, (double)v);
-        }
+    }
+    return ZDP_OK;
+}
+
+/* ---- the reader: a tensor, or a slice of one, at a time ------------------------------ */
+
+/* The staging buffer: raw file bytes are read in pieces of this size and
+ * converted into the caller's floats, so a read holds no more than this
+ * beyond its destination. */
+#define HF_CHUNK ((size_t)1 << 20)
+
+struct zdp_hf_reader {
+    hf_folder_ f;
+    hf_loc_ *loc;       /* (n_params) */
+    hf_loc_ lm;         /* a tied model's lm_head.weight in the file, file -1: none */
+    int *fds;           /* (f.n) one per weight file, -1 until opened */
+    int n_params;
+    const zdp_param_info *params;
+    unsigned char *buf; /* (HF_CHUNK) staging */
+    zdp_dtype seen;     /* a dtype other than F32 met, for the log */
+};
+
+/* The most bytes of weights one load call held at once (its destination,
+ * and the raw bytes staged for it), over the process's life:
+ * zdp_hf_load_peak_bytes. */
+static _Atomic int64_t hf_peak_ = 0;
+
+static void hf_note_(int64_t bytes) {
+    int64_t cur = atomic_load(&hf_peak_);
+    while (bytes > cur && !atomic_compare_exchange_weak(&hf_peak_, &cur, bytes)) {
+    }
+}
+
+int64_t zdp_hf_load_peak_bytes(void) { return atomic_load(&hf_peak_); }
+
+static bool hf_pread_full_(int fd, void *buf, size_t len, uint64_t at) {
+    unsigned char *p = buf;
+    while (len > 0) {
+        ssize_t got = pread(fd, p, len, (off_t)at);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return false;
+        p += got;
+        len -= (size_t)got;
+        at += (uint64_t)got;
+    }
+    return true;
+}
+
+/* Elements [lo, lo + n) of a located tensor, converted, into dst (the
+ * staging buffer's part `stage`, cap bytes). */
+static zdp_status hf_read_raw_(zdp_hf_reader *r, const hf_loc_ *l, int64_t lo, int64_t n,
+                               float *dst, unsigned char *stage, size_t cap, zdp_error *err) {
+    const size_t es = zdp_dtype_size(l->t->dtype);
+    const int64_t per = (int64_t)(cap / es);
+    const char *path = r->f.paths[l->file];
+    if (r->fds[l->file] < 0 && (r->fds[l->file] = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        return zdp_err_set(err, ZDP_ERR_IO, "%s: cannot open for reading: %s", path,
+                           strerror(errno));
+    zdp_tensor tmp = {.dtype = l->t->dtype, .data = stage};
+    for (int64_t done = 0; done < n;) {
+        const int64_t k = n - done < per ? n - done : per;
+        if (!hf_pread_full_(r->fds[l->file], stage, (size_t)k * es,
+                            l->off + (uint64_t)(lo + done) * es))
+            return zdp_err_set(err, ZDP_ERR_IO, "%s: tensor \"%s\": cannot read %lld bytes at "
+                               "offset %llu (%s); the file is truncated or unreadable",
+                               path, l->t->name, (long long)k * (long long)es,
+                               (unsigned long long)(l->off + (uint64_t)(lo + done) * es),
+                               errno != 0 ? strerror(errno) : "end of file");
+        for (int64_t j = 0; j < k; j++) dst[done + j] = zdp_io_f32_at(&tmp, j);
+        done += k;
     }
     return ZDP_OK;
 }
 
 /* A tied model's lm_head.weight must be the embedding, or it is a trained
- * head that loading would silently drop. */
-static zdp_status hf_check_lm_head_(const hf_folder_ *f, const zdp_model *model,
-                                    const hf_loc_ *loc, const hf_loc_ *lm, zdp_error *err) {
+ * head that loading would silently drop.  Compared a staging buffer at a
+ * time (each half holds one tensor's piece). */
+static zdp_status hf_check_lm_head_(zdp_hf_reader *r, const zdp_model *model, zdp_error *err) {
+    const hf_loc_ *lm = &r->lm;
     if (lm->file < 0) return ZDP_OK;
-    const zdp_tensor *h = lm->t, *e = loc[0].t;
+    const zdp_tensor *h = lm->t, *e = r->loc[0].t;
     char a[64], b[64];
     bool same = h->ndim == e->ndim && h->ndim == 2 && h->shape[0] == e->shape[0] &&
                 h->shape[1] == e->shape[1] && zdp_io_dtype_float(h->dtype);
-    int64_t n = same ? zdp_io_numel(h->shape, 2) : 0, i = 0;
-    while (same && i < n && zdp_io_f32_at(h, i) == zdp_io_f32_at(e, i)) i++;
-    if (same && i == n) return ZDP_OK;
+    const int64_t n = same ? zdp_io_numel(h->shape, 2) : 0;
+    const size_t half = HF_CHUNK / 2;
+    const int64_t per = (int64_t)(half / 2 / sizeof(float)); /* floats, after raw bytes */
+    float *fh = (float *)(void *)(r->buf + half / 2), *fe = (float *)(void *)(r->buf + half + half / 2);
+    /* Two pieces of raw bytes and their floats. */
+    hf_note_(2 * (n < per ? n : per) * (int64_t)(zdp_dtype_size(h->dtype) + sizeof(float)));
+    for (int64_t i = 0; same && i < n; i += per) {
+        const int64_t k = n - i < per ? n - i : per;
+        zdp_status s = hf_read_raw_(r, lm, i, k, fh, r->buf, half / 2, err);
+        if (s == ZDP_OK) s = hf_read_raw_(r, &r->loc[0], i, k, fe, r->buf + half, half / 2, err);
+        if (s != ZDP_OK) return s;
+        for (int64_t j = 0; same && j < k; j++) same = fh[j] == fe[j];
+    }
+    if (same) return ZDP_OK;
     return zdp_err_set(err, ZDP_ERR_UNSUPPORTED, "%s: tensor \"%s\" (shape %s) differs from "
                        "\"%s\" (shape %s)%s, but the model ties them (config.json: GPT-2, or "
                        "tie_word_embeddings true); loading would drop a trained head: set "
                        "tie_word_embeddings false in config.json if the head is untied",
-                       f->paths[lm->file], h->name, zdp_io_shape_str(h->shape, h->ndim, a, sizeof a),
+                       r->f.paths[lm->file], h->name, zdp_io_shape_str(h->shape, h->ndim, a, sizeof a),
                        model->params[0].name, zdp_io_shape_str(e->shape, e->ndim, b, sizeof b),
-                       same ? " in value" : "");
+                       n > 0 ? " in value" : "");
+}
+
+void zdp_hf_reader_close(zdp_hf_reader *r) {
+    if (r == NULL) return;
+    for (int k = 0; r->fds != NULL && k < r->f.n; k++)
+        if (r->fds[k] >= 0) close(r->fds[k]);
+    free(r->fds);
+    free(r->loc);
+    free(r->buf);
+    hf_folder_free_(&r->f);
+    free(r);
+}
+
+zdp_status zdp_hf_reader_open(const char *dir, const zdp_model *model, zdp_hf_reader **out,
+                              zdp_error *err) {
+    if (out != NULL) *out = NULL;
+    if (dir == NULL || model == NULL || out == NULL || model->n_params < 1)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_hf_reader_open: dir, model and out "
+                           "must not be NULL");
+    const bool gpt = zdp_gpt_config_of(model) != NULL;
+    if (!gpt && zdp_llama_config_of(model) == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_hf_reader_open: the model is neither "
+                           "GPT-2 nor of the Llama family");
+    zdp_hf_reader *r = calloc(1, sizeof *r);
+    if (r == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory", dir);
+    r->n_params = model->n_params;
+    r->params = model->params;
+    r->seen = ZDP_DTYPE_F32;
+    r->loc = calloc((size_t)model->n_params, sizeof *r->loc);
+    r->buf = malloc(HF_CHUNK);
+    zdp_status s = r->loc == NULL || r->buf == NULL
+                       ? zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory", dir)
+                       : hf_folder_open_(dir, &r->f, err);
+    if (s == ZDP_OK && (r->fds = malloc((size_t)r->f.n * sizeof *r->fds)) == NULL)
+        s = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory", dir);
+    for (int k = 0; s == ZDP_OK && k < r->f.n; k++) r->fds[k] = -1;
+    if (s == ZDP_OK) s = hf_map_(&r->f, model, gpt, r->loc, &r->lm, err);
+    if (s == ZDP_OK) s = hf_check_(&r->f, model, gpt, r->loc, err);
+    if (s == ZDP_OK) s = hf_check_lm_head_(r, model, err);
+    if (s != ZDP_OK) {
+        zdp_hf_reader_close(r);
+        return s;
+    }
+    *out = r;
+    return ZDP_OK;
+}
+
+zdp_status zdp_hf_reader_read(void *reader, int i, int64_t lo, int64_t hi, float *dst,
+                              zdp_error *err) {
+    zdp_hf_reader *r = reader;
+    if (r == NULL || dst == NULL || i < 0 || i >= r->n_params)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_hf_reader_read: reader and dst must "
+                           "not be NULL and tensor %d must be in [0, %d)", i,
+                           r != NULL ? r->n_params : 0);
+    const zdp_param_info *pi = &r->params[i];
+    const int64_t n = zdp_io_numel(pi->shape, pi->ndim);
+    if (lo < 0 || hi < lo || hi > n)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_hf_reader_read: tensor \"%s\": "
+                           "elements [%lld, %lld) are not inside its %lld", pi->name,
+                           (long long)lo, (long long)hi, (long long)n);
+    const hf_loc_ *l = &r->loc[i];
+    /* The destination and the raw bytes staged for it. */
+    const int64_t raw = (hi - lo) * (int64_t)zdp_dtype_size(l->t->dtype);
+    hf_note_((hi - lo) * (int64_t)sizeof(float) + (raw < (int64_t)HF_CHUNK ? raw : (int64_t)HF_CHUNK));
+    zdp_status s = hf_read_raw_(r, l, lo, hi - lo, dst, r->buf, HF_CHUNK, err);
+    if (s != ZDP_OK) return s;
+    if (l->t->dtype != ZDP_DTYPE_F32) r->seen = l->t->dtype;
+    const int64_t cols = pi->ndim == 2 ? pi->shape[1] : n;
+    for (int64_t j = 0; j < hi - lo; j++) {
+        if (isfinite(dst[j])) continue;
+        const int64_t at = lo + j;
+        char where[64];
+        if (pi->ndim == 2)
+            snprintf(where, sizeof where, "[%" PRId64 ", %" PRId64 "]", at / cols, at % cols);
+        else
+            snprintf(where, sizeof where, "[%" PRId64 "]", at);
+        return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: tensor \"%s\"%s = %g: weights must be "
+                           "finite (NaN or Inf would make every step skip); load a folder "
+                           "saved from a healthy run", r->f.paths[l->file], l->t->name, where,
+                           (double)dst[j]);
+    }
+    return ZDP_OK;
 }
 
 zdp_status zdp_hf_weights_load(const char *dir, const zdp_model *model, float *const *dst,
@@ -881,30 +1045,36 @@ zdp_status zdp_hf_weights_load(const char *dir, const zdp_model *model, float *c
     if (dir == NULL || model == NULL || dst == NULL || model->n_params < 1)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_hf_weights_load: dir, model and dst "
                            "must not be NULL");
-    const bool gpt = zdp_gpt_config_of(model) != NULL;
-    if (!gpt && zdp_llama_config_of(model) == NULL)
-        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_hf_weights_load: the model is neither "
-                           "GPT-2 nor of the Llama family");
-    hf_folder_ f;
-    hf_loc_ *loc = calloc((size_t)model->n_params, sizeof *loc);
-    if (loc == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory", dir);
-    hf_loc_ lm;
-    zdp_status s = hf_folder_open_(dir, &f, err);
-    if (s == ZDP_OK) s = hf_map_(&f, model, gpt, loc, &lm, err);
-    if (s == ZDP_OK) s = hf_check_(&f, model, gpt, loc, err);
-    if (s == ZDP_OK) s = hf_check_lm_head_(&f, model, loc, &lm, err);
-    zdp_dtype seen = ZDP_DTYPE_F32;
+    zdp_hf_reader *r = NULL;
+    zdp_status s = zdp_hf_reader_open(dir, model, &r, err);
+    /* Every tensor whole: the whole model at once, in the caller's arrays. */
+    int64_t total = 0;
+    for (int p = 0; s == ZDP_OK && p < model->n_params; p++)
+        total += zdp_io_numel(model->params[p].shape, model->params[p].ndim);
+    if (s == ZDP_OK) hf_note_(total * (int64_t)sizeof(float));
+    /* Every tensor checked finite before the first write into dst (a
+     * staging buffer at a time: raw bytes in the first half, floats in the
+     * second), so a failed load changes nothing. */
+    const int64_t per = (int64_t)(HF_CHUNK / 2 / sizeof(float));
+    float *chk = r != NULL ? (float *)(void *)(r->buf + HF_CHUNK / 2) : NULL;
     for (int p = 0; s == ZDP_OK && p < model->n_params; p++) {
-        const int64_t n = zdp_io_numel(model->params[p].shape, model->params[p].ndim);
-        for (int64_t i = 0; i < n; i++) dst[p][i] = zdp_io_f32_at(loc[p].t, i);
-        if (loc[p].t->dtype != ZDP_DTYPE_F32) seen = loc[p].t->dtype;
+        const zdp_param_info *pi = &model->params[p];
+        const int64_t n = zdp_io_numel(pi->shape, pi->ndim);
+        for (int64_t i = 0; s == ZDP_OK && i < n; i += per) {
+            const int64_t k = n - i < per ? n - i : per;
+            s = hf_read_raw_(r, &r->loc[p], i, k, chk, r->buf, HF_CHUNK / 2, err);
+            for (int64_t j = 0; s == ZDP_OK && j < k; j++)
+                if (!isfinite(chk[j])) s = zdp_hf_reader_read(r, p, i + j, i + j + 1, chk, err);
+        }
     }
+    for (int p = 0; s == ZDP_OK && p < model->n_params; p++)
+        s = zdp_hf_reader_read(r, p, 0, zdp_io_numel(model->params[p].shape, model->params[p].ndim),
+                               dst[p], err);
     if (s == ZDP_OK)
-        zdp_log(0, "%s: loaded %d tensors from %d file(s)%s%s%s", dir, model->n_params, f.n,
-                seen != ZDP_DTYPE_F32 ? ", " : "", seen != ZDP_DTYPE_F32 ? zdp_dtype_name(seen) : "",
-                seen != ZDP_DTYPE_F32 ? " converted to F32" : "");
-    hf_folder_free_(&f);
-    free(loc);
+        zdp_log(0, "%s: loaded %d tensors from %d file(s)%s%s%s", dir, model->n_params, r->f.n,
+                r->seen != ZDP_DTYPE_F32 ? ", " : "", r->seen != ZDP_DTYPE_F32 ? zdp_dtype_name(r->seen) : "",
+                r->seen != ZDP_DTYPE_F32 ? " converted to F32" : "");
+    zdp_hf_reader_close(r);
     return s;
 }
 
@@ -1077,17 +1247,71 @@ static zdp_status hf_remove_stale_(const char *dir, bool keep_single, int n_shar
 }
 
 /* Writes tensors [first, last) of t as one safetensors file. */
-static zdp_status hf_write_shard_(const char *path, const zdp_tensor *t, int first, int last,
-                                  zdp_error *err) {
-    static const char *const meta[] = {"format", "pt"};
-    return zdp_safetensors_write_meta(path, t + first, last - first, meta, 1, err);
+/* zdp_hf_save_stream's tensors: read one, converted to the file's dtype. */
+typedef struct hf_fill_ {
+    const zdp_model *model;
+    zdp_tensor_read_fn read;
+    void *ctx;
+    zdp_dtype dtype;
+    float *f;  /* (largest numel) BF16: the floats before rounding */
+    int first; /* the shard's first tensor */
+} hf_fill_;
+
+static zdp_status hf_fill_one_(void *ctx, int i, void *buf, zdp_error *err) {
+    hf_fill_ *h = ctx;
+    const int p = h->first + i;
+    const int64_t n = zdp_io_numel(h->model->params[p].shape, h->model->params[p].ndim);
+    float *dst = h->dtype == ZDP_DTYPE_F32 ? buf : h->f;
+    zdp_status s = h->read(h->ctx, p, 0, n, dst, err);
+    if (s != ZDP_OK || h->dtype == ZDP_DTYPE_F32) return s;
+    uint16_t *b = buf;
+    for (int64_t k = 0; k < n; k++) b[k] = zdp_io_f32_to_bf16(dst[k]);
+    return ZDP_OK;
 }
+
+static zdp_status hf_write_shard_(const char *path, const zdp_tensor *t, int first, int last,
+                                  hf_fill_ *fill, zdp_error *err) {
+    static const char *const meta[] = {"format", "pt"};
+    if (fill == NULL) return zdp_safetensors_write_meta(path, t + first, last - first, meta, 1, err);
+    fill->first = first;
+    return zdp_safetensors_write_fill(path, t + first, last - first, meta, 1, hf_fill_one_, fill, err);
+}
+
+static zdp_status hf_save_(const char *dir, const zdp_model *model, const float *const *src,
+                           hf_fill_ *fill, zdp_dtype dtype, int64_t max_shard_bytes,
+                           zdp_error *err);
 
 zdp_status zdp_hf_save(const char *dir, const zdp_model *model, const float *const *src,
                        zdp_dtype dtype, int64_t max_shard_bytes, zdp_error *err) {
     if (dir == NULL || model == NULL || src == NULL || model->n_params < 1)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_hf_save: dir, model and src must not "
                            "be NULL");
+    return hf_save_(dir, model, src, NULL, dtype, max_shard_bytes, err);
+}
+
+zdp_status zdp_hf_save_stream(const char *dir, const zdp_model *model, zdp_tensor_read_fn read,
+                              void *ctx, zdp_dtype dtype, int64_t max_shard_bytes,
+                              zdp_error *err) {
+    if (dir == NULL || model == NULL || read == NULL || model->n_params < 1)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_hf_save_stream: dir, model and read "
+                           "must not be NULL");
+    hf_fill_ fill = {.model = model, .read = read, .ctx = ctx, .dtype = dtype};
+    int64_t largest = 1;
+    for (int i = 0; i < model->n_params; i++) {
+        const int64_t n = zdp_io_numel(model->params[i].shape, model->params[i].ndim);
+        if (n > largest) largest = n;
+    }
+    if (dtype == ZDP_DTYPE_BF16 && (fill.f = malloc((size_t)largest * sizeof(float))) == NULL)
+        return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for one tensor", dir);
+    zdp_status s = hf_save_(dir, model, NULL, &fill, dtype, max_shard_bytes, err);
+    free(fill.f);
+    return s;
+}
+
+/* zdp_hf_save from whole tensors (src) or tensor by tensor (fill). */
+static zdp_status hf_save_(const char *dir, const zdp_model *model, const float *const *src,
+                           hf_fill_ *fill, zdp_dtype dtype, int64_t max_shard_bytes,
+                           zdp_error *err) {
     if (zdp_gpt_config_of(model) == NULL && zdp_llama_config_of(model) == NULL)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_hf_save: the model is neither GPT-2 "
                            "nor of the Llama family; only those have a Hugging Face folder");
@@ -1120,7 +1344,9 @@ zdp_status zdp_hf_save(const char *dir, const zdp_model *model, const float *con
         t[i] = (zdp_tensor){.name = (char *)p->name, .dtype = dtype, .ndim = p->ndim,
                             .nbytes = (size_t)numel * esize};
         memcpy(t[i].shape, p->shape, sizeof t[i].shape);
-        if (dtype == ZDP_DTYPE_F32) {
+        if (fill != NULL) {
+            t[i].data = NULL; /* read as it is written */
+        } else if (dtype == ZDP_DTYPE_F32) {
             t[i].data = (void *)src[i]; /* the writer only reads it */
         } else {
             uint16_t *h = malloc(t[i].nbytes > 0 ? t[i].nbytes : 1);
@@ -1151,7 +1377,7 @@ zdp_status zdp_hf_save(const char *dir, const zdp_model *model, const float *con
         if (n_shards == 1) snprintf(name, sizeof name, HF_SINGLE);
         else hf_shard_name_(k + 1, n_shards, name, sizeof name);
         snprintf(path, sizeof path, "%s/%s", dir, name);
-        s = hf_write_shard_(path, t, first, last, err);
+        s = hf_write_shard_(path, t, first, last, fill, err);
         for (int i = first; wm != NULL && i < last; i++)
             json_object_set_new(wm, t[i].name, json_string(name));
         first = last;
@@ -1171,7 +1397,7 @@ zdp_status zdp_hf_save(const char *dir, const zdp_model *model, const float *con
     if (s == ZDP_OK && n_shards == 1) s = hf_remove_stale_(dir, true, 1, err);
     json_decref(wm);
 done:
-    for (int i = 0; t != NULL && dtype != ZDP_DTYPE_F32 && i < n; i++) free(t[i].data);
+    for (int i = 0; t != NULL && dtype != ZDP_DTYPE_F32 && fill == NULL && i < n; i++) free(t[i].data);
     free(t);
     free(shard_of);
     return s;
@@ -1182,10 +1408,50 @@ done:
 static const char *const hf_tokenizer_files_[] = {
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
     "merges.txt", "added_tokens.json", "encoder.json", "vocab.bpe",
-    /* Not the tokenizer's, but its eos/bos ids are what generate() stops on;
-     * zdp's config.json does not carry token ids. */
+    /* Not the tokenizer's, but its eos/bos ids are what generate() stops on. */
     "generation_config.json",
 };
+
+/* The token ids of from/config.json (bos_token_id, eos_token_id: a number, a
+ * list or null, as transformers writes them) into to/config.json, which
+ * zdp_hf_save wrote without them (the model does not know them): without
+ * them generate() of a folder with no generation_config.json never stops
+ * on eos.  Nothing to do when either config.json is missing or the source
+ * has neither key. */
+static zdp_status hf_copy_token_ids_(const char *from, const char *to, zdp_error *err) {
+    static const char *const keys[] = {"bos_token_id", "eos_token_id"};
+    char src[HF_PATH_MAX], dst[HF_PATH_MAX];
+    snprintf(src, sizeof src, "%s/%s", from, HF_CONFIG);
+    snprintf(dst, sizeof dst, "%s/%s", to, HF_CONFIG);
+    if (!hf_exists_(src) || !hf_exists_(dst)) return ZDP_OK;
+    json_error_t je = {.line = 0};
+    json_t *a = json_load_file(src, JSON_REJECT_DUPLICATES, &je);
+    json_t *b = json_is_object(a) ? json_load_file(dst, JSON_REJECT_DUPLICATES, &je) : NULL;
+    if (!json_is_object(b)) {
+        const char *bad = json_is_object(a) ? dst : src;
+        const bool parsed = json_is_object(a) ? b != NULL : a != NULL;
+        json_decref(a);
+        json_decref(b);
+        if (parsed)
+            return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: not a JSON object; a config.json is "
+                               "one ({\"model_type\": ...})", bad);
+        return zdp_err_set(err, ZDP_ERR_FORMAT, "%s: line %d: %s; fix the JSON", bad, je.line,
+                           je.text);
+    }
+    bool added = false;
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        json_t *v = json_object_get(a, keys[k]);
+        if (v == NULL || json_object_get(b, keys[k]) != NULL) continue;
+        json_object_set(b, keys[k], v);
+        added = true;
+    }
+    json_decref(a);
+    if (!added) {
+        json_decref(b);
+        return ZDP_OK;
+    }
+    return hf_write_json_(dst, b, err); /* takes b */
+}
 
 zdp_status zdp_hf_copy_tokenizer(const char *from, const char *to, int *n_copied,
                                  zdp_error *err) {
@@ -1210,6 +1476,7 @@ zdp_status zdp_hf_copy_tokenizer(const char *from, const char *to, int *n_copied
         if (s != ZDP_OK) break;
         copied++;
     }
+    if (s == ZDP_OK) s = hf_copy_token_ids_(from, to, err);
     if (s == ZDP_OK && copied == 0)
         s = zdp_err_set(err, ZDP_ERR_IO, "%s: no tokenizer files (tokenizer.json, "
                         "tokenizer_config.json, vocab.json + merges.txt, encoder.json + "

@@ -25,6 +25,26 @@ int64_t zdp_io_numel(const int64_t *shape, int ndim);
  * NaN stays a quiet NaN, infinities stay infinite. */
 uint16_t zdp_io_f32_to_bf16(float f);
 
+/* The header of a .safetensors file, checked as zdp_safetensors_read checks
+ * it (dtypes, shapes, offsets inside the file, no overlaps), without reading
+ * any tensor: out->tensors[i].data is NULL and (*offsets)[i] (malloc'd; free
+ * it) is the file offset of tensor i's bytes, which safetensors stores
+ * contiguously, so any slice of a tensor is one pread.  Free out with
+ * zdp_safetensors_free. */
+zdp_status zdp_safetensors_read_header(const char *path, zdp_safetensors *out,
+                                       uint64_t **offsets, zdp_error *err);
+
+/* Fills buf with tensor i's bytes (its nbytes) for zdp_safetensors_write_fill. */
+typedef zdp_status (*zdp_io_fill_fn)(void *ctx, int i, void *buf, zdp_error *err);
+/* zdp_safetensors_write_meta for tensors whose data is NULL: each tensor's
+ * bytes come from fill(ctx, i, buf), in order, each once, into one buffer of
+ * the largest tensor's size, just before they are written (a writer that
+ * never holds more than one tensor).  fill's error ends the write (the
+ * temporary file is removed) and is returned. */
+zdp_status zdp_safetensors_write_fill(const char *path, const zdp_tensor *tensors, int n,
+                                      const char *const *meta, int n_meta, zdp_io_fill_fn fill,
+                                      void *ctx, zdp_error *err);
+
 /* Writes root (taking its reference) to path as indented JSON with a final
  * newline, atomically (temporary file, fsync, rename): hf.c's config.json
  * writer, shared with lora_io.c's adapter_config.json. */

@@ -513,7 +513,39 @@ static zdp_status st_read_tensors_(int fd, const char *path, uint64_t header_byt
     return ZDP_OK;
 }
 
+/* Header-only: each tensor's metadata, data NULL, and *offsets (malloc'd)
+ * the file offset of its bytes. */
+static void st_header_only_(const st_entry_ *entries, size_t n, uint64_t header_bytes,
+                            zdp_tensor *tensors, uint64_t *offsets) {
+    for (size_t i = 0; i < n; i++) {
+        const st_entry_ *e = &entries[i];
+        zdp_tensor *t = &tensors[i];
+        t->dtype = e->dtype;
+        t->ndim = e->ndim;
+        memcpy(t->shape, e->shape, sizeof t->shape);
+        t->nbytes = (size_t)(e->end - e->begin);
+        offsets[i] = 8 + header_bytes + e->begin;
+    }
+}
+
+static zdp_status st_read_(const char *path, zdp_safetensors *out, uint64_t **offsets,
+                           zdp_error *err);
+
 zdp_status zdp_safetensors_read(const char *path, zdp_safetensors *out, zdp_error *err) {
+    return st_read_(path, out, NULL, err);
+}
+
+zdp_status zdp_safetensors_read_header(const char *path, zdp_safetensors *out,
+                                       uint64_t **offsets, zdp_error *err) {
+    if (offsets == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_safetensors_read_header: offsets is NULL");
+    *offsets = NULL;
+    return st_read_(path, out, offsets, err);
+}
+
+/* The whole file, or with offsets its header alone. */
+static zdp_status st_read_(const char *path, zdp_safetensors *out, uint64_t **offsets,
+                           zdp_error *err) {
     if (out == NULL)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_safetensors_read: out is NULL");
     out->n = 0;
@@ -541,7 +573,22 @@ zdp_status zdp_safetensors_read(const char *path, zdp_safetensors *out, zdp_erro
         if (tensors == NULL)
             s = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for %zu tensors", path, n);
     }
-    if (s == ZDP_OK) s = st_read_tensors_(fd, path, header_bytes, entries, n, tensors, err);
+    if (s == ZDP_OK && offsets != NULL) {
+        /* The names are strdup'd here too: they outlive the header. */
+        *offsets = malloc((n > 0 ? n : 1) * sizeof **offsets);
+        if (*offsets == NULL)
+            s = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for %zu tensors", path, n);
+        for (size_t i = 0; s == ZDP_OK && i < n; i++)
+            if ((tensors[i].name = strdup(entries[i].name)) == NULL)
+                s = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory", path);
+        if (s == ZDP_OK) st_header_only_(entries, n, header_bytes, tensors, *offsets);
+        if (s != ZDP_OK) {
+            free(*offsets);
+            *offsets = NULL;
+        }
+    } else if (s == ZDP_OK) {
+        s = st_read_tensors_(fd, path, header_bytes, entries, n, tensors, err);
+    }
     if (s == ZDP_OK) {
         out->n = (int)n;
         out->tensors = tensors;
@@ -589,8 +636,10 @@ static bool st_write_full_(int fd, const void *buf, size_t n) {
 
 /* Checks tensor i and appends its header entry; *offset advances by its
  * bytes.  root doubles as the set of names seen so far. */
+/* filled: the data comes from a fill function, so it may be NULL here. */
 static zdp_status st_add_entry_(json_t *root, const zdp_tensor *tensors, int i,
-                                uint64_t *offset, const char *path, zdp_error *err) {
+                                uint64_t *offset, const char *path, bool filled,
+                                zdp_error *err) {
     const zdp_tensor *t = &tensors[i];
     if (t->name == NULL || t->name[0] == '\0')
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
@@ -633,7 +682,7 @@ static zdp_status st_add_entry_(json_t *root, const zdp_tensor *tensors, int i,
                            "%s: tensor \"%s\": nbytes is %zu but dtype %s shape %s needs %"
                            PRIu64, path, t->name, t->nbytes, st_dtypes_[t->dtype].name,
                            zdp_io_shape_str(t->shape, t->ndim, shp, sizeof shp), need);
-    if (t->data == NULL && t->nbytes > 0)
+    if (!filled && t->data == NULL && t->nbytes > 0)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: tensor \"%s\": data is NULL", path,
                            t->name);
     /* JSON integers are signed 64-bit: keep offsets representable. */
@@ -689,8 +738,29 @@ zdp_status zdp_safetensors_write(const char *path, const zdp_tensor *tensors, in
     return zdp_safetensors_write_meta(path, tensors, n, NULL, 0, err);
 }
 
+static zdp_status st_write_(const char *path, const zdp_tensor *tensors, int n,
+                           const char *const *meta, int n_meta, zdp_io_fill_fn fill, void *ctx,
+                           zdp_error *err);
+
 zdp_status zdp_safetensors_write_meta(const char *path, const zdp_tensor *tensors, int n,
                                       const char *const *meta, int n_meta, zdp_error *err) {
+    return st_write_(path, tensors, n, meta, n_meta, NULL, NULL, err);
+}
+
+zdp_status zdp_safetensors_write_fill(const char *path, const zdp_tensor *tensors, int n,
+                                      const char *const *meta, int n_meta, zdp_io_fill_fn fill,
+                                      void *ctx, zdp_error *err) {
+    if (fill == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "%s: zdp_safetensors_write_fill: fill is NULL",
+                           path != NULL ? path : "(null)");
+    return st_write_(path, tensors, n, meta, n_meta, fill, ctx, err);
+}
+
+/* With fill, tensor i's bytes come from fill into one buffer of the largest
+ * tensor's size, just before they are written. */
+static zdp_status st_write_(const char *path, const zdp_tensor *tensors, int n,
+                           const char *const *meta, int n_meta, zdp_io_fill_fn fill, void *ctx,
+                           zdp_error *err) {
     if (path == NULL || path[0] == '\0')
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_safetensors_write: path is empty");
     if (n < 0 || (n > 0 && tensors == NULL))
@@ -700,6 +770,7 @@ zdp_status zdp_safetensors_write_meta(const char *path, const zdp_tensor *tensor
 
     zdp_status s = ZDP_OK;
     char *json_text = NULL, *head = NULL, *tmp = NULL;
+    void *one = NULL; /* fill's buffer */
     int fd = -1;
     bool created = false; /* the temp file is ours to remove */
     json_t *root = json_object();
@@ -723,7 +794,7 @@ zdp_status zdp_safetensors_write_meta(const char *path, const zdp_tensor *tensor
     }
     uint64_t offset = 0;
     for (int i = 0; i < n; i++) {
-        s = st_add_entry_(root, tensors, i, &offset, path, err);
+        s = st_add_entry_(root, tensors, i, &offset, path, fill != NULL, err);
         if (s != ZDP_OK) goto done;
     }
 
@@ -764,8 +835,16 @@ zdp_status zdp_safetensors_write_meta(const char *path, const zdp_tensor *tensor
                         strerror(errno));
         goto done;
     }
+    size_t largest = 1;
+    for (int i = 0; fill != NULL && i < n; i++)
+        if (tensors[i].nbytes > largest) largest = tensors[i].nbytes;
+    if (fill != NULL && (one = malloc(largest)) == NULL) {
+        s = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for a %zu-byte tensor", path, largest);
+        goto done;
+    }
     for (int i = 0; i < n; i++) {
-        if (!st_write_full_(fd, tensors[i].data, tensors[i].nbytes)) {
+        if (fill != NULL && (s = fill(ctx, i, one, err)) != ZDP_OK) goto done;
+        if (!st_write_full_(fd, fill != NULL ? one : tensors[i].data, tensors[i].nbytes)) {
             s = zdp_err_set(err, ZDP_ERR_IO, "%s: writing tensor \"%s\" to %s: %s", path,
                             tensors[i].name, tmp, strerror(errno));
             goto done;
@@ -794,6 +873,7 @@ done:
     if (fd >= 0) close(fd);
     /* After a successful rename the temp name no longer exists. */
     if (s != ZDP_OK && created) unlink(tmp);
+    free(one);
     free(tmp);
     free(head);
     free(json_text);

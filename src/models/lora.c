@@ -111,6 +111,12 @@ static zdp_status hook_backward_(void *ctx, int site, float *dinp, const float *
  * borrowed weights, or at ZeRO stage 3 the engine's source over its
  * partition of them (zdp_frozen), gathered layer by layer. */
 static zdp_status fetch_(lora *m, zdp_param_source *src, zdp_error *err) {
+    if (m->base_src == NULL)
+        return zdp_err_set(err, ZDP_ERR_STATE,
+                           "LoRA model: its base exists only in a ZeRO stage-3 engine's "
+                           "partitions (zdp_lora_create_partitioned) and none holds it: run it "
+                           "through an engine created with zero_optimization.stage 3, or create "
+                           "it with zdp_lora_create and whole base weights");
     return zdp_param_fetch(src, 0, m->n_params, &m->params, err);
 }
 
@@ -342,12 +348,41 @@ static zdp_status check_config_(const zdp_lora_config *c, zdp_error *err) {
     return ZDP_OK;
 }
 
+/* The frozen base's zdp_tensor_read_fn over whole tensors in memory. */
+static zdp_status read_whole_(void *ctx, int i, int64_t lo, int64_t hi, float *dst,
+                              zdp_error *err) {
+    (void)err;
+    const lora *m = ctx;
+    memcpy(dst, m->base_params[i] + lo, (size_t)(hi - lo) * sizeof(float));
+    return ZDP_OK;
+}
+
+static zdp_status create_(const char *fn, const zdp_model *base, const float *const *base_params,
+                          zdp_tensor_read_fn read, void *read_ctx, const zdp_lora_config *cfg,
+                          zdp_model *out, zdp_error *err);
+
 zdp_status zdp_lora_create(const zdp_model *base, const float *const *base_params,
                            const zdp_lora_config *cfg, zdp_model *out, zdp_error *err) {
     const char *fn = "zdp_lora_create";
     if (out == NULL || base == NULL || base_params == NULL || cfg == NULL)
         return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
                            "%s: base, base_params, cfg and out must be set", fn);
+    return create_(fn, base, base_params, NULL, NULL, cfg, out, err);
+}
+
+zdp_status zdp_lora_create_partitioned(const zdp_model *base, zdp_tensor_read_fn read,
+                                       void *read_ctx, const zdp_lora_config *cfg,
+                                       zdp_model *out, zdp_error *err) {
+    const char *fn = "zdp_lora_create_partitioned";
+    if (out == NULL || base == NULL || read == NULL || cfg == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "%s: base, read, cfg and out must be set", fn);
+    return create_(fn, base, NULL, read, read_ctx, cfg, out, err);
+}
+
+static zdp_status create_(const char *fn, const zdp_model *base, const float *const *base_params,
+                          zdp_tensor_read_fn read, void *read_ctx, const zdp_lora_config *cfg,
+                          zdp_model *out, zdp_error *err) {
     memset(out, 0, sizeof *out);
     int64_t max_rows = 0;
     const int nsites = zdp_adapter_sites(base, NULL, 0, &max_rows);
@@ -407,9 +442,11 @@ zdp_status zdp_lora_create(const zdp_model *base, const float *const *base_param
     m->xa = malloc((size_t)scratch * sizeof(float));
     m->dxa = malloc((size_t)scratch * sizeof(float));
     m->n_params = n_params;
-    m->base_src = zdp_param_source_create_dense(base_params, base->n_params);
+    /* Partitioned (no base_params): no source until a stage-3 engine sets its own. */
+    m->base_src = base_params != NULL ? zdp_param_source_create_dense(base_params, base->n_params)
+                                      : NULL;
     if (m->names == NULL || m->info == NULL || m->xa == NULL || m->dxa == NULL ||
-        m->base_src == NULL)
+        (base_params != NULL && m->base_src == NULL))
         goto nomem;
     for (int i = 0; i < nsites; i++) {
         const int p = m->param_of[i];
@@ -440,7 +477,9 @@ zdp_status zdp_lora_create(const zdp_model *base, const float *const *base_param
              bname, cfg->rank, (double)m->cfg.alpha, tnames, model_end != NULL ? "," : "}",
              model_end != NULL ? model_end + 2 : "");
     m->frozen = (zdp_frozen){.n_params = base->n_params, .params = base->params,
-                             .data = base_params, .src = &m->base_src};
+                             .read = base_params != NULL ? read_whole_ : read,
+                             .read_ctx = base_params != NULL ? (void *)m : read_ctx,
+                             .src = &m->base_src};
     *out = (zdp_model){.self = m, .ops = &lora_ops_, .lm = &lora_lm_ops_,
                        .vocab_size = base->vocab_size, .block_size = base->block_size,
                        .n_params = n_params, .params = m->info, .shape_json = m->shape_json,
@@ -556,6 +595,11 @@ zdp_status zdp_lora_merge(const zdp_model *model, const float *const *adapter,
                                "embedding in this base: merging would change the embedding too "
                                "(write an untied lm_head, or train without the unembed target)",
                                fn);
+    if (m->base_params == NULL)
+        return zdp_err_set(err, ZDP_ERR_STATE,
+                           "%s: the base exists only in a stage-3 engine's partitions "
+                           "(zdp_lora_create_partitioned); merge from a model made with "
+                           "zdp_lora_create and whole base weights", fn);
     const zdp_model *base = m->base;
     for (int i = 0; i < base->n_params; i++) {
         const zdp_param_info *p = &base->params[i];

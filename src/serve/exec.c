@@ -42,11 +42,13 @@
 
 static int64_t numel_(const zdp_param_info *p);
 
+jmp_buf *serve_fatal_jmp = NULL;
+zdp_error serve_fatal_err;
+
 void serve_die(const char *what, const zdp_error *err) {
-    char msg[ZDP_ERROR_MSG_MAX + 128];
-    snprintf(msg, sizeof msg, "%s: %s", what, err->msg);
-    zdp_dist_abort(1, msg);
-    abort(); /* not reached */
+    zdp_err_set(&serve_fatal_err, ZDP_ERR_FATAL, "%s: %s", what, err->msg);
+    if (serve_fatal_jmp != NULL) longjmp(*serve_fatal_jmp, 1);
+    abort(); /* a bug in zdp: serve_die outside zdp_server_run */
 }
 
 float **serve_views(server *s) {

@@ -63,17 +63,18 @@ static void notify_stop_(server *s) {
 }
 
 /* Rank 0: has a rank > 0 asked to stop?  Then stop as if rank 0 got the
- * signal itself. */
-static void poll_stop_(server *s) {
-    if (s->W == 1) return;
+ * signal itself.  A failure is returned, not serve_die'd: the caller may
+ * hold s->mu. */
+static zdp_status poll_stop_(server *s, zdp_error *err) {
+    if (s->W == 1) return ZDP_OK;
     int from = -1, sig = 0;
-    zdp_error err;
-    if (zdp_channel_poll_int(s->ch, TAG_STOP, &from, &sig, &err) != ZDP_OK) serve_die("serve", &err);
-    if (from < 0) return;
+    if (zdp_channel_poll_int(s->ch, TAG_STOP, &from, &sig, err) != ZDP_OK) return err->code;
+    if (from < 0) return ZDP_OK;
     printf("zdp serve: rank %d received %s: stopping every rank\n", from,
            sig == SIGINT ? "SIGINT" : "SIGTERM");
     fflush(stdout);
     if (serve_stop_signal == 0) serve_stop_signal = sig;
+    return ZDP_OK;
 }
 
 /* Waits for a nonblocking collective without spinning a core: idle ranks
@@ -211,12 +212,41 @@ static void ping_(server *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* A job's answer: a Tinker future's, a detached job freed, or the waiting
+ * connection's (s->mu held). */
+static void finish_(server *s, job *q, int status, char *body) {
+    if (q->fut != NULL) {
+        s->proto.finish(s, q, status, body);
+    } else if (q->detached) {
+        free(body);
+        serve_job_free(q);
+    } else {
+        q->status = status;
+        q->body = body;
+        q->done = true;
+    }
+}
+
+void serve_fail_jobs(server *s, int status, const char *why) {
+    s->closed = true;
+    for (job *q = s->head, *next; q != NULL; q = next) {
+        next = q->next;
+        finish_(s, q, status, serve_error_body(NULL, why));
+    }
+    for (int k = 0; k < s->n_running; k++) finish_(s, s->running[k], status, serve_error_body(NULL, why));
+    s->n_running = 0;
+    if (s->proto.shutdown != NULL) s->proto.shutdown(s);
+    s->head = s->tail = NULL;
+    pthread_cond_broadcast(&s->cv_done);
+}
+
 void serve_leader_loop(server *s) {
     /* Health checks run when the ranks have been idle this long. */
     const double ping_every = s->opt.health_timeout_s / 2 < 10 ? s->opt.health_timeout_s / 2 : 10;
     double last_busy = serve_now();
+    zdp_error err;
     for (;;) {
-        poll_stop_(s);
+        if (poll_stop_(s, &err) != ZDP_OK) serve_die("serve", &err);
         pthread_mutex_lock(&s->mu);
         if (s->proto.tick != NULL) s->proto.tick(s);
         while (s->head == NULL && !serve_stop_signal) {
@@ -237,24 +267,14 @@ void serve_leader_loop(server *s) {
             pthread_cond_timedwait(&s->cv_job, &s->mu, &ts);
             /* Tinker requests held back for a missing seq_id may be due. */
             if (s->proto.tick != NULL) s->proto.tick(s);
-            poll_stop_(s);
+            if (poll_stop_(s, &err) != ZDP_OK) {
+                pthread_mutex_unlock(&s->mu);
+                serve_die("serve", &err);
+            }
         }
         if (serve_stop_signal) {
             /* Refuse what is queued and what comes, then tell the ranks. */
-            s->closed = true;
-            for (job *q = s->head, *next; q != NULL; q = next) {
-                next = q->next;
-                if (q->fut != NULL) {
-                    s->proto.finish(s, q, 503, serve_error_body(NULL, "the server is shutting down"));
-                    continue;
-                }
-                q->status = 503;
-                q->body = serve_error_body(NULL, "the server is shutting down");
-                q->done = true;
-            }
-            if (s->proto.shutdown != NULL) s->proto.shutdown(s);
-            s->head = s->tail = NULL;
-            pthread_cond_broadcast(&s->cv_done);
+            serve_fail_jobs(s, 503, "the server is shutting down");
             pthread_mutex_unlock(&s->mu);
             int64_t hdr[HDR_N] = {OP_QUIT, 0, 0, 0};
             if (s->W > 1) bcast_job_(s, hdr, NULL);
@@ -276,6 +296,8 @@ void serve_leader_loop(server *s) {
         job *j = batch[0];
         s->busy_op = j->op;
         s->busy_since = serve_now();
+        memcpy(s->running, batch, (size_t)nb * sizeof *batch);
+        s->n_running = nb;
         pthread_mutex_unlock(&s->mu);
 
         if (serve_ops[j->op].all_ranks && s->W > 1)
@@ -299,22 +321,14 @@ void serve_leader_loop(server *s) {
         last_busy = t1;
         pthread_mutex_lock(&s->mu);
         s->busy_op = -1;
+        s->n_running = 0;
         for (int k = 0; k < nb; k++) {
             job *q = batch[k];
             s->stats[q->op].count++;
             s->stats[q->op].queue_s += t0 - q->queued_at;
             s->stats[q->op].exec_s += t1 - t0;
             if (t1 - t0 > s->stats[q->op].exec_max_s) s->stats[q->op].exec_max_s = t1 - t0;
-            if (q->fut != NULL) {
-                s->proto.finish(s, q, status[k], body[k]);
-            } else if (q->detached) {
-                free(body[k]);
-                serve_job_free(q);
-            } else {
-                q->status = status[k];
-                q->body = body[k];
-                q->done = true;
-            }
+            finish_(s, q, status[k], body[k]);
         }
         pthread_cond_broadcast(&s->cv_done);
         pthread_mutex_unlock(&s->mu);

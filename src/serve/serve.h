@@ -10,12 +10,14 @@
  *   (the caller agrees across ranks; a failure on one rank stops all)
  *   zdp_server_start(srv, &err)           COLLECTIVE: weights synced; rank 0 listens
  *   (the caller agrees again)
- *   zdp_server_run(srv)                   COLLECTIVE: serves until SIGINT/SIGTERM
+ *   zdp_server_run(srv, &err)             COLLECTIVE: serves until SIGINT/SIGTERM
  *   zdp_server_destroy(srv)
  *
  * Errors come back as a status and a message naming the flag ("--init W:
- * ..."); the module never exits, except through zdp_dist_abort when a
- * collective step fails on some ranks only (no rank may be left waiting).
+ * ..."); the module never exits.  When a collective step fails on some ranks
+ * only, start or run returns ZDP_ERR_FATAL: the ranks can no longer agree,
+ * and the caller must end the MPI job (zdp_dist_abort) before anything else
+ * -- no rank may be left waiting in a collective.
  */
 #ifndef ZDP_SERVE_SERVE_H
 #define ZDP_SERVE_SERVE_H
@@ -42,6 +44,15 @@ typedef struct zdp_serve_model {
     void (*destroy)(void *ctx, zdp_model *model);
     /* The starting weights: a file, a folder's, or a seeded initialisation. */
     zdp_status (*init)(void *ctx, const zdp_model *model, float *const *dst, zdp_error *err);
+    /* Optional (NULL: none): the starting weights a slice at a time, for ZeRO
+     * stage 3, where no rank may hold the whole model: reader_open makes a
+     * reader over them, read_slice (a zdp_tensor_read_fn) reads elements
+     * [lo, hi) of tensor i through it, reader_close frees it.  A model folder
+     * has one (zdp_hf_reader); without it start-up at stage 3 fills whole
+     * copies through init. */
+    zdp_status (*reader_open)(void *ctx, const zdp_model *model, void **reader, zdp_error *err);
+    zdp_tensor_read_fn read_slice;
+    void (*reader_close)(void *reader);
     /* The weights at path (a file save wrote, a checkpoint's model.safetensors,
      * base_weights) into dst, one buffer per model->params entry. */
     zdp_status (*load)(void *ctx, const char *path, const zdp_model *model, float *const *dst,
@@ -98,12 +109,17 @@ typedef struct server zdp_server;
 zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error *err);
 /* COLLECTIVE.  Gives every rank the same weights, installs the SIGINT/SIGTERM
  * handlers; on rank 0 reads --api-key-file and --allow-path-root and starts
- * the HTTP server (a failure there is rank 0's alone). */
+ * the HTTP server (a failure there is rank 0's alone).  ZDP_ERR_FATAL: a
+ * collective step failed (end the job). */
 zdp_status zdp_server_start(zdp_server *s, zdp_error *err);
 /* COLLECTIVE.  Rank 0 prints the listening line and answers requests; the
- * other ranks execute what rank 0 broadcasts.  Returns when a signal stopped
- * every rank. */
-void zdp_server_run(zdp_server *s);
+ * other ranks execute what rank 0 broadcasts.  Returns ZDP_OK when a signal
+ * stopped every rank; ZDP_ERR_FATAL (err: "what: why") when the ranks can no
+ * longer agree (a collective step failed on some ranks only, e.g. out of
+ * memory mid-request): rank 0 has answered every request with a 500 and
+ * closed HTTP; the caller must end the MPI job (zdp_dist_abort) and may not
+ * run the server again. */
+zdp_status zdp_server_run(zdp_server *s, zdp_error *err);
 /* Stops what zdp_server_start started and frees everything.  NULL is a no-op. */
 void zdp_server_destroy(zdp_server *s);
 

@@ -13,6 +13,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 #include <pthread.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -302,6 +303,8 @@ typedef struct serve_protocol {
 /* A LoRA model's sampler weights (a PEFT adapter folder) as asample holds
  * them: path NULL when the entry is free. */
 #define SERVE_AD_CACHE 8
+/* The most asample jobs that decode as one batch (serve_exec_sample_batch). */
+#define SERVE_SAMPLE_BATCH SERVE_AD_CACHE
 typedef struct serve_adapter {
     char *path;
     struct timespec mtime; /* adapter_model.safetensors's when read */
@@ -392,6 +395,10 @@ typedef struct server {
      * check still unanswered by rank ping_missing began (0 none). */
     int busy_op;
     double busy_since, ping_since;
+    /* rank 0: the jobs running on the ranks now (under mu), which a
+     * ZDP_ERR_FATAL answers with a 500 (serve_fail_jobs). */
+    job *running[SERVE_SAMPLE_BATCH];
+    int n_running;
     int ping_missing;
     /* rank 0: request body bytes held by all connections (under body_mu). */
     pthread_mutex_t body_mu;
@@ -470,9 +477,21 @@ void serve_enqueue_locked(server *s, job *j);
 void serve_leader_loop(server *s);
 void serve_worker_loop(server *s);
 
-/* exec.c.  A failure after start-up on some ranks only: the message, then
- * zdp_dist_abort (no rank may be left waiting in a collective). */
+/* Rank 0: refuses every queued job and answers the running ones (status,
+ * "why"), closes the queue and wakes the waiting connections. */
+void serve_fail_jobs(server *s, int status, const char *why);
+
+/* exec.c.  A failure after start-up on some ranks only: the ranks can no
+ * longer agree, so the job must stop.  The library never exits: serve_die
+ * sets serve_fatal_err ("what: message", ZDP_ERR_FATAL) and jumps back to
+ * zdp_server_run (serve_fatal_jmp, set while it runs), which returns
+ * ZDP_ERR_FATAL; the caller aborts the MPI job (no rank may be left waiting
+ * in a collective).  Only the thread that runs zdp_server_run calls it, and
+ * never while holding s->mu.  What the failed request allocated is not
+ * freed: the process is about to end. */
 void serve_die(const char *what, const zdp_error *err) __attribute__((noreturn));
+extern jmp_buf *serve_fatal_jmp;
+extern zdp_error serve_fatal_err;
 /* Every rank: runs one request (serve_ops[j->op].exec); rank 0 gets the answer. */
 char *serve_exec(server *s, job *j, int *status);
 /* The base model's weights (--full-finetune: the engine's parameter views;
@@ -535,7 +554,6 @@ void serve_sampler_run_many(server *s, const float *const *params, const serve_s
 /* Up to SERVE_SAMPLE_BATCH asample jobs that were next to each other in the
  * FIFO, every rank: those on LoRA models' sampler weights decode together
  * (serve_sampler_run_many), any other runs alone, in order. */
-#define SERVE_SAMPLE_BATCH SERVE_AD_CACHE
 void serve_exec_sample_batch(server *s, job **jobs, int n, int *statuses, char **bodies);
 /* Frees the adapters asample holds. */
 void serve_free_adapters(server *s);

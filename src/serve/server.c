@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/core.h"
 #include "serve_impl.h"
 
 static zdp_status fail_(zdp_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -118,7 +119,16 @@ zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error 
         s->slots[0] = (serve_slot){.uid = 1, .model = &s->model, .eng = s->eng};
         s->cur = &s->model;
         /* Every rank initialises the same values (stage 3 keeps each rank's
-         * slice of them); zdp_server_start syncs. */
+         * slice of them); zdp_server_start syncs.  At stage 3 a reader
+         * brings each rank its slices alone (docs/training.md, "Stage 3
+         * loading"). */
+        if (s->cfg.zero.stage == 3 && s->opt.lm.reader_open != NULL) {
+            void *r = NULL;
+            st = s->opt.lm.reader_open(s->opt.lm.ctx, &s->model, &r, err);
+            if (st == ZDP_OK) st = zdp_engine_load_params(s->eng, s->opt.lm.read_slice, r, err);
+            if (r != NULL) s->opt.lm.reader_close(r);
+            return st;
+        }
         float **v = serve_weights_get(s, false, err);
         if (v == NULL) return err->code;
         st = s->opt.lm.init(s->opt.lm.ctx, &s->model, v, err);
@@ -160,8 +170,11 @@ void serve_slot_free(server *s, int k) {
 zdp_status zdp_server_start(zdp_server *s, zdp_error *err) {
     /* LoRA mode: every rank loaded the same base; each model syncs its own
      * adapters as it is created. */
-    if (s->eng != NULL && zdp_engine_sync_params(s->eng, err) != ZDP_OK) serve_die("sync params", err);
-    if (zdp_channel_open(&s->ch, err) != ZDP_OK) serve_die("serve", err);
+    /* Collective steps: a failure on some ranks only leaves the others
+     * waiting, so it is fatal (the caller aborts the job). */
+    if (s->eng != NULL && zdp_engine_sync_params(s->eng, err) != ZDP_OK)
+        return zdp_err_set(err, ZDP_ERR_FATAL, "sync params: %s", err->msg);
+    if (zdp_channel_open(&s->ch, err) != ZDP_OK) return zdp_err_set(err, ZDP_ERR_FATAL, "serve: %s", err->msg);
     serve_install_signals();
     if (s->R != 0) return ZDP_OK;
     pthread_mutex_init(&s->mu, NULL);
@@ -180,10 +193,39 @@ zdp_status zdp_server_start(zdp_server *s, zdp_error *err) {
     return ZDP_OK;
 }
 
-void zdp_server_run(zdp_server *s) {
+/* Rank 0 after its loop: stops HTTP and the protocol, frees what sampling
+ * and the adapters held. */
+static void leader_stop_(server *s) {
+    serve_http_stop(s);
+    if (s->proto.destroy != NULL) s->proto.destroy(s->proto.state);
+    s->proto = (serve_protocol){0};
+    s->tinker = NULL;
+    serve_free_snapshot(s);
+    serve_free_adapters(s);
+}
+
+zdp_status zdp_server_run(zdp_server *s, zdp_error *err) {
+    jmp_buf fatal;
+    if (setjmp(fatal) != 0) {
+        /* serve_die: the ranks can no longer agree.  Rank 0 answers every
+         * request (500, why) and closes HTTP; the caller ends the job. */
+        serve_fatal_jmp = NULL;
+        *err = serve_fatal_err;
+        err->rank = s->R;
+        if (s->R == 0) {
+            pthread_mutex_lock(&s->mu);
+            s->busy_op = -1;
+            serve_fail_jobs(s, 500, err->msg);
+            pthread_mutex_unlock(&s->mu);
+            leader_stop_(s);
+        }
+        return ZDP_ERR_FATAL;
+    }
+    serve_fatal_jmp = &fatal;
     if (s->R != 0) {
         serve_worker_loop(s);
-        return;
+        serve_fatal_jmp = NULL;
+        return ZDP_OK;
     }
     /* The pid: SIGTERM or SIGINT to rank 0 stops every rank cleanly (a
      * signal to mpirun makes it kill the ranks instead). */
@@ -197,17 +239,14 @@ void zdp_server_run(zdp_server *s) {
                 "key (docs/server.md, \"Threat model\")\n", s->opt.bind, port, s->opt.checkpoint_dir);
     fflush(stdout);
     serve_leader_loop(s);
-    serve_http_stop(s);
-    if (s->proto.destroy != NULL) s->proto.destroy(s->proto.state);
-    s->proto = (serve_protocol){0};
-    s->tinker = NULL;
-    serve_free_snapshot(s);
-    serve_free_adapters(s);
+    serve_fatal_jmp = NULL;
+    leader_stop_(s);
     if (s->opt.full_finetune)
         printf("zdp serve: stopped at step %lld\n", (long long)zdp_engine_global_steps(s->slots[0].eng));
     else
         printf("zdp serve: stopped\n");
     fflush(stdout);
+    return ZDP_OK;
 }
 
 void zdp_server_destroy(zdp_server *s) {

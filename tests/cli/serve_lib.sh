@@ -1,9 +1,15 @@
-# serve_lib.sh -- sourced by the `zdp serve` tests (test_serve.sh,
-# test_tinker.sh, test_serve_ops.sh, test_serve_safety.sh): start a server in
-# the background, wait for it to listen, and stop it cleanly.  Needs ZDP
-# and MPIEXEC; sources lib.sh ($T, fail, run, the cleanup that stops the
-# server on exit).
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# serve_lib.sh -- sourced by the `zdp serve` tests (test_serve*.sh,
+# test_tinker*.sh) and bench/run_serve_rl.sh as
+#   source .../serve_lib.sh ZDP_BINARY MPIEXEC
+# start a server in the background, wait for it to listen, and stop it
+# cleanly.  Sets ZDP (an absolute path), MPIEXEC, HERE (tests/cli) and PY
+# (python3 unless PYTHON says otherwise); sources lib.sh ($T, fail, run, the
+# cleanup that stops the server on exit).
+ZDP=$(readlink -f "$1")
+MPIEXEC=$2
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+PY=${PYTHON:-python3}
+source "$HERE/lib.sh"
 SERVER_PID=""
 RANK0_PID=""
 SERVER_RC=0
@@ -24,6 +30,19 @@ wait_listening() {
     sleep 0.1
   done
   return 1
+}
+
+# adamw_config STAGE LR CLIP BUCKET: a ds_config.json on stdout: one
+# micro-batch per step, unmanaged (every optim_step is a boundary), AdamW at
+# lr LR with DeepSpeed's default betas and eps, gradient_clipping CLIP, ZeRO
+# stage STAGE with reduce_bucket_size BUCKET.
+adamw_config() {
+  cat <<JSON
+{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+ "managed_gradient_accumulation": false, "gradient_clipping": $3,
+ "optimizer": {"type": "AdamW", "params": {"lr": $2}},
+ "zero_optimization": {"stage": $1, "reduce_bucket_size": $4}}
+JSON
 }
 
 # start_server NP LOG SERVE_ARGS...: `zdp serve SERVE_ARGS --port 0` at -np NP,

@@ -40,6 +40,28 @@ for m in sorted(deps):
 print('test_layering: no include cycle among %d modules; core includes none' % len(deps))
 PY
 
+# The library never exits (docs/style.md): libzdp and the server module call
+# no exit, _exit, _Exit or quick_exit; a job that must stop is ended by the
+# tool (zdp_server_run returns ZDP_ERR_FATAL, `zdp serve` aborts the job).
+if [ -n "$zdp" ]; then
+  libs=$(ls "$(dirname "$zdp")"/../libzdp*.a "$(dirname "$zdp")"/../libzdp*.so 2>/dev/null)
+  if [ -z "$libs" ]; then
+    echo "test_layering: no libzdp*.a or libzdp*.so beside $zdp (in $(dirname "$zdp")/..)"
+    exit 1
+  fi
+  exits=""
+  for f in $libs; do
+    case $f in *.so) opt=-D ;; *) opt="" ;; esac
+    found=$(nm $opt -u "$f" 2>/dev/null | awk '{print $2}' | grep -E '^(exit|_exit|_Exit|quick_exit)(@|$)')
+    [ -n "$found" ] && exits="$exits $(basename "$f"): $(echo $found)"
+  done
+  if [ -n "$exits" ]; then
+    echo "test_layering: the library calls exit:$exits; return an error (ZDP_ERR_FATAL when the job must stop)"
+    exit 1
+  fi
+  echo "test_layering: no exit/_exit/_Exit/quick_exit in$(for f in $libs; do printf ' %s' "$(basename "$f")"; done)"
+fi
+
 lib=""
 if [ -n "$zdp" ] && command -v ldd >/dev/null 2>&1; then
   lib=$(ldd "$zdp" 2>/dev/null | awk '/libzdp\.so/ {print $3}')

@@ -6,7 +6,9 @@
 # is the LoRA model's (tied Qwen3 with an lm_head adapter: the head comes
 # out untied; untied Llama with attn,mlp; q_proj,v_proj alone), checkpoints of
 # the adapters resume exactly (and refuse another rank), ZeRO stage 3 (the
-# base partitioned: stage 2's losses), and bad input (rank 0, a rank
+# base partitioned: stage 2's losses; each rank reads only its slices of
+# the folder, its loader's peak at most 2x the largest tensor, full and LoRA
+# at -np 1-4), and bad input (rank 0, a rank
 # larger than a target, an unknown target, LoRA flags without --lora-rank or
 # without --model-dir, --save-model-dir with LoRA, an adapter for another
 # base, a missing adapter folder): one message naming the flag or tensor,
@@ -30,6 +32,19 @@ open(out, "wb").write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(head)) + head
 PY
 }
 
+# check_load WHAT NP: each rank's load_peak (--memory-report) is at most 2x the
+# largest tensor of $T/q (fp32 bytes) and below the whole model's bytes.
+check_load() {
+  local r lp
+  for r in $(seq 0 $(($2 - 1))); do
+    lp=$(grep -a "^memory | rank $r | load_peak |" "$T/out" | awk '{print $(NF-1)}')
+    grep -aq "^memory | rank $r | peak_rss | [0-9]* B\$" "$T/out" || fail "$1: no peak_rss line for rank $r"
+    [ -n "$lp" ] && [ "$lp" -gt 0 ] || { fail "$1: no load_peak for rank $r"; continue; }
+    [ "$lp" -le $((2 * LARGEST)) ] && [ "$lp" -lt "$WHOLE" ] ||
+      fail "$1: rank $r held $lp B of weights at once while loading; at most 2 x the largest tensor ($LARGEST B) allowed, the whole model is $WHOLE B"
+  done
+}
+
 expect_ok 1 init-model --arch qwen3 --layers 2 --hidden 16 --heads 4 --kv-heads 2 --head-dim 8 \
   --ffn 24 --vocab 97 --max-pos 32 --tie --seed 3 --out "$T/q"
 expect_ok 1 init-model --arch llama --layers 2 --hidden 16 --heads 4 --kv-heads 2 --ffn 24 \
@@ -37,6 +52,15 @@ expect_ok 1 init-model --arch llama --layers 2 --hidden 16 --heads 4 --kv-heads 
 expect_ok 1 init-model --arch llama --layers 2 --hidden 24 --heads 4 --ffn 24 --vocab 97 \
   --max-pos 32 --seed 4 --out "$T/wide"
 npy "$T/tok.npy" 3000 97
+read -r LARGEST WHOLE < <(python3 - "$T/q/model.safetensors" <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+head = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+n = [4 * eval("*".join(map(str, v["shape"])) or "1") for k, v in head.items() if k != "__metadata__"]
+print(max(n), sum(n))
+PY
+)
+[ "$LARGEST" -gt 0 ] && [ "$WHOLE" -gt $((2 * LARGEST)) ] || fail "the test model is too small to tell a whole-model load ($LARGEST, $WHOLE)"
 cat >"$T/ds.json" <<'JSON'
 {"train_batch_size": 12, "train_micro_batch_size_per_gpu": 2,
  "optimizer": {"type": "AdamW", "params": {"lr": 2e-2, "weight_decay": 0.0}},
@@ -125,6 +149,37 @@ for np in 2 3; do
   [ "$(losses)" = "$ref" ] || fail "stage 3 -np $np losses differ from stage 2: $(losses) vs $ref"
   frozen=$(grep -a '^memory | rank 0 | frozen |' "$T/out" | awk '{print $(NF-1)}')
   [ -n "$frozen" ] && [ "$frozen" -gt 0 ] || fail "stage 3 -np $np: no frozen partition in the memory report"
+  check_load "LoRA stage 3 -np $np" $np
+done
+
+# Stage 3 loading (docs/training.md): every rank reads only its slices of the
+# folder, so the most weight bytes its loader holds at once (load_peak) stay
+# at or below 2x the largest tensor's (the slice and its staged raw bytes),
+# never the whole model, at -np 1-4, full fine-tuning and LoRA; the losses
+# are stage 2's, and --save-model-dir (streamed at stage 3) writes stage 2's
+# bytes.  (Loading whole tensors everywhere -- zdp_hf_weights_load --
+# gives load_peak = the whole model, which is above that bound here.)
+sed 's/"train_batch_size": 12/"train_batch_size": 24/' "$T/ds.json" >"$T/ds2b.json"
+sed 's/"stage": 2,/"stage": 3, "stage3_param_persistence_threshold": 0,/' "$T/ds2b.json" >"$T/ds3b.json"
+TRAINB=(train --config "$T/ds2b.json" --data "$T/tok.npy" --block-size 16 --steps 3 --val-every 0
+        --out-dir "$T/o" --memory-report on)
+expect_ok 1 "${TRAINB[@]}" --model-dir "$T/q"
+ref_full=$(losses)
+expect_ok 1 "${TRAINB[@]}" --model-dir "$T/q" --lora-rank 4 --lora-alpha 8
+ref_lora=$(losses)
+for np in 1 2 3 4; do
+  # --save-model-dir at stage 3 streams the folder a gathered tensor at a time:
+  # the same bytes as stage 2's whole-model save at this -np.
+  expect_ok $np "${TRAINB[@]}" --model-dir "$T/q" --save-model-dir "$T/s2full" --save-dtype BF16
+  expect_ok $np "${TRAINB[@]/%ds2b.json/ds3b.json}" --model-dir "$T/q" --save-model-dir "$T/s3full" \
+    --save-dtype BF16
+  [ "$(losses)" = "$ref_full" ] || fail "full stage 3 -np $np losses differ from stage 2: $(losses) vs $ref_full"
+  cmp -s "$T/s2full/model.safetensors" "$T/s3full/model.safetensors" ||
+    fail "full stage 3 -np $np: --save-model-dir wrote other bytes than stage 2's"
+  check_load "full stage 3 -np $np" $np
+  expect_ok $np "${TRAINB[@]/%ds2b.json/ds3b.json}" --model-dir "$T/q" --lora-rank 4 --lora-alpha 8
+  [ "$(losses)" = "$ref_lora" ] || fail "LoRA stage 3 -np $np losses differ from stage 2: $(losses) vs $ref_lora"
+  check_load "LoRA stage 3 -np $np" $np
 done
 
 # Bad input.

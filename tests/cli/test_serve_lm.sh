@@ -9,19 +9,11 @@
 # imported.
 # usage: test_serve_lm.sh ZDP_BINARY MPIEXEC
 set -u
-ZDP=$1
-MPIEXEC=$2
-HERE=$(cd "$(dirname "$0")" && pwd)
+source "$(dirname "$0")/serve_lib.sh" "$@" # ZDP MPIEXEC: HERE, PY, $T, fail, start_server
 CHECK="$HERE/../serve/lm_check.py"
-source "$HERE/serve_lib.sh"
 use_tinker_sdk
 
-cat >"$T/cfg.json" <<JSON
-{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
- "managed_gradient_accumulation": false, "gradient_clipping": 0,
- "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
- "zero_optimization": {"stage": 1, "reduce_bucket_size": 5000}}
-JSON
+adamw_config 1 1e-3 0 5000 >"$T/cfg.json"
 TEXT="$T/text.txt"
 if [ -f "$SHARED/data/tinyshakespeare.txt" ]; then head -c 4000 "$SHARED/data/tinyshakespeare.txt" >"$TEXT"
 else for _ in $(seq 40); do echo "First Citizen: we are accounted poor citizens, the patricians good."; done >"$TEXT"; fi

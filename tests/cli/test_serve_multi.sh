@@ -7,12 +7,8 @@
 # (nothing changed), heartbeat unload.  Also the flags' own refusals.
 # usage: test_serve_multi.sh ZDP_BINARY MPIEXEC
 set -u
-ZDP=$1
-MPIEXEC=$2
-HERE=$(cd "$(dirname "$0")" && pwd)
+source "$(dirname "$0")/serve_lib.sh" "$@" # ZDP MPIEXEC: HERE, PY, $T, fail, start_server
 CHECK="$HERE/../serve/multi_check.py"
-PY=${PYTHON:-python3}
-source "$HERE/serve_lib.sh"
 
 MODEL=(--model gpt --n-layer 2 --n-head 2 --n-embd 16 --vocab-size 64 --block-size 16)
 IDLE=6

@@ -18,11 +18,7 @@
 # Every run is under a timeout.
 # usage: test_serve_ops.sh ZDP_BINARY MPIEXEC
 set -u
-ZDP=$(readlink -f "$1")
-MPIEXEC=$2
-HERE=$(cd "$(dirname "$0")" && pwd)
-PY=${PYTHON:-python3}
-source "$HERE/serve_lib.sh"
+source "$(dirname "$0")/serve_lib.sh" "$@" # ZDP MPIEXEC: HERE, PY, $T, fail, start_server
 
 MODEL=(--model gpt --n-layer 2 --n-head 2 --n-embd 16 --vocab-size 64 --block-size 16 --full-finetune)
 cat >"$T/cfg.json" <<'JSON'

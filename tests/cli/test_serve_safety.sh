@@ -10,12 +10,8 @@
 # tests/serve/safety_check.py, at -np 2 (ZeRO stage 1) and -np 1.
 # usage: test_serve_safety.sh ZDP_BINARY MPIEXEC
 set -u
-ZDP=$1
-MPIEXEC=$2
-HERE=$(cd "$(dirname "$0")" && pwd)
+source "$(dirname "$0")/serve_lib.sh" "$@" # ZDP MPIEXEC: HERE, PY, $T, fail, start_server
 CHECK="$HERE/../serve/safety_check.py"
-PY=${PYTHON:-python3}
-source "$HERE/serve_lib.sh"
 
 MODEL=(--model gpt --n-layer 1 --n-head 2 --n-embd 16 --vocab-size 64 --block-size 16 --full-finetune)
 cat >"$T/cfg.json" <<JSON

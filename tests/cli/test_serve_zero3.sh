@@ -8,12 +8,8 @@
 # Also the start-up refusal of LoRA at stage 3, naming the key and the fix.
 # usage: test_serve_zero3.sh ZDP_BINARY MPIEXEC
 set -u
-ZDP=$1
-MPIEXEC=$2
-HERE=$(cd "$(dirname "$0")" && pwd)
+source "$(dirname "$0")/serve_lib.sh" "$@" # ZDP MPIEXEC: HERE, PY, $T, fail, start_server
 CHECK="$HERE/../serve/zero3_check.py"
-PY=${PYTHON:-python3}
-source "$HERE/serve_lib.sh"
 
 config() {
   cat <<JSON
@@ -35,6 +31,31 @@ QWEN=(--model-dir "$T/qwen" --block-size 32)
 # LoRA over a partitioned base is not built: refused at start-up.
 expect_error 1 "zero_optimization.stage = 3: zdp serve trains LoRA models over a whole base" \
   serve "${GPT[@]}" --config "$T/cfg3.json" --port 0
+
+# A collective step that fails on some ranks only (rank 1 cannot allocate
+# its 3rd stage-3 gather, mid-forward): zdp_server_run returns ZDP_ERR_FATAL
+# and the tool, not the library, ends the whole job: no rank left waiting, a
+# non-zero exit and the reason ("zdp serve: " is the tool's prefix).
+if ZDP_TEST_FAIL_GATHER=1:3 start_server 2 "$T/fatal.log" "${GPT[@]}" --full-finetune \
+     --config "$T/cfg3.json" --checkpoint-dir "$T/ck-fatal"; then
+  $PY - "$URL" <<'PY' >/dev/null 2>&1
+import json, sys, urllib.request
+d = {"model_input": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3, 4]}]},
+     "loss_fn_inputs": {"target_tokens": [2, 3, 4, 5]}}
+r = urllib.request.Request(sys.argv[1] + "/forward_backward", method="POST",
+                           data=json.dumps({"data": [d], "loss_fn": "cross_entropy"}).encode(),
+                           headers={"Content-Type": "application/json"})
+urllib.request.urlopen(r, timeout=60)
+PY
+  for _ in $(seq 600); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$SERVER_PID" 2>/dev/null && fail "a fatal error: the server still runs after 60 s"
+  stop_server
+  if [ $SERVER_RC -ne 0 ] && grep -q "fatal: zdp serve: forward: zdp_param_fetch" "$T/fatal.log"; then
+    echo "ok: a fatal error mid-request ends every rank through the tool (exit $SERVER_RC)"
+  else
+    fail "a fatal error: exit $SERVER_RC, no 'fatal: zdp serve: forward' line"; tail -20 "$T/fatal.log"
+  fi
+fi
 
 for run in ${RUNS:-gpt:2 gpt:3 qwen:2 qwen:3}; do
   name=${run%%:*} np=${run##*:}

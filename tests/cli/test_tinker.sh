@@ -12,12 +12,8 @@
 # checked against `zdp train` by test_serve.sh).
 # usage: test_tinker.sh ZDP_BINARY MPIEXEC
 set -u
-ZDP=$1
-MPIEXEC=$2
-HERE=$(cd "$(dirname "$0")" && pwd)
+source "$(dirname "$0")/serve_lib.sh" "$@" # ZDP MPIEXEC: HERE, PY, $T, fail, start_server
 CHECK="$HERE/../serve/tinker_check.py"
-PY=${PYTHON:-python3}
-source "$HERE/serve_lib.sh"
 
 MODEL=(--model gpt --n-layer 2 --n-head 2 --n-embd 16 --vocab-size 64 --block-size 16 --full-finetune)
 config() {

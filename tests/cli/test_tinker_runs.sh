@@ -7,20 +7,12 @@
 # repository, or ZDP_SHARED, has its tinker-sdk.sh).
 # usage: test_tinker_runs.sh ZDP_BINARY MPIEXEC
 set -u
-ZDP=$1
-MPIEXEC=$2
-HERE=$(cd "$(dirname "$0")" && pwd)
+source "$(dirname "$0")/serve_lib.sh" "$@" # ZDP MPIEXEC: HERE, PY, $T, fail, start_server
 CHECK="$HERE/../serve/runs_check.py"
-source "$HERE/serve_lib.sh"
 use_tinker_sdk
 export TINKER_API_KEY=tml-local
 
-cat >"$T/cfg.json" <<JSON
-{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
- "managed_gradient_accumulation": false, "gradient_clipping": 0,
- "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
- "zero_optimization": {"stage": 1, "reduce_bucket_size": 5000}}
-JSON
+adamw_config 1 1e-3 0 5000 >"$T/cfg.json"
 MODEL=(--model gpt --n-layer 1 --n-head 2 --n-embd 16 --vocab-size 32 --block-size 16 --config "$T/cfg.json" --full-finetune)
 
 for np in ${NPS:-1 2}; do

@@ -12,11 +12,8 @@
 # repository, or ZDP_SHARED, has its tinker-sdk.sh).
 # usage: test_tinker_sdk_lora.sh ZDP_BINARY MPIEXEC
 set -u
-ZDP=$1
-MPIEXEC=$2
-HERE=$(cd "$(dirname "$0")" && pwd)
+source "$(dirname "$0")/serve_lib.sh" "$@" # ZDP MPIEXEC: HERE, PY, $T, fail, start_server
 CHECK="$HERE/../serve/sdk_lora_check.py"
-source "$HERE/serve_lib.sh"
 use_tinker_sdk
 export TINKER_API_KEY=tml-local
 

@@ -104,7 +104,8 @@ for np in 1 4; do
   done
 done
 
-# ---- e. --memory-report: one line per rank and category, every stage; at stage 3
+# ---- e. --memory-report: one line per rank and category, every stage (the
+# engine's after the first step, peak_rss and load_peak at the end); at stage 3
 # the parameters are the partition (padded / W floats) and the total falls with W.
 prev_total=
 for np in 1 2 3 4; do
@@ -112,9 +113,9 @@ for np in 1 2 3 4; do
     sed "s/\"stage\": 2,/\"stage\": $st,/" "$T/g2.json" >"$T/mr.json"
     expect_ok $np train "${GPT[@]}" "${gpt_data[@]}" --config "$T/mr.json" --steps 2 --memory-report on
     n=$(grep -ac '^memory | rank ' "$T/out")
-    [ "$n" -eq $((np * 11)) ] || fail "--memory-report np=$np stage $st: $n lines, wanted $((np * 11))"
+    [ "$n" -eq $((np * 13)) ] || fail "--memory-report np=$np stage $st: $n lines, wanted $((np * 13))"
     for r in $(seq 0 $((np - 1))); do
-      for c in params grads grad_partition buckets optimizer gathered gathered_peak frozen other total activations; do
+      for c in params grads grad_partition buckets optimizer gathered gathered_peak frozen other total activations peak_rss load_peak; do
         grep -aq "^memory | rank $r | $c | [0-9]* B\$" "$T/out" || fail "--memory-report np=$np stage $st: no line for rank $r $c"
       done
     done

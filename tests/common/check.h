@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "zdp/zdp.h"
@@ -17,7 +18,8 @@
         char msg_[2048];                                                        \
         int len_ = snprintf(msg_, sizeof msg_, "%s:%d: ", __FILE__, __LINE__);  \
         snprintf(msg_ + len_, sizeof msg_ - (size_t)len_, __VA_ARGS__);         \
-        zdp_dist_abort(1, msg_);                                                \
+        zdp_dist_abort(1, msg_); /* returns only without MPI */                 \
+        exit(1);                                                                \
     } while (0)
 
 #define CHECK(cond)                                                             \
@@ -66,6 +68,7 @@ static inline void check_close_(const float *a, const float *b, long long n, dou
         snprintf(msg, sizeof msg, "%s:%d: %s: element %lld: %.9g vs %.9g (maxdiff %.3g)", file,
                  line, what, bad, (double)a[bad], (double)b[bad], maxdiff);
         zdp_dist_abort(1, msg);
+        exit(1);
     }
 }
 #define CHECK_CLOSE(a, b, n, rtol, atol, what) check_close_(a, b, n, rtol, atol, what, __FILE__, __LINE__)

@@ -3,7 +3,8 @@
  * test_llama_dist, test_lora_dist) share: token data the same on every rank,
  * the single-process reference (each whole global micro-batch through the
  * dense grad sink, clipping and SGD with momentum in double), the engine's
- * SGD config, and the windows each rank trains with the counters checked.
+ * SGD config, the windows each rank trains with the counters checked, and
+ * the start of each test's main.
  * Header-only, as check.h: each test is one executable.
  */
 #ifndef ZDP_TEST_DIST_LM_H
@@ -192,6 +193,29 @@ static inline void dist_lm_train(zdp_engine *eng, const dist_lm_data *d, int R, 
         CHECK(isfinite(zdp_engine_last_grad_norm(eng)) && zdp_engine_last_grad_norm(eng) > 0.0);
     }
     CHECK_EQ_I64(zdp_engine_skipped_steps(eng), 0);
+}
+
+/* The start of a test's main: MPI up, *W and *R set, the log quiet unless
+ * ZDP_TEST_VERBOSE is set.  false when the test does not run, with *rc its
+ * exit status: MPI did not start (1, the message printed), or the global
+ * batch global_b does not divide over the W ranks (0, rank 0 says it is
+ * skipped; MPI finalized). */
+static inline bool dist_lm_start(int *argc, char ***argv, const char *name, int global_b, int *W,
+                                 int *R, int *rc) {
+    zdp_error err;
+    if (zdp_dist_init(argc, argv, &err) != ZDP_OK) {
+        fprintf(stderr, "%s: %s\n", name, err.msg);
+        *rc = 1;
+        return false;
+    }
+    *W = zdp_dist_world_size();
+    *R = zdp_dist_rank();
+    if (getenv("ZDP_TEST_VERBOSE") == NULL) zdp_set_log(check_quiet_log, NULL);
+    if (global_b % *W == 0) return true;
+    if (*R == 0) printf("%s: world size %d does not divide %d, skipped\n", name, *W, global_b);
+    zdp_dist_finalize();
+    *rc = 0;
+    return false;
 }
 
 #endif /* ZDP_TEST_DIST_LM_H */

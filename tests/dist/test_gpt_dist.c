@@ -174,19 +174,8 @@ static void test_forward_error_then_train(void) {
 }
 
 int main(int argc, char **argv) {
-    zdp_error err;
-    if (zdp_dist_init(&argc, &argv, &err) != ZDP_OK) {
-        fprintf(stderr, "%s\n", err.msg);
-        return 1;
-    }
-    W = zdp_dist_world_size();
-    R = zdp_dist_rank();
-    if (getenv("ZDP_TEST_VERBOSE") == NULL) zdp_set_log(check_quiet_log, NULL);
-    if (GLOBAL_B % W != 0) {
-        if (R == 0) printf("test_gpt_dist: world size %d does not divide %d, skipped\n", W, GLOBAL_B);
-        zdp_dist_finalize();
-        return 0;
-    }
+    int rc;
+    if (!dist_lm_start(&argc, &argv, "test_gpt_dist", GLOBAL_B, &W, &R, &rc)) return rc;
     int n = 0;
     test_stages_match_reference(), n++;
     test_forward_error_then_train(), n++;

@@ -239,19 +239,8 @@ static void check_model_(const char *name, const zdp_llama_config *mc, uint64_t 
 }
 
 int main(int argc, char **argv) {
-    zdp_error err;
-    if (zdp_dist_init(&argc, &argv, &err) != ZDP_OK) {
-        fprintf(stderr, "%s\n", err.msg);
-        return 1;
-    }
-    W = zdp_dist_world_size();
-    R = zdp_dist_rank();
-    if (getenv("ZDP_TEST_VERBOSE") == NULL) zdp_set_log(check_quiet_log, NULL);
-    if (GLOBAL_B % W != 0) {
-        if (R == 0) printf("test_llama_dist: world size %d does not divide %d, skipped\n", W, GLOBAL_B);
-        zdp_dist_finalize();
-        return 0;
-    }
+    int rc;
+    if (!dist_lm_start(&argc, &argv, "test_llama_dist", GLOBAL_B, &W, &R, &rc)) return rc;
     const zdp_llama_config llama = llama_cfg_(), qwen3 = qwen3_cfg_();
     check_model_("llama (GQA, biases, llama3 rope, untied)", &llama, 5);
     check_model_("qwen3 (q/k norm, head_dim 6, tied)", &qwen3, 6);

@@ -243,19 +243,8 @@ static void check_model_(const char *name, const base_spec *bs, uint64_t seed) {
 
 
 int main(int argc, char **argv) {
-    zdp_error err;
-    if (zdp_dist_init(&argc, &argv, &err) != ZDP_OK) {
-        fprintf(stderr, "%s\n", err.msg);
-        return 1;
-    }
-    W = zdp_dist_world_size();
-    R = zdp_dist_rank();
-    if (getenv("ZDP_TEST_VERBOSE") == NULL) zdp_set_log(check_quiet_log, NULL);
-    if (GLOBAL_B % W != 0) {
-        if (R == 0) printf("test_lora_dist: world size %d does not divide %d, skipped\n", W, GLOBAL_B);
-        zdp_dist_finalize();
-        return 0;
-    }
+    int rc;
+    if (!dist_lm_start(&argc, &argv, "test_lora_dist", GLOBAL_B, &W, &R, &rc)) return rc;
     const base_spec qwen3 = {.gpt = 0, .lora = {.rank = 2, .alpha = 8, .targets = ZDP_LORA_ALL, .seed = 3}};
     const base_spec gpt = {.gpt = 1, .lora = {.rank = 3, .alpha = 32, .targets = ZDP_LORA_ATTN | ZDP_LORA_MLP, .seed = 4}};
     check_model_("LoRA r2 all targets over qwen3 (tied)", &qwen3, 6);

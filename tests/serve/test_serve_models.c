@@ -5,8 +5,8 @@
  * model_id refused naming it; a model whose session stops heartbeating
  * unloaded by the tick (an all-rank OP_UNLOAD job for its slot), and a later
  * request to it told why; a job whose slot no longer holds its model refused
- * before any engine call.  The server struct is set up by hand (LoRA mode,
- * two live models), as test_serve_queue.c does for one.
+ * before any engine call.  The server struct is serve_fx.h's (LoRA mode,
+ * two live models), as test_serve_queue.c's is for one.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "serve_impl.h"
+#include "serve_fx.h"
 #include "tinker/tinker.h"
 
 static const char *const ids_[2] = {"s1:train:0", "s2:train:0"};
@@ -26,22 +27,7 @@ static const char *const ids_[2] = {"s1:train:0", "s2:train:0"};
 /* Rank 0 of a LoRA server holding two models (slots 0 and 1, uids 7 and 9),
  * created by sessions s1 and s2, both heard from just now. */
 static server *server_(void) {
-    server *s = calloc(1, sizeof *s);
-    assert_non_null(s);
-    s->model = (zdp_model){.vocab_size = 16, .block_size = 8};
-    s->opt.seq_gap_s = 30;
-    s->opt.model_name = "zdp-gpt";
-    s->opt.max_models = 2;
-    s->opt.model_idle_timeout_s = 5;
-    s->W = 1;
-    s->busy_op = -1;
-    s->slots = calloc(2, sizeof *s->slots);
-    assert_non_null(s->slots);
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv_job, NULL);
-    pthread_cond_init(&s->cv_done, NULL);
-    char why[512];
-    assert_true(serve_register_tinker(s, why, sizeof why));
+    server *s = serve_fx_new_(true, 2, 5);
     tinker_state *t = s->tinker;
     assert_int_equal(t->n_models, 2);
     for (int k = 0; k < 2; k++) {
@@ -58,19 +44,6 @@ static server *server_(void) {
         t->sessions = x;
     }
     return s;
-}
-
-static void server_free_(server *s) {
-    for (job *j = s->head, *n; j != NULL; j = n) {
-        n = j->next;
-        serve_job_free(j);
-    }
-    s->proto.destroy(s->proto.state);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv_job);
-    pthread_cond_destroy(&s->cv_done);
-    free(s->slots);
-    free(s);
 }
 
 /* forward_backward of model k with seq_id seq; the HTTP status (e: why). */
@@ -115,7 +88,7 @@ static void test_routing(void **state) {
     assert_string_equal(e.field, "model_id");
     assert_non_null(strstr(e.msg, "s9:train:4"));
     assert_non_null(strstr(e.msg, "2 live"));
-    server_free_(s);
+    serve_fx_free_(s);
 }
 
 /* A session silent past --model-idle-timeout-seconds: its model is unloaded
@@ -147,7 +120,7 @@ static void test_heartbeat_unload(void **state) {
     assert_non_null(strstr(e.msg, "unloaded: its session s2 sent no heartbeat"));
     assert_non_null(strstr(e.msg, "--model-idle-timeout-seconds"));
     assert_int_equal(submit_(s, 0, NULL, 1, &e), 200); /* model 0 still trains */
-    server_free_(s);
+    serve_fx_free_(s);
 }
 
 /* A job whose slot no longer holds its uid (the model was unloaded, or its
@@ -169,7 +142,7 @@ static void test_stale_job(void **state) {
         assert_int_equal(status, 400);
         free(body);
     }
-    server_free_(s);
+    serve_fx_free_(s);
 }
 
 int main(void) {

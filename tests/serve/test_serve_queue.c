@@ -21,6 +21,7 @@
 #include <math.h>
 
 #include "serve_impl.h"
+#include "serve_fx.h"
 #include "tinker/proto.h"
 #include "tinker/tinker.h"
 
@@ -30,36 +31,11 @@
  * a tiny model shape (V = 16, T = 8), the Tinker protocol registered, one
  * live model. */
 static server *server_(void) {
-    server *s = calloc(1, sizeof *s);
-    assert_non_null(s);
-    s->model = (zdp_model){.vocab_size = 16, .block_size = 8};
-    s->opt.seq_gap_s = 30;
-    s->opt.model_name = "zdp-gpt";
-    s->opt.full_finetune = true; /* one model, slot 0 (docs/server.md, "Models") */
-    s->opt.max_models = 1;
-    s->W = 1;
-    s->busy_op = -1;
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv_job, NULL);
-    pthread_cond_init(&s->cv_done, NULL);
-    char why[512];
-    assert_true(serve_register_tinker(s, why, sizeof why));
+    server *s = serve_fx_new_(false, 1, 0); /* --full-finetune: one model, slot 0 */
     tinker_state *t = s->tinker;
     t->models[0] = (tinker_model){.live = true, .slot = 0, .uid = 1, .next_seq = 1};
     snprintf(t->models[0].model_id, sizeof t->models[0].model_id, "%s", MODEL_ID);
     return s;
-}
-
-static void server_free_(server *s) {
-    for (job *j = s->head, *n; j != NULL; j = n) {
-        n = j->next;
-        serve_job_free(j);
-    }
-    s->proto.destroy(s->proto.state);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv_job);
-    pthread_cond_destroy(&s->cv_done);
-    free(s);
 }
 
 /* A forward_backward body: one datum [tok, tok + 1] -> [tok + 1, tok + 2]. */
@@ -406,7 +382,7 @@ static void test_seq_holding(void **state) {
     assert_non_null(f);
     assert_true(f->done);
     assert_non_null(strstr(f->result, "outside the vocabulary"));
-    server_free_(s);
+    serve_fx_free_(s);
 }
 
 static void test_seq_gap_expiry(void **state) {
@@ -434,7 +410,7 @@ static void test_seq_gap_expiry(void **state) {
     future *f = future_(s, late);
     assert_true(f->done);
     assert_non_null(strstr(f->result, "arrived after seq_id 4 had run"));
-    server_free_(s);
+    serve_fx_free_(s);
 }
 
 /* ---- retries ------------------------------------------------------------------- */
@@ -454,7 +430,7 @@ static void test_retry_dedup(void **state) {
     /* Another seq_id is another request. */
     assert_int_not_equal(submit_(s, fwdbwd_(2, 1), "key-3"), a);
     assert_int_equal(queued_(s, seq, 8), 2);
-    server_free_(s);
+    serve_fx_free_(s);
 }
 
 /* ---- futures ------------------------------------------------------------------- */
@@ -477,7 +453,7 @@ static void test_future_expiry(void **state) {
     assert_null(future_(s, read));
     assert_non_null(future_(s, fresh));
     assert_int_equal(t->n_futures, 2);
-    server_free_(s);
+    serve_fx_free_(s);
 }
 
 static void test_future_cap(void **state) {
@@ -497,7 +473,7 @@ static void test_future_cap(void **state) {
     assert_null(future_(s, 10));
     assert_non_null(future_(s, 11));
     assert_non_null(future_(s, MAX_FUTURES + 10));
-    server_free_(s);
+    serve_fx_free_(s);
 }
 
 /* ---- typed results ------------------------------------------------------------ */
@@ -677,7 +653,7 @@ static void test_save_result_encodings(void **state) {
     /* The sampling session names the written file. */
     assert_non_null(s->tinker->samplers);
     assert_string_equal(s->tinker->samplers->path, f->saved->path);
-    server_free_(s);
+    serve_fx_free_(s);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
@@ -700,14 +676,14 @@ static void test_session_counter(void **state) {
     assert_int_equal(n, 1);
     assert_true(tinker_runs_next_session(s, &n, why, sizeof why));
     assert_int_equal(n, 2);
-    server_free_(s);
+    serve_fx_free_(s);
 
     s = server_(); /* a restart */
     s->ckpt_root = root;
     assert_true(tinker_runs_restore(s, why, sizeof why));
     assert_true(tinker_runs_next_session(s, &n, why, sizeof why));
     assert_int_equal(n, 3);
-    server_free_(s);
+    serve_fx_free_(s);
 
     FILE *f = fopen(file, "w");
     assert_non_null(f);
@@ -717,7 +693,7 @@ static void test_session_counter(void **state) {
     s->ckpt_root = root;
     assert_false(tinker_runs_restore(s, why, sizeof why));
     assert_non_null(strstr(why, ".zdp-sessions must hold one integer"));
-    server_free_(s);
+    serve_fx_free_(s);
     remove(file);
     rmdir(root);
 }

@@ -26,12 +26,10 @@
 
 #include <cmocka.h>
 
-#include "common/tmpdir.h"
+#include "common/unit_io.h"
 #include "zdp/zdp.h"
 
 /* ---- fixtures -------------------------------------------------------------- */
-
-static char g_dir[256];
 
 static int group_setup(void **state) {
     (void)state;
@@ -42,27 +40,6 @@ static int group_teardown(void **state) {
     (void)state;
     return tmpdir_remove(g_dir);
 }
-
-static const char *path_in(const char *name) {
-    static char ring[4][512];
-    static int next;
-    char *p = ring[next++ % 4];
-    snprintf(p, 512, "%s/%s", g_dir, name);
-    return p;
-}
-
-static void write_bytes(const char *path, const void *buf, size_t n) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(buf, 1, n, f), n);
-    assert_int_equal(fclose(f), 0);
-}
-
-#define ASSERT_MSG_HAS(e, s)                                                        \
-    do {                                                                            \
-        if (strstr((e).msg, (s)) == NULL)                                           \
-            fail_msg("message lacks \"%s\":\n  %s", (s), (e).msg);                  \
-    } while (0)
 
 /* A shard's bytes by hand: header {magic, version, count}, then tokens. */
 static unsigned char *shard_bytes(int32_t magic, int32_t version, int32_t count,

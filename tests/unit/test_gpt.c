@@ -492,35 +492,6 @@ static void fx_init_(model_fx *f, zdp_gpt_config cfg, int max_batch, int B, int 
     fx_tokens_(f, B, T, cfg.vocab_size, &s);
 }
 
-typedef struct loss_ctx {
-    model_fx *f;
-    float scale;
-} loss_ctx;
-
-static double model_obj_(void *v) {
-    loss_ctx *c = v;
-    float loss;
-    zdp_error err;
-    if (zdp_model_forward_dense(&c->f->m, (const float *const *)c->f->p, &c->f->batch, &loss,
-                             &err) != ZDP_OK)
-        fail_msg("%s", err.msg);
-    return c->scale * (double)loss;
-}
-
-/* Forward + backward with dloss through the dense sink into f->g (zeroed first). */
-static float fx_grad_(model_fx *f, float dloss) {
-    for (int i = 0; i < f->m.n_params; i++) memset(f->g[i], 0, (size_t)f->numel[i] * sizeof(float));
-    float loss;
-    zdp_error err;
-    assert_int_equal(zdp_model_forward_dense(&f->m, (const float *const *)f->p, &f->batch, &loss, &err),
-                     ZDP_OK);
-    zdp_grad_sink *sink = zdp_grad_sink_create_dense(f->g, f->m.n_params);
-    assert_int_equal(zdp_model_backward_dense(&f->m, (const float *const *)f->p, dloss, sink, &err),
-                     ZDP_OK);
-    free(sink);
-    return loss;
-}
-
 static void test_model_fd(void **state) {
     (void)state;
     const zdp_gpt_config cfg = {.n_layer = 2, .n_head = 2, .n_embd = 8, .vocab_size = 11,

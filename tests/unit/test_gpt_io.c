@@ -26,12 +26,10 @@
 
 #include <cmocka.h>
 
-#include "common/tmpdir.h"
+#include "common/unit_io.h"
 #include "zdp/zdp.h"
 
 /* ---- fixtures -------------------------------------------------------------- */
-
-static char g_dir[256];
 
 static void quiet_log(int level, const char *msg, void *user) {
     (void)level, (void)msg, (void)user;
@@ -48,20 +46,6 @@ static int group_teardown(void **state) {
     zdp_set_log(NULL, NULL);
     return tmpdir_remove(g_dir);
 }
-
-static const char *path_in(const char *name) {
-    static char ring[4][512];
-    static int next;
-    char *p = ring[next++ % 4];
-    snprintf(p, 512, "%s/%s", g_dir, name);
-    return p;
-}
-
-#define ASSERT_MSG_HAS(e, s)                                                        \
-    do {                                                                            \
-        if (strstr((e).msg, (s)) == NULL)                                           \
-            fail_msg("message lacks \"%s\":\n  %s", (s), (e).msg);                  \
-    } while (0)
 
 /* ---- the tiny model, listed from zdp.h ------------------------------------- */
 

@@ -12,11 +12,15 @@
  * an index naming a missing shard, a shard holding a tensor the index does
  * not list, a tied lm_head equal (accepted) or different (refused), an
  * untied model without lm_head.  Each error must name the file, the tensor
- * or key, and leave the destination untouched.
+ * or key, and leave the destination untouched.  zdp_hf_reader (stage 3's
+ * loader): every slice of every tensor equals the whole load, the same
+ * refusals at open, a NaN named when its slice is read, slices out of range
+ * refused; zdp_hf_save_stream writes zdp_hf_save's bytes, file for file.
  */
 #define _POSIX_C_SOURCE 200809L
 
 #include <dirent.h>
+#include <jansson.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -382,6 +386,31 @@ static float bf16_round_(float f) {
     return f;
 }
 
+/* A zdp_tensor_read_fn over whole tensors in memory (ctx: float **). */
+static zdp_status read_mem_(void *ctx, int i, int64_t lo, int64_t hi, float *dst, zdp_error *err) {
+    (void)err;
+    memcpy(dst, ((float **)ctx)[i] + lo, (size_t)(hi - lo) * sizeof(float));
+    return ZDP_OK;
+}
+
+/* Every file of a save, compared byte for byte with another save's. */
+static void assert_same_file_(const char *a, const char *b, const char *name) {
+    char pa[1024], pb[1024];
+    snprintf(pa, sizeof pa, "%s/%s", a, name);
+    snprintf(pb, sizeof pb, "%s/%s", b, name);
+    FILE *fa = fopen(pa, "rb"), *fb = fopen(pb, "rb");
+    assert_non_null(fa);
+    assert_non_null(fb);
+    int ca, cb;
+    do {
+        ca = fgetc(fa);
+        cb = fgetc(fb);
+        assert_int_equal(ca, cb);
+    } while (ca != EOF);
+    fclose(fa);
+    fclose(fb);
+}
+
 static void test_round_trip(void **state) {
     (void)state;
     for (int variant = 0; variant < 4; variant++) {
@@ -418,6 +447,48 @@ static void test_round_trip(void **state) {
         for (int i = 0; i < m2.n_params; i++)
             for (int64_t k = 0; k < numel_(&m2.params[i]); k++)
                 assert_true(d[i][k] == (bf16 ? bf16_round_(t.p[i][k]) : t.p[i][k]));
+        /* The reader: any slice of any tensor is those elements (stage 3
+         * reads a partition's slices), F32 and BF16, one shard or many. */
+        zdp_hf_reader *r = NULL;
+        assert_int_equal(zdp_hf_reader_open(dir, &m2, &r, &err), ZDP_OK);
+        for (int i = 0; i < m2.n_params; i++) {
+            const int64_t n = numel_(&m2.params[i]);
+            const int64_t cut[4] = {0, n / 3, n / 3 + (n > 2 ? 1 : 0), n};
+            float got[256];
+            for (int c = 0; c < 3; c++) {
+                assert_true(cut[c + 1] - cut[c] <= 256);
+                assert_int_equal(zdp_hf_reader_read(r, i, cut[c], cut[c + 1], got, &err), ZDP_OK);
+                for (int64_t k = cut[c]; k < cut[c + 1]; k++) assert_true(got[k - cut[c]] == d[i][k]);
+            }
+        }
+        float one;
+        assert_int_equal(zdp_hf_reader_read(r, 0, 2, 1, &one, &err), ZDP_ERR_INVALID_ARG);
+        assert_non_null(strstr(err.msg, "elements [2, 1)"));
+        assert_int_equal(zdp_hf_reader_read(r, m2.n_params, 0, 1, &one, &err), ZDP_ERR_INVALID_ARG);
+        zdp_hf_reader_close(r);
+        /* The streamed writer writes zdp_hf_save's bytes. */
+        char dir2[560];
+        snprintf(dir2, sizeof dir2, "%s-stream", dir);
+        assert_int_equal(zdp_hf_save_stream(dir2, &t.model, read_mem_, t.p,
+                                            bf16 ? ZDP_DTYPE_BF16 : ZDP_DTYPE_F32, shard, &err),
+                         ZDP_OK);
+        assert_same_file_(dir, dir2, "config.json");
+        if (shard == 0) {
+            assert_same_file_(dir, dir2, "model.safetensors");
+        } else {
+            assert_same_file_(dir, dir2, "model.safetensors.index.json");
+            char name[64];
+            int nsh = 2;
+            for (; nsh < 1000; nsh++) {
+                snprintf(name, sizeof name, "model-00001-of-%05d.safetensors", nsh);
+                if (exists_(dir, name)) break;
+            }
+            assert_true(nsh < 1000);
+            for (int k = 1; k <= nsh; k++) {
+                snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", k, nsh);
+                assert_same_file_(dir, dir2, name);
+            }
+        }
         free_bufs_(&m2, d);
         zdp_model_destroy(&m2);
         tiny_free_(&t);
@@ -595,6 +666,24 @@ static void test_bad_weights(void **state) {
             fail_msg("case %zu: status %d, message \"%s\"", i, (int)s, err.msg);
         assert_untouched_(&t.model, d);
         free_bufs_(&t.model, d);
+        /* The reader runs the same checks at open; a NaN is found when its
+         * slice is read, named by its element. */
+        zdp_hf_reader *r = NULL;
+        s = zdp_hf_reader_open(dir, &t.model, &r, &err);
+        if (cases[i].edit == edit_nan_) {
+            assert_int_equal(s, ZDP_OK);
+            int o = 0;
+            while (strcmp(t.model.params[o].name, "model.layers.1.self_attn.o_proj.weight") != 0) o++;
+            float buf[128];
+            assert_int_equal(zdp_hf_reader_read(r, o, 0, 32, buf, &err), ZDP_OK); /* before it */
+            assert_int_equal(zdp_hf_reader_read(r, o, 32, 128, buf, &err), ZDP_ERR_FORMAT);
+            assert_non_null(strstr(err.msg, cases[i].m1));
+        } else {
+            assert_int_equal(s, cases[i].status);
+            assert_non_null(strstr(err.msg, cases[i].m1));
+            assert_null(r);
+        }
+        zdp_hf_reader_close(r);
         tiny_free_(&t);
     }
     /* A tied model's lm_head equal to the embedding is accepted and skipped. */
@@ -767,6 +856,43 @@ static void test_copy_tokenizer(void **state) {
     assert_true(exists_(to, "generation_config.json"));
     assert_true(exists_(to, "tokenizer.json"));
     assert_false(exists_(to, "other.txt"));
+
+    /* The source config.json's token ids go into the saved one (a number
+     * and a list, as Llama 3 instruct folders have); its other keys stay. */
+    write_text_(from, "config.json", "{\"model_type\": \"llama\", \"bos_token_id\": 128000, "
+                "\"eos_token_id\": [128001, 128009], \"pad_token_id\": 7}");
+    write_text_(to, "config.json", "{\"model_type\": \"llama\", \"rms_norm_eps\": 1e-06}");
+    assert_int_equal(zdp_hf_copy_tokenizer(from, to, &n, &err), ZDP_OK);
+    assert_int_equal(n, 3);
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.json", to);
+    json_error_t je;
+    json_t *c = json_load_file(path, 0, &je);
+    assert_non_null(c);
+    assert_int_equal(json_integer_value(json_object_get(c, "bos_token_id")), 128000);
+    json_t *eos = json_object_get(c, "eos_token_id");
+    assert_true(json_is_array(eos) && json_array_size(eos) == 2);
+    assert_int_equal(json_integer_value(json_array_get(eos, 1)), 128009);
+    assert_null(json_object_get(c, "pad_token_id"));
+    assert_true(json_real_value(json_object_get(c, "rms_norm_eps")) == 1e-06);
+    assert_string_equal(json_string_value(json_object_get(c, "model_type")), "llama");
+    json_decref(c);
+    /* A source with eos_token_id alone adds that alone. */
+    char bare[512];
+    snprintf(bare, sizeof bare, "%s/tokbare", g_dir);
+    mkdir(bare, 0755);
+    write_text_(bare, "config.json", "{\"model_type\": \"llama\"}");
+    write_text_(from, "config.json", "{\"eos_token_id\": 2}");
+    assert_int_equal(zdp_hf_copy_tokenizer(from, bare, &n, &err), ZDP_OK);
+    snprintf(path, sizeof path, "%s/config.json", bare);
+    assert_non_null(c = json_load_file(path, 0, &je));
+    assert_int_equal(json_integer_value(json_object_get(c, "eos_token_id")), 2);
+    assert_null(json_object_get(c, "bos_token_id"));
+    json_decref(c);
+    /* A source config.json that is not JSON is named. */
+    write_text_(from, "config.json", "{\"eos_token_id\": ");
+    assert_int_equal(zdp_hf_copy_tokenizer(from, bare, &n, &err), ZDP_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "tokfrom/config.json"));
 }
 
 int main(void) {

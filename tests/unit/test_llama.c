@@ -546,36 +546,6 @@ static void fx_init_(model_fx *f, zdp_llama_config cfg, int max_batch, int B, in
     fx_tokens_(f, B, T, cfg.vocab_size, &s);
 }
 
-typedef struct loss_ctx {
-    model_fx *f;
-    float scale;
-} loss_ctx;
-
-static double model_obj_(void *v) {
-    loss_ctx *c = v;
-    float loss;
-    zdp_error err;
-    if (zdp_model_forward_dense(&c->f->m, (const float *const *)c->f->p, &c->f->batch, &loss,
-                             &err) != ZDP_OK)
-        fail_msg("%s", err.msg);
-    return c->scale * (double)loss;
-}
-
-/* Forward + backward with dloss through the dense sink into f->g (zeroed first). */
-static float fx_grad_(model_fx *f, float dloss) {
-    for (int i = 0; i < f->m.n_params; i++)
-        memset(f->g[i], 0, (size_t)f->numel[i] * sizeof(float));
-    float loss;
-    zdp_error err;
-    if (zdp_model_forward_dense(&f->m, (const float *const *)f->p, &f->batch, &loss, &err) != ZDP_OK)
-        fail_msg("%s", err.msg);
-    zdp_grad_sink *sink = zdp_grad_sink_create_dense(f->g, f->m.n_params);
-    if (zdp_model_backward_dense(&f->m, (const float *const *)f->p, dloss, sink, &err) != ZDP_OK)
-        fail_msg("%s", err.msg);
-    free(sink);
-    return loss;
-}
-
 /* Every parameter tensor (all elements, or `sample` of each) against finite
  * differences of the loss; each tensor's gradient must be non-trivial. */
 static void check_model_fd_(zdp_llama_config cfg, int B, int T, int64_t sample) {

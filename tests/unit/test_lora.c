@@ -491,6 +491,20 @@ static void expect_load_err_(const char *dir, const zdp_model *base, float *cons
     zdp_lora_destroy(&m);
 }
 
+/* The adapter in dir, loaded into a new LoRA model of configuration rc over
+ * f's base, equals f's adapter weights bit for bit. */
+static void expect_adapter_equal_(const char *dir, const fx *f, const zdp_lora_config *rc) {
+    zdp_model m2;
+    zdp_error err;
+    assert_int_equal(zdp_lora_create(&f->base, (const float *const *)f->bp, rc, &m2, &err), ZDP_OK);
+    float **p2 = alloc_params_(&m2);
+    assert_int_equal(zdp_lora_load_adapter(dir, &m2, p2, &err), ZDP_OK);
+    for (int i = 0; i < m2.n_params; i++)
+        assert_memory_equal(p2[i], f->p[i], (size_t)numel_(&m2.params[i]) * sizeof(float));
+    free_params_(&m2, p2);
+    zdp_lora_destroy(&m2);
+}
+
 static void expect_config_err_(const char *dir, const char *json, const char *want) {
     char path[512];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
@@ -527,14 +541,7 @@ static void test_peft_folder(void **state) {
     assert_int_equal(rc.rank, 2);
     assert_true(rc.alpha == 16.0f);
     assert_int_equal(rc.targets, ZDP_LORA_ATTN | ZDP_LORA_UNEMBED);
-    zdp_model m2;
-    assert_int_equal(zdp_lora_create(&f.base, (const float *const *)f.bp, &rc, &m2, &err), ZDP_OK);
-    float **p2 = alloc_params_(&m2);
-    assert_int_equal(zdp_lora_load_adapter(dir, &m2, p2, &err), ZDP_OK);
-    for (int i = 0; i < m2.n_params; i++)
-        assert_memory_equal(p2[i], f.p[i], (size_t)numel_(&m2.params[i]) * sizeof(float));
-    free_params_(&m2, p2);
-    zdp_lora_destroy(&m2);
+    expect_adapter_equal_(dir, &f, &rc);
     /* Another rank: the tensor and both shapes named. */
     expect_load_err_(dir, &f.base, f.bp, (zdp_lora_config){.rank = 3, .alpha = 16, .targets = ZDP_LORA_ATTN | ZDP_LORA_UNEMBED},
                      "tensor base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight has shape [2, 8], this base and rank need [3, 8]");
@@ -669,14 +676,7 @@ static void test_partial_modules(void **state) {
     assert_int_equal(zdp_lora_read_adapter_config(dir, &rc, &err), ZDP_OK);
     assert_int_equal(rc.targets, ZDP_LORA_ATTN | ZDP_LORA_MLP);
     assert_int_equal(rc.modules, mods);
-    zdp_model m2;
-    assert_int_equal(zdp_lora_create(&f.base, (const float *const *)f.bp, &rc, &m2, &err), ZDP_OK);
-    float **p2 = alloc_params_(&m2);
-    assert_int_equal(zdp_lora_load_adapter(dir, &m2, p2, &err), ZDP_OK);
-    for (int i = 0; i < m2.n_params; i++)
-        assert_memory_equal(p2[i], f.p[i], (size_t)numel_(&m2.params[i]) * sizeof(float));
-    free_params_(&m2, p2);
-    zdp_lora_destroy(&m2);
+    expect_adapter_equal_(dir, &f, &rc);
     /* The whole attention group reads as the group (modules 0); the common
      * ["q_proj", "v_proj"] as attention in part. */
     write_text_(path, "{\"peft_type\": \"LORA\", \"r\": 4, \"target_modules\": [\"q_proj\", \"v_proj\"]}");

@@ -28,51 +28,6 @@
 #include "common/unit_lm.h"
 #include "zdp/zdp.h"
 
-enum { GPT_, LLAMA_, QWEN3_, N_KINDS_ };
-static const char *kind_name_[] = {"gpt", "llama", "qwen3"};
-
-static float **alloc_fill_(const zdp_model *m, uint64_t seed, float a2, float a1, float base1) {
-    float **p = calloc((size_t)m->n_params, sizeof *p);
-    for (int i = 0; i < m->n_params; i++) {
-        const zdp_param_info *pi = &m->params[i];
-        const int64_t n = numel_(pi);
-        p[i] = malloc((size_t)n * sizeof(float));
-        const float a = pi->ndim == 2 ? a2 : a1, b = pi->ndim == 2 ? 0.0f : base1;
-        for (int64_t k = 0; k < n; k++) p[i][k] = b + a * uniform_(&seed);
-    }
-    return p;
-}
-
-static void free_params_(float **p, const zdp_model *m) {
-    for (int i = 0; p != NULL && i < m->n_params; i++) free(p[i]);
-    free(p);
-}
-
-/* A base model of `kind` with hidden size `hidden`, random weights. */
-static float **make_base_(zdp_model *m, int kind, int hidden) {
-    zdp_error err;
-    zdp_status st;
-    if (kind == GPT_) {
-        zdp_gpt_config c = {.n_layer = 2, .n_head = 2, .n_embd = hidden, .vocab_size = 37,
-                            .block_size = 24};
-        st = zdp_gpt_create(&c, 1, m, &err);
-    } else {
-        zdp_llama_config c = {.arch = ZDP_ARCH_LLAMA, .n_layer = 2, .hidden = hidden, .n_head = 4,
-                              .n_kv_head = 2, .head_dim = 4, .ffn = 24, .vocab_size = 41,
-                              .block_size = 24, .max_position_embeddings = 64,
-                              .rms_norm_eps = 1e-5f, .rope_theta = 500.0, .attention_bias = 1,
-                              .initializer_range = 0.02};
-        if (kind == QWEN3_) {
-            c.arch = ZDP_ARCH_QWEN3, c.qk_norm = 1, c.head_dim = 6, c.n_kv_head = 1;
-            c.tie_word_embeddings = 1, c.attention_bias = 0, c.rms_norm_eps = 1e-6f;
-        }
-        st = zdp_llama_create(&c, 1, m, &err);
-    }
-    if (st != ZDP_OK) fail_msg("%s: %s", kind_name_[kind], err.msg);
-    /* Weights well above the init scale, so logits are far from ties. */
-    return alloc_fill_(m, 1234 + (uint64_t)kind, 0.6f, 0.3f, 1.0f);
-}
-
 /* A LoRA model over base and random adapters (B nonzero, so it changes the
  * output: a fresh adapter's B is zero). */
 static float **make_lora_(zdp_model *lora, const zdp_model *base, float **bp, int rank,
@@ -88,24 +43,13 @@ static float **make_lora_(zdp_model *lora, const zdp_model *base, float **bp, in
 
 #define C_(p) ((const float *const *)(p))
 
-static void rand_tokens_(int32_t *t, int n, int V, uint64_t seed) {
-    for (int i = 0; i < n; i++) t[i] = (int32_t)(zdp_splitmix64(&seed) % (uint64_t)V);
-}
-
-static void assert_close_(const char *what, const float *a, const float *b, int n, int row) {
-    for (int i = 0; i < n; i++)
-        if (fabsf(a[i] - b[i]) > 2e-4f + 2e-4f * fabsf(b[i]))
-            fail_msg("%s row %d logit %d: cached %.7g, LoRA full forward %.7g", what, row, i, a[i],
-                     b[i]);
-}
-
 /* Slot 1 (with the adapter) prefilled with 5 positions, then one per step to
  * the context; slot 0 holds a base sequence decoded in the same passes. */
 static void test_logits_match_lora_forward(void **state) {
     (void)state;
     for (int kind = 0; kind < N_KINDS_; kind++) {
         zdp_model m, lora;
-        float **bp = make_base_(&m, kind, 16);
+        float **bp = make_base_(&m, kind, 16, 0);
         float **ap = make_lora_(&lora, &m, bp, 3, ZDP_LORA_ALL, 0, 8.0f, 55);
         const int V = m.vocab_size, T = m.block_size, P = 5;
         int32_t tok[64], other[64];
@@ -123,25 +67,27 @@ static void test_logits_match_lora_forward(void **state) {
         if (zdp_lm_decode(kv, C_(bp), sl, tk, P + 1, NULL, got, &err) != ZDP_OK)
             fail_msg("%s", err.msg);
         assert_int_equal(zdp_lm_next_logits(&m, C_(bp), other, 1, want, &err), ZDP_OK);
-        assert_close_(kind_name_[kind], got, want, V, 0); /* the base row: no adapter */
+        /* the base row: no adapter */
+        assert_close_(kind_name_(kind), "LoRA full forward", got, want, V, 0);
         for (int t = 0; t < P; t++) {
             assert_int_equal(zdp_lm_next_logits(&lora, C_(ap), tok, t + 1, want, &err), ZDP_OK);
-            assert_close_(kind_name_[kind], got + (size_t)(t + 1) * V, want, V, t);
+            assert_close_(kind_name_(kind), "LoRA full forward", got + (size_t)(t + 1) * V, want, V,
+                          t);
         }
         for (int t = P; t < T; t++) {
             int32_t s2[2] = {1, 0}, t2[2] = {tok[t], other[t - P + 1]};
             if (zdp_lm_decode(kv, C_(bp), s2, t2, 2, NULL, got, &err) != ZDP_OK)
                 fail_msg("%s", err.msg);
             assert_int_equal(zdp_lm_next_logits(&lora, C_(ap), tok, t + 1, want, &err), ZDP_OK);
-            assert_close_(kind_name_[kind], got, want, V, t);
+            assert_close_(kind_name_(kind), "LoRA full forward", got, want, V, t);
             assert_int_equal(zdp_lm_next_logits(&m, C_(bp), other, t - P + 2, want, &err), ZDP_OK);
-            assert_close_(kind_name_[kind], got + V, want, V, t);
+            assert_close_(kind_name_(kind), "LoRA full forward", got + V, want, V, t);
         }
         /* Cleared, the slot is the base again. */
         zdp_kv_clear(kv, 1);
         assert_int_equal(zdp_lm_decode(kv, C_(bp), &sl[1], tok, 1, NULL, got, &err), ZDP_OK);
         assert_int_equal(zdp_lm_next_logits(&m, C_(bp), tok, 1, want, &err), ZDP_OK);
-        assert_close_(kind_name_[kind], got, want, V, 0);
+        assert_close_(kind_name_(kind), "LoRA full forward", got, want, V, 0);
         zdp_kv_destroy(kv);
         free(got);
         free(want);
@@ -159,7 +105,7 @@ static void test_greedy_equals_merged(void **state) {
     (void)state;
     for (int kind = 0; kind < N_KINDS_; kind++) {
         zdp_model m, lora;
-        float **bp = make_base_(&m, kind, 16);
+        float **bp = make_base_(&m, kind, 16, 0);
         const int targets = kind == LLAMA_ ? ZDP_LORA_ALL : ZDP_LORA_ATTN | ZDP_LORA_MLP;
         float **ap = make_lora_(&lora, &m, bp, 2, targets, 0, 32.0f, 66);
         float **merged = alloc_fill_(&m, 1, 0, 0, 0);
@@ -186,10 +132,10 @@ static void test_greedy_equals_merged(void **state) {
         assert_int_equal(zdp_generate(&m, C_(bp), NULL, &gb, 1, 1, NULL, &err), ZDP_OK);
         for (int t = 0; t < T - P; t++) {
             if (out[0][t] != out[1][t])
-                fail_msg("%s step %d: with the adapter %d, merged %d", kind_name_[kind], t,
+                fail_msg("%s step %d: with the adapter %d, merged %d", kind_name_(kind), t,
                          out[0][t], out[1][t]);
             if (fabsf(lp[0][t] - lp[1][t]) > 1e-4f)
-                fail_msg("%s step %d: logprob with the adapter %g, merged %g", kind_name_[kind], t,
+                fail_msg("%s step %d: logprob with the adapter %g, merged %g", kind_name_(kind), t,
                          lp[0][t], lp[1][t]);
             differs_from_base += out[0][t] != base_out[t];
         }
@@ -230,7 +176,7 @@ static void test_mixed_batch_equals_alone(void **state) {
     (void)state;
     for (int kind = 0; kind < N_KINDS_; kind++) {
         zdp_model m, l1, l2;
-        float **bp = make_base_(&m, kind, 16);
+        float **bp = make_base_(&m, kind, 16, 0);
         float **a1 = make_lora_(&l1, &m, bp, 2, ZDP_LORA_ALL, 0, 16.0f, 11);
         /* The second: attention in part (PEFT's q_proj + v_proj; GPT-2's fused
          * c_attn alone) and the lm_head. */
@@ -258,10 +204,10 @@ static void test_mixed_batch_equals_alone(void **state) {
             assert_int_equal(g[i].n_out, g1[i].n_out);
             for (int t = 0; t < g[i].n_out; t++) {
                 if (out[i][t] != out1[i][t])
-                    fail_msg("%s seq %d token %d: batched %d, alone %d", kind_name_[kind], i, t,
+                    fail_msg("%s seq %d token %d: batched %d, alone %d", kind_name_(kind), i, t,
                              out[i][t], out1[i][t]);
                 if (fabsf(lp[i][t] - lp1[i][t]) > 1e-4f)
-                    fail_msg("%s seq %d logprob %d: batched %g, alone %g", kind_name_[kind], i, t,
+                    fail_msg("%s seq %d logprob %d: batched %g, alone %g", kind_name_(kind), i, t,
                              lp[i][t], lp1[i][t]);
             }
             if (g[i].prompt_logprobs == NULL || g[i].prompt_len < 2) continue;
@@ -276,7 +222,7 @@ static void test_mixed_batch_equals_alone(void **state) {
             assert_true(plp[i][0] == 0.0f);
             for (int t = 0; t < n; t++)
                 if (fabsf(want[t] - plp[i][t + 1]) > 1e-4f)
-                    fail_msg("%s seq %d prompt logprob %d: %g, the forward's %g", kind_name_[kind],
+                    fail_msg("%s seq %d prompt logprob %d: %g, the forward's %g", kind_name_(kind),
                              i, t + 1, plp[i][t + 1], want[t]);
         }
         free(lg);
@@ -292,8 +238,8 @@ static void test_mixed_batch_equals_alone(void **state) {
 static void test_bad_adapter(void **state) {
     (void)state;
     zdp_model m, other, lora;
-    float **bp = make_base_(&m, LLAMA_, 16);
-    float **op = make_base_(&other, LLAMA_, 20);
+    float **bp = make_base_(&m, LLAMA_, 16, 0);
+    float **op = make_base_(&other, LLAMA_, 20, 0);
     float **ap = make_lora_(&lora, &other, op, 2, ZDP_LORA_ATTN, 0, 0.0f, 3);
     zdp_error err;
     int32_t prompt[4] = {1, 2, 3, 4}, out[4];

@@ -32,12 +32,10 @@
 
 #include <cmocka.h>
 
-#include "common/tmpdir.h"
+#include "common/unit_io.h"
 #include "zdp/zdp.h"
 
 /* ---- fixtures and helpers ---------------------------------------------- */
-
-static char g_dir[256];
 
 static int group_setup(void **state) {
     (void)state;
@@ -47,23 +45,6 @@ static int group_setup(void **state) {
 static int group_teardown(void **state) {
     (void)state;
     return tmpdir_remove(g_dir);
-}
-
-/* Path of `name` inside the test directory; each call gets its own buffer
- * from a small ring so two paths can be live at once. */
-static const char *path_in(const char *name) {
-    static char ring[4][512];
-    static int next;
-    char *p = ring[next++ % 4];
-    snprintf(p, 512, "%s/%s", g_dir, name);
-    return p;
-}
-
-static void write_bytes(const char *path, const void *buf, size_t n) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(buf, 1, n, f), n);
-    assert_int_equal(fclose(f), 0);
 }
 
 /* Reads a whole file into a malloc'd buffer; *n gets its size. */

@@ -23,10 +23,8 @@
 
 #include <cmocka.h>
 
+#include "common/unit_lm.h"
 #include "zdp/zdp.h"
-
-enum { GPT_, LLAMA_, QWEN3_, N_KINDS_ };
-static const char *kind_name_[] = {"gpt", "llama", "qwen3"};
 
 typedef struct fx {
     zdp_model m;
@@ -35,70 +33,21 @@ typedef struct fx {
     int kind;
 } fx;
 
-static float uniform_(uint64_t *s) {
-    return (float)((double)(zdp_splitmix64(s) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-}
-
+/* The tiny model of `kind` (unit_lm.h's make_base_: Llama with llama3 rope
+ * scaling), hidden 16. */
 static void fx_make_(fx *f, int kind) {
     memset(f, 0, sizeof *f);
     f->kind = kind;
-    zdp_error err;
-    zdp_status st;
-    if (kind == GPT_) {
-        zdp_gpt_config c = {.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab_size = 37,
-                            .block_size = 24};
-        st = zdp_gpt_create(&c, 1, &f->m, &err);
-    } else {
-        zdp_llama_config c = {.arch = ZDP_ARCH_LLAMA, .n_layer = 2, .hidden = 16, .n_head = 4,
-                              .n_kv_head = 2, .head_dim = 4, .ffn = 24, .vocab_size = 41,
-                              .block_size = 24, .max_position_embeddings = 64,
-                              .rms_norm_eps = 1e-5f, .rope_theta = 500.0,
-                              .rope_type = ZDP_ROPE_LLAMA3, .rope_factor = 8.0,
-                              .rope_low_freq_factor = 1.0, .rope_high_freq_factor = 4.0,
-                              .rope_original_max_position = 16, .attention_bias = 1,
-                              .initializer_range = 0.02};
-        if (kind == QWEN3_) {
-            c.arch = ZDP_ARCH_QWEN3, c.qk_norm = 1, c.head_dim = 6, c.n_kv_head = 1;
-            c.tie_word_embeddings = 1, c.attention_bias = 0, c.rope_type = ZDP_ROPE_DEFAULT;
-            c.rms_norm_eps = 1e-6f;
-        }
-        st = zdp_llama_create(&c, 1, &f->m, &err);
-    }
-    if (st != ZDP_OK) fail_msg("%s: %s", kind_name_[kind], err.msg);
+    f->p = make_base_(&f->m, kind, 16, 1);
     f->np = f->m.n_params;
-    f->p = calloc((size_t)f->np, sizeof *f->p);
-    uint64_t s = 1234 + (uint64_t)kind;
-    for (int i = 0; i < f->np; i++) {
-        const zdp_param_info *pi = &f->m.params[i];
-        int64_t n = pi->shape[0] * (pi->ndim == 2 ? pi->shape[1] : 1);
-        f->p[i] = malloc((size_t)n * sizeof(float));
-        /* Weights well above the init scale, so logits are far from ties. */
-        const float a = pi->ndim == 2 ? 0.6f : 0.3f, base = pi->ndim == 2 ? 0.0f : 1.0f;
-        for (int64_t k = 0; k < n; k++) f->p[i][k] = base + a * uniform_(&s);
-    }
 }
 
-static void fx_free_(fx *f) {
-    for (int i = 0; i < f->np; i++) free(f->p[i]);
-    free(f->p);
-    if (f->kind == GPT_)
-        zdp_gpt_destroy(&f->m);
-    else
-        zdp_llama_destroy(&f->m);
+static void kv_fx_free_(fx *f) {
+    free_params_(f->p, &f->m);
+    zdp_model_destroy(&f->m);
 }
 
 #define P_(f) ((const float *const *)(f)->p)
-
-static void rand_tokens_(int32_t *t, int n, int V, uint64_t seed) {
-    for (int i = 0; i < n; i++) t[i] = (int32_t)(zdp_splitmix64(&seed) % (uint64_t)V);
-}
-
-static void assert_close_(const char *what, const float *a, const float *b, int n, int row) {
-    for (int i = 0; i < n; i++)
-        if (fabsf(a[i] - b[i]) > 2e-4f + 2e-4f * fabsf(b[i]))
-            fail_msg("%s row %d logit %d: cached %.7g, full forward %.7g", what, row, i, a[i],
-                     b[i]);
-}
 
 /* Prefill 5 positions (all logits), then one position per step up to the
  * context, in slot 1 of 2 (slot 0 holds another sequence): every logit
@@ -121,13 +70,13 @@ static void test_logits_match_full_forward(void **state) {
         if (zdp_lm_decode(kv, P_(&f), s1, tok, P, NULL, got, &err) != ZDP_OK) fail_msg("%s", err.msg);
         for (int t = 0; t < P; t++) {
             assert_int_equal(zdp_lm_next_logits(&f.m, P_(&f), tok, t + 1, want, &err), ZDP_OK);
-            assert_close_(kind_name_[kind], got + (size_t)t * V, want, V, t);
+            assert_close_(kind_name_(kind), "full forward", got + (size_t)t * V, want, V, t);
         }
         for (int t = P; t < T; t++) {
             if (zdp_lm_decode(kv, P_(&f), s1, tok + t, 1, NULL, got, &err) != ZDP_OK)
                 fail_msg("%s", err.msg);
             assert_int_equal(zdp_lm_next_logits(&f.m, P_(&f), tok, t + 1, want, &err), ZDP_OK);
-            assert_close_(kind_name_[kind], got, want, V, t);
+            assert_close_(kind_name_(kind), "full forward", got, want, V, t);
         }
         assert_int_equal(zdp_kv_length(kv, 1), T);
         assert_int_equal(zdp_kv_length(kv, 0), 3);
@@ -139,7 +88,7 @@ static void test_logits_match_full_forward(void **state) {
         zdp_kv_destroy(kv);
         free(got);
         free(want);
-        fx_free_(&f);
+        kv_fx_free_(&f);
     }
 }
 
@@ -163,12 +112,12 @@ static void test_greedy_cached_equals_uncached(void **state) {
             for (int v = 1; v < V; v++)
                 if (lg[v] > lg[best]) best = v;
             if (best != out[t - P])
-                fail_msg("%s: step %d: cached %d, uncached %d", kind_name_[kind], t - P, out[t - P],
+                fail_msg("%s: step %d: cached %d, uncached %d", kind_name_(kind), t - P, out[t - P],
                          best);
             seq[t] = best;
         }
         free(lg);
-        fx_free_(&f);
+        kv_fx_free_(&f);
     }
 }
 
@@ -229,7 +178,7 @@ static void test_batched_equals_alone(void **state) {
             stopped += g[i].stopped;
             for (int t = 0; t < g[i].n_out; t++) {
                 if (out[i][t] != out1[i][t])
-                    fail_msg("%s seq %d token %d: batched %d, alone %d", kind_name_[kind], i, t,
+                    fail_msg("%s seq %d token %d: batched %d, alone %d", kind_name_(kind), i, t,
                              out[i][t], out1[i][t]);
                 assert_true(fabsf(lp[i][t] - lp1[i][t]) < 1e-4f);
             }
@@ -243,7 +192,7 @@ static void test_batched_equals_alone(void **state) {
                 float want_lp;
                 int tok = zdp_sample_token(lg, V, &g[i].sp, &rng, &want_lp);
                 if (tok != out[i][t])
-                    fail_msg("%s seq %d token %d: cached %d, uncached %d", kind_name_[kind], i, t,
+                    fail_msg("%s seq %d token %d: cached %d, uncached %d", kind_name_(kind), i, t,
                              out[i][t], tok);
                 assert_true(fabsf(want_lp - lp[i][t]) < 1e-4f);
                 seq[n] = tok;
@@ -255,7 +204,7 @@ static void test_batched_equals_alone(void **state) {
                                      ZDP_OK);
                     const float w = zdp_logprob_of(lg, V, prompts[i][t]);
                     if (fabsf(w - plp[i][t]) > 1e-4f)
-                        fail_msg("%s seq %d prompt logprob %d: %g, want %g", kind_name_[kind], i, t,
+                        fail_msg("%s seq %d prompt logprob %d: %g, want %g", kind_name_(kind), i, t,
                                  plp[i][t], w);
                 }
             }
@@ -263,7 +212,7 @@ static void test_batched_equals_alone(void **state) {
         }
         free(lg);
         (void)stopped;
-        fx_free_(&f);
+        kv_fx_free_(&f);
     }
 }
 
@@ -291,7 +240,7 @@ static void test_cache_holds_kv_heads(void **state) {
     zdp_kv_destroy(kv);
     assert_int_equal(zdp_kv_create(&f.m, 1, 25, &kv, &err), ZDP_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "max_len = 25"));
-    fx_free_(&f);
+    kv_fx_free_(&f);
 }
 
 /* zdp_topk_logprobs: order by logprob, ties by the lower id, each logprob
@@ -353,13 +302,13 @@ static void test_prompt_topk(void **state) {
                     if (j > 0) assert_true(rl[j] <= rl[j - 1]);
                     const float w = zdp_logprob_of(lg, V, row[j]);
                     if (fabsf(w - rl[j]) > 1e-4f)
-                        fail_msg("%s k %d row %d #%d (id %d): %g, full forward %g", kind_name_[kind],
+                        fail_msg("%s k %d row %d #%d (id %d): %g, full forward %g", kind_name_(kind),
                                  k, t, j, row[j], rl[j], w);
                 }
                 for (int v = 0; v < V; v++)
                     if (!listed[v] && zdp_logprob_of(lg, V, v) > rl[k - 1] + 1e-4f)
                         fail_msg("%s row %d: token %d (logprob %g) left out of the top %d",
-                                 kind_name_[kind], t, v, zdp_logprob_of(lg, V, v), k);
+                                 kind_name_(kind), t, v, zdp_logprob_of(lg, V, v), k);
                 /* The prompt token's own logprob, where it is listed, is the same number. */
                 for (int j = 0; j < k; j++)
                     if (row[j] == pa[t]) assert_true(fabsf(rl[j] - plp[t]) < 1e-6f);
@@ -367,7 +316,7 @@ static void test_prompt_topk(void **state) {
             }
             free(lg), free(ids), free(lps);
         }
-        fx_free_(&f);
+        kv_fx_free_(&f);
     }
 }
 
@@ -411,7 +360,7 @@ static void test_bad_input(void **state) {
     assert_int_equal(zdp_mlp_create(4, 1, 1, &mlp, &err), ZDP_OK);
     assert_int_equal(zdp_kv_create(&mlp, 1, 0, &kv, &err), ZDP_ERR_INVALID_ARG);
     zdp_mlp_destroy(&mlp);
-    fx_free_(&f);
+    kv_fx_free_(&f);
 }
 
 int main(void) {

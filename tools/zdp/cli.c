@@ -60,8 +60,12 @@ void cli_flush_error(void) {
 void cli_die(const char *what, const zdp_error *err) {
     char msg[ZDP_ERROR_MSG_MAX + 128];
     snprintf(msg, sizeof msg, "%s: %s", what, err->msg);
-    zdp_dist_abort(1, msg);
-    abort(); /* not reached */
+    cli_abort(msg);
+}
+
+void cli_abort(const char *msg) {
+    zdp_dist_abort(1, msg); /* returns only without MPI */
+    exit(1);
 }
 
 int cli_check_finite(const char *flag, const char *path, const char *name, const float *v,
@@ -369,8 +373,17 @@ float **cli_params_views(zdp_engine *eng, const zdp_model *model, bool gather) {
         for (int i = 0; i < np; i++) v[i] = zdp_engine_param_data(eng, i);
         return v;
     }
-    /* Stage 3: one block for every tensor, views[0] at its start. */
-    int64_t n = zdp_engine_numel(eng);
+    /* Stage 3: one block for every tensor, views[0] at its start.  A
+     * gather's whole copy is rank 0's alone: the other ranks take part in
+     * each tensor's gather through one buffer of the largest tensor's size,
+     * so they never hold the whole model. */
+    const bool whole = !gather || zdp_dist_rank() == 0;
+    int64_t n = whole ? zdp_engine_numel(eng) : 0;
+    for (int i = 0; !whole && i < np; i++) {
+        int64_t k = 1;
+        for (int d = 0; d < model->params[i].ndim; d++) k *= model->params[i].shape[d];
+        if (k > n) n = k;
+    }
     float *block = calloc((size_t)n, sizeof(float));
     int rc = block == NULL ? cli_fail("out of memory for the whole model (%lld parameters; ZeRO "
                                       "stage 3 gathers it here)",
@@ -378,7 +391,7 @@ float **cli_params_views(zdp_engine *eng, const zdp_model *model, bool gather) {
                            : 0;
     /* The gathers are collective: every rank has its block first. */
     if (gather) rc = cli_agree(rc);
-    for (int i = 0; rc == 0 && i < np; i++) v[i] = block + zdp_engine_param_offset(eng, i);
+    for (int i = 0; rc == 0 && i < np; i++) v[i] = whole ? block + zdp_engine_param_offset(eng, i) : block;
     zdp_error err = {0};
     for (int i = 0; rc == 0 && gather && i < np; i++)
         if (zdp_engine_get_param(eng, i, v[i], &err) != ZDP_OK) rc = cli_fail("%s", err.msg);
@@ -392,7 +405,7 @@ float **cli_params_views(zdp_engine *eng, const zdp_model *model, bool gather) {
 
 int cli_params_push(zdp_engine *eng, const zdp_model *model, float **views) {
     zdp_error err = {0};
-    if (zdp_engine_config(eng)->zero.stage == 3)
+    if (zdp_engine_config(eng)->zero.stage == 3 && views != NULL)
         for (int i = 0; i < model->n_params; i++)
             if (zdp_engine_set_param(eng, i, views[i], &err) != ZDP_OK) return cli_fail("%s", err.msg);
     if (zdp_engine_sync_params(eng, &err) != ZDP_OK) return cli_fail("%s", err.msg);
@@ -406,6 +419,39 @@ void cli_params_free(zdp_engine *eng, float **views) {
 }
 
 /* ---- --memory-report ---------------------------------------------------------- */
+
+/* This process's peak resident memory (VmHWM in /proc/self/status), -1
+ * where the file or the line is missing (not Linux). */
+static int64_t vm_hwm_bytes_(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (f == NULL) return -1;
+    char line[256];
+    long long kb = -1;
+    while (fgets(line, sizeof line, f) != NULL)
+        if (sscanf(line, "VmHWM: %lld kB", &kb) == 1) break;
+    fclose(f);
+    return kb < 0 ? -1 : kb * 1024;
+}
+
+/* Rank r's x on every rank: a mean of one non-zero term (exact below 2^53). */
+static int64_t from_rank_(int r, int64_t x) {
+    const int W = zdp_dist_world_size();
+    return (int64_t)llround(zdp_dist_mean(zdp_dist_rank() == r ? (double)x : 0.0) * W);
+}
+
+int cli_memory_peaks(void) {
+    const int W = zdp_dist_world_size();
+    const int64_t hwm = vm_hwm_bytes_(), load = zdp_hf_load_peak_bytes();
+    for (int r = 0; r < W; r++) {
+        const int64_t h = from_rank_(r, hwm), l = from_rank_(r, load);
+        if (zdp_dist_rank() == 0) {
+            printf("memory | rank %d | peak_rss | %lld B\n", r, (long long)h);
+            printf("memory | rank %d | load_peak | %lld B\n", r, (long long)l);
+        }
+    }
+    fflush(stdout);
+    return 0;
+}
 
 const char *const cli_on_off_words[] = {"on", "off", NULL};
 const int cli_on_off_values[] = {1, 0};

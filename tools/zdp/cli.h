@@ -44,6 +44,9 @@ void cli_flush_error(void);
 /* A failure after training started: the message, then MPI_Abort (no rank
  * may be left waiting in a collective). */
 void cli_die(const char *what, const zdp_error *err) __attribute__((noreturn));
+/* The same with a message of its own: the tool, not the library, ends the
+ * job (zdp_dist_abort returns when MPI is not running). */
+void cli_abort(const char *msg) __attribute__((noreturn));
 
 bool cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 bool cli_parse_double(const char *s, double lo, double hi, double *out);
@@ -178,8 +181,10 @@ int cli_skip_guard(const zdp_engine *eng, int64_t max, int64_t *run);
 
 /* The engine's parameters as whole tensors (views[i] for tensor i): at ZeRO
  * stages 0-2 the engine's own buffers; at stage 3 a copy gathered from the
- * partitions (COLLECTIVE: every rank calls it, gather = true) or a zeroed
- * copy to fill and push (gather = false, not collective).  NULL (message
+ * partitions onto rank 0 (COLLECTIVE: every rank calls it, gather = true;
+ * the other ranks' views all point at one tensor-sized scratch buffer, so
+ * their values mean nothing: use them on rank 0 only) or a zeroed copy to
+ * fill and push (gather = false, not collective).  NULL (message
  * printed) on failure.  cli_params_push writes the views back (every rank
  * alike) and syncs; cli_params_free frees a copy. */
 float **cli_params_views(zdp_engine *eng, const zdp_model *model, bool gather);
@@ -190,6 +195,12 @@ void cli_params_free(zdp_engine *eng, float **views);
  * one line per rank and category ("memory | rank R | CATEGORY | N B").
  * 0, or cli_fail's code. */
 int cli_memory_report(zdp_engine *eng);
+/* COLLECTIVE.  --memory-report at the end of a run: rank 0 prints each
+ * rank's peak resident memory (VmHWM, "memory | rank R | peak_rss | N B";
+ * -1 where /proc is missing) and the most bytes of weights its model-folder
+ * loader held at once (zdp_hf_load_peak_bytes, "... | load_peak | N B").
+ * 0. */
+int cli_memory_peaks(void);
 /* The --memory-report row: on or off (int *p: 1 or 0). */
 #define CLI_MEMORY_REPORT_ROW(p) \
     CLI_CHOICE("--memory-report", (p), cli_on_off_words, cli_on_off_values, "on or off")

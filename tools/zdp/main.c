@@ -323,7 +323,7 @@ static int train_loop_(zdp_engine *eng, const train_opts *o, const dataset *d, i
     const bool managed = cfg->managed_gradient_accumulation;
     float *xb = malloc((size_t)b * (size_t)o->hidden * sizeof(float));
     int64_t *yb = malloc((size_t)b * sizeof(int64_t));
-    if (xb == NULL || yb == NULL) zdp_dist_abort(1, "out of memory for a micro-batch");
+    if (xb == NULL || yb == NULL) cli_abort("out of memory for a micro-batch");
     zdp_error err;
     int rc = 0;
     int64_t skipped_run = 0;

@@ -104,6 +104,16 @@ static zdp_status dir_init_(void *ctx, const zdp_model *model, float *const *dst
     return zdp_hf_weights_load(d->dir, model, dst, err);
 }
 
+static zdp_status dir_reader_open_(void *ctx, const zdp_model *model, void **reader, zdp_error *err) {
+    const lm_dir *d = ctx;
+    zdp_hf_reader *r = NULL;
+    zdp_status st = zdp_hf_reader_open(d->dir, model, &r, err);
+    *reader = r;
+    return st;
+}
+
+static void dir_reader_close_(void *reader) { zdp_hf_reader_close(reader); }
+
 static zdp_status dir_load_(void *ctx, const char *path, const zdp_model *model, float *const *dst,
                             zdp_error *err) {
     return lm_dir_load(ctx, path, model, dst, err);
@@ -128,6 +138,8 @@ static zdp_serve_model dir_model_(lm_dir *d) {
     return (zdp_serve_model){.ctx = d, .arch = d->arch, .summary = d->summary,
                              .tokenizer_id = d->tok != NULL ? d->real : NULL, .base_weights = d->real,
                              .create = dir_create_, .destroy = dir_destroy_, .init = dir_init_,
+                             .reader_open = dir_reader_open_, .read_slice = zdp_hf_reader_read,
+                             .reader_close = dir_reader_close_,
                              .load = dir_load_, .save = dir_save_, .decode = d->tok != NULL ? dir_decode_ : NULL};
 }
 
@@ -318,9 +330,13 @@ int cmd_serve(int argc, char **argv) {
     zdp_error err;
     if (rc == 0 && zdp_server_create(&opt, &s, &err) != ZDP_OK) rc = cli_fail("%s", err.msg);
     if ((rc = cli_agree(rc)) != 0) goto done;
-    if (zdp_server_start(s, &err) != ZDP_OK) rc = cli_fail("%s", err.msg);
+    /* ZDP_ERR_FATAL: some ranks wait in a collective; only ending the job
+     * (MPI_Abort) frees them. */
+    zdp_status st = zdp_server_start(s, &err);
+    if (st == ZDP_ERR_FATAL) cli_die("zdp serve", &err);
+    if (st != ZDP_OK) rc = cli_fail("%s", err.msg);
     if ((rc = cli_agree(rc)) != 0) goto done;
-    zdp_server_run(s);
+    if (zdp_server_run(s, &err) == ZDP_ERR_FATAL) cli_die("zdp serve", &err);
 done:
     zdp_server_destroy(s);
     free((void *)opt.allow_roots);

@@ -96,7 +96,8 @@ static void usage_(void) {
            "  --steps S (200)  --schedule n1,n2,... (unmanaged)  --seed N (42)\n"
            "  --max-skipped-steps K (100) stop with an error after K skipped steps in a row\n"
            "                            (NaN/Inf gradient or update; 0 = never)\n"
-           "  --memory-report on|off     every rank's memory by category after the first step\n"
+           "  --memory-report on|off     every rank's memory by category after the first step;\n"
+           "                             at the end its peak RSS and the loader's peak\n"
            "  --init FILE                GPT2LMHeadModel safetensors or llm.c .bin weights\n"
            "  --save-weights FILE        GPT2LMHeadModel safetensors (rank 0; GPT flags only)\n"
            "  --save-model-dir OUT       at the end, a Hugging Face folder (config.json,\n"
@@ -240,7 +241,8 @@ typedef struct run_state {
     /* With --lora-rank: model is the LoRA model over base, whose weights
      * (base_params, one array per tensor) the engine never sees. */
     zdp_model base;
-    float **base_params;
+    float **base_params;   /* stages 0-2: the base, whole, on every rank */
+    zdp_hf_reader *reader; /* stage 3: the folder, read into the partitions */
     int vocab;        /* the model's vocabulary, known before the model exists */
     zdp_dataset *ds;
     bool arith;           /* the generated arithmetic corpus (no --data) */
@@ -254,7 +256,9 @@ typedef struct run_state {
     char csv_path[4096], svg_path[4096];
     double t_start;     /* when the loop started, for the ETA */
     int64_t first_step; /* the step it started at (resumed runs: > 0) */
-    float **views;      /* whole tensors: the start-up's to push, the end's gathered */
+    float **views;      /* whole tensors: the start-up's to push, the end's gathered
+                           (NULL where nothing needs them: stage 3 reads the folder
+                           into the partitions) */
 } run_state;
 
 /* Mean val loss over val_batches micro-batches per rank, all ranks. */
@@ -360,8 +364,21 @@ static int open_data_(const gpt_opts *o, run_state *st) {
     return 0;
 }
 
-/* The engine's parameters: --init's weights, or a fresh initialisation. */
+/* The engine's parameters: the folder's, --init's weights, or a fresh
+ * initialisation. */
 static int init_params_(gpt_opts *o, run_state *st) {
+    if (o->model_dir != NULL && o->lora_rank <= 0 && o->adapter == NULL) {
+        /* Read tensor by tensor into the engine: at stage 3 each rank reads
+         * only its partition's slice of each (docs/training.md). */
+        zdp_error err;
+        zdp_hf_reader *r = NULL;
+        int rc = 0;
+        if (zdp_hf_reader_open(o->model_dir, &st->model, &r, &err) != ZDP_OK ||
+            zdp_engine_load_params(st->eng, zdp_hf_reader_read, r, &err) != ZDP_OK)
+            rc = cli_fail("--model-dir %s", err.msg);
+        zdp_hf_reader_close(r);
+        return rc;
+    }
     /* Filled here, pushed into the engine after the start-up agreement. */
     float **views = st->views = cli_params_views(st->eng, &st->model, false);
     if (views == NULL) return 1;
@@ -372,10 +389,6 @@ static int init_params_(gpt_opts *o, run_state *st) {
             rc = cli_fail("--adapter %s", err.msg);
     } else if (o->lora_rank > 0) {
         zdp_lora_init_params(&st->model, views); /* the folder's weights are the base's */
-    } else if (o->model_dir != NULL) {
-        zdp_error err;
-        if (zdp_hf_weights_load(o->model_dir, &st->model, views, &err) != ZDP_OK)
-            rc = cli_fail("--model-dir %s", err.msg);
     } else if (o->init != NULL) {
         zdp_error err;
         if (zdp_gpt_weights_load(o->init, &o->model, st->model.params, st->model.n_params,
@@ -394,6 +407,20 @@ static int lora_start_(const gpt_opts *o, run_state *st) {
     zdp_error err;
     st->base = st->model;
     memset(&st->model, 0, sizeof st->model);
+    zdp_lora_config lc = {.rank = (int)o->lora_rank, .alpha = (float)o->lora_alpha,
+                          .seed = o->seed};
+    if (zdp_lora_targets_parse(o->lora_targets, &lc.targets, &lc.modules, &err) != ZDP_OK)
+        return cli_fail("--lora-rank %d: %s", lc.rank, err.msg);
+    if (st->cfg.zero.stage == 3) {
+        /* The engine reads each rank's slice of the base at create; the
+         * reader is closed after it (startup_). */
+        if (zdp_hf_reader_open(o->model_dir, &st->base, &st->reader, &err) != ZDP_OK)
+            return cli_fail("--model-dir %s", err.msg);
+        if (zdp_lora_create_partitioned(&st->base, zdp_hf_reader_read, st->reader, &lc,
+                                        &st->model, &err) != ZDP_OK)
+            return cli_fail("--lora-rank %d: %s", lc.rank, err.msg);
+        return 0;
+    }
     st->base_params = calloc((size_t)st->base.n_params, sizeof *st->base_params);
     if (st->base_params == NULL) return cli_fail("out of memory");
     for (int i = 0; i < st->base.n_params; i++) {
@@ -405,10 +432,7 @@ static int lora_start_(const gpt_opts *o, run_state *st) {
     }
     if (zdp_hf_weights_load(o->model_dir, &st->base, st->base_params, &err) != ZDP_OK)
         return cli_fail("--model-dir %s", err.msg);
-    zdp_lora_config lc = {.rank = (int)o->lora_rank, .alpha = (float)o->lora_alpha,
-                          .seed = o->seed};
-    if (zdp_lora_targets_parse(o->lora_targets, &lc.targets, &lc.modules, &err) != ZDP_OK ||
-        zdp_lora_create(&st->base, (const float *const *)st->base_params, &lc, &st->model,
+    if (zdp_lora_create(&st->base, (const float *const *)st->base_params, &lc, &st->model,
                         &err) != ZDP_OK)
         return cli_fail("--lora-rank %d: %s", lc.rank, err.msg);
     return 0;
@@ -418,6 +442,7 @@ static void lora_free_(run_state *st) {
     if (st->base_params != NULL)
         for (int i = 0; i < st->base.n_params; i++) free(st->base_params[i]);
     free(st->base_params);
+    zdp_hf_reader_close(st->reader);
     zdp_lora_destroy(&st->model);
     zdp_model_destroy(&st->base);
 }
@@ -474,6 +499,8 @@ static int startup_(gpt_opts *o, run_state *st, int rc) {
     if (rc == 0) st->T = st->model.block_size;
     if (rc == 0 && zdp_engine_create(&st->cfg, &st->model, &st->eng, &err) != ZDP_OK)
         rc = cli_fail("%s", err.msg);
+    zdp_hf_reader_close(st->reader); /* the engine has read its slices */
+    st->reader = NULL;
     if (rc == 0) rc = init_params_(o, st);
     return rc;
 }
@@ -626,16 +653,66 @@ static int save_weights_(const gpt_opts *o, run_state *st) {
     return zdp_dist_all_ok(mine == 0) ? 0 : 1;
 }
 
+/* Stage 3's --save-model-dir: tensor i gathered (every rank alike) just
+ * before rank 0 writes it; next counts the tensors gathered so far. */
+typedef struct gather_read_ctx {
+    zdp_engine *eng;
+    int next;
+} gather_read_ctx;
+
+static zdp_status gather_read_(void *ctx, int i, int64_t lo, int64_t hi, float *dst,
+                               zdp_error *err) {
+    (void)lo; /* zdp_hf_save_stream reads whole tensors, in order */
+    (void)hi;
+    gather_read_ctx *g = ctx;
+    g->next = i + 1;
+    return zdp_engine_get_param(g->eng, i, dst, err);
+}
+
+/* COLLECTIVE.  Stage 3: the folder streamed a tensor at a time (no rank
+ * holds the whole model: rank 0 one tensor, the others one gather buffer).
+ * Every rank runs the same gathers, in order, to the last tensor even when
+ * rank 0's write stopped early.  0 or 1 (rank 0's write failed). */
+static int save_model_dir_stream_(const gpt_opts *o, run_state *st, zdp_error *err) {
+    int64_t largest = 1;
+    for (int i = 0; i < st->model.n_params; i++) {
+        int64_t n = 1;
+        for (int d = 0; d < st->model.params[i].ndim; d++) n *= st->model.params[i].shape[d];
+        if (n > largest) largest = n;
+    }
+    float *one = malloc((size_t)largest * sizeof(float));
+    if (!zdp_dist_all_ok(one != NULL)) {
+        free(one);
+        snprintf(err->msg, sizeof err->msg, "%s: out of memory for one tensor", o->save_model_dir);
+        return 1;
+    }
+    gather_read_ctx g = {.eng = st->eng};
+    int mine = 0;
+    if (st->R == 0 &&
+        zdp_hf_save_stream(o->save_model_dir, &st->model, gather_read_, &g,
+                           (zdp_dtype)o->save_dtype, 0, err) != ZDP_OK)
+        mine = 1;
+    zdp_error ignored;
+    for (int i = g.next; i < st->model.n_params; i++)
+        (void)zdp_engine_get_param(st->eng, i, one, &ignored); /* failures agree on every rank */
+    free(one);
+    return mine;
+}
+
 /* COLLECTIVE.  --save-model-dir, written by rank 0: the folder, with
  * --model-dir's tokenizer files when it has any.  0, or 1 on every rank
  * when it failed. */
 static int save_model_dir_(const gpt_opts *o, run_state *st) {
     int mine = 0;
+    zdp_error err;
+    const bool stream = st->cfg.zero.stage == 3;
+    if (stream) mine = save_model_dir_stream_(o, st, &err);
+    if (stream && mine != 0 && st->R == 0)
+        fprintf(stderr, "zdp: error: --save-model-dir %s\n", err.msg);
     if (st->R == 0) {
-        zdp_error err;
-        float **views = st->views; /* the whole model, gathered at stage 3 */
-        if (views == NULL) mine = 1;
-        if (views != NULL &&
+        float **views = st->views; /* stages 0-2: the engine's own tensors */
+        if (!stream && views == NULL) mine = 1;
+        if (!stream && views != NULL &&
             zdp_hf_save(o->save_model_dir, &st->model, (const float *const *)views,
                         (zdp_dtype)o->save_dtype, 0, &err) != ZDP_OK) {
             fprintf(stderr, "zdp: error: --save-model-dir %s\n", err.msg);
@@ -726,9 +803,12 @@ int cmd_train_gpt(int argc, char **argv) {
     }
 
     if ((rc = train_loop_(&o, &st, cursor)) != 0) goto done;
-    /* The whole model for the report and --save-weights (at stage 3 every
-     * rank takes part in gathering it). */
-    if ((st.views = cli_params_views(st.eng, &st.model, true)) == NULL) {
+    /* The whole model for the report's sample and the saves (at stage 3
+     * every rank takes part in gathering it), only where one needs it. */
+    const bool sample = zdp_gpt_config_of(&st.model) != NULL && (st.arith || st.vocab == 256);
+    const bool need = sample || o.save_weights != NULL || o.save_adapter_dir != NULL ||
+                      (o.save_model_dir != NULL && st.cfg.zero.stage < 3); /* 3 streams it */
+    if (need && (st.views = cli_params_views(st.eng, &st.model, true)) == NULL) {
         rc = 1;
         goto done;
     }
@@ -736,6 +816,7 @@ int cmd_train_gpt(int argc, char **argv) {
     if (o.save_weights != NULL) rc = save_weights_(&o, &st);
     if (rc == 0 && o.save_model_dir != NULL) rc = save_model_dir_(&o, &st);
     if (rc == 0 && o.save_adapter_dir != NULL) rc = save_adapter_dir_(&o, &st);
+    if (rc == 0 && o.memory_report) rc = cli_memory_peaks();
 done:
     free(st.inputs);
     free(st.targets);
