@@ -7,6 +7,7 @@
 #
 # usage: bench/run_llama_bench.sh [REPS] [STEPS]        (defaults 3 and 3)
 # env:   LAYOUTS=2x1,1x2 IMPLS=zdp,torch MICRO=4 BUILD=build JSON=out.json
+#        BASE=path/to/another/llama_bench with IMPLS=zdp,base,torch: before/after
 #        MODEL="--layers 4" (a smaller model for a quick look)
 # Needs PyTorch for /usr/bin/python3 (bench/setup_torch.sh).
 set -euo pipefail
@@ -36,4 +37,4 @@ exec /usr/bin/python3 bench/torch/llama_compare.py --llama-bench "$BUILD/bin/lla
     --sgemm-peak "$OUT/sgemm_peak" --openblas-core "$OUT/openblas_core" --mpirun mpirun \
     --reps "$REPS" --steps "$STEPS" --warmup 1 --micro "${MICRO:-4}" \
     --layouts "${LAYOUTS:-2x1,1x2}" --impls "${IMPLS:-zdp,torch}" --model "${MODEL:-}" \
-    ${JSON:+--json "$JSON"}
+    ${BASE:+--base-llama-bench "$BASE"} ${JSON:+--json "$JSON"}

@@ -69,6 +69,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-bench", required=True)
+    ap.add_argument("--base-llama-bench", default=None,
+                    help="impl 'base': another llama_bench (e.g. main's) for before/after")
     ap.add_argument("--sgemm-peak", required=True)
     ap.add_argument("--openblas-core", required=True)
     ap.add_argument("--mpirun", default="mpirun")
@@ -81,6 +83,8 @@ def main():
     ap.add_argument("--model", default="", help="extra model flags for both, e.g. '--layers 4'")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    if a.base_llama_bench is None and "base" in a.impls.split(","):
+        sys.exit("llama_compare: impl 'base' needs --base-llama-bench")
 
     cpu = open("/proc/cpuinfo").read()
     model = re.search(r"model name\s*:\s*(.*)", cpu).group(1)
@@ -102,8 +106,9 @@ def main():
             pk, pk_core = peak(a, np_, th, env)
             order = impls if rep % 2 == 0 else impls[::-1]
             for impl in order:
-                if impl == "zdp":
-                    cmd = [a.mpirun, "-np", str(np_), a.llama_bench, "--micro", str(a.micro),
+                if impl in ("zdp", "base"):
+                    exe = a.llama_bench if impl == "zdp" else a.base_llama_bench
+                    cmd = [a.mpirun, "-np", str(np_), exe, "--micro", str(a.micro),
                            "--steps", str(a.steps), "--warmup", str(a.warmup)] + extra
                 else:
                     cmd = [sys.executable, os.path.join(HERE, "llama_bench.py"), "--micro",
@@ -124,8 +129,8 @@ def main():
         if impl == "zdp":
             fpt = rs[0]["flops_per_token"]
     print()
-    print("| layout | impl | ms/step | tokens/s | zdp / PyTorch | MFU (peak same rep) | MFU (best peak) "
-          "| CPU ms/step | CPU share | MFU per CPU-s | zdp / PyTorch per CPU-s | load | peak RSS/rank MiB |")
+    print("| layout | impl | ms/step | tokens/s | zdp / this row | MFU (peak same rep) | MFU (best peak) "
+          "| CPU ms/step | CPU share | MFU per CPU-s | zdp / this row per CPU-s | load | peak RSS/rank MiB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     summary = []
     for np_, th in layouts:
@@ -154,8 +159,9 @@ def main():
             fpc[impl] = mfu_cpu
             ld = "/".join(f"{r['load_before']:.1f}" for r in rs)
             rss = max(max(r["peak_rss_mib"]) for r in rs)
-            ratio = f"**{tok['zdp'] / tok['torch']:.2f}x**" if impl == "torch" and "zdp" in tok else ""
-            ratio_cpu = f"**{fpc['zdp'] / fpc['torch']:.2f}x**" if impl == "torch" and "zdp" in fpc else ""
+            # torch's row: zdp / PyTorch; base's row: zdp / base (after / before).
+            ratio = f"**{tok['zdp'] / tok[impl]:.2f}x**" if impl != "zdp" and "zdp" in tok else ""
+            ratio_cpu = f"**{fpc['zdp'] / fpc[impl]:.2f}x**" if impl != "zdp" and "zdp" in fpc else ""
             print(f"| {np_} x {th} | {impl} | {ms:.0f} | {t:.1f} | {ratio} | {100 * mfu_rep:.1f}% | "
                   f"{100 * mfu_best:.1f}% | {cpu_ms:.0f} | {100 * share:.0f}% | {100 * mfu_cpu:.1f}% | "
                   f"{ratio_cpu} | {ld} | {rss:.0f} |")

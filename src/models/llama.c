@@ -148,9 +148,13 @@ static zdp_status trunk_forward_(llama *m, zdp_param_source *src, const int32_t 
         float *gate = m->gate + r * F, *up = m->up + r * F, *act = m->act + r * F;
         zdp_nn_rmsnorm_forward(ln1, m->ln1_rstd + r, x, lp[li->in_ln], N, H, eps);
         const int s0 = l * SITES_PER_LAYER;
-        zdp_nn_linear_forward(q, ln1, lp[li->q_w], B_(li->q_b), N, H, QD, 0);
-        zdp_nn_linear_forward(k, ln1, lp[li->k_w], B_(li->k_b), N, H, KD, 0);
-        zdp_nn_linear_forward(v, ln1, lp[li->v_w], B_(li->v_b), N, H, KD, 0);
+        {
+            float *const o3[3] = {q, k, v};
+            const float *const w3[3] = {lp[li->q_w], lp[li->k_w], lp[li->v_w]};
+            const float *const b3[3] = {B_(li->q_b), B_(li->k_b), B_(li->v_b)};
+            const int64_t oc3[3] = {QD, KD, KD};
+            zdp_nn_linear_forward_shared(3, o3, ln1, w3, b3, oc3, N, H);
+        }
         hook_fwd_(m, s0 + S_Q, q, ln1, N);
         hook_fwd_(m, s0 + S_K, k, ln1, N);
         hook_fwd_(m, s0 + S_V, v, ln1, N);
@@ -171,8 +175,12 @@ static zdp_status trunk_forward_(llama *m, zdp_param_source *src, const int32_t 
         zdp_nn_linear_forward(res_mid, atty, lp[li->o_w], B_(li->o_b), N, QD, H, 1);
         hook_fwd_(m, s0 + S_O, res_mid, atty, N);
         zdp_nn_rmsnorm_forward(ln2, m->ln2_rstd + r, res_mid, lp[li->post_ln], N, H, eps);
-        zdp_nn_linear_forward(gate, ln2, lp[li->gate], NULL, N, H, F, 0);
-        zdp_nn_linear_forward(up, ln2, lp[li->up], NULL, N, H, F, 0);
+        {
+            float *const o2[2] = {gate, up};
+            const float *const w2[2] = {lp[li->gate], lp[li->up]};
+            const int64_t oc2[2] = {F, F};
+            zdp_nn_linear_forward_shared(2, o2, ln2, w2, NULL, oc2, N, H);
+        }
         hook_fwd_(m, s0 + S_GATE, gate, ln2, N);
         hook_fwd_(m, s0 + S_UP, up, ln2, N);
         zdp_nn_swiglu_forward(act, gate, up, N * F);

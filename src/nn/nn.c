@@ -24,14 +24,17 @@
 #define GEMM_ALIGN_ 64
 #define GEMM_MIN_MNK_ (1LL << 23)
 
-typedef struct sgemm_job {
-    CBLAS_TRANSPOSE ta, tb;
-    int64_t M, N, K, lda, ldb, ldc, n_tasks;
-    float alpha, beta;
-    const float *A, *B;
-    float *C;
-    int split_m; /* split M (rows of C) rather than N (its columns) */
-} sgemm_job;
+/* Pieces of one product: at most one per GEMM_ALIGN_ rows or columns of the
+ * dimension it is cut along (so the rounded bounds increase) and per
+ * GEMM_MIN_MNK_ multiply-adds; at most `want`, at least 1. */
+static int64_t gemm_pieces_(const zdp_nn_gemm *g, int64_t want) {
+    const int64_t len = g->M >= g->N ? g->M : g->N;
+    const int64_t by_mnk =
+        (int64_t)((double)g->M * (double)g->N * (double)g->K / (double)GEMM_MIN_MNK_);
+    int64_t most = by_mnk < len / GEMM_ALIGN_ ? by_mnk : len / GEMM_ALIGN_;
+    if (most > want) most = want;
+    return most < 1 ? 1 : most;
+}
 
 /* Piece t of n over [0, len): bounds rounded to GEMM_ALIGN_. */
 static void gemm_span_(int64_t len, int64_t n, int64_t t, int64_t *lo, int64_t *hi) {
@@ -39,37 +42,67 @@ static void gemm_span_(int64_t len, int64_t n, int64_t t, int64_t *lo, int64_t *
     *hi = t == n - 1 ? len : (len * (t + 1) / n + GEMM_ALIGN_ / 2) / GEMM_ALIGN_ * GEMM_ALIGN_;
 }
 
+/* Piece t of n of product g: M (rows of C) is cut when M >= N, else N. */
+static void gemm_piece_(const zdp_nn_gemm *g, int64_t n, int64_t t) {
+    int64_t lo, hi;
+    if (g->M >= g->N) {
+        gemm_span_(g->M, n, t, &lo, &hi);
+        /* Rows lo..hi of op(A): rows of A, or columns when transposed. */
+        const float *a = g->A + (g->ta == CblasNoTrans ? lo * g->lda : lo);
+        cblas_sgemm(CblasRowMajor, g->ta, g->tb, (int)(hi - lo), (int)g->N, (int)g->K, g->alpha,
+                    a, (int)g->lda, g->B, (int)g->ldb, g->beta, g->C + lo * g->ldc, (int)g->ldc);
+    } else {
+        gemm_span_(g->N, n, t, &lo, &hi);
+        /* Columns lo..hi of op(B): columns of B, or rows when transposed. */
+        const float *b = g->B + (g->tb == CblasNoTrans ? lo : lo * g->ldb);
+        cblas_sgemm(CblasRowMajor, g->ta, g->tb, (int)g->M, (int)(hi - lo), (int)g->K, g->alpha,
+                    g->A, (int)g->lda, b, (int)g->ldb, g->beta, g->C + lo, (int)g->ldc);
+    }
+}
+
+#define GEMM_MANY_MAX_ 8
+
+typedef struct sgemm_job {
+    const zdp_nn_gemm *g;
+    int n;
+    int64_t first[GEMM_MANY_MAX_ + 1]; /* product i's pieces are tasks first[i] .. first[i+1] */
+} sgemm_job;
+
 static void sgemm_task_(void *ctx, int64_t t, int thread) {
     (void)thread;
     const sgemm_job *j = ctx;
-    int64_t lo, hi;
-    if (j->split_m) {
-        gemm_span_(j->M, j->n_tasks, t, &lo, &hi);
-        /* Rows lo..hi of op(A): rows of A, or columns when transposed. */
-        const float *a = j->A + (j->ta == CblasNoTrans ? lo * j->lda : lo);
-        cblas_sgemm(CblasRowMajor, j->ta, j->tb, (int)(hi - lo), (int)j->N, (int)j->K, j->alpha,
-                    a, (int)j->lda, j->B, (int)j->ldb, j->beta, j->C + lo * j->ldc, (int)j->ldc);
-    } else {
-        gemm_span_(j->N, j->n_tasks, t, &lo, &hi);
-        /* Columns lo..hi of op(B): columns of B, or rows when transposed. */
-        const float *b = j->B + (j->tb == CblasNoTrans ? lo : lo * j->ldb);
-        cblas_sgemm(CblasRowMajor, j->ta, j->tb, (int)j->M, (int)(hi - lo), (int)j->K, j->alpha,
-                    j->A, (int)j->lda, b, (int)j->ldb, j->beta, j->C + lo, (int)j->ldc);
+    int i = 0;
+    while (t >= j->first[i + 1]) i++;
+    gemm_piece_(&j->g[i], j->first[i + 1] - j->first[i], t - j->first[i]);
+}
+
+void zdp_nn_sgemm_many_(const zdp_nn_gemm *g, int n) {
+    for (int done = 0; done < n; done += GEMM_MANY_MAX_) {
+        const int m = n - done < GEMM_MANY_MAX_ ? n - done : GEMM_MANY_MAX_;
+        sgemm_job j = {.g = g + done, .n = m};
+        /* Each product gets the pool's threads in proportion to its
+         * multiply-adds (rounded up): two equal products at 2 threads run
+         * whole, one per thread, instead of each cut in two -- no weight
+         * packed twice, one join instead of two. */
+        double total = 0.0;
+        for (int i = 0; i < m; i++) total += (double)j.g[i].M * (double)j.g[i].N * (double)j.g[i].K;
+        const int64_t P = zdp_pool_size();
+        j.first[0] = 0;
+        for (int i = 0; i < m; i++) {
+            const double f = (double)j.g[i].M * (double)j.g[i].N * (double)j.g[i].K;
+            int64_t want = total > 0.0 ? (int64_t)ceil((double)P * f / total) : 1;
+            j.first[i + 1] = j.first[i] + gemm_pieces_(&j.g[i], want);
+        }
+        zdp_pool_run(j.first[m], sgemm_task_, &j);
     }
 }
 
 void zdp_nn_sgemm_(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K,
                    float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                    float beta, float *C, int64_t ldc) {
-    sgemm_job j = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb,
-                   .ldc = ldc, .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C,
-                   .split_m = M >= N};
-    /* At most one piece per GEMM_ALIGN_ rows (so the rounded bounds
-     * increase) and per GEMM_MIN_MNK_ multiply-adds. */
-    const int64_t len = j.split_m ? M : N;
-    const int64_t by_mnk = (int64_t)((double)M * (double)N * (double)K / (double)GEMM_MIN_MNK_);
-    j.n_tasks = zdp_nn_tasks_(by_mnk < len / GEMM_ALIGN_ ? by_mnk : len / GEMM_ALIGN_, 1);
-    zdp_pool_run(j.n_tasks, sgemm_task_, &j);
+    const zdp_nn_gemm g = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = alpha, .A = A,
+                           .lda = lda, .B = B, .ldb = ldb, .beta = beta, .C = C, .ldc = ldc};
+    zdp_nn_sgemm_many_(&g, 1);
 }
 
 typedef struct range_job {
@@ -137,15 +170,40 @@ void zdp_nn_linear_forward(float *out, const float *inp, const float *weight, co
     }
 }
 
+void zdp_nn_linear_forward_shared(int n, float *const *out, const float *inp,
+                                  const float *const *weight, const float *const *bias,
+                                  const int64_t *OC, int64_t N, int64_t C) {
+    zdp_nn_gemm g[GEMM_MANY_MAX_];
+    for (int done = 0; done < n; done += GEMM_MANY_MAX_) {
+        const int m = n - done < GEMM_MANY_MAX_ ? n - done : GEMM_MANY_MAX_;
+        for (int i = 0; i < m; i++) /* out_i (N,OC_i) = inp (N,C) @ weight_i^T (C,OC_i) */
+            g[i] = (zdp_nn_gemm){.ta = CblasNoTrans, .tb = CblasTrans, .M = N, .N = OC[done + i],
+                                 .K = C, .alpha = 1.0f, .A = inp, .lda = C, .B = weight[done + i],
+                                 .ldb = C, .beta = 0.0f, .C = out[done + i], .ldc = OC[done + i]};
+        zdp_nn_sgemm_many_(g, m);
+    }
+    for (int i = 0; i < n; i++)
+        if (bias != NULL && bias[i] != NULL) {
+            bias_job j = {.out = out[i], .bias = bias[i], .OC = OC[i]};
+            zdp_nn_parallel_ranges_(N, 16, add_bias_rows_, &j);
+        }
+}
+
 void zdp_nn_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int64_t N, int64_t C,
                             int64_t OC) {
+    /* The two products in one pool loop (zdp_nn_sgemm_many_). */
+    zdp_nn_gemm g[2];
+    int n = 0;
     if (dinp != NULL) /* dinp (N,C) += dout (N,OC) @ weight (OC,C) */
-        zdp_nn_sgemm_(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp,
-                      C);
+        g[n++] = (zdp_nn_gemm){.ta = CblasNoTrans, .tb = CblasNoTrans, .M = N, .N = C, .K = OC,
+                               .alpha = 1.0f, .A = dout, .lda = OC, .B = weight, .ldb = C,
+                               .beta = 1.0f, .C = dinp, .ldc = C};
     if (dweight != NULL) /* dweight (OC,C) += dout^T (OC,N) @ inp (N,C) */
-        zdp_nn_sgemm_(CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight,
-                      C);
+        g[n++] = (zdp_nn_gemm){.ta = CblasTrans, .tb = CblasNoTrans, .M = OC, .N = C, .K = N,
+                               .alpha = 1.0f, .A = dout, .lda = OC, .B = inp, .ldb = C,
+                               .beta = 1.0f, .C = dweight, .ldc = C};
+    zdp_nn_sgemm_many_(g, n);
     if (dbias != NULL) zdp_nn_colsum_add_(dbias, dout, N, OC);
 }
 

@@ -112,6 +112,20 @@ ZDP_API void zdp_nn_sgemm_(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, in
                    float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                    float beta, float *C, int64_t ldc);
 
+/* One row-major product C = alpha op(A) op(B) + beta C, for zdp_nn_sgemm_many_. */
+typedef struct zdp_nn_gemm {
+    CBLAS_TRANSPOSE ta, tb;
+    int64_t M, N, K, lda, ldb, ldc;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+} zdp_nn_gemm;
+
+/* n independent products (no C overlaps another's A, B or C) in one pool
+ * loop: each gets threads in proportion to its multiply-adds and is cut as
+ * zdp_nn_sgemm_ cuts, so every C is the single call's, at any thread count. */
+ZDP_API void zdp_nn_sgemm_many_(const zdp_nn_gemm *g, int n);
+
 /* Runs body(ctx, lo, hi) over [0, len) cut into zdp_nn_tasks_(len, min_len)
  * contiguous ranges. */
 /* dbias (OC) += column sums of dout (N,OC), split by columns. */
@@ -148,6 +162,13 @@ ZDP_API int zdp_nn_packed_use_path(int want);
 ZDP_API void zdp_nn_linear_forward(float *out, const float *inp, const float *weight,
                                    const float *bias, int64_t N, int64_t C, int64_t OC,
                                    int accumulate);
+
+/* n linears of one input: out_i = inp @ weight_i^T + bias_i (bias NULL, or
+ * bias_i NULL: none), each exactly as zdp_nn_linear_forward(..., 0) computes
+ * it, in one pool loop (zdp_nn_sgemm_many_): q/k/v, gate/up. */
+ZDP_API void zdp_nn_linear_forward_shared(int n, float *const *out, const float *inp,
+                                          const float *const *weight, const float *const *bias,
+                                          const int64_t *OC, int64_t N, int64_t C);
 
 /* dinp (N,C) += dout @ weight      (skipped when dinp is NULL)
  * dweight (OC,C) += dout^T @ inp   (skipped when NULL)

@@ -230,12 +230,18 @@ void zdp_nn_matmul_forward(float *out, const float *inp, const float *weight, co
 void zdp_nn_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int64_t N, int64_t C,
                             int64_t OC) {
+    /* The two products in one pool loop (zdp_nn_sgemm_many_). */
+    zdp_nn_gemm g[2];
+    int n = 0;
     if (dinp != NULL) /* dinp (N,C) = dout (N,OC) @ weight^T (OC,C) */
-        zdp_nn_sgemm_(CblasNoTrans, CblasTrans, N, C, OC, 1.0f, dout, OC, weight, OC, 0.0f, dinp,
-                      C);
+        g[n++] = (zdp_nn_gemm){.ta = CblasNoTrans, .tb = CblasTrans, .M = N, .N = C, .K = OC,
+                               .alpha = 1.0f, .A = dout, .lda = OC, .B = weight, .ldb = OC,
+                               .beta = 0.0f, .C = dinp, .ldc = C};
     if (dweight != NULL) /* dweight (C,OC) += inp^T (C,N) @ dout (N,OC) */
-        zdp_nn_sgemm_(CblasTrans, CblasNoTrans, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight,
-                      OC);
+        g[n++] = (zdp_nn_gemm){.ta = CblasTrans, .tb = CblasNoTrans, .M = C, .N = OC, .K = N,
+                               .alpha = 1.0f, .A = inp, .lda = C, .B = dout, .ldb = OC,
+                               .beta = 1.0f, .C = dweight, .ldc = OC};
+    zdp_nn_sgemm_many_(g, n);
     if (dbias != NULL) zdp_nn_colsum_add_(dbias, dout, N, OC);
 }
 
@@ -417,11 +423,17 @@ void zdp_nn_lmhead_forward(float *logits, const float *inp, const float *wte, in
 
 void zdp_nn_lmhead_backward(float *dinp, float *dwte, const float *dlogits, const float *inp,
                             const float *wte, int64_t N, int64_t C, int64_t V) {
+    zdp_nn_gemm g[2];
+    int n = 0;
     if (dinp != NULL) /* dinp (N,C) = dlogits (N,V) @ wte (V,C) */
-        zdp_nn_sgemm_(CblasNoTrans, CblasNoTrans, N, C, V, 1.0f, dlogits, V, wte, C, 0.0f, dinp,
-                      C);
+        g[n++] = (zdp_nn_gemm){.ta = CblasNoTrans, .tb = CblasNoTrans, .M = N, .N = C, .K = V,
+                               .alpha = 1.0f, .A = dlogits, .lda = V, .B = wte, .ldb = C,
+                               .beta = 0.0f, .C = dinp, .ldc = C};
     if (dwte != NULL) /* dwte (V,C) += dlogits^T (V,N) @ inp (N,C) */
-        zdp_nn_sgemm_(CblasTrans, CblasNoTrans, V, C, N, 1.0f, dlogits, V, inp, C, 1.0f, dwte, C);
+        g[n++] = (zdp_nn_gemm){.ta = CblasTrans, .tb = CblasNoTrans, .M = V, .N = C, .K = N,
+                               .alpha = 1.0f, .A = dlogits, .lda = V, .B = inp, .ldb = C,
+                               .beta = 1.0f, .C = dwte, .ldc = C};
+    zdp_nn_sgemm_many_(g, n);
 }
 
 /* The loss sums over rows in CE_PARTS_ fixed parts (their bounds depend on N

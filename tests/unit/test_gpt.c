@@ -139,6 +139,61 @@ static void test_matmul(void **state) {
     free(c.x), free(c.w), free(bias), free(db0), free(c.R), free(c.out), free(dw0), free(dx);
 }
 
+/* zdp_nn_sgemm_many_ and zdp_nn_linear_forward_shared: several products in
+ * one pool loop equal, bit for bit, each product as one undivided
+ * single-threaded cblas_sgemm, at any pool size (ctest runs this file at 1
+ * and 3 threads).  The shapes are large enough to be cut (2^23
+ * multiply-adds and 64 rows per piece), along M and along N, and one too
+ * small to be; each C starts from garbage where beta = 0 and from values
+ * where beta = 1. */
+static void test_sgemm_many(void **state) {
+    (void)state;
+    uint64_t s = 11;
+    enum { NG = 4 };
+    const int64_t dims[NG][3] = {{256, 192, 512}, {128, 640, 384}, {40, 24, 16}, {512, 96, 300}};
+    const CBLAS_TRANSPOSE ta[NG] = {CblasNoTrans, CblasTrans, CblasNoTrans, CblasTrans};
+    const CBLAS_TRANSPOSE tb[NG] = {CblasTrans, CblasNoTrans, CblasNoTrans, CblasTrans};
+    const float beta[NG] = {0.0f, 1.0f, 1.0f, 0.0f};
+    zdp_nn_gemm g[NG];
+    float *want[NG];
+    for (int i = 0; i < NG; i++) {
+        const int64_t M = dims[i][0], N = dims[i][1], K = dims[i][2];
+        const int64_t lda = ta[i] == CblasNoTrans ? K : M, ldb = tb[i] == CblasNoTrans ? N : K;
+        float *A = rand_vec_(M * K, 1.0f, &s), *B = rand_vec_(K * N, 1.0f, &s);
+        float *C = beta[i] == 0.0f ? garbage_(M * N, &s) : rand_vec_(M * N, 1.0f, &s);
+        want[i] = malloc((size_t)(M * N) * sizeof(float));
+        memcpy(want[i], C, (size_t)(M * N) * sizeof(float));
+        cblas_sgemm(CblasRowMajor, ta[i], tb[i], (int)M, (int)N, (int)K, 0.5f, A, (int)lda, B,
+                    (int)ldb, beta[i], want[i], (int)N);
+        g[i] = (zdp_nn_gemm){.ta = ta[i], .tb = tb[i], .M = M, .N = N, .K = K, .alpha = 0.5f,
+                             .A = A, .lda = lda, .B = B, .ldb = ldb, .beta = beta[i], .C = C,
+                             .ldc = N};
+    }
+    zdp_nn_sgemm_many_(g, NG);
+    for (int i = 0; i < NG; i++) {
+        assert_memory_equal(g[i].C, want[i], (size_t)(dims[i][0] * dims[i][1]) * sizeof(float));
+        free((void *)g[i].A), free((void *)g[i].B), free(g[i].C), free(want[i]);
+    }
+    /* Linears of one input: q, k, v with biases (one missing), as one call each. */
+    enum { LN = 256, LC = 320 };
+    const int64_t oc[3] = {320, 64, 128};
+    float *x = rand_vec_(LN * LC, 1.0f, &s), *out[3], *w[3], *b[3], *one[3];
+    for (int i = 0; i < 3; i++) {
+        w[i] = rand_vec_(oc[i] * LC, 1.0f, &s);
+        b[i] = i == 1 ? NULL : rand_vec_(oc[i], 1.0f, &s);
+        out[i] = garbage_(LN * oc[i], &s);
+        one[i] = garbage_(LN * oc[i], &s);
+        zdp_nn_linear_forward(one[i], x, w[i], b[i], LN, LC, oc[i], 0);
+    }
+    zdp_nn_linear_forward_shared(3, out, x, (const float *const *)w, (const float *const *)b, oc,
+                                 LN, LC);
+    for (int i = 0; i < 3; i++) {
+        assert_memory_equal(out[i], one[i], (size_t)(LN * oc[i]) * sizeof(float));
+        free(w[i]), free(b[i]), free(out[i]), free(one[i]);
+    }
+    free(x);
+}
+
 /* ---- attention ---------------------------------------------------------------------------- */
 
 typedef struct attn_ctx {
@@ -748,6 +803,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_weights_and_logprobs),
         cmocka_unit_test(test_layernorm),        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_sgemm_many),
         cmocka_unit_test(test_attention_one_block), cmocka_unit_test(test_attention_blocks),
         cmocka_unit_test(test_gelu),             cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_residual),         cmocka_unit_test(test_lmhead_crossentropy),

@@ -1,0 +1,144 @@
+/*
+ * gemm_shapes.c -- how fast zdp's kernels run every matrix product of one
+ * training step of a model, each against the square sgemm peak measured in
+ * the same run: what the products alone allow the step's MFU to reach
+ * (docs/benchmarks-llama.md, "What limits it").
+ *
+ *   gemm_shapes [--model smollm2|gpt-m] [--rows N] [--reps R]
+ *
+ * Per product (forward: the linears of one layer and the lm_head; backward:
+ * zdp_nn_linear_backward's dX and dW pair, or GPT-2's), the median over R
+ * repetitions of GFLOP per CPU-second of this process (all the pool's
+ * threads; clock_gettime(CLOCK_PROCESS_CPUTIME_ID)), so a shared machine's
+ * load mostly drops out; and the same for a 1024^3 cblas_sgemm split over
+ * the pool (the reference, measured between the products).  The last line:
+ * the step's products at those rates, as a fraction of the reference --
+ * the MFU the step would reach if everything else (attention's T x T
+ * products included) were free.  The pool's
+ * size: ZDP_NUM_THREADS (default 1).  Not a test.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/core.h"
+#include "nn/nn.h"
+
+static double cpu_s_(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static float *vec_(int64_t n) {
+    float *v = malloc((size_t)n * sizeof(float));
+    if (v == NULL) {
+        fprintf(stderr, "gemm_shapes: out of memory (%lld floats)\n", (long long)n);
+        exit(1);
+    }
+    for (int64_t i = 0; i < n; i++) v[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
+    return v;
+}
+
+/* One linear of the model: inp (N, C) -> out (N, OC); count: how many a step has. */
+typedef struct shape_ {
+    const char *name;
+    int64_t C, OC, count;
+    int gpt; /* GPT-2's layout (weight (C, OC)) */
+} shape_;
+
+int main(int argc, char **argv) {
+    const char *model = "smollm2";
+    int64_t N = 1024;
+    int reps = 5;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--model")) model = argv[i + 1];
+        else if (!strcmp(argv[i], "--rows")) N = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
+        else {
+            fprintf(stderr, "gemm_shapes: unknown option %s (--model, --rows, --reps)\n", argv[i]);
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > 99 || N < 1) {
+        fprintf(stderr, "gemm_shapes: --reps must be 1-99 and --rows >= 1\n");
+        return 2;
+    }
+    if (getenv("ZDP_NUM_THREADS") == NULL) setenv("ZDP_NUM_THREADS", "1", 0);
+    /* SmolLM2-135M: 30 layers, hidden 576, q 576, k/v 192, FFN 1536, vocab 49152.
+     * gpt-m (bench/run_gpt_bench.sh): 6 layers, C 384, vocab 256. */
+    const shape_ llama[] = {{"q_proj/o_proj", 576, 576, 60, 0},  {"k_proj/v_proj", 576, 192, 60, 0},
+                            {"gate/up", 576, 1536, 60, 0},       {"down", 1536, 576, 30, 0},
+                            {"lm_head", 576, 49152, 1, 0}};
+    const shape_ gpt[] = {{"c_attn", 384, 1152, 6, 1}, {"attn c_proj", 384, 384, 6, 1},
+                          {"c_fc", 384, 1536, 6, 1},   {"mlp c_proj", 1536, 384, 6, 1},
+                          {"lm_head", 384, 256, 1, 0}};
+    const int is_gpt = !strcmp(model, "gpt-m");
+    if (!is_gpt && strcmp(model, "smollm2") != 0) {
+        fprintf(stderr, "gemm_shapes: --model is smollm2 or gpt-m, not %s\n", model);
+        return 2;
+    }
+    const shape_ *sh = is_gpt ? gpt : llama;
+    const int ns = 5;
+    printf("# gemm_shapes: model %s, rows %lld, threads %d, reps %d (medians, GFLOP per CPU-second)\n",
+           model, (long long)N, zdp_pool_size(), reps);
+    double ref_all[99 * 5], t_step = 0.0, t_best = 0.0, t_ref_step = 0.0, fm_[5], bm_[5], fb_[5], bb_[5];
+    int nref = 0;
+    const int64_t S = 1024;
+    float *ra = vec_(S * S), *rb = vec_(S * S), *rc = vec_(S * S);
+    for (int s = 0; s < ns; s++) {
+        const int64_t C = sh[s].C, OC = sh[s].OC;
+        float *inp = vec_(N * C), *w = vec_(OC * C), *out = vec_(N * OC), *dout = vec_(N * OC);
+        float *dinp = vec_(N * C), *dw = vec_(OC * C);
+        double f[99], b[99];
+        for (int r = 0; r < reps; r++) {
+            double c0 = cpu_s_();
+            zdp_nn_sgemm_(CblasNoTrans, CblasNoTrans, S, S, S, 1.0f, ra, S, rb, S, 0.0f, rc, S);
+            double c1 = cpu_s_();
+            if (sh[s].gpt) zdp_nn_matmul_forward(out, inp, w, NULL, N, C, OC);
+            else zdp_nn_linear_forward(out, inp, w, NULL, N, C, OC, 0);
+            double c2 = cpu_s_();
+            if (sh[s].gpt) zdp_nn_matmul_backward(dinp, dw, NULL, dout, inp, w, N, C, OC);
+            else zdp_nn_linear_backward(dinp, dw, NULL, dout, inp, w, N, C, OC);
+            double c3 = cpu_s_();
+            ref_all[nref++] = 2.0 * (double)S * S * S / (c1 - c0) * 1e-9;
+            f[r] = 2.0 * (double)N * C * OC / (c2 - c1) * 1e-9;
+            b[r] = 4.0 * (double)N * C * OC / (c3 - c2) * 1e-9;
+        }
+        qsort(f, (size_t)reps, sizeof(double), cmp_);
+        qsort(b, (size_t)reps, sizeof(double), cmp_);
+        const double fm = f[reps / 2], bm = b[reps / 2];
+        /* The step's time in these products, at these rates (6 N C OC FLOPs each). */
+        t_step += (double)sh[s].count * (2.0 * (double)N * C * OC / fm + 4.0 * (double)N * C * OC / bm);
+        t_ref_step += (double)sh[s].count * 6.0 * (double)N * C * OC;
+        fm_[s] = fm, bm_[s] = bm, fb_[s] = f[reps - 1], bb_[s] = b[reps - 1];
+        t_best += (double)sh[s].count * (2.0 * (double)N * C * OC / fb_[s] + 4.0 * (double)N * C * OC / bb_[s]);
+        free(inp), free(w), free(out), free(dout), free(dinp), free(dw);
+    }
+    qsort(ref_all, (size_t)nref, sizeof(double), cmp_);
+    const double ref = ref_all[nref / 2];
+    const double ref_best = ref_all[nref - 1];
+    printf("| product | M x N x K | forward median (best) | backward (dX + dW) median (best) | "
+           "forward best / ref best | backward best / ref best |\n");
+    printf("|---|---|---|---|---|---|\n");
+    for (int s = 0; s < ns; s++)
+        printf("| %s | %lld x %lld x %lld | %.1f (%.1f) | %.1f (%.1f) | %.0f%% | %.0f%% |\n",
+               sh[s].name, (long long)N, (long long)sh[s].OC, (long long)sh[s].C, fm_[s], fb_[s],
+               bm_[s], bb_[s], 100.0 * fb_[s] / ref_best, 100.0 * bb_[s] / ref_best);
+    printf("# reference: 1024^3 sgemm over the pool, median %.1f, best %.1f GFLOP per CPU-second\n",
+           ref, ref_best);
+    printf("# the step's products at their best rates: %.1f GFLOP per CPU-second = %.1f%% of the "
+           "best reference\n", t_ref_step / t_best, 100.0 * t_ref_step / t_best / ref_best);
+    printf("# the step's products at their median rates: %.1f GFLOP per CPU-second = %.1f%% of the "
+           "median reference (the MFU ceiling if nothing else took time)\n",
+           t_ref_step / t_step, 100.0 * t_ref_step / t_step / ref);
+    free(ra), free(rb), free(rc);
+    return 0;
+}
