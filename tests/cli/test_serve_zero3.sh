@@ -12,7 +12,8 @@
 # equal, load_state, GET /info's memory rows (the base's partition once per
 # rank, base / W, not once per model).  Last, stage 3 with gather failures
 # injected on one rank (ZDP_TEST_FAIL_GATHER, ZDP_TEST_FAIL_FROZEN_GATHER):
-# each fails its request on every rank and the next request works.  And a
+# each fails its request on every rank and the next request works; one in a
+# forward_backward's second round drops the window it had added to.  And a
 # failure on one rank alone that no agreement covers (ZDP_TEST_SERVE_FATAL)
 # ends every rank through the tool.
 # usage: test_serve_zero3.sh ZDP_BINARY MPIEXEC
@@ -118,5 +119,14 @@ for np in ${FAULT_RUNS:-2 3}; do
     fail "faults -np $np: no clean stop (exit $SERVER_RC)"; tail -20 "$log"
   fi
 done
+
+# A failure in the second round of a forward_backward (-np 2: DATA_A's 3
+# datums make 2 rounds), after the first round added its gradients: the
+# window is dropped on every rank and the retry's step equals a fresh model's.
+log="$T/partial.log"
+if ZDP_TEST_FAIL_FROZEN_GATHER=0:9 start_server 2 "$log" "${GPT[@]}" --config "$T/cfg3.json" --checkpoint-dir "$T/pck"; then
+  timeout 300 $PY "$LCHECK" partial "$URL" || fail "zero3_lora_check partial -np 2"
+  stop_server
+fi
 
 finish test_serve_zero3

@@ -11,6 +11,8 @@ through the Tinker protocol (tests/serve/tinker_sdk.py).
         optimizer (the loss at the save again), and GET /info's per-model
         frozen_bytes: at stage 3 each model's partition of the base (more
         than 0, less than the whole base when W > 1), 0 at stages 0-2
+  zero3_lora_check.py faults URL | partial URL
+        gather failures injected on one rank (see faults() and partial())
   zero3_lora_check.py compare A.json B.json
         losses and adapters within fp32 tolerance, greedy tokens equal
 
@@ -131,6 +133,36 @@ def faults(url):
     print("zero3_lora_check faults: each injected gather failure failed its request; the next ones worked")
 
 
+def partial(url):
+    """Stage 3 at -np 2 with ZDP_TEST_FAIL_FROZEN_GATHER=0:9: rank 0's 9th
+    gather of the shared base fails in the second round's forward of a's
+    first forward_backward (DATA_A: 3 datums, 2 rounds at W = 2), after the
+    first round added its gradients.  The request fails saying the window
+    was dropped, and the steps after it equal a fresh model's: no datum of
+    the failed request reached optim_step."""
+    sc = M.client(url)
+    name = sc.get_server_capabilities()["supported_models"][0]["model_name"]
+    a = sc.create_lora_training_client(name, rank=4, seed=11)
+    M.expect_failure(lambda: a.forward_backward(M.DATA_A, "cross_entropy").result(),
+                     "forward_backward failing in its second round", "dropped on every rank")
+    # Then other data (the failed request's gradients would not cancel out
+    # of Adam's first, sign-like update) and a second step.
+    b = sc.create_lora_training_client(name, rank=4, seed=11)
+    got, want = [], []
+    for dat in (M.DATA_B, M.DATA_A):
+        for tc, out in ((a, got), (b, want)):
+            out.append(loss(tc.forward_backward(dat, "cross_entropy").result()))
+            tc.optim_step(ADAM).result()
+    if got != want:
+        fail("the steps after the failed request: losses %r, a fresh model's %r" % (got, want))
+    la = loss(a.forward(M.DATA_A, "cross_entropy").result())
+    lb = loss(b.forward(M.DATA_A, "cross_entropy").result())
+    if la != lb or la == got[1]:
+        fail("after the failed request and two steps: loss %r, a fresh model's %r "
+             "(before the step %r): the failed request's gradients reached the step" % (la, lb, got[1]))
+    print("zero3_lora_check partial: the failed request dropped the window; the steps after it = a fresh model's")
+
+
 def floats(raw):
     return array.array("f", raw).tolist()
 
@@ -219,6 +251,8 @@ def compare(pa, pb):
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "faults":
         faults(sys.argv[2])
+    elif len(sys.argv) == 3 and sys.argv[1] == "partial":
+        partial(sys.argv[2])
     elif len(sys.argv) == 5 and sys.argv[1] == "run":
         run(sys.argv[2], sys.argv[3], sys.argv[4])
     elif len(sys.argv) == 4 and sys.argv[1] == "compare":
