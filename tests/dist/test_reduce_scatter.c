@@ -10,8 +10,18 @@
  * stages 1 and 2 both backends train to the same parameters (bit for bit
  * at W <= 2, where a sum of two terms has one order; to fp32 rounding
  * beyond).  And an error record names the rank zdp_dist_init gave core.
+ *
+ * The ring all-reduce (zdp_comm_ring_allreduce_sum_f32: the ring
+ * reduce-scatter + all-gather stage 0's gradients take): exact sums of
+ * integer-valued floats over several passes with uneven pieces; on
+ * non-integer values every rank holds the same bytes, run to run, within
+ * fp32 rounding of the double sum; and a stage-0 engine of more than
+ * 256K parameters (above the ring's threshold) leaves bitwise-identical
+ * parameters on every rank after its steps, close to MPI_Allreduce's
+ * (ZDP_ALLREDUCE=mpi).
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +32,72 @@
 #include "zdp/zdp.h"
 
 static int W, R;
+
+/* ---- the ring all-reduce ----------------------------------------------------- */
+
+/* 2 passes of 1M floats and an uneven tail: no piece count divides by 3. */
+#define AR_N_ ((int64_t)(2 << 20) + 12347)
+
+/* Rank 0's n floats reach every rank (into `copy`); 1 if ours equal them bitwise. */
+static int same_as_rank0_(const float *x, float *copy, int64_t n) {
+    memcpy(copy, x, (size_t)n * sizeof(float));
+    zdp_error err = {0};
+    if (zdp_comm_bcast_bytes(copy, n * (int64_t)sizeof(float), NULL, &err) != ZDP_OK)
+        CHECK_FAIL_("bcast: %s", err.msg);
+    return memcmp(copy, x, (size_t)n * sizeof(float)) == 0;
+}
+
+static void test_ring_allreduce(void) {
+    const int64_t n = AR_N_;
+    float *buf = malloc((size_t)n * sizeof(float));  /* (n) */
+    float *buf2 = malloc((size_t)n * sizeof(float)); /* (n) */
+    float *copy = malloc((size_t)n * sizeof(float)); /* (n) */
+    CHECK(buf != NULL && buf2 != NULL && copy != NULL);
+    zdp_error err = {0};
+    zdp_comm_report rep;
+    memset(&rep, 0, sizeof rep);
+    /* Integers: exact in any order. */
+    for (int64_t i = 0; i < n; i++) buf[i] = (float)(R * 100 + i % 1000);
+    if (zdp_comm_ring_allreduce_sum_f32(buf, n, &rep, &err) != ZDP_OK)
+        CHECK_FAIL_("ring all-reduce: %s", err.msg);
+    for (int64_t i = 0; i < n; i++) {
+        const float want = (float)(100 * (W * (W - 1) / 2) + W * (i % 1000));
+        if (buf[i] != want)
+            CHECK_FAIL_("ring all-reduce: rank %d element %lld: %g, want %g", R, (long long)i,
+                        (double)buf[i], (double)want);
+    }
+    /* Counted as one all-reduce of n floats, as MPI_Allreduce is. */
+    CHECK_EQ_I64(rep.calls[ZDP_COLL_ALLREDUCE], 1);
+    CHECK_EQ_I64(rep.payload_bytes[ZDP_COLL_ALLREDUCE], 4 * n);
+    CHECK_EQ_I64(rep.calls[ZDP_COLL_REDUCE_SCATTER] + rep.calls[ZDP_COLL_ALLGATHER], 0);
+    /* Rounding values: the same bytes on every rank and on a second run,
+     * within fp32 rounding of the exact sum. */
+    for (int run = 0; run < 2; run++) {
+        float *b = run == 0 ? buf : buf2;
+        uint64_t s = 1234 + (uint64_t)R;
+        for (int64_t i = 0; i < n; i++)
+            b[i] = (float)((double)(zdp_splitmix64(&s) >> 11) * 0x1.0p-53 * 2.0 - 1.0) / 3.0f;
+        if (zdp_comm_ring_allreduce_sum_f32(b, n, NULL, &err) != ZDP_OK)
+            CHECK_FAIL_("ring all-reduce: %s", err.msg);
+    }
+    if (!same_as_rank0_(buf, copy, n))
+        CHECK_FAIL_("ring all-reduce: rank %d's sums differ from rank 0's", R);
+    if (memcmp(buf, buf2, (size_t)n * sizeof(float)) != 0)
+        CHECK_FAIL_("ring all-reduce: rank %d: two runs on the same input differ", R);
+    uint64_t seeds[4];
+    for (int q = 0; q < W; q++) seeds[q] = 1234 + (uint64_t)q;
+    for (int64_t i = 0; i < n; i++) {
+        double want = 0.0;
+        for (int q = 0; q < W; q++)
+            want += (float)((double)(zdp_splitmix64(&seeds[q]) >> 11) * 0x1.0p-53 * 2.0 - 1.0) / 3.0f;
+        if (fabs(buf[i] - want) > 1e-6 * W)
+            CHECK_FAIL_("ring all-reduce: element %lld: %.9g, want %.9g", (long long)i,
+                        (double)buf[i], want);
+    }
+    free(buf);
+    free(buf2);
+    free(copy);
+}
 
 /* ---- the backends called directly ------------------------------------------- */
 
@@ -166,6 +242,74 @@ static void test_engine_uses_its_backend(int stage) {
     free(p_mpi);
 }
 
+/* Stage 0 on a 512 x 512 (+512) MLP layer: 262,656 gradients, above the
+ * ring all-reduce's threshold.  `ar` is ZDP_ALLREDUCE at creation. */
+static float *train_stage0_(const char *ar, int64_t *numel) {
+    const char *json =
+        "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": 1, "
+        "\"steps_per_print\": 1, \"managed_gradient_accumulation\": false, "
+        "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-2}}, "
+        "\"zero_optimization\": {\"stage\": 0}}";
+    enum { H = 512 };
+    zdp_error err = {0};
+    zdp_config cfg;
+    if (zdp_config_load_string(json, "<test>", W, &cfg, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
+    zdp_model model;
+    if (zdp_mlp_create(H, 1, 2, &model, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
+    setenv("ZDP_ALLREDUCE", ar, 1);
+    zdp_engine *eng;
+    if (zdp_engine_create(&cfg, &model, &eng, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
+    unsetenv("ZDP_ALLREDUCE");
+    float *views[8];
+    for (int i = 0; i < model.n_params; i++) views[i] = zdp_engine_param_data(eng, i);
+    zdp_mlp_init_params(&model, views, 7);
+    if (zdp_engine_sync_params(eng, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
+    uint64_t s = 11 + (uint64_t)R; /* each rank its own data */
+    float *x = malloc(2 * H * sizeof(float)); /* (2, H) */
+    int64_t y[2];                             /* (2,) */
+    CHECK(x != NULL);
+    for (int step = 0; step < STEPS_; step++) {
+        for (int i = 0; i < 2 * H; i++)
+            x[i] = (float)((double)(zdp_splitmix64(&s) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+        for (int i = 0; i < 2; i++) y[i] = (int64_t)(zdp_splitmix64(&s) % H);
+        zdp_mlp_batch b = {.x = x, .y = y, .n = 2};
+        float loss;
+        if (zdp_engine_forward(eng, &b, &loss, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
+        if (zdp_engine_backward(eng, false, 1.0f, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
+        if (zdp_engine_step(eng, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
+        CHECK(zdp_engine_was_step_applied(eng));
+    }
+    free(x);
+    *numel = zdp_engine_numel(eng);
+    CHECK(*numel > ((int64_t)1 << 18));
+    float *out = malloc((size_t)*numel * sizeof(float));
+    memcpy(out, zdp_engine_param_data(eng, 0), (size_t)*numel * sizeof(float));
+    zdp_engine_destroy(eng);
+    zdp_mlp_destroy(&model);
+    return out;
+}
+
+static void test_stage0_ranks_identical(void) {
+    int64_t n_ring, n_mpi;
+    float *p_ring = train_stage0_("ring", &n_ring);
+    float *p_mpi = train_stage0_("mpi", &n_mpi);
+    CHECK_EQ_I64(n_ring, n_mpi);
+    float *copy = malloc((size_t)n_ring * sizeof(float));
+    CHECK(copy != NULL);
+    /* Every rank applied Adam to the whole model from the reduced gradients:
+     * identical parameters mean identical gradients on every rank. */
+    if (!same_as_rank0_(p_ring, copy, n_ring))
+        CHECK_FAIL_("stage 0 (ring all-reduce): rank %d's parameters differ from rank 0's", R);
+    if (!same_as_rank0_(p_mpi, copy, n_mpi))
+        CHECK_FAIL_("stage 0 (MPI_Allreduce): rank %d's parameters differ from rank 0's", R);
+    /* Other sum order: fp32 rounding, which Adam's m / sqrt(v) scales up
+     * for gradients near zero (at most lr per step). */
+    CHECK_CLOSE(p_mpi, p_ring, n_ring, 1e-3, 1e-4, "stage 0: mpi vs ring all-reduce parameters");
+    free(copy);
+    free(p_ring);
+    free(p_mpi);
+}
+
 static void run_(void) {
     CHECK(W <= 4);
     test_error_names_rank();
@@ -174,6 +318,8 @@ static void run_(void) {
     test_backend_sums(ZDP_COMM_RS_MPI);
     test_engine_uses_its_backend(1);
     test_engine_uses_its_backend(2);
+    test_ring_allreduce();
+    test_stage0_ranks_identical();
 }
 
 int main(int argc, char **argv) { return check_dist_main(&argc, &argv, "test_reduce_scatter", &W, &R, run_); }
