@@ -10,9 +10,6 @@
  *                  with counts {n, 0, ..., 0}
  *   bkt_reduce     the same bucket via MPI_Reduce to rank 0
  *   bkt_ring       the same bucket via the ring, counts {n, 0, ..., 0}
- *   ring_ar        zdp_comm_ring_allreduce_sum_f32: ring reduce-scatter +
- *                  MPI_Allgatherv in 16 MiB passes (stage 0's gradient
- *                  all-reduce; not in the private-ring build)
  *
  * Time of one sample = max over ranks of (t_end - t_start) after a barrier;
  * small sizes run several calls per sample.  Reported: median over --reps
@@ -46,19 +43,9 @@
 #include "comm/comm.h"
 #endif
 
-enum {
-    V_ALLREDUCE, V_RS_EVEN, V_RS_BLOCK, V_RING_EVEN, V_BKT_RS, V_BKT_REDUCE, V_BKT_RING,
-#ifndef ZDP_BENCH_PRIVATE_RING
-    V_RING_AR,
-#endif
-    NV
-};
+enum { V_ALLREDUCE, V_RS_EVEN, V_RS_BLOCK, V_RING_EVEN, V_BKT_RS, V_BKT_REDUCE, V_BKT_RING, NV };
 static const char *vname[NV] = {"allreduce", "rs_even",    "rs_block", "ring_even",
-                                "bkt_rs",    "bkt_reduce", "bkt_ring",
-#ifndef ZDP_BENCH_PRIVATE_RING
-                                "ring_ar",
-#endif
-};
+                                "bkt_rs",    "bkt_reduce", "bkt_ring"};
 
 static int W, R;
 
@@ -115,12 +102,7 @@ static void die(const char *m) {
 }
 
 /* Does variant v need its input buffer refilled before each sample? */
-static int in_place(int v) {
-#ifndef ZDP_BENCH_PRIVATE_RING
-    if (v == V_RING_AR) return 1;
-#endif
-    return v == V_ALLREDUCE || v == V_RING_EVEN || v == V_BKT_RING;
-}
+static int in_place(int v) { return v == V_ALLREDUCE || v == V_RING_EVEN || v == V_BKT_RING; }
 
 static void run_once(int v) {
     int64_t piece = n / W;
@@ -143,14 +125,6 @@ static void run_once(int v) {
         rc = MPI_Reduce(src, R == 0 ? recvb : NULL, (int)n, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
         break;
     case V_BKT_RING: rc = ring_rs_(work, recvb, cnt_bkt) ? -1 : MPI_SUCCESS; break;
-#ifndef ZDP_BENCH_PRIVATE_RING
-    case V_RING_AR: {
-        zdp_error err;
-        memset(&err, 0, sizeof err);
-        rc = zdp_comm_ring_allreduce_sum_f32(work, n, NULL, &err) == ZDP_OK ? MPI_SUCCESS : -1;
-        break;
-    }
-#endif
     }
     if (rc != MPI_SUCCESS) die("collective failed");
 }
@@ -164,9 +138,6 @@ static int verify(int v) {
     int64_t res_off = 0; /* index of res[0] in the global vector */
     switch (v) {
     case V_ALLREDUCE: lo = 0, hi = n, res = work, res_off = 0; break;
-#ifndef ZDP_BENCH_PRIVATE_RING
-    case V_RING_AR: lo = 0, hi = n, res = work, res_off = 0; break;
-#endif
     case V_RS_EVEN:
     case V_RS_BLOCK: lo = R * piece, hi = lo + piece, res = recvb, res_off = lo; break;
     case V_RING_EVEN: lo = R * piece, hi = lo + piece, res = work, res_off = 0; break;
@@ -320,7 +291,7 @@ int main(int argc, char **argv) {
                 qsort(s, (size_t)reps, sizeof(double), cmp_d);
                 double med = reps % 2 ? s[reps / 2] : 0.5 * (s[reps / 2 - 1] + s[reps / 2]);
                 double alg = (double)nbytes / med / 1e9;
-                double factor = v == V_ALLREDUCE || !strcmp(vname[v], "ring_ar") ? 2.0 * (W - 1) / W : (double)(W - 1) / W;
+                double factor = v == V_ALLREDUCE ? 2.0 * (W - 1) / W : (double)(W - 1) / W;
                 printf("%-9s %-11s %12.1f %10.1f %10.2f %10.2f %8.1f\n", sz, vname[v], med * 1e6,
                        s[0] * 1e6, alg, alg * factor, (double)fmax[v] / ((double)reps * iters));
             }

@@ -33,14 +33,6 @@ zdp_status zdp_comm_reduce_scatter_f32(const float *send, float *recv, const int
 ZDP_API zdp_status zdp_comm_ring_reduce_scatter_f32(float *buf, float *scratch,
                                                     const int *recv_counts, zdp_comm_report *stats,
                                                     zdp_error *err);
-/* In-place SUM all-reduce of n floats as zdp's ring reduce-scatter followed
- * by an all-gather, in passes of at most 1M floats (4 MiB).  The result is
- * bitwise identical on every rank and run to run (each element is summed in
- * one fixed order by one rank), though not necessarily equal to
- * MPI_Allreduce's.  Small buffers (< 256K floats) and W = 1 go to
- * zdp_comm_allreduce_sum_f32.  Stats count one all-reduce, as that does. */
-ZDP_API zdp_status zdp_comm_ring_allreduce_sum_f32(float *buf, int64_t n, zdp_comm_report *stats,
-                                                   zdp_error *err);
 /* The reduce-scatter backends: the same SUM reduce-scatter by one of the
  * two algorithms above.  An engine picks its backend once, at creation
  * (zdp_comm_rs_backend_from_env), and calls it through the table entry, so

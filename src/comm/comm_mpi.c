@@ -338,54 +338,6 @@ zdp_status zdp_comm_ring_reduce_scatter_f32(float *buf, float *scratch, const in
     return ZDP_OK;
 }
 
-/* Below this many floats MPI_Allreduce's latency-optimised algorithms win;
- * above it the ring does (docs/benchmarks-collectives.md, "All-reduce"). */
-#define RING_AR_MIN_ ((int64_t)1 << 18)
-/* Floats per ring pass: bounds the scratch (CHUNK / W floats, reused while
- * still in cache); 4 MiB passes measured faster than 16 and 64 MiB ones at
- * the SmolLM2 size (docs/benchmarks-collectives.md). */
-#define RING_AR_CHUNK_ ((int64_t)1 << 20)
-
-zdp_status zdp_comm_ring_allreduce_sum_f32(float *buf, int64_t n, zdp_comm_report *stats,
-                                           zdp_error *err) {
-    int W = zdp_dist_world_size();
-    if (W == 1 || n < RING_AR_MIN_) return zdp_comm_allreduce_sum_f32(buf, n, stats, err);
-    if (!mpi_ready_()) return not_ready_("ring all-reduce", err);
-    int64_t chunk = n < RING_AR_CHUNK_ ? n : RING_AR_CHUNK_;
-    size_t scratch_bytes = (size_t)((chunk + W - 1) / W) * sizeof(float);
-    float *scratch = malloc(scratch_bytes);
-    int *counts = malloc(2 * (size_t)W * sizeof(int)), *displs = counts + W;
-    if (scratch == NULL || counts == NULL) {
-        free(scratch);
-        free(counts);
-        return zdp_err_set(err, ZDP_ERR_NOMEM, "ring all-reduce on rank %d: cannot allocate "
-                           "%zu bytes of scratch", zdp_dist_rank(), scratch_bytes);
-    }
-    zdp_status st = ZDP_OK;
-    for (int64_t off = 0; off < n && st == ZDP_OK; off += chunk) {
-        int64_t c = n - off < chunk ? n - off : chunk;
-        /* Rank r reduces the r-th piece (the first c % W pieces one longer),
-         * then every rank gathers all pieces: each element is summed once,
-         * in one fixed order, and the same bytes reach every rank. */
-        int d = 0;
-        for (int k = 0; k < W; k++) {
-            counts[k] = (int)(c / W + (k < c % W));
-            displs[k] = d;
-            d += counts[k];
-        }
-        st = zdp_comm_ring_reduce_scatter_f32(buf + off, scratch, counts, NULL, err);
-        if (st == ZDP_OK)
-            st = zdp_comm_allgatherv_inplace_f32(buf + off, counts, displs, NULL, err);
-    }
-    free(scratch);
-    free(counts);
-    if (st != ZDP_OK) return st;
-    /* Counted as one all-reduce, as MPI_Allreduce's (the same ring model). */
-    int64_t bytes = n * (int64_t)sizeof(float), wire = 2 * (W - 1) * bytes / W;
-    count_(stats, ZDP_COLL_ALLREDUCE, bytes, wire, wire);
-    return ZDP_OK;
-}
-
 /* ---- reduce-scatter backends ---- */
 
 static _Atomic int64_t rs_calls_[ZDP_COMM_RS_COUNT];

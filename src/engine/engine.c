@@ -234,9 +234,7 @@ static zdp_status run_op_(void *arg, zdp_error *err) {
     zdp_engine *e = op->e;
     switch (op->kind) {
     case OP_ALLREDUCE_GRADS:
-        if (e->grads_ar_mpi)
-            return zdp_comm_allreduce_sum_f32(e->grads, e->lay.numel, &e->comm_total, err);
-        return zdp_comm_ring_allreduce_sum_f32(e->grads, e->lay.numel, &e->comm_total, err);
+        return zdp_comm_allreduce_sum_f32(e->grads, e->lay.numel, &e->comm_total, err);
     case OP_ALLREDUCE_NORM:
         e->stream_skip = false;
         return zdp_comm_allreduce_sum_f64(op->buf, AGREE_N_, &e->comm_total, err);
@@ -1377,11 +1375,6 @@ static zdp_status create_(const zdp_config *cfg, const zdp_model *model,
      * ZDP_REDUCE_SCATTER=mpi (kept for benchmarks; docs/benchmarks.md has
      * the comparison). */
     e->rs = zdp_comm_rs_backend_from_env();
-    /* Stage 0's gradient all-reduce: zdp's ring reduce-scatter + all-gather
-     * (docs/benchmarks-collectives.md, "All-reduce"); ZDP_ALLREDUCE=mpi
-     * keeps MPI_Allreduce for benchmarks. */
-    const char *ar = getenv("ZDP_ALLREDUCE");
-    e->grads_ar_mpi = ar != NULL && strcmp(ar, "mpi") == 0;
     const int stage = cfg->zero.stage;
     const int nt = model->n_params;
 

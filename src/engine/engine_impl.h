@@ -102,7 +102,6 @@ struct zdp_engine {
     /* The comm stream and stage 2's buckets in flight on it (FIFO). */
     zdp_stream *stream;
     const zdp_comm_rs_backend *rs; /* the reduce-scatter backend, picked at create */
-    bool grads_ar_mpi;             /* stage 0: MPI_Allreduce, not the ring (ZDP_ALLREDUCE=mpi) */
     float **inflight_buf;     /* (pool_cap) ring of buffers whose reduction is queued */
     uint64_t *inflight_event; /* (pool_cap) their stream events */
     int inflight_head, inflight_count;
