@@ -535,6 +535,10 @@ static int cmd_ckpt_(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     zdp_error err;
+    /* Line-buffered even into a pipe (mpirun's, a log file): each progress
+     * line leaves whole and at once, so stderr's lines (warnings, skipped
+     * steps) can never land inside one, and a killed job loses none. */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc >= 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0)) {
         printf("zdp %s\n", ZDP_VERSION);
         return 0;
