@@ -1191,6 +1191,17 @@ static char *exec_delete_(server *s, job *j, int *status) {
     return serve_dump(json_pack("{s:s}", "deleted", (const char *)j->payload));
 }
 
+/* GET /info's memory rows: every rank's n counters onto rank 0, a malloc'd
+ * (W, n) array there and NULL on the other ranks (COLLECTIVE). */
+static int64_t *gather_rows_(server *s, const int64_t *mine, int n) {
+    int64_t *all = s->R == 0 ? malloc((size_t)s->W * (size_t)n * sizeof *all) : NULL;
+    if (s->R == 0 && all == NULL) serve_die("info", &(zdp_error){.msg = "out of memory"});
+    zdp_error err;
+    if (zdp_channel_gather(s->ch, mine, (int64_t)n * (int64_t)sizeof *mine, all, &err) != ZDP_OK)
+        serve_die("info", &err);
+    return all;
+}
+
 /* GET /info's "models": every live model with its counters and its memory
  * on each rank (the engine's report: adapter parameters, gradients and
  * optimizer state; the shared base is not counted).  Every rank gathers. */
@@ -1199,8 +1210,7 @@ static json_t *requests_json_(server *s);
 static json_t *models_json_(server *s) {
     enum { K = 6 };
     json_t *arr = s->R == 0 ? json_array() : NULL;
-    int64_t *all = s->R == 0 ? malloc((size_t)s->W * K * sizeof *all) : NULL;
-    if (s->R == 0 && (arr == NULL || all == NULL)) serve_die("info", &(zdp_error){.msg = "out of memory"});
+    if (s->R == 0 && arr == NULL) serve_die("info", &(zdp_error){.msg = "out of memory"});
     for (int k = 0; k < s->opt.max_models; k++) {
         const serve_slot *x = &s->slots[k];
         if (x->uid == 0) continue;
@@ -1208,8 +1218,7 @@ static json_t *models_json_(server *s) {
         zdp_engine_memory_report(x->eng, &m);
         int64_t mine[K] = {m.params_bytes, m.grads_bytes + m.grad_partition_bytes + m.bucket_bytes,
                            m.optimizer_bytes, m.other_bytes, m.total_bytes, m.frozen_bytes};
-        zdp_error err;
-        if (zdp_channel_gather(s->ch, mine, (int64_t)sizeof mine, all, &err) != ZDP_OK) serve_die("info", &err);
+        int64_t *all = gather_rows_(s, mine, K);
         if (s->R != 0) continue;
         json_t *mem = json_array();
         for (int r = 0; r < s->W; r++) {
@@ -1220,6 +1229,7 @@ static json_t *models_json_(server *s) {
                                                  (json_int_t)v[3], "total_bytes", (json_int_t)v[4],
                                                  "frozen_bytes", (json_int_t)v[5]));
         }
+        free(all);
         json_t *o = json_pack("{s:i,s:I,s:I,s:I,s:I,s:o}", "slot", k, "n_params",
                               (json_int_t)zdp_engine_numel(x->eng), "step",
                               (json_int_t)zdp_engine_global_steps(x->eng), "pending_backwards",
@@ -1235,7 +1245,6 @@ static json_t *models_json_(server *s) {
         }
         json_array_append_new(arr, o);
     }
-    free(all);
     return arr;
 }
 
@@ -1257,10 +1266,7 @@ static char *exec_info_(server *s, job *j, int *status) {
         int64_t mine[KB] = {held, fm.frozen_bytes, fm.other_bytes,
                             s->whole_peak_bytes, s->kv_bytes_peak, zdp_kv_packs_bytes(s->packs),
                             zdp_kv_packs_count(s->packs)};
-        int64_t *all = s->R == 0 ? malloc((size_t)s->W * sizeof mine) : NULL;
-        if (s->R == 0 && all == NULL) serve_die("info", &(zdp_error){.msg = "out of memory"});
-        zdp_error gerr;
-        if (zdp_channel_gather(s->ch, mine, (int64_t)sizeof mine, all, &gerr) != ZDP_OK) serve_die("info", &gerr);
+        int64_t *all = gather_rows_(s, mine, KB);
         if (s->R != 0) return NULL;
         json_t *mem = json_array();
         for (int r = 0; r < s->W; r++) {
@@ -1297,10 +1303,7 @@ static char *exec_info_(server *s, job *j, int *status) {
                         m.optimizer_bytes, m.master_bytes, m.other_bytes, m.total_bytes,
                         snap, s->kv_bytes_last, s->kv_bytes_peak, s->whole_peak_bytes,
                         zdp_kv_packs_bytes(s->packs), zdp_kv_packs_count(s->packs)};
-    int64_t *all = s->R == 0 ? malloc((size_t)s->W * sizeof mine) : NULL;
-    if (s->R == 0 && all == NULL) serve_die("info", &(zdp_error){.msg = "out of memory"});
-    zdp_error err;
-    if (zdp_channel_gather(s->ch, mine, (int64_t)sizeof mine, all, &err) != ZDP_OK) serve_die("info", &err);
+    int64_t *all = gather_rows_(s, mine, 14);
     if (s->R != 0) return NULL;
     json_t *mem = json_array();
     for (int r = 0; r < s->W; r++) {
