@@ -39,6 +39,21 @@ static inline double bench_cpu_s(void) {
            (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
 }
 
+/* This process's minor page faults so far (the kernel maps and zeroes a page
+ * the process touches first: a buffer allocated and freed per step pays
+ * them every step) and its system CPU seconds. */
+static inline double bench_minflt(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_minflt;
+}
+
+static inline double bench_sys_s(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
+}
+
 /* The median of v[0..n) (sorts v); 0 for an empty sample. */
 static inline double bench_median(double *v, int n) {
     if (n < 1) return 0.0;

@@ -6,7 +6,9 @@
 # docs/benchmarks-llama.md has the method and the figures.
 #
 # usage: bench/run_llama_bench.sh [REPS] [STEPS]        (defaults 3 and 3)
-# env:   LAYOUTS=2x1,1x2 IMPLS=zdp,torch MICRO=4 BUILD=build JSON=out.json
+# env:   LAYOUTS=2x1,1x2 IMPLS=zdp,torch MICRO=4 GA=1 BUILD=build JSON=out.json
+#        GA=8: 8 micro-batches per optimizer step (gradient accumulation; a
+#        "step" is then one optimizer step of 8 micro-batches per rank)
 #        BASE=path/to/another/llama_bench with IMPLS=zdp,base,torch: before/after
 #        MODEL="--layers 4" (a smaller model for a quick look)
 # Needs PyTorch for /usr/bin/python3 (bench/setup_torch.sh).
@@ -35,6 +37,6 @@ printf '#include <stdio.h>\n#include <cblas.h>\nint main(void) { printf("%%s; co
 cc -O2 -I"$BLAS_INC" "$OUT/openblas_core.c" -lopenblas -o "$OUT/openblas_core"
 exec /usr/bin/python3 bench/torch/llama_compare.py --llama-bench "$BUILD/bin/llama_bench" \
     --sgemm-peak "$OUT/sgemm_peak" --openblas-core "$OUT/openblas_core" --mpirun mpirun \
-    --reps "$REPS" --steps "$STEPS" --warmup 1 --micro "${MICRO:-4}" \
+    --reps "$REPS" --steps "$STEPS" --warmup 1 --micro "${MICRO:-4}" --ga "${GA:-1}" \
     --layouts "${LAYOUTS:-2x1,1x2}" --impls "${IMPLS:-zdp,torch}" --model "${MODEL:-}" \
     ${BASE:+--base-llama-bench "$BASE"} ${JSON:+--json "$JSON"}

@@ -6,7 +6,10 @@ tied embeddings, RMSNorm eps 1e-5, rope_theta 100000), random weights and
 random tokens, W processes (torch.multiprocessing.spawn, gloo,
 DistributedDataParallel), `--threads` intra-op threads each.
 
-One optimizer step per micro-batch: torch.optim.AdamW (lr 3e-4, betas
+One optimizer step per micro-batch by default (G = 1); --ga G accumulates G
+micro-batches per optimizer step (loss / G each, DDP's no_sync() for the
+first G - 1 so gradients are all-reduced once per step, as zdp's stage 0
+does): torch.optim.AdamW (lr 3e-4, betas
 0.9/0.95, eps 1e-8, weight decay 0.1), clip_grad_norm_(1.0), the same as
 bench/llama_bench.c.  Attention is the textbook form (Debian's torch 1.13
 has no scaled_dot_product_attention): scores, causal mask, softmax, @ V,
@@ -14,14 +17,15 @@ with the KV heads repeated for their query heads (transformers' repeat_kv).
 
 usage: llama_bench.py [--layers 30] [--hidden 576] [--heads 9] [--kv-heads 3]
                       [--ffn 1536] [--vocab 49152] [--T 256] [--micro 4]
-                      [--world-size 1] [--threads 2] [--steps 3] [--warmup 1]
+                      [--world-size 1] [--threads 2] [--steps 3] [--warmup 1] [--ga 1]
 
-Prints on rank 0: RESULT {...} with the median ms per step (the slowest
-rank's), tokens/s = W*b*T / median, the CPU ms per step (each rank's median,
+Prints on rank 0: RESULT {...} with the median ms per optimizer step (the
+slowest rank's), tokens/s = W*b*T*G / median, the CPU ms per step (each rank's median,
 summed over ranks), the losses and every rank's peak RSS.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -115,6 +119,12 @@ def cpu_s():
     return ru.ru_utime + ru.ru_stime
 
 
+def sys_flt():
+    """System CPU seconds and minor page faults of this process so far."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_stime, ru.ru_minflt
+
+
 def worker(rank, a, port):
     os.environ["OMP_NUM_THREADS"] = str(a.threads)
     os.environ["OPENBLAS_NUM_THREADS"] = str(a.threads)
@@ -135,24 +145,35 @@ def worker(rank, a, port):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.1)
     g = torch.Generator().manual_seed(1234 + 7919 * rank)
-    times, cpus, losses = [], [], []
+    times, cpus, losses, syss, flts = [], [], [], [], []
     for j in range(a.warmup + a.steps):
-        x = torch.randint(a.vocab, (a.micro, a.T), generator=g)
-        y = torch.randint(a.vocab, (a.micro, a.T), generator=g)
         if W > 1:
             dist.barrier()
-        t0, c0 = time.perf_counter(), cpu_s()
+        t0, c0, (s0, f0) = time.perf_counter(), cpu_s(), sys_flt()
         opt.zero_grad(set_to_none=True)
-        loss = run(x, y)
-        loss.backward()
+        loss = 0.0
+        for k in range(a.ga):
+            x = torch.randint(a.vocab, (a.micro, a.T), generator=g)
+            y = torch.randint(a.vocab, (a.micro, a.T), generator=g)
+            # DDP all-reduces in backward unless inside no_sync(): only the
+            # window's last backward reduces (the accumulated sum).
+            sync = W == 1 or k == a.ga - 1
+            with (contextlib.nullcontext() if sync else run.no_sync()):
+                lk = run(x, y)
+                (lk / a.ga).backward()
+            loss += float(lk) / a.ga
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         dt, dc = time.perf_counter() - t0, cpu_s() - c0
+        s1, f1 = sys_flt()
         if j >= a.warmup:
+            syss.append(s1 - s0)
+            flts.append(f1 - f0)
             times.append(dt)
             cpus.append(dc)
             losses.append(float(loss))
     med, cpu = statistics.median(times), statistics.median(cpus)
+    sy, fl = statistics.median(syss), statistics.median(flts)
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if W > 1:
         t = torch.tensor([med], dtype=torch.float64)
@@ -161,6 +182,9 @@ def worker(rank, a, port):
         c = torch.tensor([cpu], dtype=torch.float64)
         dist.all_reduce(c, op=dist.ReduceOp.SUM)
         cpu = float(c)
+        c = torch.tensor([sy, fl], dtype=torch.float64)
+        dist.all_reduce(c, op=dist.ReduceOp.SUM)
+        sy, fl = float(c[0]), float(c[1])
         rss = [torch.zeros(1, dtype=torch.float64) for _ in range(W)]
         dist.all_gather(rss, torch.tensor([rss_kib / 1024.0], dtype=torch.float64))
         rss = [round(float(r), 1) for r in rss]
@@ -168,9 +192,10 @@ def worker(rank, a, port):
         rss = [round(rss_kib / 1024.0, 1)]
     if rank == 0:
         res = {"impl": "torch", "world_size": W, "threads": a.threads, "micro_batch": a.micro,
-               "T": a.T, "n_params": n_params, "steps": a.steps, "warmup": a.warmup,
+               "ga": a.ga, "T": a.T, "n_params": n_params, "steps": a.steps, "warmup": a.warmup,
                "ms_per_step_median": med * 1e3, "cpu_ms_per_step": cpu * 1e3,
-               "tokens_per_s": W * a.micro * a.T / med,
+               "sys_ms_per_step": sy * 1e3, "minflt_per_step": fl,
+               "tokens_per_s": W * a.micro * a.T * a.ga / med,
                "loss_first": losses[0], "loss_last": losses[-1], "peak_rss_mib": rss,
                "torch": torch.__version__, "blas": torch.__config__.show().count("OpenBLAS") > 0}
         print("RESULT " + json.dumps(res), flush=True)
@@ -185,10 +210,12 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     for k, v in (("layers", 30), ("hidden", 576), ("heads", 9), ("kv-heads", 3), ("ffn", 1536),
                  ("vocab", 49152), ("T", 256), ("micro", 4), ("world-size", 1), ("threads", 2),
-                 ("steps", 3), ("warmup", 1), ("port", 0)):
+                 ("steps", 3), ("warmup", 1), ("ga", 1), ("port", 0)):
         ap.add_argument("--" + k, type=int, default=v)
     ap.add_argument("--theta", type=float, default=100000.0)
     a = ap.parse_args()
+    if a.ga < 1:
+        sys.exit(f"llama_bench.py: --ga {a.ga}: the micro-batches per optimizer step must be >= 1")
     port = a.port or (29500 + os.getpid() % 2000)
     if a.world_size == 1:
         worker(0, a, port)

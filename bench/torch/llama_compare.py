@@ -18,6 +18,10 @@ CPU share = CPU time / (cores x wall time) says how much of the machine the
 run had.  Spinning at a join counts as CPU time (it is the code's cost).
 FLOPs per token = 6 x (matmul parameters) + 12 L T hd NH (attention over the
 full T x T square, forward and backward), as llama_bench.c prints it.
+--ga G: G micro-batches per optimizer step on every side (zdp's unmanaged
+mode, PyTorch's DDP no_sync() for the first G - 1): a "step" is then one
+optimizer step of G micro-batches per rank, and tokens/s counts all of them.
+G = 1 (the default) is one optimizer step per micro-batch.
 Also printed: CPU model and flags, OpenBLAS's core, the load average before
 and after each run, the engine's memory report and every rank's peak RSS.
 """
@@ -78,6 +82,7 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--micro", type=int, default=4)
+    ap.add_argument("--ga", type=int, default=1, help="micro-batches per optimizer step (G)")
     ap.add_argument("--layouts", default="2x1,1x2")
     ap.add_argument("--impls", default="zdp,torch")
     ap.add_argument("--model", default="", help="extra model flags for both, e.g. '--layers 4'")
@@ -94,7 +99,8 @@ def main():
     core = subprocess.run([a.openblas_core], capture_output=True, text=True).stdout.strip()
     print(f"# cpu: {model}, {os.cpu_count()} cores; flags: {simd}")
     print(f"# OpenBLAS: {core}")
-    print(f"# load average at start: {load():.2f}", flush=True)
+    print(f"# load average at start: {load():.2f}")
+    print(f"# G = {a.ga} micro-batch(es) of {a.micro} x T per rank per optimizer step", flush=True)
     extra = a.model.split()
     layouts = [tuple(int(x) for x in l.split("x")) for l in a.layouts.split(",")]
     impls = a.impls.split(",")
@@ -110,16 +116,22 @@ def main():
                     exe = a.llama_bench if impl == "zdp" else a.base_llama_bench
                     cmd = [a.mpirun, "-np", str(np_), exe, "--micro", str(a.micro),
                            "--steps", str(a.steps), "--warmup", str(a.warmup)] + extra
+                    # main's llama_bench before the --ga option: G = 1 only
+                    if a.ga != 1:
+                        cmd += ["--ga", str(a.ga)]
                 else:
                     cmd = [sys.executable, os.path.join(HERE, "llama_bench.py"), "--micro",
                            str(a.micro), "--steps", str(a.steps), "--warmup", str(a.warmup),
-                           "--world-size", str(np_), "--threads", str(th)] + extra
+                           "--world-size", str(np_), "--threads", str(th),
+                           "--ga", str(a.ga)] + extra
                 r = run(cmd, env, 3600)
                 r["peak_gflops_rep"] = pk
                 r["peak_core_cpu_rep"] = pk_core
                 rows.setdefault((np_, th, impl), []).append(r)
                 print(f"rep {rep} {np_}x{th} {impl}: {r['ms_per_step_median']:.0f} ms/step, "
-                      f"cpu {r['cpu_ms_per_step']:.0f} ms/step, "
+                      f"cpu {r['cpu_ms_per_step']:.0f} ms/step"
+                      + (f" (sys {r['sys_ms_per_step']:.0f}, {r['minflt_per_step']:.0f} page faults)"
+                         if "minflt_per_step" in r else "") + ", "
                       f"{r['tokens_per_s']:.1f} tok/s, peak {pk:.1f} GFLOP/s ({pk_core:.1f} per core "
                       f"per CPU-s), load "
                       f"{r['load_before']}->{r['load_after']}, loss {r['loss_first']:.4f}->"
@@ -129,6 +141,7 @@ def main():
         if impl == "zdp":
             fpt = rs[0]["flops_per_token"]
     print()
+    print(f"G = {a.ga}")
     print("| layout | impl | ms/step | tokens/s | zdp / this row | MFU (peak same rep) | MFU (best peak) "
           "| CPU ms/step | CPU share | MFU per CPU-s | zdp / this row per CPU-s | load | peak RSS/rank MiB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -154,7 +167,7 @@ def main():
             share = statistics.median(r["cpu_ms_per_step"] / (cores * r["ms_per_step_median"])
                                       for r in rs)
             mfu_cpu = statistics.median(
-                np_ * r["micro_batch"] * r["T"] * fpt / (r["cpu_ms_per_step"] * 1e-3)
+                np_ * r["micro_batch"] * r.get("ga", 1) * r["T"] * fpt / (r["cpu_ms_per_step"] * 1e-3)
                 / (r["peak_core_cpu_rep"] * 1e9) for r in rs) if fpt else float("nan")
             fpc[impl] = mfu_cpu
             ld = "/".join(f"{r['load_before']:.1f}" for r in rs)
@@ -177,6 +190,7 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"cpu": model, "flags": simd, "openblas": core, "flops_per_token": fpt,
+                       "ga": a.ga,
                        "summary": summary}, f, indent=1)
 
 

@@ -13,11 +13,14 @@
 
 #include "zdp/zdp.h"
 
-/* In-place SUM all-reduce of n floats / doubles. */
-zdp_status zdp_comm_allreduce_sum_f32(float *buf, int64_t n, zdp_comm_report *stats,
-                                      zdp_error *err);
-zdp_status zdp_comm_allreduce_sum_f64(double *buf, int64_t n, zdp_comm_report *stats,
-                                      zdp_error *err);
+/* In-place SUM all-reduce of n floats / doubles / int64s, in pieces of 8
+ * MiB (comm_mpi.c: Open MPI's per-call temporary stays on the heap).
+ * Exported (ZDP_API) for tests/dist/test_reduce_scatter.c, which checks the
+ * pieces' sums. */
+ZDP_API zdp_status zdp_comm_allreduce_sum_f32(float *buf, int64_t n, zdp_comm_report *stats,
+                                              zdp_error *err);
+ZDP_API zdp_status zdp_comm_allreduce_sum_f64(double *buf, int64_t n, zdp_comm_report *stats,
+                                              zdp_error *err);
 zdp_status zdp_comm_allreduce_sum_i64(int64_t *buf, int64_t n, zdp_comm_report *stats,
                                       zdp_error *err);
 /* SUM reduce-scatter with uneven counts (MPI_Reduce_scatter): rank r

@@ -239,11 +239,21 @@ static void count_(zdp_comm_report *st, zdp_collective c, int64_t payload, int64
 
 #define CHUNK_ ((int64_t)1 << 28) /* elements per call, well below INT_MAX */
 
+/* Bytes per MPI_Allreduce call.  Open MPI's all-reduce allocates a
+ * temporary the size of its message (half of it at two ranks) and frees it
+ * when it returns: at stage 0's 538 MB of SmolLM2-135M gradients that is a
+ * fresh mapping every step, pages the kernel faults in and zeroes on every
+ * step (docs/benchmarks-llama.md, "Fourth round").  Pieces of 8 MiB keep
+ * the temporary under glibc's mmap threshold once it has adapted (it rises
+ * to the size of a freed mapping, up to 32 MiB), so the heap reuses it. */
+#define AR_CHUNK_BYTES_ ((int64_t)8 << 20)
+
 static zdp_status allreduce_(void *buf, int64_t n, size_t esize, MPI_Datatype t,
                              zdp_comm_report *stats, const char *what, zdp_error *err) {
     if (!mpi_ready_()) return not_ready_(what, err);
-    for (int64_t off = 0; off < n; off += CHUNK_) {
-        int64_t c = n - off < CHUNK_ ? n - off : CHUNK_;
+    const int64_t chunk = AR_CHUNK_BYTES_ / (int64_t)esize;
+    for (int64_t off = 0; off < n; off += chunk) {
+        int64_t c = n - off < chunk ? n - off : chunk;
         int rc = MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * (int64_t)esize, (int)c, t,
                                MPI_SUM, MPI_COMM_WORLD);
         if (rc != MPI_SUCCESS) return check_(rc, what, err);

@@ -13,7 +13,9 @@
  *
  * Stage 0 (MPI_Allreduce of the whole gradient buffer): a 262,656-parameter
  * engine leaves bitwise-identical parameters on every rank after its steps,
- * and the same on a second run.
+ * and the same on a second run.  The all-reduce itself, in its 8 MiB pieces:
+ * float and double buffers of two pieces and an odd tail give exactly the
+ * sums, element for element.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <mpi.h>
@@ -37,6 +39,37 @@ static int same_as_rank0_(const float *x, float *copy, int64_t n) {
     /* MPI itself: the library's internal broadcast is not exported from libzdp.so. */
     if (MPI_Bcast(copy, (int)n, MPI_FLOAT, 0, MPI_COMM_WORLD) != MPI_SUCCESS) CHECK_FAIL_("MPI_Bcast failed");
     return memcmp(copy, x, (size_t)n * sizeof(float)) == 0;
+}
+
+/* ---- the all-reduce in pieces ---------------------------------------------------- */
+
+/* n = two 8 MiB pieces and an odd tail; element i on rank q is i % 1021 + q
+ * (small integers: exact in any order), so the sum is W (i % 1021) +
+ * W (W - 1) / 2 everywhere.  A piece skipped, summed twice or shifted
+ * breaks it. */
+static void test_allreduce_pieces(void) {
+    zdp_error err = {0};
+    zdp_comm_report stats = {0};
+    const int64_t nf = 2 * ((8 << 20) / (int64_t)sizeof(float)) + 12345;
+    float *f = malloc((size_t)nf * sizeof(float)); /* (nf) */
+    CHECK(f != NULL);
+    for (int64_t i = 0; i < nf; i++) f[i] = (float)(i % 1021 + R);
+    if (zdp_comm_allreduce_sum_f32(f, nf, &stats, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
+    for (int64_t i = 0; i < nf; i++)
+        if (f[i] != (float)(W * (i % 1021) + W * (W - 1) / 2))
+            CHECK_FAIL_("all-reduce f32: element %lld of %lld is %g on rank %d", (long long)i,
+                        (long long)nf, (double)f[i], R);
+    free(f);
+    const int64_t nd = 2 * ((8 << 20) / (int64_t)sizeof(double)) + 777;
+    double *d = malloc((size_t)nd * sizeof(double)); /* (nd) */
+    CHECK(d != NULL);
+    for (int64_t i = 0; i < nd; i++) d[i] = (double)(i % 1021 + R);
+    if (zdp_comm_allreduce_sum_f64(d, nd, &stats, &err) != ZDP_OK) CHECK_FAIL_("%s", err.msg);
+    for (int64_t i = 0; i < nd; i++)
+        if (d[i] != (double)(W * (i % 1021) + W * (W - 1) / 2))
+            CHECK_FAIL_("all-reduce f64: element %lld of %lld is %g on rank %d", (long long)i,
+                        (long long)nd, d[i], R);
+    free(d);
 }
 
 /* ---- the backends called directly ------------------------------------------- */
@@ -248,6 +281,7 @@ static void test_stage0_ranks_identical(void) {
 static void run_(void) {
     CHECK(W <= 4);
     test_error_names_rank();
+    test_allreduce_pieces();
     test_backend_from_env();
     test_backend_sums(ZDP_COMM_RS_RING);
     test_backend_sums(ZDP_COMM_RS_MPI);
