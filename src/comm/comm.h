@@ -23,6 +23,11 @@ ZDP_API zdp_status zdp_comm_allreduce_sum_f64(double *buf, int64_t n, zdp_comm_r
                                               zdp_error *err);
 zdp_status zdp_comm_allreduce_sum_i64(int64_t *buf, int64_t n, zdp_comm_report *stats,
                                       zdp_error *err);
+/* Returns once every rank has called it (MPI_Ibarrier), sleeping between
+ * polls after a short spin: a rank that reaches a large collective early
+ * waits there without taking a core, where Open MPI's blocking collectives
+ * poll for as long as the other ranks compute. */
+zdp_status zdp_comm_arrive(zdp_error *err);
 /* SUM reduce-scatter with uneven counts (MPI_Reduce_scatter): rank r
  * receives recv_counts[r] floats, the r-th consecutive piece of send. */
 zdp_status zdp_comm_reduce_scatter_f32(const float *send, float *recv, const int *recv_counts,

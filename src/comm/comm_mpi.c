@@ -241,11 +241,12 @@ static void count_(zdp_comm_report *st, zdp_collective c, int64_t payload, int64
 
 /* Bytes per MPI_Allreduce call.  Open MPI's all-reduce allocates a
  * temporary the size of its message (half of it at two ranks) and frees it
- * when it returns: at stage 0's 538 MB of SmolLM2-135M gradients that is a
- * fresh mapping every step, pages the kernel faults in and zeroes on every
- * step (docs/benchmarks-llama.md, "Fourth round").  Pieces of 8 MiB keep
- * the temporary under glibc's mmap threshold once it has adapted (it rises
- * to the size of a freed mapping, up to 32 MiB), so the heap reuses it. */
+ * when it returns.  The calls run on the comm stream thread, whose glibc
+ * arena grows in heaps of 64 MiB: a larger block is mapped afresh whatever
+ * zdp_dist_init's mallopt says, so stage 0's 538 MB of SmolLM2-135M
+ * gradients paid ~66,000 page faults per rank every step
+ * (docs/benchmarks-llama.md, "Fourth round").  Pieces of 8 MiB keep the
+ * temporary inside the arena, which reuses it. */
 #define AR_CHUNK_BYTES_ ((int64_t)8 << 20)
 
 static zdp_status allreduce_(void *buf, int64_t n, size_t esize, MPI_Datatype t,
@@ -313,6 +314,17 @@ static int wait_gently_(MPI_Request *req, int n) {
         if (rc != MPI_SUCCESS || done) return rc;
         nanosleep(&nap, NULL);
     }
+}
+
+zdp_status zdp_comm_arrive(zdp_error *err) {
+    if (!mpi_ready_()) return not_ready_("MPI_Ibarrier", err);
+    if (zdp_dist_world_size() == 1) return ZDP_OK;
+    MPI_Request req;
+    int rc = MPI_Ibarrier(MPI_COMM_WORLD, &req);
+    if (rc != MPI_SUCCESS) return check_(rc, "MPI_Ibarrier", err);
+    rc = wait_gently_(&req, 1);
+    if (rc != MPI_SUCCESS) return check_(rc, "MPI_Ibarrier (wait)", err);
+    return ZDP_OK;
 }
 
 zdp_status zdp_comm_ring_reduce_scatter_f32(float *buf, float *scratch, const int *recv_counts,

@@ -228,13 +228,36 @@ static zdp_status gather_range_(zdp_engine *e, float *buf, int64_t lo, int64_t h
     return zdp_comm_allgatherv_inplace_f32(buf, e->ag_counts, e->ag_displs, &e->comm_total, err);
 }
 
+/* Stage 0's gradient all-reduce and the mean, on the stream thread.  The
+ * ranks meet first at a barrier that sleeps (a rank done with backward
+ * early would otherwise poll inside MPI_Allreduce for as long as the others
+ * compute), then the buffer goes in pieces of GRAD_PIECE_ floats (one
+ * MPI_Allreduce each, comm_mpi.c's size), each scaled by 1/W right after
+ * its sum, while it is still in cache: one pass over the buffer fewer than
+ * scaling the whole afterwards, and the same products. */
+#define GRAD_PIECE_ ((int64_t)1 << 21)
+
+static zdp_status allreduce_grads_(zdp_engine *e, zdp_error *err) {
+    zdp_status st = zdp_comm_arrive(err);
+    if (st != ZDP_OK) return st;
+    const float inv = 1.0f / (float)e->world;
+    const int64_t n = e->lay.numel;
+    for (int64_t off = 0; off < n; off += GRAD_PIECE_) {
+        const int64_t c = n - off < GRAD_PIECE_ ? n - off : GRAD_PIECE_;
+        float *g = e->grads + off;
+        if ((st = zdp_comm_allreduce_sum_f32(g, c, &e->comm_total, err)) != ZDP_OK) return st;
+        for (int64_t i = 0; i < c; i++) g[i] *= inv;
+    }
+    return ZDP_OK;
+}
+
 /* Runs on the stream thread. */
 static zdp_status run_op_(void *arg, zdp_error *err) {
     const engine_op *op = arg;
     zdp_engine *e = op->e;
     switch (op->kind) {
     case OP_ALLREDUCE_GRADS:
-        return zdp_comm_allreduce_sum_f32(e->grads, e->lay.numel, &e->comm_total, err);
+        return allreduce_grads_(e, err);
     case OP_ALLREDUCE_NORM:
         e->stream_skip = false;
         return zdp_comm_allreduce_sum_f64(op->buf, AGREE_N_, &e->comm_total, err);
@@ -1795,11 +1818,8 @@ bool zdp_engine_is_gradient_accumulation_boundary(const zdp_engine *e) {
  * postscale path with gradient_predivide_factor 1). */
 static zdp_status reduce_stage0_(zdp_engine *e, zdp_error *err) {
     if (e->world == 1) return ZDP_OK;
-    zdp_status st = run_sync_(e, OP_ALLREDUCE_GRADS, NULL, err);
-    if (st != ZDP_OK) return st;
-    const float inv = 1.0f / (float)e->world;
-    for (int64_t i = 0; i < e->lay.numel; i++) e->grads[i] *= inv;
-    return ZDP_OK;
+    /* The sum and the mean (allreduce_grads_). */
+    return run_sync_(e, OP_ALLREDUCE_GRADS, NULL, err);
 }
 
 /* Stage 1: the bucketed ZeRO-1 reduce of the window's gradients, every
