@@ -2,7 +2,7 @@
  * bench_collectives.c -- float32 SUM reduce-scatter / all-reduce shoot-out.
  *
  * Measures, side by side and interleaved within every repetition:
- *   allreduce      MPI_Allreduce, in place (what zdp_comm_allreduce_sum_f32 does)
+ *   allreduce      MPI_Allreduce, in place, one call (zdp_comm_allreduce_sum_f32 makes one per 8 MiB)
  *   rs_even        MPI_Reduce_scatter, counts n/W each
  *   rs_block       MPI_Reduce_scatter_block, n/W each
  *   ring_even      zdp_comm_ring_reduce_scatter_f32, counts n/W each
