@@ -70,6 +70,11 @@ struct zdp_kv_cache {
     int cap;
     float *x, *h, *qkv, *q, *kk, *vv, *atty, *f1, *f2, *mean, *rstd, *score;
     int *pos;
+    /* A pass's attention work: rows attended one by one (lone), and blocks
+     * of a prompt's rows attended as products (blk: first row, rows). */
+    int *lone, *blk;
+    int n_lone, n_blk;
+    float *pscore; /* (threads, PROMPT_BLOCK_, T) the blocks' scores, made on first use */
     int64_t scratch_bytes;
     /* Packed copies of the weight matrices: the cache's own, or a store
      * shared across caches (zdp_kv_set_packs). */
@@ -95,6 +100,12 @@ struct zdp_kv_packs {
 /* Rows of a pass that go to the packed kernels: decode steps of a batch.
  * Larger passes (prefills) are long enough for OpenBLAS's own packing. */
 #define PACK_ROWS_ 96
+
+/* Runs of at least PROMPT_ROWS_ rows of one slot at consecutive positions
+ * (a prompt's prefill) attend as products, in blocks of PROMPT_BLOCK_ query
+ * rows (plan_attention_). */
+#define PROMPT_ROWS_ 16
+#define PROMPT_BLOCK_ 64
 
 static int find_(const zdp_model *m, const char *fmt, int l) {
     char name[96];
@@ -168,6 +179,9 @@ void zdp_kv_destroy(zdp_kv_cache *kv) {
     free(kv->rstd);
     free(kv->score);
     free(kv->pos);
+    free(kv->lone);
+    free(kv->blk);
+    free(kv->pscore);
     zdp_kv_packs_destroy(kv->own_pk);
     free(kv->sites);
     free(kv->slot_lora);
@@ -386,13 +400,19 @@ static bool reserve_(zdp_kv_cache *kv, int n) {
     int32_t *ws = realloc(kv->wslot, N * sizeof *ws);
     if (ws == NULL) return false;
     kv->wslot = ws;
+    int *lone = realloc(kv->lone, N * sizeof *lone);
+    if (lone == NULL) return false;
+    kv->lone = lone;
+    int *blk = realloc(kv->blk, 2 * N * sizeof *blk);
+    if (blk == NULL) return false;
+    kv->blk = blk;
     const int64_t score = (int64_t)kv->n_threads * kv->NH * kv->T;
     if (kv->score == NULL) { /* (threads, NH, T) one row's attention scores per thread */
         kv->score = malloc((size_t)score * sizeof(float));
         if (kv->score == NULL) return false;
     }
     kv->cap = n;
-    kv->scratch_bytes = bytes + 2 * (int64_t)N * 4 + score * 4;
+    kv->scratch_bytes = bytes + 5 * (int64_t)N * 4 + score * 4;
     return true;
 }
 
@@ -594,15 +614,87 @@ typedef struct attend_job_ {
     int64_t qs, l;
 } attend_job_;
 
+/* One block of a prompt's rows for one query head: rows i0 .. i0+rb of the
+ * pass, on one slot at positions p0 .. p0+rb, against the slot's keys and
+ * values 0 .. p0+rb (stored before the pass attends):
+ *   S (rb, n) = Q K^T / sqrt(hd);  each row's softmax over its positions
+ *   0..p, 0 past them;  out (rb, hd) = S V.
+ * Two products per (block, head) instead of a dot product per (row,
+ * position, head): the prompt's rows are many, so the keys and values are
+ * read once per block, not once per row.  S stays in L2 (PROMPT_BLOCK_ rows
+ * of at most T floats). */
+static void prompt_block_(zdp_kv_cache *kv, const attend_job_ *j, int64_t b, int64_t h,
+                          float *S) {
+    const int64_t QD = (int64_t)kv->NH * kv->hd, KD = (int64_t)kv->KV * kv->hd, hd = kv->hd;
+    const int64_t i0 = kv->blk[2 * b], rb = kv->blk[2 * b + 1], p0 = kv->pos[i0], n = p0 + rb;
+    const int64_t g = h / (kv->NH / kv->KV);
+    const int64_t base = ((j->l * kv->n_slots + j->slots[i0]) * kv->T) * KD + g * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rb, (int)n, (int)hd, scale,
+                j->q + i0 * j->qs + h * hd, (int)j->qs, kv->k + base, (int)KD, 0.0f, S, (int)n);
+    for (int64_t r = 0; r < rb; r++) { /* attend_'s softmax, on positions 0..p0+r */
+        float *sr = S + r * n, mx = -INFINITY, sum = 0.0f;
+        const int64_t m = p0 + r + 1;
+        for (int64_t s = 0; s < m; s++) mx = sr[s] > mx ? sr[s] : mx;
+        for (int64_t s = 0; s < m; s++) {
+            sr[s] = zdp_nn_exp_(sr[s] - mx);
+            sum += sr[s];
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t s = 0; s < m; s++) sr[s] *= inv;
+        for (int64_t s = m; s < n; s++) sr[s] = 0.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rb, (int)hd, (int)n, 1.0f, S,
+                (int)n, kv->v + base, (int)KD, 0.0f, kv->atty + i0 * QD + h * hd, (int)QD);
+}
+
+/* Task t of a pass's attention: the prompt blocks' (block, head) pairs
+ * first (the larger tasks), then the lone rows, each on its own slot. */
 static void attend_rows_(void *ctx, int64_t task, int thread) {
     const attend_job_ *j = ctx;
     zdp_kv_cache *kv = j->kv;
     const int64_t QD = (int64_t)kv->NH * kv->hd, KD = (int64_t)kv->KV * kv->hd;
+    const int64_t nb = (int64_t)kv->n_blk * kv->NH;
+    if (task < nb) {
+        prompt_block_(kv, j, task / kv->NH, task % kv->NH,
+                      kv->pscore + (int64_t)thread * PROMPT_BLOCK_ * kv->T);
+        return;
+    }
     float *score = kv->score + (int64_t)thread * kv->NH * kv->T;
-    const int64_t i = task;
+    const int64_t i = kv->lone[task - nb];
     const int64_t base = ((j->l * kv->n_slots + j->slots[i]) * kv->T) * KD;
     attend_(kv->atty + i * QD, j->q + i * j->qs, kv->k + base, kv->v + base, kv->pos[i], kv->NH, kv->KV,
             kv->hd, score);
+}
+
+/* Splits a pass's rows for attention: runs of at least PROMPT_ROWS_ rows on
+ * one slot at consecutive positions (a prompt's prefill) into blocks of up
+ * to PROMPT_BLOCK_ rows, attended as products; every other row alone.  The
+ * split depends only on each run, not on what else is in the pass, so a
+ * prompt's rows get the same bits in any batch.  false: out of memory for
+ * the blocks' scores. */
+static bool plan_attention_(zdp_kv_cache *kv, const int32_t *slots, int n) {
+    kv->n_lone = kv->n_blk = 0;
+    for (int i = 0; i < n;) {
+        int e = i + 1;
+        while (e < n && slots[e] == slots[i] && kv->pos[e] == kv->pos[e - 1] + 1) e++;
+        if (e - i >= PROMPT_ROWS_) {
+            for (int r = i; r < e; r += PROMPT_BLOCK_) {
+                kv->blk[2 * kv->n_blk] = r;
+                kv->blk[2 * kv->n_blk + 1] = e - r < PROMPT_BLOCK_ ? e - r : PROMPT_BLOCK_;
+                kv->n_blk++;
+            }
+        } else {
+            for (int r = i; r < e; r++) kv->lone[kv->n_lone++] = r;
+        }
+        i = e;
+    }
+    if (kv->n_blk > 0 && kv->pscore == NULL) {
+        const int64_t f = (int64_t)kv->n_threads * PROMPT_BLOCK_ * kv->T;
+        if ((kv->pscore = malloc((size_t)f * sizeof(float))) == NULL) return false;
+        kv->scratch_bytes += f * 4;
+    }
+    return true;
 }
 
 zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t *slots,
@@ -654,6 +746,12 @@ zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t 
                                fn, bad, (int)slots[bad], kv->pos[bad] + 1, kv->T,
                                kv->model->block_size);
         }
+    if (!plan_attention_(kv, slots, n)) {
+        for (int j = 0; j < n; j++) kv->len[slots[j]]--; /* undo */
+        return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for the prompt attention's "
+                           "scores (%d threads x %d x %d floats)", fn, kv->n_threads,
+                           PROMPT_BLOCK_, kv->T);
+    }
     const int64_t N = n, C = kv->C, NH = kv->NH, KVh = kv->KV, hd = kv->hd, F = kv->F;
     const int64_t QD = NH * hd, KD = KVh * hd, T = kv->T;
     /* The embedding. */
@@ -707,7 +805,7 @@ zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t 
             memcpy(kv->v + at, v + i * ks, (size_t)KD * sizeof(float));
         }
         attend_job_ aj = {.kv = kv, .slots = slots, .q = q, .qs = qs, .l = l};
-        zdp_pool_run(n, attend_rows_, &aj);
+        zdp_pool_run((int64_t)kv->n_blk * NH + kv->n_lone, attend_rows_, &aj);
         if (!kv->llama) {
             conv1d_(kv, P, kv->h, kv->atty, y->o_w, P[y->o_b], N, C, C);
             adapt_(kv, y->site[KS_O], kv->h, kv->atty, N, slots);
