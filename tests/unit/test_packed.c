@@ -61,7 +61,7 @@ static void test_packed_matches_reference(void **state) {
     (void)state;
     const int64_t Ms[] = {1, 2, 5, 6, 7, 13, 32, 40};
     const int64_t Ks[] = {1, 7, 64, 300, 577};
-    const int64_t Ns[] = {1, 15, 16, 17, 33, 48, 100};
+    const int64_t Ns[] = {1, 15, 16, 17, 33, 48, 80, 100, 130}; /* 1-9 panels: AVX-512 triples, pairs, singles */
     int paths = 0;
     for (int want = 0; want <= 2; want++) {
         const int path = zdp_nn_packed_use_path(want);
