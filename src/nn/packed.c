@@ -325,9 +325,16 @@ static void packed_range_(void *ctx, int64_t lo, int64_t hi) {
             kernel_c_(j->M, kc, a, j->lda, b, c, j->ldc, n0, load);
         }
     }
+    /* The bias after the sums (the same bits as before); one plain loop per
+     * row over the range's columns, which vectorises (with the bounds in the
+     * loop's condition it ran one float at a time: 7% of a gpt-m prefill). */
+    const int64_t n0 = lo * NR_, n1 = hi * NR_ < j->N ? hi * NR_ : j->N;
     if (j->bias != NULL)
-        for (int64_t r = 0; r < j->M; r++)
-            for (int64_t n = lo * NR_; n < hi * NR_ && n < j->N; n++) j->C[r * j->ldc + n] += j->bias[n];
+        for (int64_t r = 0; r < j->M; r++) {
+            float *cr = j->C + r * j->ldc;
+            const float *b = j->bias;
+            for (int64_t n = n0; n < n1; n++) cr[n] += b[n];
+        }
 }
 
 void zdp_nn_packed_gemm(float *C, int64_t ldc, const float *A, int64_t lda, const float *Bp,

@@ -4,13 +4,15 @@
  * The same math as gpt.c / llama.c's forward, on a ragged batch of rows:
  * every row is one (slot, token) at the slot's next position.  The
  * projections, MLPs and the lm_head are one matrix product over all rows
- * (a prefill's prompt and a decode step's sequences alike); only attention
- * is per row, against its own slot's cached keys and values (rows split
- * over the thread pool).  A pass of 2..PACK_ROWS_ rows (a batched decode
- * step) multiplies by weights packed once per cache, or once per weights
- * snapshot in a store shared by caches (zdp_kv_set_packs; nn.h's packed B:
- * cblas_sgemm would re-pack each weight on every step); one row goes to
- * sgemv, more rows (prefills) to the nn kernels' sgemm.  Parameters are
+ * (a prefill's prompt and a decode step's sequences alike).  Attention: a
+ * prompt's rows (a run of one slot's consecutive positions) as two products
+ * per block of rows and head; every other row alone, against its own slot's
+ * cached keys and values (split over the thread pool).  A pass of 2 or
+ * more rows (a batched decode step, a prefill) multiplies by weights packed
+ * once per cache, or once per weights snapshot in a store shared by caches
+ * (zdp_kv_set_packs; nn.h's packed B: cblas_sgemm would re-pack each weight
+ * on every step, and our kernels match or beat it at every row count
+ * measured, 32 to 256); one row goes to sgemv.  Parameters are
  * found by name (zdp/gpt.h's and zdp/llama.h's lists), so the models' own
  * files are not touched.  LoRA adapters (zdp_kv_set_adapter) are per
  * slot: after each adaptable linear's base product over all rows, each run
@@ -96,10 +98,6 @@ struct zdp_kv_packs {
     uint64_t key;
     int64_t packs; /* weights packed so far (tests count the reuse) */
 };
-
-/* Rows of a pass that go to the packed kernels: decode steps of a batch.
- * Larger passes (prefills) are long enough for OpenBLAS's own packing. */
-#define PACK_ROWS_ 96
 
 /* Runs of at least PROMPT_ROWS_ rows of one slot at consecutive positions
  * (a prompt's prefill) attend as products, in blocks of PROMPT_BLOCK_ query
@@ -418,9 +416,9 @@ static bool reserve_(zdp_kv_cache *kv, int n) {
 
 /* A one-row product is a matrix-vector product: cblas_sgemv reads each
  * weight once, where sgemm with one row first copies (packs) the whole
- * weight matrix (batch-1 decode is bound by reading the weights).  A
- * batched decode step multiplies by the packed copy; larger passes go to
- * the nn kernels training uses. */
+ * weight matrix (batch-1 decode is bound by reading the weights).  Passes
+ * of more rows multiply by the packed copy (the nn kernels training uses
+ * when it cannot be made: out of memory). */
 
 typedef struct pack_job_ {
     float *dst;
@@ -478,11 +476,13 @@ static void gemm_nt_(float *out, const float *inp, const float *W, const float *
         for (int64_t o = 0; o < OC; o++) out[o] += bias[o];
 }
 
-/* The same for the model's weight P[w]: a batched decode step multiplies
- * by its packed copy. */
+/* The same for the model's weight P[w]: a pass of 2 or more rows
+ * multiplies by its packed copy.  (Prefills past 96 rows took cblas_sgemm
+ * until the 3-panel kernel: 1.03-1.13x it at 256 rows; a row's bits no
+ * longer depend on how many rows share its pass.) */
 static void linear_(zdp_kv_cache *kv, const float *const *P, float *out, const float *inp, int w,
                     const float *bias, int64_t N, int64_t C, int64_t OC, int accumulate) {
-    const float *Bp = N > 1 && N <= PACK_ROWS_ ? packed_(kv, P, w, C, OC, 1) : NULL;
+    const float *Bp = N > 1 ? packed_(kv, P, w, C, OC, 1) : NULL;
     if (Bp != NULL) zdp_nn_packed_gemm(out, OC, inp, C, Bp, bias, N, C, OC, accumulate);
     else gemm_nt_(out, inp, P[w], bias, N, C, OC, accumulate);
 }
@@ -490,7 +490,7 @@ static void linear_(zdp_kv_cache *kv, const float *const *P, float *out, const f
 /* out (N,OC) = inp (N,C) @ W + bias, W = P[w] (C,OC): Hugging Face Conv1D (GPT-2) */
 static void conv1d_(zdp_kv_cache *kv, const float *const *P, float *out, const float *inp, int w,
                     const float *bias, int64_t N, int64_t C, int64_t OC) {
-    const float *W = P[w], *Bp = N > 1 && N <= PACK_ROWS_ ? packed_(kv, P, w, C, OC, 0) : NULL;
+    const float *W = P[w], *Bp = N > 1 ? packed_(kv, P, w, C, OC, 0) : NULL;
     if (Bp != NULL) {
         zdp_nn_packed_gemm(out, OC, inp, C, Bp, bias, N, C, OC, 0);
         return;
