@@ -546,6 +546,29 @@ static void adapt_(zdp_kv_cache *kv, int site, float *out, const float *inp, int
     }
 }
 
+#ifdef __GNUC__
+/* o[h*ostride + 0..32) = sum over s < n of sr[h*n + s] * v[s*KD + 0..32), for
+ * heads h < nh (1..3, a constant where it is inlined), the positions in
+ * order: one load of each value row for all nh heads.  GCC keeps a float
+ * array accumulator on the stack, hence the vector type. */
+typedef float v8_ __attribute__((vector_size(32)));
+static inline __attribute__((always_inline)) void wv32_(float *o, int64_t ostride, const float *sr,
+                                                        int n, const float *v, int64_t KD, int nh) {
+    v8_ a[3][4] = {{{0}}}, x[4];
+    for (int s = 0; s < n; s++) {
+        const float *vs = v + (size_t)s * KD;
+        memcpy(&x[0], vs, 32), memcpy(&x[1], vs + 8, 32);
+        memcpy(&x[2], vs + 16, 32), memcpy(&x[3], vs + 24, 32);
+        for (int h = 0; h < nh; h++) {
+            const float w = sr[(size_t)h * n + s];
+            for (int c = 0; c < 4; c++) a[h][c] += w * x[c];
+        }
+    }
+    for (int h = 0; h < nh; h++)
+        for (int c = 0; c < 4; c++) memcpy(o + h * ostride + 8 * c, &a[h][c], 32);
+}
+#endif
+
 /* out (NH*hd) = softmax(q . K / sqrt(hd)) V over the slot's positions
  * 0..p: q (NH*hd), K, V (>p, KV*hd) with query head h on KV head
  * h / (NH/KV).  Position by position, every head at once, so each cached
@@ -573,34 +596,33 @@ static void attend_(float *out, const float *q, const float *K, const float *Vc,
         const float inv = 1.0f / sum;
         for (int s = 0; s < n; s++) sr[s] *= inv;
     }
-    /* The weighted values head by head, 32 dimensions at a time held in
-     * registers over all the positions (out[] loaded and stored at every
-     * position was most of this function's time; GCC keeps a float array
-     * accumulator on the stack, hence the vector type); each sum still runs
-     * over the positions in order from 0. */
-    for (int h = 0; h < NH; h++) {
-        const float *sr = score + (size_t)h * n, *vh = Vc + (size_t)(h / group) * hd;
-        float *o = out + (size_t)h * hd;
-        int d0 = 0;
+    /* The weighted values, 32 dimensions at a time held in registers over
+     * all the positions (out[] loaded and stored at every position was most
+     * of this function's time), for up to 3 query heads of one KV group at
+     * once (wv32_), so each value row is loaded once for them (GQA: SmolLM2's
+     * 3 query heads per KV head read it 3 times before); each sum still runs
+     * over the positions in order from 0, with the same operations: the same
+     * bits as head by head. */
+    for (int g = 0; g < KVh; g++) {
+        const float *vh = Vc + (size_t)g * hd;
+        for (int h0 = g * group; h0 < (g + 1) * group; h0 += 3) {
+            const int nh = (g + 1) * group - h0 < 3 ? (g + 1) * group - h0 : 3;
+            const float *sr = score + (size_t)h0 * n;
+            float *o = out + (size_t)h0 * hd;
+            int d0 = 0;
 #ifdef __GNUC__
-        typedef float v8_ __attribute__((vector_size(32)));
-        for (; d0 + 32 <= hd; d0 += 32) {
-            v8_ a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, x;
-            for (int s = 0; s < n; s++) {
-                const float w = sr[s], *vs = vh + (size_t)s * KD + d0;
-                memcpy(&x, vs, 32), a0 += w * x;
-                memcpy(&x, vs + 8, 32), a1 += w * x;
-                memcpy(&x, vs + 16, 32), a2 += w * x;
-                memcpy(&x, vs + 24, 32), a3 += w * x;
+            for (; d0 + 32 <= hd; d0 += 32) {
+                if (nh == 3) wv32_(o + d0, hd, sr, n, vh + d0, KD, 3);
+                else if (nh == 2) wv32_(o + d0, hd, sr, n, vh + d0, KD, 2);
+                else wv32_(o + d0, hd, sr, n, vh + d0, KD, 1);
             }
-            memcpy(o + d0, &a0, 32), memcpy(o + d0 + 8, &a1, 32);
-            memcpy(o + d0 + 16, &a2, 32), memcpy(o + d0 + 24, &a3, 32);
-        }
 #endif
-        for (; d0 < hd; d0++) {
-            float acc = 0.0f;
-            for (int s = 0; s < n; s++) acc += sr[s] * vh[(size_t)s * KD + d0];
-            o[d0] = acc;
+            for (int h = 0; h < nh; h++)
+                for (int d = d0; d < hd; d++) {
+                    float acc = 0.0f;
+                    for (int s = 0; s < n; s++) acc += sr[(size_t)h * n + s] * vh[(size_t)s * KD + d];
+                    o[(size_t)h * hd + d] = acc;
+                }
         }
     }
 }
