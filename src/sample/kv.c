@@ -7,12 +7,12 @@
  * (a prefill's prompt and a decode step's sequences alike).  Attention: a
  * prompt's rows (a run of one slot's consecutive positions) as two products
  * per block of rows and head; every other row alone, against its own slot's
- * cached keys and values (split over the thread pool).  A pass of 2 or
- * more rows (a batched decode step, a prefill) multiplies by weights packed
- * once per cache, or once per weights snapshot in a store shared by caches
- * (zdp_kv_set_packs; nn.h's packed B: cblas_sgemm would re-pack each weight
- * on every step, and our kernels match or beat it at every row count
- * measured, 32 to 256); one row goes to sgemv.  Parameters are
+ * cached keys and values (split over the thread pool).  A pass of
+ * 2..PACK_ROWS_ rows (a batched decode step, a prompt's prefill) multiplies
+ * by weights packed once per cache, or once per weights snapshot in a store
+ * shared by caches (zdp_kv_set_packs; nn.h's packed B: cblas_sgemm would
+ * re-pack each weight on every step); one row goes to sgemv, more rows (a
+ * batch of prompts) to the nn kernels' sgemm.  Parameters are
  * found by name (zdp/gpt.h's and zdp/llama.h's lists), so the models' own
  * files are not touched.  LoRA adapters (zdp_kv_set_adapter) are per
  * slot: after each adaptable linear's base product over all rows, each run
@@ -98,6 +98,12 @@ struct zdp_kv_packs {
     uint64_t key;
     int64_t packs; /* weights packed so far (tests count the reuse) */
 };
+
+/* Passes of 2..PACK_ROWS_ rows go to the packed kernels; longer ones (a
+ * batch of prompts' prefill) to cblas_sgemm, whose blocking pays there
+ * (bench_sample --gemm, one thread: the packed kernels 0.90-1.13x sgemm at
+ * 256 rows on gpt-m's and SmolLM2's shapes, 0.84-0.86x at 2048). */
+#define PACK_ROWS_ 256
 
 /* Runs of at least PROMPT_ROWS_ rows of one slot at consecutive positions
  * (a prompt's prefill) attend as products, in blocks of PROMPT_BLOCK_ query
@@ -417,8 +423,8 @@ static bool reserve_(zdp_kv_cache *kv, int n) {
 /* A one-row product is a matrix-vector product: cblas_sgemv reads each
  * weight once, where sgemm with one row first copies (packs) the whole
  * weight matrix (batch-1 decode is bound by reading the weights).  Passes
- * of more rows multiply by the packed copy (the nn kernels training uses
- * when it cannot be made: out of memory). */
+ * of up to PACK_ROWS_ rows multiply by the packed copy; longer passes (and
+ * any, out of memory for the copy) go to the nn kernels training uses. */
 
 typedef struct pack_job_ {
     float *dst;
@@ -476,13 +482,11 @@ static void gemm_nt_(float *out, const float *inp, const float *W, const float *
         for (int64_t o = 0; o < OC; o++) out[o] += bias[o];
 }
 
-/* The same for the model's weight P[w]: a pass of 2 or more rows
- * multiplies by its packed copy.  (Prefills past 96 rows took cblas_sgemm
- * until the 3-panel kernel: 1.03-1.13x it at 256 rows; a row's bits no
- * longer depend on how many rows share its pass.) */
+/* The same for the model's weight P[w]: a pass of 2..PACK_ROWS_ rows
+ * multiplies by its packed copy (up to 96 rows until the 3-panel kernel). */
 static void linear_(zdp_kv_cache *kv, const float *const *P, float *out, const float *inp, int w,
                     const float *bias, int64_t N, int64_t C, int64_t OC, int accumulate) {
-    const float *Bp = N > 1 ? packed_(kv, P, w, C, OC, 1) : NULL;
+    const float *Bp = N > 1 && N <= PACK_ROWS_ ? packed_(kv, P, w, C, OC, 1) : NULL;
     if (Bp != NULL) zdp_nn_packed_gemm(out, OC, inp, C, Bp, bias, N, C, OC, accumulate);
     else gemm_nt_(out, inp, P[w], bias, N, C, OC, accumulate);
 }
@@ -490,7 +494,7 @@ static void linear_(zdp_kv_cache *kv, const float *const *P, float *out, const f
 /* out (N,OC) = inp (N,C) @ W + bias, W = P[w] (C,OC): Hugging Face Conv1D (GPT-2) */
 static void conv1d_(zdp_kv_cache *kv, const float *const *P, float *out, const float *inp, int w,
                     const float *bias, int64_t N, int64_t C, int64_t OC) {
-    const float *W = P[w], *Bp = N > 1 ? packed_(kv, P, w, C, OC, 0) : NULL;
+    const float *W = P[w], *Bp = N > 1 && N <= PACK_ROWS_ ? packed_(kv, P, w, C, OC, 0) : NULL;
     if (Bp != NULL) {
         zdp_nn_packed_gemm(out, OC, inp, C, Bp, bias, N, C, OC, 0);
         return;
