@@ -36,7 +36,7 @@
 
 #define NR_ 16  /* columns per panel */
 #define MR_ 6   /* rows per register block (AVX paths) */
-#define MC_ 128 /* rows of a row block (prefills): A's block (MC_, K) stays in L2 while the panels stream */
+#define MC_ 128 /* rows of a row block (prefills): A's block (MC_, K) stays in L2 */
 #define KC_ 128 /* rows of a panel block: 2 x 8 KB on the AVX-512 path, in L1 with the A rows */
 #define PF_ 32  /* panel rows the AVX-512 kernel prefetches ahead (2 KB; 16, 64, 128 and none measured no better: bench_sample --gemm) */
 
@@ -274,7 +274,8 @@ __attribute__((target("avx512f"))) static void kernel_avx512x3_(int64_t mr, int6
             }
         }
         for (int64_t r = 0; r < rn; r++)
-            for (int q = 0; q < 3; q++) _mm512_mask_storeu_ps(c + (r0 + r) * ldc + q * NR_, m[q], x[r][q]);
+            for (int q = 0; q < 3; q++)
+                _mm512_mask_storeu_ps(c + (r0 + r) * ldc + q * NR_, m[q], x[r][q]);
     }
 }
 #endif
