@@ -697,8 +697,8 @@ static void attend_rows_(void *ctx, int64_t task, int thread) {
  * one slot at consecutive positions (a prompt's prefill) into blocks of up
  * to PROMPT_BLOCK_ rows, attended as products; every other row alone.  The
  * split depends only on each run, not on what else is in the pass, so a
- * prompt's rows get the same bits in any batch.  false: out of memory for
- * the blocks' scores. */
+ * prompt's attention gets the same bits in any batch.  false: out of memory
+ * for the blocks' scores. */
 static bool plan_attention_(zdp_kv_cache *kv, const int32_t *slots, int n) {
     kv->n_lone = kv->n_blk = 0;
     for (int i = 0; i < n;) {

@@ -104,7 +104,8 @@ static void test_logits_match_full_forward(void **state) {
  * for slot 0 (a run starting at position 70: keys before the block) beside
  * one decode row of slot 2, then decode steps.  Every logit equals the full
  * forward's; and the first pass's rows equal the same prompts prefilled
- * each alone, bit for bit (a run's blocks do not depend on the batch). */
+ * each alone, bit for bit (a run's blocks do not depend on the batch, and
+ * passes of up to 256 rows all take the packed kernels). */
 static void test_prompt_attention(void **state) {
     (void)state;
     enum { T0 = 70, T1 = 20, T2 = 20, BLOCK = 100 };
