@@ -102,10 +102,11 @@ static void test_logits_match_full_forward(void **state) {
  * slot 0's 70-row prompt (two blocks, the second of 6 rows), slot 2's
  * 20-row prompt and slot 1's 3 rows (short: one by one); then 20 more rows
  * for slot 0 (a run starting at position 70: keys before the block) beside
- * one decode row of slot 2, then decode steps.  Every logit equals the full
- * forward's; and the first pass's rows equal the same prompts prefilled
- * each alone, bit for bit (a run's blocks do not depend on the batch, and
- * passes of up to 256 rows all take the packed kernels). */
+ * one decode row of slot 2, then decode steps; and three 100-row prompts in
+ * one pass (300 rows: the products through cblas_sgemm).  Every logit
+ * equals the full forward's; and the first pass's rows equal the same
+ * prompts prefilled each alone, bit for bit (a run's blocks do not depend
+ * on the batch, and passes of up to 256 rows all take the packed kernels). */
 static void test_prompt_attention(void **state) {
     (void)state;
     enum { T0 = 70, T1 = 20, T2 = 20, BLOCK = 100 };
@@ -162,6 +163,22 @@ static void test_prompt_attention(void **state) {
             assert_int_equal(zdp_lm_next_logits(&f.m, P_(&f), a, t + 1, want, &err), ZDP_OK);
             assert_close_(kind_name_(kind), "full forward (decode)", got, want, V, t);
         }
+        /* A pass past the packed kernels' 256 rows (cblas_sgemm's products):
+         * three whole prompts of 100 rows, in a fresh cache. */
+        zdp_kv_cache *kv3;
+        assert_int_equal(zdp_kv_create(&f.m, 3, 0, &kv3, &err), ZDP_OK);
+        int32_t s3[3 * BLOCK], t3[3 * BLOCK];
+        for (int i = 0; i < 3 * BLOCK; i++)
+            s3[i] = i / BLOCK, t3[i] = i / BLOCK == 1 ? b[i % BLOCK] : a[i % BLOCK];
+        float *g3 = malloc((size_t)3 * BLOCK * V * sizeof(float));
+        if (zdp_lm_decode(kv3, P_(&f), s3, t3, 3 * BLOCK, NULL, g3, &err) != ZDP_OK) fail_msg("%s", err.msg);
+        for (int i = 0; i < 3 * BLOCK; i += 7) {
+            assert_int_equal(zdp_lm_next_logits(&f.m, P_(&f), i / BLOCK == 1 ? b : a, i % BLOCK + 1, want, &err),
+                             ZDP_OK);
+            assert_close_(kind_name_(kind), "full forward (300-row pass)", g3 + (size_t)i * V, want, V, i);
+        }
+        zdp_kv_destroy(kv3);
+        free(g3);
         zdp_kv_destroy(kv);
         zdp_kv_destroy(kv1);
         free(got);
