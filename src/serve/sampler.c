@@ -121,12 +121,16 @@ static zdp_status generate_(server *s, const float *const *params, zdp_gen_seq *
     if (longest > s->model.block_size) longest = s->model.block_size; /* zdp_generate refuses, naming it */
     zdp_kv_cache *kv = NULL;
     zdp_status st = ZDP_OK;
-    if (s->packs == NULL) st = zdp_kv_packs_create(&s->model, &s->packs, err);
+    /* ZDP_SERVE_SHARED_PACKS=0 (benchmarks only: docs/config.md): every
+     * cache packs its own copy, as before the store, to measure the store. */
+    const char *sp = getenv("ZDP_SERVE_SHARED_PACKS");
+    const bool shared = sp == NULL || strcmp(sp, "0") != 0;
+    if (shared && s->packs == NULL) st = zdp_kv_packs_create(&s->model, &s->packs, err);
     if (st == ZDP_OK) st = zdp_kv_create(&s->model, (int)n, longest, &kv, err);
     if (st != ZDP_OK) return st;
     const uint64_t which = (const float *const *)s->snap == params ? 1 : (const float *const *)s->base == params ||
                            (s->base_now != NULL && (const float *const *)s->base_now == params) ? 2 : 0;
-    zdp_kv_set_packs(kv, s->packs, s->wgen * 4 + which);
+    if (shared) zdp_kv_set_packs(kv, s->packs, s->wgen * 4 + which);
     st = zdp_generate(&s->model, params, kv, g, (int)n, (int)n, &gs, err);
     zdp_kv_destroy(kv);
     s->kv_bytes_last = gs.kv_bytes;
@@ -165,7 +169,10 @@ static char *part_finish_(server *s, part_ *p, int *status) {
     if (s->R == 0 && (all = malloc((size_t)(bb * s->W))) == NULL)
         serve_die("sample", &(zdp_error){.msg = "out of memory gathering a sampling request"});
     if (s->W > 1) {
-        if (zdp_channel_gather(s->ch, blk, bb, all, &err) != ZDP_OK) serve_die("sample", &err);
+        /* A rank that finished first sleeps here (serve_wait), not spins. */
+        zdp_comm_req *req;
+        if (zdp_channel_igather(s->ch, blk, bb, all, &req, &err) != ZDP_OK) serve_die("sample", &err);
+        serve_wait(s, req);
     } else {
         memcpy(all, blk, (size_t)bb);
     }

@@ -486,6 +486,9 @@ void serve_worker_loop(server *s);
 /* Rank 0: refuses every queued job and answers the running ones (status,
  * "why"), closes the queue and wakes the waiting connections. */
 void serve_fail_jobs(server *s, int status, const char *why);
+/* Every rank: waits for req (a nonblocking collective on s->ch) with a
+ * growing sleep instead of MPI's spin, noticing a signal meanwhile. */
+void serve_wait(server *s, zdp_comm_req *req);
 
 /* exec.c.  A failure after start-up on some ranks only: the ranks can no
  * longer agree, so the job must stop.  The library never exits: serve_die
