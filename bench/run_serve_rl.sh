@@ -27,7 +27,10 @@ extra=()
 # Full fine-tuning on either side of a before/after comparison: a server
 # that trains LoRA models by default is told so (older ones know no flag).
 ft=()
-"$ZDP" serve --help 2>&1 | grep -q -- --full-finetune && ft+=(--full-finetune)
+# (The help is read whole first: grep -q would close the pipe early, and under
+# pipefail zdp's SIGPIPE would read as "no such flag".)
+help=$("$ZDP" serve --help 2>&1)
+[[ $help == *--full-finetune* ]] && ft+=(--full-finetune)
 for np in ${NPS:-1 2}; do
   export OPENBLAS_NUM_THREADS=${THREADS:-1} ZDP_NUM_THREADS=${THREADS:-1}
   [ "${PACKS:-1}" = 0 ] && export ZDP_SERVE_SHARED_PACKS=0
