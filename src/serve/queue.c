@@ -84,7 +84,7 @@ static zdp_status poll_stop_(server *s, zdp_error *err) {
  * transport polls): its CPU time is taken from the ranks still working
  * whenever the ranks share cores.  The first test comes after 20 us and the
  * sleep grows by half up to 2 ms, so a short wait costs little latency
- * (docs/benchmarks-sample.md, "Waiting without spinning"). */
+ * (docs/benchmarks-sample.md, "-np 2 without spinning"). */
 void serve_wait(server *s, zdp_comm_req *req) {
     bool done = false;
     long ns = 20000;
