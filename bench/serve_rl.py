@@ -10,7 +10,9 @@ wire protocol (tests/serve/tinker_sdk.py, no SDK needed).
 Where the time goes, per iteration (medians over the iterations after the
 first): wall seconds of each phase as the client sees it, and the server's
 own execution seconds of each (GET /info "requests": count x mean_exec_ms
-before and after), so client wall - server exec = HTTP, polling and queueing.
+before and after), so client wall - server exec = HTTP, polling and queueing
+(outside the sampling phase: asample requests that share a batch each count
+its whole time).
 With --sample-only, only the sampling phase (the -np scaling load): sampled
 tokens per second, and the weight matrices the server's packed-weights
 store packed during it (/info packed_weights_packs, summed over the ranks:
@@ -148,7 +150,10 @@ def main():
         row["server_exec_s"] = {k: round(ex1[k] - ex0.get(k, 0.0), 4) for k in ex1 if ex1[k] - ex0.get(k, 0.0) > 0}
         wall = sum(row.get(k, 0.0) for k in ("save_s", "sample_s", "forward_backward_s", "optim_s"))
         row["wall_s"] = wall
-        row["http_and_queue_s"] = wall - sum(row["server_exec_s"].values()) + row["server_exec_s"].get("info", 0.0)
+        # Requests that shared a decoding batch each count the batch's whole
+        # time in /info, so the sampling phase is left out of this figure.
+        ex = row["server_exec_s"]
+        row["http_and_queue_s"] = wall - row["sample_s"] - (sum(ex.values()) - ex.get("info", 0.0) - ex.get("asample", 0.0))
         rows.append(row)
         print("iter %d: %s" % (it, json.dumps(row, sort_keys=True)), flush=True)
     keep = rows[1:] if len(rows) > 1 else rows

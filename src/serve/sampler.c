@@ -8,8 +8,9 @@
  * order.  In a batch of requests, request k's blocks go to the ranks rotated
  * by the sequences before it, so that short blocks (num_samples not a
  * multiple of the ranks; single samples) do not all land on rank 0: the
- * batch waits for its slowest rank.  Sequence k draws from seed + 0x9E3779B97F4A7C15 * k whichever
- * rank runs it, so the result does not depend on the number of ranks.
+ * batch waits for its slowest rank.  Sequence k draws from
+ * seed + 0x9E3779B97F4A7C15 * k whichever rank runs it, so the result does
+ * not depend on the number of ranks.
  * Every rank reaches the one gather even when its own part failed (out of
  * memory, unreadable sampler weights): the failure travels in the block.
  */
