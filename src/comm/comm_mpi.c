@@ -503,6 +503,17 @@ zdp_status zdp_channel_gather(zdp_channel *ch, const void *mine, int64_t nbytes,
                   "MPI_Gather", err);
 }
 
+zdp_status zdp_channel_igather(zdp_channel *ch, const void *mine, int64_t nbytes, void *all,
+                               zdp_comm_req **req, zdp_error *err) {
+    if (nbytes > INT_MAX)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_channel_igather: %lld bytes, more than INT_MAX",
+                           (long long)nbytes);
+    zdp_comm_req *q = req_new_(err);
+    if (q == NULL) return ZDP_ERR_NOMEM;
+    return req_started_(MPI_Igather(mine, (int)nbytes, MPI_BYTE, all, (int)nbytes, MPI_BYTE, 0, ch->comm, &q->r),
+                        "MPI_Igather", q, req, err);
+}
+
 zdp_status zdp_channel_send_int(zdp_channel *ch, int value, int dest, int tag, zdp_error *err) {
     return check_(MPI_Send(&value, 1, MPI_INT, dest, tag, ch->comm), "MPI_Send", err);
 }
