@@ -44,7 +44,7 @@
 
 #define KC_MAX_ 384   /* deepest K block: a 14 x 32 tile's panel is 48 KB at 384, strips 21 KB */
 #define MC_STRIPS_ 12 /* strips per A block: 168 x 384 floats = 258 KB on the AVX-512 path, in L2 */
-#define NC_MAX_ 3072  /* columns per B block: 384 x 3072 floats = 4.7 MB, in L3 */
+#define NC_MAX_ 768   /* columns per B block: 288 x 768 floats = 885 KB, in L2 */
 #define PF_A_ 128     /* floats of the A strip the AVX-512 kernel prefetches ahead (~9 k steps) */
 #define MR_MAX_ 8
 #define NR_MAX_ 48
@@ -140,6 +140,38 @@ __attribute__((target("avx512f"))) static void ukr_avx512_(int64_t kc, const flo
 #pragma GCC unroll 3
         for (int v = 0; v < 3; v++) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
 }
+
+/* ukr_avx512_ with A (8 rows of kc, at lda) read where it lies, not packed. */
+__attribute__((target("avx512f"))) static void ukr_avx512_rows_(int64_t kc, const float *a, int64_t lda, const float *b,
+                                                           float *c, int64_t ldc, int load,
+                                                           const float *c_next) {
+    __m512 acc[AVX512_MR_][3]; /* as ukr_avx512_, A read in place: row r at a + r lda */
+#pragma GCC unroll 8
+    for (int r = 0; r < AVX512_MR_; r++)
+#pragma GCC unroll 3
+        for (int v = 0; v < 3; v++) acc[r][v] = load ? _mm512_loadu_ps(c + r * ldc + 16 * v) : _mm512_setzero_ps();
+    /* The next tile's C rows, fetched while this tile computes (its load
+     * would otherwise wait on memory at the start of the next call). */
+    if (c_next != NULL)
+        for (int r = 0; r < AVX512_MR_; r++)
+            for (int v = 0; v < 3; v++) _mm_prefetch((const char *)(c_next + r * ldc + 16 * v), _MM_HINT_T1);
+#pragma GCC unroll 2
+    for (int64_t k = 0; k < kc; k++) {
+        const __m512 b0 = _mm512_load_ps(b + k * AVX512_NR_), b1 = _mm512_load_ps(b + k * AVX512_NR_ + 16),
+                     b2 = _mm512_load_ps(b + k * AVX512_NR_ + 32);
+#pragma GCC unroll 8
+        for (int r = 0; r < AVX512_MR_; r++) {
+            const __m512 av = _mm512_set1_ps(a[r * lda + k]);
+            acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
+            acc[r][2] = _mm512_fmadd_ps(av, b2, acc[r][2]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < AVX512_MR_; r++)
+#pragma GCC unroll 3
+        for (int v = 0; v < 3; v++) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
+}
 #endif
 
 /* ---- the path in use ------------------------------------------------------------------ */
@@ -158,7 +190,9 @@ static int isa_(void) {
         int isa = 0;
 #ifdef ZDP_GEMM_X86_
         __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx512f")) isa = 2;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+            __builtin_cpu_supports("avx512vl"))
+            isa = 2;
         else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) isa = 1;
 #endif
         best_ = isa;
@@ -285,34 +319,48 @@ __attribute__((target("avx512f"))) static inline void tr16_(__m512 r[16]) {
     }
 }
 
-/* pack_a_ for the AVX-512 path (MR 8): rows transposed 16 k at a time. */
-__attribute__((target("avx512f"))) static void pack_a_avx512_(float *dst, CBLAS_TRANSPOSE ta, const float *A,
+/* pack_a_ for the AVX-512 path (MR 8): two strips (16 rows) at a time, 16 k
+ * at a time by one 16 x 16 transpose; op(A) transposed (A (K, M)): each k's
+ * row read once, its 8-float pieces written to the strips. */
+__attribute__((target("avx512f,avx512dq,avx512vl"), noinline)) static void pack_a_avx512_(float *dst, CBLAS_TRANSPOSE ta, const float *A,
                                                               int64_t lda, int64_t i0, int64_t mc,
                                                               int64_t p0, int64_t kc) {
     enum { MR = AVX512_MR_ };
-    for (int64_t s = 0; s * MR < mc; s++) {
-        float *d = dst + s * kc * MR; /* (kc, MR) */
-        const int64_t rows = mc - s * MR < MR ? mc - s * MR : MR, i = i0 + s * MR;
-        if (ta == CblasTrans) { /* op(A)[i, k] = A[k lda + i]: 8 contiguous per k */
-            const __mmask16 m = (__mmask16)((1u << rows) - 1);
-            for (int64_t k = 0; k < kc; k++)
-                _mm512_mask_storeu_ps(d + k * MR, (1u << MR) - 1, _mm512_maskz_loadu_ps(m, A + (p0 + k) * lda + i));
-            continue;
+    const int64_t strips = (mc + MR - 1) / MR;
+    if (ta == CblasTrans) { /* op(A)[i, k] = A[k lda + i] */
+        for (int64_t k = 0; k < kc; k++) {
+            const float *src = A + (p0 + k) * lda + i0;
+            for (int64_t s = 0; s < strips; s++) {
+                const int64_t rows = mc - s * MR < MR ? mc - s * MR : MR;
+                const __m256 v = _mm256_maskz_loadu_ps((__mmask8)((1u << rows) - 1), src + s * MR);
+                _mm256_store_ps(dst + s * kc * MR + k * MR, v);
+            }
         }
+        return;
+    }
+    for (int64_t s = 0; s < strips; s += 2) { /* strips s and s + 1: rows i .. i + 15 */
+        const int64_t rows = mc - s * MR < 2 * MR ? mc - s * MR : 2 * MR, i = i0 + s * MR;
+        float *d0 = dst + s * kc * MR, *d1 = d0 + kc * MR; /* (kc, MR) each */
         for (int64_t k0 = 0; k0 < kc; k0 += 16) {
             const int64_t kn = kc - k0 < 16 ? kc - k0 : 16;
             const __mmask16 m = (__mmask16)((1u << kn) - 1);
             __m512 r[16];
-            for (int64_t q = 0; q < 16; q++)
+            for (int64_t q = 0; q < 16; q++) {
+                /* 16 rows are 16 streams: fetch each 4 lines ahead. */
+                if (q < rows) _mm_prefetch((const char *)(A + (i + q) * lda + p0 + k0 + 64), _MM_HINT_T0);
                 r[q] = q < rows ? _mm512_maskz_loadu_ps(m, A + (i + q) * lda + p0 + k0) : _mm512_setzero_ps();
+            }
             tr16_(r); /* r[k] = rows 0..15 at k0 + k */
-            for (int64_t k = 0; k < kn; k++) _mm512_mask_storeu_ps(d + (k0 + k) * MR, (1u << MR) - 1, r[k]);
+            for (int64_t k = 0; k < kn; k++) _mm256_store_ps(d0 + (k0 + k) * MR, _mm512_castps512_ps256(r[k]));
+            if (rows > MR)
+                for (int64_t k = 0; k < kn; k++)
+                    _mm256_store_ps(d1 + (k0 + k) * MR, _mm512_extractf32x8_ps(r[k], 1));
         }
     }
 }
 
 /* pack_b_ for the AVX-512 path (NR 48). */
-__attribute__((target("avx512f"))) static void pack_b_avx512_(float *dst, CBLAS_TRANSPOSE tb, const float *B,
+__attribute__((target("avx512f"), noinline)) static void pack_b_avx512_(float *dst, CBLAS_TRANSPOSE tb, const float *B,
                                                               int64_t ldb, int64_t j0, int64_t nc,
                                                               int64_t p0, int64_t kc) {
     enum { NR = AVX512_NR_ };
@@ -378,6 +426,13 @@ void zdp_nn_gemm_compute(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int6
                     accumulate ? 1.0f : 0.0f, C, (int)ldc);
         return;
     }
+    /* A row-major (not transposed) on the AVX-512 path: read in place. */
+    static int dir_env = -1; if (dir_env < 0) dir_env = getenv("ZDPT_DIRECT") ? atoi(getenv("ZDPT_DIRECT")) : 1;
+#ifdef ZDP_GEMM_X86_
+    const int direct = dir_env && p.ukr == ukr_avx512_ && ta == CblasNoTrans;
+#else
+    const int direct = 0;
+#endif
     _Alignas(64) float tile[MR_MAX_ * NR_MAX_]; /* (mr, nr): an edge tile, zero-padded */
     for (int64_t jc = 0; jc < N; jc += nc_blk) {
         const int64_t nc = N - jc < nc_blk ? N - jc : nc_blk;
@@ -391,11 +446,15 @@ void zdp_nn_gemm_compute(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int6
                 pack_b_(bp, p.nr, tb, B, ldb, jc, nc, pc, kc);
             for (int64_t ic = 0; ic < M; ic += mc_blk) {
                 const int64_t mc = M - ic < mc_blk ? M - ic : mc_blk;
+                if (direct) { /* only a last, short strip is packed */
+                    if (mc % p.mr != 0)
+                        pack_a_avx512_(ap + mc / p.mr * kc * p.mr, ta, A, lda, ic + mc / p.mr * p.mr,
+                                       mc % p.mr, pc, kc);
+                }
 #ifdef ZDP_GEMM_X86_
-                if (p.ukr == ukr_avx512_) pack_a_avx512_(ap, ta, A, lda, ic, mc, pc, kc);
-                else
+                else if (p.ukr == ukr_avx512_) pack_a_avx512_(ap, ta, A, lda, ic, mc, pc, kc);
 #endif
-                    pack_a_(ap, p.mr, ta, A, lda, ic, mc, pc, kc);
+                else pack_a_(ap, p.mr, ta, A, lda, ic, mc, pc, kc);
                 for (int64_t jr = 0; jr < nc; jr += p.nr) {
                     const int64_t nr = nc - jr < p.nr ? nc - jr : p.nr;
                     const float *b = bp + jr / p.nr * kc * p.nr;
@@ -405,13 +464,23 @@ void zdp_nn_gemm_compute(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int6
                         float *c = C + (ic + ir) * ldc + jc + jr;
                         if (mr == p.mr && nr == p.nr) {
                             const float *next = ir + 2 * p.mr <= mc ? c + p.mr * ldc : NULL;
-                            p.ukr(kc, a, b, c, ldc, load, next);
+#ifdef ZDP_GEMM_X86_
+                            if (direct)
+                                ukr_avx512_rows_(kc, A + (ic + ir) * lda + pc, lda, b, c, ldc, load, next);
+                            else
+#endif
+                                p.ukr(kc, a, b, c, ldc, load, next);
                             continue;
                         }
                         for (int64_t r = 0; r < p.mr; r++)
                             for (int64_t j = 0; j < p.nr; j++)
                                 tile[r * p.nr + j] = load && r < mr && j < nr ? c[r * ldc + j] : 0.0f;
-                        p.ukr(kc, a, b, tile, p.nr, load, NULL);
+#ifdef ZDP_GEMM_X86_
+                        if (direct && mr == p.mr)
+                            ukr_avx512_rows_(kc, A + (ic + ir) * lda + pc, lda, b, tile, p.nr, load, NULL);
+                        else
+#endif
+                            p.ukr(kc, a, b, tile, p.nr, load, NULL);
                         for (int64_t r = 0; r < mr; r++)
                             memcpy(c + r * ldc, tile + r * p.nr, (size_t)nr * sizeof(float));
                     }
