@@ -10,16 +10,18 @@
  * for its layout, and folds beta into the micro-kernel (C is loaded into
  * the registers, or not, before the k loop: no pass over C).
  *
- * The blocking (BLIS's loop order): for each block of NC_ columns of C, for
- * each block of kc rows of K, B's block (kc, nc) is packed into panels of
- * NR columns (panel q: (kc, NR), k-major); for each block of MC rows of C,
- * A's block is packed into strips of MR rows (strip s: (kc, MR), k-major);
- * then every (strip, panel) pair is one call of the micro-kernel, which
- * keeps an MR x NR tile of C in registers for the whole kc.  The panel
- * (kc x NR floats) stays in L1 across the strips; the A block in L2.
- * Micro-kernels, chosen at run time: AVX-512 (14 x 32: 28 accumulators),
- * AVX2+FMA (6 x 16), portable C (4 x 16).  Edge tiles (M or N not a
- * multiple of the tile) run the same kernel on a zero-padded copy.
+ * The blocking (BLIS's loop order): for each block of NC_MAX_ columns of C,
+ * for each block of kc rows of K, B's block (kc, nc) is packed into panels
+ * of NR columns (panel q: (kc, NR), k-major; the block stays in L2); for
+ * each block of MC rows of C, A's block is packed into strips of MR rows
+ * (strip s: (kc, MR), k-major) -- on the AVX-512 path a row-major A is not
+ * packed but read in place; then every (strip, panel) pair is one call of
+ * the micro-kernel, which keeps an MR x NR tile of C in registers for the
+ * whole kc.  Micro-kernels, chosen at run time: AVX-512 (8 x 48: 24
+ * accumulators, 3 loads of B and 8 broadcasts of A per 24 FMAs; 14 x 32 was
+ * measured 15-20% slower: more loads per FMA), AVX2+FMA (6 x 16), portable
+ * C (4 x 16).  8 x 48 tiles the step's shapes exactly (M = 1024; N and K
+ * multiples of 48).  Edge tiles run the same kernel on a zero-padded copy.
  *
  * Invariant: every element of C is one chain of fused multiply-adds in k
  * order, starting from C (accumulate, or a later K block) or from 0, so the
@@ -42,10 +44,10 @@
 #define ZDP_GEMM_X86_ 1
 #endif
 
-#define KC_MAX_ 384   /* deepest K block: a 14 x 32 tile's panel is 48 KB at 384, strips 21 KB */
-#define MC_STRIPS_ 12 /* strips per A block: 168 x 384 floats = 258 KB on the AVX-512 path, in L2 */
+#define KC_MAX_ 384   /* deepest K block: K = 576 in 2 blocks of 288 (a panel: 54 KB), 1536 in 4 */
+#define MC_STRIPS_ 12 /* strips per A block: 96 x 384 floats = 147 KB on the AVX-512 path, in L2 */
 #define NC_MAX_ 768   /* columns per B block: 288 x 768 floats = 885 KB, in L2 */
-#define PF_A_ 128     /* floats of the A strip the AVX-512 kernel prefetches ahead (~9 k steps) */
+#define PF_A_ 128     /* floats of a packed A strip the AVX-512 kernel prefetches ahead (16 k steps) */
 #define MR_MAX_ 8
 #define NR_MAX_ 48
 
@@ -241,8 +243,11 @@ int zdp_nn_gemm_wins_(const zdp_nn_gemm *g) {
     const int mode = zdp_nn_gemm_mode();
     if (mode == 0 || g->alpha != 1.0f || (g->beta != 0.0f && g->beta != 1.0f)) return 0;
     if (mode == 2) return 1;
-    /* Measured (bench/gemm_shapes.c): faster than OpenBLAS from these sizes. */
-    return g->M >= 128 && g->N >= 64 && g->K >= 64;
+    /* Measured against cblas_sgemm (docs/benchmarks-llama.md, "Fourth
+     * round"): faster on the step's shapes; slower where K is far deeper
+     * than M and N (the lm_head's dX, K = 49,152: C goes through the cache
+     * once per K block), and not measured on small products. */
+    return g->M >= 64 && g->N >= 48 && g->K >= 64 && g->K <= 8192;
 }
 
 /* ---- packing ------------------------------------------------------------------------- */
@@ -322,7 +327,7 @@ __attribute__((target("avx512f"))) static inline void tr16_(__m512 r[16]) {
 /* pack_a_ for the AVX-512 path (MR 8): two strips (16 rows) at a time, 16 k
  * at a time by one 16 x 16 transpose; op(A) transposed (A (K, M)): each k's
  * row read once, its 8-float pieces written to the strips. */
-__attribute__((target("avx512f,avx512dq,avx512vl"), noinline)) static void pack_a_avx512_(float *dst, CBLAS_TRANSPOSE ta, const float *A,
+__attribute__((target("avx512f,avx512dq,avx512vl"))) static void pack_a_avx512_(float *dst, CBLAS_TRANSPOSE ta, const float *A,
                                                               int64_t lda, int64_t i0, int64_t mc,
                                                               int64_t p0, int64_t kc) {
     enum { MR = AVX512_MR_ };
@@ -360,7 +365,7 @@ __attribute__((target("avx512f,avx512dq,avx512vl"), noinline)) static void pack_
 }
 
 /* pack_b_ for the AVX-512 path (NR 48). */
-__attribute__((target("avx512f"), noinline)) static void pack_b_avx512_(float *dst, CBLAS_TRANSPOSE tb, const float *B,
+__attribute__((target("avx512f"))) static void pack_b_avx512_(float *dst, CBLAS_TRANSPOSE tb, const float *B,
                                                               int64_t ldb, int64_t j0, int64_t nc,
                                                               int64_t p0, int64_t kc) {
     enum { NR = AVX512_NR_ };
@@ -410,11 +415,10 @@ void zdp_nn_gemm_compute(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int6
         return;
     }
     const path_ p = path_now_();
-    static int64_t kcm = 0, mcs = 0, ncm = 0; if (!kcm) { const char *e0 = getenv("ZDPT_NC"); ncm = e0 ? atoll(e0) : NC_MAX_; const char *e = getenv("ZDPT_KC"); kcm = e ? atoll(e) : KC_MAX_; e = getenv("ZDPT_MC"); mcs = e ? atoll(e) : MC_STRIPS_; }
-    const int64_t kc_n = (K + kcm - 1) / kcm;
+    const int64_t kc_n = (K + KC_MAX_ - 1) / KC_MAX_;
     const int64_t kc_blk = (K + kc_n - 1) / kc_n; /* K in kc_n near-equal blocks */
-    const int64_t mc_blk = (int64_t)mcs * p.mr;
-    const int64_t nc_blk = ncm / p.nr * p.nr;
+    const int64_t mc_blk = (int64_t)MC_STRIPS_ * p.mr;
+    const int64_t nc_blk = NC_MAX_ / p.nr * p.nr;
     const int64_t mc_most = M < mc_blk ? (M + p.mr - 1) / p.mr * p.mr : mc_blk;
     const int64_t nc_most = N < nc_blk ? (N + p.nr - 1) / p.nr * p.nr : nc_blk;
     float *ap = alloc_floats_(mc_most * kc_blk); /* strips of the A block */
@@ -426,10 +430,11 @@ void zdp_nn_gemm_compute(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int6
                     accumulate ? 1.0f : 0.0f, C, (int)ldc);
         return;
     }
-    /* A row-major (not transposed) on the AVX-512 path: read in place. */
-    static int dir_env = -1; if (dir_env < 0) dir_env = getenv("ZDPT_DIRECT") ? atoi(getenv("ZDPT_DIRECT")) : 1;
+    /* A row-major (not transposed) on the AVX-512 path: read in place, not
+     * packed (its 8 rows are 8 streams the prefetcher follows; measured
+     * 7% faster over the step's shapes than packing it). */
 #ifdef ZDP_GEMM_X86_
-    const int direct = dir_env && p.ukr == ukr_avx512_ && ta == CblasNoTrans;
+    const int direct = p.ukr == ukr_avx512_ && ta == CblasNoTrans;
 #else
     const int direct = 0;
 #endif
