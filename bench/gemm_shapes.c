@@ -14,7 +14,9 @@
  * the pool (the reference, measured between the products).  The last line:
  * the step's products at those rates, as a fraction of the reference --
  * the MFU the step would reach if everything else (attention's T x T
- * products included) were free.  The pool's
+ * products included) were free.  Each product twice per repetition,
+ * alternating which goes first: through cblas_sgemm (ZDP_GEMM=blas) and
+ * as training runs it (ZDP_GEMM=auto: src/nn/gemm.c where it wins).  The pool's
  * size: ZDP_NUM_THREADS (default 1).  Not a test.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -90,8 +92,9 @@ int main(int argc, char **argv) {
     const int ns = 5;
     printf("# gemm_shapes: model %s, rows %lld, threads %d, reps %d (medians, GFLOP per CPU-second)\n",
            model, (long long)N, zdp_pool_size(), reps);
-    /* Kernels: [0] cblas_sgemm (ZDP_GEMM=blas), [1] zdp_nn_gemm_compute (gemm.c) for
-     * every product it can take; alternating within each repetition. */
+    /* Kernels: [0] cblas_sgemm for every product (ZDP_GEMM=blas), [1] what
+     * training uses (ZDP_GEMM=auto: gemm.c where it wins, cblas elsewhere);
+     * alternating within each repetition, each first in turn. */
     const int saved_mode = zdp_nn_gemm_mode();
     double ref_all[99 * 5], t_step[2] = {0}, t_best[2] = {0}, t_ref_step = 0.0;
     double fm_[2][5], bm_[2][5], fb_[2][5], bb_[2][5];
@@ -111,7 +114,7 @@ int main(int argc, char **argv) {
             ref_all[nref++] = 2.0 * (double)S * S * S / (c1 - c0) * 1e-9;
             for (int q = 0; q < 2; q++) {
                 const int kern = (r + q) % 2; /* alternate which goes first */
-                zdp_nn_gemm_use_mode(kern == 0 ? 0 : 2);
+                zdp_nn_gemm_use_mode(kern == 0 ? 0 : 1);
                 c1 = cpu_s_();
                 if (sh[s].gpt) zdp_nn_matmul_forward(out, inp, w, NULL, N, C, OC);
                 else zdp_nn_linear_forward(out, inp, w, NULL, N, C, OC, 0);
@@ -143,7 +146,7 @@ int main(int argc, char **argv) {
     printf("| product | M x N x K | kernel | forward median (best) | backward (dX + dW) median (best) | "
            "forward median / ref median | backward median / ref median |\n");
     printf("|---|---|---|---|---|---|---|\n");
-    const char *kname[2] = {"cblas", "zdp_nn_gemm"};
+    const char *kname[2] = {"cblas", "auto (gemm.c)"};
     for (int s = 0; s < ns; s++)
         for (int kern = 0; kern < 2; kern++)
             printf("| %s | %lld x %lld x %lld | %s | %.1f (%.1f) | %.1f (%.1f) | %.0f%% | %.0f%% |\n",
