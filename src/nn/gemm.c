@@ -33,6 +33,12 @@
  * Not here: alpha other than 1, beta other than 0 and 1 (cblas_sgemm takes
  * those), threads (the pool's tasks call this on pieces, nn.c).
  */
+/* The kernels are the product's whole cost: optimised in every build (a
+ * Debug build's -O0 made the sanitizer runs of the model tests time out). */
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__OPTIMIZE__)
+#pragma GCC optimize("O2")
+#endif
+
 #include "gemm.h"
 
 #include <math.h>

@@ -86,6 +86,10 @@ static void sgemm_task_(void *ctx, int64_t t, int thread) {
 }
 
 void zdp_nn_sgemm_many_(const zdp_nn_gemm *g, int n) {
+    /* gemm.c reads its mode and path from the pool's threads: settle both
+     * here, before any task runs. */
+    (void)zdp_nn_gemm_mode();
+    (void)zdp_nn_gemm_path();
     for (int done = 0; done < n; done += GEMM_MANY_MAX_) {
         const int m = n - done < GEMM_MANY_MAX_ ? n - done : GEMM_MANY_MAX_;
         sgemm_job j = {.g = g + done, .n = m};
