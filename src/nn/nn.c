@@ -1,7 +1,9 @@
 /*
  * nn.c -- linear and softmax cross-entropy kernels (see nn.h).
- * Matmuls go through cblas_sgemm on row-major data, split over the thread
- * pool by zdp_nn_sgemm_; also here: the pool helpers the kernels share.
+ * Matmuls go through cblas_sgemm or zdp's own GEMM (gemm.c, where it was
+ * measured faster: zdp_nn_gemm_wins_) on row-major data, split over the
+ * thread pool by zdp_nn_sgemm_; also here: the pool helpers the kernels
+ * share.
  */
 #include "nn.h"
 #include "gemm.h"
