@@ -42,6 +42,7 @@
 #include "gemm.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -189,9 +190,12 @@ typedef struct path_ {
     ukr_fn_ ukr;
 } path_;
 
-static int best_ = -1;    /* the best path this CPU has; -1: not asked yet */
-static int isa_now_ = -1; /* the path in use */
-static int mode_ = -1;    /* zdp_nn_gemm_mode; -1: not read yet */
+/* Atomic: read by every product from whichever thread runs it (the pool's,
+ * a server's workers); set once lazily (a race sets the same value) or by
+ * the use_ calls between products. */
+static _Atomic int best_ = -1;    /* the best path this CPU has; -1: not asked yet */
+static _Atomic int isa_now_ = -1; /* the path in use */
+static _Atomic int mode_ = -1;    /* zdp_nn_gemm_mode; -1: not read yet */
 
 static int isa_(void) {
     if (best_ < 0) {
@@ -203,12 +207,12 @@ static int isa_(void) {
             isa = 2;
         else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) isa = 1;
 #endif
-        best_ = isa;
         /* ZDP_GEMM_ISA=0|1 pins a lower path (benchmarks, comparisons). */
         const char *e = getenv("ZDP_GEMM_ISA");
         isa_now_ = e != NULL && e[0] >= '0' && e[0] <= '2' && e[1] == '\0' && e[0] - '0' < isa
                        ? e[0] - '0'
                        : isa;
+        best_ = isa; /* last: a thread that sees it set sees isa_now_ set */
     }
     return isa_now_;
 }
