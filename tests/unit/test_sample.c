@@ -15,6 +15,8 @@
  *     full forward's, and bit for bit the same prompt prefilled alone;
  *   - sequences joining with the same prompt prefill it once and still
  *     equal each alone;
+ *   - zdp_sample_token's top-k cut-off (selected, not sorted) draws what a
+ *     sort-based one draws;
  *   - the cache stores only the KV heads; bad input is refused naming it.
  */
 #include <math.h>
@@ -409,6 +411,61 @@ static void test_topk_logprobs_order(void **state) {
     assert_int_equal(zdp_topk_logprobs(lg, 8, 9, ids, lp), ZDP_ERR_INVALID_ARG);
 }
 
+/* The descending sort's k-th logit, the reference for zdp_sample_token's
+ * top-k cut-off (it selects it without sorting). */
+static int desc_(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* zdp_sample_token with top-k draws what a sort-based cut-off draws: the
+ * same rng step over the tokens at or above the k-th largest logit (ties
+ * kept), for k from 1 to V - 1, logits with many ties, k past the 64 kept
+ * on the stack; at a high temperature every kept token appears and no
+ * other. */
+static void test_sample_topk_cut(void **state) {
+    (void)state;
+    enum { V = 300 };
+    float lg[V], sorted[V];
+    uint64_t r = 7;
+    for (int trial = 0; trial < 200; trial++) {
+        for (int v = 0; v < V; v++) /* ties: values on a grid of 1/8 */
+            lg[v] = (float)((int)(zdp_splitmix64(&r) % 41) - 20) / 8.0f;
+        memcpy(sorted, lg, sizeof lg);
+        qsort(sorted, V, sizeof *sorted, desc_);
+        const int k = trial < 20 ? 1 + trial : trial < 40 ? V - 1 - (trial - 20) : 1 + (int)(zdp_splitmix64(&r) % (V - 1));
+        const zdp_sample_params sp = {.temperature = trial % 2 ? 1000.0 : 0.7, .top_k = k, .top_p = 1.0};
+        const float cut = sorted[k - 1];
+        int best = 0;
+        for (int v = 1; v < V; v++)
+            if (lg[v] > lg[best]) best = v;
+        uint64_t seed = 100 + (uint64_t)trial, ref = seed;
+        /* The reference draw: zdp_sample_token's loop over a sorted cut. */
+        double sum = 0;
+        for (int v = 0; v < V; v++) sum += lg[v] >= cut ? exp((lg[v] - lg[best]) / sp.temperature) : 0.0;
+        const double u = (double)(zdp_splitmix64(&ref) >> 11) * 0x1.0p-53 * sum;
+        double acc = 0;
+        int want = best;
+        for (int v = 0; v < V; v++) {
+            if (lg[v] < cut) continue;
+            acc += exp((lg[v] - lg[best]) / sp.temperature);
+            want = v;
+            if (acc >= u) break;
+        }
+        assert_int_equal(zdp_sample_token(lg, V, &sp, &seed, NULL), want);
+        if (trial % 2 && k < 40) { /* near uniform over the kept: all of them, nothing else */
+            int kept = 0, seen[V] = {0}, n_seen = 0;
+            for (int v = 0; v < V; v++) kept += lg[v] >= cut;
+            for (int d = 0; d < 60 * kept; d++) {
+                const int t = zdp_sample_token(lg, V, &sp, &seed, NULL);
+                assert_true(lg[t] >= cut);
+                n_seen += !seen[t], seen[t] = 1;
+            }
+            assert_int_equal(n_seen, kept);
+        }
+    }
+}
+
 /* Top-k prompt logprobs from the prefill, beside another sequence in the
  * batch: row t lists the k most likely tokens of a full forward of
  * prompt[<t] (nothing left out is more likely than the last listed) with
@@ -518,6 +575,7 @@ int main(void) {
         cmocka_unit_test(test_shared_prompt),
         cmocka_unit_test(test_cache_holds_kv_heads),
         cmocka_unit_test(test_topk_logprobs_order),
+        cmocka_unit_test(test_sample_topk_cut),
         cmocka_unit_test(test_prompt_topk),
         cmocka_unit_test(test_bad_input),
     };
