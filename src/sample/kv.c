@@ -100,9 +100,10 @@ struct zdp_kv_packs {
 };
 
 /* Passes of 2..PACK_ROWS_ rows go to the packed kernels; longer ones (a
- * batch of prompts' prefill) to cblas_sgemm, whose blocking pays there
- * (bench_sample --gemm, one thread: the packed kernels 0.90-1.13x sgemm at
- * 256 rows on gpt-m's and SmolLM2's shapes, 0.84-0.86x at 2048). */
+ * batch of prompts' prefill) to training's linear (zdp_nn_linear_forward:
+ * gemm.c or cblas_sgemm, whose blocking pays there; bench_sample --gemm, one
+ * thread: the packed kernels 0.90-1.13x sgemm at 256 rows on gpt-m's and
+ * SmolLM2's shapes, 0.84-0.86x at 2048). */
 #define PACK_ROWS_ 256
 
 /* Runs of at least PROMPT_ROWS_ rows of one slot at consecutive positions
