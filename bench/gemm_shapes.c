@@ -14,7 +14,9 @@
  * the pool (the reference, measured between the products).  The last line:
  * the step's products at those rates, as a fraction of the reference --
  * the MFU the step would reach if everything else (attention's T x T
- * products included) were free.  The pool's
+ * products included) were free.  Each product twice per repetition,
+ * alternating which goes first: through cblas_sgemm (ZDP_GEMM=blas) and
+ * as training runs it (ZDP_GEMM=auto: src/nn/gemm.c where it wins).  The pool's
  * size: ZDP_NUM_THREADS (default 1).  Not a test.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -24,6 +26,7 @@
 #include <time.h>
 
 #include "core/core.h"
+#include "nn/gemm.h"
 #include "nn/nn.h"
 
 static double cpu_s_(void) {
@@ -89,7 +92,12 @@ int main(int argc, char **argv) {
     const int ns = 5;
     printf("# gemm_shapes: model %s, rows %lld, threads %d, reps %d (medians, GFLOP per CPU-second)\n",
            model, (long long)N, zdp_pool_size(), reps);
-    double ref_all[99 * 5], t_step = 0.0, t_best = 0.0, t_ref_step = 0.0, fm_[5], bm_[5], fb_[5], bb_[5];
+    /* Kernels: [0] cblas_sgemm for every product (ZDP_GEMM=blas), [1] what
+     * training uses (ZDP_GEMM=auto: gemm.c where it wins, cblas elsewhere);
+     * alternating within each repetition, each first in turn. */
+    const int saved_mode = zdp_nn_gemm_mode();
+    double ref_all[99 * 5], t_step[2] = {0}, t_best[2] = {0}, t_ref_step = 0.0;
+    double fm_[2][5], bm_[2][5], fb_[2][5], bb_[2][5];
     int nref = 0;
     const int64_t S = 1024;
     float *ra = vec_(S * S), *rb = vec_(S * S), *rc = vec_(S * S);
@@ -97,48 +105,64 @@ int main(int argc, char **argv) {
         const int64_t C = sh[s].C, OC = sh[s].OC;
         float *inp = vec_(N * C), *w = vec_(OC * C), *out = vec_(N * OC), *dout = vec_(N * OC);
         float *dinp = vec_(N * C), *dw = vec_(OC * C);
-        double f[99], b[99];
+        double f[2][99], b[2][99];
         for (int r = 0; r < reps; r++) {
+            zdp_nn_gemm_use_mode(0);
             double c0 = cpu_s_();
             zdp_nn_sgemm_(CblasNoTrans, CblasNoTrans, S, S, S, 1.0f, ra, S, rb, S, 0.0f, rc, S);
             double c1 = cpu_s_();
-            if (sh[s].gpt) zdp_nn_matmul_forward(out, inp, w, NULL, N, C, OC);
-            else zdp_nn_linear_forward(out, inp, w, NULL, N, C, OC, 0);
-            double c2 = cpu_s_();
-            if (sh[s].gpt) zdp_nn_matmul_backward(dinp, dw, NULL, dout, inp, w, N, C, OC);
-            else zdp_nn_linear_backward(dinp, dw, NULL, dout, inp, w, N, C, OC);
-            double c3 = cpu_s_();
             ref_all[nref++] = 2.0 * (double)S * S * S / (c1 - c0) * 1e-9;
-            f[r] = 2.0 * (double)N * C * OC / (c2 - c1) * 1e-9;
-            b[r] = 4.0 * (double)N * C * OC / (c3 - c2) * 1e-9;
+            for (int q = 0; q < 2; q++) {
+                const int kern = (r + q) % 2; /* alternate which goes first */
+                zdp_nn_gemm_use_mode(kern == 0 ? 0 : 1);
+                c1 = cpu_s_();
+                if (sh[s].gpt) zdp_nn_matmul_forward(out, inp, w, NULL, N, C, OC);
+                else zdp_nn_linear_forward(out, inp, w, NULL, N, C, OC, 0);
+                double c2 = cpu_s_();
+                if (sh[s].gpt) zdp_nn_matmul_backward(dinp, dw, NULL, dout, inp, w, N, C, OC);
+                else zdp_nn_linear_backward(dinp, dw, NULL, dout, inp, w, N, C, OC);
+                double c3 = cpu_s_();
+                f[kern][r] = 2.0 * (double)N * C * OC / (c2 - c1) * 1e-9;
+                b[kern][r] = 4.0 * (double)N * C * OC / (c3 - c2) * 1e-9;
+            }
         }
-        qsort(f, (size_t)reps, sizeof(double), cmp_);
-        qsort(b, (size_t)reps, sizeof(double), cmp_);
-        const double fm = f[reps / 2], bm = b[reps / 2];
-        /* The step's time in these products, at these rates (6 N C OC FLOPs each). */
-        t_step += (double)sh[s].count * (2.0 * (double)N * C * OC / fm + 4.0 * (double)N * C * OC / bm);
         t_ref_step += (double)sh[s].count * 6.0 * (double)N * C * OC;
-        fm_[s] = fm, bm_[s] = bm, fb_[s] = f[reps - 1], bb_[s] = b[reps - 1];
-        t_best += (double)sh[s].count * (2.0 * (double)N * C * OC / fb_[s] + 4.0 * (double)N * C * OC / bb_[s]);
+        for (int kern = 0; kern < 2; kern++) {
+            qsort(f[kern], (size_t)reps, sizeof(double), cmp_);
+            qsort(b[kern], (size_t)reps, sizeof(double), cmp_);
+            const double fm = f[kern][reps / 2], bm = b[kern][reps / 2];
+            /* The step's time in these products, at these rates (6 N C OC FLOPs each). */
+            t_step[kern] += (double)sh[s].count * (2.0 * (double)N * C * OC / fm + 4.0 * (double)N * C * OC / bm);
+            fm_[kern][s] = fm, bm_[kern][s] = bm, fb_[kern][s] = f[kern][reps - 1], bb_[kern][s] = b[kern][reps - 1];
+            t_best[kern] += (double)sh[s].count * (2.0 * (double)N * C * OC / fb_[kern][s] +
+                                                  4.0 * (double)N * C * OC / bb_[kern][s]);
+        }
         free(inp), free(w), free(out), free(dout), free(dinp), free(dw);
     }
+    zdp_nn_gemm_use_mode(saved_mode);
     qsort(ref_all, (size_t)nref, sizeof(double), cmp_);
     const double ref = ref_all[nref / 2];
     const double ref_best = ref_all[nref - 1];
-    printf("| product | M x N x K | forward median (best) | backward (dX + dW) median (best) | "
-           "forward best / ref best | backward best / ref best |\n");
-    printf("|---|---|---|---|---|---|\n");
+    printf("| product | M x N x K | kernel | forward median (best) | backward (dX + dW) median (best) | "
+           "forward median / ref median | backward median / ref median |\n");
+    printf("|---|---|---|---|---|---|---|\n");
+    const char *kname[2] = {"cblas", "auto (gemm.c)"};
     for (int s = 0; s < ns; s++)
-        printf("| %s | %lld x %lld x %lld | %.1f (%.1f) | %.1f (%.1f) | %.0f%% | %.0f%% |\n",
-               sh[s].name, (long long)N, (long long)sh[s].OC, (long long)sh[s].C, fm_[s], fb_[s],
-               bm_[s], bb_[s], 100.0 * fb_[s] / ref_best, 100.0 * bb_[s] / ref_best);
-    printf("# reference: 1024^3 sgemm over the pool, median %.1f, best %.1f GFLOP per CPU-second\n",
+        for (int kern = 0; kern < 2; kern++)
+            printf("| %s | %lld x %lld x %lld | %s | %.1f (%.1f) | %.1f (%.1f) | %.0f%% | %.0f%% |\n",
+                   sh[s].name, (long long)N, (long long)sh[s].OC, (long long)sh[s].C, kname[kern],
+                   fm_[kern][s], fb_[kern][s], bm_[kern][s], bb_[kern][s],
+                   100.0 * fm_[kern][s] / ref, 100.0 * bm_[kern][s] / ref);
+    printf("# reference: 1024^3 cblas_sgemm over the pool, median %.1f, best %.1f GFLOP per CPU-second\n",
            ref, ref_best);
-    printf("# the step's products at their best rates: %.1f GFLOP per CPU-second = %.1f%% of the "
-           "best reference\n", t_ref_step / t_best, 100.0 * t_ref_step / t_best / ref_best);
-    printf("# the step's products at their median rates: %.1f GFLOP per CPU-second = %.1f%% of the "
-           "median reference (the MFU ceiling if nothing else took time)\n",
-           t_ref_step / t_step, 100.0 * t_ref_step / t_step / ref);
+    for (int kern = 0; kern < 2; kern++) {
+        printf("# %s: the step's products at their best rates: %.1f GFLOP per CPU-second = %.1f%% of the "
+               "best reference\n", kname[kern], t_ref_step / t_best[kern],
+               100.0 * t_ref_step / t_best[kern] / ref_best);
+        printf("# %s: the step's products at their median rates: %.1f GFLOP per CPU-second = %.1f%% of the "
+               "median reference (the MFU ceiling if nothing else took time)\n",
+               kname[kern], t_ref_step / t_step[kern], 100.0 * t_ref_step / t_step[kern] / ref);
+    }
     free(ra), free(rb), free(rc);
     return 0;
 }

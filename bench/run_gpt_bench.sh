@@ -30,7 +30,7 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD" -j"$(nproc)" --target zdp_cli zdp optim_bench >/dev/null
 BUILD=$(cd "$BUILD" && pwd)
 ZDP=$BUILD/bin/zdp
-if ! "$ZDP" train --help 2>&1 | grep -q -- "--model"; then
+if ! "$ZDP" train --help 2>&1 | grep -- "--model" >/dev/null; then
     echo "run_gpt_bench: $ZDP has no 'train --model gpt' yet" >&2
     exit 1
 fi

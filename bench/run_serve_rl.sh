@@ -8,6 +8,10 @@
 # env:   NPS="1 2" (one run each) THREADS=1 (kernel threads per rank)
 #        ITERS=3 SAMPLE_ONLY=0 (1: the sampling phase only: -np scaling)
 #        PROMPTS=8 SAMPLES=8 NEW=64
+#        PACKS=0: the ranks run with ZDP_SERVE_SHARED_PACKS=0 (every sampling
+#        batch packs its own copy of the weights: the store's gain, measured)
+# Several sampling batches per weights snapshot, the cookbook's loop
+# (docs/benchmarks-sample.md): SAMPLE_ONLY=1 PROMPTS=128 SAMPLES=16 NEW=16.
 # Each iteration also reports the sampling phase's CPU seconds summed over
 # the ranks and tokens per CPU second (-np scaling on a shared machine).
 set -uo pipefail  # no -e: stop_server's kill of a finished server returns nonzero
@@ -23,9 +27,13 @@ extra=()
 # Full fine-tuning on either side of a before/after comparison: a server
 # that trains LoRA models by default is told so (older ones know no flag).
 ft=()
-"$ZDP" serve --help 2>&1 | grep -q -- --full-finetune && ft+=(--full-finetune)
+# (The help is read whole first: grep -q would close the pipe early, and under
+# pipefail zdp's SIGPIPE would read as "no such flag".)
+help=$("$ZDP" serve --help 2>&1)
+[[ $help == *--full-finetune* ]] && ft+=(--full-finetune)
 for np in ${NPS:-1 2}; do
   export OPENBLAS_NUM_THREADS=${THREADS:-1} ZDP_NUM_THREADS=${THREADS:-1}
+  [ "${PACKS:-1}" = 0 ] && export ZDP_SERVE_SHARED_PACKS=0
   start_server "$np" "$T/server$np.log" --model gpt --n-layer 6 --n-head 6 --n-embd 384 --vocab-size 256 \
     --block-size 512 --config "$T/cfg.json" --checkpoint-dir "$T/ck$np" --model-name zdp-gpt "${ft[@]}" || continue
   # The ranks' process ids (the zdp processes under the server's launcher):
@@ -36,7 +44,8 @@ for np in ${NPS:-1 2}; do
     [ "$(cat /proc/"$p"/comm 2>/dev/null)" = zdp ] && pids+=("$p")
     for c in $(cat /proc/"$p"/task/*/children 2>/dev/null); do todo+=("$c"); done
   done
-  echo "run_serve_rl: -np $np, $(grep -c processor /proc/cpuinfo) cpus, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "run_serve_rl: -np $np, $(grep -c processor /proc/cpuinfo) cpus, load $(cut -d' ' -f1-3 /proc/loadavg)," \
+    "shared packs ${ZDP_SERVE_SHARED_PACKS:-1}"
   timeout 1800 $PY "$BENCH/serve_rl.py" "$URL" --iters "${ITERS:-3}" --prompts "${PROMPTS:-8}" \
     --samples "${SAMPLES:-8}" --new "${NEW:-64}" \
     --pids "$(IFS=,; echo "${pids[*]}")" "${extra[@]}" || fail "serve_rl.py at -np $np"

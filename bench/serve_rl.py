@@ -10,9 +10,14 @@ wire protocol (tests/serve/tinker_sdk.py, no SDK needed).
 Where the time goes, per iteration (medians over the iterations after the
 first): wall seconds of each phase as the client sees it, and the server's
 own execution seconds of each (GET /info "requests": count x mean_exec_ms
-before and after), so client wall - server exec = HTTP, polling and queueing.
+before and after), so client wall - server exec = HTTP, polling and queueing
+(outside the sampling phase: asample requests that share a batch each count
+its whole time).
 With --sample-only, only the sampling phase (the -np scaling load): sampled
-tokens per second.
+tokens per second, and the weight matrices the server's packed-weights
+store packed during it (/info packed_weights_packs, summed over the ranks:
+once per snapshot when the store is shared; 0 with ZDP_SERVE_SHARED_PACKS=0,
+where every batch's cache packs its own).
 
 usage: serve_rl.py URL [--prompts 8] [--samples 8] [--new 64] [--prompt-len 32]
                        [--iters 3] [--sample-only] [--json OUT]
@@ -24,7 +29,6 @@ import os
 import random
 import statistics
 import sys
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,14 +42,24 @@ def exec_seconds(http):
     return {k: v["count"] * v["mean_exec_ms"] / 1e3 for k, v in req.items()}
 
 
-def asample(http, body):
-    fut = http.post("/api/v1/asample", dict(body, type="sample")).json()
+def asample_submit(http, body):
+    """An asample request's future id (the server queues it at once)."""
+    return http.post("/api/v1/asample", dict(body, type="sample")).json()["request_id"]
+
+
+def asample_result(http, rid):
     while True:
-        r = http.post("/api/v1/retrieve_future", {"request_id": fut["request_id"]}).json()
+        r = http.post("/api/v1/retrieve_future", {"request_id": rid}).json()
         if r.get("type") != "try_again":
             if "sequences" not in r:
                 raise RuntimeError("asample failed: %s" % r)
             return r
+
+
+def packs(http):
+    """GET /info's packed_weights_packs summed over the ranks: weight
+    matrices the packed-weights store packed so far (docs/sampling.md)."""
+    return sum(r.get("packed_weights_packs", 0) for r in http.get("/info").json().get("memory", []))
 
 
 def cpu_seconds(pids):
@@ -92,24 +106,21 @@ def main():
                          "sampling_session_seq_id": it, "model_path": saved["path"],
                          "type": "create_sampling_session"}).json()["sampling_session_id"]
         row["save_s"] = time.time() - t
-        # Sample: every prompt's request in flight at once.
+        # Sample: every prompt's request in flight at once (all submitted,
+        # then their futures awaited, as the SDK's sample_async does).
+        packs0 = packs(http)
         cpu0 = cpu_seconds(pids)
         t = time.time()
-        results = [None] * a.prompts
-
-        def one(i):
-            results[i] = asample(http, {"sampling_session_id": sess, "num_samples": a.samples,
-                                        "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompts[i]}]},
-                                        "sampling_params": {"max_tokens": a.new, "temperature": 1.0,
-                                                            "seed": 1000 * it + i}})
-        th = [threading.Thread(target=one, args=(i,)) for i in range(a.prompts)]
-        for x in th:
-            x.start()
-        for x in th:
-            x.join()
+        rids = [asample_submit(http, {"sampling_session_id": sess, "num_samples": a.samples,
+                                      "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompts[i]}]},
+                                      "sampling_params": {"max_tokens": a.new, "temperature": 1.0,
+                                                          "seed": 1000 * it + i}})
+                for i in range(a.prompts)]
+        results = [asample_result(http, rid) for rid in rids]
         row["sample_s"] = time.time() - t
         if pids:
             row["sample_cpu_s"] = cpu_seconds(pids) - cpu0
+        row["packs"] = packs(http) - packs0
         n_tok = sum(len(s["tokens"]) for r in results for s in r["sequences"])
         row["sampled_tokens"] = n_tok
         row["sample_tok_s"] = n_tok / row["sample_s"]
@@ -139,7 +150,10 @@ def main():
         row["server_exec_s"] = {k: round(ex1[k] - ex0.get(k, 0.0), 4) for k in ex1 if ex1[k] - ex0.get(k, 0.0) > 0}
         wall = sum(row.get(k, 0.0) for k in ("save_s", "sample_s", "forward_backward_s", "optim_s"))
         row["wall_s"] = wall
-        row["http_and_queue_s"] = wall - sum(row["server_exec_s"].values()) + row["server_exec_s"].get("info", 0.0)
+        # Requests that shared a decoding batch each count the batch's whole
+        # time in /info, so the sampling phase is left out of this figure.
+        ex = row["server_exec_s"]
+        row["http_and_queue_s"] = wall - row["sample_s"] - (sum(ex.values()) - ex.get("info", 0.0) - ex.get("asample", 0.0))
         rows.append(row)
         print("iter %d: %s" % (it, json.dumps(row, sort_keys=True)), flush=True)
     keep = rows[1:] if len(rows) > 1 else rows

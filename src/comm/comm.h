@@ -105,6 +105,10 @@ ZDP_API zdp_status zdp_channel_reduce_sum_f32(zdp_channel *ch, float *buf, int64
 /* Rank r's nbytes land at all + r * nbytes on rank 0 (all: NULL elsewhere). */
 ZDP_API zdp_status zdp_channel_gather(zdp_channel *ch, const void *mine, int64_t nbytes, void *all,
                                       zdp_error *err);
+/* The same, nonblocking (nbytes <= INT_MAX): mine and all stay untouched
+ * until the request completes. */
+ZDP_API zdp_status zdp_channel_igather(zdp_channel *ch, const void *mine, int64_t nbytes, void *all,
+                                       zdp_comm_req **req, zdp_error *err);
 ZDP_API zdp_status zdp_channel_send_int(zdp_channel *ch, int value, int dest, int tag, zdp_error *err);
 /* *value must stay put until the request completes. */
 ZDP_API zdp_status zdp_channel_isend_int(zdp_channel *ch, const int *value, int dest, int tag,

@@ -245,8 +245,8 @@ static void count_(zdp_comm_report *st, zdp_collective c, int64_t payload, int64
  * arena grows in heaps of 64 MiB: a larger block is mapped afresh whatever
  * zdp_dist_init's mallopt says, so stage 0's 538 MB of SmolLM2-135M
  * gradients paid ~66,000 page faults per rank every step
- * (docs/benchmarks-llama.md, "Fourth round").  Pieces of 8 MiB keep the
- * temporary inside the arena, which reuses it. */
+ * (docs/benchmarks-llama.md, "Fourth round, the rest of the step").
+ * Pieces of 8 MiB keep the temporary inside the arena, which reuses it. */
 #define AR_CHUNK_BYTES_ ((int64_t)8 << 20)
 
 static zdp_status allreduce_(void *buf, int64_t n, size_t esize, MPI_Datatype t,
@@ -523,6 +523,17 @@ zdp_status zdp_channel_gather(zdp_channel *ch, const void *mine, int64_t nbytes,
                            (long long)nbytes);
     return check_(MPI_Gather(mine, (int)nbytes, MPI_BYTE, all, (int)nbytes, MPI_BYTE, 0, ch->comm),
                   "MPI_Gather", err);
+}
+
+zdp_status zdp_channel_igather(zdp_channel *ch, const void *mine, int64_t nbytes, void *all,
+                               zdp_comm_req **req, zdp_error *err) {
+    if (nbytes > INT_MAX)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_channel_igather: %lld bytes, more than INT_MAX",
+                           (long long)nbytes);
+    zdp_comm_req *q = req_new_(err);
+    if (q == NULL) return ZDP_ERR_NOMEM;
+    return req_started_(MPI_Igather(mine, (int)nbytes, MPI_BYTE, all, (int)nbytes, MPI_BYTE, 0, ch->comm, &q->r),
+                        "MPI_Igather", q, req, err);
 }
 
 zdp_status zdp_channel_send_int(zdp_channel *ch, int value, int dest, int tag, zdp_error *err) {

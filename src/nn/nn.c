@@ -1,9 +1,12 @@
 /*
  * nn.c -- linear and softmax cross-entropy kernels (see nn.h).
- * Matmuls go through cblas_sgemm on row-major data, split over the thread
- * pool by zdp_nn_sgemm_; also here: the pool helpers the kernels share.
+ * Matmuls go through cblas_sgemm or zdp's own GEMM (gemm.c, where it was
+ * measured faster: zdp_nn_gemm_wins_) on row-major data, split over the
+ * thread pool by zdp_nn_sgemm_; also here: the pool helpers the kernels
+ * share.
  */
 #include "nn.h"
+#include "gemm.h"
 
 #include <math.h>
 #include <string.h>
@@ -49,14 +52,22 @@ static void gemm_piece_(const zdp_nn_gemm *g, int64_t n, int64_t t) {
         gemm_span_(g->M, n, t, &lo, &hi);
         /* Rows lo..hi of op(A): rows of A, or columns when transposed. */
         const float *a = g->A + (g->ta == CblasNoTrans ? lo * g->lda : lo);
-        cblas_sgemm(CblasRowMajor, g->ta, g->tb, (int)(hi - lo), (int)g->N, (int)g->K, g->alpha,
-                    a, (int)g->lda, g->B, (int)g->ldb, g->beta, g->C + lo * g->ldc, (int)g->ldc);
+        if (zdp_nn_gemm_wins_(g))
+            zdp_nn_gemm_compute(g->ta, g->tb, hi - lo, g->N, g->K, a, g->lda, g->B, g->ldb,
+                        g->beta != 0.0f, g->C + lo * g->ldc, g->ldc);
+        else
+            cblas_sgemm(CblasRowMajor, g->ta, g->tb, (int)(hi - lo), (int)g->N, (int)g->K, g->alpha,
+                        a, (int)g->lda, g->B, (int)g->ldb, g->beta, g->C + lo * g->ldc, (int)g->ldc);
     } else {
         gemm_span_(g->N, n, t, &lo, &hi);
         /* Columns lo..hi of op(B): columns of B, or rows when transposed. */
         const float *b = g->B + (g->tb == CblasNoTrans ? lo : lo * g->ldb);
-        cblas_sgemm(CblasRowMajor, g->ta, g->tb, (int)g->M, (int)(hi - lo), (int)g->K, g->alpha,
-                    g->A, (int)g->lda, b, (int)g->ldb, g->beta, g->C + lo, (int)g->ldc);
+        if (zdp_nn_gemm_wins_(g))
+            zdp_nn_gemm_compute(g->ta, g->tb, g->M, hi - lo, g->K, g->A, g->lda, b, g->ldb,
+                        g->beta != 0.0f, g->C + lo, g->ldc);
+        else
+            cblas_sgemm(CblasRowMajor, g->ta, g->tb, (int)g->M, (int)(hi - lo), (int)g->K, g->alpha,
+                        g->A, (int)g->lda, b, (int)g->ldb, g->beta, g->C + lo, (int)g->ldc);
     }
 }
 
@@ -77,6 +88,10 @@ static void sgemm_task_(void *ctx, int64_t t, int thread) {
 }
 
 void zdp_nn_sgemm_many_(const zdp_nn_gemm *g, int n) {
+    /* gemm.c reads its mode and path from the pool's threads: settle both
+     * here, before any task runs. */
+    (void)zdp_nn_gemm_mode();
+    (void)zdp_nn_gemm_path();
     for (int done = 0; done < n; done += GEMM_MANY_MAX_) {
         const int m = n - done < GEMM_MANY_MAX_ ? n - done : GEMM_MANY_MAX_;
         sgemm_job j = {.g = g + done, .n = m};

@@ -105,9 +105,10 @@ static inline int64_t zdp_nn_tasks_(int64_t len, int64_t min_len) {
     return most < 1 ? 1 : most < p ? most : p;
 }
 
-/* cblas_sgemm (row-major) split over the pool along M or N, whichever is
- * larger; each element is computed by one single-threaded call with the
- * whole K, so the result is the single call's. */
+/* cblas_sgemm (row-major), or zdp's GEMM (gemm.c) where it wins, split
+ * over the pool along M or N, whichever is larger; each element is computed
+ * by one single-threaded call with the whole K, so the result is the single
+ * call's. */
 ZDP_API void zdp_nn_sgemm_(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K,
                    float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                    float beta, float *C, int64_t ldc);

@@ -10,8 +10,13 @@
  *   panel j (K, NR_) = B[:, j*NR_ .. j*NR_+NR_), zero-padded past N,
  * so a kernel streams one panel from start to end while it keeps a block of
  * up to MR_ rows of C in registers.  Paths, chosen at run time: AVX-512
- * (6 rows x 2 panels), AVX2+FMA (6 rows x 1 panel), portable C (4 rows x
- * 1 panel, which GCC vectorises across the panel's columns).
+ * (8 rows x 3 panels, the last one or two panels 8 x 2 or 8 x 1), AVX2+FMA
+ * (6 rows x 1 panel), portable C (4 rows x 1 panel, which GCC vectorises
+ * across the panel's columns).
+ *
+ * Long products (prefills) run in row blocks of MC_ rows, each block against
+ * every panel unit in turn, so A's block stays in L2 (without them the kernel
+ * fell to 0.65-0.80x cblas_sgemm at 1024 rows; with them 0.91-1.03x).
  *
  * Every element of C is one chain of fused multiply-adds in k order (the
  * C path: multiply then add, unless the compiler contracts), continued
@@ -31,6 +36,7 @@
 
 #define NR_ 16  /* columns per panel */
 #define MR_ 6   /* rows per register block (AVX paths) */
+#define MC_ 128 /* rows of a row block (prefills): A's block (MC_, K) stays in L2 */
 #define KC_ 128 /* rows of a panel block: 2 x 8 KB on the AVX-512 path, in L1 with the A rows */
 #define PF_ 32  /* panel rows the AVX-512 kernel prefetches ahead (2 KB; 16, 64, 128 and none measured no better: bench_sample --gemm) */
 
@@ -76,13 +82,16 @@ void zdp_nn_pack_b(float *dst, const float *W, int64_t K, int64_t N, int trans) 
     }
 }
 
-/* ---- kernels: c (mr, ncols) [+]= a (mr, kc) @ panel block (kc, NR_ per panel) ----
+/* ---- kernels: c (mr, ncols) [+]= a (mr, kc) @ panel block (kc, NR_ per panel) [+ bias] ----
  * a: rows at lda; b0, b1: the panels' blocks (kc, NR_); c at ldc.  load:
  * start from c (else 0).  ncols: the columns of c that exist (<= NR_ per
- * panel: the last panel is cut at N). */
+ * panel: the last panel is cut at N).  bias (the block's columns; NULL:
+ * none), on the last K block only: added to the finished sums before they
+ * are stored, while they are in registers (a separate pass over C after the
+ * product was 3-4% of a gpt-m prefill); the same one rounding as after. */
 
 static void kernel_c_(int64_t mr, int64_t kc, const float *a, int64_t lda, const float *b, float *c,
-                      int64_t ldc, int64_t ncols, int load) {
+                      int64_t ldc, int64_t ncols, int load, const float *bias) {
     for (int64_t r0 = 0; r0 < mr; r0 += 4) {
         const int64_t rn = mr - r0 < 4 ? mr - r0 : 4;
         float acc[4][NR_];
@@ -97,14 +106,16 @@ static void kernel_c_(int64_t mr, int64_t kc, const float *a, int64_t lda, const
             }
         }
         for (int64_t r = 0; r < rn; r++)
-            for (int64_t j = 0; j < ncols; j++) c[(r0 + r) * ldc + j] = acc[r][j];
+            for (int64_t j = 0; j < ncols; j++)
+                c[(r0 + r) * ldc + j] = bias != NULL ? acc[r][j] + bias[j] : acc[r][j];
     }
 }
 
 #ifdef ZDP_PACKED_X86_
 __attribute__((target("avx2,fma"))) static void kernel_avx2_(int64_t mr, int64_t kc, const float *a,
                                                              int64_t lda, const float *b, float *c,
-                                                             int64_t ldc, int64_t ncols, int load) {
+                                                             int64_t ldc, int64_t ncols, int load,
+                                                             const float *bias) {
     for (int64_t r0 = 0; r0 < mr; r0 += MR_) {
         const int64_t rn = mr - r0 < MR_ ? mr - r0 : MR_;
         __m256 lo[MR_], hi[MR_];
@@ -136,6 +147,12 @@ __attribute__((target("avx2,fma"))) static void kernel_avx2_(int64_t mr, int64_t
                 }
             }
         }
+        if (bias != NULL) {
+            for (int64_t j = 0; j < NR_; j++) tmp[j] = j < ncols ? bias[j] : 0.0f;
+            const __m256 blo = _mm256_loadu_ps(tmp), bhi = _mm256_loadu_ps(tmp + 8);
+            for (int64_t r = 0; r < rn; r++)
+                lo[r] = _mm256_add_ps(lo[r], blo), hi[r] = _mm256_add_ps(hi[r], bhi);
+        }
         for (int64_t r = 0; r < rn; r++) {
             float *cr = c + (r0 + r) * ldc;
             if (ncols == NR_) {
@@ -162,7 +179,7 @@ __attribute__((target("avx512f"))) static void kernel_avx512_(int64_t mr, int64_
                                                               int64_t lda, const float *b0p,
                                                               const float *b1p, float *c, int64_t ldc,
                                                               int64_t ncols0, int64_t ncols1, int load,
-                                                              int64_t pf) {
+                                                              int64_t pf, const float *bias) {
     const __mmask16 m0 = (__mmask16)((1u << ncols0) - 1u), m1 = (__mmask16)((1u << ncols1) - 1u);
     for (int64_t r0 = 0; r0 < mr; r0 += MR512_) {
         const int64_t rn = mr - r0 < MR512_ ? mr - r0 : MR512_;
@@ -209,10 +226,77 @@ __attribute__((target("avx512f"))) static void kernel_avx512_(int64_t mr, int64_
                     x[r] = _mm512_fmadd_ps(_mm512_set1_ps(ar[r * lda + k]), b0, x[r]);
             }
         }
+        if (bias != NULL) {
+            const __m512 bx = _mm512_maskz_loadu_ps(m0, bias);
+            const __m512 by = b1p != NULL ? _mm512_maskz_loadu_ps(m1, bias + NR_) : _mm512_setzero_ps();
+            for (int64_t r = 0; r < rn; r++) x[r] = _mm512_add_ps(x[r], bx), y[r] = _mm512_add_ps(y[r], by);
+        }
         for (int64_t r = 0; r < rn; r++) {
             _mm512_mask_storeu_ps(c + (r0 + r) * ldc, m0, x[r]);
             if (b1p != NULL) _mm512_mask_storeu_ps(c + (r0 + r) * ldc + NR_, m1, y[r]);
         }
+    }
+}
+
+/* Three panels at once, up to MR512_ rows: 24 accumulators, 3 panel loads
+ * and 8 broadcasts per 24 fused multiply-adds (the 2-panel kernel's 10 loads
+ * per 16 held it near 80 GFLOP/s in L1 on this machine's AVX-512 core; 3
+ * panels ran 92-99, and 6 rows x 4 panels 91-96, with a 16-column panel kept).
+ * ncols[q]: the columns of panel q that exist (<= NR_); pf as above. */
+__attribute__((target("avx512f"))) static void kernel_avx512x3_(int64_t mr, int64_t kc, const float *a,
+                                                                int64_t lda, const float *b0p,
+                                                                int64_t bstride, float *c, int64_t ldc,
+                                                                const int64_t *ncols, int load,
+                                                                int64_t pf, const float *bias) {
+    __mmask16 m[3];
+    for (int q = 0; q < 3; q++) m[q] = (__mmask16)((1u << ncols[q]) - 1u);
+    for (int64_t r0 = 0; r0 < mr; r0 += MR512_) {
+        const int64_t rn = mr - r0 < MR512_ ? mr - r0 : MR512_;
+        __m512 x[MR512_][3];
+        for (int64_t r = 0; r < MR512_; r++)
+            for (int q = 0; q < 3; q++)
+                x[r][q] = load && r < rn ? _mm512_maskz_loadu_ps(m[q], c + (r0 + r) * ldc + q * NR_)
+                                         : _mm512_setzero_ps();
+        const float *ar = a + r0 * lda;
+        if (rn == MR512_ && r0 == 0 && pf > 0) {
+            for (int64_t k = 0; k < kc; k++) {
+                __m512 b[3];
+                for (int q = 0; q < 3; q++) {
+                    _mm_prefetch((const char *)(b0p + q * bstride + pf + k * NR_), _MM_HINT_T0);
+                    b[q] = _mm512_loadu_ps(b0p + q * bstride + k * NR_);
+                }
+                for (int r = 0; r < MR512_; r++) {
+                    const __m512 av = _mm512_set1_ps(ar[r * lda + k]);
+                    for (int q = 0; q < 3; q++) x[r][q] = _mm512_fmadd_ps(av, b[q], x[r][q]);
+                }
+            }
+        } else if (rn == MR512_) {
+            for (int64_t k = 0; k < kc; k++) {
+                __m512 b[3];
+                for (int q = 0; q < 3; q++) b[q] = _mm512_loadu_ps(b0p + q * bstride + k * NR_);
+                for (int r = 0; r < MR512_; r++) {
+                    const __m512 av = _mm512_set1_ps(ar[r * lda + k]);
+                    for (int q = 0; q < 3; q++) x[r][q] = _mm512_fmadd_ps(av, b[q], x[r][q]);
+                }
+            }
+        } else {
+            for (int64_t k = 0; k < kc; k++) {
+                __m512 b[3];
+                for (int q = 0; q < 3; q++) b[q] = _mm512_loadu_ps(b0p + q * bstride + k * NR_);
+                for (int64_t r = 0; r < rn; r++) {
+                    const __m512 av = _mm512_set1_ps(ar[r * lda + k]);
+                    for (int q = 0; q < 3; q++) x[r][q] = _mm512_fmadd_ps(av, b[q], x[r][q]);
+                }
+            }
+        }
+        if (bias != NULL)
+            for (int q = 0; q < 3; q++) {
+                const __m512 bq = _mm512_maskz_loadu_ps(m[q], bias + q * NR_);
+                for (int64_t r = 0; r < rn; r++) x[r][q] = _mm512_add_ps(x[r][q], bq);
+            }
+        for (int64_t r = 0; r < rn; r++)
+            for (int q = 0; q < 3; q++)
+                _mm512_mask_storeu_ps(c + (r0 + r) * ldc + q * NR_, m[q], x[r][q]);
     }
 }
 #endif
@@ -226,52 +310,61 @@ typedef struct packed_job_ {
     int accumulate, isa;
 } packed_job_;
 
-/* Panels [lo, hi) (in pairs on the AVX-512 path: lo, hi even or hi = np).
- * Panel (pair) by panel, K block by K block within it: each panel is K rows
+/* Panel units [lo, hi): triples on the AVX-512 path (the last unit holds
+ * the one or two panels left, if any), single panels on the others.
+ * Unit by unit, K block by K block within it: each panel is K rows
  * of NR_ columns, contiguous (zdp_nn_pack_b), so the weights are read front
  * to back as one stream per panel, and every row of C meets a K block of
- * the panels (16 KB on the AVX-512 path, in L1) before the next is read;
- * C's columns of the panels (M x 2 NR_) stay in L1 between K blocks. */
+ * the panels (24 KB on the AVX-512 path, in L1) before the next is read;
+ * C's columns of the panels (M x 3 NR_) stay in L1 between K blocks. */
 static void packed_range_(void *ctx, int64_t lo, int64_t hi) {
     const packed_job_ *j = ctx;
-    const int64_t step = j->isa == 2 ? 2 : 1;
+    const int64_t step = j->isa == 2 ? 3 : 1;
     lo *= step, hi = hi * step < j->np ? hi * step : j->np;
-    for (int64_t p = lo; p < hi; p += step) {
-        float *c = j->C + p * NR_;
-        const int64_t n0 = j->N - p * NR_ < NR_ ? j->N - p * NR_ : NR_;
-        for (int64_t k0 = 0; k0 < j->K; k0 += KC_) {
-            const int64_t kc = j->K - k0 < KC_ ? j->K - k0 : KC_;
-            const int load = k0 > 0 || j->accumulate;
-            const float *a = j->A + k0;
-            const float *b = j->B + p * j->K * NR_ + k0 * NR_;
+    for (int64_t m0 = 0; m0 < j->M; m0 += MC_) { /* row blocks: A's block stays in L2 */
+        for (int64_t p = lo; p < hi; p += step) {
+            const int64_t M = j->M - m0 < MC_ ? j->M - m0 : MC_;
+            float *c = j->C + m0 * j->ldc + p * NR_;
+            const int64_t n0 = j->N - p * NR_ < NR_ ? j->N - p * NR_ : NR_;
+            for (int64_t k0 = 0; k0 < j->K; k0 += KC_) {
+                const int64_t kc = j->K - k0 < KC_ ? j->K - k0 : KC_;
+                const int load = k0 > 0 || j->accumulate;
+                const float *a = j->A + m0 * j->lda + k0;
+                const float *b = j->B + p * j->K * NR_ + k0 * NR_;
+                const float *bias = j->bias != NULL && k0 + kc == j->K ? j->bias + p * NR_ : NULL;
 #ifdef ZDP_PACKED_X86_
-            if (j->isa == 2) {
-                const bool two = p + 1 < hi;
-                const int64_t n1 = two ? (j->N - (p + 1) * NR_ < NR_ ? j->N - (p + 1) * NR_ : NR_) : 0;
-                kernel_avx512_(j->M, kc, a, j->lda, b, two ? b + j->K * NR_ : NULL, c, j->ldc, n0, n1, load,
-                               PF_ * NR_);
-                continue;
-            }
-            if (j->isa == 1) {
-                kernel_avx2_(j->M, kc, a, j->lda, b, c, j->ldc, n0, load);
-                continue;
-            }
+                if (j->isa == 2 && p + 2 < hi) { /* a triple */
+                    int64_t nc[3];
+                    for (int q = 0; q < 3; q++)
+                        nc[q] = j->N - (p + q) * NR_ < NR_ ? j->N - (p + q) * NR_ : NR_;
+                    kernel_avx512x3_(M, kc, a, j->lda, b, j->K * NR_, c, j->ldc, nc, load, PF_ * NR_, bias);
+                    continue;
+                }
+                if (j->isa == 2) { /* the last one or two panels */
+                    const bool two = p + 1 < hi;
+                    const int64_t n1 = two ? (j->N - (p + 1) * NR_ < NR_ ? j->N - (p + 1) * NR_ : NR_) : 0;
+                    kernel_avx512_(M, kc, a, j->lda, b, two ? b + j->K * NR_ : NULL, c, j->ldc, n0, n1, load,
+                                   PF_ * NR_, bias);
+                    continue;
+                }
+                if (j->isa == 1) {
+                    kernel_avx2_(M, kc, a, j->lda, b, c, j->ldc, n0, load, bias);
+                    continue;
+                }
 #endif
-            kernel_c_(j->M, kc, a, j->lda, b, c, j->ldc, n0, load);
+                kernel_c_(M, kc, a, j->lda, b, c, j->ldc, n0, load, bias);
+            }
         }
     }
-    if (j->bias != NULL)
-        for (int64_t r = 0; r < j->M; r++)
-            for (int64_t n = lo * NR_; n < hi * NR_ && n < j->N; n++) j->C[r * j->ldc + n] += j->bias[n];
 }
 
 void zdp_nn_packed_gemm(float *C, int64_t ldc, const float *A, int64_t lda, const float *Bp,
                         const float *bias, int64_t M, int64_t K, int64_t N, int accumulate) {
     packed_job_ j = {.C = C, .A = A, .B = Bp, .bias = bias, .M = M, .K = K, .N = N, .lda = lda,
                      .ldc = ldc, .np = (N + NR_ - 1) / NR_, .accumulate = accumulate, .isa = isa_()};
-    const int64_t units = j.isa == 2 ? (j.np + 1) / 2 : j.np;
+    const int64_t units = j.isa == 2 ? (j.np + 2) / 3 : j.np;
     /* A task of at least ~64k multiply-adds: smaller ones cost more to hand out. */
-    const int64_t per_unit = M * K * (j.isa == 2 ? 2 * NR_ : NR_);
+    const int64_t per_unit = M * K * (j.isa == 2 ? 3 * NR_ : NR_);
     zdp_nn_parallel_ranges_(units, per_unit >= (1 << 16) ? 1 : (1 << 16) / (per_unit + 1) + 1,
                             packed_range_, &j);
 }

@@ -4,13 +4,15 @@
  * The same math as gpt.c / llama.c's forward, on a ragged batch of rows:
  * every row is one (slot, token) at the slot's next position.  The
  * projections, MLPs and the lm_head are one matrix product over all rows
- * (a prefill's prompt and a decode step's sequences alike); only attention
- * is per row, against its own slot's cached keys and values (rows split
- * over the thread pool).  A pass of 2..PACK_ROWS_ rows (a batched decode
- * step) multiplies by weights packed once per cache, or once per weights
- * snapshot in a store shared by caches (zdp_kv_set_packs; nn.h's packed B:
- * cblas_sgemm would re-pack each weight on every step); one row goes to
- * sgemv, more rows (prefills) to the nn kernels' sgemm.  Parameters are
+ * (a prefill's prompt and a decode step's sequences alike).  Attention: a
+ * prompt's rows (a run of one slot's consecutive positions) as two products
+ * per block of rows and head; every other row alone, against its own slot's
+ * cached keys and values (split over the thread pool).  A pass of
+ * 2..PACK_ROWS_ rows (a batched decode step, a prompt's prefill) multiplies
+ * by weights packed once per cache, or once per weights snapshot in a store
+ * shared by caches (zdp_kv_set_packs; nn.h's packed B: cblas_sgemm would
+ * re-pack each weight on every step); one row goes to sgemv, more rows (a
+ * batch of prompts) to the nn kernels' sgemm.  Parameters are
  * found by name (zdp/gpt.h's and zdp/llama.h's lists), so the models' own
  * files are not touched.  LoRA adapters (zdp_kv_set_adapter) are per
  * slot: after each adaptable linear's base product over all rows, each run
@@ -70,6 +72,11 @@ struct zdp_kv_cache {
     int cap;
     float *x, *h, *qkv, *q, *kk, *vv, *atty, *f1, *f2, *mean, *rstd, *score;
     int *pos;
+    /* A pass's attention work: rows attended one by one (lone), and blocks
+     * of a prompt's rows attended as products (blk: first row, rows). */
+    int *lone, *blk;
+    int n_lone, n_blk;
+    float *pscore; /* (threads, PROMPT_BLOCK_, T) the blocks' scores, made on first use */
     int64_t scratch_bytes;
     /* Packed copies of the weight matrices: the cache's own, or a store
      * shared across caches (zdp_kv_set_packs). */
@@ -92,9 +99,18 @@ struct zdp_kv_packs {
     int64_t packs; /* weights packed so far (tests count the reuse) */
 };
 
-/* Rows of a pass that go to the packed kernels: decode steps of a batch.
- * Larger passes (prefills) are long enough for OpenBLAS's own packing. */
-#define PACK_ROWS_ 96
+/* Passes of 2..PACK_ROWS_ rows go to the packed kernels; longer ones (a
+ * batch of prompts' prefill) to training's linear (zdp_nn_linear_forward:
+ * gemm.c or cblas_sgemm, whose blocking pays there; bench_sample --gemm, one
+ * thread: the packed kernels 0.90-1.13x sgemm at 256 rows on gpt-m's and
+ * SmolLM2's shapes, 0.84-0.86x at 2048). */
+#define PACK_ROWS_ 256
+
+/* Runs of at least PROMPT_ROWS_ rows of one slot at consecutive positions
+ * (a prompt's prefill) attend as products, in blocks of PROMPT_BLOCK_ query
+ * rows (plan_attention_). */
+#define PROMPT_ROWS_ 16
+#define PROMPT_BLOCK_ 64
 
 static int find_(const zdp_model *m, const char *fmt, int l) {
     char name[96];
@@ -168,6 +184,9 @@ void zdp_kv_destroy(zdp_kv_cache *kv) {
     free(kv->rstd);
     free(kv->score);
     free(kv->pos);
+    free(kv->lone);
+    free(kv->blk);
+    free(kv->pscore);
     zdp_kv_packs_destroy(kv->own_pk);
     free(kv->sites);
     free(kv->slot_lora);
@@ -386,21 +405,27 @@ static bool reserve_(zdp_kv_cache *kv, int n) {
     int32_t *ws = realloc(kv->wslot, N * sizeof *ws);
     if (ws == NULL) return false;
     kv->wslot = ws;
+    int *lone = realloc(kv->lone, N * sizeof *lone);
+    if (lone == NULL) return false;
+    kv->lone = lone;
+    int *blk = realloc(kv->blk, 2 * N * sizeof *blk);
+    if (blk == NULL) return false;
+    kv->blk = blk;
     const int64_t score = (int64_t)kv->n_threads * kv->NH * kv->T;
     if (kv->score == NULL) { /* (threads, NH, T) one row's attention scores per thread */
         kv->score = malloc((size_t)score * sizeof(float));
         if (kv->score == NULL) return false;
     }
     kv->cap = n;
-    kv->scratch_bytes = bytes + 2 * (int64_t)N * 4 + score * 4;
+    kv->scratch_bytes = bytes + 5 * (int64_t)N * 4 + score * 4;
     return true;
 }
 
 /* A one-row product is a matrix-vector product: cblas_sgemv reads each
  * weight once, where sgemm with one row first copies (packs) the whole
- * weight matrix (batch-1 decode is bound by reading the weights).  A
- * batched decode step multiplies by the packed copy; larger passes go to
- * the nn kernels training uses. */
+ * weight matrix (batch-1 decode is bound by reading the weights).  Passes
+ * of up to PACK_ROWS_ rows multiply by the packed copy; longer passes (and
+ * any, out of memory for the copy) go to the nn kernels training uses. */
 
 typedef struct pack_job_ {
     float *dst;
@@ -458,8 +483,8 @@ static void gemm_nt_(float *out, const float *inp, const float *W, const float *
         for (int64_t o = 0; o < OC; o++) out[o] += bias[o];
 }
 
-/* The same for the model's weight P[w]: a batched decode step multiplies
- * by its packed copy. */
+/* The same for the model's weight P[w]: a pass of 2..PACK_ROWS_ rows
+ * multiplies by its packed copy (up to 96 rows until the 3-panel kernel). */
 static void linear_(zdp_kv_cache *kv, const float *const *P, float *out, const float *inp, int w,
                     const float *bias, int64_t N, int64_t C, int64_t OC, int accumulate) {
     const float *Bp = N > 1 && N <= PACK_ROWS_ ? packed_(kv, P, w, C, OC, 1) : NULL;
@@ -494,9 +519,14 @@ static inline float dot_(const float *q, const float *k, int hd) {
     for (; d + 16 <= hd; d += 16)
         for (int j = 0; j < 16; j++) acc[j] += q[d + j] * k[d + j];
     for (int j = 0; d < hd; d++, j++) acc[j] += q[d] * k[d];
-    for (int w = 8; w >= 1; w /= 2)
-        for (int j = 0; j < w; j++) acc[j] += acc[j + w];
-    return acc[0];
+    /* The halving tree, acc[j] + acc[j + w] for w = 8, 4, 2, 1, written out
+     * with constant bounds: as one loop over w GCC ran it one float at a time
+     * through the stack (most of a batch-32 decode's attention scores); the
+     * same additions, the same bits. */
+    float h8[8], h4[4];
+    for (int j = 0; j < 8; j++) h8[j] = acc[j] + acc[j + 8];
+    for (int j = 0; j < 4; j++) h4[j] = h8[j] + h8[j + 4];
+    return (h4[0] + h4[2]) + (h4[1] + h4[3]);
 }
 
 /* out (N, s.out) += the adapter product of inp (N, s.in) for site `site`,
@@ -526,6 +556,29 @@ static void adapt_(zdp_kv_cache *kv, int site, float *out, const float *inp, int
     }
 }
 
+#ifdef __GNUC__
+/* o[h*ostride + 0..32) = sum over s < n of sr[h*n + s] * v[s*KD + 0..32), for
+ * heads h < nh (1..3, a constant where it is inlined), the positions in
+ * order: one load of each value row for all nh heads.  GCC keeps a float
+ * array accumulator on the stack, hence the vector type. */
+typedef float v8_ __attribute__((vector_size(32)));
+static inline __attribute__((always_inline)) void wv32_(float *o, int64_t ostride, const float *sr,
+                                                        int n, const float *v, int64_t KD, int nh) {
+    v8_ a[3][4] = {{{0}}}, x[4];
+    for (int s = 0; s < n; s++) {
+        const float *vs = v + (size_t)s * KD;
+        memcpy(&x[0], vs, 32), memcpy(&x[1], vs + 8, 32);
+        memcpy(&x[2], vs + 16, 32), memcpy(&x[3], vs + 24, 32);
+        for (int h = 0; h < nh; h++) {
+            const float w = sr[(size_t)h * n + s];
+            for (int c = 0; c < 4; c++) a[h][c] += w * x[c];
+        }
+    }
+    for (int h = 0; h < nh; h++)
+        for (int c = 0; c < 4; c++) memcpy(o + h * ostride + 8 * c, &a[h][c], 32);
+}
+#endif
+
 /* out (NH*hd) = softmax(q . K / sqrt(hd)) V over the slot's positions
  * 0..p: q (NH*hd), K, V (>p, KV*hd) with query head h on KV head
  * h / (NH/KV).  Position by position, every head at once, so each cached
@@ -553,34 +606,33 @@ static void attend_(float *out, const float *q, const float *K, const float *Vc,
         const float inv = 1.0f / sum;
         for (int s = 0; s < n; s++) sr[s] *= inv;
     }
-    /* The weighted values head by head, 32 dimensions at a time held in
-     * registers over all the positions (out[] loaded and stored at every
-     * position was most of this function's time; GCC keeps a float array
-     * accumulator on the stack, hence the vector type); each sum still runs
-     * over the positions in order from 0. */
-    for (int h = 0; h < NH; h++) {
-        const float *sr = score + (size_t)h * n, *vh = Vc + (size_t)(h / group) * hd;
-        float *o = out + (size_t)h * hd;
-        int d0 = 0;
+    /* The weighted values, 32 dimensions at a time held in registers over
+     * all the positions (out[] loaded and stored at every position was most
+     * of this function's time), for up to 3 query heads of one KV group at
+     * once (wv32_), so each value row is loaded once for them (GQA: SmolLM2's
+     * 3 query heads per KV head read it 3 times before); each sum still runs
+     * over the positions in order from 0, with the same operations: the same
+     * bits as head by head. */
+    for (int g = 0; g < KVh; g++) {
+        const float *vh = Vc + (size_t)g * hd;
+        for (int h0 = g * group; h0 < (g + 1) * group; h0 += 3) {
+            const int nh = (g + 1) * group - h0 < 3 ? (g + 1) * group - h0 : 3;
+            const float *sr = score + (size_t)h0 * n;
+            float *o = out + (size_t)h0 * hd;
+            int d0 = 0;
 #ifdef __GNUC__
-        typedef float v8_ __attribute__((vector_size(32)));
-        for (; d0 + 32 <= hd; d0 += 32) {
-            v8_ a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, x;
-            for (int s = 0; s < n; s++) {
-                const float w = sr[s], *vs = vh + (size_t)s * KD + d0;
-                memcpy(&x, vs, 32), a0 += w * x;
-                memcpy(&x, vs + 8, 32), a1 += w * x;
-                memcpy(&x, vs + 16, 32), a2 += w * x;
-                memcpy(&x, vs + 24, 32), a3 += w * x;
+            for (; d0 + 32 <= hd; d0 += 32) {
+                if (nh == 3) wv32_(o + d0, hd, sr, n, vh + d0, KD, 3);
+                else if (nh == 2) wv32_(o + d0, hd, sr, n, vh + d0, KD, 2);
+                else wv32_(o + d0, hd, sr, n, vh + d0, KD, 1);
             }
-            memcpy(o + d0, &a0, 32), memcpy(o + d0 + 8, &a1, 32);
-            memcpy(o + d0 + 16, &a2, 32), memcpy(o + d0 + 24, &a3, 32);
-        }
 #endif
-        for (; d0 < hd; d0++) {
-            float acc = 0.0f;
-            for (int s = 0; s < n; s++) acc += sr[s] * vh[(size_t)s * KD + d0];
-            o[d0] = acc;
+            for (int h = 0; h < nh; h++)
+                for (int d = d0; d < hd; d++) {
+                    float acc = 0.0f;
+                    for (int s = 0; s < n; s++) acc += sr[(size_t)h * n + s] * vh[(size_t)s * KD + d];
+                    o[(size_t)h * hd + d] = acc;
+                }
         }
     }
 }
@@ -594,15 +646,87 @@ typedef struct attend_job_ {
     int64_t qs, l;
 } attend_job_;
 
+/* One block of a prompt's rows for one query head: rows i0 .. i0+rb of the
+ * pass, on one slot at positions p0 .. p0+rb, against the slot's keys and
+ * values 0 .. p0+rb (stored before the pass attends):
+ *   S (rb, n) = Q K^T / sqrt(hd);  each row's softmax over its positions
+ *   0..p, 0 past them;  out (rb, hd) = S V.
+ * Two products per (block, head) instead of a dot product per (row,
+ * position, head): the prompt's rows are many, so the keys and values are
+ * read once per block, not once per row.  S stays in L2 (PROMPT_BLOCK_ rows
+ * of at most T floats). */
+static void prompt_block_(zdp_kv_cache *kv, const attend_job_ *j, int64_t b, int64_t h,
+                          float *S) {
+    const int64_t QD = (int64_t)kv->NH * kv->hd, KD = (int64_t)kv->KV * kv->hd, hd = kv->hd;
+    const int64_t i0 = kv->blk[2 * b], rb = kv->blk[2 * b + 1], p0 = kv->pos[i0], n = p0 + rb;
+    const int64_t g = h / (kv->NH / kv->KV);
+    const int64_t base = ((j->l * kv->n_slots + j->slots[i0]) * kv->T) * KD + g * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rb, (int)n, (int)hd, scale,
+                j->q + i0 * j->qs + h * hd, (int)j->qs, kv->k + base, (int)KD, 0.0f, S, (int)n);
+    for (int64_t r = 0; r < rb; r++) { /* attend_'s softmax, on positions 0..p0+r */
+        float *sr = S + r * n, mx = -INFINITY, sum = 0.0f;
+        const int64_t m = p0 + r + 1;
+        for (int64_t s = 0; s < m; s++) mx = sr[s] > mx ? sr[s] : mx;
+        for (int64_t s = 0; s < m; s++) {
+            sr[s] = zdp_nn_exp_(sr[s] - mx);
+            sum += sr[s];
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t s = 0; s < m; s++) sr[s] *= inv;
+        for (int64_t s = m; s < n; s++) sr[s] = 0.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rb, (int)hd, (int)n, 1.0f, S,
+                (int)n, kv->v + base, (int)KD, 0.0f, kv->atty + i0 * QD + h * hd, (int)QD);
+}
+
+/* Task t of a pass's attention: the prompt blocks' (block, head) pairs
+ * first (the larger tasks), then the lone rows, each on its own slot. */
 static void attend_rows_(void *ctx, int64_t task, int thread) {
     const attend_job_ *j = ctx;
     zdp_kv_cache *kv = j->kv;
     const int64_t QD = (int64_t)kv->NH * kv->hd, KD = (int64_t)kv->KV * kv->hd;
+    const int64_t nb = (int64_t)kv->n_blk * kv->NH;
+    if (task < nb) {
+        prompt_block_(kv, j, task / kv->NH, task % kv->NH,
+                      kv->pscore + (int64_t)thread * PROMPT_BLOCK_ * kv->T);
+        return;
+    }
     float *score = kv->score + (int64_t)thread * kv->NH * kv->T;
-    const int64_t i = task;
+    const int64_t i = kv->lone[task - nb];
     const int64_t base = ((j->l * kv->n_slots + j->slots[i]) * kv->T) * KD;
     attend_(kv->atty + i * QD, j->q + i * j->qs, kv->k + base, kv->v + base, kv->pos[i], kv->NH, kv->KV,
             kv->hd, score);
+}
+
+/* Splits a pass's rows for attention: runs of at least PROMPT_ROWS_ rows on
+ * one slot at consecutive positions (a prompt's prefill) into blocks of up
+ * to PROMPT_BLOCK_ rows, attended as products; every other row alone.  The
+ * split depends only on each run, not on what else is in the pass, so a
+ * prompt's attention gets the same bits in any batch.  false: out of memory
+ * for the blocks' scores. */
+static bool plan_attention_(zdp_kv_cache *kv, const int32_t *slots, int n) {
+    kv->n_lone = kv->n_blk = 0;
+    for (int i = 0; i < n;) {
+        int e = i + 1;
+        while (e < n && slots[e] == slots[i] && kv->pos[e] == kv->pos[e - 1] + 1) e++;
+        if (e - i >= PROMPT_ROWS_) {
+            for (int r = i; r < e; r += PROMPT_BLOCK_) {
+                kv->blk[2 * kv->n_blk] = r;
+                kv->blk[2 * kv->n_blk + 1] = e - r < PROMPT_BLOCK_ ? e - r : PROMPT_BLOCK_;
+                kv->n_blk++;
+            }
+        } else {
+            for (int r = i; r < e; r++) kv->lone[kv->n_lone++] = r;
+        }
+        i = e;
+    }
+    if (kv->n_blk > 0 && kv->pscore == NULL) {
+        const int64_t f = (int64_t)kv->n_threads * PROMPT_BLOCK_ * kv->T;
+        if ((kv->pscore = malloc((size_t)f * sizeof(float))) == NULL) return false;
+        kv->scratch_bytes += f * 4;
+    }
+    return true;
 }
 
 zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t *slots,
@@ -654,6 +778,12 @@ zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t 
                                fn, bad, (int)slots[bad], kv->pos[bad] + 1, kv->T,
                                kv->model->block_size);
         }
+    if (!plan_attention_(kv, slots, n)) {
+        for (int j = 0; j < n; j++) kv->len[slots[j]]--; /* undo */
+        return zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory for the prompt attention's "
+                           "scores (%d threads x %d x %d floats)", fn, kv->n_threads,
+                           PROMPT_BLOCK_, kv->T);
+    }
     const int64_t N = n, C = kv->C, NH = kv->NH, KVh = kv->KV, hd = kv->hd, F = kv->F;
     const int64_t QD = NH * hd, KD = KVh * hd, T = kv->T;
     /* The embedding. */
@@ -707,7 +837,7 @@ zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t 
             memcpy(kv->v + at, v + i * ks, (size_t)KD * sizeof(float));
         }
         attend_job_ aj = {.kv = kv, .slots = slots, .q = q, .qs = qs, .l = l};
-        zdp_pool_run(n, attend_rows_, &aj);
+        zdp_pool_run((int64_t)kv->n_blk * NH + kv->n_lone, attend_rows_, &aj);
         if (!kv->llama) {
             conv1d_(kv, P, kv->h, kv->atty, y->o_w, P[y->o_b], N, C, C);
             adapt_(kv, y->site[KS_O], kv->h, kv->atty, N, slots);

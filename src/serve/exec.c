@@ -722,6 +722,30 @@ static verr adapter_why_(const zdp_error *err) {
     return why;
 }
 
+/* The sampler weights file at path as s->snap: read unless it is the one
+ * read last and unchanged since (every rank reads it); on failure *why
+ * names model_path and s->snap is NULL. */
+static void snap_load_(server *s, const char *path, verr *why) {
+    const int np = s->model.n_params;
+    const struct timespec t = mtime_(path);
+    if (s->snap_path != NULL && strcmp(s->snap_path, path) == 0 && same_time_(s->snap_mtime, t)) return;
+    serve_free_snapshot(s);
+    zdp_error err = {0};
+    s->snap_path = strdup(path);
+    s->snap_mtime = t;
+    s->snap = calloc((size_t)np, sizeof *s->snap);
+    bool ok = s->snap_path != NULL && s->snap != NULL;
+    for (int i = 0; ok && i < np; i++)
+        ok = (s->snap[i] = malloc((size_t)numel_(&s->model.params[i]) * sizeof(float))) != NULL;
+    zdp_status st = ok ? s->opt.lm.load(s->opt.lm.ctx, path, &s->model, s->snap, &err) : ZDP_ERR_NOMEM;
+    if (st != ZDP_OK) {
+        serve_free_snapshot(s);
+        why->status = status_of_(st);
+        snprintf(why->field, sizeof why->field, "model_path");
+        snprintf(why->msg, sizeof why->msg, "%s", ok ? err.msg : "out of memory for the sampler weights");
+    }
+}
+
 /* Tinker's asample: num_samples continuations of the prompt from the
  * weights in a sampler file (save_weights_for_sampler), not from the live
  * ones, so training between save and sample changes nothing.  Every rank
@@ -734,7 +758,6 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
         serve_die("asample", &(zdp_error){.msg = "a malformed request (a bug in zdp)"});
     const char *path = rq.path;
     zdp_error err = {0};
-    const int np = s->model.n_params;
     verr why = {0};
     /* A folder is a LoRA model's PEFT adapter (over the base weights). */
     if (on_adapter_(s, path)) {
@@ -752,23 +775,7 @@ static char *exec_sample_file_(server *s, job *j, int *status) {
         serve_base_free(s, base);
         return body;
     }
-    const struct timespec t = mtime_(path);
-    if (s->snap_path == NULL || strcmp(s->snap_path, path) != 0 || !same_time_(s->snap_mtime, t)) {
-        serve_free_snapshot(s);
-        s->snap_path = strdup(path);
-        s->snap_mtime = t;
-        s->snap = calloc((size_t)np, sizeof *s->snap);
-        bool ok = s->snap_path != NULL && s->snap != NULL;
-        for (int i = 0; ok && i < np; i++)
-            ok = (s->snap[i] = malloc((size_t)numel_(&s->model.params[i]) * sizeof(float))) != NULL;
-        zdp_status st = ok ? s->opt.lm.load(s->opt.lm.ctx, path, &s->model, s->snap, &err) : ZDP_ERR_NOMEM;
-        if (st != ZDP_OK) {
-            serve_free_snapshot(s);
-            why.status = status_of_(st);
-            snprintf(why.field, sizeof why.field, "model_path");
-            snprintf(why.msg, sizeof why.msg, "%s", ok ? err.msg : "out of memory for the sampler weights");
-        }
-    }
+    snap_load_(s, path, &why);
     const serve_sample_spec sp = sample_file_spec_(j, &rq, NULL);
     return serve_sampler_run(s, (const float *const *)s->snap, &sp, why.msg[0] != '\0' ? &why : NULL, status);
 }
@@ -779,21 +786,47 @@ void serve_exec_sample_batch(server *s, job **jobs, int n, int *statuses, char *
     const verr *wp[SERVE_SAMPLE_BATCH] = {0};
     int idx[SERVE_SAMPLE_BATCH], st[SERVE_SAMPLE_BATCH], m = 0;
     char *bd[SERVE_SAMPLE_BATCH];
-    const int64_t pin = s->ad_clock + 1; /* the adapters this batch uses stay in the cache */
-    for (int k = 0; k < n && k < SERVE_SAMPLE_BATCH; k++) {
-        serve_sample_file_req rq;
-        if (!serve_sample_file_req_view(jobs[k], &rq))
+    serve_sample_file_req rq[SERVE_SAMPLE_BATCH];
+    bool done[SERVE_SAMPLE_BATCH] = {0};
+    if (n > SERVE_SAMPLE_BATCH) n = SERVE_SAMPLE_BATCH;
+    for (int k = 0; k < n; k++) {
+        if (!serve_sample_file_req_view(jobs[k], &rq[k]))
             serve_die("asample", &(zdp_error){.msg = "a malformed request (a bug in zdp)"});
         bodies[k] = NULL;
         statuses[k] = 500;
-        if (!on_adapter_(s, rq.path)) { /* a weights file: alone, in its turn */
-            bodies[k] = exec_sample_file_(s, jobs[k], &statuses[k]);
-            continue;
+    }
+    /* Requests on one sampler weights file decode together, as one batch
+     * per file (the file is read, and its weights packed, once for all of
+     * them); every rank groups them alike: by the path the jobs carry. */
+    for (int k = 0; k < n; k++) {
+        if (done[k] || on_adapter_(s, rq[k].path)) continue;
+        verr why = {0};
+        snap_load_(s, rq[k].path, &why);
+        m = 0;
+        for (int i = k; i < n; i++)
+            if (!done[i] && strcmp(rq[i].path, rq[k].path) == 0) {
+                sps[m] = sample_file_spec_(jobs[i], &rq[i], NULL);
+                wp[m] = why.msg[0] != '\0' ? &why : NULL;
+                idx[m++] = i;
+                done[i] = true;
+            }
+        serve_sampler_run_many(s, (const float *const *)s->snap, sps, wp, m, st, bd);
+        for (int i = 0; i < m; i++) {
+            statuses[idx[i]] = st[i];
+            bodies[idx[i]] = bd[i];
         }
+        if (s->R == 0 && m > 1) s->stats[OP_SAMPLE_FILE].batched += m;
+    }
+    /* LoRA models' sampler weights: every adapter's requests in one batch
+     * over the base (zdp_generate groups each adapter's rows). */
+    m = 0;
+    const int64_t pin = s->ad_clock + 1; /* the adapters this batch uses stay in the cache */
+    for (int k = 0; k < n; k++) {
+        if (done[k]) continue;
         zdp_error err = {0};
-        const serve_adapter *a = adapter_of_(s, rq.path, pin, &err);
+        const serve_adapter *a = adapter_of_(s, rq[k].path, pin, &err);
         if (a == NULL) whys[m] = adapter_why_(&err);
-        sps[m] = sample_file_spec_(jobs[k], &rq, a);
+        sps[m] = sample_file_spec_(jobs[k], &rq[k], a);
         wp[m] = a == NULL ? &whys[m] : NULL;
         idx[m++] = k;
     }

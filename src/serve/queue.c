@@ -78,17 +78,23 @@ static zdp_status poll_stop_(server *s, zdp_error *err) {
 }
 
 /* Waits for a nonblocking collective without spinning a core: idle ranks
- * sit here between requests (and notice a signal here). */
-static void wait_idle_(server *s, zdp_comm_req *req) {
+ * sit here between requests (and notice a signal here), and a rank that
+ * finished its share of a sampling request waits here for the others in
+ * the gather.  A blocking MPI call would spin (Open MPI's shared-memory
+ * transport polls): its CPU time is taken from the ranks still working
+ * whenever the ranks share cores.  The first test comes after 20 us and the
+ * sleep grows by half up to 2 ms, so a short wait costs little latency
+ * (docs/benchmarks-sample.md, "-np 2 without spinning"). */
+void serve_wait(server *s, zdp_comm_req *req) {
     bool done = false;
-    struct timespec ts = {0, 200000}; /* 0.2 ms */
+    long ns = 20000;
     zdp_error err;
     for (;;) {
         notify_stop_(s);
         if (zdp_comm_test(req, &done, &err) != ZDP_OK) serve_die("serve", &err);
         if (done) return;
-        nanosleep(&ts, NULL);
-        if (ts.tv_nsec < 2000000) ts.tv_nsec += 100000;
+        nanosleep(&(struct timespec){0, ns}, NULL);
+        if (ns < 2000000) ns += ns / 2;
     }
 }
 
@@ -100,7 +106,7 @@ static void bcast_job_(server *s, int64_t hdr[HDR_N], unsigned char **payload) {
     zdp_comm_req *req;
     zdp_error err;
     if (zdp_channel_ibcast(s->ch, hdr, HDR_N * sizeof *hdr, &req, &err) != ZDP_OK) serve_die("serve", &err);
-    wait_idle_(s, req);
+    serve_wait(s, req);
     if (hdr[0] == OP_QUIT || hdr[1] == 0) return;
     if (s->R != 0) {
         *payload = malloc((size_t)hdr[1]);

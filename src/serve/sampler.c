@@ -5,8 +5,12 @@
  * num_samples sequences are divided into contiguous blocks, one per rank;
  * each rank generates its block with zdp_generate (the KV cache, all its
  * sequences decoding together) and rank 0 gathers the blocks in sequence
- * order.  Sequence k draws from seed + 0x9E3779B97F4A7C15 * k whichever
- * rank runs it, so the result does not depend on the number of ranks.
+ * order.  In a batch of requests, request k's blocks go to the ranks rotated
+ * by the sequences before it, so that short blocks (num_samples not a
+ * multiple of the ranks; single samples) do not all land on rank 0: the
+ * batch waits for its slowest rank.  Sequence k draws from
+ * seed + 0x9E3779B97F4A7C15 * k whichever rank runs it, so the result does
+ * not depend on the number of ranks.
  * Every rank reaches the one gather even when its own part failed (out of
  * memory, unreadable sampler weights): the failure travels in the block.
  */
@@ -42,6 +46,7 @@ static int str_stop_fn_(void *user, const int32_t *out, int n) {
 typedef struct part_ {
     const serve_sample_spec *sp;
     int64_t per, lo, mine, bb, K;
+    int off; /* rank r holds block (r + off) % W */
     unsigned char *blk;
     zdp_gen_seq *g; /* (mine) */
     str_stop_ *ss;
@@ -51,11 +56,14 @@ typedef struct part_ {
     verr why;
 } part_;
 
-/* This rank's sequences of sp (none when why: this rank has no params). */
-static void part_prepare_(server *s, const serve_sample_spec *sp, const verr *why, part_ *p) {
+/* This rank's sequences of sp (none when why: this rank has no params):
+ * block (R + off) % W.  Rank 0 keeps the prompt's logprobs (sequence 0's
+ * prefill computes them): off must be 0 when they are asked for. */
+static void part_prepare_(server *s, const serve_sample_spec *sp, const verr *why, int off, part_ *p) {
     const int64_t n = sp->num_samples, M = sp->max_tokens;
-    *p = (part_){.sp = sp, .per = (n + s->W - 1) / s->W};
-    p->lo = p->per * s->R < n ? p->per * s->R : n;
+    *p = (part_){.sp = sp, .per = (n + s->W - 1) / s->W, .off = off};
+    const int64_t b = (s->R + off) % s->W;
+    p->lo = p->per * b < n ? p->per * b : n;
     const int64_t hi = p->lo + p->per < n ? p->lo + p->per : n;
     p->mine = hi - p->lo;
     p->bb = block_bytes_(p->per, M);
@@ -121,12 +129,16 @@ static zdp_status generate_(server *s, const float *const *params, zdp_gen_seq *
     if (longest > s->model.block_size) longest = s->model.block_size; /* zdp_generate refuses, naming it */
     zdp_kv_cache *kv = NULL;
     zdp_status st = ZDP_OK;
-    if (s->packs == NULL) st = zdp_kv_packs_create(&s->model, &s->packs, err);
+    /* ZDP_SERVE_SHARED_PACKS=0 (benchmarks only: docs/config.md): every
+     * cache packs its own copy, as before the store, to measure the store. */
+    const char *sp = getenv("ZDP_SERVE_SHARED_PACKS");
+    const bool shared = sp == NULL || strcmp(sp, "0") != 0;
+    if (shared && s->packs == NULL) st = zdp_kv_packs_create(&s->model, &s->packs, err);
     if (st == ZDP_OK) st = zdp_kv_create(&s->model, (int)n, longest, &kv, err);
     if (st != ZDP_OK) return st;
     const uint64_t which = (const float *const *)s->snap == params ? 1 : (const float *const *)s->base == params ||
                            (s->base_now != NULL && (const float *const *)s->base_now == params) ? 2 : 0;
-    zdp_kv_set_packs(kv, s->packs, s->wgen * 4 + which);
+    if (shared) zdp_kv_set_packs(kv, s->packs, s->wgen * 4 + which);
     st = zdp_generate(&s->model, params, kv, g, (int)n, (int)n, &gs, err);
     zdp_kv_destroy(kv);
     s->kv_bytes_last = gs.kv_bytes;
@@ -165,7 +177,10 @@ static char *part_finish_(server *s, part_ *p, int *status) {
     if (s->R == 0 && (all = malloc((size_t)(bb * s->W))) == NULL)
         serve_die("sample", &(zdp_error){.msg = "out of memory gathering a sampling request"});
     if (s->W > 1) {
-        if (zdp_channel_gather(s->ch, blk, bb, all, &err) != ZDP_OK) serve_die("sample", &err);
+        /* A rank that finished first sleeps here (serve_wait), not spins. */
+        zdp_comm_req *req;
+        if (zdp_channel_igather(s->ch, blk, bb, all, &req, &err) != ZDP_OK) serve_die("sample", &err);
+        serve_wait(s, req);
     } else {
         memcpy(all, blk, (size_t)bb);
     }
@@ -208,7 +223,8 @@ static char *part_finish_(server *s, part_ *p, int *status) {
         return serve_error_body(NULL, "out of memory");
     }
     for (int64_t k = 0; k < n; k++) {
-        const unsigned char *q = all + (k / per) * bb + 4 + (k % per) * (8 + 8 * M);
+        const int64_t r = (k / per + s->W - p->off) % s->W; /* the rank that held block k / per */
+        const unsigned char *q = all + r * bb + 4 + (k % per) * (8 + 8 * M);
         int32_t keep, stopped;
         memcpy(&keep, q, 4);
         memcpy(&stopped, q + 4, 4);
@@ -235,7 +251,7 @@ static char *part_finish_(server *s, part_ *p, int *status) {
 char *serve_sampler_run(server *s, const float *const *params, const serve_sample_spec *sp,
                         const verr *why, int *status) {
     part_ p;
-    part_prepare_(s, sp, why, &p);
+    part_prepare_(s, sp, why, 0, &p);
     zdp_error err = {0};
     if (!p.failed && p.mine > 0 && generate_(s, params, p.g, p.mine, &err) != ZDP_OK) part_failed_(s, &p, &err);
     return part_finish_(s, &p, status);
@@ -245,9 +261,13 @@ void serve_sampler_run_many(server *s, const float *const *params, const serve_s
                             const verr *const *whys, int n, int *statuses, char **bodies) {
     part_ *p = calloc((size_t)(n > 0 ? n : 1), sizeof *p);
     if (p == NULL) serve_die("sample", &(zdp_error){.msg = "out of memory for a sampling batch"});
-    int64_t total = 0;
+    int64_t total = 0, before = 0;
     for (int k = 0; k < n; k++) {
-        part_prepare_(s, &sps[k], whys[k], &p[k]);
+        /* Rotated by the sequences before it (every rank alike); not when
+         * rank 0 must compute the prompt's logprobs. */
+        const bool prompt_lp = sps[k].prompt_logprobs || sps[k].topk_prompt > 0;
+        part_prepare_(s, &sps[k], whys[k], prompt_lp ? 0 : (int)(before % s->W), &p[k]);
+        before += sps[k].num_samples;
         if (!p[k].failed) total += p[k].mine;
     }
     /* Every request's sequences in one batch: they share each decoding pass,

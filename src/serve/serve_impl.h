@@ -486,6 +486,9 @@ void serve_worker_loop(server *s);
 /* Rank 0: refuses every queued job and answers the running ones (status,
  * "why"), closes the queue and wakes the waiting connections. */
 void serve_fail_jobs(server *s, int status, const char *why);
+/* Every rank: waits for req (a nonblocking collective on s->ch) with a
+ * growing sleep instead of MPI's spin, noticing a signal meanwhile. */
+void serve_wait(server *s, zdp_comm_req *req);
 
 /* exec.c.  A failure after start-up on some ranks only: the ranks can no
  * longer agree, so the job must stop.  The library never exits: serve_die
@@ -565,8 +568,9 @@ char *serve_sampler_run(server *s, const float *const *params, const serve_sampl
 void serve_sampler_run_many(server *s, const float *const *params, const serve_sample_spec *sps,
                             const verr *const *whys, int n, int *statuses, char **bodies);
 /* Up to SERVE_SAMPLE_BATCH asample jobs that were next to each other in the
- * FIFO, every rank: those on LoRA models' sampler weights decode together
- * (serve_sampler_run_many), any other runs alone, in order. */
+ * FIFO, every rank: those on one sampler weights file decode together (one
+ * serve_sampler_run_many per file, the file read once), then those on LoRA
+ * models' sampler weights together (over the base). */
 void serve_exec_sample_batch(server *s, job **jobs, int n, int *statuses, char **bodies);
 /* Frees the adapters asample holds. */
 void serve_free_adapters(server *s);

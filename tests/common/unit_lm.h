@@ -180,19 +180,21 @@ static inline void free_params_(float **p, const zdp_model *m) {
  * heads, head_dim 4, attention biases, untied, llama3 rope scaling when
  * llama3_rope; Qwen3: q/k norm, head_dim 38 (decode attention's 32-wide
  * blocks and their tail), one KV head, tied; vocab 41),
- * block 24, hidden `hidden`, with random weights well above the init scale,
- * so logits are far from ties. */
-static inline float **make_base_(zdp_model *m, int kind, int hidden, int llama3_rope) {
+ * block 24 (make_base_block_: `block`), hidden `hidden`, with random weights
+ * well above the init scale, so logits are far from ties. */
+static inline float **make_base_block_(zdp_model *m, int kind, int hidden, int llama3_rope,
+                                       int block) {
     zdp_error err;
     zdp_status st;
     if (kind == GPT_) {
         zdp_gpt_config c = {.n_layer = 2, .n_head = 2, .n_embd = hidden, .vocab_size = 37,
-                            .block_size = 24};
+                            .block_size = block};
         st = zdp_gpt_create(&c, 1, m, &err);
     } else {
         zdp_llama_config c = {.arch = ZDP_ARCH_LLAMA, .n_layer = 2, .hidden = hidden, .n_head = 4,
                               .n_kv_head = 2, .head_dim = 4, .ffn = 24, .vocab_size = 41,
-                              .block_size = 24, .max_position_embeddings = 64,
+                              .block_size = block,
+                              .max_position_embeddings = block > 64 ? block : 64,
                               .rms_norm_eps = 1e-5f, .rope_theta = 500.0, .attention_bias = 1,
                               .initializer_range = 0.02};
         if (llama3_rope && kind == LLAMA_) {
@@ -207,6 +209,10 @@ static inline float **make_base_(zdp_model *m, int kind, int hidden, int llama3_
     }
     if (st != ZDP_OK) fail_msg("%s: %s", kind_name_(kind), err.msg);
     return alloc_fill_(m, 1234 + (uint64_t)kind, 0.6f, 0.3f, 1.0f);
+}
+
+static inline float **make_base_(zdp_model *m, int kind, int hidden, int llama3_rope) {
+    return make_base_block_(m, kind, hidden, llama3_rope, 24);
 }
 
 static inline void rand_tokens_(int32_t *t, int n, int V, uint64_t seed) {

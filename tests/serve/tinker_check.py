@@ -20,6 +20,7 @@ import os
 import random
 import struct
 import sys
+import threading
 import time
 import uuid
 
@@ -455,6 +456,73 @@ class Check:
                                                                                       "--max-sample-batch 7")):
             fail("asample with num_samples 8 over --max-sample-batch 7: %s" % r)
 
+    def batched_files(self):
+        """asample requests on sampler weights files, in flight at once, decode
+        together, one batch per file (docs/sampling.md, "Every rank samples"):
+        two files a training step apart, six requests alternating between them
+        queued behind a long forward; each gives what it gives alone (tokens;
+        logprobs within 1e-4), and GET /info counts the shared passes.  A
+        batch that sampled one file's requests from the other's weights fails
+        here."""
+        self.reset()
+        http = self.sc.http
+        sids = []
+        for k in range(2):
+            path = self.tc.save_weights_for_sampler("batched%d" % k).result()["path"]
+            sids.append(http.post("/api/v1/create_sampling_session", {
+                "session_id": self.sc.session_id, "sampling_session_seq_id": 10 + k, "model_path": path,
+                "type": "create_sampling_session"}).json()["sampling_session_id"])
+            self.tc.forward_backward(self.data, "cross_entropy").result()
+            self.tc.optim_step(dict(ADAM, learning_rate=0.2)).result()
+        bodies = [{"sampling_session_id": sids[i % 2], "num_samples": 1 + i % 3,
+                   "prompt": {"chunks": [{"type": "encoded_text", "tokens": [3 + i, 7, 1 + 2 * i]}]},
+                   "sampling_params": {"max_tokens": 8, "temperature": 1.0 if i % 3 else 0.0, "seed": 70 + i}}
+                  for i in range(6)]
+
+        def batched():
+            return ((self.info().get("requests") or {}).get("asample") or {}).get("batched", 0)
+
+        alone = [self.sample(b) for b in bodies]  # one at a time
+        other = self.sample(dict(bodies[0], sampling_session_id=sids[1]))
+        if any(r is None or "sequences" not in r for r in alone) or other == alone[0]:
+            fail("batched_files: request 0 alone on file 0 %s, on file 1 %s (wanted both, different; "
+                 "the others %s)" % (alone[0], other, alone[1:]))
+            return
+        d = {"model_input": {"chunks": [{"tokens": list(range(16))}]},
+             "loss_fn_inputs": {"target_tokens": list(range(16))}}
+        for n_busy in (4000, 16000, 64000):  # the requests must queue up behind the forward: longer if they did not
+            before = batched()
+            # A plain forward (one job) runs while the six are posted.
+            busy = threading.Thread(target=lambda: S.ok(self.url, "/forward", {"data": [d] * n_busy}))
+            busy.start()
+            time.sleep(0.3)
+            futs = [http.post("/api/v1/asample", dict(b, type="sample")).json()["request_id"] for b in bodies]
+            busy.join()
+            together = []
+            for rid in futs:
+                while True:
+                    r = http.post("/api/v1/retrieve_future", {"request_id": rid}).json()
+                    if r.get("type") != "try_again":
+                        together.append(r)
+                        break
+            n = batched() - before
+            failures = S.FAILURES
+            for i, (a, b) in enumerate(zip(together, alone)):
+                ta = [q.get("tokens") for q in a.get("sequences", [])]
+                tb = [q["tokens"] for q in b["sequences"]]
+                worst = max((abs(u - v) for x, y in zip(a.get("sequences", []), b["sequences"])
+                             for u, v in zip(x["logprobs"], y["logprobs"])), default=0.0)
+                if ta != tb or worst > 1e-4:
+                    fail("batched_files: request %d (file %d) in flight with the others gave %s, alone %s "
+                         "(logprobs within %.1e)" % (i, i % 2, ta, tb, worst))
+            if n >= 2:
+                if S.FAILURES == failures:
+                    print("tinker_check: %d of 6 asample requests on two sampler files decoded in shared passes, "
+                          "equal to each alone" % n, flush=True)
+                return
+        fail("batched_files: 6 asample requests queued behind a forward: %d shared decoding passes "
+             "(GET /info requests.asample.batched), want >= 2" % n)
+
     def topk_prompt_logprobs(self, greedy, prompt, want_pl, seqs):
         """Top-k prompt logprobs from the prefill (docs/sampling.md): None first;
         with k = V (64) each row lists every token once, most likely first,
@@ -716,6 +784,7 @@ def main(argv):
     print("tinker_check: importance_sampling, ppo, cispo, dro checked", flush=True)
     c.save_load()
     c.sampling()
+    c.batched_files()
     print("tinker_check: sampling sessions checked", flush=True)
     c.held_open_poll_and_gaps()
     c.unload()

@@ -2,7 +2,8 @@
  * test_packed.c -- src/nn/packed.c: products against a packed B equal a
  * double-precision reference within fp32 rounding, on every path this CPU
  * has (portable C, AVX2+FMA, AVX-512), for M from 1 to past two register
- * blocks, K across the K-block boundary, N on and off the panel width, both
+ * blocks and 300 (row blocks of 128), K across the K-block boundary, N of 1
+ * to 9 panels (AVX-512 triples, pairs, singles) on and off the panel width, both
  * weight layouts, bias and accumulation; and the same at any thread count
  * (tests/CMakeLists.txt runs it again with three threads).
  */
@@ -61,7 +62,8 @@ static void test_packed_matches_reference(void **state) {
     (void)state;
     const int64_t Ms[] = {1, 2, 5, 6, 7, 13, 32, 40};
     const int64_t Ks[] = {1, 7, 64, 300, 577};
-    const int64_t Ns[] = {1, 15, 16, 17, 33, 48, 100};
+    /* 1-9 panels: the AVX-512 path's triples, pairs and singles */
+    const int64_t Ns[] = {1, 15, 16, 17, 33, 48, 80, 100, 130};
     int paths = 0;
     for (int want = 0; want <= 2; want++) {
         const int path = zdp_nn_packed_use_path(want);
@@ -73,6 +75,9 @@ static void test_packed_matches_reference(void **state) {
                     const int v = (int)(a + b + c);
                     check_shape_(path, Ms[a], Ks[b], Ns[c], v % 2, v % 3 == 0, v % 4 == 1);
                 }
+        /* Past one row block (128 rows: prefills): blocks of 128, 128, 44. */
+        for (int v = 0; v < 4; v++)
+            check_shape_(path, 300, v < 2 ? 300 : 7, v % 2 ? 100 : 48, v % 2, v == 1, v == 2);
     }
     printf("test_packed: %d path(s) checked (best: %d)\n", paths, zdp_nn_packed_use_path(2));
     assert_true(paths >= 1);

@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "core/core.h"
+#include "nn/gemm.h"
 #include "nn/nn.h"
 
 typedef struct count_ctx {
@@ -177,10 +178,18 @@ static void gemm_split_bitwise_(void **state) {
         {17, 64, 1024},   {8, 96, 1536},
     };
     uint64_t s = 11;
+    /* mode 0: every product through cblas_sgemm, against one cblas call;
+     * mode 2: every product through gemm.c, against one whole call of it. */
+    const int mode_was = zdp_nn_gemm_mode();
+    for (int mode = 0; mode <= 2; mode += 2) {
+    zdp_nn_gemm_use_mode(mode);
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int ta = 0; ta < 2; ta++)
             for (int tb = 0; tb < 2; tb++)
                 for (int beta1 = 0; beta1 < 2; beta1++) {
+                    /* gemm.c: one beta per transpose pair, not the vocabulary-wide
+                     * shape (test_gemm covers the kernel; this, the cut). */
+                    if (mode == 2 && (beta1 != (ta ^ tb) || shapes[i][1] == 49152)) continue;
                     const int64_t M = shapes[i][0], N = shapes[i][1], K = shapes[i][2];
                     const CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans;
                     const CBLAS_TRANSPOSE TB = tb ? CblasTrans : CblasNoTrans;
@@ -189,15 +198,20 @@ static void gemm_split_bitwise_(void **state) {
                     float *C0 = random_(M * N, &s), *C1 = malloc((size_t)(M * N) * sizeof(float));
                     memcpy(C1, C0, (size_t)(M * N) * sizeof(float));
                     const float beta = beta1 ? 1.0f : 0.0f;
-                    cblas_sgemm(CblasRowMajor, TA, TB, (int)M, (int)N, (int)K, 1.0f, A, (int)lda,
-                                B, (int)ldb, beta, C0, (int)N);
+                    if (mode == 0)
+                        cblas_sgemm(CblasRowMajor, TA, TB, (int)M, (int)N, (int)K, 1.0f, A, (int)lda,
+                                    B, (int)ldb, beta, C0, (int)N);
+                    else
+                        zdp_nn_gemm_compute(TA, TB, M, N, K, A, lda, B, ldb, beta1, C0, N);
                     zdp_nn_sgemm_(TA, TB, M, N, K, 1.0f, A, lda, B, ldb, beta, C1, N);
                     if (memcmp(C0, C1, (size_t)(M * N) * sizeof(float)) != 0)
-                        fail_msg("sgemm M %lld N %lld K %lld ta %d tb %d beta %g: the pieces "
-                                 "differ from one call",
+                        fail_msg("sgemm (ZDP_GEMM mode %d) M %lld N %lld K %lld ta %d tb %d beta %g: "
+                                 "the pieces differ from one call", mode,
                                  (long long)M, (long long)N, (long long)K, ta, tb, (double)beta);
                     free(A), free(B), free(C0), free(C1);
                 }
+    }
+    zdp_nn_gemm_use_mode(mode_was);
 }
 
 int main(void) {

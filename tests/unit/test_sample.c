@@ -11,8 +11,12 @@
  *     and seeds, generated together with continuous batching, equal the
  *     same sequences generated alone, and an uncached sampler;
  *   - prompt logprobs equal the full forward's;
+ *   - a long prompt's rows (attention as products, in blocks) equal the
+ *     full forward's, and bit for bit the same prompt prefilled alone;
  *   - sequences joining with the same prompt prefill it once and still
  *     equal each alone;
+ *   - zdp_sample_token's top-k cut-off (selected, not sorted) draws what a
+ *     sort-based one draws;
  *   - the cache stores only the KV heads; bad input is refused naming it.
  */
 #include <math.h>
@@ -90,6 +94,97 @@ static void test_logits_match_full_forward(void **state) {
         assert_int_equal(zdp_kv_length(kv, 1), T); /* nothing appended */
         zdp_kv_destroy(kv);
         free(got);
+        free(want);
+        kv_fx_free_(&f);
+    }
+}
+
+/* A prompt's rows attend as products, in blocks of 64 query rows (kv.c,
+ * runs of >= 16 rows of one slot at consecutive positions): in one pass,
+ * slot 0's 70-row prompt (two blocks, the second of 6 rows), slot 2's
+ * 20-row prompt and slot 1's 3 rows (short: one by one); then 20 more rows
+ * for slot 0 (a run starting at position 70: keys before the block) beside
+ * one decode row of slot 2, then decode steps; and three 100-row prompts in
+ * one pass (300 rows: the products through cblas_sgemm).  Every logit
+ * equals the full forward's; and the first pass's rows equal the same
+ * prompts prefilled each alone, bit for bit (a run's blocks do not depend
+ * on the batch, and passes of up to 256 rows all take the packed kernels). */
+static void test_prompt_attention(void **state) {
+    (void)state;
+    enum { T0 = 70, T1 = 20, T2 = 20, BLOCK = 100 };
+    for (int kind = 0; kind < N_KINDS_; kind++) {
+        fx f;
+        memset(&f, 0, sizeof f);
+        f.kind = kind;
+        f.p = make_base_block_(&f.m, kind, 16, 1, BLOCK);
+        const int V = f.m.vocab_size, n1 = T0 + 3 + T2;
+        int32_t a[BLOCK], b[BLOCK], c[3], slots[T0 + 3 + T2], tok[T0 + 3 + T2];
+        rand_tokens_(a, BLOCK, V, 91);
+        rand_tokens_(b, BLOCK, V, 92);
+        rand_tokens_(c, 3, V, 93);
+        for (int i = 0; i < n1; i++) {
+            slots[i] = i < T0 ? 0 : i < T0 + 3 ? 1 : 2;
+            tok[i] = i < T0 ? a[i] : i < T0 + 3 ? c[i - T0] : b[i - T0 - 3];
+        }
+        zdp_kv_cache *kv, *kv1;
+        zdp_error err;
+        assert_int_equal(zdp_kv_create(&f.m, 3, 0, &kv, &err), ZDP_OK);
+        assert_int_equal(zdp_kv_create(&f.m, 3, 0, &kv1, &err), ZDP_OK);
+        float *got = malloc((size_t)n1 * V * sizeof(float));
+        float *alone = malloc((size_t)n1 * V * sizeof(float)), *want = malloc((size_t)V * sizeof(float));
+        if (zdp_lm_decode(kv, P_(&f), slots, tok, n1, NULL, got, &err) != ZDP_OK) fail_msg("%s", err.msg);
+        for (int i0 = 0; i0 < n1;) { /* each slot's rows in a pass of their own */
+            int i1 = i0 + 1;
+            while (i1 < n1 && slots[i1] == slots[i0]) i1++;
+            if (zdp_lm_decode(kv1, P_(&f), slots + i0, tok + i0, i1 - i0, NULL, alone + (size_t)i0 * V,
+                              &err) != ZDP_OK)
+                fail_msg("%s", err.msg);
+            i0 = i1;
+        }
+        for (int i = 0; i < n1; i++) {
+            const int32_t *seq = slots[i] == 0 ? a : slots[i] == 1 ? c : b;
+            const int t = slots[i] == 0 ? i : slots[i] == 1 ? i - T0 : i - T0 - 3;
+            assert_int_equal(zdp_lm_next_logits(&f.m, P_(&f), seq, t + 1, want, &err), ZDP_OK);
+            assert_close_(kind_name_(kind), "full forward", got + (size_t)i * V, want, V, i);
+            if (memcmp(got + (size_t)i * V, alone + (size_t)i * V, (size_t)V * sizeof(float)) != 0)
+                fail_msg("%s row %d: the batched pass's logits differ from the prompt alone", kind_name_(kind), i);
+        }
+        /* Slot 0's next 20 rows (positions 70..89) and slot 2's next token. */
+        int32_t s2[T1 + 1], t2[T1 + 1];
+        for (int i = 0; i < T1; i++) s2[i] = 0, t2[i] = a[T0 + i];
+        s2[T1] = 2, t2[T1] = b[T2];
+        if (zdp_lm_decode(kv, P_(&f), s2, t2, T1 + 1, NULL, got, &err) != ZDP_OK) fail_msg("%s", err.msg);
+        for (int i = 0; i <= T1; i++) {
+            const int len = i < T1 ? T0 + i + 1 : T2 + 1;
+            assert_int_equal(zdp_lm_next_logits(&f.m, P_(&f), i < T1 ? a : b, len, want, &err), ZDP_OK);
+            assert_close_(kind_name_(kind), "full forward (second prefill)", got + (size_t)i * V, want, V, i);
+        }
+        for (int t = T0 + T1; t < BLOCK; t++) { /* decode: one row, one by one */
+            int32_t s0 = 0;
+            if (zdp_lm_decode(kv, P_(&f), &s0, a + t, 1, NULL, got, &err) != ZDP_OK) fail_msg("%s", err.msg);
+            assert_int_equal(zdp_lm_next_logits(&f.m, P_(&f), a, t + 1, want, &err), ZDP_OK);
+            assert_close_(kind_name_(kind), "full forward (decode)", got, want, V, t);
+        }
+        /* A pass past the packed kernels' 256 rows (cblas_sgemm's products):
+         * three whole prompts of 100 rows, in a fresh cache. */
+        zdp_kv_cache *kv3;
+        assert_int_equal(zdp_kv_create(&f.m, 3, 0, &kv3, &err), ZDP_OK);
+        int32_t s3[3 * BLOCK], t3[3 * BLOCK];
+        for (int i = 0; i < 3 * BLOCK; i++)
+            s3[i] = i / BLOCK, t3[i] = i / BLOCK == 1 ? b[i % BLOCK] : a[i % BLOCK];
+        float *g3 = malloc((size_t)3 * BLOCK * V * sizeof(float));
+        if (zdp_lm_decode(kv3, P_(&f), s3, t3, 3 * BLOCK, NULL, g3, &err) != ZDP_OK) fail_msg("%s", err.msg);
+        for (int i = 0; i < 3 * BLOCK; i += 7) {
+            assert_int_equal(zdp_lm_next_logits(&f.m, P_(&f), i / BLOCK == 1 ? b : a, i % BLOCK + 1, want, &err),
+                             ZDP_OK);
+            assert_close_(kind_name_(kind), "full forward (300-row pass)", g3 + (size_t)i * V, want, V, i);
+        }
+        zdp_kv_destroy(kv3);
+        free(g3);
+        zdp_kv_destroy(kv);
+        zdp_kv_destroy(kv1);
+        free(got);
+        free(alone);
         free(want);
         kv_fx_free_(&f);
     }
@@ -316,6 +411,61 @@ static void test_topk_logprobs_order(void **state) {
     assert_int_equal(zdp_topk_logprobs(lg, 8, 9, ids, lp), ZDP_ERR_INVALID_ARG);
 }
 
+/* The descending sort's k-th logit, the reference for zdp_sample_token's
+ * top-k cut-off (it selects it without sorting). */
+static int desc_(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* zdp_sample_token with top-k draws what a sort-based cut-off draws: the
+ * same rng step over the tokens at or above the k-th largest logit (ties
+ * kept), for k from 1 to V - 1, logits with many ties, k past the 64 kept
+ * on the stack; at a high temperature every kept token appears and no
+ * other. */
+static void test_sample_topk_cut(void **state) {
+    (void)state;
+    enum { V = 300 };
+    float lg[V], sorted[V];
+    uint64_t r = 7;
+    for (int trial = 0; trial < 200; trial++) {
+        for (int v = 0; v < V; v++) /* ties: values on a grid of 1/8 */
+            lg[v] = (float)((int)(zdp_splitmix64(&r) % 41) - 20) / 8.0f;
+        memcpy(sorted, lg, sizeof lg);
+        qsort(sorted, V, sizeof *sorted, desc_);
+        const int k = trial < 20 ? 1 + trial : trial < 40 ? V - 1 - (trial - 20) : 1 + (int)(zdp_splitmix64(&r) % (V - 1));
+        const zdp_sample_params sp = {.temperature = trial % 2 ? 1000.0 : 0.7, .top_k = k, .top_p = 1.0};
+        const float cut = sorted[k - 1];
+        int best = 0;
+        for (int v = 1; v < V; v++)
+            if (lg[v] > lg[best]) best = v;
+        uint64_t seed = 100 + (uint64_t)trial, ref = seed;
+        /* The reference draw: zdp_sample_token's loop over a sorted cut. */
+        double sum = 0;
+        for (int v = 0; v < V; v++) sum += lg[v] >= cut ? exp((lg[v] - lg[best]) / sp.temperature) : 0.0;
+        const double u = (double)(zdp_splitmix64(&ref) >> 11) * 0x1.0p-53 * sum;
+        double acc = 0;
+        int want = best;
+        for (int v = 0; v < V; v++) {
+            if (lg[v] < cut) continue;
+            acc += exp((lg[v] - lg[best]) / sp.temperature);
+            want = v;
+            if (acc >= u) break;
+        }
+        assert_int_equal(zdp_sample_token(lg, V, &sp, &seed, NULL), want);
+        if (trial % 2 && k < 40) { /* near uniform over the kept: all of them, nothing else */
+            int kept = 0, seen[V] = {0}, n_seen = 0;
+            for (int v = 0; v < V; v++) kept += lg[v] >= cut;
+            for (int d = 0; d < 60 * kept; d++) {
+                const int t = zdp_sample_token(lg, V, &sp, &seed, NULL);
+                assert_true(lg[t] >= cut);
+                n_seen += !seen[t], seen[t] = 1;
+            }
+            assert_int_equal(n_seen, kept);
+        }
+    }
+}
+
 /* Top-k prompt logprobs from the prefill, beside another sequence in the
  * batch: row t lists the k most likely tokens of a full forward of
  * prompt[<t] (nothing left out is more likely than the last listed) with
@@ -419,11 +569,13 @@ static void test_bad_input(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_logits_match_full_forward),
+        cmocka_unit_test(test_prompt_attention),
         cmocka_unit_test(test_greedy_cached_equals_uncached),
         cmocka_unit_test(test_batched_equals_alone),
         cmocka_unit_test(test_shared_prompt),
         cmocka_unit_test(test_cache_holds_kv_heads),
         cmocka_unit_test(test_topk_logprobs_order),
+        cmocka_unit_test(test_sample_topk_cut),
         cmocka_unit_test(test_prompt_topk),
         cmocka_unit_test(test_bad_input),
     };
