@@ -10,6 +10,8 @@
 #        GA=8: 8 micro-batches per optimizer step (gradient accumulation; a
 #        "step" is then one optimizer step of 8 micro-batches per rank)
 #        BASE=path/to/another/llama_bench with IMPLS=zdp,base,torch: before/after
+#        (with GA > 1 the base binary must know --ga: build main's library
+#        with this bench/llama_bench.c)
 #        MODEL="--layers 4" (a smaller model for a quick look)
 # Needs PyTorch for /usr/bin/python3 (bench/setup_torch.sh).
 set -euo pipefail
