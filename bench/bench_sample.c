@@ -7,7 +7,7 @@
  * usage: bench_sample --model gpt-m|smollm2 [--prompt P] [--new N] [--batch B]
  *                     [--reps R] [--seed S]
  *   B prompts of P random tokens are prefilled in one pass, then N tokens are
- *   decoded greedily, one pass per position for all B sequences.  Best of R.
+ *   decoded (greedily unless --temperature), one pass per position for all B sequences.  Best of R.
  * Prints one line of key=value pairs:
  *   prefill_tok_s, prefill_gflops, decode_tok_s (new tokens of all sequences
  *   per second), decode_gflops, weight_bytes, copy_gb_s, roofline_tok_s
@@ -19,7 +19,17 @@
  *   process: what a loaded machine's waiting leaves out), sgemm_cpu_gflops
  *   (the sgemm probe per CPU second; the ratio of these is the fraction of
  *   peak each core reached while it ran).
+ *   --temperature T (default 0, greedy): decode draws each token at T (top_k
+ *   none, top_p 1) and asks for its logprob, the RL case.
  * Threads: OPENBLAS_NUM_THREADS, as the tool runs.
+ *
+ * bench_sample --sampler V [--reps R]: zdp_sample_token alone on rows of V
+ *   random logits (spread like a model's), against main's earlier code
+ *   (kept below as old_sample_token_: a double exp per token for the sum,
+ *   for the walk and for zdp_logprob_of's normaliser; top_p by qsort),
+ *   alternating, R rounds of 32 rows each; for temperature 1 with logprob
+ *   and 0.7 with top_p 0.9 (no top_k: its heap is unchanged).  Prints the
+ *   medians of CPU microseconds per row of each and their ratio.
  *
  * bench_sample --gemm M,K,N [--reps R]: the products alone, C (M,N) = A (M,K)
  *   @ W^T for W (N,K) a torch.nn.Linear weight, through the packed kernels
@@ -31,6 +41,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cblas.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,11 +167,114 @@ static int gemm_bench_(const char *shape, int reps) {
     return 0;
 }
 
+/* ---- --sampler: main's earlier zdp_sample_token, the "before" ---------- */
+
+typedef struct old_ranked_ {
+    float logit;
+    int id;
+} old_ranked_;
+
+static int old_desc_(const void *a, const void *b) {
+    const old_ranked_ *x = a, *y = b;
+    return x->logit > y->logit ? -1 : x->logit < y->logit ? 1 : (x->id > y->id) - (x->id < y->id);
+}
+
+static int old_sample_token_(const float *logits, int V, const zdp_sample_params *sp,
+                             uint64_t *rng, float *logprob) { /* (top_k 0 only) */
+    int best = 0;
+    for (int v = 1; v < V; v++)
+        if (logits[v] > logits[best]) best = v;
+    int t = best;
+    const double temp = sp->temperature;
+    if (temp > 0) {
+        float cut = -INFINITY;
+        if (sp->top_p < 1.0) {
+            old_ranked_ *r = malloc((size_t)V * sizeof *r);
+            int m = 0;
+            double sum = 0;
+            for (int v = 0; v < V; v++)
+                if (logits[v] >= cut) {
+                    r[m++] = (old_ranked_){logits[v], v};
+                    sum += exp((logits[v] - logits[best]) / temp);
+                }
+            qsort(r, (size_t)m, sizeof *r, old_desc_);
+            double acc = 0;
+            for (int k = 0; k < m; k++) {
+                acc += exp((r[k].logit - logits[best]) / temp);
+                cut = r[k].logit;
+                if (acc >= sp->top_p * sum) break;
+            }
+            free(r);
+        }
+        double sum = 0;
+        for (int v = 0; v < V; v++)
+            sum += logits[v] >= cut ? exp((logits[v] - logits[best]) / temp) : 0.0;
+        double u = (double)(zdp_splitmix64(rng) >> 11) * 0x1.0p-53 * sum, acc = 0;
+        for (int v = 0; v < V; v++) {
+            if (logits[v] < cut) continue;
+            acc += exp((logits[v] - logits[best]) / temp);
+            t = v;
+            if (acc >= u) break;
+        }
+    }
+    if (logprob != NULL) *logprob = zdp_logprob_of(logits, V, t);
+    return t;
+}
+
+static int cmp_double_(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* --sampler V: CPU microseconds per row, new against old, alternating. */
+static int sampler_bench_(int V, int reps) {
+    enum { ROWS = 32 };
+    if (V < 2 || reps > 256) {
+        fprintf(stderr, "bench_sample: --sampler V needs V >= 2 (and --reps <= 256)\n");
+        return 2;
+    }
+    float *lg = malloc((size_t)ROWS * V * sizeof *lg);
+    uint64_t s = 5;
+    for (int i = 0; i < ROWS * V; i++) { /* roughly normal, sd 2.5: a trained model's spread */
+        double g = 0;
+        for (int j = 0; j < 4; j++) g += (double)(zdp_splitmix64(&s) >> 11) * 0x1.0p-53 - 0.5;
+        lg[i] = (float)(g * 2.5 * 1.732);
+    }
+    const struct {
+        const char *name;
+        zdp_sample_params sp;
+    } cases[] = {{"t1_logprob", {1.0, 0, 1.0}},
+                 {"t0.7_top_p0.9", {0.7, 0, 0.9}}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        double t_new[256], t_old[256];
+        uint64_t rng = 1;
+        long sink = 0;
+        for (int r = 0; r < reps; r++)
+            for (int which = 0; which < 2; which++) {
+                float lp;
+                const double c0 = cpu_now_();
+                for (int row = 0; row < ROWS; row++)
+                    sink += which == 0 ? zdp_sample_token(lg + (size_t)row * V, V, &cases[c].sp, &rng, &lp)
+                                       : old_sample_token_(lg + (size_t)row * V, V, &cases[c].sp, &rng, &lp);
+                (which == 0 ? t_new : t_old)[r] = (cpu_now_() - c0) / ROWS * 1e6;
+            }
+        qsort(t_new, (size_t)reps, sizeof *t_new, cmp_double_);
+        qsort(t_old, (size_t)reps, sizeof *t_old, cmp_double_);
+        printf("sampler V=%d case=%s new_cpu_us_per_row=%.1f old_cpu_us_per_row=%.1f ratio=%.2f (sink %ld)\n",
+               V, cases[c].name, t_new[reps / 2], t_old[reps / 2], t_old[reps / 2] / t_new[reps / 2],
+               sink % 10);
+    }
+    free(lg);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *which = "gpt-m";
     int P = 64, N = 256, B = 1, reps = 2;
     uint64_t seed = 1;
     const char *gemm = NULL;
+    int sampler = 0;
+    double temperature = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--model") == 0) which = argv[i + 1];
         else if (strcmp(argv[i], "--gemm") == 0) gemm = argv[i + 1];
@@ -168,6 +282,8 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--new") == 0) N = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--batch") == 0) B = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--reps") == 0) reps = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--sampler") == 0) sampler = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--temperature") == 0) temperature = atof(argv[i + 1]);
         else if (strcmp(argv[i], "--seed") == 0) seed = (uint64_t)atoll(argv[i + 1]);
         else {
             fprintf(stderr, "bench_sample: unknown flag %s\n", argv[i]);
@@ -179,6 +295,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (gemm != NULL) return gemm_bench_(gemm, reps);
+    if (sampler != 0) return sampler_bench_(sampler, reps < 3 ? 9 : reps);
+    if (!(temperature >= 0)) {
+        fprintf(stderr, "bench_sample: --temperature must be >= 0\n");
+        return 2;
+    }
     zdp_model m;
     zdp_error err;
     zdp_status st;
@@ -243,7 +364,8 @@ int main(int argc, char **argv) {
             want[b * P + t] = t == P - 1;
         }
     double best_pre = 1e30, best_dec = 1e30, first_dec = 0, best_cpu_dec = 1e30, best_cpu_pre = 1e30;
-    const zdp_sample_params greedy = {.temperature = 0};
+    const zdp_sample_params spar = {.temperature = temperature, .top_k = 0, .top_p = 1.0};
+    float lp; /* at a temperature, each token's logprob too (the RL case) */
     for (int r = 0; r < reps; r++) {
         for (int b = 0; b < B; b++) zdp_kv_clear(kv, b);
         const double c0 = cpu_now_();
@@ -257,7 +379,7 @@ int main(int argc, char **argv) {
         int32_t next[4096];
         for (int step = 0; step < N; step++) {
             for (int b = 0; b < B; b++)
-                next[b] = zdp_sample_token(logits + (size_t)b * V, V, &greedy, &s, NULL);
+                next[b] = zdp_sample_token(logits + (size_t)b * V, V, &spar, &s, temperature > 0 ? &lp : NULL);
             if (step == N - 1) break; /* the last token needs no pass */
             if (zdp_lm_decode(kv, (const float *const *)p, dslots, next, B, NULL, logits, &err) != ZDP_OK) {
                 fprintf(stderr, "bench_sample: %s\n", err.msg);
@@ -278,11 +400,11 @@ int main(int argc, char **argv) {
     const double att_dec = 4.0 * L * QD * (double)B * ((double)(N - 1) * P + (double)N * (N - 1) / 2);
     double cpu_peak;
     const double copy = copy_gb_s_(), peak = sgemm_gflops_(&cpu_peak);
-    printf("model=%s P=%d N=%d B=%d params=%lld prefill_tok_s=%.1f prefill_gflops=%.1f "
+    printf("model=%s P=%d N=%d B=%d T=%g params=%lld prefill_tok_s=%.1f prefill_gflops=%.1f "
            "decode_tok_s=%.1f decode_gflops=%.1f weight_bytes=%.0f copy_gb_s=%.2f "
            "roofline_tok_s=%.1f sgemm_gflops=%.1f kv_mb=%.1f first_decode_tok_s=%.1f "
            "prefill_cpu_gflops=%.1f decode_cpu_gflops=%.1f sgemm_cpu_gflops=%.1f\n",
-           which, P, N, B, (long long)nparam, pre_tok / best_pre,
+           which, P, N, B, temperature, (long long)nparam, pre_tok / best_pre,
            (pre_tok * mm_flops + att_pre) / best_pre / 1e9, dec_tok / best_dec,
            (dec_tok * mm_flops + att_dec) / best_dec / 1e9, weight_bytes, copy,
            copy * 1e9 / weight_bytes, peak, zdp_kv_bytes(kv) / 1e6, dec_tok / first_dec,

@@ -28,36 +28,6 @@ typedef struct ranked_ {
     int id;
 } ranked_;
 
-static int by_logit_desc_(const void *a, const void *b) {
-    const ranked_ *x = a, *y = b;
-    return x->logit > y->logit ? -1 : x->logit < y->logit ? 1 : (x->id > y->id) - (x->id < y->id);
-}
-
-/* The smallest logit kept by nucleus sampling: the most likely tokens (of
- * those at or above cut) whose probabilities at this temperature first reach
- * top_p.  Ties with the last one are kept, as top-k keeps them. */
-static bool top_p_cut_(const float *logits, int V, float *cut, float top, double temperature,
-                       double top_p) {
-    ranked_ *r = malloc((size_t)V * sizeof *r);
-    if (r == NULL) return false;
-    int m = 0;
-    double sum = 0;
-    for (int v = 0; v < V; v++)
-        if (logits[v] >= *cut) {
-            r[m++] = (ranked_){logits[v], v};
-            sum += exp((logits[v] - top) / temperature);
-        }
-    qsort(r, (size_t)m, sizeof *r, by_logit_desc_);
-    double acc = 0;
-    for (int k = 0; k < m; k++) {
-        acc += exp((r[k].logit - top) / temperature);
-        *cut = r[k].logit;
-        if (acc >= top_p * sum) break;
-    }
-    free(r);
-    return true;
-}
-
 float zdp_logprob_of(const float *logits, int V, int target) {
     float top = logits[0];
     for (int v = 1; v < V; v++)
@@ -143,31 +113,172 @@ static bool kth_logit_(const float *logits, int V, int k, float *kth) {
     return true;
 }
 
-int zdp_sample_token(const float *logits, int V, const zdp_sample_params *sp, uint64_t *rng,
-                     float *logprob) {
+/* exp(x) for x <= 0 in float, written so that GCC vectorises it (AVX-512 /
+ * AVX2; every step a select or a bit operation, no branch and no
+ * float-to-int conversion of a value that may be -inf): x = n ln2 + r with
+ * n = round(x / ln2) (the 1.5 * 2^23 trick leaves it in the low mantissa
+ * bits) and |r| <= ln2/2, exp(r) by its Taylor polynomial to r^6
+ * (truncation < 1.2e-7 relative), 2^n put into the exponent bits.  At or
+ * below n = -126 (x < about -86.96) and for -inf (a masked logit) it gives
+ * 0: next to the row's top token's exp(0) = 1 such a term is far below the
+ * sum's resolution.  Relative error a few float ulp (the unit test holds it
+ * against libm's double exp). */
+static inline float exp_neg_(float x) {
+    const float t = x * 1.44269504088896341f + 0x1.8p23f;
+    int32_t tb;
+    memcpy(&tb, &t, sizeof tb);
+    const int32_t n0 = tb - 0x4b400000; /* round(x / ln2); garbage (and masked) far below */
+    const int32_t keep = n0 > -126 ? -1 : 0;
+    const int32_t n = n0 > -126 ? n0 : -126;
+    const float nf = (float)n;
+    const float r = (x - nf * 0.693145751953125f) - nf * 1.42860682030941723e-6f; /* ln2 hi + lo */
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int32_t eb = (n + 127) * (1 << 23);
+    float two_n;
+    memcpy(&two_n, &eb, sizeof two_n);
+    float y = p * two_n;
+    int32_t yb;
+    memcpy(&yb, &y, sizeof yb);
+    yb &= keep;
+    memcpy(&y, &yb, sizeof y);
+    return y;
+}
+
+/* e (V) = exp((logits - top) * inv_t) for every token, and their sum in
+ * double over 8 fixed lanes (the same order everywhere: deterministic, and
+ * GCC vectorises it). */
+static double row_exps_(const float *logits, int V, float top, float inv_t, float *e) {
+    for (int v = 0; v < V; v++) e[v] = exp_neg_((logits[v] - top) * inv_t);
+    double lane[8] = {0};
+    int v = 0;
+    for (; v + 8 <= V; v += 8)
+        for (int j = 0; j < 8; j++) lane[j] += e[v + j];
+    for (; v < V; v++) lane[v % 8] += e[v];
+    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+/* The sum of e (V) over the tokens at or above cut, in row_exps_'s lanes. */
+static double kept_sum_(const float *logits, const float *e, int V, float cut) {
+    double lane[8] = {0};
+    int v = 0;
+    for (; v + 8 <= V; v += 8)
+        for (int j = 0; j < 8; j++) lane[j] += logits[v + j] >= cut ? e[v + j] : 0.0f;
+    for (; v < V; v++) lane[v % 8] += logits[v] >= cut ? e[v] : 0.0f;
+    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+/* A token's logit and its exp at the sampling temperature. */
+typedef struct weighed_ {
+    float logit, e;
+} weighed_;
+
+/* The smallest logit kept by nucleus sampling: the most likely tokens (of
+ * those at or above *cut, whose exps sum to sum) whose probabilities first
+ * reach top_p; ties with the last one are kept, as top-k keeps them.  That
+ * is the largest logit c with mass(logit >= c) >= top_p * sum, found by
+ * selection, not by sorting (a sort of all 49,152 tokens per row took
+ * milliseconds): partition the candidates around a pivot logit into
+ * above / equal / below; the answer is among those above when their mass
+ * reaches the target, the pivot when the equal ones make it reach, else
+ * among those below with the target less what the others hold.  Expected
+ * O(V).  w: (V) scratch. */
+static void top_p_cut_(const float *logits, const float *e, int V, float *cut, double sum,
+                       double top_p, weighed_ *w) {
+    int m = 0;
+    for (int v = 0; v < V; v++)
+        if (logits[v] >= *cut) w[m++] = (weighed_){logits[v], e[v]};
+    double need = top_p * sum;
+    float found = w[0].logit;
+    uint64_t pick = 0x9e3779b97f4a7c15u; /* pivot positions: fixed, so the cut is reproducible */
+    for (;;) { /* m >= 1: the top token is always a candidate */
+        const float piv = w[(int)(zdp_splitmix64(&pick) % (uint64_t)m)].logit;
+        /* Three-way partition: [0, a) above, [a, b) equal, [b, m) below. */
+        int a = 0, b = 0, c = m;
+        double above = 0, equal = 0;
+        while (b < c) {
+            const weighed_ x = w[b];
+            if (x.logit > piv) {
+                above += x.e;
+                w[b++] = w[a], w[a++] = x;
+            } else if (x.logit == piv) {
+                equal += x.e;
+                b++;
+            } else {
+                w[b] = w[--c], w[c] = x;
+            }
+        }
+        if (above >= need && a > 0) {
+            m = a; /* the cut is above the pivot */
+        } else if (above + equal >= need || b == m) {
+            /* the pivot (or, rounding leaving need unmet, the smallest) */
+            found = piv;
+            break;
+        } else {
+            need -= above + equal; /* below the pivot */
+            w += b;
+            m -= b;
+        }
+    }
+    *cut = found;
+}
+
+/* zdp_sample_token with its scratch: e (V) floats and w (V) for top_p. */
+static int sample_row_(const float *logits, int V, const zdp_sample_params *sp, uint64_t *rng,
+                       float *logprob, float *e, weighed_ *w) {
     int best = 0;
     for (int v = 1; v < V; v++)
         if (logits[v] > logits[best]) best = v;
+    const float top = logits[best];
     int t = best;
     const double temp = sp->temperature;
+    bool have_z = false; /* sum_z: the temperature-1 normaliser, already summed */
+    double sum_z = 0;
     if (temp > 0) {
+        /* Each token's exp once: the sum, the nucleus, the walk and (at
+         * temperature 1 with no cut) the logprob's normaliser reuse it. */
+        double sum = row_exps_(logits, V, top, (float)(1.0 / temp), e);
+        if (temp == 1.0) have_z = true, sum_z = sum;
         /* Top-k: the k-th largest logit is the cut-off (ties kept). */
         float cut = -INFINITY;
-        if (sp->top_k > 0 && sp->top_k < V && !kth_logit_(logits, V, sp->top_k, &cut)) return -1;
-        if (sp->top_p < 1.0 && !top_p_cut_(logits, V, &cut, logits[best], temp, sp->top_p))
-            return -1;
-        double sum = 0;
-        for (int v = 0; v < V; v++)
-            sum += logits[v] >= cut ? exp((logits[v] - logits[best]) / temp) : 0.0;
-        double u = (double)(zdp_splitmix64(rng) >> 11) * 0x1.0p-53 * sum, acc = 0;
+        if (sp->top_k > 0 && sp->top_k < V) {
+            if (!kth_logit_(logits, V, sp->top_k, &cut)) return -1;
+            sum = kept_sum_(logits, e, V, cut);
+        }
+        if (sp->top_p < 1.0) {
+            top_p_cut_(logits, e, V, &cut, sum, sp->top_p, w);
+            sum = kept_sum_(logits, e, V, cut);
+        }
+        const double u = (double)(zdp_splitmix64(rng) >> 11) * 0x1.0p-53 * sum;
+        double acc = 0;
         for (int v = 0; v < V; v++) {
             if (logits[v] < cut) continue;
-            acc += exp((logits[v] - logits[best]) / temp);
+            acc += e[v];
             t = v;
             if (acc >= u) break;
         }
     }
-    if (logprob != NULL) *logprob = zdp_logprob_of(logits, V, t);
+    if (logprob != NULL) {
+        if (!have_z) sum_z = row_exps_(logits, V, top, 1.0f, e);
+        *logprob = (float)((double)logits[t] - top - log(sum_z));
+    }
+    return t;
+}
+
+int zdp_sample_token(const float *logits, int V, const zdp_sample_params *sp, uint64_t *rng,
+                     float *logprob) {
+    float *e = malloc((size_t)V * sizeof *e);
+    weighed_ *w = sp->temperature > 0 && sp->top_p < 1.0 ? malloc((size_t)V * sizeof *w) : NULL;
+    int t = -1;
+    if (e != NULL && (w != NULL || !(sp->temperature > 0 && sp->top_p < 1.0)))
+        t = sample_row_(logits, V, sp, rng, logprob, e, w);
+    free(e);
+    free(w);
     return t;
 }
 
@@ -279,13 +390,17 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
      * whose prefill it copies, else -1; and each slot's row of logits. */
     int *copy_of = malloc((size_t)batch * sizeof *copy_of);
     const float **row_of = malloc((size_t)batch * sizeof *row_of);
+    /* Choosing a token's scratch, once per call: each row's exps (V) and
+     * the nucleus's candidates (V). */
+    float *ex = malloc((size_t)V * sizeof *ex);
+    weighed_ *cand = malloc((size_t)V * sizeof *cand);
     int cap = 0, lcap = 0;
     int32_t *rs = NULL, *rt = NULL;
     uint8_t *rw = NULL;
     float *logits = NULL;
     zdp_gen_stats sts = {0};
     if (slot_seq == NULL || pending == NULL || rng == NULL || order == NULL || copy_of == NULL ||
-        row_of == NULL) {
+        row_of == NULL || ex == NULL || cand == NULL) {
         st = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory", fn);
         goto out;
     }
@@ -418,7 +533,7 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
                 continue;
             }
             float lp;
-            const int tok = zdp_sample_token(row, V, &s->sp, &rng[slot_seq[b]], &lp);
+            const int tok = sample_row_(row, V, &s->sp, &rng[slot_seq[b]], &lp, ex, cand);
             if (tok < 0) {
                 st = zdp_err_set(err, ZDP_ERR_NOMEM, "%s: out of memory choosing a token", fn);
                 goto out;
@@ -446,6 +561,8 @@ out:
     free(order);
     free(copy_of);
     free(row_of);
+    free(ex);
+    free(cand);
     free(rs);
     free(rt);
     free(rw);
