@@ -16,7 +16,12 @@
  *   - sequences joining with the same prompt prefill it once and still
  *     equal each alone;
  *   - zdp_sample_token's top-k cut-off (selected, not sorted) draws what a
- *     sort-based one draws;
+ *     sort-based one draws; its top-p cut (selected) too, ties kept;
+ *   - its float exps: the sampled token's logprob within 1e-5 of
+ *     zdp_logprob_of's (double) on random, huge-spread, all-equal and
+ *     masked rows, the exp's relative error over -86..0; the empirical
+ *     frequencies of its draws are the exact probabilities (temperature,
+ *     top_k, top_p, both);
  *   - the cache stores only the KV heads; bad input is refused naming it.
  */
 #include <math.h>
@@ -466,6 +471,171 @@ static void test_sample_topk_cut(void **state) {
     }
 }
 
+/* The sampled token's logprob is the temperature-1 log-softmax with no cut
+ * (what a learner computes), through zdp_sample_token's float exps: on a
+ * row {0, x} the top token's is -log1p(e^x), so each x from -86 to 0 tests
+ * the exp's relative error (against libm's double exp; within 6e-7, plus
+ * the double sum's resolution where e^x is below it); x past the float
+ * exp's range and -inf give 0. */
+static void test_sample_exp_range(void **state) {
+    (void)state;
+    const zdp_sample_params sp[] = {{1.0, 0, 1.0}, {0.7, 0, 1.0}, {0.0, 0, 1.0}};
+    uint64_t rng = 3;
+    double worst = 0;
+    for (int i = 0; i <= 86 * 64; i++) {
+        const float x = -(float)i / 64.0f;
+        for (int order = 0; order < 2; order++) {
+            const float lg[2] = {order ? x : 0.0f, order ? 0.0f : x};
+            for (int c = 0; c < 3; c++) {
+                float lp;
+                const int t = zdp_sample_token(lg, 2, &sp[c], &rng, &lp);
+                assert_true(t == 0 || t == 1);
+                const double want = (double)lg[t] - log1p(exp((double)x));
+                /* (2.3e-16: the double sum's resolution next to the top's 1) */
+                const double rel = fabs(lp - want) / fabs(want);
+                if (want != 0 && x > -13 && rel > worst) worst = rel;
+                if (fabs(lp - want) > 6e-7 * fabs(want) + 2.3e-16)
+                    fail_msg("x = %g, token %d: logprob %.9g, want %.9g (rel %.3g)", (double)x, t, (double)lp, want, rel);
+            }
+        }
+    }
+    const float far[][2] = {{0.0f, -88.0f}, {0.0f, -1e30f}, {0.0f, -INFINITY}, {-INFINITY, 0.0f}};
+    for (int i = 0; i < 4; i++) {
+        float lp;
+        const int t = zdp_sample_token(far[i], 2, &sp[0], &rng, &lp);
+        assert_int_equal(t, i == 3);
+        assert_true(lp > -1e-37f && lp <= 0.0f);
+    }
+    print_message("exp: worst relative error of -log1p(e^x) %.3g\n", worst);
+}
+
+/* Over many random rows -- a model's spread, huge spreads (1e4), all equal,
+ * half masked to -inf, V up to 49,152 -- at temperature 1, 0.7 and with
+ * top_k / top_p cuts, the sampled token's logprob is zdp_logprob_of's
+ * (double exp) within 1e-5, and a masked token is never drawn. */
+static void test_sample_logprob_rows(void **state) {
+    (void)state;
+    enum { VMAX = 49152 };
+    float *lg = malloc(VMAX * sizeof *lg);
+    assert_non_null(lg);
+    uint64_t r = 11, rng = 12;
+    const zdp_sample_params sp[] = {{1.0, 0, 1.0}, {0.7, 0, 1.0}, {1.0, 40, 1.0},
+                                    {1.0, 0, 0.9}, {0.8, 100, 0.95}, {2.5, 0, 0.5}};
+    for (int trial = 0; trial < 120; trial++) {
+        const int V = trial % 4 == 0 ? VMAX : 2 + (int)(zdp_splitmix64(&r) % 3000);
+        const int kind = trial % 5;
+        const double spread = kind == 1 ? 1e4 : kind == 2 ? 0.0 : 3.0;
+        for (int v = 0; v < V; v++) {
+            const double u = (double)(zdp_splitmix64(&r) >> 11) * 0x1.0p-53;
+            lg[v] = (float)(spread * (u - 0.5) * 4.0);
+            if (kind == 3 && v % 2 == 1) lg[v] = -INFINITY;
+            if (kind == 4) lg[v] = (float)((int)(u * 9)) / 4.0f - 30.0f; /* ties, shifted */
+        }
+        for (int c = 0; c < 6; c++) {
+            float lp;
+            const int t = zdp_sample_token(lg, V, &sp[c], &rng, &lp);
+            assert_true(t >= 0 && t < V);
+            assert_true(isfinite(lg[t]));
+            const float want = zdp_logprob_of(lg, V, t);
+            if (fabsf(lp - want) > 1e-5f)
+                fail_msg("trial %d (V %d, kind %d), params %d: token %d logprob %.9g, zdp_logprob_of %.9g",
+                         trial, V, kind, c, t, (double)lp, (double)want);
+        }
+    }
+    free(lg);
+}
+
+/* The nucleus (top_p, with and without top_k) found by selection draws
+ * what main's sort-based cut draws with the same uniform: a plain
+ * inverse-CDF reference below, over rows with many ties (kept at the cut),
+ * top_p from 0 to 1.  (Its double exps and the sampler's float ones could
+ * part only when the uniform or top_p falls within ~1e-7 of a boundary.) */
+static void test_sample_top_p_cut(void **state) {
+    (void)state;
+    enum { V = 500 };
+    float lg[V], sorted[V];
+    uint64_t r = 21;
+    for (int trial = 0; trial < 400; trial++) {
+        const int grid = trial % 3 == 0 ? 4 : 64; /* few values: many ties */
+        for (int v = 0; v < V; v++)
+            lg[v] = (float)((int)(zdp_splitmix64(&r) % (uint64_t)(grid * 10)) - grid * 5) / (float)grid;
+        const double top_p = trial < 10 ? trial / 10.0 : (double)(zdp_splitmix64(&r) >> 11) * 0x1.0p-53;
+        const int top_k = trial % 4 == 1 ? 1 + (int)(zdp_splitmix64(&r) % (V - 1)) : 0;
+        const double temp = trial % 2 ? 0.7 : 1.5;
+        const zdp_sample_params sp = {.temperature = temp, .top_k = top_k, .top_p = top_p};
+        memcpy(sorted, lg, sizeof lg);
+        qsort(sorted, V, sizeof *sorted, desc_);
+        const float top = sorted[0];
+        float cut = top_k > 0 ? sorted[top_k - 1] : -INFINITY;
+        double sum = 0;
+        for (int v = 0; v < V; v++) sum += lg[v] >= cut ? exp((lg[v] - top) / temp) : 0.0;
+        double acc = 0;
+        for (int k = 0; k < V && sorted[k] >= cut; k++) { /* the nucleus: sorted, ties kept */
+            acc += exp((sorted[k] - top) / temp);
+            if (acc >= top_p * sum) {
+                cut = sorted[k];
+                break;
+            }
+        }
+        for (int d = 0; d < 20; d++) {
+            uint64_t seed = 1000 * (uint64_t)trial + (uint64_t)d, ref = seed;
+            double s2 = 0;
+            for (int v = 0; v < V; v++) s2 += lg[v] >= cut ? exp((lg[v] - top) / temp) : 0.0;
+            const double u = (double)(zdp_splitmix64(&ref) >> 11) * 0x1.0p-53 * s2;
+            double a2 = 0;
+            int want = -1;
+            for (int v = 0; v < V; v++) {
+                if (lg[v] < cut) continue;
+                a2 += exp((lg[v] - top) / temp);
+                want = v;
+                if (a2 >= u) break;
+            }
+            const int got = zdp_sample_token(lg, V, &sp, &seed, NULL);
+            if (got != want)
+                fail_msg("trial %d draw %d (top_p %.6f, top_k %d, T %g): token %d (logit %g), the reference's %d (logit %g, cut %g)",
+                         trial, d, top_p, top_k, temp, got, (double)lg[got], want, (double)lg[want], (double)cut);
+        }
+    }
+}
+
+/* Empirical frequencies over many draws equal the exact probabilities
+ * (within 5 standard errors) at temperature 1 and 0.7, with top_k, top_p
+ * (the cut falling on a tie: both kept) and both; cut tokens never drawn. */
+static void test_sample_frequencies(void **state) {
+    (void)state;
+    enum { V = 7, DRAWS = 100000 };
+    const float lg[V] = {1.0f, 2.5f, -0.5f, 2.0f, 2.0f, 0.0f, -3.0f};
+    const zdp_sample_params sp[] = {{1.0, 0, 1.0}, {0.7, 0, 1.0}, {1.0, 3, 1.0},
+                                    {1.0, 0, 0.6}, {0.7, 4, 0.8}};
+    uint64_t rng = 77;
+    for (int c = 0; c < 5; c++) {
+        /* exact: the kept set by sorting, then the softmax over it */
+        float sorted[V];
+        memcpy(sorted, lg, sizeof lg);
+        qsort(sorted, V, sizeof *sorted, desc_);
+        float cut = sp[c].top_k > 0 ? sorted[sp[c].top_k - 1] : -INFINITY;
+        double z = 0, acc = 0, p[V];
+        for (int v = 0; v < V; v++) z += lg[v] >= cut ? exp((lg[v] - sorted[0]) / sp[c].temperature) : 0;
+        for (int k = 0; k < V && sp[c].top_p < 1; k++) {
+            acc += exp((sorted[k] - sorted[0]) / sp[c].temperature);
+            if (acc >= sp[c].top_p * z) {
+                cut = sorted[k];
+                break;
+            }
+        }
+        z = 0;
+        for (int v = 0; v < V; v++) z += p[v] = lg[v] >= cut ? exp((lg[v] - sorted[0]) / sp[c].temperature) : 0;
+        int count[V] = {0};
+        for (int d = 0; d < DRAWS; d++) count[zdp_sample_token(lg, V, &sp[c], &rng, NULL)]++;
+        for (int v = 0; v < V; v++) {
+            const double pv = p[v] / z, f = (double)count[v] / DRAWS;
+            const double se = sqrt(pv * (1 - pv) / DRAWS);
+            if (fabs(f - pv) > 5 * se + 1e-9)
+                fail_msg("params %d token %d: frequency %.5f, probability %.5f", c, v, f, pv);
+        }
+    }
+}
+
 /* Top-k prompt logprobs from the prefill, beside another sequence in the
  * batch: row t lists the k most likely tokens of a full forward of
  * prompt[<t] (nothing left out is more likely than the last listed) with
@@ -576,6 +746,10 @@ int main(void) {
         cmocka_unit_test(test_cache_holds_kv_heads),
         cmocka_unit_test(test_topk_logprobs_order),
         cmocka_unit_test(test_sample_topk_cut),
+        cmocka_unit_test(test_sample_exp_range),
+        cmocka_unit_test(test_sample_logprob_rows),
+        cmocka_unit_test(test_sample_top_p_cut),
+        cmocka_unit_test(test_sample_frequencies),
         cmocka_unit_test(test_prompt_topk),
         cmocka_unit_test(test_bad_input),
     };
