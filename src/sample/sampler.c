@@ -229,6 +229,30 @@ static void top_p_cut_(const float *logits, const float *e, int V, float *cut, d
     *cut = found;
 }
 
+/* The draw: the first token at or above cut whose running sum of e reaches
+ * u.  Whole blocks of 64 whose sum leaves it below u are stepped over (one
+ * vectorised sum, not 64 dependent adds); past the end (u within rounding
+ * of the total), the last kept token, as a plain walk gives. */
+static int draw_(const float *logits, const float *e, int V, float cut, double u) {
+    double acc = 0;
+    for (int v0 = 0; v0 < V; v0 += 64) {
+        const int n = V - v0 < 64 ? V - v0 : 64;
+        const double b = kept_sum_(logits + v0, e + v0, n, cut);
+        if (acc + b < u) {
+            acc += b;
+            continue;
+        }
+        for (int v = v0; v < v0 + n; v++) {
+            if (logits[v] < cut) continue;
+            acc += e[v];
+            if (acc >= u) return v;
+        }
+    }
+    int t = V - 1;
+    while (t > 0 && logits[t] < cut) t--;
+    return t;
+}
+
 /* zdp_sample_token with its scratch: e (V) floats and w (V) for top_p. */
 static int sample_row_(const float *logits, int V, const zdp_sample_params *sp, uint64_t *rng,
                        float *logprob, float *e, weighed_ *w) {
@@ -255,14 +279,7 @@ static int sample_row_(const float *logits, int V, const zdp_sample_params *sp, 
             top_p_cut_(logits, e, V, &cut, sum, sp->top_p, w);
             sum = kept_sum_(logits, e, V, cut);
         }
-        const double u = (double)(zdp_splitmix64(rng) >> 11) * 0x1.0p-53 * sum;
-        double acc = 0;
-        for (int v = 0; v < V; v++) {
-            if (logits[v] < cut) continue;
-            acc += e[v];
-            t = v;
-            if (acc >= u) break;
-        }
+        t = draw_(logits, e, V, cut, (double)(zdp_splitmix64(rng) >> 11) * 0x1.0p-53 * sum);
     }
     if (logprob != NULL) {
         if (!have_z) sum_z = row_exps_(logits, V, top, 1.0f, e);
