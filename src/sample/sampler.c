@@ -151,27 +151,28 @@ static inline float exp_neg_(float x) {
     return y;
 }
 
-/* e (V) = exp((logits - top) * inv_t) for every token, and their sum in
- * double over 8 fixed lanes (the same order everywhere: deterministic, and
- * GCC vectorises it). */
-static double row_exps_(const float *logits, int V, float top, float inv_t, float *e) {
-    for (int v = 0; v < V; v++) e[v] = exp_neg_((logits[v] - top) * inv_t);
+/* The sum of e (n) in double over 8 fixed lanes: the same order
+ * everywhere (deterministic), and GCC vectorises it. */
+static double lane_sum_(const float *e, int n) {
     double lane[8] = {0};
     int v = 0;
-    for (; v + 8 <= V; v += 8)
+    for (; v + 8 <= n; v += 8)
         for (int j = 0; j < 8; j++) lane[j] += e[v + j];
-    for (; v < V; v++) lane[v % 8] += e[v];
+    for (; v < n; v++) lane[v % 8] += e[v];
     return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
-/* The sum of e (V) over the tokens at or above cut, in row_exps_'s lanes. */
-static double kept_sum_(const float *logits, const float *e, int V, float cut) {
-    double lane[8] = {0};
-    int v = 0;
-    for (; v + 8 <= V; v += 8)
-        for (int j = 0; j < 8; j++) lane[j] += logits[v + j] >= cut ? e[v + j] : 0.0f;
-    for (; v < V; v++) lane[v % 8] += logits[v] >= cut ? e[v] : 0.0f;
-    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+/* e (V) = exp((logits - top) * inv_t) for every token; returns their sum. */
+static double row_exps_(const float *logits, int V, float top, float inv_t, float *e) {
+    for (int v = 0; v < V; v++) e[v] = exp_neg_((logits[v] - top) * inv_t);
+    return lane_sum_(e, V);
+}
+
+/* e of the tokens below cut set to 0 (so plain sums of e are the kept
+ * mass); returns the sum of those kept. */
+static double cut_exps_(const float *logits, float *e, int V, float cut) {
+    for (int v = 0; v < V; v++) e[v] = logits[v] >= cut ? e[v] : 0.0f;
+    return lane_sum_(e, V);
 }
 
 /* A token's logit and its exp at the sampling temperature. */
@@ -180,24 +181,48 @@ typedef struct weighed_ {
 } weighed_;
 
 /* The smallest logit kept by nucleus sampling: the most likely tokens (of
- * those at or above *cut, whose exps sum to sum) whose probabilities first
+ * those at or above *cut, whose exps e sum to sum) whose probabilities first
  * reach top_p; ties with the last one are kept, as top-k keeps them.  That
- * is the largest logit c with mass(logit >= c) >= top_p * sum, found by
- * selection, not by sorting (a sort of all 49,152 tokens per row took
- * milliseconds): partition the candidates around a pivot logit into
- * above / equal / below; the answer is among those above when their mass
+ * is the largest logit c with mass(logit >= c) >= top_p * sum, found
+ * without sorting (a sort of all 49,152 tokens per row took milliseconds):
+ * one pass adds each candidate's e into a bucket by its distance below the
+ * top logit (1/8 of a nat at the temperature per bucket; buckets are
+ * ordered as the logits are, so every token of an earlier bucket is more
+ * likely than every token of a later one); the cut lies in the bucket where
+ * the running mass first reaches the target, and a selection over that
+ * bucket's tokens alone finds it: partition around a pivot logit into
+ * above / equal / below; the cut is among those above when their mass
  * reaches the target, the pivot when the equal ones make it reach, else
- * among those below with the target less what the others hold.  Expected
- * O(V).  w: (V) scratch. */
+ * among those below, with the target less what the others hold.  w: (V)
+ * scratch. */
+enum { NUCLEUS_BUCKETS_ = 1024 };
+
+/* A candidate's bucket from its distance below top: -inf logits, NaN and
+ * distances past the last bucket go to the last. */
+static inline int bucket_(float below, float scale) {
+    const float d = below * scale;
+    return d < (float)(NUCLEUS_BUCKETS_ - 1) ? (int)d : NUCLEUS_BUCKETS_ - 1;
+}
+
 static void top_p_cut_(const float *logits, const float *e, int V, float *cut, double sum,
-                       double top_p, weighed_ *w) {
+                       double top_p, float top, float inv_t, weighed_ *w) {
+    double mass[NUCLEUS_BUCKETS_] = {0}; /* (buckets) e summed by distance below top */
+    const float scale = 8.0f * inv_t;
+    for (int v = 0; v < V; v++)
+        if (logits[v] >= *cut) {
+            mass[bucket_(top - logits[v], scale)] += e[v];
+        }
+    double need = top_p * sum, acc = 0;
+    int bk = 0;
+    while (bk < NUCLEUS_BUCKETS_ - 1 && acc + mass[bk] < need) acc += mass[bk++];
+    need -= acc;
     int m = 0;
     for (int v = 0; v < V; v++)
-        if (logits[v] >= *cut) w[m++] = (weighed_){logits[v], e[v]};
-    double need = top_p * sum;
-    float found = w[0].logit;
+        if (logits[v] >= *cut && bucket_(top - logits[v], scale) == bk)
+            w[m++] = (weighed_){logits[v], e[v]};
+    if (m == 0) return; /* (rounding left need unmet past every token: none cut) */
     uint64_t pick = 0x9e3779b97f4a7c15u; /* pivot positions: fixed, so the cut is reproducible */
-    for (;;) { /* m >= 1: the top token is always a candidate */
+    for (;;) { /* m >= 1 */
         const float piv = w[(int)(zdp_splitmix64(&pick) % (uint64_t)m)].logit;
         /* Three-way partition: [0, a) above, [a, b) equal, [b, m) below. */
         int a = 0, b = 0, c = m;
@@ -218,26 +243,25 @@ static void top_p_cut_(const float *logits, const float *e, int V, float *cut, d
             m = a; /* the cut is above the pivot */
         } else if (above + equal >= need || b == m) {
             /* the pivot (or, rounding leaving need unmet, the smallest) */
-            found = piv;
-            break;
+            *cut = piv;
+            return;
         } else {
             need -= above + equal; /* below the pivot */
             w += b;
             m -= b;
         }
     }
-    *cut = found;
 }
 
-/* The draw: the first token at or above cut whose running sum of e reaches
- * u.  Whole blocks of 64 whose sum leaves it below u are stepped over (one
+/* The draw: the first token at or above cut whose running sum of e (0
+ * below cut) reaches u.  Whole blocks of 64 whose sum leaves it below u are stepped over (one
  * vectorised sum, not 64 dependent adds); past the end (u within rounding
  * of the total), the last kept token, as a plain walk gives. */
 static int draw_(const float *logits, const float *e, int V, float cut, double u) {
     double acc = 0;
     for (int v0 = 0; v0 < V; v0 += 64) {
         const int n = V - v0 < 64 ? V - v0 : 64;
-        const double b = kept_sum_(logits + v0, e + v0, n, cut);
+        const double b = lane_sum_(e + v0, n); /* (e is 0 below cut) */
         if (acc + b < u) {
             acc += b;
             continue;
@@ -256,10 +280,18 @@ static int draw_(const float *logits, const float *e, int V, float cut, double u
 /* zdp_sample_token with its scratch: e (V) floats and w (V) for top_p. */
 static int sample_row_(const float *logits, int V, const zdp_sample_params *sp, uint64_t *rng,
                        float *logprob, float *e, weighed_ *w) {
+    /* The argmax: the largest logit over 16 lanes (vmaxps), then its first
+     * place -- the token a plain strict-greater scan picks. */
+    float lane[16];
+    for (int j = 0; j < 16; j++) lane[j] = logits[0];
+    int v = 0;
+    for (; v + 16 <= V; v += 16)
+        for (int j = 0; j < 16; j++) lane[j] = logits[v + j] > lane[j] ? logits[v + j] : lane[j];
+    float top = lane[0];
+    for (int j = 1; j < 16; j++) top = lane[j] > top ? lane[j] : top;
+    for (; v < V; v++) top = logits[v] > top ? logits[v] : top;
     int best = 0;
-    for (int v = 1; v < V; v++)
-        if (logits[v] > logits[best]) best = v;
-    const float top = logits[best];
+    while (best < V - 1 && !(logits[best] == top)) best++;
     int t = best;
     const double temp = sp->temperature;
     bool have_z = false; /* sum_z: the temperature-1 normaliser, already summed */
@@ -273,11 +305,11 @@ static int sample_row_(const float *logits, int V, const zdp_sample_params *sp, 
         float cut = -INFINITY;
         if (sp->top_k > 0 && sp->top_k < V) {
             if (!kth_logit_(logits, V, sp->top_k, &cut)) return -1;
-            sum = kept_sum_(logits, e, V, cut);
+            sum = cut_exps_(logits, e, V, cut);
         }
         if (sp->top_p < 1.0) {
-            top_p_cut_(logits, e, V, &cut, sum, sp->top_p, w);
-            sum = kept_sum_(logits, e, V, cut);
+            top_p_cut_(logits, e, V, &cut, sum, sp->top_p, top, (float)(1.0 / temp), w);
+            sum = cut_exps_(logits, e, V, cut);
         }
         t = draw_(logits, e, V, cut, (double)(zdp_splitmix64(rng) >> 11) * 0x1.0p-53 * sum);
     }
