@@ -506,6 +506,13 @@ static void test_sample_exp_range(void **state) {
         assert_int_equal(t, i == 3);
         assert_true(lp > -1e-37f && lp <= 0.0f);
     }
+    /* Greedy (the argmax over lanes): the first of tied maxima, in the
+     * lanes' body or the tail past the last 16. */
+    for (int at = 0; at < 37; at += 6) {
+        float ties[37] = {0};
+        ties[at] = ties[36] = ties[(at + 16) % 37 > at ? (at + 16) % 37 : 36] = 2.0f;
+        assert_int_equal(zdp_sample_token(ties, 37, &sp[2], &rng, NULL), at);
+    }
     print_message("exp: worst relative error of -log1p(e^x) %.3g\n", worst);
 }
 
