@@ -103,7 +103,9 @@ typedef struct zdp_sample_params {
  * at `temperature` over the top-k tokens (ties with the k-th kept), then
  * the smallest most-likely set reaching top_p, drawn with one splitmix64
  * step of *rng.  logprob (or NULL): the chosen token's log-probability at
- * temperature 1 with no top-k/top-p -- what a learner computes for it.
+ * temperature 1 with no top-k/top-p -- what a learner computes for it
+ * (from float exps summed in double: within 1e-5 of zdp_logprob_of's).
+ * Allocates 2 V floats of scratch per call (zdp_generate keeps its own).
  * Returns -1 only when out of memory. */
 ZDP_API int zdp_sample_token(const float *logits, int V, const zdp_sample_params *sp,
                              uint64_t *rng, float *logprob);
