@@ -269,7 +269,7 @@ static int draw_(const float *logits, const float *e, int V, float cut, double u
         for (int v = v0; v < v0 + n; v++) {
             if (logits[v] < cut) continue;
             acc += e[v];
-            if (acc >= u) return v;
+            if (acc >= u && e[v] > 0.0f) return v; /* (u = 0: never a token of no mass) */
         }
     }
     int t = V - 1;
