@@ -97,7 +97,7 @@ def run_zdp(a, work, model, np_, threads, stage, data, init):
     cfgp = os.path.join(work, f"ds_{model}_s{stage}.json")
     write_ds_config(cfgp, b, stage)
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
-    cmd = [a.mpirun, "-np", str(np_), "/usr/bin/time", "-f", "ZDP_RSS_KIB %M", a.zdp, "train",
+    cmd = [a.mpirun, "-np", str(np_), "--bind-to", "none", "/usr/bin/time", "-f", "ZDP_RSS_KIB %M", a.zdp, "train",
            "--model", "gpt", "--n-layer", str(L), "--n-head", str(H), "--n-embd", str(C),
            "--vocab-size", str(VOCAB), "--block-size", str(T), "--config", cfgp,
            "--data", data, "--data-order", "sequential", "--steps", str(a.warmup + a.steps),

@@ -114,7 +114,9 @@ def main():
             for impl in order:
                 if impl in ("zdp", "base"):
                     exe = a.llama_bench if impl == "zdp" else a.base_llama_bench
-                    cmd = [a.mpirun, "-np", str(np_), exe, "--micro", str(a.micro),
+                    # --bind-to none: Open MPI binds each process to one core by
+                    # default, so -np 1's two threads would share one core
+                    cmd = [a.mpirun, "-np", str(np_), "--bind-to", "none", exe, "--micro", str(a.micro),
                            "--steps", str(a.steps), "--warmup", str(a.warmup)] + extra
                     # main's llama_bench before the --ga option: G = 1 only
                     if a.ga != 1:
