@@ -28,12 +28,18 @@
  * wait for the pool: it runs its whole loop on its own thread, which gives
  * the same result (as thread 0, or inside a task as that task's thread).  Workers spin briefly for the next loop (a step issues
  * hundreds of short ones) and then sleep on a condition variable, so an idle
- * pool costs no CPU.  Not here: any knowledge of the kernels.
+ * pool costs no CPU.  The caller, its own tasks done, spins briefly for
+ * the others' and then sleeps too, woken by the thread that finishes the
+ * loop's last task: a join that waits milliseconds (one thread's share
+ * took longer) costs neither a core's time nor system calls.  (It used to
+ * call sched_yield in a loop: on a machine with a free core for every
+ * thread that returns at once, and 1 x 2 training spent 7% of its CPU time
+ * in the kernel doing it; docs/benchmarks-llama.md, "The 1 x 2 joins".)
+ * Not here: any knowledge of the kernels.
  */
 #include "core.h"
 
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -58,6 +64,8 @@ typedef struct pool {
     pthread_mutex_t run_lock; /* held by the thread whose loop the workers run */
     pthread_mutex_t mu;       /* with wake: sleeping workers */
     pthread_cond_t wake;
+    pthread_cond_t joined;    /* with mu: the caller asleep at the join */
+    atomic_int joiner_asleep; /* 1 while the caller may wait on joined */
     _Atomic uint64_t word; /* the current loop (see TASK_BITS_) */
     zdp_pool_fn fn;        /* the current loop's task and context: written */
     void *ctx;             /* before its word, read after a claim */
@@ -66,7 +74,8 @@ typedef struct pool {
 
 static pool pool_ = {.run_lock = PTHREAD_MUTEX_INITIALIZER,
                      .mu = PTHREAD_MUTEX_INITIALIZER,
-                     .wake = PTHREAD_COND_INITIALIZER};
+                     .wake = PTHREAD_COND_INITIALIZER,
+                     .joined = PTHREAD_COND_INITIALIZER};
 static pthread_mutex_t start_lock_ = PTHREAD_MUTEX_INITIALIZER;
 /* This thread's id in the pool: a worker's index, 0 on every other thread.
  * A loop run inline inside a task keeps its task's id, so per-thread scratch
@@ -91,7 +100,17 @@ static void drain_(uint64_t gen, int thread) {
         /* Task next of loop gen is ours; the loop cannot end before it is
          * done, so fn and ctx are still this loop's. */
         pool_.fn(pool_.ctx, (int64_t)next, thread);
-        atomic_fetch_add(&pool_.done, 1);
+        /* The last task wakes a caller asleep at the join.  The caller sets
+         * joiner_asleep before it reads done under mu, and this thread
+         * reads joiner_asleep after adding to done (both sequentially
+         * consistent): either the caller sees the loop finished, or this
+         * thread sees the flag and signals under mu. */
+        if (atomic_fetch_add(&pool_.done, 1) + 1 == (int_fast64_t)n &&
+            atomic_load(&pool_.joiner_asleep)) {
+            pthread_mutex_lock(&pool_.mu);
+            pthread_cond_signal(&pool_.joined);
+            pthread_mutex_unlock(&pool_.mu);
+        }
         w = atomic_load(&pool_.word);
     }
 }
@@ -189,13 +208,15 @@ void zdp_pool_run(int64_t n_tasks, zdp_pool_fn fn, void *ctx) {
     pthread_cond_broadcast(&pool_.wake);
     pthread_mutex_unlock(&pool_.mu);
     drain_(gen, 0);
-    /* On a loaded machine the last task's thread may be descheduled:
-     * after a short spin, give it the core. */
-    for (int i = 0; atomic_load(&pool_.done) != n_tasks; i++) {
-        if (i < SPIN_)
-            cpu_relax_();
-        else
-            sched_yield();
+    /* The others' tasks: a short spin (most joins end within it), then
+     * sleep until the last task's thread signals. */
+    for (int i = 0; i < SPIN_ && atomic_load(&pool_.done) != n_tasks; i++) cpu_relax_();
+    if (atomic_load(&pool_.done) != n_tasks) {
+        atomic_store(&pool_.joiner_asleep, 1);
+        pthread_mutex_lock(&pool_.mu);
+        while (atomic_load(&pool_.done) != n_tasks) pthread_cond_wait(&pool_.joined, &pool_.mu);
+        pthread_mutex_unlock(&pool_.mu);
+        atomic_store(&pool_.joiner_asleep, 0);
     }
     pthread_mutex_unlock(&pool_.run_lock);
 }

@@ -14,42 +14,65 @@
 
 /* ---- splitting work over the pool ------------------------------------------------- */
 
-/* How a GEMM is cut.  Pieces start on multiples of GEMM_ALIGN_ rows or
- * columns, so every piece tiles like the whole (OpenBLAS's micro-kernels
- * take up to 16 x 4 or 4 x 16 blocks, and an edge block may round
- * differently); and none is below GEMM_MIN_MNK_ multiply-adds, where
- * OpenBLAS 0.3.21 may take another kernel with other rounding (the
- * SkylakeX "direct" sgemm below 28 * 512^2), and where a piece is too small
- * to pay for its packing anyway.  Within those rules each element is
- * computed by one single-threaded call with the whole K, exactly as the
- * undivided call computes it (bench/sgemm_split.c checks this on shapes
- * around both limits). */
+/* How a GEMM is cut.  Products that cblas_sgemm computes: pieces start on
+ * multiples of GEMM_ALIGN_ rows or columns, so every piece tiles like the
+ * whole (OpenBLAS's micro-kernels take up to 16 x 4 or 4 x 16 blocks, and
+ * an edge block may round differently); and none is below GEMM_MIN_MNK_
+ * multiply-adds, where OpenBLAS 0.3.21 may take another kernel with other
+ * rounding (the SkylakeX "direct" sgemm below 28 * 512^2), and where a
+ * piece is too small to pay for its packing anyway.  Within those rules
+ * each element is computed by one single-threaded call with the whole K,
+ * exactly as the undivided call computes it (bench/sgemm_split.c checks
+ * this on shapes around both limits).  Products that zdp's GEMM computes
+ * (gemm.c) give the same bits cut anywhere along M or N; they are cut at
+ * its tiles (GEMM_ZDP_ALIGN_M_ rows, GEMM_ZDP_ALIGN_N_ columns: the
+ * AVX-512 tile is 8 x 48, the AVX2 one 6 x 16) so that no piece has an edge
+ * tile the whole has not. */
 #define GEMM_ALIGN_ 64
+#define GEMM_ZDP_ALIGN_M_ 16
+#define GEMM_ZDP_ALIGN_N_ 48
 #define GEMM_MIN_MNK_ (1LL << 23)
 
-/* Pieces of one product: at most one per GEMM_ALIGN_ rows or columns of the
- * dimension it is cut along (so the rounded bounds increase) and per
- * GEMM_MIN_MNK_ multiply-adds; at most `want`, at least 1. */
+/* Which dimension of product g is cut, and at what multiple.  cblas: M
+ * (rows of C) when M >= N, else N.  zdp's GEMM: N where op(A) is A itself
+ * (its AVX-512 path reads A in place, so pieces of N share A without
+ * copying it and each packs only its own columns of B) when N has two tiles
+ * or more; else as cblas. */
+static int gemm_cut_n_(const zdp_nn_gemm *g, int64_t *align) {
+    if (!zdp_nn_gemm_wins_(g)) {
+        *align = GEMM_ALIGN_;
+        return g->M < g->N;
+    }
+    const int n = g->ta == CblasNoTrans ? g->N >= 2 * GEMM_ZDP_ALIGN_N_ : g->M < g->N;
+    *align = n ? GEMM_ZDP_ALIGN_N_ : GEMM_ZDP_ALIGN_M_;
+    return n;
+}
+
+/* Pieces of one product: at most one per alignment unit of the dimension
+ * it is cut along (so the rounded bounds increase) and per GEMM_MIN_MNK_
+ * multiply-adds; at most `want`, at least 1. */
 static int64_t gemm_pieces_(const zdp_nn_gemm *g, int64_t want) {
-    const int64_t len = g->M >= g->N ? g->M : g->N;
+    int64_t align;
+    const int64_t len = gemm_cut_n_(g, &align) ? g->N : g->M;
     const int64_t by_mnk =
         (int64_t)((double)g->M * (double)g->N * (double)g->K / (double)GEMM_MIN_MNK_);
-    int64_t most = by_mnk < len / GEMM_ALIGN_ ? by_mnk : len / GEMM_ALIGN_;
+    int64_t most = by_mnk < len / align ? by_mnk : len / align;
     if (most > want) most = want;
     return most < 1 ? 1 : most;
 }
 
-/* Piece t of n over [0, len): bounds rounded to GEMM_ALIGN_. */
-static void gemm_span_(int64_t len, int64_t n, int64_t t, int64_t *lo, int64_t *hi) {
-    *lo = t == 0 ? 0 : (len * t / n + GEMM_ALIGN_ / 2) / GEMM_ALIGN_ * GEMM_ALIGN_;
-    *hi = t == n - 1 ? len : (len * (t + 1) / n + GEMM_ALIGN_ / 2) / GEMM_ALIGN_ * GEMM_ALIGN_;
+/* Piece t of n over [0, len): bounds rounded to align. */
+static void gemm_span_(int64_t len, int64_t align, int64_t n, int64_t t, int64_t *lo,
+                       int64_t *hi) {
+    *lo = t == 0 ? 0 : (len * t / n + align / 2) / align * align;
+    *hi = t == n - 1 ? len : (len * (t + 1) / n + align / 2) / align * align;
 }
 
-/* Piece t of n of product g: M (rows of C) is cut when M >= N, else N. */
+/* Piece t of n of product g (gemm_cut_n_ says along which dimension). */
 static void gemm_piece_(const zdp_nn_gemm *g, int64_t n, int64_t t) {
-    int64_t lo, hi;
-    if (g->M >= g->N) {
-        gemm_span_(g->M, n, t, &lo, &hi);
+    int64_t lo, hi, align;
+    if (!gemm_cut_n_(g, &align)) {
+        gemm_span_(g->M, align, n, t, &lo, &hi);
         /* Rows lo..hi of op(A): rows of A, or columns when transposed. */
         const float *a = g->A + (g->ta == CblasNoTrans ? lo * g->lda : lo);
         if (zdp_nn_gemm_wins_(g))
@@ -59,7 +82,7 @@ static void gemm_piece_(const zdp_nn_gemm *g, int64_t n, int64_t t) {
             cblas_sgemm(CblasRowMajor, g->ta, g->tb, (int)(hi - lo), (int)g->N, (int)g->K, g->alpha,
                         a, (int)g->lda, g->B, (int)g->ldb, g->beta, g->C + lo * g->ldc, (int)g->ldc);
     } else {
-        gemm_span_(g->N, n, t, &lo, &hi);
+        gemm_span_(g->N, align, n, t, &lo, &hi);
         /* Columns lo..hi of op(B): columns of B, or rows when transposed. */
         const float *b = g->B + (g->tb == CblasNoTrans ? lo : lo * g->ldb);
         if (zdp_nn_gemm_wins_(g))
@@ -95,17 +118,25 @@ void zdp_nn_sgemm_many_(const zdp_nn_gemm *g, int n) {
     for (int done = 0; done < n; done += GEMM_MANY_MAX_) {
         const int m = n - done < GEMM_MANY_MAX_ ? n - done : GEMM_MANY_MAX_;
         sgemm_job j = {.g = g + done, .n = m};
-        /* Each product gets the pool's threads in proportion to its
-         * multiply-adds (rounded up): two equal products at 2 threads run
-         * whole, one per thread, instead of each cut in two -- no weight
-         * packed twice, one join instead of two. */
+        /* zdp's GEMM products are each cut into one piece per thread, so
+         * every thread gets an equal share of every product and the join
+         * waits for no one: two products of equal multiply-adds run at
+         * different speeds (a backward's dX and dW: 5-12%), and given
+         * whole, one per thread, the faster thread waited out the
+         * difference at every join (docs/benchmarks-llama.md, "The 1 x 2
+         * joins").  Cutting costs little here: pieces of N share A read in
+         * place.  cblas products get threads in proportion to their
+         * multiply-adds (rounded up): OpenBLAS packs both operands, so a
+         * piece duplicates a whole operand's packing. */
         double total = 0.0;
         for (int i = 0; i < m; i++) total += (double)j.g[i].M * (double)j.g[i].N * (double)j.g[i].K;
         const int64_t P = zdp_pool_size();
         j.first[0] = 0;
         for (int i = 0; i < m; i++) {
             const double f = (double)j.g[i].M * (double)j.g[i].N * (double)j.g[i].K;
-            int64_t want = total > 0.0 ? (int64_t)ceil((double)P * f / total) : 1;
+            const int64_t want = zdp_nn_gemm_wins_(&j.g[i])  ? P
+                                 : total > 0.0               ? (int64_t)ceil((double)P * f / total)
+                                                             : 1;
             j.first[i + 1] = j.first[i] + gemm_pieces_(&j.g[i], want);
         }
         zdp_pool_run(j.first[m], sgemm_task_, &j);
