@@ -151,6 +151,8 @@ void zdp_nn_sgemm_(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N,
     zdp_nn_sgemm_many_(&g, 1);
 }
 
+#define RANGE_TASKS_PER_THREAD_ 4
+
 typedef struct range_job {
     int64_t len, n_tasks;
     zdp_nn_range_fn body;
@@ -166,7 +168,15 @@ static void range_task_(void *ctx, int64_t t, int thread) {
 }
 
 void zdp_nn_parallel_ranges_(int64_t len, int64_t min_len, zdp_nn_range_fn body, void *ctx) {
-    range_job j = {.len = len, .n_tasks = zdp_nn_tasks_(len, min_len), .body = body, .ctx = ctx};
+    /* Up to RANGE_TASKS_PER_THREAD_ tasks per thread, not one: a thread
+     * that starts late (woken from sleep, or descheduled by other work)
+     * then takes fewer of them instead of the others waiting out its
+     * whole share at the join.  The bodies work row by row or column by
+     * column, so the cut changes no result. */
+    const int64_t P = zdp_pool_size(), most = len / (min_len > 0 ? min_len : 1);
+    const int64_t want = P > 1 ? RANGE_TASKS_PER_THREAD_ * P : 1;
+    range_job j = {.len = len, .n_tasks = most < 1 ? 1 : most < want ? most : want, .body = body,
+                   .ctx = ctx};
     zdp_pool_run(j.n_tasks, range_task_, &j);
 }
 

@@ -127,11 +127,13 @@ typedef struct zdp_nn_gemm {
  * zdp_nn_sgemm_ cuts, so every C is the single call's, at any thread count. */
 ZDP_API void zdp_nn_sgemm_many_(const zdp_nn_gemm *g, int n);
 
-/* Runs body(ctx, lo, hi) over [0, len) cut into zdp_nn_tasks_(len, min_len)
- * contiguous ranges. */
 /* dbias (OC) += column sums of dout (N,OC), split by columns. */
 void zdp_nn_colsum_add_(float *dbias, const float *dout, int64_t N, int64_t OC);
 
+/* Runs body(ctx, lo, hi) over [0, len) cut into contiguous ranges of at
+ * least min_len units (but one): up to 4 per pool thread, claimed as the
+ * threads come free; body must give the same result however [0, len) is
+ * cut. */
 typedef void (*zdp_nn_range_fn)(void *ctx, int64_t lo, int64_t hi);
 void zdp_nn_parallel_ranges_(int64_t len, int64_t min_len, zdp_nn_range_fn body, void *ctx);
 

@@ -2,7 +2,8 @@
  * test_pool.c -- the kernels' thread pool (src/core/pool.c) and the GEMM
  * split (zdp_nn_sgemm_ in src/nn/nn.c): every task runs exactly once on a
  * thread id below the pool's size, two tasks really run at once when the
- * pool has two threads, a loop started inside a task or from a second
+ * pool has two threads, the caller sleeps through a long join (and is
+ * woken), a loop started inside a task or from a second
  * application thread runs whole on its caller, and a GEMM cut over the pool
  * equals one cblas_sgemm call bit for bit, on shapes around the limits of
  * the cut (64-aligned pieces, >= 2^23 multiply-adds, OpenBLAS's SkylakeX
@@ -91,6 +92,67 @@ static void two_threads_at_once_(void **state) {
     zdp_pool_run(2, meet_task_, &c);
     assert_true(atomic_load(&c.met[0]) && atomic_load(&c.met[1]));
     assert_int_not_equal(c.thread[0], c.thread[1]);
+}
+
+/* A long join: the caller's task ends at once (once a worker has started
+ * the other), the worker's takes 300 ms.  The caller must sleep through
+ * the wait, not spin or call sched_yield in a loop (which burns a core and
+ * shows as system time: 7% of a 1 x 2 training step did): its CPU time
+ * over the loop stays far below the wait.  Then many loops whose worker
+ * task outlasts the caller's short spin: a lost wake-up would hang here. */
+typedef struct join_ctx {
+    atomic_int worker_started;
+    atomic_int ran[2];
+    int64_t sleep_ns;
+} join_ctx;
+
+static double thread_cpu_(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void join_task_(void *ctx, int64_t t, int thread) {
+    join_ctx *c = ctx;
+    atomic_fetch_add(&c->ran[t], 1);
+    if (thread != 0) {
+        atomic_store(&c->worker_started, 1);
+        const struct timespec d = {.tv_sec = 0, .tv_nsec = (long)c->sleep_ns};
+        nanosleep(&d, NULL);
+        return;
+    }
+    /* The caller's task: wait (sleeping, up to 20 s) for a worker to take
+     * the other task, so that the join has something to wait for. */
+    const struct timespec poll = {.tv_sec = 0, .tv_nsec = 1000000};
+    const double t0 = now_();
+    while (!atomic_load(&c->worker_started) && now_() - t0 < 20.0) nanosleep(&poll, NULL);
+}
+
+static void join_sleeps_(void **state) {
+    (void)state;
+    if (zdp_pool_size() < 2) {
+        print_message("pool size 1: no join to wait at\n");
+        return;
+    }
+    join_ctx c;
+    memset(&c, 0, sizeof c);
+    c.sleep_ns = 300000000;
+    const double c0 = thread_cpu_(), w0 = now_();
+    zdp_pool_run(2, join_task_, &c);
+    const double cpu = thread_cpu_() - c0, wall = now_() - w0;
+    assert_int_equal(atomic_load(&c.ran[0]), 1);
+    assert_int_equal(atomic_load(&c.ran[1]), 1);
+    assert_true(atomic_load(&c.worker_started));
+    assert_true(wall >= 0.29);
+    print_message("a 300 ms join: the caller used %.1f ms of CPU\n", 1e3 * cpu);
+    assert_true(cpu < 0.05);
+    /* Joins just past the caller's spin, many times: none may hang. */
+    for (int rep = 0; rep < 200; rep++) {
+        memset(&c, 0, sizeof c);
+        c.sleep_ns = 200000 + 1000 * (rep % 50);
+        zdp_pool_run(2, join_task_, &c);
+        assert_int_equal(atomic_load(&c.ran[0]) + atomic_load(&c.ran[1]), 2);
+    }
 }
 
 /* A loop inside a task runs on the task's own thread. */
@@ -217,6 +279,7 @@ static void gemm_split_bitwise_(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(each_task_once_),    cmocka_unit_test(two_threads_at_once_),
+        cmocka_unit_test(join_sleeps_),
         cmocka_unit_test(nested_runs_inline_), cmocka_unit_test(concurrent_callers_),
         cmocka_unit_test(gemm_split_bitwise_),
     };
