@@ -119,6 +119,7 @@ def main():
         packs0 = packs(http)
         rows0 = sample_rows(http)
         cpu0 = cpu_seconds(pids)
+        cpu0_each = [cpu_seconds([p]) for p in pids]
         t = time.time()
         rids = [asample_submit(http, {"sampling_session_id": sess, "num_samples": a.samples,
                                       "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompts[i]}]},
@@ -129,6 +130,7 @@ def main():
         row["sample_s"] = time.time() - t
         if pids:
             row["sample_cpu_s"] = cpu_seconds(pids) - cpu0
+            row["sample_cpu_s_each"] = [round(cpu_seconds([p]) - c, 2) for p, c in zip(pids, cpu0_each)]
         row["packs"] = packs(http) - packs0
         # Per rank: prompt rows prefilled, decode rows, prompt rows copied
         # from a same-prompt sequence (docs/server.md, GET /info).
