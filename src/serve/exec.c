@@ -1345,8 +1345,8 @@ static char *exec_info_(server *s, job *j, int *status) {
     json_t *mem = json_array();
     for (int r = 0; r < s->W; r++) {
         int64_t *x = all + 17 * r;
-        json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
-                                             "rank", r,
+        json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,"
+                                             "s:I,s:I,s:I}", "rank", r,
                                              "params_bytes", (json_int_t)x[0], "grads_bytes", (json_int_t)x[1],
                                              "grad_partition_bytes", (json_int_t)x[2], "bucket_bytes",
                                              (json_int_t)x[3], "optimizer_bytes", (json_int_t)x[4],

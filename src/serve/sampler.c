@@ -211,7 +211,10 @@ static char *part_finish_(server *s, part_ *p, int *status) {
     const int64_t P = sp->n_prompt, tail_lp = sp->prompt_logprobs ? 4 * P : 0;
     if (!failed && p->mine > 0 && p->lo == 0) {
         if (plp != NULL) memcpy(tail, plp, (size_t)tail_lp);
-        if (K > 0) memcpy(tail + tail_lp, tki, (size_t)(P * K) * 4), memcpy(tail + tail_lp + 4 * P * K, tkl, (size_t)(P * K) * 4);
+        if (K > 0) {
+            memcpy(tail + tail_lp, tki, (size_t)(P * K) * 4);
+            memcpy(tail + tail_lp + 4 * P * K, tkl, (size_t)(P * K) * 4);
+        }
     }
     free(p->g), free(p->ss), free(p->out), free(p->lp);
     unsigned char *all = NULL;
@@ -278,7 +281,10 @@ static char *part_finish_(server *s, part_ *p, int *status) {
     }
     const unsigned char *t0 = all + p->first * bb + 4 + per * (8 + 8 * M);
     if (plp != NULL) memcpy(plp, t0, (size_t)tail_lp);
-    if (tki != NULL) memcpy(tki, t0 + tail_lp, (size_t)(P * K) * 4), memcpy(tkl, t0 + tail_lp + 4 * P * K, (size_t)(P * K) * 4);
+    if (tki != NULL) {
+        memcpy(tki, t0 + tail_lp, (size_t)(P * K) * 4);
+        memcpy(tkl, t0 + tail_lp + 4 * P * K, (size_t)(P * K) * 4);
+    }
     free(all);
     if (plp != NULL) {
         plp[0] = NAN; /* nothing predicts the first token: Tinker's None */
