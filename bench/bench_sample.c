@@ -467,6 +467,12 @@ int main(int argc, char **argv) {
            (dec_tok * mm_flops + att_dec) / best_cpu_dec / 1e9, cpu_peak, rd, read_cpu,
            N > 1 ? cache_bytes / (N - 1) / 1e6 : 0.0, dec_tok / best_cpu_dec, dec_tok / roof_cpu_s,
            roof_cpu_s / best_cpu_dec);
+    /* The last pass's logits, hashed: two builds that must compute the same
+     * bits (a faster kernel that keeps the order of the sums) print the same. */
+    uint64_t h = 1469598103934665603ULL;
+    const unsigned char *lb = (const unsigned char *)logits;
+    for (size_t i = 0; i < (size_t)B * V * sizeof(float); i++) h = (h ^ lb[i]) * 1099511628211ULL;
+    printf("logits_fnv=%016llx\n", (unsigned long long)h);
     zdp_kv_destroy(kv);
     for (int i = 0; i < m.n_params; i++) free(p[i]);
     free(p), free(slots), free(dslots), free(tok), free(want), free(logits);
