@@ -90,15 +90,6 @@ static inline float zdp_nn_exp_(float x) {
     return out;
 }
 
-/* GPT-2's GELU (the tanh form) of one element, as x / (1 + e^(-2u)) with
- * u = sqrt(2/pi) (x + 0.044715 x^3): zdp_nn_gelu_forward's element and the
- * packed products' epilogue (ZDP_NN_PACKED_GELU) both call it, so the two
- * give the same bits. */
-static inline float zdp_nn_gelu_(float x) {
-    const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-    return x / (1.0f + zdp_nn_exp_(-2.0f * u));
-}
-
 /* ---- splitting work over the pool (nn.c) -------------------------------------- */
 
 /* Task t of n over [0, len): [*lo, *hi), contiguous, in order. */
@@ -155,14 +146,10 @@ ZDP_API int64_t zdp_nn_packed_floats(int64_t K, int64_t N);
 /* dst (zdp_nn_packed_floats(K, N)) <- B: trans = 1 for W (N,K) (B = W^T,
  * torch.nn.Linear's weight), 0 for W (K,N) (Hugging Face Conv1D). */
 ZDP_API void zdp_nn_pack_b(float *dst, const float *W, int64_t K, int64_t N, int trans);
-/* C (rows at ldc) = A (rows at lda) @ B + bias (NULL: none); flags:
- * ZDP_NN_PACKED_ACC adds into C instead, ZDP_NN_PACKED_GELU then applies
- * GPT-2's GELU (zdp_nn_gelu_, the bits of zdp_nn_gelu_forward) to each
- * finished block of C while it is in cache (a separate pass over a 256-row
- * prefill's (256, 1536) output read and wrote it through L3). */
-enum { ZDP_NN_PACKED_ACC = 1, ZDP_NN_PACKED_GELU = 2 };
+/* C (rows at ldc) = A (rows at lda) @ B + bias (NULL: none), or += with
+ * accumulate. */
 ZDP_API void zdp_nn_packed_gemm(float *C, int64_t ldc, const float *A, int64_t lda, const float *Bp,
-                                const float *bias, int64_t M, int64_t K, int64_t N, int flags);
+                                const float *bias, int64_t M, int64_t K, int64_t N, int accumulate);
 /* The path the products take: 0 portable C, 1 AVX2+FMA, 2 AVX-512 (the
  * best the CPU has, or lower when ZDP_PACKED_ISA=0|1 says so). */
 ZDP_API int zdp_nn_packed_path(void);

@@ -307,7 +307,7 @@ typedef struct packed_job_ {
     float *C;
     const float *A, *B, *bias;
     int64_t M, K, N, lda, ldc, np;
-    int accumulate, gelu, isa;
+    int accumulate, isa;
 } packed_job_;
 
 /* Panel units [lo, hi): triples on the AVX-512 path (the last unit holds
@@ -354,20 +354,14 @@ static void packed_range_(void *ctx, int64_t lo, int64_t hi) {
 #endif
                 kernel_c_(M, kc, a, j->lda, b, c, j->ldc, n0, load, bias);
             }
-            if (j->gelu) { /* the unit's finished block (M, its columns), still in L1/L2 */
-                const int64_t w = ((p + step) * NR_ < j->N ? (p + step) * NR_ : j->N) - p * NR_;
-                for (int64_t r = 0; r < M; r++)
-                    for (int64_t col = 0; col < w; col++) c[r * j->ldc + col] = zdp_nn_gelu_(c[r * j->ldc + col]);
-            }
         }
     }
 }
 
 void zdp_nn_packed_gemm(float *C, int64_t ldc, const float *A, int64_t lda, const float *Bp,
-                        const float *bias, int64_t M, int64_t K, int64_t N, int flags) {
+                        const float *bias, int64_t M, int64_t K, int64_t N, int accumulate) {
     packed_job_ j = {.C = C, .A = A, .B = Bp, .bias = bias, .M = M, .K = K, .N = N, .lda = lda,
-                     .ldc = ldc, .np = (N + NR_ - 1) / NR_, .accumulate = flags & ZDP_NN_PACKED_ACC,
-                     .gelu = (flags & ZDP_NN_PACKED_GELU) != 0, .isa = isa_()};
+                     .ldc = ldc, .np = (N + NR_ - 1) / NR_, .accumulate = accumulate, .isa = isa_()};
     const int64_t units = j.isa == 2 ? (j.np + 2) / 3 : j.np;
     /* A task of at least ~64k multiply-adds: smaller ones cost more to hand out. */
     const int64_t per_unit = M * K * (j.isa == 2 ? 3 * NR_ : NR_);

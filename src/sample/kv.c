@@ -494,21 +494,20 @@ static void linear_(zdp_kv_cache *kv, const float *const *P, float *out, const f
 
 /* out (N,OC) = inp (N,C) @ W + bias, W = P[w] (C,OC): Hugging Face Conv1D (GPT-2) */
 static void conv1d_(zdp_kv_cache *kv, const float *const *P, float *out, const float *inp, int w,
-                    const float *bias, int64_t N, int64_t C, int64_t OC, int gelu) {
+                    const float *bias, int64_t N, int64_t C, int64_t OC) {
     const float *W = P[w], *Bp = N > 1 && N <= PACK_ROWS_ ? packed_(kv, P, w, C, OC, 0) : NULL;
-    if (Bp != NULL) { /* gelu: in the products' epilogue, each block while in cache */
-        zdp_nn_packed_gemm(out, OC, inp, C, Bp, bias, N, C, OC, gelu ? ZDP_NN_PACKED_GELU : 0);
+    if (Bp != NULL) {
+        zdp_nn_packed_gemm(out, OC, inp, C, Bp, bias, N, C, OC, 0);
         return;
     }
     if (N != 1) {
         zdp_nn_matmul_forward(out, inp, W, bias, N, C, OC);
-    } else {
-        cblas_sgemv(CblasRowMajor, CblasTrans, (int)C, (int)OC, 1.0f, W, (int)OC, inp, 1, 0.0f,
-                    out, 1);
-        if (bias != NULL)
-            for (int64_t o = 0; o < OC; o++) out[o] += bias[o];
+        return;
     }
-    if (gelu) zdp_nn_gelu_forward(out, out, N * OC);
+    cblas_sgemv(CblasRowMajor, CblasTrans, (int)C, (int)OC, 1.0f, W, (int)OC, inp, 1, 0.0f, out,
+                1);
+    if (bias != NULL)
+        for (int64_t o = 0; o < OC; o++) out[o] += bias[o];
 }
 
 /* q . k over hd floats in 16 interleaved partial sums, added pairwise at
@@ -880,7 +879,7 @@ zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t 
         if (!kv->llama) {
             zdp_nn_layernorm_forward(kv->h, kv->mean, kv->rstd, kv->x, P[y->ln1_w], P[y->ln1_b],
                                      N, C);
-            conv1d_(kv, P, kv->qkv, kv->h, y->qkv_w, P[y->qkv_b], N, C, 3 * C, 0);
+            conv1d_(kv, P, kv->qkv, kv->h, y->qkv_w, P[y->qkv_b], N, C, 3 * C);
             adapt_(kv, y->site[KS_Q], kv->qkv, kv->h, N, slots);
             q = kv->qkv, k = kv->qkv + C, v = kv->qkv + 2 * C, qs = ks = 3 * C;
         } else {
@@ -914,17 +913,15 @@ zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t 
         attend_job_ aj = {.kv = kv, .slots = slots, .q = q, .qs = qs, .l = l};
         zdp_pool_run((int64_t)kv->n_blk * NH + kv->n_lone, attend_rows_, &aj);
         if (!kv->llama) {
-            conv1d_(kv, P, kv->h, kv->atty, y->o_w, P[y->o_b], N, C, C, 0);
+            conv1d_(kv, P, kv->h, kv->atty, y->o_w, P[y->o_b], N, C, C);
             adapt_(kv, y->site[KS_O], kv->h, kv->atty, N, slots);
             zdp_nn_residual_forward(kv->x, kv->x, kv->h, N * C);
             zdp_nn_layernorm_forward(kv->h, kv->mean, kv->rstd, kv->x, P[y->ln2_w], P[y->ln2_b],
                                      N, C);
-            /* GELU with the product (fused) unless an adapter adds to f1 first. */
-            const bool fuse = y->site[KS_UP] < 0 || kv->n_adapted == 0;
-            conv1d_(kv, P, kv->f1, kv->h, y->fc_w, P[y->fc_b], N, C, F, fuse);
+            conv1d_(kv, P, kv->f1, kv->h, y->fc_w, P[y->fc_b], N, C, F);
             adapt_(kv, y->site[KS_UP], kv->f1, kv->h, N, slots);
-            if (!fuse) zdp_nn_gelu_forward(kv->f1, kv->f1, N * F);
-            conv1d_(kv, P, kv->h, kv->f1, y->proj_w, P[y->proj_b], N, F, C, 0);
+            zdp_nn_gelu_forward(kv->f1, kv->f1, N * F);
+            conv1d_(kv, P, kv->h, kv->f1, y->proj_w, P[y->proj_b], N, F, C);
             adapt_(kv, y->site[KS_DOWN], kv->h, kv->f1, N, slots);
             zdp_nn_residual_forward(kv->x, kv->x, kv->h, N * C);
         } else {
