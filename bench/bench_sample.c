@@ -18,7 +18,14 @@
  *   prefill_cpu_gflops and decode_cpu_gflops (per CPU second of the
  *   process: what a loaded machine's waiting leaves out), sgemm_cpu_gflops
  *   (the sgemm probe per CPU second; the ratio of these is the fraction of
- *   peak each core reached while it ran).
+ *   peak each core reached while it ran), read_gb_s and read_cpu_gb_s (a
+ *   read-only stream over 256 MB split over the pool's threads, per wall and
+ *   per CPU second), decode_cache_mb_per_pass (the keys and values a decode
+ *   pass reads, on average), decode_cpu_tok_s, decode_roof_cpu_tok_s
+ *   (decode's roofline per CPU second: the passes' FLOPs at sgemm_cpu_gflops
+ *   plus their weight and cache bytes at read_cpu_gb_s, added) and
+ *   decode_of_roof (the measured speed over that bound); then a second line,
+ *   logits_fnv: a hash of the last pass's logits.
  *   --temperature T (default 0, greedy): decode draws each token at T (top_k
  *   none, top_p 1) and asks for its logprob, the RL case.
  * Threads: OPENBLAS_NUM_THREADS, as the tool runs.
