@@ -18,7 +18,14 @@
  *   prefill_cpu_gflops and decode_cpu_gflops (per CPU second of the
  *   process: what a loaded machine's waiting leaves out), sgemm_cpu_gflops
  *   (the sgemm probe per CPU second; the ratio of these is the fraction of
- *   peak each core reached while it ran).
+ *   peak each core reached while it ran), read_gb_s and read_cpu_gb_s (a
+ *   read-only stream over 256 MB split over the pool's threads, per wall and
+ *   per CPU second), decode_cache_mb_per_pass (the keys and values a decode
+ *   pass reads, on average), decode_cpu_tok_s, decode_roof_cpu_tok_s
+ *   (decode's roofline per CPU second: the passes' FLOPs at sgemm_cpu_gflops
+ *   plus their weight and cache bytes at read_cpu_gb_s, added) and
+ *   decode_of_roof (the measured speed over that bound); then a second line,
+ *   logits_fnv: a hash of the last pass's logits.
  *   --temperature T (default 0, greedy): decode draws each token at T (top_k
  *   none, top_p 1) and asks for its logprob, the RL case.
  * Threads: OPENBLAS_NUM_THREADS, as the tool runs.
@@ -71,6 +78,49 @@ static double copy_gb_s_(void) {
         a[r] = b[n - 1 - r]; /* keep the copies */
     }
     free(a), free(b);
+    return best;
+}
+
+/* A read-only stream: the best GB/s over R passes summing a 256 MB buffer,
+ * split over the pool's threads (as decode attention splits its rows), per
+ * wall second and (*cpu_best) per CPU second of the process.  Decode
+ * attention only reads its cache, so this, not memcpy's rate, is its
+ * bandwidth bound. */
+typedef struct read_job_ {
+    const float *buf;
+    int64_t n, per;
+    float *sums; /* (tasks) keeps the reads */
+} read_job_;
+static void read_task_(void *ctx, int64_t t, int thread) {
+    (void)thread;
+    const read_job_ *j = ctx;
+    const int64_t lo = t * j->per, hi = lo + j->per < j->n ? lo + j->per : j->n;
+    float acc[16] = {0};
+    for (int64_t i = lo; i + 16 <= hi; i += 16)
+        for (int k = 0; k < 16; k++) acc[k] += j->buf[i + k];
+    float s = 0;
+    for (int k = 0; k < 16; k++) s += acc[k];
+    j->sums[t] = s;
+}
+static double cpu_now_(void);
+static double read_gb_s_(double *cpu_best) {
+    const int64_t n = ((int64_t)256 << 20) / 4;
+    float *a = malloc((size_t)n * 4), sums[64];
+    *cpu_best = 0;
+    if (a == NULL) return 0;
+    for (int64_t i = 0; i < n; i++) a[i] = (float)(i & 7);
+    const int tasks = zdp_pool_size() < 64 ? zdp_pool_size() : 64;
+    read_job_ j = {.buf = a, .n = n, .per = (n / tasks + 15) / 16 * 16, .sums = sums};
+    double best = 0;
+    for (int r = 0; r < 5; r++) {
+        const double c0 = cpu_now_(), t0 = now_();
+        zdp_pool_run(tasks, read_task_, &j);
+        const double t = now_() - t0, ct = cpu_now_() - c0;
+        if (n * 4.0 / t / 1e9 > best) best = n * 4.0 / t / 1e9;
+        if (n * 4.0 / ct / 1e9 > *cpu_best) *cpu_best = n * 4.0 / ct / 1e9;
+        a[r] = sums[0]; /* keep the reads */
+    }
+    free(a);
     return best;
 }
 
@@ -398,18 +448,38 @@ int main(int argc, char **argv) {
     const double pre_tok = (double)B * P, dec_tok = (double)B * (N - 1);
     const double att_pre = 4.0 * L * QD * (double)B * P * (P + 1) / 2;
     const double att_dec = 4.0 * L * QD * (double)B * ((double)(N - 1) * P + (double)N * (N - 1) / 2);
-    double cpu_peak;
-    const double copy = copy_gb_s_(), peak = sgemm_gflops_(&cpu_peak);
+    double cpu_peak, read_cpu;
+    const double copy = copy_gb_s_(), peak = sgemm_gflops_(&cpu_peak), rd = read_gb_s_(&read_cpu);
+    /* Decode's roofline, per CPU second: the passes' FLOPs at the sgemm
+     * probe's rate plus the bytes they must read at the read stream's rate,
+     * every weight once per pass and each row its own slot's keys and values
+     * (4 bytes x 2 x L x KD per position attended), added (a bound that
+     * assumes no overlap of the two, as a pass that alternates products and
+     * attention gets).  At batch 32 on gpt-m the cache's bytes are most of
+     * it: its attention does 0.5 FLOP per byte read. */
+    const double cache_bytes = 8.0 * L * KD * (double)B * ((double)(N - 1) * P + (double)N * (N - 1) / 2);
+    const double dec_bytes = (double)(N - 1) * weight_bytes + cache_bytes;
+    const double roof_cpu_s = (dec_tok * mm_flops + att_dec) / (cpu_peak * 1e9) + dec_bytes / (read_cpu * 1e9);
     printf("model=%s P=%d N=%d B=%d T=%g params=%lld prefill_tok_s=%.1f prefill_gflops=%.1f "
            "decode_tok_s=%.1f decode_gflops=%.1f weight_bytes=%.0f copy_gb_s=%.2f "
            "roofline_tok_s=%.1f sgemm_gflops=%.1f kv_mb=%.1f first_decode_tok_s=%.1f "
-           "prefill_cpu_gflops=%.1f decode_cpu_gflops=%.1f sgemm_cpu_gflops=%.1f\n",
+           "prefill_cpu_gflops=%.1f decode_cpu_gflops=%.1f sgemm_cpu_gflops=%.1f read_gb_s=%.2f "
+           "read_cpu_gb_s=%.2f decode_cache_mb_per_pass=%.1f decode_cpu_tok_s=%.1f "
+           "decode_roof_cpu_tok_s=%.1f decode_of_roof=%.2f\n",
            which, P, N, B, temperature, (long long)nparam, pre_tok / best_pre,
            (pre_tok * mm_flops + att_pre) / best_pre / 1e9, dec_tok / best_dec,
            (dec_tok * mm_flops + att_dec) / best_dec / 1e9, weight_bytes, copy,
            copy * 1e9 / weight_bytes, peak, zdp_kv_bytes(kv) / 1e6, dec_tok / first_dec,
            (pre_tok * mm_flops + att_pre) / best_cpu_pre / 1e9,
-           (dec_tok * mm_flops + att_dec) / best_cpu_dec / 1e9, cpu_peak);
+           (dec_tok * mm_flops + att_dec) / best_cpu_dec / 1e9, cpu_peak, rd, read_cpu,
+           N > 1 ? cache_bytes / (N - 1) / 1e6 : 0.0, dec_tok / best_cpu_dec, dec_tok / roof_cpu_s,
+           roof_cpu_s / best_cpu_dec);
+    /* The last pass's logits, hashed: two builds that must compute the same
+     * bits (a faster kernel that keeps the order of the sums) print the same. */
+    uint64_t h = 1469598103934665603ULL;
+    const unsigned char *lb = (const unsigned char *)logits;
+    for (size_t i = 0; i < (size_t)B * V * sizeof(float); i++) h = (h ^ lb[i]) * 1099511628211ULL;
+    printf("logits_fnv=%016llx\n", (unsigned long long)h);
     zdp_kv_destroy(kv);
     for (int i = 0; i < m.n_params; i++) free(p[i]);
     free(p), free(slots), free(dslots), free(tok), free(want), free(logits);

@@ -20,6 +20,10 @@ source "$BENCH/../scripts/env.sh"
 PYTHON=${PYTHON:-/usr/bin/python3}
 # The tests' server helpers: ZDP, MPIEXEC, PY, $T (removed on exit, the
 # server stopped first), fail, start_server / stop_server.
+# Each rank free to run on either core (Open MPI binds ranks to cores at
+# -np <= 2: rank 0's HTTP threads and its decoding then share one core, and a
+# rank cannot move off a core another process holds).
+export MPIEXEC_ARGS=${MPIEXEC_ARGS:---bind-to none}
 source "$BENCH/../tests/cli/serve_lib.sh" "${1:-$BENCH/../build/bin/zdp}" "${MPIEXEC:-mpiexec}"
 adamw_config 1 1e-4 1.0 5000000 >"$T/cfg.json"
 extra=()

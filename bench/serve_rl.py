@@ -17,7 +17,8 @@ With --sample-only, only the sampling phase (the -np scaling load): sampled
 tokens per second, and the weight matrices the server's packed-weights
 store packed during it (/info packed_weights_packs, summed over the ranks:
 once per snapshot when the store is shared; 0 with ZDP_SERVE_SHARED_PACKS=0,
-where every batch's cache packs its own).
+where every batch's cache packs its own), and per rank the rows it ran
+through the model (prompt rows prefilled, decode rows, prompt rows shared).
 
 usage: serve_rl.py URL [--prompts 8] [--samples 8] [--new 64] [--prompt-len 32]
                        [--iters 3] [--sample-only] [--json OUT]
@@ -60,6 +61,13 @@ def packs(http):
     """GET /info's packed_weights_packs summed over the ranks: weight
     matrices the packed-weights store packed so far (docs/sampling.md)."""
     return sum(r.get("packed_weights_packs", 0) for r in http.get("/info").json().get("memory", []))
+
+
+def sample_rows(http):
+    """GET /info's sampling rows per rank: [prefill, decode, shared] each
+    (rows each rank ran through the model while sampling, so far)."""
+    return [[r.get("sample_prefill_rows", 0), r.get("sample_decode_rows", 0), r.get("sample_shared_rows", 0)]
+            for r in http.get("/info").json().get("memory", [])]
 
 
 def cpu_seconds(pids):
@@ -109,7 +117,9 @@ def main():
         # Sample: every prompt's request in flight at once (all submitted,
         # then their futures awaited, as the SDK's sample_async does).
         packs0 = packs(http)
+        rows0 = sample_rows(http)
         cpu0 = cpu_seconds(pids)
+        cpu0_each = [cpu_seconds([p]) for p in pids]
         t = time.time()
         rids = [asample_submit(http, {"sampling_session_id": sess, "num_samples": a.samples,
                                       "prompt": {"chunks": [{"type": "encoded_text", "tokens": prompts[i]}]},
@@ -120,7 +130,11 @@ def main():
         row["sample_s"] = time.time() - t
         if pids:
             row["sample_cpu_s"] = cpu_seconds(pids) - cpu0
+            row["sample_cpu_s_each"] = [round(cpu_seconds([p]) - c, 2) for p, c in zip(pids, cpu0_each)]
         row["packs"] = packs(http) - packs0
+        # Per rank: prompt rows prefilled, decode rows, prompt rows copied
+        # from a same-prompt sequence (docs/server.md, GET /info).
+        row["rows_prefill_decode_shared"] = [[b - a for a, b in zip(r0, r1)] for r0, r1 in zip(rows0, sample_rows(http))]
         n_tok = sum(len(s["tokens"]) for r in results for s in r["sequences"])
         row["sampled_tokens"] = n_tok
         row["sample_tok_s"] = n_tok / row["sample_s"]

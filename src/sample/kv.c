@@ -561,21 +561,90 @@ static void adapt_(zdp_kv_cache *kv, int site, float *out, const float *inp, int
  * heads h < nh (1..3, a constant where it is inlined), the positions in
  * order: one load of each value row for all nh heads.  GCC keeps a float
  * array accumulator on the stack, hence the vector type. */
-typedef float v8_ __attribute__((vector_size(32)));
+typedef float v16_ __attribute__((vector_size(64)));
 static inline __attribute__((always_inline)) void wv32_(float *o, int64_t ostride, const float *sr,
                                                         int n, const float *v, int64_t KD, int nh) {
-    v8_ a[3][4] = {{{0}}}, x[4];
+    /* Two 16-float vectors per row (AVX-512 registers where the target has
+     * them; GCC splits them otherwise): each lane's multiply and add are
+     * the 8-wide version's, half the instructions. */
+    v16_ a[3][2] = {{{0}}}, x[2];
     for (int s = 0; s < n; s++) {
         const float *vs = v + (size_t)s * KD;
-        memcpy(&x[0], vs, 32), memcpy(&x[1], vs + 8, 32);
-        memcpy(&x[2], vs + 16, 32), memcpy(&x[3], vs + 24, 32);
+        memcpy(&x[0], vs, 64), memcpy(&x[1], vs + 16, 64);
         for (int h = 0; h < nh; h++) {
             const float w = sr[(size_t)h * n + s];
-            for (int c = 0; c < 4; c++) a[h][c] += w * x[c];
+            for (int c = 0; c < 2; c++) a[h][c] += w * x[c];
         }
     }
     for (int h = 0; h < nh; h++)
-        for (int c = 0; c < 4; c++) memcpy(o + h * ostride + 8 * c, &a[h][c], 32);
+        for (int c = 0; c < 2; c++) memcpy(o + h * ostride + 16 * c, &a[h][c], 64);
+}
+#endif
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define ZDP_KV_X86_ 1
+/* attend_'s scores on the AVX-512 path (hd a multiple of 16): score[h*n +
+ * s] = scale * dot_(q + h*hd, K[s] + (h/group)*hd, hd) for s < n, with the
+ * same operations in the same order as dot_ (its 16 partial sums are the
+ * 16 lanes; the halving tree runs on 16 positions' sums at once, lanes
+ * moved by shuffles, each addition the one dot_ makes), so the same bits.
+ * dot_ one position at a time spent most of decode attention's time in its
+ * per-score reduction and waiting on the key rows (perf, SmolLM2 batch 32).
+ * Blocks of 16 positions: the block's key rows (12-24 KB) stay in L1 for
+ * every head; while a block runs, the next block's key rows are fetched to
+ * L1 and this block's value rows to L2 (the weighted values walk V once per
+ * KV head and 32 dimensions, strided walks the hardware prefetcher follows
+ * poorly), so the cache streams from memory while the scores are made. */
+__attribute__((target("avx512f"))) static void scores512_(float *score, const float *q,
+                                                         const float *K, const float *Vc, int n,
+                                                         int NH, int group, int hd, int KD,
+                                                         float scale) {
+    const __m512 vscale = _mm512_set1_ps(scale), zero = _mm512_setzero_ps();
+    /* out lane i <- r lane 4 (i % 4) + i / 4 (the tree leaves position L +
+     * 4k in lane 4L + k). */
+    const __m512i perm = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    const int lines_row = KD / 16; /* 64-byte lines per cached row */
+    for (int s0 = 0; s0 < n; s0 += 16) {
+        const int m = n - s0 < 16 ? n - s0 : 16;
+        const int next = n - s0 - 16 < 0 ? 0 : n - s0 - 16 < 16 ? n - s0 - 16 : 16;
+        const float *kb = K + (size_t)s0 * KD, *nk = kb + (size_t)16 * KD, *vb = Vc + (size_t)s0 * KD;
+        const int kl = next * lines_row, vl = m * lines_row, steps = NH * 16;
+        const int kper = (kl + steps - 1) / steps, vper = (vl + steps - 1) / steps;
+        int ki = 0, vi = 0;
+        for (int h = 0; h < NH; h++) {
+            const float *qh = q + (size_t)h * hd, *kh = kb + (size_t)(h / group) * hd;
+            __m512 acc[16];
+            for (int i = 0; i < 16; i++) {
+                for (int u = 0; u < kper && ki < kl; u++, ki++)
+                    _mm_prefetch((const char *)(nk + (size_t)ki * 16), _MM_HINT_T0);
+                for (int u = 0; u < vper && vi < vl; u++, vi++)
+                    _mm_prefetch((const char *)(vb + (size_t)vi * 16), _MM_HINT_T1);
+                acc[i] = zero;
+                if (i < m) /* dot_'s acc[j] += q[d + j] * k[d + j], d by 16 from 0 */
+                    for (int d = 0; d < hd; d += 16)
+                        acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(_mm512_loadu_ps(qh + d),
+                                                                     _mm512_loadu_ps(kh + (size_t)i * KD + d)));
+            }
+            /* h8[j] = acc[j] + acc[j + 8]: positions 2t, 2t+1 in t8[t]'s halves. */
+            __m512 t8[8], t4[4], t2[2];
+            for (int t = 0; t < 8; t++)
+                t8[t] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * t], acc[2 * t + 1], 0x44),
+                                      _mm512_shuffle_f32x4(acc[2 * t], acc[2 * t + 1], 0xEE));
+            /* h4[j] = h8[j] + h8[j + 4]: positions 4t..4t+3 in t4[t]'s 128-bit lanes. */
+            for (int t = 0; t < 4; t++)
+                t4[t] = _mm512_add_ps(_mm512_shuffle_f32x4(t8[2 * t], t8[2 * t + 1], 0x88),
+                                      _mm512_shuffle_f32x4(t8[2 * t], t8[2 * t + 1], 0xDD));
+            /* h4[0] + h4[2] and h4[1] + h4[3], then their sum. */
+            for (int t = 0; t < 2; t++)
+                t2[t] = _mm512_add_ps(_mm512_shuffle_ps(t4[2 * t], t4[2 * t + 1], 0x44),
+                                      _mm512_shuffle_ps(t4[2 * t], t4[2 * t + 1], 0xEE));
+            const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(t2[0], t2[1], 0x88),
+                                           _mm512_shuffle_ps(t2[0], t2[1], 0xDD));
+            _mm512_mask_storeu_ps(score + (size_t)h * n + s0, (__mmask16)((1u << m) - 1u),
+                                  _mm512_mul_ps(vscale, _mm512_permutexvar_ps(perm, r)));
+        }
+    }
 }
 #endif
 
@@ -591,6 +660,11 @@ static void attend_(float *out, const float *q, const float *K, const float *Vc,
                     int KVh, int hd, float *score) {
     const int KD = KVh * hd, group = NH / KVh, n = p + 1;
     const float scale = 1.0f / sqrtf((float)hd);
+#ifdef ZDP_KV_X86_
+    if (hd % 16 == 0 && zdp_nn_packed_path() == 2)
+        scores512_(score, q, K, Vc, n, NH, group, hd, KD, scale);
+    else
+#endif
     for (int s = 0; s < n; s++) {
         const float *ks = K + (size_t)s * KD;
         for (int h = 0; h < NH; h++)

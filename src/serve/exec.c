@@ -1290,7 +1290,7 @@ static char *exec_info_(server *s, job *j, int *status) {
         /* The server's own rows, once per rank (not per model): the base it
          * holds whole (stages 0-2) or its one partition shared by every
          * model (stage 3: zdp_frozen_store), and what sampling holds. */
-        enum { KB = 7 };
+        enum { KB = 10 };
         zdp_memory_report fm;
         zdp_frozen_store_memory_report(s->store, &fm);
         int64_t held = 0; /* the whole base tensors this rank holds (none at stage 3) */
@@ -1298,18 +1298,21 @@ static char *exec_info_(server *s, job *j, int *status) {
             if (s->base[i] != NULL) held += numel_(&s->model.params[i]) * (int64_t)sizeof(float);
         int64_t mine[KB] = {held, fm.frozen_bytes, fm.other_bytes,
                             s->whole_peak_bytes, s->kv_bytes_peak, zdp_kv_packs_bytes(s->packs),
-                            zdp_kv_packs_count(s->packs)};
+                            zdp_kv_packs_count(s->packs), s->rows_prefill, s->rows_decode, s->rows_shared};
         int64_t *all = gather_rows_(s, mine, KB);
         if (s->R != 0) return NULL;
         json_t *mem = json_array();
         for (int r = 0; r < s->W; r++) {
             const int64_t *x = all + KB * r;
-            json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", r, "base_whole_bytes",
+            json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", r,
+                                                 "base_whole_bytes",
                                                  (json_int_t)x[0], "base_partition_bytes", (json_int_t)x[1],
                                                  "base_other_bytes", (json_int_t)x[2], "gathered_whole_bytes",
                                                  (json_int_t)x[3], "kv_cache_peak_bytes", (json_int_t)x[4],
                                                  "packed_weights_bytes", (json_int_t)x[5], "packed_weights_packs",
-                                                 (json_int_t)x[6]));
+                                                 (json_int_t)x[6], "sample_prefill_rows", (json_int_t)x[7],
+                                                 "sample_decode_rows", (json_int_t)x[8], "sample_shared_rows",
+                                                 (json_int_t)x[9]));
         }
         free(all);
         json_t *o = json_pack("{s:o,s:i,s:i,s:s,s:i,s:f,s:I,s:o,s:I}", "model", model_json_(s), "world_size", s->W,
@@ -1332,16 +1335,18 @@ static char *exec_info_(server *s, job *j, int *status) {
     int64_t snap = 0;
     for (int i = 0; s->snap != NULL && i < s->model.n_params; i++)
         snap += numel_(&s->model.params[i]) * (int64_t)sizeof(float);
-    int64_t mine[14] = {m.params_bytes, m.grads_bytes, m.grad_partition_bytes, m.bucket_bytes,
+    int64_t mine[17] = {m.params_bytes, m.grads_bytes, m.grad_partition_bytes, m.bucket_bytes,
                         m.optimizer_bytes, m.master_bytes, m.other_bytes, m.total_bytes,
                         snap, s->kv_bytes_last, s->kv_bytes_peak, s->whole_peak_bytes,
-                        zdp_kv_packs_bytes(s->packs), zdp_kv_packs_count(s->packs)};
-    int64_t *all = gather_rows_(s, mine, 14);
+                        zdp_kv_packs_bytes(s->packs), zdp_kv_packs_count(s->packs),
+                        s->rows_prefill, s->rows_decode, s->rows_shared};
+    int64_t *all = gather_rows_(s, mine, 17);
     if (s->R != 0) return NULL;
     json_t *mem = json_array();
     for (int r = 0; r < s->W; r++) {
-        int64_t *x = all + 14 * r;
-        json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "rank", r,
+        int64_t *x = all + 17 * r;
+        json_array_append_new(mem, json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,"
+                                             "s:I,s:I,s:I}", "rank", r,
                                              "params_bytes", (json_int_t)x[0], "grads_bytes", (json_int_t)x[1],
                                              "grad_partition_bytes", (json_int_t)x[2], "bucket_bytes",
                                              (json_int_t)x[3], "optimizer_bytes", (json_int_t)x[4],
@@ -1351,7 +1356,9 @@ static char *exec_info_(server *s, job *j, int *status) {
                                              (json_int_t)x[9], "kv_cache_peak_bytes", (json_int_t)x[10],
                                              "gathered_whole_bytes", (json_int_t)x[11],
                                              "packed_weights_bytes", (json_int_t)x[12],
-                                             "packed_weights_packs", (json_int_t)x[13]));
+                                             "packed_weights_packs", (json_int_t)x[13], "sample_prefill_rows",
+                                             (json_int_t)x[14], "sample_decode_rows", (json_int_t)x[15],
+                                             "sample_shared_rows", (json_int_t)x[16]));
     }
     free(all);
     const zdp_optimizer_config *oc = &s->cfg.optimizer;

@@ -1,14 +1,16 @@
 /*
  * sampler.c -- a sampling request on every rank (docs/sampling.md).
  *
- * The weights are whole on every rank (stages 0-2), so a request's
- * num_samples sequences are divided into contiguous blocks, one per rank;
- * each rank generates its block with zdp_generate (the KV cache, all its
- * sequences decoding together) and rank 0 gathers the blocks in sequence
- * order.  In a batch of requests, request k's blocks go to the ranks rotated
- * by the sequences before it, so that short blocks (num_samples not a
- * multiple of the ranks; single samples) do not all land on rank 0: the
- * batch waits for its slowest rank.  Sequence k draws from
+ * The weights are whole on every rank (stages 0-2), so the sequences of a
+ * batch of requests are divided across the ranks: laid end to end, request
+ * after request, the batch's sequences are cut into W contiguous runs of
+ * equal length (within one), run r on rank r.  Each rank thus decodes the
+ * same number of rows (the batch waits for its slowest rank), and a request
+ * is split across ranks only where a cut falls inside it (at most W - 1
+ * requests per batch), so most prompts are prefilled on one rank only
+ * rather than on every rank.  Each rank generates its sequences with one
+ * zdp_generate (the KV cache, all its sequences decoding together) and rank
+ * 0 gathers each request's blocks in sequence order.  Sequence k draws from
  * seed + 0x9E3779B97F4A7C15 * k whichever rank runs it, so the result does
  * not depend on the number of ranks.
  * Every rank reaches the one gather even when its own part failed (out of
@@ -21,10 +23,38 @@
 
 #include "serve_impl.h"
 
+/* Where a batch's sequences run: laid end to end (request after request),
+ * total of them, rank r holds the run [start_(r), start_(r + 1)); the
+ * first ranks take the longer runs (a lone sequence runs on rank 0). */
+static int64_t start_(int64_t total, int W, int r) {
+    return (total * r + W - 1) / W;
+}
+
+/* The rank that holds the batch's sequence g (0 <= g < total). */
+static int rank_of_(int64_t total, int W, int64_t g) {
+    int r = (int)(g * W / total);
+    while (r > 0 && start_(total, W, r) > g) r--;
+    while (r + 1 < W && start_(total, W, r + 1) <= g) r++;
+    return r;
+}
+
+/* How many of the request's sequences [at, at + n) rank r holds, and the
+ * first of them (request-relative) in *lo. */
+static int64_t share_(int64_t total, int W, int r, int64_t at, int64_t n, int64_t *lo) {
+    const int64_t a = start_(total, W, r), b = start_(total, W, r + 1);
+    const int64_t x = a > at ? a : at, y = b < at + n ? b : at + n;
+    if (lo != NULL) *lo = x - at < n ? (x - at > 0 ? x - at : 0) : n;
+    return y > x ? y - x : 0;
+}
+
 /* A rank's block: int32 failed, then per sequence slot int32 n_out,
- * int32 stopped, int32 tokens[max_tokens], float logprobs[max_tokens]. */
-static int64_t block_bytes_(int64_t per, int64_t max_tokens) {
-    return 4 + per * (8 + 8 * max_tokens);
+ * int32 stopped, int32 tokens[max_tokens], float logprobs[max_tokens];
+ * then, when the request asks for them, float prompt_logprobs[n_prompt] and
+ * int32 ids[n_prompt * K], float logprobs[n_prompt * K] (the top-k prompt
+ * logprobs): the rank that runs sequence 0 computes them in its prefill. */
+static int64_t block_bytes_(const serve_sample_spec *sp, int64_t per) {
+    return 4 + per * (8 + 8 * sp->max_tokens) + (sp->prompt_logprobs ? 4 * sp->n_prompt : 0) +
+           8 * sp->n_prompt * sp->topk_prompt;
 }
 
 /* String stops of one sequence (stop_fn of zdp_gen_seq): the count to keep
@@ -46,7 +76,8 @@ static int str_stop_fn_(void *user, const int32_t *out, int n) {
 typedef struct part_ {
     const serve_sample_spec *sp;
     int64_t per, lo, mine, bb, K;
-    int off; /* rank r holds block (r + off) % W */
+    int64_t at, total; /* the request's first sequence in the batch's run, the batch's sequences */
+    int first;         /* the rank that runs sequence 0 (and the prompt's logprobs) */
     unsigned char *blk;
     zdp_gen_seq *g; /* (mine) */
     str_stop_ *ss;
@@ -57,16 +88,17 @@ typedef struct part_ {
 } part_;
 
 /* This rank's sequences of sp (none when why: this rank has no params):
- * block (R + off) % W.  Rank 0 keeps the prompt's logprobs (sequence 0's
- * prefill computes them): off must be 0 when they are asked for. */
-static void part_prepare_(server *s, const serve_sample_spec *sp, const verr *why, int off, part_ *p) {
+ * sequences at .. at + num_samples - 1 of a batch of total. */
+static void part_prepare_(server *s, const serve_sample_spec *sp, const verr *why, int64_t at, int64_t total,
+                          part_ *p) {
     const int64_t n = sp->num_samples, M = sp->max_tokens;
-    *p = (part_){.sp = sp, .per = (n + s->W - 1) / s->W, .off = off};
-    const int64_t b = (s->R + off) % s->W;
-    p->lo = p->per * b < n ? p->per * b : n;
-    const int64_t hi = p->lo + p->per < n ? p->lo + p->per : n;
-    p->mine = hi - p->lo;
-    p->bb = block_bytes_(p->per, M);
+    *p = (part_){.sp = sp, .at = at, .total = total, .first = n > 0 ? rank_of_(total, s->W, at) : 0};
+    for (int r = 0; r < s->W; r++) {
+        const int64_t c = share_(total, s->W, r, at, n, NULL);
+        if (c > p->per) p->per = c;
+    }
+    p->mine = share_(total, s->W, s->R, at, n, &p->lo);
+    p->bb = block_bytes_(sp, p->per);
     const int64_t mine = p->mine;
     p->blk = calloc(1, (size_t)p->bb);
     p->g = calloc((size_t)(mine > 0 ? mine : 1), sizeof *p->g);
@@ -74,17 +106,17 @@ static void part_prepare_(server *s, const serve_sample_spec *sp, const verr *wh
     p->out = malloc((size_t)(mine * M + 1) * sizeof *p->out);
     p->lp = malloc((size_t)(mine * M + 1) * sizeof *p->lp);
     /* The prompt's logprobs are the same for every sequence: sequence 0's
-     * prefill computes them, on rank 0, which keeps them (no gather). */
-    const bool first = p->lo == 0 && mine > 0;
-    p->plp = sp->prompt_logprobs && first ? malloc((size_t)sp->n_prompt * sizeof *p->plp) : NULL;
+     * prefill computes them, on its rank; rank 0 answers with them. */
+    const bool have = (p->lo == 0 && mine > 0) || s->R == 0;
+    p->plp = sp->prompt_logprobs && have ? malloc((size_t)sp->n_prompt * sizeof *p->plp) : NULL;
     /* Top-k prompt logprobs: the same prefill, the same rank. */
-    p->K = first ? sp->topk_prompt : 0;
+    p->K = have ? sp->topk_prompt : 0;
     p->tki = p->K > 0 ? malloc((size_t)(sp->n_prompt * p->K) * sizeof *p->tki) : NULL;
     p->tkl = p->K > 0 ? malloc((size_t)(sp->n_prompt * p->K) * sizeof *p->tkl) : NULL;
     p->failed = why != NULL;
     p->why = why != NULL ? *why : (verr){0};
     if (p->blk == NULL || p->g == NULL || p->ss == NULL || p->out == NULL || p->lp == NULL ||
-        (sp->prompt_logprobs && first && p->plp == NULL) || (p->K > 0 && (p->tki == NULL || p->tkl == NULL))) {
+        (sp->prompt_logprobs && have && p->plp == NULL) || (p->K > 0 && (p->tki == NULL || p->tkl == NULL))) {
         /* Without its block this rank cannot even report: the gather
          * needs it, so give up as a collective failure would. */
         serve_die("sample", &(zdp_error){.msg = "out of memory for a sampling request"});
@@ -102,7 +134,7 @@ static void part_prepare_(server *s, const serve_sample_spec *sp, const verr *wh
                                 .stop_user = &p->ss[i], .lora = sp->lora, .adapter = sp->adapter,
                                 .out = p->out + i * M, .out_logprobs = p->lp + i * M};
     }
-    if (!p->failed && mine > 0) {
+    if (!p->failed && mine > 0 && p->lo == 0) {
         p->g[0].prompt_logprobs = p->plp;
         p->g[0].prompt_topk = (int)p->K, p->g[0].prompt_topk_ids = p->tki, p->g[0].prompt_topk_logprobs = p->tkl;
     }
@@ -143,6 +175,7 @@ static zdp_status generate_(server *s, const float *const *params, zdp_gen_seq *
     zdp_kv_destroy(kv);
     s->kv_bytes_last = gs.kv_bytes;
     if (gs.kv_bytes > s->kv_bytes_peak) s->kv_bytes_peak = gs.kv_bytes;
+    s->rows_prefill += gs.prefill_tokens, s->rows_decode += gs.decode_tokens, s->rows_shared += gs.prefill_shared;
     return st;
 }
 
@@ -150,7 +183,7 @@ static zdp_status generate_(server *s, const float *const *params, zdp_gen_seq *
  * there (NULL elsewhere); frees the part. */
 static char *part_finish_(server *s, part_ *p, int *status) {
     const serve_sample_spec *sp = p->sp;
-    const int64_t n = sp->num_samples, M = sp->max_tokens, per = p->per, bb = p->bb, K = p->K;
+    const int64_t n = sp->num_samples, M = sp->max_tokens, per = p->per, bb = p->bb, K = sp->topk_prompt;
     unsigned char *blk = p->blk;
     float *plp = p->plp, *tkl = p->tkl;
     int32_t *tki = p->tki;
@@ -172,6 +205,17 @@ static char *part_finish_(server *s, part_ *p, int *status) {
         memcpy(q + 8 + 4 * M, p->g[i].out_logprobs, (size_t)keep * 4);
     }
     memcpy(blk, &failed, 4);
+    /* The prompt's logprobs travel in the block of the rank that ran
+     * sequence 0 (the others' tails stay zero). */
+    unsigned char *tail = blk + 4 + per * (8 + 8 * M);
+    const int64_t P = sp->n_prompt, tail_lp = sp->prompt_logprobs ? 4 * P : 0;
+    if (!failed && p->mine > 0 && p->lo == 0) {
+        if (plp != NULL) memcpy(tail, plp, (size_t)tail_lp);
+        if (K > 0) {
+            memcpy(tail + tail_lp, tki, (size_t)(P * K) * 4);
+            memcpy(tail + tail_lp + 4 * P * K, tkl, (size_t)(P * K) * 4);
+        }
+    }
     free(p->g), free(p->ss), free(p->out), free(p->lp);
     unsigned char *all = NULL;
     if (s->R == 0 && (all = malloc((size_t)(bb * s->W))) == NULL)
@@ -223,8 +267,9 @@ static char *part_finish_(server *s, part_ *p, int *status) {
         return serve_error_body(NULL, "out of memory");
     }
     for (int64_t k = 0; k < n; k++) {
-        const int64_t r = (k / per + s->W - p->off) % s->W; /* the rank that held block k / per */
-        const unsigned char *q = all + r * bb + 4 + (k % per) * (8 + 8 * M);
+        const int r = rank_of_(p->total, s->W, p->at + k); /* the rank that ran sequence k */
+        const int64_t r0 = start_(p->total, s->W, r), slot = p->at + k - (r0 > p->at ? r0 : p->at);
+        const unsigned char *q = all + r * bb + 4 + slot * (8 + 8 * M);
         int32_t keep, stopped;
         memcpy(&keep, q, 4);
         memcpy(&stopped, q + 4, 4);
@@ -233,6 +278,12 @@ static char *part_finish_(server *s, part_ *p, int *status) {
         if (sp->logprobs) memcpy(res->logprobs + at, q + 8 + 4 * M, (size_t)keep * 4);
         res->stopped[k] = stopped != 0;
         res->off[k + 1] = at + keep;
+    }
+    const unsigned char *t0 = all + p->first * bb + 4 + per * (8 + 8 * M);
+    if (plp != NULL) memcpy(plp, t0, (size_t)tail_lp);
+    if (tki != NULL) {
+        memcpy(tki, t0 + tail_lp, (size_t)(P * K) * 4);
+        memcpy(tkl, t0 + tail_lp + 4 * P * K, (size_t)(P * K) * 4);
     }
     free(all);
     if (plp != NULL) {
@@ -251,7 +302,7 @@ static char *part_finish_(server *s, part_ *p, int *status) {
 char *serve_sampler_run(server *s, const float *const *params, const serve_sample_spec *sp,
                         const verr *why, int *status) {
     part_ p;
-    part_prepare_(s, sp, why, 0, &p);
+    part_prepare_(s, sp, why, 0, sp->num_samples, &p);
     zdp_error err = {0};
     if (!p.failed && p.mine > 0 && generate_(s, params, p.g, p.mine, &err) != ZDP_OK) part_failed_(s, &p, &err);
     return part_finish_(s, &p, status);
@@ -261,12 +312,11 @@ void serve_sampler_run_many(server *s, const float *const *params, const serve_s
                             const verr *const *whys, int n, int *statuses, char **bodies) {
     part_ *p = calloc((size_t)(n > 0 ? n : 1), sizeof *p);
     if (p == NULL) serve_die("sample", &(zdp_error){.msg = "out of memory for a sampling batch"});
-    int64_t total = 0, before = 0;
+    int64_t seqs = 0, total = 0, before = 0;
+    for (int k = 0; k < n; k++) seqs += sps[k].num_samples;
     for (int k = 0; k < n; k++) {
-        /* Rotated by the sequences before it (every rank alike); not when
-         * rank 0 must compute the prompt's logprobs. */
-        const bool prompt_lp = sps[k].prompt_logprobs || sps[k].topk_prompt > 0;
-        part_prepare_(s, &sps[k], whys[k], prompt_lp ? 0 : (int)(before % s->W), &p[k]);
+        /* Each rank its run of the batch's sequences (every rank alike). */
+        part_prepare_(s, &sps[k], whys[k], before, seqs, &p[k]);
         before += sps[k].num_samples;
         if (!p[k].failed) total += p[k].mine;
     }

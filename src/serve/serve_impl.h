@@ -358,6 +358,11 @@ typedef struct server {
     /* every rank, main thread only: bytes of the KV cache of the last
      * sampling request and of the largest so far (GET /info's memory). */
     int64_t kv_bytes_last, kv_bytes_peak;
+    /* every rank, main thread only: rows this rank ran through the model
+     * while sampling, so far (GET /info's memory rows: where -np's work
+     * goes): prompt rows prefilled, decode rows, prompt rows copied from a
+     * same-prompt sequence instead. */
+    int64_t rows_prefill, rows_decode, rows_shared;
     /* every rank, main thread only: the weights packed for batched decode
      * steps, shared by every sampling request (sampler.c), and the
      * generation that keys them: serve_exec bumps it before every request
@@ -554,15 +559,17 @@ typedef struct serve_sample_spec {
     const zdp_model *lora;  /* a LoRA model over the base, applied to every sequence; NULL: none */
     const float *const *adapter; /* its adapter tensors */
 } serve_sample_spec;
-/* Every rank generates its contiguous block of the num_samples sequences
+/* Every rank generates its contiguous run of the num_samples sequences
  * from params (whole weights) and rank 0 gathers them; rank 0 gets the
  * answer (status, body or j's typed result), the others NULL.  why: this
  * rank has no params (the reason rank 0 reports), else NULL. */
 char *serve_sampler_run(server *s, const float *const *params, const serve_sample_spec *sp,
                         const verr *why, int *status);
-/* The same for n requests over the same params at once: every rank's
- * sequences of all of them decode together in one zdp_generate (LoRA models'
- * requests with different adapters share passes), then each request is
+/* The same for n requests over the same params at once: their sequences,
+ * laid end to end, are cut into one contiguous run per rank (whole requests
+ * per rank where the cuts allow: a prompt prefilled on one rank), every
+ * rank's decode together in one zdp_generate (LoRA models' requests with
+ * different adapters share passes), then each request is
  * gathered and answered in order: bodies[k], statuses[k] on rank 0.  whys[k]
  * as why above (NULL: none). */
 void serve_sampler_run_many(server *s, const float *const *params, const serve_sample_spec *sps,

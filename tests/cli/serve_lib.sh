@@ -47,10 +47,13 @@ JSON
 
 # start_server NP LOG SERVE_ARGS...: `zdp serve SERVE_ARGS --port 0` at -np NP,
 # output to LOG; sets URL and RANK0_PID, or fails and returns 1.
+# MPIEXEC_ARGS: more launcher flags, split on spaces (the benchmarks'
+# --bind-to none: Open MPI binds each rank to one core at -np <= 2).
 start_server() {
   local np=$1 log=$2
   shift 2
-  timeout 300 "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" serve "$@" --port 0 >"$log" 2>&1 &
+  # shellcheck disable=SC2086 # MPIEXEC_ARGS is a list of flags
+  timeout 300 "$MPIEXEC" -np "$np" --oversubscribe ${MPIEXEC_ARGS:-} "$ZDP" serve "$@" --port 0 >"$log" 2>&1 &
   SERVER_PID=$!
   wait_listening "$SERVER_PID" "$log" 300 && return 0
   fail "server at -np $np did not start"; cat "$log"

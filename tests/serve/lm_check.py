@@ -167,6 +167,14 @@ def main(argv):
         checked += want_reason == "stop"
     if checked < 1:
         fail("no string stop was exercised (continuation %r)" % text_gen)
+    # Three greedy samples with a string stop: at -np 2 and 3 some run on
+    # ranks other than 0, which check the stop strings themselves (every
+    # rank decodes the tokens: docs/sampling.md, "zdp serve: every rank samples").
+    stops = next((t for t in tries if expected_stop(codec, gen, t)[1] == "stop"), tries[0])
+    want_tokens, want_reason = expected_stop(codec, gen, stops)
+    seqs = samp.sample(prompt, 3, types.SamplingParams(stop=stops, **greedy)).result().sequences
+    if [(list(q.tokens), q.stop_reason) for q in seqs] != [(want_tokens, want_reason)] * 3:
+        fail("stop %r, 3 samples: %s, wanted 3 x %s (%s)" % (stops, seqs, want_tokens, want_reason))
     print("lm_check: %d string stop cases checked" % len(tries), flush=True)
     # A token stop ends the sequence and is kept.
     got = samp.sample(prompt, 1, types.SamplingParams(stop=[gen[5]], **greedy)).result().sequences[0]

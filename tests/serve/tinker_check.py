@@ -478,6 +478,13 @@ class Check:
                    "prompt": {"chunks": [{"type": "encoded_text", "tokens": [3 + i, 7, 1 + 2 * i]}]},
                    "sampling_params": {"max_tokens": 8, "temperature": 1.0 if i % 3 else 0.0, "seed": 70 + i}}
                   for i in range(6)]
+        # The last two ask for the prompt's logprobs (and the last the top 2):
+        # in the batch their first sequences run on a rank other than 0 at
+        # -np 2 and 3 (each rank its run of a batch's sequences, sampler.c),
+        # which sends them to rank 0 with its block.
+        bodies[4]["prompt_logprobs"] = True
+        bodies[5]["prompt_logprobs"] = True
+        bodies[5]["topk_prompt_logprobs"] = 2
 
         def batched():
             return ((self.info().get("requests") or {}).get("asample") or {}).get("batched", 0)
@@ -515,6 +522,19 @@ class Check:
                 if ta != tb or worst > 1e-4:
                     fail("batched_files: request %d (file %d) in flight with the others gave %s, alone %s "
                          "(logprobs within %.1e)" % (i, i % 2, ta, tb, worst))
+                for key in ("prompt_logprobs", "topk_prompt_logprobs"):
+                    pa, pb = a.get(key), b.get(key)
+                    if key in bodies[i] and pb is None:
+                        fail("batched_files: request %d alone: no %s (%s)" % (i, key, b))
+                    if (pa is None) != (pb is None) or (pa is not None and (len(pa) != len(pb) or str(pa[0]) != str(pb[0]))):
+                        fail("batched_files: request %d: %s in the batch %s, alone %s" % (i, key, pa, pb))
+                    elif pa is not None and key == "prompt_logprobs" and \
+                            max(abs(u - v) for u, v in zip(pa[1:], pb[1:])) > 1e-4:
+                        fail("batched_files: request %d: prompt_logprobs in the batch %s, alone %s" % (i, pa, pb))
+                    elif pa is not None and key == "topk_prompt_logprobs" and \
+                            ([[t[0] for t in row] for row in pa[1:]] != [[t[0] for t in row] for row in pb[1:]] or
+                             max(abs(t[1] - q[1]) for ra, rb in zip(pa[1:], pb[1:]) for t, q in zip(ra, rb)) > 1e-4):
+                        fail("batched_files: request %d: topk_prompt_logprobs in the batch %s, alone %s" % (i, pa, pb))
             if n >= 2:
                 if S.FAILURES == failures:
                     print("tinker_check: %d of 6 asample requests on two sampler files decoded in shared passes, "

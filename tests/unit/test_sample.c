@@ -22,6 +22,8 @@
  *     masked rows, the exp's relative error over -86..0; the empirical
  *     frequencies of its draws are the exact probabilities (temperature,
  *     top_k, top_p, both);
+ *   - decode attention's AVX-512 scores (16 positions at a time) equal the
+ *     one-position dot products bit for bit;
  *   - the cache stores only the KV heads; bad input is refused naming it.
  */
 #include <math.h>
@@ -36,6 +38,7 @@
 #include <cmocka.h>
 
 #include "common/unit_lm.h"
+#include "nn/nn.h"
 #include "zdp/zdp.h"
 
 typedef struct fx {
@@ -370,6 +373,86 @@ static void test_shared_prompt(void **state) {
 }
 
 /* GQA: the cache holds KV heads only (Qwen3 here: 1 KV head of 4). */
+/* Decode attention's AVX-512 scores (kv.c's scores512_: head_dim a
+ * multiple of 16, blocks of 16 positions) against the one-position dot
+ * products (packed path 1, whose products round as path 2's: FMA chains in
+ * k order): the same logits bit for bit, and the full forward's within
+ * tolerance.  Three slots of 5, 16 and 37 prompt positions, then 20 steps of
+ * the three rows, so the blocks end short and full; a GQA Llama (6 query
+ * heads on 2 KV heads, head_dim 32) and a GPT-2 (head size 16). */
+static void test_decode_scores_paths(void **state) {
+    (void)state;
+    if (zdp_nn_packed_use_path(2) != 2) { /* the CPU lacks AVX-512: nothing to compare */
+        zdp_nn_packed_use_path(99);
+        skip();
+    }
+    for (int kind = 0; kind < 2; kind++) {
+        zdp_model m;
+        zdp_error err;
+        zdp_status st;
+        enum { BLK = 64, STEPS = 20 };
+        if (kind == 0) {
+            zdp_llama_config c = {.arch = ZDP_ARCH_LLAMA, .n_layer = 2, .hidden = 48, .n_head = 6,
+                                  .n_kv_head = 2, .head_dim = 32, .ffn = 40, .vocab_size = 41,
+                                  .block_size = BLK, .max_position_embeddings = BLK,
+                                  .rms_norm_eps = 1e-5f, .rope_theta = 500.0,
+                                  .initializer_range = 0.02};
+            st = zdp_llama_create(&c, 1, &m, &err);
+        } else {
+            zdp_gpt_config c = {.n_layer = 2, .n_head = 3, .n_embd = 48, .vocab_size = 37,
+                                .block_size = BLK};
+            st = zdp_gpt_create(&c, 1, &m, &err);
+        }
+        if (st != ZDP_OK) fail_msg("%s", err.msg);
+        const char *name = kind == 0 ? "llama" : "gpt";
+        float **p = alloc_fill_(&m, 99 + (uint64_t)kind, 0.6f, 0.3f, 1.0f);
+        const int V = m.vocab_size, lens[3] = {5, 16, 37};
+        int32_t tok[3][BLK];
+        for (int i = 0; i < 3; i++) rand_tokens_(tok[i], BLK, V, 7 + (uint64_t)i);
+        float *got[2];
+        for (int pass = 0; pass < 2; pass++) { /* path 2 (vector scores), then 1 */
+            assert_int_equal(zdp_nn_packed_use_path(2 - pass), 2 - pass);
+            got[pass] = malloc((size_t)(STEPS + 1) * 3 * V * sizeof(float));
+            zdp_kv_cache *kv;
+            assert_int_equal(zdp_kv_create(&m, 3, BLK, &kv, &err), ZDP_OK);
+            for (int i = 0; i < 3; i++) {
+                int32_t sl[BLK];
+                for (int t = 0; t < lens[i]; t++) sl[t] = i;
+                uint8_t want[BLK] = {0};
+                want[lens[i] - 1] = 1;
+                if (zdp_lm_decode(kv, (const float *const *)p, sl, tok[i], lens[i], want,
+                                  got[pass] + (size_t)i * V, &err) != ZDP_OK)
+                    fail_msg("%s", err.msg);
+            }
+            const int32_t slots[3] = {0, 1, 2};
+            for (int step = 0; step < STEPS; step++) {
+                int32_t nx[3];
+                for (int i = 0; i < 3; i++) nx[i] = tok[i][lens[i] + step];
+                if (zdp_lm_decode(kv, (const float *const *)p, slots, nx, 3, NULL,
+                                  got[pass] + (size_t)(step + 1) * 3 * V, &err) != ZDP_OK)
+                    fail_msg("%s", err.msg);
+            }
+            zdp_kv_destroy(kv);
+        }
+        zdp_nn_packed_use_path(99); /* back to the best */
+        for (int64_t k = 0; k < (int64_t)(STEPS + 1) * 3 * V; k++)
+            if (memcmp(&got[0][k], &got[1][k], sizeof(float)) != 0)
+                fail_msg("%s: logit %lld: vector scores %.9g, one by one %.9g", name,
+                         (long long)k, got[0][k], got[1][k]);
+        /* And the full forward's, for slot 2 at every step. */
+        float *lg = malloc((size_t)V * sizeof(float));
+        for (int step = 0; step <= STEPS; step++) {
+            assert_int_equal(zdp_lm_next_logits(&m, (const float *const *)p, tok[2], lens[2] + step, lg, &err),
+                             ZDP_OK);
+            assert_close_(name, "full forward", got[0] + ((size_t)step * 3 + 2) * V, lg, V,
+                          step);
+        }
+        free(lg), free(got[0]), free(got[1]);
+        free_params_(p, &m);
+        zdp_model_destroy(&m);
+    }
+}
+
 static void test_cache_holds_kv_heads(void **state) {
     (void)state;
     fx f;
@@ -750,6 +833,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_cached_equals_uncached),
         cmocka_unit_test(test_batched_equals_alone),
         cmocka_unit_test(test_shared_prompt),
+        cmocka_unit_test(test_decode_scores_paths),
         cmocka_unit_test(test_cache_holds_kv_heads),
         cmocka_unit_test(test_topk_logprobs_order),
         cmocka_unit_test(test_sample_topk_cut),

@@ -280,8 +280,9 @@ static int parse_(int argc, char **argv, serve_opts *o, gpt_src *g, lm_dir *d) {
         if (model != NULL || g->init != NULL || c->n_layer || c->n_head || c->n_embd || c->vocab_size)
             return cli_fail("--model-dir %s: the folder gives the model and its weights; drop --model, --init and "
                             "the shape flags (--block-size alone may be given)", model_dir);
-        /* Rank 0 alone decodes (string stops) and answers get_info. */
-        if ((rc = lm_dir_open(model_dir, c->block_size, zdp_dist_rank() == 0, false, d)) != 0) return rc;
+        /* Every rank loads the tokenizer: each samples its share of a
+         * request's sequences and checks their string stops itself. */
+        if ((rc = lm_dir_open(model_dir, c->block_size, true, false, d)) != 0) return rc;
         o->lm = dir_model_(d);
         /* The default base_model name: the folder's own ("SmolLM2-135M"). */
         if (!name_given) o->model_name = d->name;
