@@ -120,7 +120,7 @@ int main(int argc, char **argv) {
                 else zdp_nn_linear_forward(out, inp, w, NULL, N, C, OC, 0);
                 double c2 = cpu_s_();
                 if (sh[s].gpt) zdp_nn_matmul_backward(dinp, dw, NULL, dout, inp, w, N, C, OC);
-                else zdp_nn_linear_backward(dinp, dw, NULL, dout, inp, w, N, C, OC);
+                else zdp_nn_linear_backward(dinp, dw, NULL, dout, inp, w, N, C, OC, 0);
                 double c3 = cpu_s_();
                 f[kern][r] = 2.0 * (double)N * C * OC / (c2 - c1) * 1e-9;
                 b[kern][r] = 4.0 * (double)N * C * OC / (c3 - c2) * 1e-9;

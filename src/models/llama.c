@@ -257,16 +257,17 @@ static void release_(zdp_grad_sink *sink, const llama *m, int i) {
 
 /* Backward of y = linear(inp) for tensors w, b (b < 0: no bias) at adapter
  * site `site`: acquires, adds the gradients, releases (with adapters: the
- * input gradient and the adapter's).  dinp (N,C) += dout @ W. */
+ * input gradient and the adapter's).  dinp (N,C) += dout @ W, or = when
+ * flags has ZDP_NN_SET_DINP (the first product into a buffer: no memset). */
 static zdp_status linear_bwd_(zdp_grad_sink *sink, const llama *m, const float *const *params,
                               int w, int b, int site, float *dinp, const float *dout,
-                              const float *inp, int64_t N, int64_t C, int64_t OC,
+                              const float *inp, int64_t N, int64_t C, int64_t OC, int flags,
                               zdp_error *err) {
     float *dw, *db;
     zdp_status st = acquire_(sink, m, w, &dw, err);
     if (st == ZDP_OK) st = acquire_(sink, m, b, &db, err);
     if (st != ZDP_OK) return st;
-    zdp_nn_linear_backward(dinp, dw, db, dout, inp, params[w], N, C, OC);
+    zdp_nn_linear_backward(dinp, dw, db, dout, inp, params[w], N, C, OC, flags);
     release_(sink, m, b);
     release_(sink, m, w);
     return m->ad != NULL ? m->ad->backward(m->ad->ctx, site, dinp, dout, inp, N, sink, err)
@@ -345,25 +346,23 @@ static zdp_status llama_backward_(void *self, zdp_param_source *src, float dloss
         if ((st = zdp_param_fetch(src, p0, li->n, &params, err)) != ZDP_OK) return st;
 #define I_(idx) ((idx) >= 0 ? p0 + (idx) : -1)
         /* MLP: down, then silu(gate) * up, then gate and up into dbuf. */
-        /* d act = dres @ down: linear backwards add, so into a zeroed dgate. */
-        memset(m->dgate, 0, (size_t)(N * F) * sizeof(float));
+        /* d act = dres @ down, stored (the first product into dgate: no
+         * memset; an adapter's backward adds after it). */
         if ((st = linear_bwd_(sink, m, params, I_(li->down), -1, s0 + S_DOWN, m->dgate, m->dres,
-                              m->act + r * F, N, F, H, err)) != ZDP_OK)
+                              m->act + r * F, N, F, H, ZDP_NN_SET_DINP, err)) != ZDP_OK)
             return st;
         zdp_nn_swiglu_backward(m->dgate, m->dup, m->dgate, m->gate + r * F, m->up + r * F, N * F);
-        memset(m->dbuf, 0, (size_t)(N * H) * sizeof(float));
         if ((st = linear_bwd_(sink, m, params, I_(li->up), -1, s0 + S_UP, m->dbuf, m->dup, m->ln2 + r * H, N,
-                              H, F, err)) != ZDP_OK ||
+                              H, F, ZDP_NN_SET_DINP, err)) != ZDP_OK ||
             (st = linear_bwd_(sink, m, params, I_(li->gate), -1, s0 + S_GATE, m->dbuf, m->dgate,
-                              m->ln2 + r * H, N, H, F, err)) != ZDP_OK ||
+                              m->ln2 + r * H, N, H, F, 0, err)) != ZDP_OK ||
             (st = rmsnorm_bwd_(sink, m, params, I_(li->post_ln), m->dres, m->dbuf,
                                m->res_mid + r * H, m->ln2_rstd + r, N, H, err)) != ZDP_OK)
             return st;
 
         /* Attention: o_proj, the attention itself, rope and q/k norm, then q, k, v. */
-        memset(m->datty, 0, (size_t)(N * QD) * sizeof(float));
         if ((st = linear_bwd_(sink, m, params, I_(li->o_w), I_(li->o_b), s0 + S_O, m->datty, m->dres,
-                              m->atty + r * QD, N, QD, H, err)) != ZDP_OK)
+                              m->atty + r * QD, N, QD, H, ZDP_NN_SET_DINP, err)) != ZDP_OK)
             return st;
         zdp_nn_gqa_attention_backward(m->dq, m->dk, m->dv, m->datt, m->datty, m->qr + r * QD,
                                       m->kr + r * KD, m->v + r * KD, m->att + l * att_slice, B,
@@ -383,13 +382,12 @@ static zdp_status llama_backward_(void *self, zdp_param_source *src, float dloss
             dk = m->dkn;
         }
         const float *ln1 = m->ln1 + r * H;
-        memset(m->dbuf, 0, (size_t)(N * H) * sizeof(float));
         if ((st = linear_bwd_(sink, m, params, I_(li->v_w), I_(li->v_b), s0 + S_V, m->dbuf, m->dv, ln1, N,
-                              H, KD, err)) != ZDP_OK ||
+                              H, KD, ZDP_NN_SET_DINP, err)) != ZDP_OK ||
             (st = linear_bwd_(sink, m, params, I_(li->k_w), I_(li->k_b), s0 + S_K, m->dbuf, dk, ln1, N, H,
-                              KD, err)) != ZDP_OK ||
+                              KD, 0, err)) != ZDP_OK ||
             (st = linear_bwd_(sink, m, params, I_(li->q_w), I_(li->q_b), s0 + S_Q, m->dbuf, dq, ln1, N, H,
-                              QD, err)) != ZDP_OK ||
+                              QD, 0, err)) != ZDP_OK ||
             (st = rmsnorm_bwd_(sink, m, params, I_(li->in_ln), m->dres, m->dbuf, x_in,
                                m->ln1_rstd + r, N, H, err)) != ZDP_OK)
             return st;

@@ -93,13 +93,13 @@ static zdp_status hook_backward_(void *ctx, int site, float *dinp, const float *
         return zdp_err_set(err, ZDP_ERR_INTERNAL, "lora backward: the grad sink refused %s",
                            m->info[dA == NULL ? p : p + 1].name);
     down_(m, s, p, inp, N);
-    memset(m->dxa, 0, (size_t)(N * r) * sizeof(float));
-    /* dxa += dy B, dB += dy^T xa */
-    zdp_nn_linear_backward(m->dxa, dB, NULL, dout, m->xa, m->params[p + 1], N, r, s->out);
+    /* dxa = dy B, dB += dy^T xa */
+    zdp_nn_linear_backward(m->dxa, dB, NULL, dout, m->xa, m->params[p + 1], N, r, s->out,
+                           ZDP_NN_SET_DINP);
     zdp_grad_release(sink, p + 1);
     for (int64_t i = 0; i < N * r; i++) m->dxa[i] *= m->scale;
     /* dinp += dxa A, dA += dxa^T x */
-    zdp_nn_linear_backward(dinp, dA, NULL, m->dxa, inp, m->params[p], N, s->in, r);
+    zdp_nn_linear_backward(dinp, dA, NULL, m->dxa, inp, m->params[p], N, s->in, r, 0);
     zdp_grad_release(sink, p);
     return ZDP_OK;
 }

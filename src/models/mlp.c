@@ -97,7 +97,7 @@ static zdp_status mlp_backward_(void *self, zdp_param_source *src, float dloss,
             zdp_status st = zdp_param_fetch(src, 2 * j, 2, &p, err);
             if (st != ZDP_OK) return st;
             zdp_nn_linear_backward(i > 0 ? m->dx_next : NULL, dw, db, m->dx, in, p[2 * j], N, H,
-                                   H);
+                                   H, 0);
             zdp_param_release(src, 2 * j, 2);
         }
         /* linears[i] is complete: its first use in forward was step i. */

@@ -247,14 +247,15 @@ void zdp_nn_linear_forward_shared(int n, float *const *out, const float *inp,
 
 void zdp_nn_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int64_t N, int64_t C,
-                            int64_t OC) {
+                            int64_t OC, int flags) {
     /* The two products in one pool loop (zdp_nn_sgemm_many_). */
     zdp_nn_gemm g[2];
     int n = 0;
-    if (dinp != NULL) /* dinp (N,C) += dout (N,OC) @ weight (OC,C) */
+    if (dinp != NULL) /* dinp (N,C) (+)= dout (N,OC) @ weight (OC,C) */
         g[n++] = (zdp_nn_gemm){.ta = CblasNoTrans, .tb = CblasNoTrans, .M = N, .N = C, .K = OC,
                                .alpha = 1.0f, .A = dout, .lda = OC, .B = weight, .ldb = C,
-                               .beta = 1.0f, .C = dinp, .ldc = C};
+                               .beta = (flags & ZDP_NN_SET_DINP) ? 0.0f : 1.0f, .C = dinp,
+                               .ldc = C};
     if (dweight != NULL) /* dweight (OC,C) += dout^T (OC,N) @ inp (N,C) */
         g[n++] = (zdp_nn_gemm){.ta = CblasTrans, .tb = CblasNoTrans, .M = OC, .N = C, .K = N,
                                .alpha = 1.0f, .A = dout, .lda = OC, .B = inp, .ldb = C,

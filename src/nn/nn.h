@@ -175,10 +175,14 @@ ZDP_API void zdp_nn_linear_forward_shared(int n, float *const *out, const float 
 
 /* dinp (N,C) += dout @ weight      (skipped when dinp is NULL)
  * dweight (OC,C) += dout^T @ inp   (skipped when NULL)
- * dbias (OC) += column sums of dout (skipped when NULL) */
+ * dbias (OC) += column sums of dout (skipped when NULL)
+ * flags: ZDP_NN_SET_DINP stores dinp (=) instead of adding into it, so the
+ * caller need not zero it first (the product runs with beta = 0: the same
+ * bits as adding into zeros, one pass over dinp less).  0: add. */
+#define ZDP_NN_SET_DINP 1
 ZDP_API void zdp_nn_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, int64_t N, int64_t C,
-                            int64_t OC);
+                            int64_t OC, int flags);
 
 /* Mean cross-entropy of logits (N,V) against targets (N) in [0,V):
  * returns mean_n [logsumexp(logits_n) - logits_n[target_n]]  (torch's
