@@ -122,7 +122,10 @@ static bool kth_logit_(const float *logits, int V, int k, float *kth) {
  * below n = -126 (x < about -86.96) and for -inf (a masked logit) it gives
  * 0: next to the row's top token's exp(0) = 1 such a term is far below the
  * sum's resolution.  Relative error a few float ulp (the unit test holds it
- * against libm's double exp). */
+ * against libm's double exp).  Not nn.h's zdp_nn_exp_ (softmax and the
+ * loss): that one takes any x, clamps below -88 to a denormal rather than
+ * 0 and stops at r^6; a masked token must get exactly 0 here (it is never
+ * drawn) and its logprob the extra term. */
 static inline float exp_neg_(float x) {
     const float t = x * 1.44269504088896341f + 0x1.8p23f;
     int32_t tb;
