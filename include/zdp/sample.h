@@ -62,6 +62,17 @@ ZDP_API void zdp_kv_clear(zdp_kv_cache *kv, int slot);
  * every sequence that starts with it.  Nothing happens for a slot out of
  * range or dst == src. */
 ZDP_API void zdp_kv_copy_slot(zdp_kv_cache *kv, int dst, int src);
+/* Slot dst starts with slot src's positions read in place, not copied (a
+ * request's samples over one prefilled prompt: the prompt is stored once,
+ * and a decode pass reads its keys and values once for all the rows that
+ * share it, with the same logits bit for bit as zdp_kv_copy_slot's).  src
+ * may go on appending: its later positions are its own, as are dst's.
+ * Emptying src (zdp_kv_clear) moves the prompt into one of its sharers'
+ * storage first.  Where src's positions are not one stored run (src itself
+ * shares and has appended) or src is already shared at another length,
+ * this copies instead.  Nothing happens for a slot out of range or dst ==
+ * src. */
+ZDP_API void zdp_kv_share_slot(zdp_kv_cache *kv, int dst, int src);
 
 /* Binds a LoRA adapter to a slot until zdp_kv_clear empties it: every row
  * of that slot then runs through `lora`'s adapters (a model from

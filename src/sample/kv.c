@@ -55,6 +55,11 @@ struct zdp_kv_cache {
     float eps;
     int n_slots;
     int *len;          /* (n_slots) positions stored */
+    /* Prompt sharing (zdp_kv_share_slot): slot s reads its first blen[s]
+     * positions from slot base[s]'s storage (-1: all its own); nshare[s]
+     * slots read the first slen[s] positions of s so.  A slot is a sharer
+     * or shared, never both. */
+    int *base, *blen, *nshare, *slen; /* (n_slots) each */
     float *k, *v;      /* (L, n_slots, T, KV*hd) */
     float *cos, *sin;  /* (T, hd/2) rotary tables (Llama family) */
     kv_layer_ *layer;  /* (L) */
@@ -76,6 +81,13 @@ struct zdp_kv_cache {
      * of a prompt's rows attended as products (blk: first row, rows). */
     int *lone, *blk;
     int n_lone, n_blk;
+    /* Lone rows over a shared prompt, by group: grp (n_grp, 4) = first
+     * index into grow, rows, the prompt's slot, its positions; grow (cap)
+     * the rows, each group's in row order. */
+    int *grp, *grow;
+    int n_grp;
+    float *gscore; /* (threads, gscore_per) a group's scores, grown on demand */
+    int64_t gscore_per;
     float *pscore; /* (threads, PROMPT_BLOCK_, T) the blocks' scores, made on first use */
     int64_t scratch_bytes;
     /* Packed copies of the weight matrices: the cache's own, or a store
@@ -166,6 +178,13 @@ void zdp_kv_set_packs(zdp_kv_cache *kv, zdp_kv_packs *pk, uint64_t key) {
 void zdp_kv_destroy(zdp_kv_cache *kv) {
     if (kv == NULL) return;
     free(kv->len);
+    free(kv->base);
+    free(kv->blen);
+    free(kv->nshare);
+    free(kv->slen);
+    free(kv->grp);
+    free(kv->grow);
+    free(kv->gscore);
     free(kv->k);
     free(kv->v);
     free(kv->cos);
@@ -236,6 +255,10 @@ zdp_status zdp_kv_create(const zdp_model *model, int n_slots, int max_len, zdp_k
     if (max_len > 0) kv->T = max_len; /* positions per slot */
     const size_t per = (size_t)kv->L * n_slots * kv->T * kv->KV * kv->hd;
     kv->len = calloc((size_t)n_slots, sizeof *kv->len);
+    kv->base = malloc((size_t)n_slots * sizeof *kv->base);
+    kv->blen = calloc((size_t)n_slots, sizeof *kv->blen);
+    kv->nshare = calloc((size_t)n_slots, sizeof *kv->nshare);
+    kv->slen = calloc((size_t)n_slots, sizeof *kv->slen);
     zdp_kv_packs_create(model, &kv->own_pk, NULL);
     kv->pk = kv->own_pk;
     kv->n_threads = zdp_pool_size();
@@ -250,7 +273,10 @@ zdp_status zdp_kv_create(const zdp_model *model, int n_slots, int max_len, zdp_k
         kv->cos = malloc((size_t)kv->T * kv->hd / 2 * sizeof(float));
         kv->sin = malloc((size_t)kv->T * kv->hd / 2 * sizeof(float));
     }
-    if (kv->len == NULL || kv->k == NULL || kv->v == NULL || kv->layer == NULL || kv->own_pk == NULL || kv->sites == NULL || kv->slot_lora == NULL || kv->slot_ad == NULL ||
+    if (kv->base != NULL)
+        for (int s = 0; s < n_slots; s++) kv->base[s] = -1;
+    if (kv->len == NULL || kv->base == NULL || kv->blen == NULL || kv->nshare == NULL ||
+        kv->slen == NULL || kv->k == NULL || kv->v == NULL || kv->layer == NULL || kv->own_pk == NULL || kv->sites == NULL || kv->slot_lora == NULL || kv->slot_ad == NULL ||
         (kv->llama && (kv->cos == NULL || kv->sin == NULL))) {
         zdp_kv_destroy(kv);
         return zdp_err_set(err, ZDP_ERR_NOMEM,
@@ -344,8 +370,44 @@ int zdp_kv_length(const zdp_kv_cache *kv, int slot) {
     return kv != NULL && slot >= 0 && slot < kv->n_slots ? kv->len[slot] : 0;
 }
 
+/* Copies positions [0, n) of every layer's keys and values from slot src's
+ * storage to slot dst's (their own regions, not through base). */
+static void copy_own_(zdp_kv_cache *kv, int dst, int src, int64_t n) {
+    const int64_t KD = (int64_t)kv->KV * kv->hd, T = kv->T;
+    for (int l = 0; l < kv->L; l++) {
+        const int64_t from = ((int64_t)l * kv->n_slots + src) * T * KD, to = ((int64_t)l * kv->n_slots + dst) * T * KD;
+        memcpy(kv->k + to, kv->k + from, (size_t)(n * KD) * sizeof(float));
+        memcpy(kv->v + to, kv->v + from, (size_t)(n * KD) * sizeof(float));
+    }
+}
+
+/* Slot s stops taking part in sharing before it is emptied or rewritten:
+ * as a sharer it lets go of its base; as a shared prompt, its prompt moves
+ * to the first of its sharers (one copy), which the others then read. */
+static void release_(zdp_kv_cache *kv, int s) {
+    if (kv->base[s] >= 0) {
+        kv->nshare[kv->base[s]]--;
+        kv->base[s] = -1, kv->blen[s] = 0;
+    }
+    if (kv->nshare[s] == 0) return;
+    int heir = -1;
+    for (int d = 0; d < kv->n_slots; d++) {
+        if (kv->base[d] != s) continue;
+        if (heir < 0) {
+            heir = d;
+            copy_own_(kv, d, s, kv->slen[s]);
+            kv->base[d] = -1, kv->blen[d] = 0;
+            kv->nshare[d] = kv->nshare[s] - 1, kv->slen[d] = kv->slen[s];
+        } else {
+            kv->base[d] = heir;
+        }
+    }
+    kv->nshare[s] = 0, kv->slen[s] = 0;
+}
+
 void zdp_kv_clear(zdp_kv_cache *kv, int slot) {
     if (kv != NULL && slot >= 0 && slot < kv->n_slots) {
+        release_(kv, slot);
         kv->len[slot] = 0;
         kv->n_adapted -= kv->slot_lora[slot] != NULL;
         kv->slot_lora[slot] = NULL;
@@ -355,13 +417,35 @@ void zdp_kv_clear(zdp_kv_cache *kv, int slot) {
 
 void zdp_kv_copy_slot(zdp_kv_cache *kv, int dst, int src) {
     if (kv == NULL || dst == src || dst < 0 || src < 0 || dst >= kv->n_slots || src >= kv->n_slots) return;
-    const int64_t KD = (int64_t)kv->KV * kv->hd, T = kv->T, n = (int64_t)kv->len[src] * KD;
+    release_(kv, dst); /* (may move src's prompt into src's own storage: dst was its base) */
+    const int b = kv->base[src], n0 = b >= 0 ? kv->blen[src] : 0;
+    if (b >= 0) copy_own_(kv, dst, b, n0); /* the shared prompt, then src's own positions */
+    const int64_t KD = (int64_t)kv->KV * kv->hd, T = kv->T, n = (int64_t)(kv->len[src] - n0) * KD;
     for (int l = 0; l < kv->L; l++) {
-        const int64_t from = ((int64_t)l * kv->n_slots + src) * T * KD, to = ((int64_t)l * kv->n_slots + dst) * T * KD;
+        const int64_t from = (((int64_t)l * kv->n_slots + src) * T + n0) * KD,
+                      to = (((int64_t)l * kv->n_slots + dst) * T + n0) * KD;
         memcpy(kv->k + to, kv->k + from, (size_t)n * sizeof(float));
         memcpy(kv->v + to, kv->v + from, (size_t)n * sizeof(float));
     }
     kv->len[dst] = kv->len[src];
+}
+
+void zdp_kv_share_slot(zdp_kv_cache *kv, int dst, int src) {
+    if (kv == NULL || dst == src || dst < 0 || src < 0 || dst >= kv->n_slots || src >= kv->n_slots) return;
+    release_(kv, dst);
+    int r = src; /* the slot whose storage holds the prompt */
+    if (kv->base[src] >= 0 && kv->len[src] == kv->blen[src]) r = kv->base[src];
+    const int n = kv->len[src];
+    if (n == 0 || kv->base[r] >= 0 || (kv->nshare[r] > 0 && kv->slen[r] != n)) {
+        /* src's positions are not one prompt in one slot's storage (src
+         * shares and has added its own), or r already shares another length:
+         * a copy (one prompt length per shared slot keeps the groups simple). */
+        zdp_kv_copy_slot(kv, dst, src);
+        return;
+    }
+    kv->base[dst] = r, kv->blen[dst] = n;
+    kv->nshare[r]++, kv->slen[r] = n;
+    kv->len[dst] = n;
 }
 
 zdp_status zdp_kv_set_adapter(zdp_kv_cache *kv, int slot, const zdp_model *lora,
@@ -411,13 +495,20 @@ static bool reserve_(zdp_kv_cache *kv, int n) {
     int *blk = realloc(kv->blk, 2 * N * sizeof *blk);
     if (blk == NULL) return false;
     kv->blk = blk;
+    int *grp = realloc(kv->grp, 4 * N * sizeof *grp);
+    if (grp == NULL) return false;
+    kv->grp = grp;
+    int *grow = realloc(kv->grow, N * sizeof *grow);
+    if (grow == NULL) return false;
+    kv->grow = grow;
     const int64_t score = (int64_t)kv->n_threads * kv->NH * kv->T;
     if (kv->score == NULL) { /* (threads, NH, T) one row's attention scores per thread */
         kv->score = malloc((size_t)score * sizeof(float));
         if (kv->score == NULL) return false;
     }
     kv->cap = n;
-    kv->scratch_bytes = bytes + 5 * (int64_t)N * 4 + score * 4;
+    kv->scratch_bytes = bytes + 10 * (int64_t)N * 4 + score * 4 +
+                        kv->n_threads * kv->gscore_per * 4;
     return true;
 }
 
@@ -557,22 +648,28 @@ static void adapt_(zdp_kv_cache *kv, int site, float *out, const float *inp, int
 }
 
 #ifdef __GNUC__
-/* o[h*ostride + 0..32) = sum over s < n of sr[h*n + s] * v[s*KD + 0..32), for
- * heads h < nh (1..3, a constant where it is inlined), the positions in
- * order: one load of each value row for all nh heads.  GCC keeps a float
- * array accumulator on the stack, hence the vector type. */
+/* o[h*ostride + 0..32) = sum over s < n of sr[h*sstride + s] * v[s*KD +
+ * 0..32), for heads h < nh (1..3, a constant where it is inlined), the
+ * positions in order: one load of each value row for all nh heads.  init:
+ * the sums go on from o's values (a group's rows, position block by block,
+ * attend_group_), else from 0.  GCC keeps a float array accumulator on the
+ * stack, hence the vector type. */
 typedef float v16_ __attribute__((vector_size(64)));
 static inline __attribute__((always_inline)) void wv32_(float *o, int64_t ostride, const float *sr,
-                                                        int n, const float *v, int64_t KD, int nh) {
+                                                        int64_t sstride, int n, const float *v,
+                                                        int64_t KD, int nh, int init) {
     /* Two 16-float vectors per row (AVX-512 registers where the target has
      * them; GCC splits them otherwise): each lane's multiply and add are
      * the 8-wide version's, half the instructions. */
     v16_ a[3][2] = {{{0}}}, x[2];
+    if (init)
+        for (int h = 0; h < nh; h++)
+            for (int c = 0; c < 2; c++) memcpy(&a[h][c], o + h * ostride + 16 * c, 64);
     for (int s = 0; s < n; s++) {
         const float *vs = v + (size_t)s * KD;
         memcpy(&x[0], vs, 64), memcpy(&x[1], vs + 16, 64);
         for (int h = 0; h < nh; h++) {
-            const float w = sr[(size_t)h * n + s];
+            const float w = sr[h * sstride + s];
             for (int c = 0; c < 2; c++) a[h][c] += w * x[c];
         }
     }
@@ -596,14 +693,53 @@ static inline __attribute__((always_inline)) void wv32_(float *o, int64_t ostrid
  * L1 and this block's value rows to L2 (the weighted values walk V once per
  * KV head and 32 dimensions, strided walks the hardware prefetcher follows
  * poorly), so the cache streams from memory while the scores are made. */
+/* Scores of up to 16 positions (m) for one query head: dst[i] = scale *
+ * dot_(qh, kh + i*KD, hd), i < m, as the block's 16 lanes; while its dot
+ * products run, kper of the lines nk[*ki .. kl) are prefetched to L1 and vper
+ * of vb[*vi .. vl) to L2 per position (the caller's streams; 0: none). */
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void
+score16_(float *dst, const float *qh, const float *kh, int KD, int hd, int m, __m512 vscale,
+         const float *nk, int *ki, int kl, int kper, const float *vb, int *vi, int vl, int vper) {
+    /* out lane i <- r lane 4 (i % 4) + i / 4 (the tree leaves position L +
+     * 4k in lane 4L + k). */
+    const __m512i perm = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    const __m512 zero = _mm512_setzero_ps();
+    __m512 acc[16];
+    for (int i = 0; i < 16; i++) {
+        for (int u = 0; u < kper && *ki < kl; u++, (*ki)++)
+            _mm_prefetch((const char *)(nk + (size_t)*ki * 16), _MM_HINT_T0);
+        for (int u = 0; u < vper && *vi < vl; u++, (*vi)++)
+            _mm_prefetch((const char *)(vb + (size_t)*vi * 16), _MM_HINT_T1);
+        acc[i] = zero;
+        if (i < m) /* dot_'s acc[j] += q[d + j] * k[d + j], d by 16 from 0 */
+            for (int d = 0; d < hd; d += 16)
+                acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(_mm512_loadu_ps(qh + d),
+                                                             _mm512_loadu_ps(kh + (size_t)i * KD + d)));
+    }
+    /* h8[j] = acc[j] + acc[j + 8]: positions 2t, 2t+1 in t8[t]'s halves. */
+    __m512 t8[8], t4[4], t2[2];
+    for (int t = 0; t < 8; t++)
+        t8[t] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * t], acc[2 * t + 1], 0x44),
+                              _mm512_shuffle_f32x4(acc[2 * t], acc[2 * t + 1], 0xEE));
+    /* h4[j] = h8[j] + h8[j + 4]: positions 4t..4t+3 in t4[t]'s 128-bit lanes. */
+    for (int t = 0; t < 4; t++)
+        t4[t] = _mm512_add_ps(_mm512_shuffle_f32x4(t8[2 * t], t8[2 * t + 1], 0x88),
+                              _mm512_shuffle_f32x4(t8[2 * t], t8[2 * t + 1], 0xDD));
+    /* h4[0] + h4[2] and h4[1] + h4[3], then their sum. */
+    for (int t = 0; t < 2; t++)
+        t2[t] = _mm512_add_ps(_mm512_shuffle_ps(t4[2 * t], t4[2 * t + 1], 0x44),
+                              _mm512_shuffle_ps(t4[2 * t], t4[2 * t + 1], 0xEE));
+    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(t2[0], t2[1], 0x88),
+                                   _mm512_shuffle_ps(t2[0], t2[1], 0xDD));
+    _mm512_mask_storeu_ps(dst, (__mmask16)((1u << m) - 1u),
+                          _mm512_mul_ps(vscale, _mm512_permutexvar_ps(perm, r)));
+}
+
 __attribute__((target("avx512f"))) static void scores512_(float *score, const float *q,
                                                          const float *K, const float *Vc, int n,
                                                          int NH, int group, int hd, int KD,
                                                          float scale) {
-    const __m512 vscale = _mm512_set1_ps(scale), zero = _mm512_setzero_ps();
-    /* out lane i <- r lane 4 (i % 4) + i / 4 (the tree leaves position L +
-     * 4k in lane 4L + k). */
-    const __m512i perm = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    const __m512 vscale = _mm512_set1_ps(scale);
     const int lines_row = KD / 16; /* 64-byte lines per cached row */
     for (int s0 = 0; s0 < n; s0 += 16) {
         const int m = n - s0 < 16 ? n - s0 : 16;
@@ -612,39 +748,33 @@ __attribute__((target("avx512f"))) static void scores512_(float *score, const fl
         const int kl = next * lines_row, vl = m * lines_row, steps = NH * 16;
         const int kper = (kl + steps - 1) / steps, vper = (vl + steps - 1) / steps;
         int ki = 0, vi = 0;
-        for (int h = 0; h < NH; h++) {
-            const float *qh = q + (size_t)h * hd, *kh = kb + (size_t)(h / group) * hd;
-            __m512 acc[16];
-            for (int i = 0; i < 16; i++) {
-                for (int u = 0; u < kper && ki < kl; u++, ki++)
-                    _mm_prefetch((const char *)(nk + (size_t)ki * 16), _MM_HINT_T0);
-                for (int u = 0; u < vper && vi < vl; u++, vi++)
-                    _mm_prefetch((const char *)(vb + (size_t)vi * 16), _MM_HINT_T1);
-                acc[i] = zero;
-                if (i < m) /* dot_'s acc[j] += q[d + j] * k[d + j], d by 16 from 0 */
-                    for (int d = 0; d < hd; d += 16)
-                        acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(_mm512_loadu_ps(qh + d),
-                                                                     _mm512_loadu_ps(kh + (size_t)i * KD + d)));
-            }
-            /* h8[j] = acc[j] + acc[j + 8]: positions 2t, 2t+1 in t8[t]'s halves. */
-            __m512 t8[8], t4[4], t2[2];
-            for (int t = 0; t < 8; t++)
-                t8[t] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * t], acc[2 * t + 1], 0x44),
-                                      _mm512_shuffle_f32x4(acc[2 * t], acc[2 * t + 1], 0xEE));
-            /* h4[j] = h8[j] + h8[j + 4]: positions 4t..4t+3 in t4[t]'s 128-bit lanes. */
-            for (int t = 0; t < 4; t++)
-                t4[t] = _mm512_add_ps(_mm512_shuffle_f32x4(t8[2 * t], t8[2 * t + 1], 0x88),
-                                      _mm512_shuffle_f32x4(t8[2 * t], t8[2 * t + 1], 0xDD));
-            /* h4[0] + h4[2] and h4[1] + h4[3], then their sum. */
-            for (int t = 0; t < 2; t++)
-                t2[t] = _mm512_add_ps(_mm512_shuffle_ps(t4[2 * t], t4[2 * t + 1], 0x44),
-                                      _mm512_shuffle_ps(t4[2 * t], t4[2 * t + 1], 0xEE));
-            const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(t2[0], t2[1], 0x88),
-                                           _mm512_shuffle_ps(t2[0], t2[1], 0xDD));
-            _mm512_mask_storeu_ps(score + (size_t)h * n + s0, (__mmask16)((1u << m) - 1u),
-                                  _mm512_mul_ps(vscale, _mm512_permutexvar_ps(perm, r)));
-        }
+        for (int h = 0; h < NH; h++)
+            score16_(score + (size_t)h * n + s0, q + (size_t)h * hd, kb + (size_t)(h / group) * hd,
+                     KD, hd, m, vscale, nk, &ki, kl, kper, vb, &vi, vl, vper);
     }
+}
+
+/* A group's scores for query heads h0 .. h0+nh of one KV head (attend_group_):
+ * dst[(r*nh + h)*T + s0 + i] for the rows' queries (q + rows[r]*qs) over the
+ * m <= 16 key rows kb (KD apart, the KV head's columns), the block of
+ * positions s0 ..: a block of the prompt's keys stays in L1 for every row
+ * and head of the group, while the next block's key rows (next_rows of
+ * them at next_k) are fetched to L1. */
+__attribute__((target("avx512f"))) static void group_scores512_(
+    float *dst, int64_t T, const float *q, int64_t qs, const int *rows, int nr, int h0, int nh,
+    const float *kb, int s0, int m, int KD, int hd, float scale, const float *next_k, int next_rows) {
+    const __m512 vscale = _mm512_set1_ps(scale);
+    const int lr = hd / 16, lines = next_rows * lr, calls = nr * nh;
+    const int per = (lines + calls - 1) / calls; /* lines fetched per row and head */
+    int ki = 0, none = 0;
+    for (int r = 0; r < nr; r++)
+        for (int h = 0; h < nh; h++) {
+            for (int u = 0; u < per && ki < lines; u++, ki++)
+                _mm_prefetch((const char *)(next_k + (size_t)(ki / lr) * KD + (size_t)(ki % lr) * 16),
+                             _MM_HINT_T0);
+            score16_(dst + ((int64_t)r * nh + h) * T + s0, q + rows[r] * qs + (int64_t)(h0 + h) * hd,
+                     kb, KD, hd, m, vscale, NULL, &none, 0, 0, NULL, &none, 0, 0);
+        }
 }
 #endif
 
@@ -696,9 +826,9 @@ static void attend_(float *out, const float *q, const float *K, const float *Vc,
             int d0 = 0;
 #ifdef __GNUC__
             for (; d0 + 32 <= hd; d0 += 32) {
-                if (nh == 3) wv32_(o + d0, hd, sr, n, vh + d0, KD, 3);
-                else if (nh == 2) wv32_(o + d0, hd, sr, n, vh + d0, KD, 2);
-                else wv32_(o + d0, hd, sr, n, vh + d0, KD, 1);
+                if (nh == 3) wv32_(o + d0, hd, sr, n, n, vh + d0, KD, 3, 0);
+                else if (nh == 2) wv32_(o + d0, hd, sr, n, n, vh + d0, KD, 2, 0);
+                else wv32_(o + d0, hd, sr, n, n, vh + d0, KD, 1, 0);
             }
 #endif
             for (int h = 0; h < nh; h++)
@@ -719,6 +849,120 @@ typedef struct attend_job_ {
     const float *q;
     int64_t qs, l;
 } attend_job_;
+
+/* Positions of a shared prompt's values weighed per block in attend_group_:
+ * the block's value rows of one KV head (64 x head_dim floats, 16 KB at
+ * head_dim 64) stay in L1 for all of the group's rows and heads. */
+#define GROUP_VBLOCK_ 64
+
+/* attend_group_'s weighted values over positions b0 .. b0+nb (value rows
+ * vb, KD apart, the KV head's columns) for group rows rlo .. rhi and the
+ * query heads h0 .. h0+group: attend_'s sums, from 0 at position 0, else
+ * going on from the output's values (the earlier positions'). */
+static void weigh_(zdp_kv_cache *kv, const float *S, const int *rows, int rlo, int rhi, int h0,
+                   const float *vb, int b0, int nb) {
+    const int64_t KD = (int64_t)kv->KV * kv->hd, QD = (int64_t)kv->NH * kv->hd, T = kv->T;
+    const int hd = kv->hd, group = kv->NH / kv->KV, init = b0 > 0;
+    for (int r = rlo; r < rhi; r++)
+        for (int hh = 0; hh < group; hh += 3) {
+            const int nh = group - hh < 3 ? group - hh : 3;
+            const float *sr = S + ((int64_t)r * group + hh) * T + b0;
+            float *o = kv->atty + (int64_t)rows[r] * QD + (int64_t)(h0 + hh) * hd;
+            int d0 = 0;
+#ifdef __GNUC__
+            for (; d0 + 32 <= hd; d0 += 32) {
+                if (nh == 3) wv32_(o + d0, hd, sr, T, nb, vb + d0, KD, 3, init);
+                else if (nh == 2) wv32_(o + d0, hd, sr, T, nb, vb + d0, KD, 2, init);
+                else wv32_(o + d0, hd, sr, T, nb, vb + d0, KD, 1, init);
+            }
+#endif
+            for (int h = 0; h < nh; h++)
+                for (int d = d0; d < hd; d++) {
+                    float acc = init ? o[(int64_t)h * hd + d] : 0.0f;
+                    for (int s = 0; s < nb; s++) acc += sr[h * T + s] * vb[(int64_t)s * KD + d];
+                    o[(int64_t)h * hd + d] = acc;
+                }
+        }
+}
+
+/* Task (group gi, KV head g) of a pass's attention: the group's rows (the
+ * lone rows whose slot reads the first plen positions of prompt slot ps:
+ * ps's own rows and its sharers', plan_attention_), query heads g*group ..
+ * (g+1)*group.  attend_'s math for each row and head, with its operations
+ * in its order: each score dot_'s (score16_ on AVX-512), the softmax over
+ * positions 0..p, each weighted sum over the positions from 0 (the
+ * prompt's, then the row's own), so the same bits as the row attended
+ * alone over a copy of the prompt.  What differs is the reading: a block of
+ * the prompt's keys, then of its values, is loaded once for all of the
+ * group's rows (16 samples of a prompt read it once, not 16 times).
+ * S: (rows, group, T) this thread's scores. */
+static void attend_group_(zdp_kv_cache *kv, const attend_job_ *j, int gi, int g, float *S) {
+    const int64_t KD = (int64_t)kv->KV * kv->hd, T = kv->T;
+    const int hd = kv->hd, group = kv->NH / kv->KV, h0 = g * group;
+    const int *rows = kv->grow + kv->grp[4 * gi], nr = kv->grp[4 * gi + 1];
+    const int ps = kv->grp[4 * gi + 2], plen = kv->grp[4 * gi + 3];
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int64_t col = (int64_t)g * hd;
+    const float *Kp = kv->k + ((j->l * kv->n_slots + ps) * T) * KD + col; /* (plen, KD) */
+    const float *Vp = kv->v + ((j->l * kv->n_slots + ps) * T) * KD + col;
+#define OWN_(arr, i) (kv->arr + ((j->l * kv->n_slots + j->slots[i]) * T) * KD + col)
+    /* The scores: the prompt's block by block for every row, then each
+     * row's own positions plen .. p. */
+#ifdef ZDP_KV_X86_
+    if (hd % 16 == 0 && zdp_nn_packed_path() == 2) {
+        for (int s0 = 0; s0 < plen; s0 += 16) {
+            const int m = plen - s0 < 16 ? plen - s0 : 16, nx = plen - s0 - m < 16 ? plen - s0 - m : 16;
+            for (int64_t u = 0; u < (int64_t)m * KD; u += 16) /* its values, for the weighing */
+                _mm_prefetch((const char *)(Vp + (int64_t)s0 * KD + u), _MM_HINT_T1);
+            group_scores512_(S, T, j->q, j->qs, rows, nr, h0, group, Kp + (int64_t)s0 * KD, s0, m,
+                             (int)KD, hd, scale, Kp + (int64_t)(s0 + m) * KD, nx);
+        }
+        for (int r = 0; r < nr; r++) {
+            const int n = kv->pos[rows[r]] + 1;
+            const float *Ko = OWN_(k, rows[r]);
+            for (int s0 = plen; s0 < n; s0 += 16)
+                group_scores512_(S + (int64_t)r * group * T, T, j->q, j->qs, rows + r, 1, h0, group,
+                                 Ko + (int64_t)s0 * KD, s0, n - s0 < 16 ? n - s0 : 16, (int)KD, hd,
+                                 scale, NULL, 0);
+        }
+    } else
+#endif
+    for (int r = 0; r < nr; r++) {
+        const int n = kv->pos[rows[r]] + 1;
+        const float *Ko = OWN_(k, rows[r]);
+        for (int hh = 0; hh < group; hh++) {
+            const float *qh = j->q + rows[r] * j->qs + (int64_t)(h0 + hh) * hd;
+            float *sr = S + ((int64_t)r * group + hh) * T;
+            for (int s = 0; s < n; s++)
+                sr[s] = scale * dot_(qh, (s < plen ? Kp : Ko) + (int64_t)s * KD, hd);
+        }
+    }
+    for (int r = 0; r < nr; r++) /* attend_'s softmax */
+        for (int hh = 0; hh < group; hh++) {
+            const int n = kv->pos[rows[r]] + 1;
+            float *sr = S + ((int64_t)r * group + hh) * T, mx = -INFINITY, sum = 0.0f;
+            for (int s = 0; s < n; s++) mx = sr[s] > mx ? sr[s] : mx;
+            for (int s = 0; s < n; s++) {
+                sr[s] = zdp_nn_exp_(sr[s] - mx);
+                sum += sr[s];
+            }
+            const float inv = 1.0f / sum;
+            for (int s = 0; s < n; s++) sr[s] *= inv;
+        }
+    /* The weighted values, attend_'s sums carried across blocks: the
+     * prompt's positions a block at a time for every row, then each row's
+     * own. */
+    for (int b0 = 0; b0 < plen; b0 += GROUP_VBLOCK_)
+        weigh_(kv, S, rows, 0, nr, h0, Vp + (int64_t)b0 * KD, b0,
+               plen - b0 < GROUP_VBLOCK_ ? plen - b0 : GROUP_VBLOCK_);
+    for (int r = 0; r < nr; r++) {
+        const int n = kv->pos[rows[r]] + 1;
+        for (int b0 = plen; b0 < n; b0 += GROUP_VBLOCK_)
+            weigh_(kv, S, rows, r, r + 1, h0, OWN_(v, rows[r]) + (int64_t)b0 * KD, b0,
+                   n - b0 < GROUP_VBLOCK_ ? n - b0 : GROUP_VBLOCK_);
+    }
+#undef OWN_
+}
 
 /* One block of a prompt's rows for one query head: rows i0 .. i0+rb of the
  * pass, on one slot at positions p0 .. p0+rb, against the slot's keys and
@@ -755,19 +999,25 @@ static void prompt_block_(zdp_kv_cache *kv, const attend_job_ *j, int64_t b, int
 }
 
 /* Task t of a pass's attention: the prompt blocks' (block, head) pairs
- * first (the larger tasks), then the lone rows, each on its own slot. */
+ * first (the larger tasks), then the shared prompts' (group, KV head)
+ * pairs, then the lone rows, each on its own slot. */
 static void attend_rows_(void *ctx, int64_t task, int thread) {
     const attend_job_ *j = ctx;
     zdp_kv_cache *kv = j->kv;
     const int64_t QD = (int64_t)kv->NH * kv->hd, KD = (int64_t)kv->KV * kv->hd;
-    const int64_t nb = (int64_t)kv->n_blk * kv->NH;
+    const int64_t nb = (int64_t)kv->n_blk * kv->NH, ng = (int64_t)kv->n_grp * kv->KV;
     if (task < nb) {
         prompt_block_(kv, j, task / kv->NH, task % kv->NH,
                       kv->pscore + (int64_t)thread * PROMPT_BLOCK_ * kv->T);
         return;
     }
+    if (task < nb + ng) {
+        attend_group_(kv, j, (int)((task - nb) / kv->KV), (int)((task - nb) % kv->KV),
+                      kv->gscore + (int64_t)thread * kv->gscore_per);
+        return;
+    }
     float *score = kv->score + (int64_t)thread * kv->NH * kv->T;
-    const int64_t i = kv->lone[task - nb];
+    const int64_t i = kv->lone[task - nb - ng];
     const int64_t base = ((j->l * kv->n_slots + j->slots[i]) * kv->T) * KD;
     attend_(kv->atty + i * QD, j->q + i * j->qs, kv->k + base, kv->v + base, kv->pos[i], kv->NH, kv->KV,
             kv->hd, score);
@@ -784,7 +1034,8 @@ static bool plan_attention_(zdp_kv_cache *kv, const int32_t *slots, int n) {
     for (int i = 0; i < n;) {
         int e = i + 1;
         while (e < n && slots[e] == slots[i] && kv->pos[e] == kv->pos[e - 1] + 1) e++;
-        if (e - i >= PROMPT_ROWS_) {
+        if (e - i >= PROMPT_ROWS_ && kv->base[slots[i]] < 0) { /* (a sharer's
+            * positions are in two places: its rows go one by one) */
             for (int r = i; r < e; r += PROMPT_BLOCK_) {
                 kv->blk[2 * kv->n_blk] = r;
                 kv->blk[2 * kv->n_blk + 1] = e - r < PROMPT_BLOCK_ ? e - r : PROMPT_BLOCK_;
@@ -794,6 +1045,43 @@ static bool plan_attention_(zdp_kv_cache *kv, const int32_t *slots, int n) {
             for (int r = i; r < e; r++) kv->lone[kv->n_lone++] = r;
         }
         i = e;
+    }
+    /* Lone rows over a shared prompt (a sharer's, or the shared slot's own),
+     * by prompt: one group each, its rows in row order. */
+    int nl = 0, most = 0;
+    kv->n_grp = 0;
+    for (int a = 0; a < kv->n_lone; a++) {
+        const int s = slots[kv->lone[a]], ps = kv->base[s] >= 0 ? kv->base[s] : s;
+        if (kv->base[s] < 0 && kv->nshare[s] == 0) continue;
+        int g = 0;
+        while (g < kv->n_grp && kv->grp[4 * g + 2] != ps) g++;
+        if (g == kv->n_grp) {
+            kv->grp[4 * g] = 0, kv->grp[4 * g + 1] = 0;
+            kv->grp[4 * g + 2] = ps, kv->grp[4 * g + 3] = kv->slen[ps];
+            kv->n_grp++;
+        }
+        kv->grp[4 * g + 1]++;
+        if (kv->grp[4 * g + 1] > most) most = kv->grp[4 * g + 1];
+    }
+    for (int g = 0, at = 0; g < kv->n_grp; g++) { /* each group's first index, then its rows */
+        kv->grp[4 * g] = at;
+        for (int a = 0; a < kv->n_lone; a++) {
+            const int i = kv->lone[a], s = slots[i];
+            if ((kv->base[s] >= 0 ? kv->base[s] : s) == kv->grp[4 * g + 2] &&
+                (kv->base[s] >= 0 || kv->nshare[s] > 0))
+                kv->grow[at++] = i;
+        }
+    }
+    for (int a = 0; a < kv->n_lone; a++) /* the rest stay lone */
+        if (kv->base[slots[kv->lone[a]]] < 0 && kv->nshare[slots[kv->lone[a]]] == 0)
+            kv->lone[nl++] = kv->lone[a];
+    kv->n_lone = nl;
+    const int64_t per = (int64_t)most * (kv->NH / kv->KV) * kv->T; /* (rows, group, T) */
+    if (per > kv->gscore_per) {
+        float *g = realloc(kv->gscore, (size_t)(kv->n_threads * per) * sizeof(float));
+        if (g == NULL) return false;
+        kv->scratch_bytes += (int64_t)kv->n_threads * (per - kv->gscore_per) * 4;
+        kv->gscore = g, kv->gscore_per = per;
     }
     if (kv->n_blk > 0 && kv->pscore == NULL) {
         const int64_t f = (int64_t)kv->n_threads * PROMPT_BLOCK_ * kv->T;
@@ -911,7 +1199,7 @@ zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t 
             memcpy(kv->v + at, v + i * ks, (size_t)KD * sizeof(float));
         }
         attend_job_ aj = {.kv = kv, .slots = slots, .q = q, .qs = qs, .l = l};
-        zdp_pool_run((int64_t)kv->n_blk * NH + kv->n_lone, attend_rows_, &aj);
+        zdp_pool_run((int64_t)kv->n_blk * NH + (int64_t)kv->n_grp * KVh + kv->n_lone, attend_rows_, &aj);
         if (!kv->llama) {
             conv1d_(kv, P, kv->h, kv->atty, y->o_w, P[y->o_b], N, C, C);
             adapt_(kv, y->site[KS_O], kv->h, kv->atty, N, slots);

@@ -511,7 +511,7 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
             copy_of[b] = -1;
             if (pending[b] < 0 && !wants_prompt_(s)) {
                 /* The same prompt (and adapter: order keeps them adjacent)
-                 * as an earlier joiner of this pass: its prefill is copied,
+                 * as an earlier joiner of this pass: its prefill is shared,
                  * not run again (a request's samples share their prompt). */
                 for (int e = k - 1; e >= 0 && order[e].lora == order[k].lora &&
                                     order[e].adapter == order[k].adapter; e--) {
@@ -554,13 +554,14 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
         if (st != ZDP_OK) goto out;
         sts.passes++;
         /* Walk the logits in row order: each slot's last wanted row samples
-         * (a copied prefill: its source's row, and its keys and values). */
+         * (a shared prefill: its source's row, and its keys and values, read
+         * in place: kv.c attends over them once for the group's rows). */
         const float *lg = logits;
         for (int k = 0; k < n_live; k++) {
             const int b = order[k].slot;
             zdp_gen_seq *s = &seqs[slot_seq[b]];
             if (copy_of[b] >= 0) {
-                zdp_kv_copy_slot(kv, b, copy_of[b]);
+                zdp_kv_share_slot(kv, b, copy_of[b]);
                 row_of[b] = row_of[copy_of[b]];
             }
             if (pending[b] < 0 && wants_prompt_(s)) {

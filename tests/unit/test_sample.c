@@ -24,6 +24,9 @@
  *     top_k, top_p, both);
  *   - decode attention's AVX-512 scores (16 positions at a time) equal the
  *     one-position dot products bit for bit;
+ *   - a prompt shared in place (zdp_kv_share_slot: attended once per group
+ *     of rows) gives the logits of the same prompt copied into each slot,
+ *     bit for bit, through a shared slot's clearing and a copy of a sharer;
  *   - the cache stores only the KV heads; bad input is refused naming it.
  */
 #include <math.h>
@@ -453,6 +456,87 @@ static void test_decode_scores_paths(void **state) {
     }
 }
 
+/* A prompt shared in place (zdp_kv_share_slot) against the same prompt
+ * copied (zdp_kv_copy_slot), on two caches fed the same rows: every logit
+ * bit for bit.  Slots 0-2 share a 70-position prompt (past a 64-position
+ * block of kv.c's grouped values), 3-4 a 21-position one, 5 has its own;
+ * 20 decode steps of all six with different tokens; at step 8 the shared
+ * slot 0 is cleared (its prompt moves to a sharer) and takes a new 9-token
+ * prompt, at step 12 slot 5 becomes a copy of sharer 1.  A GQA Llama (3
+ * query heads per KV head, head_dim 32) and a GPT-2 (head size 16: the
+ * scalar tail), on the AVX-512 scores and on the one-position loop. */
+static void test_decode_shared_prompt(void **state) {
+    (void)state;
+    for (int kind = 0; kind < 2; kind++)
+        for (int path = 2; path >= 1; path--) {
+            if (zdp_nn_packed_use_path(path) != path) continue; /* the CPU lacks it */
+            zdp_model m;
+            zdp_error err;
+            zdp_status st;
+            enum { BLK = 128, STEPS = 20, NS = 6 };
+            if (kind == 0) {
+                zdp_llama_config c = {.arch = ZDP_ARCH_LLAMA, .n_layer = 2, .hidden = 48, .n_head = 6,
+                                      .n_kv_head = 2, .head_dim = 32, .ffn = 40, .vocab_size = 41,
+                                      .block_size = BLK, .max_position_embeddings = BLK,
+                                      .rms_norm_eps = 1e-5f, .rope_theta = 500.0,
+                                      .initializer_range = 0.02};
+                st = zdp_llama_create(&c, 1, &m, &err);
+            } else {
+                zdp_gpt_config c = {.n_layer = 2, .n_head = 3, .n_embd = 48, .vocab_size = 37,
+                                    .block_size = BLK};
+                st = zdp_gpt_create(&c, 1, &m, &err);
+            }
+            if (st != ZDP_OK) fail_msg("%s", err.msg);
+            float **p = alloc_fill_(&m, 55 + (uint64_t)kind, 0.6f, 0.3f, 1.0f);
+            const float *const *P = (const float *const *)p;
+            const int V = m.vocab_size, lens[3] = {70, 21, 5}, at[3] = {0, 3, 5};
+            int32_t tok[4][BLK], steps[STEPS][NS];
+            for (int i = 0; i < 4; i++) rand_tokens_(tok[i], BLK, V, 31 + (uint64_t)i);
+            rand_tokens_(&steps[0][0], STEPS * NS, V, 41);
+            float *got[2];
+            /* Both caches at once: a cache made after the other's freeing
+             * could get its memory, copies and all, and hide a lost prompt. */
+            zdp_kv_cache *caches[2];
+            for (int share = 0; share < 2; share++)
+                assert_int_equal(zdp_kv_create(&m, NS, BLK, &caches[share], &err), ZDP_OK);
+            for (int share = 0; share < 2; share++) {
+                got[share] = malloc((size_t)STEPS * NS * V * sizeof(float));
+                zdp_kv_cache *kv = caches[share];
+                for (int i = 0; i < 3; i++) {
+                    int32_t sl[BLK];
+                    for (int t = 0; t < lens[i]; t++) sl[t] = at[i];
+                    if (zdp_lm_decode(kv, P, sl, tok[i], lens[i], NULL, NULL, &err) != ZDP_OK)
+                        fail_msg("%s", err.msg);
+                }
+                void (*dup)(zdp_kv_cache *, int, int) = share ? zdp_kv_share_slot : zdp_kv_copy_slot;
+                dup(kv, 1, 0), dup(kv, 2, 0), dup(kv, 4, 3);
+                const int32_t slots[NS] = {0, 1, 2, 3, 4, 5};
+                for (int step = 0; step < STEPS; step++) {
+                    if (step == 8) { /* the shared slot leaves; a new prompt takes it */
+                        zdp_kv_clear(kv, 0);
+                        int32_t sl[9] = {0};
+                        if (zdp_lm_decode(kv, P, sl, tok[3], 9, NULL, NULL, &err) != ZDP_OK)
+                            fail_msg("%s", err.msg);
+                    }
+                    if (step == 12) zdp_kv_copy_slot(kv, 5, 1);
+                    if (zdp_lm_decode(kv, P, slots, steps[step], NS, NULL,
+                                      got[share] + (size_t)step * NS * V, &err) != ZDP_OK)
+                        fail_msg("%s", err.msg);
+                }
+            }
+            zdp_kv_destroy(caches[0]), zdp_kv_destroy(caches[1]);
+            for (int64_t k = 0; k < (int64_t)STEPS * NS * V; k++)
+                if (memcmp(&got[0][k], &got[1][k], sizeof(float)) != 0)
+                    fail_msg("%s, path %d: step %lld, row %lld, logit %lld: shared %.9g, copied %.9g",
+                             kind == 0 ? "llama" : "gpt", path, (long long)(k / V / NS),
+                             (long long)(k / V % NS), (long long)(k % V), got[1][k], got[0][k]);
+            free(got[0]), free(got[1]);
+            free_params_(p, &m);
+            zdp_model_destroy(&m);
+        }
+    zdp_nn_packed_use_path(99); /* back to the best */
+}
+
 static void test_cache_holds_kv_heads(void **state) {
     (void)state;
     fx f;
@@ -834,6 +918,7 @@ int main(void) {
         cmocka_unit_test(test_batched_equals_alone),
         cmocka_unit_test(test_shared_prompt),
         cmocka_unit_test(test_decode_scores_paths),
+        cmocka_unit_test(test_decode_shared_prompt),
         cmocka_unit_test(test_cache_holds_kv_heads),
         cmocka_unit_test(test_topk_logprobs_order),
         cmocka_unit_test(test_sample_topk_cut),
