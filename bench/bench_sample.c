@@ -5,9 +5,14 @@
  * copy bandwidth and sgemm peak measured in the same run.
  *
  * usage: bench_sample --model gpt-m|smollm2 [--prompt P] [--new N] [--batch B]
- *                     [--reps R] [--seed S]
+ *                     [--reps R] [--seed S] [--samples-per-prompt S [--share 0|1]]
  *   B prompts of P random tokens are prefilled in one pass, then N tokens are
  *   decoded (greedily unless --temperature), one pass per position for all B sequences.  Best of R.
+ *   --samples-per-prompt S (a divisor of B; default 1): the RL case, B/S
+ *   prompts of S samples each: each prompt is prefilled once and its S slots
+ *   share it (zdp_kv_share_slot: read once per group and pass), or with
+ *   --share 0 get copies of it (zdp_kv_copy_slot, main's earlier way: every
+ *   row reads its own).  The two print the same logits_fnv.
  * Prints one line of key=value pairs:
  *   prefill_tok_s, prefill_gflops, decode_tok_s (new tokens of all sequences
  *   per second), decode_gflops, weight_bytes, copy_gb_s, roofline_tok_s
@@ -21,7 +26,7 @@
  *   peak each core reached while it ran), read_gb_s and read_cpu_gb_s (a
  *   read-only stream over 256 MB split over the pool's threads, per wall and
  *   per CPU second), decode_cache_mb_per_pass (the keys and values a decode
- *   pass reads, on average), decode_cpu_tok_s, decode_roof_cpu_tok_s
+ *   pass reads, on average; a shared prompt once per group), decode_cpu_tok_s, decode_roof_cpu_tok_s
  *   (decode's roofline per CPU second: the passes' FLOPs at sgemm_cpu_gflops
  *   plus their weight and cache bytes at read_cpu_gb_s, added) and
  *   decode_of_roof (the measured speed over that bound); then a second line,
@@ -323,7 +328,7 @@ int main(int argc, char **argv) {
     int P = 64, N = 256, B = 1, reps = 2;
     uint64_t seed = 1;
     const char *gemm = NULL;
-    int sampler = 0;
+    int sampler = 0, S = 1, share = 1;
     double temperature = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--model") == 0) which = argv[i + 1];
@@ -335,6 +340,8 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--sampler") == 0) sampler = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--temperature") == 0) temperature = atof(argv[i + 1]);
         else if (strcmp(argv[i], "--seed") == 0) seed = (uint64_t)atoll(argv[i + 1]);
+        else if (strcmp(argv[i], "--samples-per-prompt") == 0) S = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--share") == 0) share = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "bench_sample: unknown flag %s\n", argv[i]);
             return 2;
@@ -342,6 +349,11 @@ int main(int argc, char **argv) {
     }
     if (P < 1 || N < 1 || B < 1 || reps < 1) {
         fprintf(stderr, "bench_sample: --prompt, --new, --batch and --reps must be >= 1\n");
+        return 2;
+    }
+    if (S < 1 || B % S != 0 || (share != 0 && share != 1)) {
+        fprintf(stderr, "bench_sample: --samples-per-prompt %d: must divide --batch %d (and "
+                "--share must be 0 or 1)\n", S, B);
         return 2;
     }
     if (gemm != NULL) return gemm_bench_(gemm, reps);
@@ -401,15 +413,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_sample: %s\n", err.msg);
         return 1;
     }
+    const int G = B / S; /* prompts, each prefilled once into slot g*S */
     int32_t *slots = malloc((size_t)B * P * sizeof *slots), *tok = malloc((size_t)B * P * sizeof *tok);
     int32_t *dslots = malloc((size_t)B * sizeof *dslots); /* (B) a decode step's rows */
     uint8_t *want = malloc((size_t)B * P);
     for (int b = 0; b < B; b++) dslots[b] = b;
     float *logits = malloc((size_t)B * V * sizeof *logits);
     uint64_t s = seed;
-    for (int b = 0; b < B; b++)
+    for (int b = 0; b < G; b++)
         for (int t = 0; t < P; t++) {
-            slots[b * P + t] = b;
+            slots[b * P + t] = b * S;
             tok[b * P + t] = (int32_t)(zdp_splitmix64(&s) % (uint64_t)V);
             want[b * P + t] = t == P - 1;
         }
@@ -420,16 +433,19 @@ int main(int argc, char **argv) {
         for (int b = 0; b < B; b++) zdp_kv_clear(kv, b);
         const double c0 = cpu_now_();
         double t0 = now_();
-        if (zdp_lm_decode(kv, (const float *const *)p, slots, tok, B * P, want, logits, &err) != ZDP_OK) {
+        if (zdp_lm_decode(kv, (const float *const *)p, slots, tok, G * P, want, logits, &err) != ZDP_OK) {
             fprintf(stderr, "bench_sample: %s\n", err.msg);
             return 1;
         }
+        for (int b = 0; b < B; b++) /* a prompt's other samples */
+            if (b % S != 0) (share ? zdp_kv_share_slot : zdp_kv_copy_slot)(kv, b, b - b % S);
         double t1 = now_();
         const double c1 = cpu_now_();
         int32_t next[4096];
         for (int step = 0; step < N; step++) {
-            for (int b = 0; b < B; b++)
-                next[b] = zdp_sample_token(logits + (size_t)b * V, V, &spar, &s, temperature > 0 ? &lp : NULL);
+            for (int b = 0; b < B; b++) /* the prefill's logits: one row per prompt */
+                next[b] = zdp_sample_token(logits + (size_t)(step == 0 ? b / S : b) * V, V, &spar, &s,
+                                           temperature > 0 ? &lp : NULL);
             if (step == N - 1) break; /* the last token needs no pass */
             if (zdp_lm_decode(kv, (const float *const *)p, dslots, next, B, NULL, logits, &err) != ZDP_OK) {
                 fprintf(stderr, "bench_sample: %s\n", err.msg);
@@ -445,8 +461,8 @@ int main(int argc, char **argv) {
         if (r == 0) first_dec = t2 - t1; /* includes packing the weights (a batch > 1) */
     }
     /* Decode: N - 1 passes of B rows (the first new token comes from the prefill). */
-    const double pre_tok = (double)B * P, dec_tok = (double)B * (N - 1);
-    const double att_pre = 4.0 * L * QD * (double)B * P * (P + 1) / 2;
+    const double pre_tok = (double)G * P, dec_tok = (double)B * (N - 1);
+    const double att_pre = 4.0 * L * QD * (double)G * P * (P + 1) / 2;
     const double att_dec = 4.0 * L * QD * (double)B * ((double)(N - 1) * P + (double)N * (N - 1) / 2);
     double cpu_peak, read_cpu;
     const double copy = copy_gb_s_(), peak = sgemm_gflops_(&cpu_peak), rd = read_gb_s_(&read_cpu);
@@ -456,17 +472,18 @@ int main(int argc, char **argv) {
      * (4 bytes x 2 x L x KD per position attended), added (a bound that
      * assumes no overlap of the two, as a pass that alternates products and
      * attention gets).  At batch 32 on gpt-m the cache's bytes are most of
-     * it: its attention does 0.5 FLOP per byte read. */
-    const double cache_bytes = 8.0 * L * KD * (double)B * ((double)(N - 1) * P + (double)N * (N - 1) / 2);
+     * it: its attention does 0.5 FLOP per byte read.  A shared prompt is
+     * read once per group. */
+    const double cache_bytes = 8.0 * L * KD * ((double)(share ? G : B) * (N - 1) * P + (double)B * N * (N - 1) / 2);
     const double dec_bytes = (double)(N - 1) * weight_bytes + cache_bytes;
     const double roof_cpu_s = (dec_tok * mm_flops + att_dec) / (cpu_peak * 1e9) + dec_bytes / (read_cpu * 1e9);
-    printf("model=%s P=%d N=%d B=%d T=%g params=%lld prefill_tok_s=%.1f prefill_gflops=%.1f "
+    printf("model=%s P=%d N=%d B=%d S=%d share=%d T=%g params=%lld prefill_tok_s=%.1f prefill_gflops=%.1f "
            "decode_tok_s=%.1f decode_gflops=%.1f weight_bytes=%.0f copy_gb_s=%.2f "
            "roofline_tok_s=%.1f sgemm_gflops=%.1f kv_mb=%.1f first_decode_tok_s=%.1f "
            "prefill_cpu_gflops=%.1f decode_cpu_gflops=%.1f sgemm_cpu_gflops=%.1f read_gb_s=%.2f "
            "read_cpu_gb_s=%.2f decode_cache_mb_per_pass=%.1f decode_cpu_tok_s=%.1f "
            "decode_roof_cpu_tok_s=%.1f decode_of_roof=%.2f\n",
-           which, P, N, B, temperature, (long long)nparam, pre_tok / best_pre,
+           which, P, N, B, S, S > 1 ? share : 0, temperature, (long long)nparam, pre_tok / best_pre,
            (pre_tok * mm_flops + att_pre) / best_pre / 1e9, dec_tok / best_dec,
            (dec_tok * mm_flops + att_dec) / best_dec / 1e9, weight_bytes, copy,
            copy * 1e9 / weight_bytes, peak, zdp_kv_bytes(kv) / 1e6, dec_tok / first_dec,

@@ -85,7 +85,7 @@ struct zdp_kv_cache {
      * index into grow, rows, the prompt's slot, its positions; grow (cap)
      * the rows, each group's in row order. */
     int *grp, *grow;
-    int n_grp;
+    int n_grp, grp_chunks; /* groups; tasks per group (its rows in chunks) */
     float *gscore; /* (threads, gscore_per) a group's scores, grown on demand */
     int64_t gscore_per;
     float *pscore; /* (threads, PROMPT_BLOCK_, T) the blocks' scores, made on first use */
@@ -735,7 +735,8 @@ score16_(float *dst, const float *qh, const float *kh, int KD, int hd, int m, __
                           _mm512_mul_ps(vscale, _mm512_permutexvar_ps(perm, r)));
 }
 
-__attribute__((target("avx512f"))) static void scores512_(float *score, const float *q,
+/* score[h*ss + s] for s < n (ss: the score rows' stride, n for attend_). */
+__attribute__((target("avx512f"))) static void scores512_(float *score, int64_t ss, const float *q,
                                                          const float *K, const float *Vc, int n,
                                                          int NH, int group, int hd, int KD,
                                                          float scale) {
@@ -749,32 +750,30 @@ __attribute__((target("avx512f"))) static void scores512_(float *score, const fl
         const int kper = (kl + steps - 1) / steps, vper = (vl + steps - 1) / steps;
         int ki = 0, vi = 0;
         for (int h = 0; h < NH; h++)
-            score16_(score + (size_t)h * n + s0, q + (size_t)h * hd, kb + (size_t)(h / group) * hd,
+            score16_(score + h * ss + s0, q + (size_t)h * hd, kb + (size_t)(h / group) * hd,
                      KD, hd, m, vscale, nk, &ki, kl, kper, vb, &vi, vl, vper);
     }
 }
 
-/* A group's scores for query heads h0 .. h0+nh of one KV head (attend_group_):
- * dst[(r*nh + h)*T + s0 + i] for the rows' queries (q + rows[r]*qs) over the
- * m <= 16 key rows kb (KD apart, the KV head's columns), the block of
- * positions s0 ..: a block of the prompt's keys stays in L1 for every row
- * and head of the group, while the next block's key rows (next_rows of
- * them at next_k) are fetched to L1. */
+/* A group's scores over a block of a shared prompt (attend_group_):
+ * dst[(r*NH + h)*T + s0 + i] for the rows' queries (q + rows[r]*qs), every
+ * head, over the m <= 16 key rows kb (KD apart): the block's keys (16 rows,
+ * 12-24 KB) stay in L1 for every row and head of the group, while the next
+ * block's (next_lines cache lines at next_k) are fetched to L1 and this
+ * block's values (vb, m rows) to L2. */
 __attribute__((target("avx512f"))) static void group_scores512_(
-    float *dst, int64_t T, const float *q, int64_t qs, const int *rows, int nr, int h0, int nh,
-    const float *kb, int s0, int m, int KD, int hd, float scale, const float *next_k, int next_rows) {
+    float *dst, int64_t T, const float *q, int64_t qs, const int *rows, int nr, int NH, int group,
+    const float *kb, const float *vb, int s0, int m, int KD, int hd, float scale, const float *next_k,
+    int next_lines) {
     const __m512 vscale = _mm512_set1_ps(scale);
-    const int lr = hd / 16, lines = next_rows * lr, calls = nr * nh;
-    const int per = (lines + calls - 1) / calls; /* lines fetched per row and head */
-    int ki = 0, none = 0;
+    const int steps = nr * NH * 16, vl = m * (KD / 16);
+    const int kper = (next_lines + steps - 1) / steps, vper = (vl + steps - 1) / steps;
+    int ki = 0, vi = 0;
     for (int r = 0; r < nr; r++)
-        for (int h = 0; h < nh; h++) {
-            for (int u = 0; u < per && ki < lines; u++, ki++)
-                _mm_prefetch((const char *)(next_k + (size_t)(ki / lr) * KD + (size_t)(ki % lr) * 16),
-                             _MM_HINT_T0);
-            score16_(dst + ((int64_t)r * nh + h) * T + s0, q + rows[r] * qs + (int64_t)(h0 + h) * hd,
-                     kb, KD, hd, m, vscale, NULL, &none, 0, 0, NULL, &none, 0, 0);
-        }
+        for (int h = 0; h < NH; h++)
+            score16_(dst + ((int64_t)r * NH + h) * T + s0, q + rows[r] * qs + (int64_t)h * hd,
+                     kb + (int64_t)(h / group) * hd, KD, hd, m, vscale, next_k, &ki, next_lines, kper,
+                     vb, &vi, vl, vper);
 }
 #endif
 
@@ -792,7 +791,7 @@ static void attend_(float *out, const float *q, const float *K, const float *Vc,
     const float scale = 1.0f / sqrtf((float)hd);
 #ifdef ZDP_KV_X86_
     if (hd % 16 == 0 && zdp_nn_packed_path() == 2)
-        scores512_(score, q, K, Vc, n, NH, group, hd, KD, scale);
+        scores512_(score, n, q, K, Vc, n, NH, group, hd, KD, scale);
     else
 #endif
     for (int s = 0; s < n; s++) {
@@ -856,18 +855,19 @@ typedef struct attend_job_ {
 #define GROUP_VBLOCK_ 64
 
 /* attend_group_'s weighted values over positions b0 .. b0+nb (value rows
- * vb, KD apart, the KV head's columns) for group rows rlo .. rhi and the
- * query heads h0 .. h0+group: attend_'s sums, from 0 at position 0, else
- * going on from the output's values (the earlier positions'). */
-static void weigh_(zdp_kv_cache *kv, const float *S, const int *rows, int rlo, int rhi, int h0,
+ * vb, KD apart) for group rows rlo .. rhi and the query heads of KV head g:
+ * attend_'s sums, from 0 at position 0, else going on from the output's
+ * values (the earlier positions'). */
+static void weigh_(zdp_kv_cache *kv, const float *S, const int *rows, int rlo, int rhi, int g,
                    const float *vb, int b0, int nb) {
     const int64_t KD = (int64_t)kv->KV * kv->hd, QD = (int64_t)kv->NH * kv->hd, T = kv->T;
-    const int hd = kv->hd, group = kv->NH / kv->KV, init = b0 > 0;
+    const int hd = kv->hd, NH = kv->NH, group = kv->NH / kv->KV, init = b0 > 0;
+    vb += (int64_t)g * hd;
     for (int r = rlo; r < rhi; r++)
-        for (int hh = 0; hh < group; hh += 3) {
-            const int nh = group - hh < 3 ? group - hh : 3;
-            const float *sr = S + ((int64_t)r * group + hh) * T + b0;
-            float *o = kv->atty + (int64_t)rows[r] * QD + (int64_t)(h0 + hh) * hd;
+        for (int h0 = g * group; h0 < (g + 1) * group; h0 += 3) {
+            const int nh = (g + 1) * group - h0 < 3 ? (g + 1) * group - h0 : 3;
+            const float *sr = S + ((int64_t)r * NH + h0) * T + b0;
+            float *o = kv->atty + (int64_t)rows[r] * QD + (int64_t)h0 * hd;
             int d0 = 0;
 #ifdef __GNUC__
             for (; d0 + 32 <= hd; d0 += 32) {
@@ -885,62 +885,62 @@ static void weigh_(zdp_kv_cache *kv, const float *S, const int *rows, int rlo, i
         }
 }
 
-/* Task (group gi, KV head g) of a pass's attention: the group's rows (the
- * lone rows whose slot reads the first plen positions of prompt slot ps:
- * ps's own rows and its sharers', plan_attention_), query heads g*group ..
- * (g+1)*group.  attend_'s math for each row and head, with its operations
- * in its order: each score dot_'s (score16_ on AVX-512), the softmax over
- * positions 0..p, each weighted sum over the positions from 0 (the
- * prompt's, then the row's own), so the same bits as the row attended
- * alone over a copy of the prompt.  What differs is the reading: a block of
- * the prompt's keys, then of its values, is loaded once for all of the
- * group's rows (16 samples of a prompt read it once, not 16 times).
- * S: (rows, group, T) this thread's scores. */
-static void attend_group_(zdp_kv_cache *kv, const attend_job_ *j, int gi, int g, float *S) {
+/* Positions of a shared prompt's values weighed per block in attend_group_:
+ * the block's value rows of one KV head (64 x head_dim floats, 16 KB at
+ * head_dim 64) stay in L1 for all of the group's rows and heads. */
+#define GROUP_VBLOCK_ 64
+
+/* Task of a pass's attention: a chunk of a group's rows (lone rows whose
+ * slot reads the first plen positions of prompt slot ps: ps's own rows and
+ * its sharers', plan_attention_), every head.  attend_'s math for each row
+ * and head, with its operations in its order: each score dot_'s (score16_
+ * on AVX-512), the softmax over positions 0..p, each weighted sum over the
+ * positions from 0 (the prompt's, then the row's own), so the same bits as
+ * the row attended alone over a copy of the prompt.  What differs is the
+ * reading: a block of the prompt's keys, then of its values, is loaded once
+ * for all of the chunk's rows (16 samples of a prompt read it once, not 16
+ * times); each row's own positions are read as attend_ reads them.
+ * S: (rows, NH, T) this thread's scores. */
+static void attend_group_(zdp_kv_cache *kv, const attend_job_ *j, const int *rows, int nr, int ps,
+                          int plen, float *S) {
     const int64_t KD = (int64_t)kv->KV * kv->hd, T = kv->T;
-    const int hd = kv->hd, group = kv->NH / kv->KV, h0 = g * group;
-    const int *rows = kv->grow + kv->grp[4 * gi], nr = kv->grp[4 * gi + 1];
-    const int ps = kv->grp[4 * gi + 2], plen = kv->grp[4 * gi + 3];
+    const int hd = kv->hd, NH = kv->NH, group = kv->NH / kv->KV;
     const float scale = 1.0f / sqrtf((float)hd);
-    const int64_t col = (int64_t)g * hd;
-    const float *Kp = kv->k + ((j->l * kv->n_slots + ps) * T) * KD + col; /* (plen, KD) */
-    const float *Vp = kv->v + ((j->l * kv->n_slots + ps) * T) * KD + col;
-#define OWN_(arr, i) (kv->arr + ((j->l * kv->n_slots + j->slots[i]) * T) * KD + col)
+    const float *Kp = kv->k + ((j->l * kv->n_slots + ps) * T) * KD; /* (plen, KD) */
+    const float *Vp = kv->v + ((j->l * kv->n_slots + ps) * T) * KD;
+#define OWN_(arr, i) (kv->arr + ((j->l * kv->n_slots + j->slots[i]) * T) * KD)
     /* The scores: the prompt's block by block for every row, then each
      * row's own positions plen .. p. */
 #ifdef ZDP_KV_X86_
     if (hd % 16 == 0 && zdp_nn_packed_path() == 2) {
         for (int s0 = 0; s0 < plen; s0 += 16) {
             const int m = plen - s0 < 16 ? plen - s0 : 16, nx = plen - s0 - m < 16 ? plen - s0 - m : 16;
-            for (int64_t u = 0; u < (int64_t)m * KD; u += 16) /* its values, for the weighing */
-                _mm_prefetch((const char *)(Vp + (int64_t)s0 * KD + u), _MM_HINT_T1);
-            group_scores512_(S, T, j->q, j->qs, rows, nr, h0, group, Kp + (int64_t)s0 * KD, s0, m,
-                             (int)KD, hd, scale, Kp + (int64_t)(s0 + m) * KD, nx);
+            group_scores512_(S, T, j->q, j->qs, rows, nr, NH, group, Kp + (int64_t)s0 * KD,
+                             Vp + (int64_t)s0 * KD, s0, m, (int)KD, hd, scale,
+                             Kp + (int64_t)(s0 + m) * KD, nx * (int)(KD / 16));
         }
         for (int r = 0; r < nr; r++) {
             const int n = kv->pos[rows[r]] + 1;
-            const float *Ko = OWN_(k, rows[r]);
-            for (int s0 = plen; s0 < n; s0 += 16)
-                group_scores512_(S + (int64_t)r * group * T, T, j->q, j->qs, rows + r, 1, h0, group,
-                                 Ko + (int64_t)s0 * KD, s0, n - s0 < 16 ? n - s0 : 16, (int)KD, hd,
-                                 scale, NULL, 0);
+            scores512_(S + (int64_t)r * NH * T + plen, T, j->q + rows[r] * j->qs,
+                       OWN_(k, rows[r]) + (int64_t)plen * KD, OWN_(v, rows[r]) + (int64_t)plen * KD,
+                       n - plen, NH, group, hd, (int)KD, scale);
         }
     } else
 #endif
     for (int r = 0; r < nr; r++) {
         const int n = kv->pos[rows[r]] + 1;
         const float *Ko = OWN_(k, rows[r]);
-        for (int hh = 0; hh < group; hh++) {
-            const float *qh = j->q + rows[r] * j->qs + (int64_t)(h0 + hh) * hd;
-            float *sr = S + ((int64_t)r * group + hh) * T;
+        for (int h = 0; h < NH; h++) {
+            const float *qh = j->q + rows[r] * j->qs + (int64_t)h * hd;
+            float *sr = S + ((int64_t)r * NH + h) * T;
             for (int s = 0; s < n; s++)
-                sr[s] = scale * dot_(qh, (s < plen ? Kp : Ko) + (int64_t)s * KD, hd);
+                sr[s] = scale * dot_(qh, (s < plen ? Kp : Ko) + (int64_t)s * KD + (int64_t)(h / group) * hd, hd);
         }
     }
     for (int r = 0; r < nr; r++) /* attend_'s softmax */
-        for (int hh = 0; hh < group; hh++) {
+        for (int h = 0; h < NH; h++) {
             const int n = kv->pos[rows[r]] + 1;
-            float *sr = S + ((int64_t)r * group + hh) * T, mx = -INFINITY, sum = 0.0f;
+            float *sr = S + ((int64_t)r * NH + h) * T, mx = -INFINITY, sum = 0.0f;
             for (int s = 0; s < n; s++) mx = sr[s] > mx ? sr[s] : mx;
             for (int s = 0; s < n; s++) {
                 sr[s] = zdp_nn_exp_(sr[s] - mx);
@@ -950,16 +950,16 @@ static void attend_group_(zdp_kv_cache *kv, const attend_job_ *j, int gi, int g,
             for (int s = 0; s < n; s++) sr[s] *= inv;
         }
     /* The weighted values, attend_'s sums carried across blocks: the
-     * prompt's positions a block at a time for every row, then each row's
-     * own. */
+     * prompt's positions a block at a time for every row (one KV head's
+     * columns of the block in L1), then each row's own. */
     for (int b0 = 0; b0 < plen; b0 += GROUP_VBLOCK_)
-        weigh_(kv, S, rows, 0, nr, h0, Vp + (int64_t)b0 * KD, b0,
-               plen - b0 < GROUP_VBLOCK_ ? plen - b0 : GROUP_VBLOCK_);
+        for (int g = 0; g < kv->KV; g++)
+            weigh_(kv, S, rows, 0, nr, g, Vp + (int64_t)b0 * KD, b0,
+                   plen - b0 < GROUP_VBLOCK_ ? plen - b0 : GROUP_VBLOCK_);
     for (int r = 0; r < nr; r++) {
         const int n = kv->pos[rows[r]] + 1;
-        for (int b0 = plen; b0 < n; b0 += GROUP_VBLOCK_)
-            weigh_(kv, S, rows, r, r + 1, h0, OWN_(v, rows[r]) + (int64_t)b0 * KD, b0,
-                   n - b0 < GROUP_VBLOCK_ ? n - b0 : GROUP_VBLOCK_);
+        for (int g = 0; g < kv->KV; g++)
+            weigh_(kv, S, rows, r, r + 1, g, OWN_(v, rows[r]) + (int64_t)plen * KD, plen, n - plen);
     }
 #undef OWN_
 }
@@ -999,21 +999,24 @@ static void prompt_block_(zdp_kv_cache *kv, const attend_job_ *j, int64_t b, int
 }
 
 /* Task t of a pass's attention: the prompt blocks' (block, head) pairs
- * first (the larger tasks), then the shared prompts' (group, KV head)
- * pairs, then the lone rows, each on its own slot. */
+ * first (the larger tasks), then the shared prompts' groups' chunks of
+ * rows, then the lone rows, each on its own slot. */
 static void attend_rows_(void *ctx, int64_t task, int thread) {
     const attend_job_ *j = ctx;
     zdp_kv_cache *kv = j->kv;
     const int64_t QD = (int64_t)kv->NH * kv->hd, KD = (int64_t)kv->KV * kv->hd;
-    const int64_t nb = (int64_t)kv->n_blk * kv->NH, ng = (int64_t)kv->n_grp * kv->KV;
+    const int64_t nb = (int64_t)kv->n_blk * kv->NH, ng = (int64_t)kv->n_grp * kv->grp_chunks;
     if (task < nb) {
         prompt_block_(kv, j, task / kv->NH, task % kv->NH,
                       kv->pscore + (int64_t)thread * PROMPT_BLOCK_ * kv->T);
         return;
     }
     if (task < nb + ng) {
-        attend_group_(kv, j, (int)((task - nb) / kv->KV), (int)((task - nb) % kv->KV),
-                      kv->gscore + (int64_t)thread * kv->gscore_per);
+        const int g = (int)((task - nb) / kv->grp_chunks), c = (int)((task - nb) % kv->grp_chunks);
+        const int nr = kv->grp[4 * g + 1], r0 = nr * c / kv->grp_chunks, r1 = nr * (c + 1) / kv->grp_chunks;
+        if (r1 > r0)
+            attend_group_(kv, j, kv->grow + kv->grp[4 * g] + r0, r1 - r0, kv->grp[4 * g + 2],
+                          kv->grp[4 * g + 3], kv->gscore + (int64_t)thread * kv->gscore_per);
         return;
     }
     float *score = kv->score + (int64_t)thread * kv->NH * kv->T;
@@ -1076,7 +1079,11 @@ static bool plan_attention_(zdp_kv_cache *kv, const int32_t *slots, int n) {
         if (kv->base[slots[kv->lone[a]]] < 0 && kv->nshare[slots[kv->lone[a]]] == 0)
             kv->lone[nl++] = kv->lone[a];
     kv->n_lone = nl;
-    const int64_t per = (int64_t)most * (kv->NH / kv->KV) * kv->T; /* (rows, group, T) */
+    /* Each group's rows in as many chunks as it takes to give every thread
+     * a task (one group on two threads: two chunks, each reading the prompt
+     * once); a chunk's scores are (rows, NH, T). */
+    kv->grp_chunks = kv->n_grp > 0 && kv->n_grp < kv->n_threads ? (kv->n_threads + kv->n_grp - 1) / kv->n_grp : 1;
+    const int64_t per = (int64_t)((most + kv->grp_chunks - 1) / kv->grp_chunks) * kv->NH * kv->T;
     if (per > kv->gscore_per) {
         float *g = realloc(kv->gscore, (size_t)(kv->n_threads * per) * sizeof(float));
         if (g == NULL) return false;
@@ -1199,7 +1206,8 @@ zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t 
             memcpy(kv->v + at, v + i * ks, (size_t)KD * sizeof(float));
         }
         attend_job_ aj = {.kv = kv, .slots = slots, .q = q, .qs = qs, .l = l};
-        zdp_pool_run((int64_t)kv->n_blk * NH + (int64_t)kv->n_grp * KVh + kv->n_lone, attend_rows_, &aj);
+        zdp_pool_run((int64_t)kv->n_blk * NH + (int64_t)kv->n_grp * kv->grp_chunks + kv->n_lone,
+                     attend_rows_, &aj);
         if (!kv->llama) {
             conv1d_(kv, P, kv->h, kv->atty, y->o_w, P[y->o_b], N, C, C);
             adapt_(kv, y->site[KS_O], kv->h, kv->atty, N, slots);
