@@ -849,11 +849,6 @@ typedef struct attend_job_ {
     int64_t qs, l;
 } attend_job_;
 
-/* Positions of a shared prompt's values weighed per block in attend_group_:
- * the block's value rows of one KV head (64 x head_dim floats, 16 KB at
- * head_dim 64) stay in L1 for all of the group's rows and heads. */
-#define GROUP_VBLOCK_ 64
-
 /* attend_group_'s weighted values over positions b0 .. b0+nb (value rows
  * vb, KD apart) for group rows rlo .. rhi and the query heads of KV head g:
  * attend_'s sums, from 0 at position 0, else going on from the output's
@@ -889,6 +884,9 @@ static void weigh_(zdp_kv_cache *kv, const float *S, const int *rows, int rlo, i
  * the block's value rows of one KV head (64 x head_dim floats, 16 KB at
  * head_dim 64) stay in L1 for all of the group's rows and heads. */
 #define GROUP_VBLOCK_ 64
+/* A group's rows attend in runs whose own keys, values and scores take at
+ * most this many bytes (half of this machine's 1.25 MB L2 per core). */
+#define GROUP_L2_BYTES_ (512 * 1024)
 
 /* Task of a pass's attention: a chunk of a group's rows (lone rows whose
  * slot reads the first plen positions of prompt slot ps: ps's own rows and
@@ -1014,9 +1012,20 @@ static void attend_rows_(void *ctx, int64_t task, int thread) {
     if (task < nb + ng) {
         const int g = (int)((task - nb) / kv->grp_chunks), c = (int)((task - nb) % kv->grp_chunks);
         const int nr = kv->grp[4 * g + 1], r0 = nr * c / kv->grp_chunks, r1 = nr * (c + 1) / kv->grp_chunks;
-        if (r1 > r0)
-            attend_group_(kv, j, kv->grow + kv->grp[4 * g] + r0, r1 - r0, kv->grp[4 * g + 2],
-                          kv->grp[4 * g + 3], kv->gscore + (int64_t)thread * kv->gscore_per);
+        const int *rows = kv->grow + kv->grp[4 * g], plen = kv->grp[4 * g + 3];
+        /* In runs of rows whose own keys and values (streamed in by the
+         * scores, weighed after every row's softmax) and scores fit in
+         * GROUP_L2_BYTES_: 16 rows at once lost their values from L2 before
+         * the weighing (SmolLM2 at P 64 with 256 new tokens ran 0.88x the
+         * copies); the prompt, read again per run, stays in L2. */
+        int own = 1;
+        for (int r = r0; r < r1; r++)
+            if (kv->pos[rows[r]] + 1 - plen > own) own = kv->pos[rows[r]] + 1 - plen;
+        const int64_t per_row = (int64_t)own * kv->KV * kv->hd * 8 + (int64_t)kv->NH * kv->T * 4;
+        const int run = GROUP_L2_BYTES_ / per_row < 1 ? 1 : (int)(GROUP_L2_BYTES_ / per_row);
+        for (int a = r0; a < r1; a += run)
+            attend_group_(kv, j, rows + a, r1 - a < run ? r1 - a : run, kv->grp[4 * g + 2], plen,
+                          kv->gscore + (int64_t)thread * kv->gscore_per);
         return;
     }
     float *score = kv->score + (int64_t)thread * kv->NH * kv->T;
