@@ -7,7 +7,9 @@
  * (a prefill's prompt and a decode step's sequences alike).  Attention: a
  * prompt's rows (a run of one slot's consecutive positions) as two products
  * per block of rows and head; every other row alone, against its own slot's
- * cached keys and values (split over the thread pool).  A pass of
+ * cached keys and values (split over the thread pool); the rows of slots
+ * sharing one stored prompt (zdp_kv_share_slot: a request's samples) as a
+ * group that reads the prompt's keys and values once.  A pass of
  * 2..PACK_ROWS_ rows (a batched decode step, a prompt's prefill) multiplies
  * by weights packed once per cache, or once per weights snapshot in a store
  * shared by caches (zdp_kv_set_packs; nn.h's packed B: cblas_sgemm would
