@@ -17,7 +17,11 @@
  * products included) were free.  Each product twice per repetition,
  * alternating which goes first: through cblas_sgemm (ZDP_GEMM=blas) and
  * as training runs it (ZDP_GEMM=auto: src/nn/gemm.c where it wins).  The pool's
- * size: ZDP_NUM_THREADS (default 1).  Not a test.
+ * size: ZDP_NUM_THREADS (default 1).  A second table: the same runs by the
+ * wall clock (GFLOP/s, medians) and the CPU share (CPU seconds / (threads x
+ * wall seconds)): whether the pool's threads all computed through each
+ * product (1.00) or one waited (a late worker, the machine's other load),
+ * which per-CPU-second rates cannot show.  Not a test.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -32,6 +36,12 @@
 static double cpu_s_(void) {
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double wall_s_(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -98,6 +108,8 @@ int main(int argc, char **argv) {
     const int saved_mode = zdp_nn_gemm_mode();
     double ref_all[99 * 5], t_step[2] = {0}, t_best[2] = {0}, t_ref_step = 0.0;
     double fm_[2][5], bm_[2][5], fb_[2][5], bb_[2][5];
+    double fw_[2][5], bw_[2][5], fs_[2][5], bs_[2][5]; /* wall GFLOP/s and CPU share, medians */
+    double refw_all[99 * 5], t_wall[2] = {0};
     int nref = 0;
     const int64_t S = 1024;
     float *ra = vec_(S * S), *rb = vec_(S * S), *rc = vec_(S * S);
@@ -105,31 +117,47 @@ int main(int argc, char **argv) {
         const int64_t C = sh[s].C, OC = sh[s].OC;
         float *inp = vec_(N * C), *w = vec_(OC * C), *out = vec_(N * OC), *dout = vec_(N * OC);
         float *dinp = vec_(N * C), *dw = vec_(OC * C);
-        double f[2][99], b[2][99];
+        double f[2][99], b[2][99], fw[2][99], bw[2][99], fs[2][99], bs[2][99];
         for (int r = 0; r < reps; r++) {
             zdp_nn_gemm_use_mode(0);
-            double c0 = cpu_s_();
+            double c0 = cpu_s_(), w0 = wall_s_();
             zdp_nn_sgemm_(CblasNoTrans, CblasNoTrans, S, S, S, 1.0f, ra, S, rb, S, 0.0f, rc, S);
             double c1 = cpu_s_();
+            refw_all[nref] = 2.0 * (double)S * S * S / (wall_s_() - w0) * 1e-9;
             ref_all[nref++] = 2.0 * (double)S * S * S / (c1 - c0) * 1e-9;
             for (int q = 0; q < 2; q++) {
                 const int kern = (r + q) % 2; /* alternate which goes first */
                 zdp_nn_gemm_use_mode(kern == 0 ? 0 : 1);
                 c1 = cpu_s_();
+                const double w1 = wall_s_();
                 if (sh[s].gpt) zdp_nn_matmul_forward(out, inp, w, NULL, N, C, OC);
                 else zdp_nn_linear_forward(out, inp, w, NULL, N, C, OC, 0);
                 double c2 = cpu_s_();
+                const double w2 = wall_s_();
                 if (sh[s].gpt) zdp_nn_matmul_backward(dinp, dw, NULL, dout, inp, w, N, C, OC);
                 else zdp_nn_linear_backward(dinp, dw, NULL, dout, inp, w, N, C, OC, 0);
                 double c3 = cpu_s_();
+                const double w3 = wall_s_();
                 f[kern][r] = 2.0 * (double)N * C * OC / (c2 - c1) * 1e-9;
                 b[kern][r] = 4.0 * (double)N * C * OC / (c3 - c2) * 1e-9;
+                fw[kern][r] = 2.0 * (double)N * C * OC / (w2 - w1) * 1e-9;
+                bw[kern][r] = 4.0 * (double)N * C * OC / (w3 - w2) * 1e-9;
+                fs[kern][r] = (c2 - c1) / ((double)zdp_pool_size() * (w2 - w1));
+                bs[kern][r] = (c3 - c2) / ((double)zdp_pool_size() * (w3 - w2));
             }
         }
         t_ref_step += (double)sh[s].count * 6.0 * (double)N * C * OC;
         for (int kern = 0; kern < 2; kern++) {
             qsort(f[kern], (size_t)reps, sizeof(double), cmp_);
             qsort(b[kern], (size_t)reps, sizeof(double), cmp_);
+            qsort(fw[kern], (size_t)reps, sizeof(double), cmp_);
+            qsort(bw[kern], (size_t)reps, sizeof(double), cmp_);
+            qsort(fs[kern], (size_t)reps, sizeof(double), cmp_);
+            qsort(bs[kern], (size_t)reps, sizeof(double), cmp_);
+            fw_[kern][s] = fw[kern][reps / 2], bw_[kern][s] = bw[kern][reps / 2];
+            fs_[kern][s] = fs[kern][reps / 2], bs_[kern][s] = bs[kern][reps / 2];
+            t_wall[kern] += (double)sh[s].count * (2.0 * (double)N * C * OC / fw_[kern][s] +
+                                                  4.0 * (double)N * C * OC / bw_[kern][s]);
             const double fm = f[kern][reps / 2], bm = b[kern][reps / 2];
             /* The step's time in these products, at these rates (6 N C OC FLOPs each). */
             t_step[kern] += (double)sh[s].count * (2.0 * (double)N * C * OC / fm + 4.0 * (double)N * C * OC / bm);
@@ -163,6 +191,17 @@ int main(int argc, char **argv) {
                "median reference (the MFU ceiling if nothing else took time)\n",
                kname[kern], t_ref_step / t_step[kern], 100.0 * t_ref_step / t_step[kern] / ref);
     }
+    qsort(refw_all, (size_t)nref, sizeof(double), cmp_);
+    const double refw = refw_all[nref / 2];
+    printf("\n| product | kernel | forward GFLOP/s (wall) | backward GFLOP/s (wall) | CPU share forward | CPU share "
+           "backward |\n|---|---|---|---|---|---|\n");
+    for (int s = 0; s < ns; s++)
+        for (int kern = 0; kern < 2; kern++)
+            printf("| %s | %s | %.1f | %.1f | %.2f | %.2f |\n", sh[s].name, kern == 0 ? "cblas" : "auto (gemm.c)",
+                   fw_[kern][s], bw_[kern][s], fs_[kern][s], bs_[kern][s]);
+    printf("# wall clock: reference median %.1f GFLOP/s; the step's products at their median wall rates: cblas %.1f "
+           "(%.1f%%), auto %.1f (%.1f%%)\n", refw, t_ref_step / t_wall[0], 100.0 * t_ref_step / t_wall[0] / refw,
+           t_ref_step / t_wall[1], 100.0 * t_ref_step / t_wall[1] / refw);
     free(ra), free(rb), free(rc);
     return 0;
 }

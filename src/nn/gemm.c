@@ -10,9 +10,11 @@
  * for its layout, and folds beta into the micro-kernel (C is loaded into
  * the registers, or not, before the k loop: no pass over C).
  *
- * The blocking (BLIS's loop order): for each block of NC_MAX_ columns of C,
- * for each block of kc rows of K, B's block (kc, nc) is packed into panels
- * of NR columns (panel q: (kc, NR), k-major; the block stays in L2); for
+ * The blocking (BLIS's loop order): for each block of nc columns of C (N in
+ * near-equal blocks of at most NC_MAX_ columns, or of B_DIRECT_FLOATS_ / kc
+ * when A is read in place), for each block of kc rows of K, B's block (kc,
+ * nc) is packed into panels of NR columns (panel q: (kc, NR), k-major; the
+ * block stays in L2); for
  * each block of MC rows of C, A's block is packed into strips of MR rows
  * (strip s: (kc, MR), k-major) -- on the AVX-512 path a row-major A is not
  * packed but read in place; then every (strip, panel) pair is one call of
@@ -29,6 +31,15 @@
  * C starts: the pool may cut a product anywhere along M or N and the result
  * is the whole product's, bit for bit.  The AVX paths and the C path (where
  * the compiler has a fast fmaf) round identically.
+ *
+ * Where it stands (docs/benchmarks-llama.md, "Sixth round"): the k loops
+ * of both AVX-512 kernels compile without a spill (24 FMAs, 3 loads of B, 8
+ * broadcasts of A per k) and run the step's products at 135-163 GFLOP per
+ * CPU-second on one core, 81-98% of the core's 2 x 16-lane FMA peak at 2.6
+ * GHz (166) and above OpenBLAS's square sgemm (122-130); two threads in
+ * one process 268-317 GFLOP/s with both busy through each product.  Tried
+ * and not kept: kc 192-320 (within the +-4% noise of identical code), more
+ * pieces per thread (1-2% more CPU for the N-cut products, 5-19% for dW).
  *
  * Not here: alpha other than 1, beta other than 0 and 1 (cblas_sgemm takes
  * those), threads (the pool's tasks call this on pieces, nn.c).
@@ -54,6 +65,14 @@
 #define KC_MAX_ 384   /* deepest K block: K = 576 in 2 blocks of 288 (a panel: 54 KB), 1536 in 4 */
 #define MC_STRIPS_ 12 /* strips per A block: 96 x 384 floats = 147 KB on the AVX-512 path, in L2 */
 #define NC_MAX_ 768   /* columns per B block: 288 x 768 floats = 885 KB, in L2 */
+/* The B block's floats when A is read in place (no packed A block beside
+ * it): at most 768 KB, so that the block stays in the 1.25 MB L2 with A's
+ * rows and C's tiles (a 1.2 MB block, 384 x 768, is read back from L3 for
+ * every block of A: 256-row products of gpt-m's shapes, 256 x 1152 x 384
+ * and 256 x 1536 x 384, were 4-16% slower; docs/benchmarks-llama.md,
+ * "Sixth round").  Packed A keeps NC_MAX_: a narrower B block packs A once
+ * more per block (dW, 1536 x 576 x 1024: 3-8% slower at 384 columns). */
+#define B_DIRECT_FLOATS_ (384 * 512)
 #define PF_A_ 128     /* floats of a packed A strip the AVX-512 kernel prefetches ahead (16 k steps) */
 #define MR_MAX_ 8
 #define NR_MAX_ 48
@@ -427,8 +446,23 @@ void zdp_nn_gemm_compute(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int6
     const path_ p = path_now_();
     const int64_t kc_n = (K + KC_MAX_ - 1) / KC_MAX_;
     const int64_t kc_blk = (K + kc_n - 1) / kc_n; /* K in kc_n near-equal blocks */
+    /* A row-major (not transposed) on the AVX-512 path: read in place, not
+     * packed (its 8 rows are 8 streams the prefetcher follows; measured
+     * 7% faster over the step's shapes than packing it). */
+#ifdef ZDP_GEMM_X86_
+    const int direct = p.ukr == ukr_avx512_ && ta == CblasNoTrans;
+#else
+    const int direct = 0;
+#endif
     const int64_t mc_blk = (int64_t)MC_STRIPS_ * p.mr;
-    const int64_t nc_blk = NC_MAX_ / p.nr * p.nr;
+    int64_t nc_cap = NC_MAX_ / p.nr * p.nr; /* the widest B block */
+    if (direct) {
+        const int64_t fit = B_DIRECT_FLOATS_ / kc_blk / p.nr * p.nr;
+        nc_cap = fit < p.nr ? p.nr : fit < nc_cap ? fit : nc_cap;
+    }
+    /* N in near-equal blocks of whole panels (1536 = 3 x 512, not 672 + 672 + 192). */
+    const int64_t nc_n = (N + nc_cap - 1) / nc_cap;
+    const int64_t nc_blk = ((N + nc_n - 1) / nc_n + p.nr - 1) / p.nr * p.nr;
     const int64_t mc_most = M < mc_blk ? (M + p.mr - 1) / p.mr * p.mr : mc_blk;
     const int64_t nc_most = N < nc_blk ? (N + p.nr - 1) / p.nr * p.nr : nc_blk;
     float *ap = alloc_floats_(mc_most * kc_blk); /* strips of the A block */
@@ -440,14 +474,6 @@ void zdp_nn_gemm_compute(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int6
                     accumulate ? 1.0f : 0.0f, C, (int)ldc);
         return;
     }
-    /* A row-major (not transposed) on the AVX-512 path: read in place, not
-     * packed (its 8 rows are 8 streams the prefetcher follows; measured
-     * 7% faster over the step's shapes than packing it). */
-#ifdef ZDP_GEMM_X86_
-    const int direct = p.ukr == ukr_avx512_ && ta == CblasNoTrans;
-#else
-    const int direct = 0;
-#endif
     _Alignas(64) float tile[MR_MAX_ * NR_MAX_]; /* (mr, nr): an edge tile, zero-padded */
     for (int64_t jc = 0; jc < N; jc += nc_blk) {
         const int64_t nc = N - jc < nc_blk ? N - jc : nc_blk;

@@ -44,6 +44,37 @@ static inline float zdp_nn_max_(const float *x, int64_t n) {
     return m;
 }
 
+/* ---- sums in double (norms, softmax denominators) --------------------------- */
+
+/* sum of x[0..n) and of a[i] b[i], each term in double, in
+ * ZDP_NN_SUM_LANES_ partial sums added in a fixed order at the end: a
+ * single running sum is a chain of dependent adds (4 cycles each), and
+ * attention's softmax and RMSNorm spent about a fifth of their time in such
+ * chains (docs/benchmarks-llama.md, "Sixth round").  The order depends on n
+ * only, so a row gives the same sum on any thread. */
+#define ZDP_NN_SUM_LANES_ 16
+static inline double zdp_nn_sum_d_(const float *x, int64_t n) {
+    double acc[ZDP_NN_SUM_LANES_] = {0};
+    int64_t i = 0;
+    for (; i + ZDP_NN_SUM_LANES_ <= n; i += ZDP_NN_SUM_LANES_)
+        for (int q = 0; q < ZDP_NN_SUM_LANES_; q++) acc[q] += (double)x[i + q];
+    for (int64_t q = 0; i < n; i++, q++) acc[q] += (double)x[i];
+    double s = 0.0;
+    for (int q = 0; q < ZDP_NN_SUM_LANES_; q++) s += acc[q];
+    return s;
+}
+
+static inline double zdp_nn_dot_d_(const float *a, const float *b, int64_t n) {
+    double acc[ZDP_NN_SUM_LANES_] = {0};
+    int64_t i = 0;
+    for (; i + ZDP_NN_SUM_LANES_ <= n; i += ZDP_NN_SUM_LANES_)
+        for (int q = 0; q < ZDP_NN_SUM_LANES_; q++) acc[q] += (double)a[i + q] * b[i + q];
+    for (int64_t q = 0; i < n; i++, q++) acc[q] += (double)a[i] * b[i];
+    double s = 0.0;
+    for (int q = 0; q < ZDP_NN_SUM_LANES_; q++) s += acc[q];
+    return s;
+}
+
 /* ---- vectorisable e^x (GPT-2's softmax and GELU, the Llama family's SwiGLU
  * and attention softmax) --------------------------------------------------- */
 

@@ -74,8 +74,7 @@ static void rms_fwd_rows_(void *ctx, int64_t lo, int64_t hi) {
     for (int64_t n = lo; n < hi; n++) {
         const float *x = j->inp + n * C;
         float *o = j->out + n * C;
-        double ss = 0.0;
-        for (int64_t c = 0; c < C; c++) ss += (double)x[c] * x[c];
+        const double ss = zdp_nn_dot_d_(x, x, C);
         const float r = (float)(1.0 / sqrt(ss / (double)C + (double)j->eps));
         for (int64_t c = 0; c < C; c++) o[c] = x[c] * r * j->weight[c];
         j->rstd[n] = r;
@@ -98,10 +97,17 @@ static void rms_bwd_rows_(void *ctx, int64_t lo, int64_t hi) {
         const float *x = j->inp + n * C, *d = j->dout + n * C;
         float *dx = j->dinp + n * C;
         const float r = j->crstd[n];
+        /* gx = sum of d w x, each term in double, in lanes as zdp_nn_dot_d_ */
+        double acc[ZDP_NN_SUM_LANES_] = {0};
+        int64_t c = 0;
+        for (; c + ZDP_NN_SUM_LANES_ <= C; c += ZDP_NN_SUM_LANES_)
+            for (int q = 0; q < ZDP_NN_SUM_LANES_; q++)
+                acc[q] += (double)d[c + q] * weight[c + q] * x[c + q];
+        for (int q = 0; c < C; c++, q++) acc[q] += (double)d[c] * weight[c] * x[c];
         double gx = 0.0;
-        for (int64_t c = 0; c < C; c++) gx += (double)d[c] * weight[c] * x[c];
+        for (int q = 0; q < ZDP_NN_SUM_LANES_; q++) gx += acc[q];
         const float k = (float)(gx / (double)C) * r * r;
-        for (int64_t c = 0; c < C; c++) dx[c] += r * (d[c] * weight[c] - x[c] * k);
+        for (c = 0; c < C; c++) dx[c] += r * (d[c] * weight[c] - x[c] * k);
     }
 }
 
@@ -220,9 +226,7 @@ static void softmax_causal_row_(float *row, int64_t n) {
     const float m = zdp_nn_max_(row, n);
     /* Exponentials first (a loop that vectorises), then the sum in order. */
     for (int64_t i = 0; i < n; i++) row[i] = zdp_nn_exp_(row[i] - m);
-    double s = 0.0;
-    for (int64_t i = 0; i < n; i++) s += row[i];
-    const float inv = (float)(1.0 / s);
+    const float inv = (float)(1.0 / zdp_nn_sum_d_(row, n));
     for (int64_t i = 0; i < n; i++) row[i] *= inv;
 }
 
@@ -304,8 +308,7 @@ static void gqa_bwd_task_(void *ctx, int64_t task, int thread) {
             for (int64_t t = r0; t < r1; t++) {
                 const float *p = A + t * T;
                 float *d = dA + t * T;
-                double rs = 0.0;
-                for (int64_t s = 0; s <= t; s++) rs += (double)p[s] * d[s];
+                const double rs = zdp_nn_dot_d_(p, d, t + 1);
                 for (int64_t s = 0; s <= t; s++) d[s] = scale * p[s] * (d[s] - (float)rs);
                 for (int64_t s = t + 1; s < r1; s++) d[s] = 0.0f;
             }

@@ -76,13 +76,16 @@ static void check_(int path, const case_ *c, const float *C) {
 
 static void test_gemm_matches_reference(void **state) {
     (void)state;
-    /* M, N, K: 1; below, at and past one tile (14 x 32, 6 x 16, 4 x 16); past
-     * an M block (168 rows on AVX-512), a K block (384) and an N block (3072). */
+    /* M, N, K: 1; below, at and past one tile (8 x 48, 6 x 16, 4 x 16); past
+     * an M block (96 rows on AVX-512), a K block (384) and an N block (768);
+     * 13 x 1100 x 300: K in one block of 300, so A read in place (not
+     * transposed, AVX-512) takes B in N blocks of at most 624 columns (its
+     * L2 budget): 576 and a ragged 524. */
     const int64_t shapes[][3] = {{1, 1, 1},     {13, 31, 7},   {15, 33, 64},   {29, 65, 385},
-                                 {200, 47, 100}, {6, 3100, 9}, {45, 96, 800}};
+                                 {200, 47, 100}, {6, 3100, 9}, {45, 96, 800}, {13, 1100, 300}};
     const int ns = (int)(sizeof shapes / sizeof shapes[0]);
     const int best = zdp_nn_gemm_use_path(2);
-    float *prev[7][4] = {{0}}; /* the AVX2 path's result, compared with AVX-512's */
+    float *prev[8][4] = {{0}}; /* the AVX2 path's result, compared with AVX-512's */
     int paths = 0;
     for (int want = 0; want <= 2; want++) {
         const int path = zdp_nn_gemm_use_path(want);
