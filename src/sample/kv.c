@@ -779,6 +779,20 @@ __attribute__((target("avx512f"))) static void group_scores512_(
 }
 #endif
 
+/* sr[0..n) <- softmax(sr): a decode row's attention weights.  attend_ and
+ * attend_group_ both call it, so a row over a shared prompt gets the bits
+ * it gets alone. */
+static void softmax_(float *sr, int n) {
+    float mx = -INFINITY, sum = 0.0f;
+    for (int s = 0; s < n; s++) mx = sr[s] > mx ? sr[s] : mx;
+    for (int s = 0; s < n; s++) {
+        sr[s] = zdp_nn_exp_(sr[s] - mx);
+        sum += sr[s];
+    }
+    const float inv = 1.0f / sum;
+    for (int s = 0; s < n; s++) sr[s] *= inv;
+}
+
 /* out (NH*hd) = softmax(q . K / sqrt(hd)) V over the slot's positions
  * 0..p: q (NH*hd), K, V (>p, KV*hd) with query head h on KV head
  * h / (NH/KV).  Position by position, every head at once, so each cached
@@ -801,16 +815,7 @@ static void attend_(float *out, const float *q, const float *K, const float *Vc,
         for (int h = 0; h < NH; h++)
             score[(size_t)h * n + s] = scale * dot_(q + (size_t)h * hd, ks + (size_t)(h / group) * hd, hd);
     }
-    for (int h = 0; h < NH; h++) {
-        float *sr = score + (size_t)h * n, mx = -INFINITY, sum = 0.0f;
-        for (int s = 0; s < n; s++) mx = sr[s] > mx ? sr[s] : mx;
-        for (int s = 0; s < n; s++) {
-            sr[s] = zdp_nn_exp_(sr[s] - mx);
-            sum += sr[s];
-        }
-        const float inv = 1.0f / sum;
-        for (int s = 0; s < n; s++) sr[s] *= inv;
-    }
+    for (int h = 0; h < NH; h++) softmax_(score + (size_t)h * n, n);
     /* The weighted values, 32 dimensions at a time held in registers over
      * all the positions (out[] loaded and stored at every position was most
      * of this function's time), for up to 3 query heads of one KV group at
@@ -938,17 +943,7 @@ static void attend_group_(zdp_kv_cache *kv, const attend_job_ *j, const int *row
         }
     }
     for (int r = 0; r < nr; r++) /* attend_'s softmax */
-        for (int h = 0; h < NH; h++) {
-            const int n = kv->pos[rows[r]] + 1;
-            float *sr = S + ((int64_t)r * NH + h) * T, mx = -INFINITY, sum = 0.0f;
-            for (int s = 0; s < n; s++) mx = sr[s] > mx ? sr[s] : mx;
-            for (int s = 0; s < n; s++) {
-                sr[s] = zdp_nn_exp_(sr[s] - mx);
-                sum += sr[s];
-            }
-            const float inv = 1.0f / sum;
-            for (int s = 0; s < n; s++) sr[s] *= inv;
-        }
+        for (int h = 0; h < NH; h++) softmax_(S + ((int64_t)r * NH + h) * T, kv->pos[rows[r]] + 1);
     /* The weighted values, attend_'s sums carried across blocks: the
      * prompt's positions a block at a time for every row (one KV head's
      * columns of the block in L1), then each row's own. */
