@@ -53,6 +53,7 @@
 #include "gemm.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -437,9 +438,49 @@ __attribute__((target("avx512f"))) static void pack_b_avx512_(float *dst, CBLAS_
 
 /* ---- the product ----------------------------------------------------------------------- */
 
-static float *alloc_floats_(int64_t n) {
-    const size_t bytes = ((size_t)n * sizeof(float) + 63) / 64 * 64;
-    return aligned_alloc(64, bytes > 0 ? bytes : 64);
+/* The packed blocks live in one buffer per thread, kept between products
+ * and only ever grown.  Allocated and freed per call, the B block (up to
+ * 1.2 MB) sat at glibc's mmap threshold: a fresh mapping, and its ~160
+ * page faults, for every product until the threshold happened to move --
+ * a 1024 x 576 x 576 product ran at 130 GFLOP/s instead of 200 on Zen 5
+ * for its first calls, and gemm_shapes' few repetitions measured that.
+ * The key's destructor frees a thread's buffer when the thread ends. */
+static pthread_key_t pack_key_;
+static pthread_once_t pack_once_ = PTHREAD_ONCE_INIT;
+static int pack_key_ok_;
+
+typedef struct pack_buf_ {
+    float *p;
+    size_t floats;
+} pack_buf_;
+
+static void pack_buf_free_(void *v) {
+    pack_buf_ *b = v;
+    free(b->p), free(b);
+}
+
+static void pack_key_init_(void) { pack_key_ok_ = pthread_key_create(&pack_key_, pack_buf_free_) == 0; }
+
+/* This thread's buffer of at least n floats (64-byte aligned), or NULL. */
+static float *pack_floats_(int64_t n) {
+    pthread_once(&pack_once_, pack_key_init_);
+    if (!pack_key_ok_) return NULL;
+    pack_buf_ *b = pthread_getspecific(pack_key_);
+    if (b == NULL) {
+        if ((b = calloc(1, sizeof *b)) == NULL) return NULL;
+        if (pthread_setspecific(pack_key_, b) != 0) {
+            free(b);
+            return NULL;
+        }
+    }
+    if (b->floats < (size_t)n) {
+        const size_t floats = ((size_t)n + 15) / 16 * 16; /* whole 64-byte lines */
+        float *p = aligned_alloc(64, floats * sizeof(float));
+        if (p == NULL) return NULL;
+        free(b->p);
+        b->p = p, b->floats = floats;
+    }
+    return b->p;
 }
 
 void zdp_nn_gemm_compute(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K,
@@ -473,11 +514,13 @@ void zdp_nn_gemm_compute(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int6
     const int64_t nc_blk = ((N + nc_n - 1) / nc_n + p.nr - 1) / p.nr * p.nr;
     const int64_t mc_most = M < mc_blk ? (M + p.mr - 1) / p.mr * p.mr : mc_blk;
     const int64_t nc_most = N < nc_blk ? (N + p.nr - 1) / p.nr * p.nr : nc_blk;
-    float *ap = alloc_floats_(mc_most * kc_blk); /* strips of the A block */
-    float *bp = alloc_floats_(nc_most * kc_blk); /* panels of the B block */
-    if (ap == NULL || bp == NULL) {
+    /* This thread's buffer: the A block's strips, then (at a whole line) the
+     * B block's panels. */
+    const int64_t a_floats = (mc_most * kc_blk + 15) / 16 * 16;
+    float *ap = pack_floats_(a_floats + nc_most * kc_blk);
+    float *bp = ap != NULL ? ap + a_floats : NULL;
+    if (ap == NULL) {
         /* Out of memory for the packed blocks: cblas_sgemm does the product. */
-        free(ap), free(bp);
         cblas_sgemm(CblasRowMajor, ta, tb, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb,
                     accumulate ? 1.0f : 0.0f, C, (int)ldc);
         return;
@@ -537,5 +580,4 @@ void zdp_nn_gemm_compute(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int6
             }
         }
     }
-    free(ap), free(bp);
 }
