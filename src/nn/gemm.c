@@ -40,6 +40,16 @@
  * one process 268-317 GFLOP/s with both busy through each product.  Tried
  * and not kept: kc 192-320 (within the +-4% noise of identical code), more
  * pieces per thread (1-2% more CPU for the N-cut products, 5-19% for dW).
+ * On Zen 5 (AMD EPYC, 48 KB L1D, 1 MB L2; "Seventh round"): the step's
+ * products at 178 GFLOP per CPU-second on one core, 98% of OpenBLAS's
+ * AVX-512 (SkylakeX) kernels on the same shapes (181), once the
+ * transposed A of dW is prefetched while packed (+10-12% on dW) and the
+ * packing buffer is kept per thread (no page faults per product).  Tried
+ * there and not kept, all within the noise: kc 144-256 (a B panel that
+ * fits the L1), B blocks for a 1 MB L2 (NC_MAX_ 512-576, B_DIRECT_FLOATS_
+ * 384 x 320-384), 6 or 24 strips per A block, prefetching 8 or 24 rows
+ * ahead; and a packed B shared by two threads was not built: a half of a
+ * dW product (each thread packing its own B) runs at the whole's rate.
  *
  * Not here: alpha other than 1, beta other than 0 and 1 (cblas_sgemm takes
  * those), threads (the pool's tasks call this on pieces, nn.c).
