@@ -2,7 +2,7 @@
  * core.c -- status names, error records, logging, counted allocation,
  * creating a directory path.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* madvise */
 
 #include "core.h"
 
@@ -12,6 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 
 const char *zdp_status_name(zdp_status s) {
     switch (s) {
@@ -101,11 +104,27 @@ void zdp_log(int level, const char *fmt, ...) {
 
 /* ---- counted allocation ---- */
 
+void *zdp_big_alloc(size_t nbytes) {
+    if (nbytes == 0) nbytes = 1;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const size_t huge = (size_t)2 << 20;
+    if (nbytes >= huge) {
+        const size_t len = (nbytes + huge - 1) / huge * huge;
+        void *p = NULL;
+        if (len < nbytes || posix_memalign(&p, huge, len) != 0) return NULL;
+        (void)madvise(p, len, MADV_HUGEPAGE); /* a hint: refused, the pages stay 4 KB */
+        return p;
+    }
+#endif
+    const size_t rounded = (nbytes + 63) & ~(size_t)63;
+    return rounded < nbytes ? NULL : aligned_alloc(64, rounded);
+}
+
 void *zdp_alloc(zdp_mem_counter *counter, zdp_mem_category cat, size_t nbytes) {
     if (nbytes == 0) nbytes = 1; /* a valid, freeable pointer for empty buffers */
     size_t rounded = (nbytes + 63) & ~(size_t)63;
     if (rounded < nbytes) return NULL;
-    void *p = aligned_alloc(64, rounded);
+    void *p = zdp_big_alloc(rounded);
     if (p == NULL) return NULL;
     memset(p, 0, rounded);
     if (counter != NULL) counter->bytes[cat] += (int64_t)nbytes;

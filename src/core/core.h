@@ -50,7 +50,19 @@ typedef struct zdp_mem_counter {
     int64_t bytes[ZDP_MEM_NCATEGORIES];
 } zdp_mem_counter;
 
-/* 64-byte aligned, zero-filled allocation counted in *counter under cat.
+/* Memory for the large buffers every step streams through (flat
+ * parameters, gradients, optimizer state, activations, a KV cache): 64-byte
+ * aligned; from 2 MB up, 2 MB aligned and asked for in 2 MB pages
+ * (madvise(MADV_HUGEPAGE): Linux's transparent huge pages in their
+ * "madvise" mode, Debian's default).  With 4 KB pages a product streaming
+ * a 100 MB operand takes a TLB miss every 4 KB and the hardware prefetchers
+ * stop at every page end.  A hint only: where it is refused the pages are
+ * 4 KB and nothing else changes.  Not zeroed; free() frees it; NULL on
+ * failure. */
+void *zdp_big_alloc(size_t nbytes);
+
+/* 64-byte aligned, zero-filled allocation counted in *counter under cat
+ * (zdp_big_alloc: 2 MB pages from 2 MB up).
  * NULL on failure (nelem * elem_size overflow included). */
 void *zdp_alloc(zdp_mem_counter *counter, zdp_mem_category cat, size_t nbytes);
 /* Frees p (allocated with nbytes under cat) and uncounts it; NULL is a no-op. */

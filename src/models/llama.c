@@ -619,7 +619,7 @@ zdp_status zdp_llama_create(const zdp_llama_config *cfg, int max_batch, zdp_mode
     int64_t total = 0;
     for (int i = 0; i < nslices; i++) total += (slices[i].n + 15) / 16 * 16;
     if ((uint64_t)total > SIZE_MAX / sizeof(float) / 2) goto nomem;
-    m->mem = aligned_alloc(64, (size_t)total * sizeof(float));
+    m->mem = zdp_big_alloc((size_t)total * sizeof(float)); /* the activations: 2 MB pages */
     if (m->mem == NULL) goto nomem;
     memset(m->mem, 0, (size_t)total * sizeof(float));
     int64_t off = 0;
