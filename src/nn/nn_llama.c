@@ -5,8 +5,9 @@
  *
  * The math is transformers' (modeling_llama.py, modeling_qwen3.py,
  * modeling_rope_utils.py), written for row-major fp32; e^x is nn.h's
- * vectorisable zdp_nn_exp_ (2.4e-7 relative).  Matrix products go
- * through cblas_sgemm; attention keeps GPT-2's row blocks, so a block of
+ * vectorisable zdp_nn_exp_ (2.4e-7 relative).  Attention's matrix
+ * products go through zdp_nn_gemm_1_ (cblas_sgemm or zdp's GEMM, by the
+ * product's shape and the machine); attention keeps GPT-2's row blocks, so a block of
  * query rows only meets the keys before its end.  Work is split over the
  * thread pool by rows, by (batch, head) or (batch, KV head), or by columns
  * for sums over rows, so results do not depend on the thread count.  Not

@@ -1,8 +1,10 @@
 /*
  * nn_transformer.c -- the GPT-2 layer kernels (see nn.h for the contracts).
  *
- * Every matrix product goes through cblas_sgemm on row-major data, attention
- * included (per batch row and head: QK^T, att @ V and their backward).  The
+ * Every matrix product goes through cblas_sgemm or zdp's GEMM (gemm.c, where
+ * zdp_nn_gemm_wins_ measured it faster) on row-major data, attention
+ * included (per batch row and head: QK^T, att @ V and their backward, each
+ * whole on one thread: zdp_nn_gemm_1_).  The
  * element-wise loops (softmax, GELU, LayerNorm) are written so that GCC can
  * vectorise them at -O3 without -ffast-math: exp is a polynomial with an
  * exponent-bit scale instead of a libm call, and float sums keep eight partial
