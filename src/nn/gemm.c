@@ -270,7 +270,7 @@ int zdp_nn_gemm_use_mode(int mode) {
 }
 
 /* 1 when cblas_sgemm runs an OpenBLAS core whose kernels are narrower than
- * the AVX-512 path in use: OpenBLAS 0.3.21 has AVX-512 sgemm kernels for
+ * zdp's AVX-512 path: OpenBLAS 0.3.21 has AVX-512 sgemm kernels for
  * SkylakeX, Cooperlake and SapphireRapids only; on a CPU it does not know,
  * or with OPENBLAS_CORETYPE=Haswell, it runs its AVX2 kernel at half the
  * machine's rate (a Zen 5 at 2 x 16 FMA lanes: 80-95 GFLOP per CPU-second
@@ -282,7 +282,7 @@ static int blas_narrower_(void) {
         int narrow = 0;
 #ifdef ZDP_HAVE_OPENBLAS_CORENAME
         const char *core = openblas_get_corename();
-        if (core != NULL && isa_() == 2) {
+        if (core != NULL) {
             static const char *const wide[] = {"SkylakeX", "Cooperlake", "SapphireRapids"};
             narrow = 1;
             for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++)
@@ -303,7 +303,7 @@ int zdp_nn_gemm_wins_(const zdp_nn_gemm *g) {
     /* Against OpenBLAS's AVX2 kernel (docs/benchmarks-llama.md, "Seventh
      * round"): faster on every product of the step, the lm_head's dX
      * (1.8x) and attention's (1.1-1.6x) included. */
-    if (blas_narrower_()) return 1;
+    if (isa_() == 2 && blas_narrower_()) return 1;
     /* Against its AVX-512 kernels ("Fourth round", "Seventh round"): faster
      * on the step's shapes; slower where K is far deeper than M and N (the
      * lm_head's dX, K = 49,152: C goes through the cache once per K block)
