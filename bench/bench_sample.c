@@ -17,7 +17,10 @@
  *   prefill_tok_s, prefill_gflops, decode_tok_s (new tokens of all sequences
  *   per second), decode_gflops, weight_bytes, copy_gb_s, roofline_tok_s
  *   (copy_gb_s / weight_bytes: batch-1 decode reading every weight once per
- *   token), sgemm_gflops (cblas_sgemm 1024^3 .. 2048^3, best), kv_mb
+ *   token), sgemm_gflops (cblas_sgemm 1024^3 .. 2048^3, best; on an AVX-512
+ *   CPU where OpenBLAS runs a narrower core, also under its SkylakeX core in
+ *   a child, bench_sample --probe, the better by CPU second: sgemm_core
+ *   names the core, bench/blas_core.h), kv_mb
  *   (zdp_kv_bytes: the cache, its scratch and, at a batch > 1, the packed
  *   weights), first_decode_tok_s (the first repetition, which packs them),
  *   prefill_cpu_gflops and decode_cpu_gflops (per CPU second of the
@@ -59,6 +62,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "blas_core.h"
 #include "nn/nn.h"
 #include "zdp/zdp.h"
 
@@ -140,7 +144,7 @@ static double cpu_now_(void) {
 }
 
 /* Best cblas_sgemm GFLOP/s per wall second; *cpu_best: per CPU second. */
-static double sgemm_gflops_(double *cpu_best) {
+static double sgemm_probe_(double *cpu_best) {
     double best = 0;
     *cpu_best = 0;
     for (int n = 1024; n <= 2048; n *= 2) {
@@ -160,6 +164,29 @@ static double sgemm_gflops_(double *cpu_best) {
         }
         free(a), free(b), free(c);
     }
+    return best;
+}
+
+/* The machine's sgemm peak: this process's cblas_sgemm, and where OpenBLAS
+ * runs a narrower core than the CPU can (blas_core.h) the same probe in a
+ * child under OPENBLAS_CORETYPE=SkylakeX (bench_sample --probe); the better
+ * of the two, by CPU second.  *core: the OpenBLAS core that gave it. */
+static double sgemm_gflops_(double *cpu_best, const char **core) {
+    double best = sgemm_probe_(cpu_best);
+    *core = openblas_get_corename();
+    if (!bench_blas_narrower_core()) return best;
+    char out[512];
+    static char name[] = "bench_sample", probe[] = "--probe";
+    char *argv[] = {name, probe, NULL};
+    const int rc = bench_run_wide_core(argv, out, sizeof out);
+    const double wide = bench_find_number(out, "sgemm_gflops"),
+                 wide_cpu = bench_find_number(out, "sgemm_cpu_gflops");
+    if (rc != 0 || wide <= 0 || wide_cpu <= 0) {
+        fprintf(stderr, "bench_sample: the probe under OPENBLAS_CORETYPE=%s failed (%d): %s\n",
+                BENCH_WIDE_CORE, rc, out);
+        return best;
+    }
+    if (wide_cpu > *cpu_best) best = wide, *cpu_best = wide_cpu, *core = BENCH_WIDE_CORE;
     return best;
 }
 
@@ -330,6 +357,12 @@ int main(int argc, char **argv) {
     const char *gemm = NULL;
     int sampler = 0, S = 1, share = 1;
     double temperature = 0;
+    if (argc == 2 && strcmp(argv[1], "--probe") == 0) { /* sgemm_gflops_'s child */
+        double cpu;
+        const double wall = sgemm_probe_(&cpu);
+        printf("sgemm_gflops=%.1f sgemm_cpu_gflops=%.1f\n", wall, cpu);
+        return 0;
+    }
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--model") == 0) which = argv[i + 1];
         else if (strcmp(argv[i], "--gemm") == 0) gemm = argv[i + 1];
@@ -465,7 +498,8 @@ int main(int argc, char **argv) {
     const double att_pre = 4.0 * L * QD * (double)G * P * (P + 1) / 2;
     const double att_dec = 4.0 * L * QD * (double)B * ((double)(N - 1) * P + (double)N * (N - 1) / 2);
     double cpu_peak, read_cpu;
-    const double copy = copy_gb_s_(), peak = sgemm_gflops_(&cpu_peak), rd = read_gb_s_(&read_cpu);
+    const char *peak_core;
+    const double copy = copy_gb_s_(), peak = sgemm_gflops_(&cpu_peak, &peak_core), rd = read_gb_s_(&read_cpu);
     /* Decode's roofline, per CPU second: the passes' FLOPs at the sgemm
      * probe's rate plus the bytes they must read at the read stream's rate,
      * every weight once per pass and each row its own slot's keys and values
@@ -482,7 +516,7 @@ int main(int argc, char **argv) {
            "roofline_tok_s=%.1f sgemm_gflops=%.1f kv_mb=%.1f first_decode_tok_s=%.1f "
            "prefill_cpu_gflops=%.1f decode_cpu_gflops=%.1f sgemm_cpu_gflops=%.1f read_gb_s=%.2f "
            "read_cpu_gb_s=%.2f decode_cache_mb_per_pass=%.1f decode_cpu_tok_s=%.1f "
-           "decode_roof_cpu_tok_s=%.1f decode_of_roof=%.2f\n",
+           "decode_roof_cpu_tok_s=%.1f decode_of_roof=%.2f sgemm_core=%s\n",
            which, P, N, B, S, S > 1 ? share : 0, temperature, (long long)nparam, pre_tok / best_pre,
            (pre_tok * mm_flops + att_pre) / best_pre / 1e9, dec_tok / best_dec,
            (dec_tok * mm_flops + att_dec) / best_dec / 1e9, weight_bytes, copy,
@@ -490,7 +524,7 @@ int main(int argc, char **argv) {
            (pre_tok * mm_flops + att_pre) / best_cpu_pre / 1e9,
            (dec_tok * mm_flops + att_dec) / best_cpu_dec / 1e9, cpu_peak, rd, read_cpu,
            N > 1 ? cache_bytes / (N - 1) / 1e6 : 0.0, dec_tok / best_cpu_dec, dec_tok / roof_cpu_s,
-           roof_cpu_s / best_cpu_dec);
+           roof_cpu_s / best_cpu_dec, peak_core);
     /* The last pass's logits, hashed: two builds that must compute the same
      * bits (a faster kernel that keeps the order of the sums) print the same. */
     uint64_t h = 1469598103934665603ULL;

@@ -64,9 +64,12 @@ def peak(a, np_, th, env):
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     m = re.search(r"peak_gflops ([0-9.]+)", p.stdout)
     mc = re.search(r"peak_gflops_per_core_cpu ([0-9.]+)", p.stdout)
+    # the OpenBLAS core that gave the peak: on an AVX-512 CPU where OpenBLAS
+    # runs a narrower core, sgemm_peak also measures SkylakeX (bench/blas_core.h)
+    mk = re.search(r"peak_core (\S+)", p.stdout)
     if not m or not mc:
         raise RuntimeError("sgemm_peak: " + p.stdout + p.stderr)
-    return float(m.group(1)), float(mc.group(1))
+    return float(m.group(1)), float(mc.group(1)), mk.group(1) if mk else "?"
 
 
 def main():
@@ -98,7 +101,8 @@ def main():
                                 "avx512_bf16", "amx_tile") if f in flags)
     core = subprocess.run([a.openblas_core], capture_output=True, text=True).stdout.strip()
     print(f"# cpu: {model}, {os.cpu_count()} cores; flags: {simd}")
-    print(f"# OpenBLAS: {core}")
+    print(f"# OpenBLAS: {core} (OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}); "
+          "the sgemm peak is the best of that core and, on an AVX-512 CPU, SkylakeX's")
     print(f"# load average at start: {load():.2f}")
     print(f"# G = {a.ga} micro-batch(es) of {a.micro} x T per rank per optimizer step", flush=True)
     extra = a.model.split()
@@ -109,7 +113,7 @@ def main():
         for np_, th in layouts:
             env = dict(os.environ, OPENBLAS_NUM_THREADS=str(th), OMP_NUM_THREADS=str(th),
                        ZDP_NUM_THREADS=str(th))
-            pk, pk_core = peak(a, np_, th, env)
+            pk, pk_core, pk_name = peak(a, np_, th, env)
             order = impls if rep % 2 == 0 else impls[::-1]
             for impl in order:
                 if impl in ("zdp", "base"):
@@ -129,12 +133,13 @@ def main():
                 r = run(cmd, env, 3600)
                 r["peak_gflops_rep"] = pk
                 r["peak_core_cpu_rep"] = pk_core
+                r["peak_blas_core_rep"] = pk_name
                 rows.setdefault((np_, th, impl), []).append(r)
                 print(f"rep {rep} {np_}x{th} {impl}: {r['ms_per_step_median']:.0f} ms/step, "
                       f"cpu {r['cpu_ms_per_step']:.0f} ms/step"
                       + (f" (sys {r['sys_ms_per_step']:.0f}, {r['minflt_per_step']:.0f} page faults)"
                          if "minflt_per_step" in r else "") + ", "
-                      f"{r['tokens_per_s']:.1f} tok/s, peak {pk:.1f} GFLOP/s ({pk_core:.1f} per core "
+                      f"{r['tokens_per_s']:.1f} tok/s, peak {pk:.1f} GFLOP/s (core {pk_name}; {pk_core:.1f} per core "
                       f"per CPU-s), load "
                       f"{r['load_before']}->{r['load_after']}, loss {r['loss_first']:.4f}->"
                       f"{r['loss_last']:.4f}, rss {r['peak_rss_mib']}", flush=True)

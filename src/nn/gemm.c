@@ -40,6 +40,16 @@
  * one process 268-317 GFLOP/s with both busy through each product.  Tried
  * and not kept: kc 192-320 (within the +-4% noise of identical code), more
  * pieces per thread (1-2% more CPU for the N-cut products, 5-19% for dW).
+ * On Zen 5 (AMD EPYC, 48 KB L1D, 1 MB L2; "Seventh round"): the step's
+ * products at 178 GFLOP per CPU-second on one core, 98% of OpenBLAS's
+ * AVX-512 (SkylakeX) kernels on the same shapes (181), once the
+ * transposed A of dW is prefetched while packed (+10-12% on dW) and the
+ * packing buffer is kept per thread (no page faults per product).  Tried
+ * there and not kept, all within the noise: kc 144-256 (a B panel that
+ * fits the L1), B blocks for a 1 MB L2 (NC_MAX_ 512-576, B_DIRECT_FLOATS_
+ * 384 x 320-384), 6 or 24 strips per A block, prefetching 8 or 24 rows
+ * ahead; and a packed B shared by two threads was not built: a half of a
+ * dW product (each thread packing its own B) runs at the whole's rate.
  *
  * Not here: alpha other than 1, beta other than 0 and 1 (cblas_sgemm takes
  * those), threads (the pool's tasks call this on pieces, nn.c).
@@ -53,6 +63,7 @@
 #include "gemm.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +85,7 @@
  * more per block (dW, 1536 x 576 x 1024: 3-8% slower at 384 columns). */
 #define B_DIRECT_FLOATS_ (384 * 512)
 #define PF_A_ 128     /* floats of a packed A strip the AVX-512 kernel prefetches ahead (16 k steps) */
+#define PF_K_ 16      /* rows of a transposed A the AVX-512 packing prefetches ahead */
 #define MR_MAX_ 8
 #define NR_MAX_ 48
 
@@ -302,13 +314,13 @@ int zdp_nn_gemm_wins_(const zdp_nn_gemm *g) {
     if (g->M < 64 || g->N < 48 || g->K < 64) return 0;
     /* Against OpenBLAS's AVX2 kernel (docs/benchmarks-llama.md, "Seventh
      * round"): faster on every product of the step, the lm_head's dX
-     * (1.8x) and attention's (1.1-1.6x) included. */
+     * (1.8x) and attention's (1.07-1.9x) included. */
     if (isa_() == 2 && blas_narrower_()) return 1;
     /* Against its AVX-512 kernels ("Fourth round", "Seventh round"): faster
      * on the step's shapes; slower where K is far deeper than M and N (the
      * lm_head's dX, K = 49,152: C goes through the cache once per K block)
      * and where the 8 x 48 tile pads N by more than an eighth (attention's
-     * head-size products, N = 64 padded to 96: 0.5-0.6x). */
+     * head-size products, N = 64 padded to 96: 0.53-0.68x). */
     if (g->K > 8192) return 0;
     if (isa_() == 2 && (g->N + NR_MAX_ - 1) / NR_MAX_ * NR_MAX_ * 8 > 9 * g->N) return 0;
     return 1;
@@ -399,6 +411,13 @@ __attribute__((target("avx512f,avx512dq,avx512vl"))) static void pack_a_avx512_(
     if (ta == CblasTrans) { /* op(A)[i, k] = A[k lda + i] */
         for (int64_t k = 0; k < kc; k++) {
             const float *src = A + (p0 + k) * lda + i0;
+            /* Row k + PF_K_'s lines, fetched ahead: the rows are lda apart
+             * (a page or more in the lm_head's dW), a stride the hardware
+             * prefetcher does not follow, and unfetched each row waited on
+             * memory (the dW products 8-12% slower on Zen 5). */
+            if (k + PF_K_ < kc)
+                for (int64_t l = 0; l < mc + 15; l += 16)
+                    _mm_prefetch((const char *)(src + PF_K_ * lda + (l < mc ? l : mc - 1)), _MM_HINT_T0);
             for (int64_t s = 0; s < strips; s++) {
                 const int64_t rows = mc - s * MR < MR ? mc - s * MR : MR;
                 const __m256 v = _mm256_maskz_loadu_ps((__mmask8)((1u << rows) - 1), src + s * MR);
@@ -464,9 +483,49 @@ __attribute__((target("avx512f"))) static void pack_b_avx512_(float *dst, CBLAS_
 
 /* ---- the product ----------------------------------------------------------------------- */
 
-static float *alloc_floats_(int64_t n) {
-    const size_t bytes = ((size_t)n * sizeof(float) + 63) / 64 * 64;
-    return aligned_alloc(64, bytes > 0 ? bytes : 64);
+/* The packed blocks live in one buffer per thread, kept between products
+ * and only ever grown.  Allocated and freed per call, the B block (up to
+ * 1.2 MB) sat at glibc's mmap threshold: a fresh mapping, and its ~160
+ * page faults, for every product until the threshold happened to move --
+ * a 1024 x 576 x 576 product ran at 130 GFLOP/s instead of 200 on Zen 5
+ * for its first calls, and gemm_shapes' few repetitions measured that.
+ * The key's destructor frees a thread's buffer when the thread ends. */
+static pthread_key_t pack_key_;
+static pthread_once_t pack_once_ = PTHREAD_ONCE_INIT;
+static int pack_key_ok_;
+
+typedef struct pack_buf_ {
+    float *p;
+    size_t floats;
+} pack_buf_;
+
+static void pack_buf_free_(void *v) {
+    pack_buf_ *b = v;
+    free(b->p), free(b);
+}
+
+static void pack_key_init_(void) { pack_key_ok_ = pthread_key_create(&pack_key_, pack_buf_free_) == 0; }
+
+/* This thread's buffer of at least n floats (64-byte aligned), or NULL. */
+static float *pack_floats_(int64_t n) {
+    pthread_once(&pack_once_, pack_key_init_);
+    if (!pack_key_ok_) return NULL;
+    pack_buf_ *b = pthread_getspecific(pack_key_);
+    if (b == NULL) {
+        if ((b = calloc(1, sizeof *b)) == NULL) return NULL;
+        if (pthread_setspecific(pack_key_, b) != 0) {
+            free(b);
+            return NULL;
+        }
+    }
+    if (b->floats < (size_t)n) {
+        const size_t floats = ((size_t)n + 15) / 16 * 16; /* whole 64-byte lines */
+        float *p = aligned_alloc(64, floats * sizeof(float));
+        if (p == NULL) return NULL;
+        free(b->p);
+        b->p = p, b->floats = floats;
+    }
+    return b->p;
 }
 
 void zdp_nn_gemm_compute(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K,
@@ -500,11 +559,13 @@ void zdp_nn_gemm_compute(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int6
     const int64_t nc_blk = ((N + nc_n - 1) / nc_n + p.nr - 1) / p.nr * p.nr;
     const int64_t mc_most = M < mc_blk ? (M + p.mr - 1) / p.mr * p.mr : mc_blk;
     const int64_t nc_most = N < nc_blk ? (N + p.nr - 1) / p.nr * p.nr : nc_blk;
-    float *ap = alloc_floats_(mc_most * kc_blk); /* strips of the A block */
-    float *bp = alloc_floats_(nc_most * kc_blk); /* panels of the B block */
-    if (ap == NULL || bp == NULL) {
+    /* This thread's buffer: the A block's strips, then (at a whole line) the
+     * B block's panels. */
+    const int64_t a_floats = (mc_most * kc_blk + 15) / 16 * 16;
+    float *ap = pack_floats_(a_floats + nc_most * kc_blk);
+    float *bp = ap != NULL ? ap + a_floats : NULL;
+    if (ap == NULL) {
         /* Out of memory for the packed blocks: cblas_sgemm does the product. */
-        free(ap), free(bp);
         cblas_sgemm(CblasRowMajor, ta, tb, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb,
                     accumulate ? 1.0f : 0.0f, C, (int)ldc);
         return;
@@ -564,5 +625,4 @@ void zdp_nn_gemm_compute(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int6
             }
         }
     }
-    free(ap), free(bp);
 }

@@ -14,34 +14,38 @@
 
 /* ---- splitting work over the pool ------------------------------------------------- */
 
-/* How a GEMM is cut.  Products that cblas_sgemm computes: pieces start on
- * multiples of GEMM_ALIGN_ rows or columns, so every piece tiles like the
- * whole (OpenBLAS's micro-kernels take up to 16 x 4 or 4 x 16 blocks, and
- * an edge block may round differently); and none is below GEMM_MIN_MNK_
- * multiply-adds, where OpenBLAS 0.3.21 may take another kernel with other
- * rounding (the SkylakeX "direct" sgemm below 28 * 512^2), and where a
- * piece is too small to pay for its packing anyway.  Within those rules
- * each element is computed by one single-threaded call with the whole K,
- * exactly as the undivided call computes it (bench/sgemm_split.c checks
- * this on shapes around both limits).  Products that zdp's GEMM computes
- * (gemm.c) give the same bits cut anywhere along M or N; they are cut at
- * its tiles (GEMM_ZDP_ALIGN_M_ rows, GEMM_ZDP_ALIGN_N_ columns: the
- * AVX-512 tile is 8 x 48, the AVX2 one 6 x 16) so that no piece has an edge
- * tile the whole has not. */
-#define GEMM_ALIGN_ 64
+/* How a GEMM is cut.  Products that cblas_sgemm computes: along M (rows
+ * of C) only, pieces starting on multiples of GEMM_ALIGN_ rows, so every
+ * piece tiles like the whole; and none below GEMM_MIN_MNK_ multiply-adds,
+ * where OpenBLAS 0.3.21 may take another kernel with other rounding (the
+ * SkylakeX "direct" sgemm below 28 * 512^2), and where a piece is too small
+ * to pay for its packing anyway.  192 = lcm(64, 24): OpenBLAS's SkylakeX
+ * kernels take up to 16 x 4 or 4 x 16 blocks, its Haswell ones 24 rows of
+ * a row-major C, and an edge block may round differently (measured: the
+ * Haswell core, cut at row 512 of 1,024, differs from row 504; at 576 or
+ * 384 it matches).  Not along N: the Haswell core's pieces of N differ from
+ * the whole wherever they are cut, even at multiples of 192 (its blocking
+ * of that side depends on the extent).  Within those rules each element is
+ * computed by one single-threaded call with the whole K, exactly as the
+ * undivided call computes it (tests/unit/test_pool.c checks it under the
+ * core the environment picks).  Products that zdp's GEMM computes (gemm.c)
+ * give the same bits cut anywhere along M or N; they are cut at its tiles
+ * (GEMM_ZDP_ALIGN_M_ rows, GEMM_ZDP_ALIGN_N_ columns: the AVX-512 tile is
+ * 8 x 48, the AVX2 one 6 x 16) so that no piece has an edge tile the whole
+ * has not. */
+#define GEMM_ALIGN_ 192
 #define GEMM_ZDP_ALIGN_M_ 16
 #define GEMM_ZDP_ALIGN_N_ 48
 #define GEMM_MIN_MNK_ (1LL << 23)
 
-/* Which dimension of product g is cut, and at what multiple.  cblas: M
- * (rows of C) when M >= N, else N.  zdp's GEMM: N where op(A) is A itself
- * (its AVX-512 path reads A in place, so pieces of N share A without
- * copying it and each packs only its own columns of B) when N has two tiles
- * or more; else as cblas. */
+/* Which dimension of product g is cut, and at what multiple.  cblas: M.
+ * zdp's GEMM: N where op(A) is A itself (its AVX-512 path reads A in place,
+ * so pieces of N share A without copying it and each packs only its own
+ * columns of B) when N has two tiles or more; else M when M >= N, else N. */
 static int gemm_cut_n_(const zdp_nn_gemm *g, int64_t *align) {
     if (!zdp_nn_gemm_wins_(g)) {
         *align = GEMM_ALIGN_;
-        return g->M < g->N;
+        return 0;
     }
     const int n = g->ta == CblasNoTrans ? g->N >= 2 * GEMM_ZDP_ALIGN_N_ : g->M < g->N;
     *align = n ? GEMM_ZDP_ALIGN_N_ : GEMM_ZDP_ALIGN_M_;
