@@ -227,6 +227,7 @@ typedef struct path_ {
 static _Atomic int best_ = -1;    /* the best path this CPU has; -1: not asked yet */
 static _Atomic int isa_now_ = -1; /* the path in use */
 static _Atomic int mode_ = -1;    /* zdp_nn_gemm_mode; -1: not read yet */
+static _Atomic int blas_narrow_ = -1; /* blas_narrower_(); -1: not asked yet */
 
 static int isa_(void) {
     if (best_ < 0) {
@@ -280,15 +281,49 @@ int zdp_nn_gemm_use_mode(int mode) {
     return mode_;
 }
 
+/* 1 when cblas_sgemm runs an OpenBLAS core whose kernels are narrower than
+ * zdp's AVX-512 path: OpenBLAS 0.3.21 has AVX-512 sgemm kernels for
+ * SkylakeX, Cooperlake and SapphireRapids only; on a CPU it does not know,
+ * or with OPENBLAS_CORETYPE=Haswell, it runs its AVX2 kernel at half the
+ * machine's rate (a Zen 5 at 2 x 16 FMA lanes: 80-95 GFLOP per CPU-second
+ * against zdp's 100-185 on every product of the step).  Another cblas, or
+ * an OpenBLAS without openblas_get_corename: 0 (the rule measured against
+ * OpenBLAS's AVX-512 kernels). */
+static int blas_narrower_(void) {
+    if (blas_narrow_ < 0) {
+        int narrow = 0;
+#ifdef ZDP_HAVE_OPENBLAS_CORENAME
+        const char *core = openblas_get_corename();
+        if (core != NULL) {
+            static const char *const wide[] = {"SkylakeX", "Cooperlake", "SapphireRapids"};
+            narrow = 1;
+            for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++)
+                if (strcmp(core, wide[i]) == 0) narrow = 0;
+        }
+#endif
+        blas_narrow_ = narrow;
+    }
+    return blas_narrow_;
+}
+
 int zdp_nn_gemm_wins_(const zdp_nn_gemm *g) {
     const int mode = zdp_nn_gemm_mode();
     if (mode == 0 || g->alpha != 1.0f || (g->beta != 0.0f && g->beta != 1.0f)) return 0;
     if (mode == 2) return 1;
-    /* Measured against cblas_sgemm (docs/benchmarks-llama.md, "Fourth
-     * round"): faster on the step's shapes; slower where K is far deeper
-     * than M and N (the lm_head's dX, K = 49,152: C goes through the cache
-     * once per K block), and not measured on small products. */
-    return g->M >= 64 && g->N >= 48 && g->K >= 64 && g->K <= 8192;
+    /* Small products: not measured. */
+    if (g->M < 64 || g->N < 48 || g->K < 64) return 0;
+    /* Against OpenBLAS's AVX2 kernel (docs/benchmarks-llama.md, "Seventh
+     * round"): faster on every product of the step, the lm_head's dX
+     * (1.8x) and attention's (1.07-1.9x) included. */
+    if (isa_() == 2 && blas_narrower_()) return 1;
+    /* Against its AVX-512 kernels ("Fourth round", "Seventh round"): faster
+     * on the step's shapes; slower where K is far deeper than M and N (the
+     * lm_head's dX, K = 49,152: C goes through the cache once per K block)
+     * and where the 8 x 48 tile pads N by more than an eighth (attention's
+     * head-size products, N = 64 padded to 96: 0.53-0.68x). */
+    if (g->K > 8192) return 0;
+    if (isa_() == 2 && (g->N + NR_MAX_ - 1) / NR_MAX_ * NR_MAX_ * 8 > 9 * g->N) return 0;
+    return 1;
 }
 
 /* ---- packing ------------------------------------------------------------------------- */

@@ -158,6 +158,17 @@ typedef struct zdp_nn_gemm {
  * zdp_nn_sgemm_ cuts, so every C is the single call's, at any thread count. */
 ZDP_API void zdp_nn_sgemm_many_(const zdp_nn_gemm *g, int n);
 
+/* One product C (M,N) = op(A) op(B) [+ C when accumulate], alpha 1, on the
+ * calling thread: zdp's GEMM where it wins on the product's shape
+ * (zdp_nn_gemm_wins_), else cblas_sgemm -- for the pool's tasks that each
+ * run whole small products (attention's, one (batch, head) per task).  Call
+ * zdp_nn_gemm_settle_ before the pool runs them (gemm.c reads its mode and
+ * path lazily). */
+void zdp_nn_gemm_1_(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K,
+                    const float *A, int64_t lda, const float *B, int64_t ldb, int accumulate,
+                    float *C, int64_t ldc);
+void zdp_nn_gemm_settle_(void);
+
 /* dbias (OC) += column sums of dout (N,OC), split by columns. */
 void zdp_nn_colsum_add_(float *dbias, const float *dout, int64_t N, int64_t OC);
 

@@ -5,8 +5,9 @@
  *
  * The math is transformers' (modeling_llama.py, modeling_qwen3.py,
  * modeling_rope_utils.py), written for row-major fp32; e^x is nn.h's
- * vectorisable zdp_nn_exp_ (2.4e-7 relative).  Matrix products go
- * through cblas_sgemm; attention keeps GPT-2's row blocks, so a block of
+ * vectorisable zdp_nn_exp_ (2.4e-7 relative).  Attention's matrix
+ * products go through zdp_nn_gemm_1_ (cblas_sgemm or zdp's GEMM, by the
+ * product's shape and the machine); attention keeps GPT-2's row blocks, so a block of
  * query rows only meets the keys before its end.  Work is split over the
  * thread pool by rows, by (batch, head) or (batch, KV head), or by columns
  * for sums over rows, so results do not depend on the thread count.  Not
@@ -222,7 +223,12 @@ void zdp_nn_rope_backward(float *dinp, const float *dout, const float *cos_t, co
  *   dA = dout V^T;  dS = A * (dA - rowsum(A * dA)) / sqrt(hd)
  *   dQ = dS K;  dK += dS^T Q;  dV += A^T dout  (summed over the group's query heads) */
 
-static void softmax_causal_row_(float *row, int64_t n) {
+/* row (n) <- softmax(scale * row).  The scale is applied here, not as the
+ * score product's alpha: zdp's GEMM takes alpha 1 only.  One rounding
+ * either way (cblas_sgemm's alpha multiplies the finished sum), so the
+ * probabilities are cblas's with alpha. */
+static void softmax_causal_row_(float *row, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) row[i] *= scale;
     const float m = zdp_nn_max_(row, n);
     /* Exponentials first (a loop that vectorises), then the sum in order. */
     for (int64_t i = 0; i < n; i++) row[i] = zdp_nn_exp_(row[i] - m);
@@ -250,17 +256,17 @@ static void gqa_fwd_task_(void *ctx, int64_t task, int thread) {
     float *o = j->out + b * T * QD + h * hd;
     for (int64_t r0 = 0; r0 < T; r0 += ZDP_NN_ATTN_BLOCK) {
         const int64_t r1 = r0 + ZDP_NN_ATTN_BLOCK < T ? r0 + ZDP_NN_ATTN_BLOCK : T;
-        /* A[r0:r1, 0:r1] = scale * Q[r0:r1] @ K[0:r1]^T */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)r1, (int)hd,
-                    scale, Q + r0 * QD, (int)QD, K, (int)KD, 0.0f, A + r0 * T, (int)T);
+        /* A[r0:r1, 0:r1] = Q[r0:r1] @ K[0:r1]^T (scaled in the softmax) */
+        zdp_nn_gemm_1_(CblasNoTrans, CblasTrans, r1 - r0, r1, hd, Q + r0 * QD, QD, K, KD, 0,
+                       A + r0 * T, T);
         for (int64_t t = r0; t < r1; t++) {
             float *row = A + t * T;
-            softmax_causal_row_(row, t + 1);
+            softmax_causal_row_(row, t + 1, scale);
             for (int64_t s = t + 1; s < r1; s++) row[s] = 0.0f;
         }
         /* out[r0:r1] = A[r0:r1, 0:r1] @ V[0:r1] */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)hd, (int)r1,
-                    1.0f, A + r0 * T, (int)T, Vv, (int)KD, 0.0f, o + r0 * QD, (int)QD);
+        zdp_nn_gemm_1_(CblasNoTrans, CblasNoTrans, r1 - r0, hd, r1, A + r0 * T, T, Vv, KD, 0,
+                       o + r0 * QD, QD);
     }
 }
 
@@ -269,6 +275,7 @@ void zdp_nn_gqa_attention_forward(float *out, float *att, const float *q, const 
                                   int64_t hd) {
     gqa_job j = {.out = out, .att = att, .q = q, .k = k, .v = v, .B = B, .T = T, .NH = NH,
                  .KV = KV, .hd = hd};
+    zdp_nn_gemm_settle_();
     zdp_pool_run(B * NH, gqa_fwd_task_, &j);
 }
 
@@ -297,13 +304,11 @@ static void gqa_bwd_task_(void *ctx, int64_t task, int thread) {
         for (int64_t r0 = 0; r0 < T; r0 += ZDP_NN_ATTN_BLOCK) {
             const int64_t r1 = r0 + ZDP_NN_ATTN_BLOCK < T ? r0 + ZDP_NN_ATTN_BLOCK : T;
             /* dA[r0:r1, 0:r1] = dO[r0:r1] @ V[0:r1]^T */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)r1,
-                        (int)hd, 1.0f, dO + r0 * QD, (int)QD, Vv, (int)KD, 0.0f, dA + r0 * T,
-                        (int)T);
+            zdp_nn_gemm_1_(CblasNoTrans, CblasTrans, r1 - r0, r1, hd, dO + r0 * QD, QD, Vv, KD, 0,
+                           dA + r0 * T, T);
             /* dV[0:r1] += A[r0:r1, 0:r1]^T @ dO[r0:r1] */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hd,
-                        (int)(r1 - r0), 1.0f, A + r0 * T, (int)T, dO + r0 * QD, (int)QD, 1.0f,
-                        dV, (int)KD);
+            zdp_nn_gemm_1_(CblasTrans, CblasNoTrans, r1, hd, r1 - r0, A + r0 * T, T, dO + r0 * QD,
+                           QD, 1, dV, KD);
             /* Softmax backward, scale folded in: dA becomes dS. */
             for (int64_t t = r0; t < r1; t++) {
                 const float *p = A + t * T;
@@ -313,13 +318,11 @@ static void gqa_bwd_task_(void *ctx, int64_t task, int thread) {
                 for (int64_t s = t + 1; s < r1; s++) d[s] = 0.0f;
             }
             /* dQ[r0:r1] = dS[r0:r1, 0:r1] @ K[0:r1] */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)hd,
-                        (int)r1, 1.0f, dA + r0 * T, (int)T, K, (int)KD, 0.0f, dQ + r0 * QD,
-                        (int)QD);
+            zdp_nn_gemm_1_(CblasNoTrans, CblasNoTrans, r1 - r0, hd, r1, dA + r0 * T, T, K, KD, 0,
+                           dQ + r0 * QD, QD);
             /* dK[0:r1] += dS[r0:r1, 0:r1]^T @ Q[r0:r1] */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hd,
-                        (int)(r1 - r0), 1.0f, dA + r0 * T, (int)T, Q + r0 * QD, (int)QD, 1.0f,
-                        dK, (int)KD);
+            zdp_nn_gemm_1_(CblasTrans, CblasNoTrans, r1, hd, r1 - r0, dA + r0 * T, T, Q + r0 * QD,
+                           QD, 1, dK, KD);
         }
     }
 }
@@ -330,6 +333,7 @@ void zdp_nn_gqa_attention_backward(float *dq, float *dk, float *dv, float *scrat
                                    int64_t NH, int64_t KV, int64_t hd) {
     gqa_job j = {.dq = dq, .dk = dk, .dv = dv, .scratch = scratch, .dout = dout, .q = q,
                  .k = k, .v = v, .catt = att, .B = B, .T = T, .NH = NH, .KV = KV, .hd = hd};
+    zdp_nn_gemm_settle_();
     zdp_pool_run(B * KV, gqa_bwd_task_, &j);
 }
 

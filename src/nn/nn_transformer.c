@@ -1,8 +1,10 @@
 /*
  * nn_transformer.c -- the GPT-2 layer kernels (see nn.h for the contracts).
  *
- * Every matrix product goes through cblas_sgemm on row-major data, attention
- * included (per batch row and head: QK^T, att @ V and their backward).  The
+ * Every matrix product goes through cblas_sgemm or zdp's GEMM (gemm.c, where
+ * zdp_nn_gemm_wins_ measured it faster) on row-major data, attention
+ * included (per batch row and head: QK^T, att @ V and their backward, each
+ * whole on one thread: zdp_nn_gemm_1_).  The
  * element-wise loops (softmax, GELU, LayerNorm) are written so that GCC can
  * vectorise them at -O3 without -ffast-math: exp is a polynomial with an
  * exponent-bit scale instead of a libm call, and float sums keep eight partial
@@ -274,23 +276,27 @@ static void attn_fwd_task_(void *ctx, int64_t task, int thread) {
     float *o = j->out + b * T * C + h * hs;
     for (int64_t r0 = 0; r0 < T; r0 += ZDP_NN_ATTN_BLOCK) {
         const int64_t r1 = r0 + ZDP_NN_ATTN_BLOCK < T ? r0 + ZDP_NN_ATTN_BLOCK : T;
-        /* A[r0:r1, 0:r1] = scale * Q[r0:r1] @ K[0:r1]^T */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)r1, (int)hs,
-                    scale, q + r0 * ld, (int)ld, k, (int)ld, 0.0f, A + r0 * T, (int)T);
+        /* A[r0:r1, 0:r1] = Q[r0:r1] @ K[0:r1]^T, then scaled (zdp's GEMM takes
+         * alpha 1 only; cblas_sgemm's alpha rounds the same: one product
+         * with the finished sum) */
+        zdp_nn_gemm_1_(CblasNoTrans, CblasTrans, r1 - r0, r1, hs, q + r0 * ld, ld, k, ld, 0,
+                       A + r0 * T, T);
         for (int64_t t = r0; t < r1; t++) {
             float *row = A + t * T, m;
+            for (int64_t s = 0; s <= t; s++) row[s] *= scale;
             softmax_inplace_(row, t + 1, &m);
             for (int64_t s = t + 1; s < r1; s++) row[s] = 0.0f;
         }
         /* out[r0:r1] = A[r0:r1, 0:r1] @ V[0:r1] */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)hs, (int)r1,
-                    1.0f, A + r0 * T, (int)T, v, (int)ld, 0.0f, o + r0 * C, (int)C);
+        zdp_nn_gemm_1_(CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, A + r0 * T, T, v, ld, 0,
+                       o + r0 * C, C);
     }
 }
 
 void zdp_nn_attention_forward(float *out, float *att, const float *qkv, int64_t B, int64_t T,
                               int64_t C, int64_t NH) {
     attn_job j = {.out = out, .att = att, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH};
+    zdp_nn_gemm_settle_();
     zdp_pool_run(B * NH, attn_fwd_task_, &j);
 }
 
@@ -311,13 +317,13 @@ static void attn_bwd_task_(void *ctx, int64_t task, int thread) {
     for (int64_t blk = nblocks - 1; blk >= 0; blk--) {
         const int64_t r0 = blk * ZDP_NN_ATTN_BLOCK;
         const int64_t r1 = r0 + ZDP_NN_ATTN_BLOCK < T ? r0 + ZDP_NN_ATTN_BLOCK : T;
-        const float beta = blk == nblocks - 1 ? 0.0f : 1.0f;
+        const int acc = blk != nblocks - 1;
         /* dA[r0:r1, 0:r1] = dO[r0:r1] @ V[0:r1]^T */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - r0), (int)r1, (int)hs,
-                    1.0f, dO + r0 * C, (int)C, v, (int)ld, 0.0f, dA + r0 * T, (int)T);
+        zdp_nn_gemm_1_(CblasNoTrans, CblasTrans, r1 - r0, r1, hs, dO + r0 * C, C, v, ld, 0,
+                       dA + r0 * T, T);
         /* dV[0:r1] (+)= A[r0:r1, 0:r1]^T @ dO[r0:r1] */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hs, (int)(r1 - r0),
-                    1.0f, A + r0 * T, (int)T, dO + r0 * C, (int)C, beta, dv, (int)ld);
+        zdp_nn_gemm_1_(CblasTrans, CblasNoTrans, r1, hs, r1 - r0, A + r0 * T, T, dO + r0 * C, C,
+                       acc, dv, ld);
         /* Softmax backward, scale folded in: dA becomes dS. */
         for (int64_t t = r0; t < r1; t++) {
             const float *p = A + t * T;
@@ -327,11 +333,11 @@ static void attn_bwd_task_(void *ctx, int64_t task, int thread) {
             for (int64_t s = t + 1; s < r1; s++) d[s] = 0.0f;
         }
         /* dQ[r0:r1] = dS[r0:r1, 0:r1] @ K[0:r1] */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(r1 - r0), (int)hs, (int)r1,
-                    1.0f, dA + r0 * T, (int)T, k, (int)ld, 0.0f, dq + r0 * ld, (int)ld);
+        zdp_nn_gemm_1_(CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, dA + r0 * T, T, k, ld, 0,
+                       dq + r0 * ld, ld);
         /* dK[0:r1] (+)= dS[r0:r1, 0:r1]^T @ Q[r0:r1] */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)r1, (int)hs, (int)(r1 - r0),
-                    1.0f, dA + r0 * T, (int)T, q + r0 * ld, (int)ld, beta, dk, (int)ld);
+        zdp_nn_gemm_1_(CblasTrans, CblasNoTrans, r1, hs, r1 - r0, dA + r0 * T, T, q + r0 * ld, ld,
+                       acc, dk, ld);
     }
 }
 
@@ -339,6 +345,7 @@ void zdp_nn_attention_backward(float *dqkv, float *scratch, const float *dout, c
                                const float *att, int64_t B, int64_t T, int64_t C, int64_t NH) {
     attn_job j = {.dqkv = dqkv, .scratch = scratch, .dout = dout, .qkv = qkv, .catt = att,
                   .B = B, .T = T, .C = C, .NH = NH};
+    zdp_nn_gemm_settle_();
     zdp_pool_run(B * NH, attn_bwd_task_, &j);
 }
 

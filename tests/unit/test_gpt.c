@@ -23,6 +23,7 @@
 
 #include "common/unit_lm.h"
 #include "engine/engine.h"
+#include "nn/gemm.h"
 #include "nn/nn.h"
 #include "zdp/zdp.h"
 
@@ -261,6 +262,20 @@ static void test_attention_one_block(void **state) {
 static void test_attention_blocks(void **state) {
     (void)state;
     check_attention_(2, 2 * ZDP_NN_ATTN_BLOCK + 7, 6, 2, 0);
+}
+
+/* Attention's products at GPT-2's head size (64), through zdp's GEMM (mode 2
+ * gives zdp_nn_gemm_1_ every one) and through cblas_sgemm (mode 0): the same
+ * checks, so both routes (transposes, strides, accumulation, the scale
+ * taken out of the product) are right whichever the rule picks. */
+static void test_attention_gemm_routes(void **state) {
+    (void)state;
+    const int was = zdp_nn_gemm_mode();
+    for (int mode = 0; mode <= 2; mode += 2) {
+        zdp_nn_gemm_use_mode(mode);
+        check_attention_(1, 2 * ZDP_NN_ATTN_BLOCK + 7, 128, 2, 60);
+    }
+    zdp_nn_gemm_use_mode(was);
 }
 
 /* ---- gelu ---------------------------------------------------------------------------------- */
@@ -805,6 +820,7 @@ int main(void) {
         cmocka_unit_test(test_layernorm),        cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_sgemm_many),
         cmocka_unit_test(test_attention_one_block), cmocka_unit_test(test_attention_blocks),
+        cmocka_unit_test(test_attention_gemm_routes),
         cmocka_unit_test(test_gelu),             cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_residual),         cmocka_unit_test(test_lmhead_crossentropy),
         cmocka_unit_test(test_row_max),

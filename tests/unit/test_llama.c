@@ -26,6 +26,7 @@
 
 #include "common/unit_lm.h"
 #include "engine/engine.h"
+#include "nn/gemm.h"
 #include "nn/nn.h"
 #include "zdp/zdp.h"
 
@@ -230,6 +231,19 @@ static void test_gqa_attention(void **state) {
 static void test_gqa_attention_blocks(void **state) {
     (void)state;
     check_gqa_(1, 2 * ZDP_NN_ATTN_BLOCK + 7, 2, 1, 4, 80);
+}
+
+/* Attention's products at SmolLM2's head size (64), through zdp's GEMM (mode
+ * 2 gives zdp_nn_gemm_1_ every one) and through cblas_sgemm (mode 0): both
+ * routes pass the same checks whichever the rule picks. */
+static void test_gqa_attention_gemm_routes(void **state) {
+    (void)state;
+    const int was = zdp_nn_gemm_mode();
+    for (int mode = 0; mode <= 2; mode += 2) {
+        zdp_nn_gemm_use_mode(mode);
+        check_gqa_(1, 2 * ZDP_NN_ATTN_BLOCK + 7, 3, 1, 64, 60);
+    }
+    zdp_nn_gemm_use_mode(was);
 }
 
 /* ---- SwiGLU and token embedding ------------------------------------------------------ */
@@ -755,7 +769,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rmsnorm),          cmocka_unit_test(test_rope_inv_freq),
         cmocka_unit_test(test_rope),             cmocka_unit_test(test_gqa_attention),
-        cmocka_unit_test(test_gqa_attention_blocks), cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_gqa_attention_blocks),
+        cmocka_unit_test(test_gqa_attention_gemm_routes), cmocka_unit_test(test_swiglu),
         cmocka_unit_test(test_token_embedding),  cmocka_unit_test(test_register_llama),
         cmocka_unit_test(test_register_qwen3_bias), cmocka_unit_test(test_shape_json),
         cmocka_unit_test(test_create_errors),    cmocka_unit_test(test_init_params),
