@@ -38,6 +38,7 @@
 #define MR_ 6   /* rows per register block (AVX paths) */
 #define MC_ 128 /* rows of a row block (prefills): A's block (MC_, K) stays in L2 */
 #define KC_ 128 /* rows of a panel block: 2 x 8 KB on the AVX-512 path, in L1 with the A rows */
+#define SPREAD_ROWS_ 64 /* products of 9..SPREAD_ROWS_ rows (decode batches) spread the next block's fetch */
 #define PF_ 32  /* panel rows the AVX-512 kernel prefetches ahead (2 KB; 16, 64, 128 and none measured no better: bench_sample --gemm) */
 
 static int best_ = -1; /* the best path this CPU has; -1: not asked yet */
@@ -269,7 +270,7 @@ __attribute__((target("avx512f"))) static void kernel_avx512x3_(int64_t mr, int6
                                                                 int64_t bstride, float *c, int64_t ldc,
                                                                 const int64_t *ncols, int load,
                                                                 const float *const *nb, int64_t nrows,
-                                                                const float *bias) {
+                                                                int spread, const float *bias) {
     __mmask16 m[3];
     for (int q = 0; q < 3; q++) m[q] = (__mmask16)((1u << ncols[q]) - 1u);
     const int64_t nblk = (mr + MR512_ - 1) / MR512_;
@@ -281,9 +282,10 @@ __attribute__((target("avx512f"))) static void kernel_avx512x3_(int64_t mr, int6
                 x[r][q] = load && r < rn ? _mm512_maskz_loadu_ps(m[q], c + (r0 + r) * ldc + q * NR_)
                                          : _mm512_setzero_ps();
         const float *ar = a + r0 * lda;
-        /* This row block's share of the next block: rows lo .. lo+nf. */
-        const int64_t blk = r0 / MR512_, lo = blk * nrows / nblk;
-        int64_t nf = (blk + 1) * nrows / nblk - lo;
+        /* This row block's share of the next block: rows lo .. lo+nf (spread
+         * 0: all of them in the first row block). */
+        const int64_t blk = r0 / MR512_, lo = spread ? blk * nrows / nblk : 0;
+        int64_t nf = spread ? (blk + 1) * nrows / nblk - lo : blk == 0 ? nrows : 0;
         nf = nf < kc ? nf : kc;
         int64_t k = 0;
         if (rn == MR512_) {
@@ -354,8 +356,10 @@ static void packed_range_(void *ctx, int64_t lo, int64_t hi) {
                      * repeated where it has fewer than 3), else none. */
                     const float *nb[3];
                     int64_t nrows = 0;
-                    if (M <= MR512_) { /* one row block, which reads each row once: */
-                        /* PF_ rows ahead of it (a whole block ahead ran 0.85-0.9x at 8 rows) */
+                    const int spread = M > MR512_ && M <= SPREAD_ROWS_;
+                    if (!spread) { /* PF_ rows ahead, in the first row block */
+                        /* (one row block: a whole block ahead ran 0.85-0.9x at 8 rows;
+                         * a prefill's 128-row blocks: spread ran 0.9x on gpt-m P 256) */
                         for (int q = 0; q < 3; q++) nb[q] = b + q * j->K * NR_ + PF_ * NR_;
                         nrows = kc;
                     } else if (k0 + kc < j->K) {
@@ -367,7 +371,7 @@ static void packed_range_(void *ctx, int64_t lo, int64_t hi) {
                             nb[q] = j->B + (u + q < hi ? u + q : hi - 1) * j->K * NR_;
                         nrows = u < hi ? (j->K < KC_ ? j->K : KC_) : 0;
                     }
-                    kernel_avx512x3_(M, kc, a, j->lda, b, j->K * NR_, c, j->ldc, nc, load, nb, nrows, bias);
+                    kernel_avx512x3_(M, kc, a, j->lda, b, j->K * NR_, c, j->ldc, nc, load, nb, nrows, spread, bias);
                     continue;
                 }
                 if (j->isa == 2) { /* the last one or two panels */
