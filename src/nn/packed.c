@@ -38,6 +38,7 @@
 #define MR_ 6   /* rows per register block (AVX paths) */
 #define MC_ 128 /* rows of a row block (prefills): A's block (MC_, K) stays in L2 */
 #define KC_ 128 /* rows of a panel block: 2 x 8 KB on the AVX-512 path, in L1 with the A rows */
+#define SPREAD_ROWS_ 64 /* products of 9..SPREAD_ROWS_ rows (decode batches) spread the next block's fetch */
 #define PF_ 32  /* panel rows the AVX-512 kernel prefetches ahead (2 KB; 16, 64, 128 and none measured no better: bench_sample --gemm) */
 
 static int best_ = -1; /* the best path this CPU has; -1: not asked yet */
@@ -242,14 +243,37 @@ __attribute__((target("avx512f"))) static void kernel_avx512_(int64_t mr, int64_
  * and 8 broadcasts per 24 fused multiply-adds (the 2-panel kernel's 10 loads
  * per 16 held it near 80 GFLOP/s in L1 on this machine's AVX-512 core; 3
  * panels ran 92-99, and 6 rows x 4 panels 91-96, with a 16-column panel kept).
- * ncols[q]: the columns of panel q that exist (<= NR_); pf as above. */
+ * ncols[q]: the columns of panel q that exist (<= NR_).
+ *
+ * nb[q], nrows: the panel block after this one (packed_range_: the same
+ * panels' next K block, or the next unit's first), fetched to L1 while this
+ * one runs: each row block fetches its share of nrows rows, one row of the
+ * three panels per k step.  Spread so, the weights stream from memory at an
+ * even rate through all the row blocks; a fetch PF_ rows ahead in the first
+ * row block alone (as the 2-panel kernel does) asked for the stream in
+ * bursts at the rate the first row block consumes it, past what one core
+ * reads from memory on Zen 5, while the other row blocks read none (SmolLM2's
+ * products, streaming their weights, ran at 0.8x the same products in cache). */
+#define K3_STEP_(k, rows)                                                                    \
+    do {                                                                                     \
+        __m512 b_[3];                                                                        \
+        for (int q = 0; q < 3; q++) b_[q] = _mm512_loadu_ps(b0p + q * bstride + (k) * NR_);  \
+        for (int r = 0; r < (rows); r++) {                                                   \
+            const __m512 av = _mm512_set1_ps(ar[r * lda + (k)]);                             \
+            for (int q = 0; q < 3; q++) x[r][q] = _mm512_fmadd_ps(av, b_[q], x[r][q]);       \
+        }                                                                                    \
+    } while (0)
+#define K3_FETCH_(k)                                                                         \
+    for (int q = 0; q < 3; q++) _mm_prefetch((const char *)(nb[q] + (lo + (k)) * NR_), _MM_HINT_T0)
 __attribute__((target("avx512f"))) static void kernel_avx512x3_(int64_t mr, int64_t kc, const float *a,
                                                                 int64_t lda, const float *b0p,
                                                                 int64_t bstride, float *c, int64_t ldc,
                                                                 const int64_t *ncols, int load,
-                                                                int64_t pf, const float *bias) {
+                                                                const float *const *nb, int64_t nrows,
+                                                                int spread, const float *bias) {
     __mmask16 m[3];
     for (int q = 0; q < 3; q++) m[q] = (__mmask16)((1u << ncols[q]) - 1u);
+    const int64_t nblk = (mr + MR512_ - 1) / MR512_;
     for (int64_t r0 = 0; r0 < mr; r0 += MR512_) {
         const int64_t rn = mr - r0 < MR512_ ? mr - r0 : MR512_;
         __m512 x[MR512_][3];
@@ -258,36 +282,24 @@ __attribute__((target("avx512f"))) static void kernel_avx512x3_(int64_t mr, int6
                 x[r][q] = load && r < rn ? _mm512_maskz_loadu_ps(m[q], c + (r0 + r) * ldc + q * NR_)
                                          : _mm512_setzero_ps();
         const float *ar = a + r0 * lda;
-        if (rn == MR512_ && r0 == 0 && pf > 0) {
-            for (int64_t k = 0; k < kc; k++) {
-                __m512 b[3];
-                for (int q = 0; q < 3; q++) {
-                    _mm_prefetch((const char *)(b0p + q * bstride + pf + k * NR_), _MM_HINT_T0);
-                    b[q] = _mm512_loadu_ps(b0p + q * bstride + k * NR_);
-                }
-                for (int r = 0; r < MR512_; r++) {
-                    const __m512 av = _mm512_set1_ps(ar[r * lda + k]);
-                    for (int q = 0; q < 3; q++) x[r][q] = _mm512_fmadd_ps(av, b[q], x[r][q]);
-                }
+        /* This row block's share of the next block: rows lo .. lo+nf (spread
+         * 0: all of them in the first row block). */
+        const int64_t blk = r0 / MR512_, lo = spread ? blk * nrows / nblk : 0;
+        int64_t nf = spread ? (blk + 1) * nrows / nblk - lo : blk == 0 ? nrows : 0;
+        nf = nf < kc ? nf : kc;
+        int64_t k = 0;
+        if (rn == MR512_) {
+            for (; k < nf; k++) {
+                K3_FETCH_(k);
+                K3_STEP_(k, MR512_);
             }
-        } else if (rn == MR512_) {
-            for (int64_t k = 0; k < kc; k++) {
-                __m512 b[3];
-                for (int q = 0; q < 3; q++) b[q] = _mm512_loadu_ps(b0p + q * bstride + k * NR_);
-                for (int r = 0; r < MR512_; r++) {
-                    const __m512 av = _mm512_set1_ps(ar[r * lda + k]);
-                    for (int q = 0; q < 3; q++) x[r][q] = _mm512_fmadd_ps(av, b[q], x[r][q]);
-                }
-            }
+            for (; k < kc; k++) K3_STEP_(k, MR512_);
         } else {
-            for (int64_t k = 0; k < kc; k++) {
-                __m512 b[3];
-                for (int q = 0; q < 3; q++) b[q] = _mm512_loadu_ps(b0p + q * bstride + k * NR_);
-                for (int64_t r = 0; r < rn; r++) {
-                    const __m512 av = _mm512_set1_ps(ar[r * lda + k]);
-                    for (int q = 0; q < 3; q++) x[r][q] = _mm512_fmadd_ps(av, b[q], x[r][q]);
-                }
+            for (; k < nf; k++) {
+                K3_FETCH_(k);
+                K3_STEP_(k, rn);
             }
+            for (; k < kc; k++) K3_STEP_(k, rn);
         }
         if (bias != NULL)
             for (int q = 0; q < 3; q++) {
@@ -299,6 +311,8 @@ __attribute__((target("avx512f"))) static void kernel_avx512x3_(int64_t mr, int6
                 _mm512_mask_storeu_ps(c + (r0 + r) * ldc + q * NR_, m[q], x[r][q]);
     }
 }
+#undef K3_STEP_
+#undef K3_FETCH_
 #endif
 
 /* ---- the product, split over the pool by panels ---------------------------------- */
@@ -337,7 +351,27 @@ static void packed_range_(void *ctx, int64_t lo, int64_t hi) {
                     int64_t nc[3];
                     for (int q = 0; q < 3; q++)
                         nc[q] = j->N - (p + q) * NR_ < NR_ ? j->N - (p + q) * NR_ : NR_;
-                    kernel_avx512x3_(M, kc, a, j->lda, b, j->K * NR_, c, j->ldc, nc, load, PF_ * NR_, bias);
+                    /* The block to fetch meanwhile: these panels' next K
+                     * block, else the next unit's first (its last panel
+                     * repeated where it has fewer than 3), else none. */
+                    const float *nb[3];
+                    int64_t nrows = 0;
+                    const int spread = M > MR512_ && M <= SPREAD_ROWS_;
+                    if (!spread) { /* PF_ rows ahead, in the first row block */
+                        /* (one row block: a whole block ahead ran 0.85-0.9x at 8 rows;
+                         * a prefill's 128-row blocks: spread ran 0.9x on gpt-m P 256) */
+                        for (int q = 0; q < 3; q++) nb[q] = b + q * j->K * NR_ + PF_ * NR_;
+                        nrows = kc;
+                    } else if (k0 + kc < j->K) {
+                        for (int q = 0; q < 3; q++) nb[q] = b + q * j->K * NR_ + kc * NR_;
+                        nrows = j->K - k0 - kc < KC_ ? j->K - k0 - kc : KC_;
+                    } else {
+                        const int64_t u = p + 3 < hi ? p + 3 : m0 + MC_ < j->M ? lo : hi;
+                        for (int q = 0; q < 3; q++)
+                            nb[q] = j->B + (u + q < hi ? u + q : hi - 1) * j->K * NR_;
+                        nrows = u < hi ? (j->K < KC_ ? j->K : KC_) : 0;
+                    }
+                    kernel_avx512x3_(M, kc, a, j->lda, b, j->K * NR_, c, j->ldc, nc, load, nb, nrows, spread, bias);
                     continue;
                 }
                 if (j->isa == 2) { /* the last one or two panels */
