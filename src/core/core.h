@@ -56,7 +56,9 @@ typedef struct zdp_mem_counter {
  * (madvise(MADV_HUGEPAGE): Linux's transparent huge pages in their
  * "madvise" mode, Debian's default).  With 4 KB pages a product streaming
  * a 100 MB operand takes a TLB miss every 4 KB and the hardware prefetchers
- * stop at every page end.  A hint only: where it is refused the pages are
+ * stop at every page end (a KV cache's rows crossed a page every 5
+ * positions: SmolLM2's batch-32 decode 1.15x per CPU second in 2 MB
+ * pages, docs/benchmarks-sample.md, "Seventh pass").  A hint only: where it is refused the pages are
  * 4 KB and nothing else changes.  Not zeroed; free() frees it; NULL on
  * failure. */
 void *zdp_big_alloc(size_t nbytes);

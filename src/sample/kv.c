@@ -23,7 +23,6 @@
  * choice and scheduling (sampler.c), stage-3 gathering (the caller passes
  * whole weights).
  */
-#define _DEFAULT_SOURCE /* madvise, posix_memalign */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -37,9 +36,6 @@
 #include "../nn/nn.h"
 #include "zdp/zdp.h"
 
-#ifdef __linux__
-#include <sys/mman.h>
-#endif
 
 /* A layer's adaptable linears (adapter.h's sites), by role: GPT-2's fused
  * c_attn is KS_Q, its attn.c_proj KS_O, mlp.c_fc KS_UP, mlp.c_proj KS_DOWN. */
@@ -130,29 +126,6 @@ struct zdp_kv_packs {
  * rows (plan_attention_). */
 #define PROMPT_ROWS_ 16
 #define PROMPT_BLOCK_ 64
-
-/* Memory that every decode pass streams through (the keys and values, the
- * packed weights): in 2 MB pages where the system grants them on request
- * (Linux's transparent huge pages in their "madvise" mode, Debian's
- * default).  With 4 KB pages each row's keys crossed a page every 5
- * positions and each weight panel every 64 rows: a TLB miss per page, and
- * the hardware prefetchers, which stop at page ends, restarted at each
- * (SmolLM2 at batch 32 reads ~730 MB a pass, weights and cache).  A hint
- * only: without it the pages are 4 KB, the results the same.  free() frees
- * it. */
-static void *stream_alloc_(size_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    const size_t huge = (size_t)2 << 20;
-    if (bytes >= huge) {
-        void *p = NULL;
-        const size_t len = (bytes + huge - 1) / huge * huge;
-        if (posix_memalign(&p, huge, len) != 0) return NULL;
-        (void)madvise(p, len, MADV_HUGEPAGE);
-        return p;
-    }
-#endif
-    return malloc(bytes);
-}
 
 static int find_(const zdp_model *m, const char *fmt, int l) {
     char name[96];
@@ -292,8 +265,8 @@ zdp_status zdp_kv_create(const zdp_model *model, int n_slots, int max_len, zdp_k
     zdp_kv_packs_create(model, &kv->own_pk, NULL);
     kv->pk = kv->own_pk;
     kv->n_threads = zdp_pool_size();
-    kv->k = stream_alloc_(per * sizeof(float));
-    kv->v = stream_alloc_(per * sizeof(float));
+    kv->k = zdp_big_alloc(per * sizeof(float));
+    kv->v = zdp_big_alloc(per * sizeof(float));
     kv->layer = calloc((size_t)kv->L, sizeof *kv->layer);
     kv->nsites = zdp_adapter_sites(model, NULL, 0, NULL);
     kv->sites = calloc((size_t)(kv->nsites > 0 ? kv->nsites : 1), sizeof *kv->sites);
@@ -579,7 +552,7 @@ static const float *packed_(zdp_kv_cache *kv, const float *const *P, int idx, in
     if (pk->packed[idx] != NULL && pk->src[idx] == P[idx]) return pk->packed[idx];
     const int64_t floats = zdp_nn_packed_floats(K, N);
     if (pk->packed[idx] == NULL) {
-        if ((pk->packed[idx] = stream_alloc_((size_t)floats * sizeof(float))) == NULL) return NULL;
+        if ((pk->packed[idx] = zdp_big_alloc((size_t)floats * sizeof(float))) == NULL) return NULL;
         pk->bytes += floats * 4;
     }
     pack_job_ j = {.dst = pk->packed[idx], .W = P[idx], .K = K, .N = N, .panel_floats = K * 16,
