@@ -29,6 +29,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../src/nn/blas_wide.h" /* the AVX-512 cores, one list with gemm.c */
+
 #define BENCH_WIDE_CORE "SkylakeX"
 
 /* 1 when OpenBLAS could run BENCH_WIDE_CORE here but runs a narrower core
@@ -38,11 +40,7 @@ static inline int bench_blas_narrower_core(void) {
     if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512dq") ||
         !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
         return 0;
-    const char *core = openblas_get_corename();
-    static const char *const wide[] = {"skylakex", "cooperlake", "sapphirerapids"};
-    for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++)
-        if (core != NULL && strcasecmp(core, wide[i]) == 0) return 0;
-    return 1;
+    return !zdp_blas_core_is_wide(openblas_get_corename());
 #else
     return 0;
 #endif

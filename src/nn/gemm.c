@@ -61,6 +61,7 @@
 #endif
 
 #include "gemm.h"
+#include "blas_wide.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -294,12 +295,7 @@ static int blas_narrower_(void) {
         int narrow = 0;
 #ifdef ZDP_HAVE_OPENBLAS_CORENAME
         const char *core = openblas_get_corename();
-        if (core != NULL) {
-            static const char *const wide[] = {"SkylakeX", "Cooperlake", "SapphireRapids"};
-            narrow = 1;
-            for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++)
-                if (strcmp(core, wide[i]) == 0) narrow = 0;
-        }
+        narrow = core != NULL && !zdp_blas_core_is_wide(core);
 #endif
         blas_narrow_ = narrow;
     }
