@@ -1157,7 +1157,7 @@ static void prompt_block_(zdp_kv_cache *kv, const attend_job_ *j, int64_t b, int
 #ifdef ZDP_KV_X86_
     const bool direct = hd % 16 == 0 && zdp_nn_packed_path() == 2;
     if (direct) {
-        float kt[32 * 256]; /* 32 keys' K^T panel (hd <= 256 on this path) */
+        float kt[32 * 256]; /* 32 keys' K^T panel; a head past 256 keeps cblas_sgemm for Q K^T */
         if (hd <= 256)
             prompt_qk512_(S, n, j->q + i0 * j->qs + h * hd, j->qs, kv->k + base, KD, (int)hd, p0,
                           rb, scale, kt);
