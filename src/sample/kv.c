@@ -960,6 +960,184 @@ static void attend_group_(zdp_kv_cache *kv, const attend_job_ *j, const int *row
 #undef OWN_
 }
 
+#ifdef ZDP_KV_X86_
+/* prompt_block_'s products on the AVX-512 path (hd a multiple of 16), in
+ * place of two cblas_sgemm per (block, head): those are small (M <= 64, K =
+ * hd = 64 for Q K^T; N = hd for S V), OpenBLAS packs both operands per call
+ * and its environment's Haswell core runs half an AVX-512 core's rate;
+ * gemm.c's blocking made them slower still (0.73-0.90x, "Seventh pass: Zen
+ * 5").  Here nothing is packed but a 32-key panel of K^T (8 KB at hd 64,
+ * in L1 for all the block's query rows), and neither product computes the
+ * masked triangle past the block's rows' own positions.
+ *
+ * The order of each element's sum (the bits depend only on the row's
+ * query, its keys, values and the block's split, which plan_attention_
+ * makes from the run alone, so not on the batch, the other rows of the
+ * pass or the thread count):
+ *   S[r][s] = scale * (fma chain over d = 0, 1, .., hd-1 from 0 of
+ *             Q[r][d] * K[s][d]), one rounding per fused step;
+ *   out[r][d] = fma chain over s = 0, 1, .., e-1 from 0 of S[r][s] *
+ *             V[s][d], e = the row group's last position + 1 (the row's own
+ *             positions past p0 + r add S = 0, exactly). */
+
+/* 16 rows of 16 floats (src[i], i < 16) transposed into dst[c * ld + i]. */
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void
+tr16_(float *dst, int64_t ld, const float *const *src) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src[i]);
+    for (int i = 0; i < 8; i++) { /* per 128-bit lane: (a0 b0 a1 b1), (a2 b2 a3 b3) */
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) { /* r[4i + c]: rows 4i..4i+3 of column 4L + c in lane L */
+        const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+        const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int c = 0; c < 4; c++) { /* lanes L of rows 0-3, 4-7, 8-11, 12-15 gathered */
+        const __m512 u0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+        const __m512 u1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);
+        const __m512 v0 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+        const __m512 v1 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+        _mm512_storeu_ps(dst + (c + 0) * ld, _mm512_shuffle_f32x4(u0, v0, 0x88));
+        _mm512_storeu_ps(dst + (c + 4) * ld, _mm512_shuffle_f32x4(u1, v1, 0x88));
+        _mm512_storeu_ps(dst + (c + 8) * ld, _mm512_shuffle_f32x4(u0, v0, 0xDD));
+        _mm512_storeu_ps(dst + (c + 12) * ld, _mm512_shuffle_f32x4(u1, v1, 0xDD));
+    }
+}
+
+/* S[r][s0 + c] (rows of stride ss) for R query rows q (stride qs) and the
+ * panel's 32 keys kt[d * 32 + c], c < m (the rest masked off): 2R
+ * accumulators, per d two panel loads and R broadcasts of q. */
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void
+qk_rows_(float *S, int64_t ss, const float *q, int64_t qs, const float *kt, int hd, int m,
+         __m512 vscale, int R) {
+    __m512 a[8][2];
+    for (int r = 0; r < R; r++) a[r][0] = a[r][1] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d++) {
+        const __m512 k0 = _mm512_loadu_ps(kt + d * 32), k1 = _mm512_loadu_ps(kt + d * 32 + 16);
+        for (int r = 0; r < R; r++) {
+            const __m512 x = _mm512_set1_ps(q[r * qs + d]);
+            a[r][0] = _mm512_fmadd_ps(x, k0, a[r][0]);
+            a[r][1] = _mm512_fmadd_ps(x, k1, a[r][1]);
+        }
+    }
+    const __mmask16 m0 = m >= 16 ? 0xFFFF : (__mmask16)((1u << m) - 1u);
+    const __mmask16 m1 = m >= 32 ? 0xFFFF : m <= 16 ? 0 : (__mmask16)((1u << (m - 16)) - 1u);
+    for (int r = 0; r < R; r++) {
+        _mm512_mask_storeu_ps(S + r * ss, m0, _mm512_mul_ps(vscale, a[r][0]));
+        _mm512_mask_storeu_ps(S + r * ss + 16, m1, _mm512_mul_ps(vscale, a[r][1]));
+    }
+}
+
+/* out[r][d0 .. d0 + 16 NV) (rows of stride os) = sum over s < e of S[r][s]
+ * V[s][d0 ..] for R rows: R x NV accumulators, per position NV loads of V's
+ * row (contiguous) and R broadcasts of S. */
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void
+sv_rows_(float *out, int64_t os, const float *S, int64_t ss, const float *V, int64_t KD, int e,
+         int R, int NV) {
+    __m512 a[6][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < NV; c++) a[r][c] = _mm512_setzero_ps();
+    for (int s = 0; s < e; s++) {
+        __m512 v[4];
+        for (int c = 0; c < NV; c++) v[c] = _mm512_loadu_ps(V + s * KD + 16 * c);
+        for (int r = 0; r < R; r++) {
+            const __m512 x = _mm512_set1_ps(S[r * ss + s]);
+            for (int c = 0; c < NV; c++) a[r][c] = _mm512_fmadd_ps(x, v[c], a[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < NV; c++) _mm512_storeu_ps(out + r * os + 16 * c, a[r][c]);
+}
+
+/* S (rb, n) = scale Q K^T for the block's rows at positions p0 .. p0+rb-1,
+ * only the 32-key panels some row of an 8-row group reaches (entries past
+ * a row's own position are left for the softmax, which zeroes them). kt:
+ * the 32 x hd panel. */
+__attribute__((target("avx512f"))) static void prompt_qk512_(float *S, int64_t n, const float *q,
+                                                             int64_t qs, const float *K, int64_t KD,
+                                                             int hd, int64_t p0, int64_t rb,
+                                                             float scale, float *kt) {
+    static const float zeros[16] = {0};
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int64_t s0 = 0; s0 < n; s0 += 32) {
+        const int m = n - s0 < 32 ? (int)(n - s0) : 32;
+        for (int half = 0; half < 2; half++) /* the panel, keys past n as zeros */
+            for (int d = 0; d < hd; d += 16) {
+                const float *src[16];
+                for (int i = 0; i < 16; i++)
+                    src[i] = 16 * half + i < m ? K + (s0 + 16 * half + i) * KD + d : zeros;
+                tr16_(kt + d * 32 + 16 * half, 32, src);
+            }
+        /* Row groups whose last row's position reaches s0. */
+        for (int64_t r0 = s0 - p0 > 7 ? (s0 - p0) / 8 * 8 : 0; r0 < rb; r0 += 8) {
+            const int R = rb - r0 < 8 ? (int)(rb - r0) : 8;
+            float *Sr = S + r0 * n + s0;
+            const float *qr = q + r0 * qs;
+            switch (R) {
+            case 8: qk_rows_(Sr, n, qr, qs, kt, hd, m, vscale, 8); break;
+            case 7: qk_rows_(Sr, n, qr, qs, kt, hd, m, vscale, 7); break;
+            case 6: qk_rows_(Sr, n, qr, qs, kt, hd, m, vscale, 6); break;
+            case 5: qk_rows_(Sr, n, qr, qs, kt, hd, m, vscale, 5); break;
+            case 4: qk_rows_(Sr, n, qr, qs, kt, hd, m, vscale, 4); break;
+            case 3: qk_rows_(Sr, n, qr, qs, kt, hd, m, vscale, 3); break;
+            case 2: qk_rows_(Sr, n, qr, qs, kt, hd, m, vscale, 2); break;
+            default: qk_rows_(Sr, n, qr, qs, kt, hd, m, vscale, 1); break;
+            }
+        }
+    }
+}
+
+/* The largest of x[0..m) as prompt_block_'s softmax loop finds it (x > mx ?
+ * x : mx, per lane, then over the lanes): max_ps(x, acc) is that select,
+ * NaNs passed over alike; a maximum is exact in any order (a tie of -0 and
+ * +0 gives the same x - mx), so the same bits as the scalar loop, whose
+ * dependent vmaxss chain was an eighth of prompt_block_'s time (perf). */
+__attribute__((target("avx512f"))) static float rowmax512_(const float *x, int64_t m) {
+    __m512 acc = _mm512_set1_ps(-INFINITY);
+    int64_t s = 0;
+    for (; s + 16 <= m; s += 16) acc = _mm512_max_ps(_mm512_loadu_ps(x + s), acc);
+    if (s < m)
+        acc = _mm512_max_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY),
+                                                 (__mmask16)((1u << (m - s)) - 1u), x + s),
+                            acc);
+    float l[16], mx = -INFINITY;
+    _mm512_storeu_ps(l, acc);
+    for (int i = 0; i < 16; i++) mx = l[i] > mx ? l[i] : mx;
+    return mx;
+}
+
+/* out (rb, hd; stride os) = S V, rows in groups of 6, each group's sums
+ * over positions 0 .. p0 + its last row (S is 0 past each row's own). */
+__attribute__((target("avx512f"))) static void prompt_sv512_(float *out, int64_t os, const float *S,
+                                                             int64_t n, const float *V, int64_t KD,
+                                                             int hd, int64_t p0, int64_t rb) {
+    for (int64_t r0 = 0; r0 < rb; r0 += 6) {
+        const int R = rb - r0 < 6 ? (int)(rb - r0) : 6, e = (int)(p0 + r0 + R);
+        for (int d0 = 0; d0 < hd; d0 += 64) {
+            const int NV = hd - d0 < 64 ? (hd - d0) / 16 : 4;
+            float *o = out + r0 * os + d0;
+            const float *Sr = S + r0 * n, *Vd = V + d0;
+#define SV_(RR)                                                                          \
+    case RR:                                                                             \
+        if (NV == 4) sv_rows_(o, os, Sr, n, Vd, KD, e, RR, 4);                           \
+        else if (NV == 3) sv_rows_(o, os, Sr, n, Vd, KD, e, RR, 3);                      \
+        else if (NV == 2) sv_rows_(o, os, Sr, n, Vd, KD, e, RR, 2);                      \
+        else sv_rows_(o, os, Sr, n, Vd, KD, e, RR, 1);                                   \
+        break;
+            switch (R) {
+                SV_(6) SV_(5) SV_(4) SV_(3) SV_(2) default: SV_(1)
+            }
+#undef SV_
+        }
+    }
+}
+#endif
+
 /* One block of a prompt's rows for one query head: rows i0 .. i0+rb of the
  * pass, on one slot at positions p0 .. p0+rb, against the slot's keys and
  * values 0 .. p0+rb (stored before the pass attends):
@@ -976,11 +1154,28 @@ static void prompt_block_(zdp_kv_cache *kv, const attend_job_ *j, int64_t b, int
     const int64_t g = h / (kv->NH / kv->KV);
     const int64_t base = ((j->l * kv->n_slots + j->slots[i0]) * kv->T) * KD + g * hd;
     const float scale = 1.0f / sqrtf((float)hd);
+#ifdef ZDP_KV_X86_
+    const bool direct = hd % 16 == 0 && zdp_nn_packed_path() == 2;
+    if (direct) {
+        float kt[32 * 256]; /* 32 keys' K^T panel; a head past 256 keeps cblas_sgemm for Q K^T */
+        if (hd <= 256)
+            prompt_qk512_(S, n, j->q + i0 * j->qs + h * hd, j->qs, kv->k + base, KD, (int)hd, p0,
+                          rb, scale, kt);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rb, (int)n, (int)hd, scale,
+                        j->q + i0 * j->qs + h * hd, (int)j->qs, kv->k + base, (int)KD, 0.0f, S,
+                        (int)n);
+    } else
+#endif
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rb, (int)n, (int)hd, scale,
                 j->q + i0 * j->qs + h * hd, (int)j->qs, kv->k + base, (int)KD, 0.0f, S, (int)n);
     for (int64_t r = 0; r < rb; r++) { /* attend_'s softmax, on positions 0..p0+r */
         float *sr = S + r * n, mx = -INFINITY, sum = 0.0f;
         const int64_t m = p0 + r + 1;
+#ifdef ZDP_KV_X86_
+        if (direct) mx = rowmax512_(sr, m);
+        else
+#endif
         for (int64_t s = 0; s < m; s++) mx = sr[s] > mx ? sr[s] : mx;
         for (int64_t s = 0; s < m; s++) {
             sr[s] = zdp_nn_exp_(sr[s] - mx);
@@ -990,6 +1185,12 @@ static void prompt_block_(zdp_kv_cache *kv, const attend_job_ *j, int64_t b, int
         for (int64_t s = 0; s < m; s++) sr[s] *= inv;
         for (int64_t s = m; s < n; s++) sr[s] = 0.0f;
     }
+#ifdef ZDP_KV_X86_
+    if (direct) {
+        prompt_sv512_(kv->atty + i0 * QD + h * hd, QD, S, n, kv->v + base, KD, (int)hd, p0, rb);
+        return;
+    }
+#endif
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rb, (int)hd, (int)n, 1.0f, S,
                 (int)n, kv->v + base, (int)KD, 0.0f, kv->atty + i0 * QD + h * hd, (int)QD);
 }
