@@ -241,6 +241,12 @@ enum MHD_Result serve_healthz(server *s, struct MHD_Connection *c) {
     const char *what = NULL;
     double age = 0;
     pthread_mutex_lock(&s->mu);
+    /* What the ranks run now and how many requests wait in the FIFO: a
+     * client (and the tests of batched sampling) can see that a request
+     * has started before it queues others behind it. */
+    const char *running = s->busy_op >= 0 && s->busy_op < SERVE_N_OPS ? serve_ops[s->busy_op].name : NULL;
+    long long queued = 0;
+    for (const job *q = s->head; q != NULL; q = q->next) queued++;
     if (s->busy_op >= 0 && now - s->busy_since > limit) {
         what = s->busy_op < SERVE_N_OPS && serve_ops[s->busy_op].name ? serve_ops[s->busy_op].name : "request";
         age = now - s->busy_since;
@@ -264,7 +270,11 @@ enum MHD_Result serve_healthz(server *s, struct MHD_Connection *c) {
                      age, limit);
     }
     pthread_mutex_unlock(&s->mu);
-    if (what == NULL) return serve_reply(c, 200, strdup("{\"status\": \"ok\"}"));
+    if (what == NULL) {
+        json_t *ok = json_pack("{s:s,s:s?,s:I}", "status", "ok", "running", running, "queued",
+                               (json_int_t)queued);
+        return serve_reply(c, 200, ok != NULL ? serve_dump(ok) : strdup("{\"status\": \"ok\"}"));
+    }
     json_t *o = json_pack("{s:s,s:s,s:f,s:{s:s,s:n}}", "status", "unhealthy", "waiting_for", what, "seconds",
                           age, "error", "message", msg, "field");
     if (o != NULL) json_object_set_new(o, "rank", rank > 0 ? json_integer(rank) : json_null());

@@ -47,6 +47,7 @@ import os
 import struct
 import sys
 import threading
+import time
 import urllib.request
 
 import tinker
@@ -222,6 +223,12 @@ def asample_batched(url):
         return json.loads(r.read()).get("requests", {}).get("asample", {}).get("batched", 0)
 
 
+def running(url):
+    """GET /healthz's name of the request the ranks run now (None: idle)."""
+    with urllib.request.urlopen(url + "/healthz", timeout=60) as r:
+        return json.loads(r.read()).get("running")
+
+
 def check_batched_sampling(url, sc, results, tc, vocab):
     """Both models' sampling requests in flight at once decode in shared
     passes (the server batches asample jobs next to each other in its FIFO)
@@ -231,14 +238,26 @@ def check_batched_sampling(url, sc, results, tc, vocab):
     reqs = [(c, types.ModelInput.from_ints(lcg_tokens(500 + 3 * i, 4 + i, vocab)),
              types.SamplingParams(max_tokens=20, temperature=1.0, seed=40 + i)) for i in range(8)
             for c in (clients[i % 2],)]
-    before = asample_batched(url)
-    # A long forward ahead of them in the server's FIFO, so that they queue up
-    # behind it, next to each other.
-    busy = tc.forward([sft_datum(lcg_tokens(9000 + i, 31, vocab), 4) for i in range(512)], "cross_entropy")
-    futs = [c.sample(p, 8, sp) for c, p, sp in reqs]  # all submitted, then awaited
-    busy.result()
-    together = [f.result().sequences for f in futs]
-    batched = asample_batched(url) - before
+    for n_busy in (512, 2048, 8192):  # longer if the requests did not queue behind it
+        before = asample_batched(url)
+        # A long forward ahead of them in the server's FIFO, so that they queue
+        # up behind it, next to each other.  The SDK sends it in the background:
+        # the requests go once GET /healthz says the ranks run it (submitted at
+        # once, they could reach the server first and run one by one).
+        busy = tc.forward([sft_datum(lcg_tokens(9000 + i, 31, vocab), 4) for i in range(n_busy)],
+                          "cross_entropy")
+        waiter = threading.Thread(target=busy.result)
+        waiter.start()
+        waited = time.monotonic() + 60
+        while waiter.is_alive() and time.monotonic() < waited and running(url) != "forward":
+            time.sleep(0.005)
+        futs = [c.sample(p, 8, sp) for c, p, sp in reqs]  # all submitted, then awaited
+        waiter.join()
+        busy.result()
+        together = [f.result().sequences for f in futs]
+        batched = asample_batched(url) - before
+        if batched >= 2:
+            break
     alone = [c.sample(p, 8, sp).result().sequences for c, p, sp in reqs]  # one at a time
     for i, (a, b) in enumerate(zip(together, alone)):
         if [list(x.tokens) for x in a] != [list(x.tokens) for x in b]:

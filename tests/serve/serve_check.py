@@ -324,8 +324,9 @@ def disconnect_mid_request(url, data, big):
 
 
 def scenario(url, out, data, windows, big):
-    if req(url, "GET", "/healthz") != (200, {"status": "ok"}):
-        fail("GET /healthz")
+    # Idle: nothing running on the ranks, nothing queued.
+    if req(url, "GET", "/healthz") != (200, {"status": "ok", "running": None, "queued": 0}):
+        fail("GET /healthz: %s" % (req(url, "GET", "/healthz"),))
     s0 = "ckpt/s0"  # a name inside the server's --checkpoint-dir (OUT_DIR)
     ok(url, "/save_state", {"path": s0})
     c0 = counters(url)

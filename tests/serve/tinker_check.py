@@ -502,7 +502,12 @@ class Check:
             # A plain forward (one job) runs while the six are posted.
             busy = threading.Thread(target=lambda: S.ok(self.url, "/forward", {"data": [d] * n_busy}))
             busy.start()
-            time.sleep(0.3)
+            # Post the six only once the ranks run the forward (GET /healthz
+            # names it): a fixed pause raced its body's upload and parse.
+            waited = time.monotonic() + 60
+            while busy.is_alive() and time.monotonic() < waited and \
+                    (S.req(self.url, "GET", "/healthz")[1] or {}).get("running") != "forward":
+                time.sleep(0.005)
             futs = [http.post("/api/v1/asample", dict(b, type="sample")).json()["request_id"] for b in bodies]
             busy.join()
             together = []
