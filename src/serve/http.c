@@ -248,7 +248,7 @@ enum MHD_Result serve_healthz(server *s, struct MHD_Connection *c) {
     long long queued = 0;
     for (const job *q = s->head; q != NULL; q = q->next) queued++;
     if (s->busy_op >= 0 && now - s->busy_since > limit) {
-        what = s->busy_op < SERVE_N_OPS && serve_ops[s->busy_op].name ? serve_ops[s->busy_op].name : "request";
+        what = running != NULL ? running : "request";
         age = now - s->busy_since;
         snprintf(msg, sizeof msg,
                  "the %s request has run for %.1f s on the ranks, more than --health-timeout-seconds %g: a rank "
