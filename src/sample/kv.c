@@ -1127,10 +1127,10 @@ static void attend_rows_(void *ctx, int64_t task, int thread) {
             if (kv->pos[rows[r]] + 1 - plen > own) own = kv->pos[rows[r]] + 1 - plen;
         const int64_t per_row = (int64_t)own * kv->KV * kv->hd * 8 + (int64_t)kv->NH * kv->T * 4;
         const int run = GROUP_L2_BYTES_ / per_row < 1 ? 1 : (int)(GROUP_L2_BYTES_ / per_row);
-        /* Runs of one or two rows (long answers: a gpt-m row's own keys and
-         * values pass 512 KB at 170 own positions) would read the prompt
-         * once a row or two, from memory where its keys and values do not
-         * stay in L2 between runs (gpt-m at P 256: 1.5 MB a layer): one
+        /* Runs of one or two rows (long answers: gpt-m's from about 55 own
+         * positions, 3 KB each) would read the prompt once a row or two,
+         * from memory where its keys and values do not stay in L2 between
+         * runs (gpt-m at P 256: 768 KB a layer): one
          * streaming run instead (attend_group_; attention 0.68x the time
          * there).  A prompt that fits (SmolLM2 at P 256: 384 KB) keeps the
          * runs: streaming measured 0.94x there (three pairs, noisy). */
