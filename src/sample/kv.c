@@ -651,35 +651,99 @@ static void adapt_(zdp_kv_cache *kv, int site, float *out, const float *inp, int
 }
 
 #ifdef __GNUC__
-/* o[h*ostride + 0..32) = sum over s < n of sr[h*sstride + s] * v[s*KD +
- * 0..32), for heads h < nh (1..3, a constant where it is inlined), the
- * positions in order: one load of each value row for all nh heads.  init:
- * the sums go on from o's values (a group's rows, position block by block,
- * attend_group_), else from 0.  GCC keeps a float array accumulator on the
- * stack, hence the vector type. */
+/* o[h*ostride + 0..16*nv) = sum over s < n of sr[h*sstride + s] *
+ * v[h*vstep + s*KD + 0..16*nv), for heads h < nh (1..3) and nv (2 or 4)
+ * 16-float vectors per head, all constants where it is inlined; the
+ * positions in order.  vstep 0: the heads share one KV head's values (GQA),
+ * each value row loaded once for all nh heads; vstep hd: nh consecutive
+ * heads of a model whose heads each have their own (GPT-2), nh x nv
+ * independent sums where one head's two were a chain of dependent adds.
+ * init: the sums go on from o's values (a group's rows, position block by
+ * block, attend_group_), else from 0.  pf > 0: the lines this walk reads of
+ * position s + pf are fetched while position s is summed (a row's own
+ * values, read once from memory).  GCC keeps a float array accumulator on
+ * the stack, hence the vector type. */
 typedef float v16_ __attribute__((vector_size(64)));
-static inline __attribute__((always_inline)) void wv32_(float *o, int64_t ostride, const float *sr,
-                                                        int64_t sstride, int n, const float *v,
-                                                        int64_t KD, int nh, int init) {
-    /* Two 16-float vectors per row (AVX-512 registers where the target has
-     * them; GCC splits them otherwise): each lane's multiply and add are
-     * the 8-wide version's, half the instructions. */
-    v16_ a[3][2] = {{{0}}}, x[2];
+static inline __attribute__((always_inline)) void wv_(float *o, int64_t ostride, const float *sr,
+                                                      int64_t sstride, int n, const float *v,
+                                                      int64_t vstep, int64_t KD, int nh, int nv,
+                                                      int init, int pf) {
+    /* 16-float vectors (AVX-512 registers where the target has them; GCC
+     * splits them otherwise): each lane's multiply and add are the scalar
+     * loop's, in its order. */
+    v16_ a[3][4] = {{{0}}};
     if (init)
         for (int h = 0; h < nh; h++)
-            for (int c = 0; c < 2; c++) memcpy(&a[h][c], o + h * ostride + 16 * c, 64);
+            for (int c = 0; c < nv; c++) memcpy(&a[h][c], o + h * ostride + 16 * c, 64);
     for (int s = 0; s < n; s++) {
         const float *vs = v + (size_t)s * KD;
-        memcpy(&x[0], vs, 64), memcpy(&x[1], vs + 16, 64);
+        if (pf > 0 && s + pf < n)
+            for (int h = 0; h < (vstep != 0 ? nh : 1); h++)
+                for (int c = 0; c < nv; c++)
+                    __builtin_prefetch(vs + (size_t)pf * KD + h * vstep + 16 * c, 0, 3);
         for (int h = 0; h < nh; h++) {
             const float w = sr[h * sstride + s];
-            for (int c = 0; c < 2; c++) a[h][c] += w * x[c];
+            for (int c = 0; c < nv; c++) {
+                v16_ x;
+                memcpy(&x, vs + h * vstep + 16 * c, 64);
+                a[h][c] += w * x;
+            }
         }
     }
     for (int h = 0; h < nh; h++)
-        for (int c = 0; c < 2; c++) memcpy(o + h * ostride + 16 * c, &a[h][c], 64);
+        for (int c = 0; c < nv; c++) memcpy(o + h * ostride + 16 * c, &a[h][c], 64);
 }
 #endif
+
+/* out[h*hd + 0..hd) (init: += onto its values) = the weighted sum over
+ * positions s < n of sr[h*ss + s] * v[h*vstep + s*KD + 0..hd), heads h < nh
+ * (1..3): attend_'s sums, each lane from position 0 (or o's value) in
+ * order, whatever the width (64 or 32 dimensions a walk, then one at a
+ * time), so the same bits as one dimension at a time. */
+static void wsum_(float *o, int hd, const float *sr, int64_t ss, int n, const float *v,
+                  int64_t vstep, int64_t KD, int nh, int init, int pf) {
+    int d0 = 0;
+#ifdef __GNUC__
+#define WV_(NV)                                                                                 \
+    do {                                                                                        \
+        if (vstep == 0) {                                                                       \
+            if (nh == 3) wv_(o + d0, hd, sr, ss, n, v + d0, 0, KD, 3, NV, init, pf);             \
+            else if (nh == 2) wv_(o + d0, hd, sr, ss, n, v + d0, 0, KD, 2, NV, init, pf);        \
+            else wv_(o + d0, hd, sr, ss, n, v + d0, 0, KD, 1, NV, init, pf);                     \
+        } else {                                                                                \
+            if (nh == 3) wv_(o + d0, hd, sr, ss, n, v + d0, vstep, KD, 3, NV, init, pf);         \
+            else if (nh == 2) wv_(o + d0, hd, sr, ss, n, v + d0, vstep, KD, 2, NV, init, pf);    \
+            else wv_(o + d0, hd, sr, ss, n, v + d0, vstep, KD, 1, NV, init, pf);                 \
+        }                                                                                       \
+    } while (0)
+    for (; d0 + 64 <= hd; d0 += 64) WV_(4);
+    for (; d0 + 32 <= hd; d0 += 32) WV_(2);
+#undef WV_
+#endif
+    for (int h = 0; h < nh; h++)
+        for (int d = d0; d < hd; d++) {
+            float acc = init ? o[(int64_t)h * hd + d] : 0.0f;
+            for (int s = 0; s < n; s++) acc += sr[h * ss + s] * v[h * vstep + (int64_t)s * KD + d];
+            o[(int64_t)h * hd + d] = acc;
+        }
+}
+
+/* The weighted values of query heads glo*group .. ghi*group (KV heads glo
+ * .. ghi): wsum_ over sets of up to 3 heads, within one KV head's group
+ * (its value rows shared), or, where every head is its own KV head, 3
+ * consecutive heads at a time (nh x 4 independent sums, each value row's
+ * 3 x hd floats read contiguously). */
+__attribute__((noinline)) static void wheads_(float *o, int NH, int KV, int hd, const float *sr, int64_t ss, int n,
+                    const float *v, int64_t KD, int glo, int ghi, int init, int pf) {
+    const int group = NH / KV;
+    for (int h0 = glo * group; h0 < ghi * group;) {
+        const int g = h0 / group, end = group == 1 ? ghi : (g + 1) * group;
+        const int nh = end - h0 < 3 ? end - h0 : 3;
+        wsum_(o + (int64_t)h0 * hd, hd, sr + h0 * ss, ss, n, v + (int64_t)g * hd,
+              group == 1 ? hd : 0, KD, nh, init, pf);
+        h0 += nh;
+    }
+}
 
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>
@@ -738,18 +802,25 @@ score16_(float *dst, const float *qh, const float *kh, int KD, int hd, int m, __
                           _mm512_mul_ps(vscale, _mm512_permutexvar_ps(perm, r)));
 }
 
-/* score[h*ss + s] for s < n (ss: the score rows' stride, n for attend_). */
-__attribute__((target("avx512f"))) static void scores512_(float *score, int64_t ss, const float *q,
+/* score[h*ss + s] for s < n (ss: the score rows' stride, n for attend_).
+ * Vc: rows fetched to L2 block by block alongside the keys: the values
+ * (weighed next, from L2), or in attend_group_'s streaming runs the keys
+ * read next (the next row's own, the prompt's; NULL: none).  after: the key
+ * rows read next, whose first block is fetched to L1 while the last
+ * block's scores run (NULL: none). */
+__attribute__((target("avx512f"), noinline)) static void scores512_(float *score, int64_t ss, const float *q,
                                                          const float *K, const float *Vc, int n,
                                                          int NH, int group, int hd, int KD,
-                                                         float scale) {
+                                                         float scale, const float *after) {
     const __m512 vscale = _mm512_set1_ps(scale);
     const int lines_row = KD / 16; /* 64-byte lines per cached row */
     for (int s0 = 0; s0 < n; s0 += 16) {
         const int m = n - s0 < 16 ? n - s0 : 16;
-        const int next = n - s0 - 16 < 0 ? 0 : n - s0 - 16 < 16 ? n - s0 - 16 : 16;
-        const float *kb = K + (size_t)s0 * KD, *nk = kb + (size_t)16 * KD, *vb = Vc + (size_t)s0 * KD;
-        const int kl = next * lines_row, vl = m * lines_row, steps = NH * 16;
+        int next = n - s0 - 16 < 0 ? 0 : n - s0 - 16 < 16 ? n - s0 - 16 : 16;
+        const float *kb = K + (size_t)s0 * KD, *nk = kb + (size_t)16 * KD,
+                    *vb = Vc != NULL ? Vc + (size_t)s0 * KD : NULL;
+        if (next == 0 && after != NULL) nk = after, next = 16;
+        const int kl = next * lines_row, vl = Vc != NULL ? m * lines_row : 0, steps = NH * 16;
         const int kper = (kl + steps - 1) / steps, vper = (vl + steps - 1) / steps;
         int ki = 0, vi = 0;
         for (int h = 0; h < NH; h++)
@@ -764,7 +835,7 @@ __attribute__((target("avx512f"))) static void scores512_(float *score, int64_t 
  * 12-24 KB) stay in L1 for every row and head of the group, while the next
  * block's (next_lines cache lines at next_k) are fetched to L1 and this
  * block's values (vb, m rows) to L2. */
-__attribute__((target("avx512f"))) static void group_scores512_(
+__attribute__((target("avx512f"), noinline)) static void group_scores512_(
     float *dst, int64_t T, const float *q, int64_t qs, const int *rows, int nr, int NH, int group,
     const float *kb, const float *vb, int s0, int m, int KD, int hd, float scale, const float *next_k,
     int next_lines) {
@@ -780,18 +851,69 @@ __attribute__((target("avx512f"))) static void group_scores512_(
 }
 #endif
 
-/* sr[0..n) <- softmax(sr): a decode row's attention weights.  attend_ and
- * attend_group_ both call it, so a row over a shared prompt gets the bits
- * it gets alone. */
-static void softmax_(float *sr, int n) {
-    float mx = -INFINITY, sum = 0.0f;
-    for (int s = 0; s < n; s++) mx = sr[s] > mx ? sr[s] : mx;
-    for (int s = 0; s < n; s++) {
-        sr[s] = zdp_nn_exp_(sr[s] - mx);
-        sum += sr[s];
+#ifdef ZDP_KV_X86_
+/* max(x[0..n)) as a loop of sr[s] > mx ? sr[s] : mx finds it (max is
+ * exact: any order gives the same value; a NaN never wins the comparison),
+ * 16 lanes at a time where the loop was one dependent compare per
+ * position. */
+__attribute__((target("avx512f"))) static float rowmax512_(const float *x, int n) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    int s = 0;
+    for (; s + 16 <= n; s += 16) m = _mm512_max_ps(_mm512_loadu_ps(x + s), m);
+    if (s < n) {
+        const __mmask16 k = (__mmask16)((1u << (n - s)) - 1u);
+        m = _mm512_mask_max_ps(m, k, _mm512_maskz_loadu_ps(k, x + s), m);
     }
-    const float inv = 1.0f / sum;
-    for (int s = 0; s < n; s++) sr[s] *= inv;
+    float l[16], mx = -INFINITY;
+    _mm512_storeu_ps(l, m);
+    for (int i = 0; i < 16; i++) mx = l[i] > mx ? l[i] : mx;
+    return mx;
+}
+#endif
+
+/* Sums of k (1..4, a constant where inlined) rows p[h*ss + 0..n), each in
+ * position order, the rows' additions interleaved (one row's chain of
+ * dependent adds waited on each add's latency). */
+static inline __attribute__((always_inline)) void sums_(float *sum, const float *p, int64_t ss,
+                                                        int k, int n) {
+    float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int s = 0; s < n; s++)
+        for (int h = 0; h < k; h++) a[h] += p[h * ss + s];
+    for (int h = 0; h < k; h++) sum[h] = a[h];
+}
+
+/* Each of nh score rows S[h*ss + 0..n) <- its softmax: a decode row's
+ * attention weights.  attend_ and attend_group_ both call it, so a row
+ * over a shared prompt gets the bits it gets alone; and every path (AVX-512
+ * or not) gets the same: each row's max, its exps (a loop of zdp_nn_exp_
+ * alone, which GCC vectorises with the same operations per element; with
+ * the running sum in the same loop it ran one element at a time), their
+ * sum from position 0 in order (four rows' sums interleaved), then the
+ * products by 1 / sum.  Kept out of line, as are scores512_,
+ * group_scores512_ and wheads_, so that a profile names each part. */
+__attribute__((noinline)) static void softmax_rows_(float *S, int64_t ss, int nh, int n) {
+    for (int h0 = 0; h0 < nh; h0 += 4) {
+        const int k = nh - h0 < 4 ? nh - h0 : 4;
+        float *p = S + h0 * ss, sum[4];
+        for (int h = 0; h < k; h++) {
+            float *sr = p + h * ss, mx = -INFINITY;
+#ifdef ZDP_KV_X86_
+            if (zdp_nn_packed_path() == 2) mx = rowmax512_(sr, n);
+            else
+#endif
+            for (int s = 0; s < n; s++) mx = sr[s] > mx ? sr[s] : mx;
+            for (int s = 0; s < n; s++) sr[s] = zdp_nn_exp_(sr[s] - mx);
+        }
+        if (k == 4) sums_(sum, p, ss, 4, n);
+        else if (k == 3) sums_(sum, p, ss, 3, n);
+        else if (k == 2) sums_(sum, p, ss, 2, n);
+        else sums_(sum, p, ss, 1, n);
+        for (int h = 0; h < k; h++) {
+            float *sr = p + h * ss;
+            const float inv = 1.0f / sum[h];
+            for (int s = 0; s < n; s++) sr[s] *= inv;
+        }
+    }
 }
 
 /* out (NH*hd) = softmax(q . K / sqrt(hd)) V over the slot's positions
@@ -808,7 +930,7 @@ static void attend_(float *out, const float *q, const float *K, const float *Vc,
     const float scale = 1.0f / sqrtf((float)hd);
 #ifdef ZDP_KV_X86_
     if (hd % 16 == 0 && zdp_nn_packed_path() == 2)
-        scores512_(score, n, q, K, Vc, n, NH, group, hd, KD, scale);
+        scores512_(score, n, q, K, Vc, n, NH, group, hd, KD, scale, NULL);
     else
 #endif
     for (int s = 0; s < n; s++) {
@@ -816,36 +938,16 @@ static void attend_(float *out, const float *q, const float *K, const float *Vc,
         for (int h = 0; h < NH; h++)
             score[(size_t)h * n + s] = scale * dot_(q + (size_t)h * hd, ks + (size_t)(h / group) * hd, hd);
     }
-    for (int h = 0; h < NH; h++) softmax_(score + (size_t)h * n, n);
-    /* The weighted values, 32 dimensions at a time held in registers over
-     * all the positions (out[] loaded and stored at every position was most
-     * of this function's time), for up to 3 query heads of one KV group at
-     * once (wv32_), so each value row is loaded once for them (GQA: SmolLM2's
-     * 3 query heads per KV head read it 3 times before); each sum still runs
-     * over the positions in order from 0, with the same operations: the same
-     * bits as head by head. */
-    for (int g = 0; g < KVh; g++) {
-        const float *vh = Vc + (size_t)g * hd;
-        for (int h0 = g * group; h0 < (g + 1) * group; h0 += 3) {
-            const int nh = (g + 1) * group - h0 < 3 ? (g + 1) * group - h0 : 3;
-            const float *sr = score + (size_t)h0 * n;
-            float *o = out + (size_t)h0 * hd;
-            int d0 = 0;
-#ifdef __GNUC__
-            for (; d0 + 32 <= hd; d0 += 32) {
-                if (nh == 3) wv32_(o + d0, hd, sr, n, n, vh + d0, KD, 3, 0);
-                else if (nh == 2) wv32_(o + d0, hd, sr, n, n, vh + d0, KD, 2, 0);
-                else wv32_(o + d0, hd, sr, n, n, vh + d0, KD, 1, 0);
-            }
-#endif
-            for (int h = 0; h < nh; h++)
-                for (int d = d0; d < hd; d++) {
-                    float acc = 0.0f;
-                    for (int s = 0; s < n; s++) acc += sr[(size_t)h * n + s] * vh[(size_t)s * KD + d];
-                    o[(size_t)h * hd + d] = acc;
-                }
-        }
-    }
+    softmax_rows_(score, n, NH, n);
+    /* The weighted values, up to 64 dimensions at a time held in registers
+     * over all the positions (out[] loaded and stored at every position was
+     * most of this function's time), for up to 3 query heads at once
+     * (wheads_): of one KV group, so each value row is loaded once for
+     * them (GQA: SmolLM2's 3 query heads per KV head read it 3 times
+     * before), or 3 heads with their own values (GPT-2); each sum still
+     * runs over the positions in order from 0, with the same operations:
+     * the same bits as head by head. */
+    wheads_(out, NH, KVh, hd, score, n, n, Vc, KD, 0, KVh, 0, 0);
 }
 
 /* Attention of rows [lo, hi) of a pass, each on its own slot (one thread's
@@ -858,34 +960,15 @@ typedef struct attend_job_ {
 } attend_job_;
 
 /* attend_group_'s weighted values over positions b0 .. b0+nb (value rows
- * vb, KD apart) for group rows rlo .. rhi and the query heads of KV head g:
- * attend_'s sums, from 0 at position 0, else going on from the output's
- * values (the earlier positions'). */
-static void weigh_(zdp_kv_cache *kv, const float *S, const int *rows, int rlo, int rhi, int g,
-                   const float *vb, int b0, int nb) {
+ * vb, KD apart) for group rows rlo .. rhi and the query heads of KV heads
+ * glo .. ghi: attend_'s sums, from 0 at position 0, else going on from the
+ * output's values (the earlier positions').  pf: wv_'s fetch distance. */
+static void weigh_(zdp_kv_cache *kv, const float *S, const int *rows, int rlo, int rhi, int glo,
+                   int ghi, const float *vb, int b0, int nb, int pf) {
     const int64_t KD = (int64_t)kv->KV * kv->hd, QD = (int64_t)kv->NH * kv->hd, T = kv->T;
-    const int hd = kv->hd, NH = kv->NH, group = kv->NH / kv->KV, init = b0 > 0;
-    vb += (int64_t)g * hd;
     for (int r = rlo; r < rhi; r++)
-        for (int h0 = g * group; h0 < (g + 1) * group; h0 += 3) {
-            const int nh = (g + 1) * group - h0 < 3 ? (g + 1) * group - h0 : 3;
-            const float *sr = S + ((int64_t)r * NH + h0) * T + b0;
-            float *o = kv->atty + (int64_t)rows[r] * QD + (int64_t)h0 * hd;
-            int d0 = 0;
-#ifdef __GNUC__
-            for (; d0 + 32 <= hd; d0 += 32) {
-                if (nh == 3) wv32_(o + d0, hd, sr, T, nb, vb + d0, KD, 3, init);
-                else if (nh == 2) wv32_(o + d0, hd, sr, T, nb, vb + d0, KD, 2, init);
-                else wv32_(o + d0, hd, sr, T, nb, vb + d0, KD, 1, init);
-            }
-#endif
-            for (int h = 0; h < nh; h++)
-                for (int d = d0; d < hd; d++) {
-                    float acc = init ? o[(int64_t)h * hd + d] : 0.0f;
-                    for (int s = 0; s < nb; s++) acc += sr[h * T + s] * vb[(int64_t)s * KD + d];
-                    o[(int64_t)h * hd + d] = acc;
-                }
-        }
+        wheads_(kv->atty + (int64_t)rows[r] * QD, kv->NH, kv->KV, kv->hd,
+                S + (int64_t)r * kv->NH * T + b0, T, nb, vb, KD, glo, ghi, b0 > 0, pf);
 }
 
 /* Positions of a shared prompt's values weighed per block in attend_group_:
@@ -906,31 +989,50 @@ static void weigh_(zdp_kv_cache *kv, const float *S, const int *rows, int rlo, i
  * reading: a block of the prompt's keys, then of its values, is loaded once
  * for all of the chunk's rows (16 samples of a prompt read it once, not 16
  * times); each row's own positions are read as attend_ reads them.
+ * stream 0: the rows' own values are fetched to L2 while their scores run
+ * and weighed from there (the caller keeps the rows' own keys, values and
+ * scores within GROUP_L2_BYTES_).  stream 1 (rows whose own positions do
+ * not fit in L2 together: long answers): the own values are not fetched
+ * with the scores (they would leave L2 before the weighing); the rows' own
+ * scores come first, then the prompt's (its values fetched to L2 then,
+ * weighed next), and each row's own values stream from memory into its
+ * weighing (wv_'s fetch); the next row's keys (or the prompt's) are
+ * fetched to L2 while a row's scores run.  The prompt is read once for all
+ * the rows either way, where runs of one or two rows each read it again.
  * S: (rows, NH, T) this thread's scores. */
 static void attend_group_(zdp_kv_cache *kv, const attend_job_ *j, const int *rows, int nr, int ps,
-                          int plen, float *S) {
+                          int plen, float *S, int stream) {
     const int64_t KD = (int64_t)kv->KV * kv->hd, T = kv->T;
     const int hd = kv->hd, NH = kv->NH, group = kv->NH / kv->KV;
     const float scale = 1.0f / sqrtf((float)hd);
     const float *Kp = kv->k + ((j->l * kv->n_slots + ps) * T) * KD; /* (plen, KD) */
     const float *Vp = kv->v + ((j->l * kv->n_slots + ps) * T) * KD;
 #define OWN_(arr, i) (kv->arr + ((j->l * kv->n_slots + j->slots[i]) * T) * KD)
-    /* The scores: the prompt's block by block for every row, then each
+    /* The scores: the prompt's block by block for every row, and each
      * row's own positions plen .. p. */
 #ifdef ZDP_KV_X86_
     if (hd % 16 == 0 && zdp_nn_packed_path() == 2) {
+        if (stream) /* own values not fetched: the next keys to L2 instead */
+            for (int r = 0; r < nr; r++) {
+                const int n = kv->pos[rows[r]] + 1;
+                const float *after = r + 1 < nr ? OWN_(k, rows[r + 1]) + (int64_t)plen * KD : Kp;
+                scores512_(S + (int64_t)r * NH * T + plen, T, j->q + rows[r] * j->qs,
+                           OWN_(k, rows[r]) + (int64_t)plen * KD, after,
+                           n - plen, NH, group, hd, (int)KD, scale, after);
+            }
         for (int s0 = 0; s0 < plen; s0 += 16) {
             const int m = plen - s0 < 16 ? plen - s0 : 16, nx = plen - s0 - m < 16 ? plen - s0 - m : 16;
             group_scores512_(S, T, j->q, j->qs, rows, nr, NH, group, Kp + (int64_t)s0 * KD,
                              Vp + (int64_t)s0 * KD, s0, m, (int)KD, hd, scale,
                              Kp + (int64_t)(s0 + m) * KD, nx * (int)(KD / 16));
         }
-        for (int r = 0; r < nr; r++) {
-            const int n = kv->pos[rows[r]] + 1;
-            scores512_(S + (int64_t)r * NH * T + plen, T, j->q + rows[r] * j->qs,
-                       OWN_(k, rows[r]) + (int64_t)plen * KD, OWN_(v, rows[r]) + (int64_t)plen * KD,
-                       n - plen, NH, group, hd, (int)KD, scale);
-        }
+        if (!stream)
+            for (int r = 0; r < nr; r++) {
+                const int n = kv->pos[rows[r]] + 1;
+                scores512_(S + (int64_t)r * NH * T + plen, T, j->q + rows[r] * j->qs,
+                           OWN_(k, rows[r]) + (int64_t)plen * KD, OWN_(v, rows[r]) + (int64_t)plen * KD,
+                           n - plen, NH, group, hd, (int)KD, scale, NULL);
+            }
     } else
 #endif
     for (int r = 0; r < nr; r++) {
@@ -944,18 +1046,22 @@ static void attend_group_(zdp_kv_cache *kv, const attend_job_ *j, const int *row
         }
     }
     for (int r = 0; r < nr; r++) /* attend_'s softmax */
-        for (int h = 0; h < NH; h++) softmax_(S + ((int64_t)r * NH + h) * T, kv->pos[rows[r]] + 1);
+        softmax_rows_(S + (int64_t)r * NH * T, T, NH, kv->pos[rows[r]] + 1);
     /* The weighted values, attend_'s sums carried across blocks: the
      * prompt's positions a block at a time for every row (one KV head's
      * columns of the block in L1), then each row's own. */
     for (int b0 = 0; b0 < plen; b0 += GROUP_VBLOCK_)
         for (int g = 0; g < kv->KV; g++)
-            weigh_(kv, S, rows, 0, nr, g, Vp + (int64_t)b0 * KD, b0,
-                   plen - b0 < GROUP_VBLOCK_ ? plen - b0 : GROUP_VBLOCK_);
+            weigh_(kv, S, rows, 0, nr, g, g + 1, Vp + (int64_t)b0 * KD, b0,
+                   plen - b0 < GROUP_VBLOCK_ ? plen - b0 : GROUP_VBLOCK_, 0);
+    /* (Streaming: each row's own values fetched 32 positions ahead in its
+     * walks, which now read 3 heads' 768 contiguous bytes a position at
+     * GPT-2's head_dim 64.) */
+    const int pf = stream ? 32 : 0;
     for (int r = 0; r < nr; r++) {
         const int n = kv->pos[rows[r]] + 1;
-        for (int g = 0; g < kv->KV; g++)
-            weigh_(kv, S, rows, r, r + 1, g, OWN_(v, rows[r]) + (int64_t)plen * KD, plen, n - plen);
+        weigh_(kv, S, rows, r, r + 1, 0, kv->KV, OWN_(v, rows[r]) + (int64_t)plen * KD, plen,
+               n - plen, pf);
     }
 #undef OWN_
 }
@@ -1092,25 +1198,6 @@ __attribute__((target("avx512f"))) static void prompt_qk512_(float *S, int64_t n
     }
 }
 
-/* The largest of x[0..m) as prompt_block_'s softmax loop finds it (x > mx ?
- * x : mx, per lane, then over the lanes): max_ps(x, acc) is that select,
- * NaNs passed over alike; a maximum is exact in any order (a tie of -0 and
- * +0 gives the same x - mx), so the same bits as the scalar loop, whose
- * dependent vmaxss chain was an eighth of prompt_block_'s time (perf). */
-__attribute__((target("avx512f"))) static float rowmax512_(const float *x, int64_t m) {
-    __m512 acc = _mm512_set1_ps(-INFINITY);
-    int64_t s = 0;
-    for (; s + 16 <= m; s += 16) acc = _mm512_max_ps(_mm512_loadu_ps(x + s), acc);
-    if (s < m)
-        acc = _mm512_max_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY),
-                                                 (__mmask16)((1u << (m - s)) - 1u), x + s),
-                            acc);
-    float l[16], mx = -INFINITY;
-    _mm512_storeu_ps(l, acc);
-    for (int i = 0; i < 16; i++) mx = l[i] > mx ? l[i] : mx;
-    return mx;
-}
-
 /* out (rb, hd; stride os) = S V, rows in groups of 6, each group's sums
  * over positions 0 .. p0 + its last row (S is 0 past each row's own). */
 __attribute__((target("avx512f"))) static void prompt_sv512_(float *out, int64_t os, const float *S,
@@ -1173,7 +1260,7 @@ static void prompt_block_(zdp_kv_cache *kv, const attend_job_ *j, int64_t b, int
         float *sr = S + r * n, mx = -INFINITY, sum = 0.0f;
         const int64_t m = p0 + r + 1;
 #ifdef ZDP_KV_X86_
-        if (direct) mx = rowmax512_(sr, m);
+        if (direct) mx = rowmax512_(sr, (int)m);
         else
 #endif
         for (int64_t s = 0; s < m; s++) mx = sr[s] > mx ? sr[s] : mx;
@@ -1222,9 +1309,21 @@ static void attend_rows_(void *ctx, int64_t task, int thread) {
             if (kv->pos[rows[r]] + 1 - plen > own) own = kv->pos[rows[r]] + 1 - plen;
         const int64_t per_row = (int64_t)own * kv->KV * kv->hd * 8 + (int64_t)kv->NH * kv->T * 4;
         const int run = GROUP_L2_BYTES_ / per_row < 1 ? 1 : (int)(GROUP_L2_BYTES_ / per_row);
+        /* Runs of one or two rows (long answers: gpt-m's from about 55 own
+         * positions, 3 KB each) would read the prompt once a row or two,
+         * from memory where its keys and values do not stay in L2 between
+         * runs (gpt-m at P 256: 768 KB a layer): one
+         * streaming run instead (attend_group_; attention 0.68x the time
+         * there).  A prompt that fits (SmolLM2 at P 256: 384 KB) keeps the
+         * runs: streaming measured 0.94x there (three pairs, noisy). */
+        if (run < r1 - r0 && (int64_t)plen * kv->KV * kv->hd * 8 > GROUP_L2_BYTES_) {
+            attend_group_(kv, j, rows + r0, r1 - r0, kv->grp[4 * g + 2], plen,
+                          kv->gscore + (int64_t)thread * kv->gscore_per, 1);
+            return;
+        }
         for (int a = r0; a < r1; a += run)
             attend_group_(kv, j, rows + a, r1 - a < run ? r1 - a : run, kv->grp[4 * g + 2], plen,
-                          kv->gscore + (int64_t)thread * kv->gscore_per);
+                          kv->gscore + (int64_t)thread * kv->gscore_per, 0);
         return;
     }
     float *score = kv->score + (int64_t)thread * kv->NH * kv->T;
