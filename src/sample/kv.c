@@ -63,6 +63,11 @@ struct zdp_kv_cache {
      * slots read the first slen[s] positions of s so.  A slot is a sharer
      * or shared, never both. */
     int *base, *blen, *nshare, *slen; /* (n_slots) each */
+    /* (n_slots) each slot's prompt length: its positions after the first
+     * pass that stored any (a sharer: the shared length).  Decode attention
+     * weighs the values before it and from it as two sums, added (a
+     * group's rows weigh the prompt's together, each row its own alone). */
+    int *pre;
     float *k, *v;      /* (L, n_slots, T, KV*hd) */
     float *cos, *sin;  /* (T, hd/2) rotary tables (Llama family) */
     kv_layer_ *layer;  /* (L) */
@@ -183,6 +188,7 @@ void zdp_kv_destroy(zdp_kv_cache *kv) {
     free(kv->len);
     free(kv->base);
     free(kv->blen);
+    free(kv->pre);
     free(kv->nshare);
     free(kv->slen);
     free(kv->grp);
@@ -260,6 +266,7 @@ zdp_status zdp_kv_create(const zdp_model *model, int n_slots, int max_len, zdp_k
     kv->len = calloc((size_t)n_slots, sizeof *kv->len);
     kv->base = malloc((size_t)n_slots * sizeof *kv->base);
     kv->blen = calloc((size_t)n_slots, sizeof *kv->blen);
+    kv->pre = calloc((size_t)n_slots, sizeof *kv->pre);
     kv->nshare = calloc((size_t)n_slots, sizeof *kv->nshare);
     kv->slen = calloc((size_t)n_slots, sizeof *kv->slen);
     zdp_kv_packs_create(model, &kv->own_pk, NULL);
@@ -278,7 +285,7 @@ zdp_status zdp_kv_create(const zdp_model *model, int n_slots, int max_len, zdp_k
     }
     if (kv->base != NULL)
         for (int s = 0; s < n_slots; s++) kv->base[s] = -1;
-    if (kv->len == NULL || kv->base == NULL || kv->blen == NULL || kv->nshare == NULL ||
+    if (kv->len == NULL || kv->base == NULL || kv->blen == NULL || kv->pre == NULL || kv->nshare == NULL ||
         kv->slen == NULL || kv->k == NULL || kv->v == NULL || kv->layer == NULL || kv->own_pk == NULL || kv->sites == NULL || kv->slot_lora == NULL || kv->slot_ad == NULL ||
         (kv->llama && (kv->cos == NULL || kv->sin == NULL))) {
         zdp_kv_destroy(kv);
@@ -411,7 +418,7 @@ static void release_(zdp_kv_cache *kv, int s) {
 void zdp_kv_clear(zdp_kv_cache *kv, int slot) {
     if (kv != NULL && slot >= 0 && slot < kv->n_slots) {
         release_(kv, slot);
-        kv->len[slot] = 0;
+        kv->len[slot] = 0, kv->pre[slot] = 0;
         kv->n_adapted -= kv->slot_lora[slot] != NULL;
         kv->slot_lora[slot] = NULL;
         kv->slot_ad[slot] = NULL;
@@ -430,7 +437,7 @@ void zdp_kv_copy_slot(zdp_kv_cache *kv, int dst, int src) {
         memcpy(kv->k + to, kv->k + from, (size_t)n * sizeof(float));
         memcpy(kv->v + to, kv->v + from, (size_t)n * sizeof(float));
     }
-    kv->len[dst] = kv->len[src];
+    kv->len[dst] = kv->len[src], kv->pre[dst] = kv->pre[src];
 }
 
 void zdp_kv_share_slot(zdp_kv_cache *kv, int dst, int src) {
@@ -448,7 +455,7 @@ void zdp_kv_share_slot(zdp_kv_cache *kv, int dst, int src) {
     }
     kv->base[dst] = r, kv->blen[dst] = n;
     kv->nshare[r]++, kv->slen[r] = n;
-    kv->len[dst] = n;
+    kv->len[dst] = n, kv->pre[dst] = n;
 }
 
 zdp_status zdp_kv_set_adapter(zdp_kv_cache *kv, int slot, const zdp_model *lora,
@@ -504,8 +511,9 @@ static bool reserve_(zdp_kv_cache *kv, int n) {
     int *grow = realloc(kv->grow, N * sizeof *grow);
     if (grow == NULL) return false;
     kv->grow = grow;
-    const int64_t score = (int64_t)kv->n_threads * kv->NH * kv->T;
-    if (kv->score == NULL) { /* (threads, NH, T) one row's attention scores per thread */
+    const int64_t score = (int64_t)kv->n_threads * (kv->NH * kv->T + QD);
+    if (kv->score == NULL) { /* (threads, NH T + QD) one row's attention scores and its
+                              * prompt's weighted values, per thread */
         kv->score = malloc((size_t)score * sizeof(float));
         if (kv->score == NULL) return false;
     }
@@ -881,7 +889,7 @@ __attribute__((target("avx512f"), noinline)) static void group_scores512_(
     const float *kb, const float *vb, int s0, int m, int KD, int hd, float scale, const float *next_k,
     int next_lines) {
     const __m512 vscale = _mm512_set1_ps(scale);
-    const int steps = nr * NH * 16, vl = m * (KD / 16);
+    const int steps = nr * NH * 16, vl = vb != NULL ? m * (KD / 16) : 0;
     const int kper = (next_lines + steps - 1) / steps, vper = (vl + steps - 1) / steps;
     int ki = 0, vi = 0;
     for (int r = 0; r < nr; r++)
@@ -966,7 +974,7 @@ __attribute__((noinline)) static void softmax_rows_(float *S, int64_t ss, int nh
  * costs (a sgemm per row and head was 11% of a batch-32 decode step).
  * score: (NH, p+1) scratch. */
 static void attend_(float *out, const float *q, const float *K, const float *Vc, int p, int NH,
-                    int KVh, int hd, float *score) {
+                    int KVh, int hd, int pre, float *score) {
     const int KD = KVh * hd, group = NH / KVh, n = p + 1;
     const float scale = 1.0f / sqrtf((float)hd);
 #ifdef ZDP_KV_X86_
@@ -988,7 +996,17 @@ static void attend_(float *out, const float *q, const float *K, const float *Vc,
      * before), or 3 heads with their own values (GPT-2); each sum still
      * runs over the positions in order from 0, with the same operations:
      * the same bits as head by head. */
-    wheads_(out, NH, KVh, hd, score, n, n, Vc, KD, 0, KVh, 0, 0);
+    if (n <= pre) { /* a prompt's row */
+        wheads_(out, NH, KVh, hd, score, n, n, Vc, KD, 0, KVh, 0, 0);
+        return;
+    }
+    /* The prompt's positions and the row's own as two sums, added: the
+     * bits of attend_group_, which weighs a shared prompt's values once
+     * for all of its rows. */
+    float *a = score + (int64_t)NH * n;
+    wheads_(a, NH, KVh, hd, score, n, pre, Vc, KD, 0, KVh, 0, 0);
+    wheads_(out, NH, KVh, hd, score + pre, n, n - pre, Vc + (int64_t)pre * KD, KD, 0, KVh, 0, 0);
+    for (int i = 0; i < NH * hd; i++) out[i] = a[i] + out[i];
 }
 
 /* Attention of rows [lo, hi) of a pass, each on its own slot (one thread's
@@ -1000,109 +1018,80 @@ typedef struct attend_job_ {
     int64_t qs, l;
 } attend_job_;
 
-/* attend_group_'s weighted values over positions b0 .. b0+nb (value rows
- * vb, KD apart) for group rows rlo .. rhi and the query heads of KV heads
- * glo .. ghi: attend_'s sums, from 0 at position 0, else going on from the
- * output's values (the earlier positions').  pf: wv_'s fetch distance. */
-static void weigh_(zdp_kv_cache *kv, const float *S, const int *rows, int rlo, int rhi, int glo,
-                   int ghi, const float *vb, int b0, int nb, int pf) {
-    const int64_t KD = (int64_t)kv->KV * kv->hd, QD = (int64_t)kv->NH * kv->hd, T = kv->T;
-    for (int r = rlo; r < rhi; r++)
-        wheads_(kv->atty + (int64_t)rows[r] * QD, kv->NH, kv->KV, kv->hd,
-                S + (int64_t)r * kv->NH * T + b0, T, nb, vb, KD, glo, ghi, b0 > 0, pf);
-}
-
 /* Positions of a shared prompt's values weighed per block in attend_group_:
  * the block's value rows of one KV head (64 x head_dim floats, 16 KB at
  * head_dim 64) stay in L1 for all of the group's rows and heads. */
 #define GROUP_VBLOCK_ 64
-/* A group's rows attend in runs whose own keys, values and scores take at
- * most this many bytes (half of this machine's 1.25 MB L2 per core). */
-#define GROUP_L2_BYTES_ (512 * 1024)
+/* A row's own values are fetched to L2 while its scores run (and weighed
+ * from there) where they take at most this many bytes; longer ones stream
+ * from memory into the weighing. */
+#define OWN_L2_BYTES_ (512 * 1024)
 
 /* Task of a pass's attention: a chunk of a group's rows (lone rows whose
  * slot reads the first plen positions of prompt slot ps: ps's own rows and
  * its sharers', plan_attention_), every head.  attend_'s math for each row
  * and head, with its operations in its order: each score dot_'s (score16_
- * on AVX-512), the softmax over positions 0..p, each weighted sum over the
- * positions from 0 (the prompt's, then the row's own), so the same bits as
- * the row attended alone over a copy of the prompt.  What differs is the
- * reading: a block of the prompt's keys, then of its values, is loaded once
- * for all of the chunk's rows (16 samples of a prompt read it once, not 16
- * times); each row's own positions are read as attend_ reads them.
- * stream 0: the rows' own values are fetched to L2 while their scores run
- * and weighed from there (the caller keeps the rows' own keys, values and
- * scores within GROUP_L2_BYTES_).  stream 1 (rows whose own positions do
- * not fit in L2 together: long answers): the own values are not fetched
- * with the scores (they would leave L2 before the weighing); the rows' own
- * scores come first, then the prompt's (its values fetched to L2 then,
- * weighed next), and each row's own values stream from memory into its
- * weighing (wv_'s fetch); the next row's keys (or the prompt's) are
- * fetched to L2 while a row's scores run.  The prompt is read once for all
- * the rows either way, where runs of one or two rows each read it again.
- * S: (rows, NH, T) this thread's scores. */
+ * on AVX-512), the softmax over positions 0..p, the weighted values as two
+ * sums from 0 (the prompt's positions, then the row's own), added: so the
+ * same bits as the row attended alone over a copy of the prompt, its
+ * prompt length plen.  What differs is the reading: the prompt's keys are
+ * read once for all of the chunk's rows (16 samples of a prompt read them
+ * once, not 16 times), then each row's own keys, its own values fetched to
+ * L2 meanwhile, its softmax and its own weighted values, then the prompt's
+ * values once for all rows, a block at a time.  S: (rows, NH, T) this
+ * thread's scores, then (rows, NH hd) the prompt's weighted values. */
 static void attend_group_(zdp_kv_cache *kv, const attend_job_ *j, const int *rows, int nr, int ps,
-                          int plen, float *S, int stream) {
-    const int64_t KD = (int64_t)kv->KV * kv->hd, T = kv->T;
+                          int plen, float *S) {
+    const int64_t KD = (int64_t)kv->KV * kv->hd, T = kv->T, QD = (int64_t)kv->NH * kv->hd;
     const int hd = kv->hd, NH = kv->NH, group = kv->NH / kv->KV;
     const float scale = 1.0f / sqrtf((float)hd);
     const float *Kp = kv->k + ((j->l * kv->n_slots + ps) * T) * KD; /* (plen, KD) */
     const float *Vp = kv->v + ((j->l * kv->n_slots + ps) * T) * KD;
-#define OWN_(arr, i) (kv->arr + ((j->l * kv->n_slots + j->slots[i]) * T) * KD)
-    /* The scores: the prompt's block by block for every row, and each
-     * row's own positions plen .. p. */
+    float *W = S + (int64_t)nr * NH * T; /* (nr, QD) */
+#define OWN_(arr, i) (kv->arr + ((j->l * kv->n_slots + j->slots[i]) * T + plen) * KD)
 #ifdef ZDP_KV_X86_
-    if (hd % 16 == 0 && zdp_nn_packed_path() == 2) {
-        if (stream) /* own values not fetched: the next keys to L2 instead */
-            for (int r = 0; r < nr; r++) {
-                const int n = kv->pos[rows[r]] + 1;
-                const float *after = r + 1 < nr ? OWN_(k, rows[r + 1]) + (int64_t)plen * KD : Kp;
-                scores512_(S + (int64_t)r * NH * T + plen, T, j->q + rows[r] * j->qs,
-                           OWN_(k, rows[r]) + (int64_t)plen * KD, after,
-                           n - plen, NH, group, hd, (int)KD, scale, after);
-            }
+    const bool x86 = hd % 16 == 0 && zdp_nn_packed_path() == 2;
+    if (x86) /* the prompt's scores, block by block for every row */
         for (int s0 = 0; s0 < plen; s0 += 16) {
             const int m = plen - s0 < 16 ? plen - s0 : 16, nx = plen - s0 - m < 16 ? plen - s0 - m : 16;
-            group_scores512_(S, T, j->q, j->qs, rows, nr, NH, group, Kp + (int64_t)s0 * KD,
-                             Vp + (int64_t)s0 * KD, s0, m, (int)KD, hd, scale,
-                             Kp + (int64_t)(s0 + m) * KD, nx * (int)(KD / 16));
+            group_scores512_(S, T, j->q, j->qs, rows, nr, NH, group, Kp + (int64_t)s0 * KD, NULL, s0,
+                             m, (int)KD, hd, scale, Kp + (int64_t)(s0 + m) * KD, nx * (int)(KD / 16));
         }
-        if (!stream)
-            for (int r = 0; r < nr; r++) {
-                const int n = kv->pos[rows[r]] + 1;
-                scores512_(S + (int64_t)r * NH * T + plen, T, j->q + rows[r] * j->qs,
-                           OWN_(k, rows[r]) + (int64_t)plen * KD, OWN_(v, rows[r]) + (int64_t)plen * KD,
-                           n - plen, NH, group, hd, (int)KD, scale, NULL);
-            }
-    } else
 #endif
     for (int r = 0; r < nr; r++) {
-        const int n = kv->pos[rows[r]] + 1;
-        const float *Ko = OWN_(k, rows[r]);
-        for (int h = 0; h < NH; h++) {
-            const float *qh = j->q + rows[r] * j->qs + (int64_t)h * hd;
-            float *sr = S + ((int64_t)r * NH + h) * T;
+        const int n = kv->pos[rows[r]] + 1, own = n - plen;
+        float *sr = S + (int64_t)r * NH * T;
+        const float *qr = j->q + rows[r] * j->qs;
+        const bool fits = (int64_t)own * KD * 4 <= OWN_L2_BYTES_;
+#ifdef ZDP_KV_X86_
+        if (x86)
+            scores512_(sr + plen, T, qr, OWN_(k, rows[r]), fits ? OWN_(v, rows[r]) : NULL, own, NH,
+                       group, hd, (int)KD, scale, r + 1 < nr ? OWN_(k, rows[r + 1]) : NULL);
+        else
+#endif
+        for (int h = 0; h < NH; h++)
             for (int s = 0; s < n; s++)
-                sr[s] = scale * dot_(qh, (s < plen ? Kp : Ko) + (int64_t)s * KD + (int64_t)(h / group) * hd, hd);
-        }
+                sr[h * T + s] = scale * dot_(qr + (int64_t)h * hd,
+                                             (s < plen ? Kp + (int64_t)s * KD : OWN_(k, rows[r]) + (int64_t)(s - plen) * KD) +
+                                                 (int64_t)(h / group) * hd, hd);
+        softmax_rows_(sr, T, NH, n); /* attend_'s softmax */
+        /* the row's own weighted values, from L2 (or streamed from memory,
+         * fetched 32 positions ahead) */
+        wheads_(kv->atty + (int64_t)rows[r] * QD, NH, kv->KV, hd, sr + plen, T, own, OWN_(v, rows[r]),
+                KD, 0, kv->KV, 0, fits ? 0 : 32);
     }
-    for (int r = 0; r < nr; r++) /* attend_'s softmax */
-        softmax_rows_(S + (int64_t)r * NH * T, T, NH, kv->pos[rows[r]] + 1);
-    /* The weighted values, attend_'s sums carried across blocks: the
-     * prompt's positions a block at a time for every row (one KV head's
-     * columns of the block in L1), then each row's own. */
-    for (int b0 = 0; b0 < plen; b0 += GROUP_VBLOCK_)
+    /* The prompt's weighted values, a block at a time for every row (one KV
+     * head's columns of the block in L1), each sum carried across blocks. */
+    for (int b0 = 0; b0 < plen; b0 += GROUP_VBLOCK_) {
+        const int nb = plen - b0 < GROUP_VBLOCK_ ? plen - b0 : GROUP_VBLOCK_;
         for (int g = 0; g < kv->KV; g++)
-            weigh_(kv, S, rows, 0, nr, g, g + 1, Vp + (int64_t)b0 * KD, b0,
-                   plen - b0 < GROUP_VBLOCK_ ? plen - b0 : GROUP_VBLOCK_, 0);
-    /* (Streaming: each row's own values fetched 32 positions ahead in its
-     * walks, which now read 3 heads' 768 contiguous bytes a position at
-     * GPT-2's head_dim 64.) */
-    const int pf = stream ? 32 : 0;
-    for (int r = 0; r < nr; r++) {
-        const int n = kv->pos[rows[r]] + 1;
-        weigh_(kv, S, rows, r, r + 1, 0, kv->KV, OWN_(v, rows[r]) + (int64_t)plen * KD, plen,
-               n - plen, pf);
+            for (int r = 0; r < nr; r++)
+                wheads_(W + r * QD, NH, kv->KV, hd, S + (int64_t)r * NH * T + b0, T, nb,
+                        Vp + (int64_t)b0 * KD, KD, g, g + 1, b0 > 0, 0);
+    }
+    for (int r = 0; r < nr; r++) { /* attend_'s sum of the two */
+        float *o = kv->atty + (int64_t)rows[r] * QD;
+        for (int64_t i = 0; i < QD; i++) o[i] = W[r * QD + i] + o[i];
     }
 #undef OWN_
 }
@@ -1340,38 +1329,15 @@ static void attend_rows_(void *ctx, int64_t task, int thread) {
         const int g = (int)((task - nb) / kv->grp_chunks), c = (int)((task - nb) % kv->grp_chunks);
         const int nr = kv->grp[4 * g + 1], r0 = nr * c / kv->grp_chunks, r1 = nr * (c + 1) / kv->grp_chunks;
         const int *rows = kv->grow + kv->grp[4 * g], plen = kv->grp[4 * g + 3];
-        /* In runs of rows whose own keys and values (streamed in by the
-         * scores, weighed after every row's softmax) and scores fit in
-         * GROUP_L2_BYTES_: 16 rows at once lost their values from L2 before
-         * the weighing (SmolLM2 at P 64 with 256 new tokens ran 0.88x the
-         * copies); the prompt, read again per run, stays in L2. */
-        int own = 1;
-        for (int r = r0; r < r1; r++)
-            if (kv->pos[rows[r]] + 1 - plen > own) own = kv->pos[rows[r]] + 1 - plen;
-        const int64_t per_row = (int64_t)own * kv->KV * kv->hd * 8 + (int64_t)kv->NH * kv->T * 4;
-        const int run = GROUP_L2_BYTES_ / per_row < 1 ? 1 : (int)(GROUP_L2_BYTES_ / per_row);
-        /* Runs of one or two rows (long answers: gpt-m's from about 55 own
-         * positions, 3 KB each) would read the prompt once a row or two,
-         * from memory where its keys and values do not stay in L2 between
-         * runs (gpt-m at P 256: 768 KB a layer): one
-         * streaming run instead (attend_group_; attention 0.68x the time
-         * there).  A prompt that fits (SmolLM2 at P 256: 384 KB) keeps the
-         * runs: streaming measured 0.94x there (three pairs, noisy). */
-        if (run < r1 - r0 && (int64_t)plen * kv->KV * kv->hd * 8 > GROUP_L2_BYTES_) {
-            attend_group_(kv, j, rows + r0, r1 - r0, kv->grp[4 * g + 2], plen,
-                          kv->gscore + (int64_t)thread * kv->gscore_per, 1);
-            return;
-        }
-        for (int a = r0; a < r1; a += run)
-            attend_group_(kv, j, rows + a, r1 - a < run ? r1 - a : run, kv->grp[4 * g + 2], plen,
-                          kv->gscore + (int64_t)thread * kv->gscore_per, 0);
+        attend_group_(kv, j, rows + r0, r1 - r0, kv->grp[4 * g + 2], plen,
+                      kv->gscore + (int64_t)thread * kv->gscore_per);
         return;
     }
-    float *score = kv->score + (int64_t)thread * kv->NH * kv->T;
+    float *score = kv->score + (int64_t)thread * (kv->NH * kv->T + QD);
     const int64_t i = kv->lone[task - nb - ng];
     const int64_t base = ((j->l * kv->n_slots + j->slots[i]) * kv->T) * KD;
     attend_(kv->atty + i * QD, j->q + i * j->qs, kv->k + base, kv->v + base, kv->pos[i], kv->NH, kv->KV,
-            kv->hd, score);
+            kv->hd, kv->pre[j->slots[i]], score);
 }
 
 /* Splits a pass's rows for attention: runs of at least PROMPT_ROWS_ rows on
@@ -1431,7 +1397,7 @@ static bool plan_attention_(zdp_kv_cache *kv, const int32_t *slots, int n) {
      * a task (one group on two threads: two chunks, each reading the prompt
      * once); a chunk's scores are (rows, NH, T). */
     kv->grp_chunks = kv->n_grp > 0 && kv->n_grp < kv->n_threads ? (kv->n_threads + kv->n_grp - 1) / kv->n_grp : 1;
-    const int64_t per = (int64_t)((most + kv->grp_chunks - 1) / kv->grp_chunks) * kv->NH * kv->T;
+    const int64_t per = (int64_t)((most + kv->grp_chunks - 1) / kv->grp_chunks) * kv->NH * (kv->T + kv->hd);
     if (per > kv->gscore_per) {
         float *g = realloc(kv->gscore, (size_t)(kv->n_threads * per) * sizeof(float));
         if (g == NULL) return false;
@@ -1469,6 +1435,12 @@ zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t 
                                fn, i, (int)tokens[i], kv->V);
         kv->pos[i] = kv->len[s]++;
     }
+    for (int i = 0; i < n; i++) /* a slot's first pass: its prompt */
+        if (kv->pos[i] == 0) {
+            int e = 0;
+            for (int j = 0; j < n; j++) e += slots[j] == slots[i];
+            kv->pre[slots[i]] = e;
+        }
     /* The adapters' scratch: (n, the largest rank bound to a row's slot). */
     int64_t need = 0;
     for (int i = 0; i < n && kv->n_adapted > 0; i++) {
