@@ -920,15 +920,19 @@ __attribute__((target("avx512f"))) static float rowmax512_(const float *x, int n
 }
 #endif
 
-/* Sums of k (1..4, a constant where inlined) rows p[h*ss + 0..n), each in
- * position order, the rows' additions interleaved (one row's chain of
- * dependent adds waited on each add's latency). */
-static inline __attribute__((always_inline)) void sums_(float *sum, const float *p, int64_t ss,
-                                                        int k, int n) {
-    float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int s = 0; s < n; s++)
-        for (int h = 0; h < k; h++) a[h] += p[h * ss + s];
-    for (int h = 0; h < k; h++) sum[h] = a[h];
+/* x[0] + .. + x[n-1] as dot_ sums: 16 partial sums (lane j: the positions
+ * j, j + 16, .. in order), added by the same halving tree; a fixed order
+ * that the compiler vectorises, where one running sum waited on each add. */
+static inline float sum16_(const float *x, int n) {
+    float acc[16] = {0};
+    int s = 0;
+    for (; s + 16 <= n; s += 16)
+        for (int j = 0; j < 16; j++) acc[j] += x[s + j];
+    for (int j = 0; s < n; s++, j++) acc[j] += x[s];
+    float h8[8], h4[4];
+    for (int j = 0; j < 8; j++) h8[j] = acc[j] + acc[j + 8];
+    for (int j = 0; j < 4; j++) h4[j] = h8[j] + h8[j + 4];
+    return (h4[0] + h4[2]) + (h4[1] + h4[3]);
 }
 
 /* Each of nh score rows S[h*ss + 0..n) <- its softmax: a decode row's
@@ -937,31 +941,19 @@ static inline __attribute__((always_inline)) void sums_(float *sum, const float 
  * or not) gets the same: each row's max, its exps (a loop of zdp_nn_exp_
  * alone, which GCC vectorises with the same operations per element; with
  * the running sum in the same loop it ran one element at a time), their
- * sum from position 0 in order (four rows' sums interleaved), then the
- * products by 1 / sum.  Kept out of line, as are scores512_,
+ * sum (sum16_), then the products by 1 / sum.  Kept out of line, as are scores512_,
  * group_scores512_ and wheads_, so that a profile names each part. */
 __attribute__((noinline)) static void softmax_rows_(float *S, int64_t ss, int nh, int n) {
-    for (int h0 = 0; h0 < nh; h0 += 4) {
-        const int k = nh - h0 < 4 ? nh - h0 : 4;
-        float *p = S + h0 * ss, sum[4];
-        for (int h = 0; h < k; h++) {
-            float *sr = p + h * ss, mx = -INFINITY;
+    for (int h = 0; h < nh; h++) {
+        float *sr = S + h * ss, mx = -INFINITY;
 #ifdef ZDP_KV_X86_
-            if (zdp_nn_packed_path() == 2) mx = rowmax512_(sr, n);
-            else
+        if (zdp_nn_packed_path() == 2) mx = rowmax512_(sr, n);
+        else
 #endif
-            for (int s = 0; s < n; s++) mx = sr[s] > mx ? sr[s] : mx;
-            for (int s = 0; s < n; s++) sr[s] = zdp_nn_exp_(sr[s] - mx);
-        }
-        if (k == 4) sums_(sum, p, ss, 4, n);
-        else if (k == 3) sums_(sum, p, ss, 3, n);
-        else if (k == 2) sums_(sum, p, ss, 2, n);
-        else sums_(sum, p, ss, 1, n);
-        for (int h = 0; h < k; h++) {
-            float *sr = p + h * ss;
-            const float inv = 1.0f / sum[h];
-            for (int s = 0; s < n; s++) sr[s] *= inv;
-        }
+        for (int s = 0; s < n; s++) mx = sr[s] > mx ? sr[s] : mx;
+        for (int s = 0; s < n; s++) sr[s] = zdp_nn_exp_(sr[s] - mx);
+        const float inv = 1.0f / sum16_(sr, n);
+        for (int s = 0; s < n; s++) sr[s] *= inv;
     }
 }
 
