@@ -69,7 +69,8 @@ ZDP_API void zdp_kv_copy_slot(zdp_kv_cache *kv, int dst, int src);
  * may go on appending: its later positions are its own, as are dst's.
  * Emptying src (zdp_kv_clear) moves the prompt into one of its sharers'
  * storage first.  Where src's positions are not one stored run (src itself
- * shares and has appended) or src is already shared at another length,
+ * shares and has appended), src is already shared at another length, or
+ * src has appended past its prompt (the positions of its first pass),
  * this copies instead.  Nothing happens for a slot out of range or dst ==
  * src. */
 ZDP_API void zdp_kv_share_slot(zdp_kv_cache *kv, int dst, int src);

@@ -446,10 +446,12 @@ void zdp_kv_share_slot(zdp_kv_cache *kv, int dst, int src) {
     int r = src; /* the slot whose storage holds the prompt */
     if (kv->base[src] >= 0 && kv->len[src] == kv->blen[src]) r = kv->base[src];
     const int n = kv->len[src];
-    if (n == 0 || kv->base[r] >= 0 || (kv->nshare[r] > 0 && kv->slen[r] != n)) {
+    if (n == 0 || kv->base[r] >= 0 || (kv->nshare[r] > 0 && kv->slen[r] != n) || kv->pre[r] != n) {
         /* src's positions are not one prompt in one slot's storage (src
-         * shares and has added its own), or r already shares another length:
-         * a copy (one prompt length per shared slot keeps the groups simple). */
+         * shares and has added its own), r already shares another length
+         * (one prompt length per shared slot keeps the groups simple), or
+         * r has added positions past its prompt (a group splits its rows'
+         * sums at the shared length, r's own at its prompt's): a copy. */
         zdp_kv_copy_slot(kv, dst, src);
         return;
     }
@@ -853,8 +855,7 @@ score16_(float *dst, const float *qh, const float *kh, int KD, int hd, int m, __
 
 /* score[h*ss + s] for s < n (ss: the score rows' stride, n for attend_).
  * Vc: rows fetched to L2 block by block alongside the keys: the values
- * (weighed next, from L2), or in attend_group_'s streaming runs the keys
- * read next (the next row's own, the prompt's; NULL: none).  after: the key
+ * weighed next, from L2 (NULL: none).  after: the key
  * rows read next, whose first block is fetched to L1 while the last
  * block's scores run (NULL: none). */
 __attribute__((target("avx512f"), noinline)) static void scores512_(float *score, int64_t ss, const float *q,
