@@ -546,6 +546,43 @@ static void test_decode_shared_prompt(void **state) {
     zdp_nn_packed_use_path(99); /* back to the best */
 }
 
+/* Sharing a slot that has decoded past its prompt copies instead (a
+ * group splits its rows' value sums at the shared length, a slot alone at
+ * its prompt's): the source and its sharer get a copy's bits. */
+static void test_share_past_prompt(void **state) {
+    (void)state;
+    enum { BLK = 64, STEPS = 6 };
+    zdp_gpt_config c = {.n_layer = 2, .n_head = 3, .n_embd = 48, .vocab_size = 37, .block_size = BLK};
+    zdp_model m;
+    zdp_error err;
+    if (zdp_gpt_create(&c, 1, &m, &err) != ZDP_OK) fail_msg("%s", err.msg);
+    float **p = alloc_fill_(&m, 77, 0.6f, 0.3f, 1.0f);
+    const float *const *P = (const float *const *)p;
+    const int V = m.vocab_size;
+    int32_t prompt[12], more[3], steps[STEPS][2];
+    rand_tokens_(prompt, 12, V, 5), rand_tokens_(more, 3, V, 6), rand_tokens_(&steps[0][0], 2 * STEPS, V, 7);
+    float *got[2];
+    for (int share = 0; share < 2; share++) {
+        zdp_kv_cache *kv;
+        assert_int_equal(zdp_kv_create(&m, 2, BLK, &kv, &err), ZDP_OK);
+        int32_t sl[12] = {0};
+        assert_int_equal(zdp_lm_decode(kv, P, sl, prompt, 12, NULL, NULL, &err), ZDP_OK);
+        for (int t = 0; t < 3; t++) /* slot 0 decodes past its prompt */
+            assert_int_equal(zdp_lm_decode(kv, P, sl, more + t, 1, NULL, NULL, &err), ZDP_OK);
+        (share ? zdp_kv_share_slot : zdp_kv_copy_slot)(kv, 1, 0);
+        got[share] = malloc((size_t)STEPS * 2 * V * sizeof(float));
+        const int32_t slots[2] = {0, 1};
+        for (int step = 0; step < STEPS; step++)
+            assert_int_equal(zdp_lm_decode(kv, P, slots, steps[step], 2, NULL,
+                                           got[share] + (size_t)step * 2 * V, &err), ZDP_OK);
+        zdp_kv_destroy(kv);
+    }
+    assert_memory_equal(got[0], got[1], (size_t)STEPS * 2 * V * sizeof(float));
+    free(got[0]), free(got[1]);
+    free_params_(p, &m);
+    zdp_model_destroy(&m);
+}
+
 static void test_cache_holds_kv_heads(void **state) {
     (void)state;
     fx f;
@@ -928,6 +965,7 @@ int main(void) {
         cmocka_unit_test(test_shared_prompt),
         cmocka_unit_test(test_decode_scores_paths),
         cmocka_unit_test(test_decode_shared_prompt),
+        cmocka_unit_test(test_share_past_prompt),
         cmocka_unit_test(test_cache_holds_kv_heads),
         cmocka_unit_test(test_topk_logprobs_order),
         cmocka_unit_test(test_sample_topk_cut),
