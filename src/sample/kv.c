@@ -1428,12 +1428,8 @@ zdp_status zdp_lm_decode(zdp_kv_cache *kv, const float *const *P, const int32_t 
                                fn, i, (int)tokens[i], kv->V);
         kv->pos[i] = kv->len[s]++;
     }
-    for (int i = 0; i < n; i++) /* a slot's first pass: its prompt */
-        if (kv->pos[i] == 0) {
-            int e = 0;
-            for (int j = 0; j < n; j++) e += slots[j] == slots[i];
-            kv->pre[slots[i]] = e;
-        }
+    for (int i = 0; i < n; i++) /* a slot's first pass: its prompt, all of its rows here */
+        if (kv->pos[i] == 0) kv->pre[slots[i]] = kv->len[slots[i]];
     /* The adapters' scratch: (n, the largest rank bound to a row's slot). */
     int64_t need = 0;
     for (int i = 0; i < n && kv->n_adapted > 0; i++) {
