@@ -721,25 +721,26 @@ static inline __attribute__((always_inline)) void wv_(float *o, int64_t ostride,
 }
 #endif
 
-/* out[h*hd + 0..hd) (init: += onto its values) = the weighted sum over
- * positions s < n of sr[h*ss + s] * v[h*vstep + s*KD + 0..hd), heads h < nh
- * (1..3): attend_'s sums, each lane from position 0 (or o's value) in
+/* out[h*os + 0..hd) (init: += onto its values) = the weighted sum over
+ * positions s < n of sr[h*ss + s] * v[h*vstep + s*KD + 0..hd), for nh (1..3)
+ * score rows h: a row's heads, or (vstep 0) one head of several query rows
+ * over the same values: attend_'s sums, each lane from position 0 (or o's value) in
  * order, whatever the width (64 or 32 dimensions a walk, then one at a
  * time), so the same bits as one dimension at a time. */
-static void wsum_(float *o, int hd, const float *sr, int64_t ss, int n, const float *v,
+static void wsum_(float *o, int64_t os, int hd, const float *sr, int64_t ss, int n, const float *v,
                   int64_t vstep, int64_t KD, int nh, int init, int pf) {
     int d0 = 0;
 #ifdef __GNUC__
 #define WV_(NV)                                                                                 \
     do {                                                                                        \
         if (vstep == 0) {                                                                       \
-            if (nh == 3) wv_(o + d0, hd, sr, ss, n, v + d0, 0, KD, 3, NV, init, pf);             \
-            else if (nh == 2) wv_(o + d0, hd, sr, ss, n, v + d0, 0, KD, 2, NV, init, pf);        \
-            else wv_(o + d0, hd, sr, ss, n, v + d0, 0, KD, 1, NV, init, pf);                     \
+            if (nh == 3) wv_(o + d0, os, sr, ss, n, v + d0, 0, KD, 3, NV, init, pf);             \
+            else if (nh == 2) wv_(o + d0, os, sr, ss, n, v + d0, 0, KD, 2, NV, init, pf);        \
+            else wv_(o + d0, os, sr, ss, n, v + d0, 0, KD, 1, NV, init, pf);                     \
         } else {                                                                                \
-            if (nh == 3) wv_(o + d0, hd, sr, ss, n, v + d0, vstep, KD, 3, NV, init, pf);         \
-            else if (nh == 2) wv_(o + d0, hd, sr, ss, n, v + d0, vstep, KD, 2, NV, init, pf);    \
-            else wv_(o + d0, hd, sr, ss, n, v + d0, vstep, KD, 1, NV, init, pf);                 \
+            if (nh == 3) wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 3, NV, init, pf);         \
+            else if (nh == 2) wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 2, NV, init, pf);    \
+            else wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 1, NV, init, pf);                 \
         }                                                                                       \
     } while (0)
     for (; d0 + 64 <= hd; d0 += 64) WV_(4);
@@ -748,9 +749,9 @@ static void wsum_(float *o, int hd, const float *sr, int64_t ss, int n, const fl
 #endif
     for (int h = 0; h < nh; h++)
         for (int d = d0; d < hd; d++) {
-            float acc = init ? o[(int64_t)h * hd + d] : 0.0f;
+            float acc = init ? o[h * os + d] : 0.0f;
             for (int s = 0; s < n; s++) acc = fmaf(sr[h * ss + s], v[h * vstep + (int64_t)s * KD + d], acc);
-            o[(int64_t)h * hd + d] = acc;
+            o[h * os + d] = acc;
         }
 }
 
@@ -765,7 +766,7 @@ __attribute__((noinline)) static void wheads_(float *o, int NH, int KV, int hd, 
     for (int h0 = glo * group; h0 < ghi * group;) {
         const int g = h0 / group, end = group == 1 ? ghi : (g + 1) * group;
         const int nh = end - h0 < 3 ? end - h0 : 3;
-        wsum_(o + (int64_t)h0 * hd, hd, sr + h0 * ss, ss, n, v + (int64_t)g * hd,
+        wsum_(o + (int64_t)h0 * hd, hd, hd, sr + h0 * ss, ss, n, v + (int64_t)g * hd,
               group == 1 ? hd : 0, KD, nh, init, pf);
         h0 += nh;
     }
@@ -1074,13 +1075,23 @@ static void attend_group_(zdp_kv_cache *kv, const attend_job_ *j, const int *row
                 KD, 0, kv->KV, 0, fits ? 0 : 32);
     }
     /* The prompt's weighted values, a block at a time for every row (one KV
-     * head's columns of the block in L1), each sum carried across blocks. */
+     * head's columns of the block in L1), each sum carried across blocks.
+     * Where each query head has its own KV head (GPT-2), three rows at a
+     * time share each load of a value row (12 independent sums where one
+     * head of one row had 4, a chain of dependent fused multiply-adds); a
+     * KV head's query heads (GQA) share them already (wheads_). */
     for (int b0 = 0; b0 < plen; b0 += GROUP_VBLOCK_) {
         const int nb = plen - b0 < GROUP_VBLOCK_ ? plen - b0 : GROUP_VBLOCK_;
         for (int g = 0; g < kv->KV; g++)
-            for (int r = 0; r < nr; r++)
-                wheads_(W + r * QD, NH, kv->KV, hd, S + (int64_t)r * NH * T + b0, T, nb,
-                        Vp + (int64_t)b0 * KD, KD, g, g + 1, b0 > 0, 0);
+            if (group == 1)
+                for (int r = 0; r < nr; r += 3)
+                    wsum_(W + r * QD + (int64_t)g * hd, QD, hd, S + ((int64_t)r * NH + g) * T + b0,
+                          (int64_t)NH * T, nb, Vp + (int64_t)b0 * KD + (int64_t)g * hd, 0, KD,
+                          nr - r < 3 ? nr - r : 3, b0 > 0, 0);
+            else
+                for (int r = 0; r < nr; r++)
+                    wheads_(W + r * QD, NH, kv->KV, hd, S + (int64_t)r * NH * T + b0, T, nb,
+                            Vp + (int64_t)b0 * KD, KD, g, g + 1, b0 > 0, 0);
     }
     for (int r = 0; r < nr; r++) { /* attend_'s sum of the two */
         float *o = kv->atty + (int64_t)rows[r] * QD;
