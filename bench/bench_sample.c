@@ -63,6 +63,7 @@
 #include <time.h>
 
 #include "blas_core.h"
+#include "core/core.h"
 #include "nn/nn.h"
 #include "zdp/zdp.h"
 
@@ -218,7 +219,7 @@ static int gemm_bench_(const char *shape, int reps) {
     uint64_t s = 7;
     for (int64_t i = 0; i < M * K; i++) A[i] = (float)(zdp_splitmix64(&s) % 1000) * 1e-3f - 0.5f;
     for (int w = 0; w < nw; w++) {
-        W[w] = malloc((size_t)wf * 4), Bp[w] = malloc((size_t)pf * 4);
+        W[w] = malloc((size_t)wf * 4), Bp[w] = zdp_big_alloc((size_t)pf * 4); /* as the KV cache's packs */
         if (W[w] == NULL || Bp[w] == NULL) return 1;
         for (int64_t i = 0; i < wf; i++) W[w][i] = (float)(zdp_splitmix64(&s) % 1000) * 1e-3f - 0.5f;
         zdp_nn_pack_b(Bp[w], W[w], K, N, 1);

@@ -37,7 +37,11 @@
 #define NR_ 16  /* columns per panel */
 #define MR_ 6   /* rows per register block (AVX paths) */
 #define MC_ 128 /* rows of a row block (prefills): A's block (MC_, K) stays in L2 */
-#define KC_ 128 /* rows of a panel block: 2 x 8 KB on the AVX-512 path, in L1 with the A rows */
+/* Rows of a panel block: 3 x 16 KB on the AVX-512 path.  Each K block loads
+ * and stores the rows' C block once more; 256 against 128 ran batch-32
+ * decode products 1.02-1.09x in cache and streaming (bench_sample --gemm;
+ * 384 ran faster in cache, slower streaming: its next block crowds L1). */
+#define KC_ 256
 #define SPREAD_ROWS_ 64 /* products of 9..SPREAD_ROWS_ rows (decode batches) spread the next block's fetch */
 #define PF_ 32  /* panel rows the AVX-512 kernel prefetches ahead (2 KB; 16, 64, 128 and none measured no better: bench_sample --gemm) */
 
@@ -247,9 +251,12 @@ __attribute__((target("avx512f"))) static void kernel_avx512_(int64_t mr, int64_
  *
  * nb[q], nrows: the panel block after this one (packed_range_: the same
  * panels' next K block, or the next unit's first), fetched to L1 while this
- * one runs: each row block fetches its share of nrows rows, one row of the
- * three panels per k step.  Spread so, the weights stream from memory at an
- * even rate through all the row blocks; a fetch PF_ rows ahead in the first
+ * one runs: each row block fetches its share of nrows rows, its 3 x share
+ * lines spread evenly over all of its kc steps (a line every 1.3 steps at
+ * 32 rows).  Spread so, the weights stream from memory at an even rate
+ * through all the row blocks and steps (three lines a step over the first
+ * share steps, then none, queued the fetches in bursts: the evenly spread
+ * ones ran K 384 products 1.1-1.2x, streaming); a fetch PF_ rows ahead in the first
  * row block alone (as the 2-panel kernel does) asked for the stream in
  * bursts at the rate the first row block consumes it, past what one core
  * reads from memory on Zen 5, while the other row blocks read none (SmolLM2's
@@ -288,7 +295,26 @@ __attribute__((target("avx512f"))) static void kernel_avx512x3_(int64_t mr, int6
         int64_t nf = spread ? (blk + 1) * nrows / nblk - lo : blk == 0 ? nrows : 0;
         nf = nf < kc ? nf : kc;
         int64_t k = 0;
-        if (rn == MR512_) {
+        if (spread) { /* 3 nf lines over kc steps: Bresenham's stepping */
+            const int64_t lines = 3 * nf;
+            int64_t due = 0, pq = 0, row = lo;
+#define K3_SPREAD_FETCH_()                                                                   \
+    for (due += lines; due >= kc; due -= kc) {                                               \
+        _mm_prefetch((const char *)(nb[pq] + row * NR_), _MM_HINT_T0);                       \
+        if (++pq == 3) pq = 0, row++;                                                        \
+    }
+            if (rn == MR512_)
+                for (; k < kc; k++) {
+                    K3_SPREAD_FETCH_();
+                    K3_STEP_(k, MR512_);
+                }
+            else
+                for (; k < kc; k++) {
+                    K3_SPREAD_FETCH_();
+                    K3_STEP_(k, rn);
+                }
+#undef K3_SPREAD_FETCH_
+        } else if (rn == MR512_) {
             for (; k < nf; k++) {
                 K3_FETCH_(k);
                 K3_STEP_(k, MR512_);
