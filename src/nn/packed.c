@@ -38,9 +38,10 @@
 #define MR_ 6   /* rows per register block (AVX paths) */
 #define MC_ 128 /* rows of a row block (prefills): A's block (MC_, K) stays in L2 */
 /* Rows of a panel block: 3 x 16 KB on the AVX-512 path.  Each K block loads
- * and stores the rows' C block once more; 256 against 128 ran batch-32
- * decode products 1.02-1.09x in cache and streaming (bench_sample --gemm;
- * 384 ran faster in cache, slower streaming: its next block crowds L1). */
+ * and stores the rows' C block once more; with the spread fetch below, 256
+ * ran batch-32 decode products at K 384 1.05-1.1x 128's and those at K 1536
+ * alike (bench_sample --gemm, weights streaming); 384 ran faster in cache,
+ * slower streaming: its next block crowds L1. */
 #define KC_ 256
 #define SPREAD_ROWS_ 64 /* products of 9..SPREAD_ROWS_ rows (decode batches) spread the next block's fetch */
 #define PF_ 32  /* panel rows the AVX-512 kernel prefetches ahead (2 KB; 16, 64, 128 and none measured no better: bench_sample --gemm) */
@@ -255,8 +256,9 @@ __attribute__((target("avx512f"))) static void kernel_avx512_(int64_t mr, int64_
  * lines spread evenly over all of its kc steps (a line every 1.3 steps at
  * 32 rows).  Spread so, the weights stream from memory at an even rate
  * through all the row blocks and steps (three lines a step over the first
- * share steps, then none, queued the fetches in bursts: the evenly spread
- * ones ran K 384 products 1.1-1.2x, streaming); a fetch PF_ rows ahead in the first
+ * share steps, then none, queued the fetches in bursts behind L1's miss
+ * buffers: spread evenly, with K blocks of 256, K 384 products ran 1.1-1.2x,
+ * streaming); a fetch PF_ rows ahead in the first
  * row block alone (as the 2-panel kernel does) asked for the stream in
  * bursts at the rate the first row block consumes it, past what one core
  * reads from memory on Zen 5, while the other row blocks read none (SmolLM2's
