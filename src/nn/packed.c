@@ -272,8 +272,6 @@ __attribute__((target("avx512f"))) static void kernel_avx512_(int64_t mr, int64_
             for (int q = 0; q < 3; q++) x[r][q] = _mm512_fmadd_ps(av, b_[q], x[r][q]);       \
         }                                                                                    \
     } while (0)
-#define K3_FETCH_(k)                                                                         \
-    for (int q = 0; q < 3; q++) _mm_prefetch((const char *)(nb[q] + (lo + (k)) * NR_), _MM_HINT_T0)
 __attribute__((target("avx512f"))) static void kernel_avx512x3_(int64_t mr, int64_t kc, const float *a,
                                                                 int64_t lda, const float *b0p,
                                                                 int64_t bstride, float *c, int64_t ldc,
@@ -296,39 +294,26 @@ __attribute__((target("avx512f"))) static void kernel_avx512x3_(int64_t mr, int6
         const int64_t blk = r0 / MR512_, lo = spread ? blk * nrows / nblk : 0;
         int64_t nf = spread ? (blk + 1) * nrows / nblk - lo : blk == 0 ? nrows : 0;
         nf = nf < kc ? nf : kc;
-        int64_t k = 0;
-        if (spread) { /* 3 nf lines over kc steps: Bresenham's stepping */
-            const int64_t lines = 3 * nf;
-            int64_t due = 0, pq = 0, row = lo;
-#define K3_SPREAD_FETCH_()                                                                   \
+        /* Its 3 nf lines over the kc steps, Bresenham's stepping: row by row,
+         * the three panels' lines of a row in turn (not spread: nf is kc or
+         * 0, so the first row block fetches one row of each panel a step). */
+        const int64_t lines = 3 * nf;
+        int64_t due = 0, pq = 0, row = lo;
+#define K3_FETCH_()                                                                          \
     for (due += lines; due >= kc; due -= kc) {                                               \
         _mm_prefetch((const char *)(nb[pq] + row * NR_), _MM_HINT_T0);                       \
         if (++pq == 3) pq = 0, row++;                                                        \
     }
-            if (rn == MR512_)
-                for (; k < kc; k++) {
-                    K3_SPREAD_FETCH_();
-                    K3_STEP_(k, MR512_);
-                }
-            else
-                for (; k < kc; k++) {
-                    K3_SPREAD_FETCH_();
-                    K3_STEP_(k, rn);
-                }
-#undef K3_SPREAD_FETCH_
-        } else if (rn == MR512_) {
-            for (; k < nf; k++) {
-                K3_FETCH_(k);
+        if (rn == MR512_)
+            for (int64_t k = 0; k < kc; k++) {
+                K3_FETCH_();
                 K3_STEP_(k, MR512_);
             }
-            for (; k < kc; k++) K3_STEP_(k, MR512_);
-        } else {
-            for (; k < nf; k++) {
-                K3_FETCH_(k);
+        else
+            for (int64_t k = 0; k < kc; k++) {
+                K3_FETCH_();
                 K3_STEP_(k, rn);
             }
-            for (; k < kc; k++) K3_STEP_(k, rn);
-        }
         if (bias != NULL)
             for (int q = 0; q < 3; q++) {
                 const __m512 bq = _mm512_maskz_loadu_ps(m[q], bias + q * NR_);
