@@ -672,10 +672,12 @@ static void adapt_(zdp_kv_cache *kv, int site, float *out, const float *inp, int
  * heads of a model whose heads each have their own (GPT-2), nh x nv
  * independent sums where one head's two were a chain of dependent adds.
  * init: the sums go on from o's values (a group's rows, position block by
- * block, attend_group_), else from 0.  pf > 0: the lines this walk reads of
- * position s + pf are fetched while position s is summed (a row's own
- * values, read once from memory).  GCC keeps a float array accumulator on
- * the stack, hence the vector type. */
+ * block, attend_group_), else from 0.  While position s < pfn is summed,
+ * the lines this walk reads of it are fetched at pfo floats further on: a
+ * row's own values 32 positions ahead (read once, from memory), or a shared
+ * prompt's next head's (or next block's) values, which the group's next
+ * walks read.  GCC keeps a float array accumulator on the stack, hence the
+ * vector type. */
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -693,7 +695,7 @@ static inline __attribute__((always_inline)) v16_ fma16_(float w, v16_ x, v16_ a
 static inline __attribute__((always_inline)) void wv_(float *o, int64_t ostride, const float *sr,
                                                       int64_t sstride, int n, const float *v,
                                                       int64_t vstep, int64_t KD, int nh, int nv,
-                                                      int init, int pf) {
+                                                      int init, int64_t pfo, int pfn) {
     /* 16-float vectors (AVX-512 registers where the target has them; GCC
      * splits them otherwise): each lane's fused multiply-add is the scalar
      * loop's fmaf, in its order. */
@@ -703,10 +705,10 @@ static inline __attribute__((always_inline)) void wv_(float *o, int64_t ostride,
             for (int c = 0; c < nv; c++) memcpy(&a[h][c], o + h * ostride + 16 * c, 64);
     for (int s = 0; s < n; s++) {
         const float *vs = v + (size_t)s * KD;
-        if (pf > 0 && s + pf < n)
+        if (s < pfn)
             for (int h = 0; h < (vstep != 0 ? nh : 1); h++)
                 for (int c = 0; c < nv; c++)
-                    __builtin_prefetch(vs + (size_t)pf * KD + h * vstep + 16 * c, 0, 3);
+                    __builtin_prefetch(vs + pfo + h * vstep + 16 * c, 0, 3);
         for (int h = 0; h < nh; h++) {
             const float w = sr[h * sstride + s];
             for (int c = 0; c < nv; c++) {
@@ -728,19 +730,19 @@ static inline __attribute__((always_inline)) void wv_(float *o, int64_t ostride,
  * order, whatever the width (64 or 32 dimensions a walk, then one at a
  * time), so the same bits as one dimension at a time. */
 static void wsum_(float *o, int64_t os, int hd, const float *sr, int64_t ss, int n, const float *v,
-                  int64_t vstep, int64_t KD, int nh, int init, int pf) {
+                  int64_t vstep, int64_t KD, int nh, int init, int64_t pfo, int pfn) {
     int d0 = 0;
 #ifdef __GNUC__
 #define WV_(NV)                                                                                 \
     do {                                                                                        \
         if (vstep == 0) {                                                                       \
-            if (nh == 3) wv_(o + d0, os, sr, ss, n, v + d0, 0, KD, 3, NV, init, pf);             \
-            else if (nh == 2) wv_(o + d0, os, sr, ss, n, v + d0, 0, KD, 2, NV, init, pf);        \
-            else wv_(o + d0, os, sr, ss, n, v + d0, 0, KD, 1, NV, init, pf);                     \
+            if (nh == 3) wv_(o + d0, os, sr, ss, n, v + d0, 0, KD, 3, NV, init, pfo, pfn);             \
+            else if (nh == 2) wv_(o + d0, os, sr, ss, n, v + d0, 0, KD, 2, NV, init, pfo, pfn);        \
+            else wv_(o + d0, os, sr, ss, n, v + d0, 0, KD, 1, NV, init, pfo, pfn);                     \
         } else {                                                                                \
-            if (nh == 3) wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 3, NV, init, pf);         \
-            else if (nh == 2) wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 2, NV, init, pf);    \
-            else wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 1, NV, init, pf);                 \
+            if (nh == 3) wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 3, NV, init, pfo, pfn);         \
+            else if (nh == 2) wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 2, NV, init, pfo, pfn);    \
+            else wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 1, NV, init, pfo, pfn);                 \
         }                                                                                       \
     } while (0)
     for (; d0 + 64 <= hd; d0 += 64) WV_(4);
@@ -761,13 +763,13 @@ static void wsum_(float *o, int64_t os, int hd, const float *sr, int64_t ss, int
  * consecutive heads at a time (nh x 4 independent sums, each value row's
  * 3 x hd floats read contiguously). */
 __attribute__((noinline)) static void wheads_(float *o, int NH, int KV, int hd, const float *sr, int64_t ss, int n,
-                    const float *v, int64_t KD, int glo, int ghi, int init, int pf) {
+                    const float *v, int64_t KD, int glo, int ghi, int init, int64_t pfo, int pfn) {
     const int group = NH / KV;
     for (int h0 = glo * group; h0 < ghi * group;) {
         const int g = h0 / group, end = group == 1 ? ghi : (g + 1) * group;
         const int nh = end - h0 < 3 ? end - h0 : 3;
         wsum_(o + (int64_t)h0 * hd, hd, hd, sr + h0 * ss, ss, n, v + (int64_t)g * hd,
-              group == 1 ? hd : 0, KD, nh, init, pf);
+              group == 1 ? hd : 0, KD, nh, init, pfo, pfn);
         h0 += nh;
     }
 }
@@ -991,15 +993,15 @@ static void attend_(float *out, const float *q, const float *K, const float *Vc,
      * runs over the positions in order from 0, with the same operations:
      * the same bits as head by head. */
     if (n <= pre) { /* a prompt's row */
-        wheads_(out, NH, KVh, hd, score, n, n, Vc, KD, 0, KVh, 0, 0);
+        wheads_(out, NH, KVh, hd, score, n, n, Vc, KD, 0, KVh, 0, 0, 0);
         return;
     }
     /* The prompt's positions and the row's own as two sums, added: the
      * bits of attend_group_, which weighs a shared prompt's values once
      * for all of its rows. */
     float *a = score + (int64_t)NH * n;
-    wheads_(a, NH, KVh, hd, score, n, pre, Vc, KD, 0, KVh, 0, 0);
-    wheads_(out, NH, KVh, hd, score + pre, n, n - pre, Vc + (int64_t)pre * KD, KD, 0, KVh, 0, 0);
+    wheads_(a, NH, KVh, hd, score, n, pre, Vc, KD, 0, KVh, 0, 0, 0);
+    wheads_(out, NH, KVh, hd, score + pre, n, n - pre, Vc + (int64_t)pre * KD, KD, 0, KVh, 0, 0, 0);
     for (int i = 0; i < NH * hd; i++) out[i] = a[i] + out[i];
 }
 
@@ -1072,7 +1074,7 @@ static void attend_group_(zdp_kv_cache *kv, const attend_job_ *j, const int *row
         /* the row's own weighted values, from L2 (or streamed from memory,
          * fetched 32 positions ahead) */
         wheads_(kv->atty + (int64_t)rows[r] * QD, NH, kv->KV, hd, sr + plen, T, own, OWN_(v, rows[r]),
-                KD, 0, kv->KV, 0, fits ? 0 : 32);
+                KD, 0, kv->KV, 0, 32 * KD, fits ? 0 : own - 32);
     }
     /* The prompt's weighted values, a block at a time for every row (one KV
      * head's columns of the block in L1), each sum carried across blocks.
@@ -1084,14 +1086,26 @@ static void attend_group_(zdp_kv_cache *kv, const attend_job_ *j, const int *row
         const int nb = plen - b0 < GROUP_VBLOCK_ ? plen - b0 : GROUP_VBLOCK_;
         for (int g = 0; g < kv->KV; g++)
             if (group == 1)
-                for (int r = 0; r < nr; r += 3)
+                for (int r = 0; r < nr; r += 3) {
+                    /* The first three rows' walk fetches what the next
+                     * walks read: this block's next head, or the next
+                     * block's first (its values waited on memory,
+                     * ~20% of this loop on gpt-m P 256). */
+                    int64_t pfo = hd;
+                    int pfn = r == 0 ? nb : 0;
+                    if (g == kv->KV - 1) {
+                        const int left = plen - b0 - GROUP_VBLOCK_;
+                        pfo = (int64_t)GROUP_VBLOCK_ * KD - (int64_t)g * hd;
+                        pfn = pfn < left ? pfn : left > 0 ? left : 0;
+                    }
                     wsum_(W + r * QD + (int64_t)g * hd, QD, hd, S + ((int64_t)r * NH + g) * T + b0,
                           (int64_t)NH * T, nb, Vp + (int64_t)b0 * KD + (int64_t)g * hd, 0, KD,
-                          nr - r < 3 ? nr - r : 3, b0 > 0, 0);
+                          nr - r < 3 ? nr - r : 3, b0 > 0, pfo, pfn);
+                }
             else
                 for (int r = 0; r < nr; r++)
                     wheads_(W + r * QD, NH, kv->KV, hd, S + (int64_t)r * NH * T + b0, T, nb,
-                            Vp + (int64_t)b0 * KD, KD, g, g + 1, b0 > 0, 0);
+                            Vp + (int64_t)b0 * KD, KD, g, g + 1, b0 > 0, 0, 0);
     }
     for (int r = 0; r < nr; r++) { /* attend_'s sum of the two */
         float *o = kv->atty + (int64_t)rows[r] * QD;

@@ -472,11 +472,13 @@ static void test_decode_scores_paths(void **state) {
  * 20 decode steps of all six with different tokens; at step 8 the shared
  * slot 0 is cleared (its prompt moves to a sharer) and takes a new 9-token
  * prompt, at step 12 slot 5 becomes a copy of sharer 1.  A GQA Llama (3
- * query heads per KV head, head_dim 32) and a GPT-2 (head size 16: the
- * scalar tail), on the AVX-512 scores and on the one-position loop. */
+ * query heads per KV head, head_dim 32), a GPT-2 with head size 16 (the
+ * scalar tail) and one with head size 64 (the vector walks over the
+ * prompt's values, three rows at a time, fetching the next head's and the
+ * next block's), on the AVX-512 scores and on the one-position loop. */
 static void test_decode_shared_prompt(void **state) {
     (void)state;
-    for (int kind = 0; kind < 2; kind++)
+    for (int kind = 0; kind < 3; kind++)
         for (int path = 2; path >= 1; path--) {
             if (zdp_nn_packed_use_path(path) != path) continue; /* the CPU lacks it */
             zdp_model m;
@@ -491,7 +493,8 @@ static void test_decode_shared_prompt(void **state) {
                                       .initializer_range = 0.02};
                 st = zdp_llama_create(&c, 1, &m, &err);
             } else {
-                zdp_gpt_config c = {.n_layer = 2, .n_head = 3, .n_embd = 48, .vocab_size = 37,
+                zdp_gpt_config c = {.n_layer = 2, .n_head = kind == 1 ? 3 : 2,
+                                    .n_embd = kind == 1 ? 48 : 128, .vocab_size = 37,
                                     .block_size = BLK};
                 st = zdp_gpt_create(&c, 1, &m, &err);
             }
@@ -537,7 +540,7 @@ static void test_decode_shared_prompt(void **state) {
             for (int64_t k = 0; k < (int64_t)STEPS * NS * V; k++)
                 if (memcmp(&got[0][k], &got[1][k], sizeof(float)) != 0)
                     fail_msg("%s, path %d: step %lld, row %lld, logit %lld: shared %.9g, copied %.9g",
-                             kind == 0 ? "llama" : "gpt", path, (long long)(k / V / NS),
+                             kind == 0 ? "llama" : kind == 1 ? "gpt hd 16" : "gpt hd 64", path, (long long)(k / V / NS),
                              (long long)(k / V % NS), (long long)(k % V), got[1][k], got[0][k]);
             free(got[0]), free(got[1]);
             free_params_(p, &m);
