@@ -54,14 +54,12 @@
  *   keeps the weight in cache, the kernel's own speed).  Prints the medians of
  *   GFLOP/s per CPU second and per wall second of each, and their ratio.
  */
-#define _DEFAULT_SOURCE /* madvise */
 #define _POSIX_C_SOURCE 200809L
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 
 #include "blas_core.h"
@@ -202,18 +200,6 @@ static double median_(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* n bytes on 2 MB pages where Linux gives them, as the KV cache's packed
- * weights are (core.c's zdp_big_alloc, which libzdp does not export). */
-static void *big_alloc_(size_t n) {
-    const size_t huge = (size_t)2 << 20, len = (n + huge - 1) / huge * huge;
-    void *p = NULL;
-    if (posix_memalign(&p, huge, len) != 0) return NULL;
-#ifdef MADV_HUGEPAGE
-    (void)madvise(p, len, MADV_HUGEPAGE); /* a hint: refused, the pages stay 4 KB */
-#endif
-    return p;
-}
-
 /* --gemm M,K,N: packed kernels against cblas_sgemm, alternating. */
 static int gemm_bench_(const char *shape, int reps) {
     long M, K, N, nwant = 0;
@@ -232,7 +218,7 @@ static int gemm_bench_(const char *shape, int reps) {
     uint64_t s = 7;
     for (int64_t i = 0; i < M * K; i++) A[i] = (float)(zdp_splitmix64(&s) % 1000) * 1e-3f - 0.5f;
     for (int w = 0; w < nw; w++) {
-        W[w] = malloc((size_t)wf * 4), Bp[w] = big_alloc_((size_t)pf * 4);
+        W[w] = malloc((size_t)wf * 4), Bp[w] = zdp_big_alloc((size_t)pf * 4);
         if (W[w] == NULL || Bp[w] == NULL) return 1;
         for (int64_t i = 0; i < wf; i++) W[w][i] = (float)(zdp_splitmix64(&s) % 1000) * 1e-3f - 0.5f;
         zdp_nn_pack_b(Bp[w], W[w], K, N, 1);
@@ -443,7 +429,7 @@ int main(int argc, char **argv) {
     int64_t nparam = 0;
     for (int i = 0; i < m.n_params; i++) {
         int64_t n = m.params[i].shape[0] * (m.params[i].ndim == 2 ? m.params[i].shape[1] : 1);
-        p[i] = malloc((size_t)n * sizeof(float));
+        p[i] = zdp_big_alloc((size_t)n * sizeof(float)); /* as the engine's and the server's */
         nparam += n;
     }
     if (gpt) zdp_gpt_init_params(&m, p, seed);

@@ -1,5 +1,6 @@
 /*
- * zdp/core.h -- status codes, zdp_error, ZDP_API, logging, splitmix64.
+ * zdp/core.h -- status codes, zdp_error, ZDP_API, logging, splitmix64,
+ * zdp_big_alloc.
  * Part of the public API; include zdp/zdp.h for all of it.
  */
 #ifndef ZDP_PUBLIC_CORE_H
@@ -70,6 +71,26 @@ ZDP_API void zdp_set_log(zdp_log_fn fn, void *user);
  * 0x9E3779B97F4A7C15 to *state, then mixes: the same numbers on every
  * machine, so another program can reproduce zdp's data. */
 ZDP_API uint64_t zdp_splitmix64(uint64_t *state);
+
+/* Memory for the large buffers every step streams through (flat
+ * parameters, gradients, optimizer state, activations, a KV cache): 64-byte
+ * aligned; from 2 MB up, 2 MB aligned and asked for in 2 MB pages
+ * (madvise(MADV_HUGEPAGE): Linux's transparent huge pages in their
+ * "madvise" mode, Debian's default).  With 4 KB pages a product streaming
+ * a 100 MB operand takes a TLB miss every 4 KB and the hardware prefetchers
+ * stop at every page end (a KV cache's rows crossed a page every 5
+ * positions: SmolLM2's batch-32 decode 1.15x per CPU second in 2 MB
+ * pages, docs/benchmarks-sample.md, "Seventh pass").  Under some
+ * hypervisors 4 KB pages cost far more: streaming 538 MB of weights a pass
+ * through them stalled for tens to hundreds of milliseconds at a time
+ * (SmolLM2's batch-1 decode ~20x slower at the median pass, "Fourteenth
+ * pass"), so every buffer of model weights that is read pass after pass
+ * (the engine's, the server's base and sampler weights, the CLI's) comes
+ * from here.  A hint only: where it is refused the pages are 4 KB and
+ * nothing else changes.  Not zeroed; free() frees it; NULL on failure.
+ * Public so that a program holding its own copy of a model's weights (the
+ * server, the zdp tool, the benchmarks) can put it on the same pages. */
+ZDP_API void *zdp_big_alloc(size_t nbytes);
 
 #ifdef __cplusplus
 }

@@ -34,7 +34,8 @@
  *     zdp_dist_finalize();
  *
  * This header includes the whole API; its parts, by subject:
- *   zdp/core.h    status codes, zdp_error, ZDP_API, logging, splitmix64
+ *   zdp/core.h    status codes, zdp_error, ZDP_API, logging, splitmix64,
+ *                 zdp_big_alloc (2 MB pages for weights)
  *   zdp/dist.h    the distributed runtime (MPI start-up, agreement)
  *   zdp/config.h  ds_config.json
  *   zdp/model.h   the model interface and the grad sink; the MLP

@@ -50,18 +50,7 @@ typedef struct zdp_mem_counter {
     int64_t bytes[ZDP_MEM_NCATEGORIES];
 } zdp_mem_counter;
 
-/* Memory for the large buffers every step streams through (flat
- * parameters, gradients, optimizer state, activations, a KV cache): 64-byte
- * aligned; from 2 MB up, 2 MB aligned and asked for in 2 MB pages
- * (madvise(MADV_HUGEPAGE): Linux's transparent huge pages in their
- * "madvise" mode, Debian's default).  With 4 KB pages a product streaming
- * a 100 MB operand takes a TLB miss every 4 KB and the hardware prefetchers
- * stop at every page end (a KV cache's rows crossed a page every 5
- * positions: SmolLM2's batch-32 decode 1.15x per CPU second in 2 MB
- * pages, docs/benchmarks-sample.md, "Seventh pass").  A hint only: where it is refused the pages are
- * 4 KB and nothing else changes.  Not zeroed; free() frees it; NULL on
- * failure. */
-void *zdp_big_alloc(size_t nbytes);
+/* zdp_big_alloc (2 MB pages for the large buffers): zdp/core.h. */
 
 /* 64-byte aligned, zero-filled allocation counted in *counter under cat
  * (zdp_big_alloc: 2 MB pages from 2 MB up).

@@ -74,7 +74,7 @@ static bool whole_copies_(const server *s) { return s->cfg.zero.stage == 3 && !s
 static float **whole_get_(server *s, zdp_engine *e, int np, bool gather, zdp_error *err) {
     const int64_t n = zdp_engine_numel(e);
     float **v = calloc((size_t)np, sizeof *v);
-    float *block = v != NULL ? malloc((size_t)n * sizeof(float)) : NULL; /* (n) every tensor, v[0] first */
+    float *block = v != NULL ? zdp_big_alloc((size_t)n * sizeof(float)) : NULL; /* (n) every tensor, v[0] first */
     /* The gathers are collective: every rank has its copy first (without
      * them the caller handles a failure on this rank alone). */
     if (gather ? !zdp_dist_all_ok(block != NULL) : block == NULL) {
@@ -118,7 +118,7 @@ float **serve_base_get(server *s, char *why, size_t why_size) {
     int64_t n = 0;
     for (int i = 0; i < np; i++) n += numel_(&s->model.params[i]);
     float **v = calloc((size_t)np, sizeof *v);
-    float *block = v != NULL ? malloc((size_t)n * sizeof(float)) : NULL; /* (n) every tensor, v[0] first */
+    float *block = v != NULL ? zdp_big_alloc((size_t)n * sizeof(float)) : NULL; /* (n) every tensor, v[0] first */
     /* The gathers are collective: every rank has its block first, or none
      * gathers and the batch fails on every rank. */
     if (!zdp_dist_all_ok(block != NULL)) {
@@ -736,7 +736,7 @@ static void snap_load_(server *s, const char *path, verr *why) {
     s->snap = calloc((size_t)np, sizeof *s->snap);
     bool ok = s->snap_path != NULL && s->snap != NULL;
     for (int i = 0; ok && i < np; i++)
-        ok = (s->snap[i] = malloc((size_t)numel_(&s->model.params[i]) * sizeof(float))) != NULL;
+        ok = (s->snap[i] = zdp_big_alloc((size_t)numel_(&s->model.params[i]) * sizeof(float))) != NULL;
     zdp_status st = ok ? s->opt.lm.load(s->opt.lm.ctx, path, &s->model, s->snap, &err) : ZDP_ERR_NOMEM;
     if (st != ZDP_OK) {
         serve_free_snapshot(s);

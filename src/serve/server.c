@@ -160,7 +160,7 @@ zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error 
         for (int i = 0; i < s->model.n_params; i++) {
             int64_t n = 1;
             for (int d = 0; d < s->model.params[i].ndim; d++) n *= s->model.params[i].shape[d];
-            if ((s->base[i] = malloc((size_t)n * sizeof(float))) == NULL)
+            if ((s->base[i] = zdp_big_alloc((size_t)n * sizeof(float))) == NULL)
                 return fail_(err, "out of memory for the base weights");
         }
         if ((st = s->opt.lm.init(s->opt.lm.ctx, &s->model, s->base, err)) != ZDP_OK) return st;

@@ -140,7 +140,7 @@ zdp_status lm_dir_save(const lm_dir *d, const char *path, const zdp_model *model
 float **lm_views_alloc(const zdp_model *model) {
     float **v = calloc((size_t)model->n_params, sizeof *v);
     for (int i = 0; v != NULL && i < model->n_params; i++)
-        if ((v[i] = malloc((size_t)numel_(&model->params[i]) * sizeof(float))) == NULL) {
+        if ((v[i] = zdp_big_alloc((size_t)numel_(&model->params[i]) * sizeof(float))) == NULL) {
             lm_views_free(model, v);
             return NULL;
         }

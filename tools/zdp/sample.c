@@ -369,7 +369,7 @@ int cmd_sample(int argc, char **argv) {
     for (int i = 0; rc == 0 && i < model.n_params; i++) {
         int64_t n = 1;
         for (int d = 0; d < model.params[i].ndim; d++) n *= model.params[i].shape[d];
-        if ((views[i] = malloc((size_t)n * sizeof(float))) == NULL) rc = cli_fail("out of memory");
+        if ((views[i] = zdp_big_alloc((size_t)n * sizeof(float))) == NULL) rc = cli_fail("out of memory");
     }
     if (rc == 0 && zdp_gpt_weights_load(weights, &c, model.params, model.n_params, views, &err) != ZDP_OK)
         rc = cli_fail("--weights %s", err.msg);

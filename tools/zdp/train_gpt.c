@@ -427,7 +427,7 @@ static int lora_start_(const gpt_opts *o, run_state *st) {
         const zdp_param_info *p = &st->base.params[i];
         int64_t n = 1;
         for (int d = 0; d < p->ndim; d++) n *= p->shape[d];
-        if ((st->base_params[i] = malloc((size_t)n * sizeof(float))) == NULL)
+        if ((st->base_params[i] = zdp_big_alloc((size_t)n * sizeof(float))) == NULL)
             return cli_fail("out of memory for the base weights");
     }
     if (zdp_hf_weights_load(o->model_dir, &st->base, st->base_params, &err) != ZDP_OK)
