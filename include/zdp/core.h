@@ -84,9 +84,9 @@ ZDP_API uint64_t zdp_splitmix64(uint64_t *state);
  * hypervisors 4 KB pages cost far more: streaming 538 MB of weights a pass
  * through them stalled for tens to hundreds of milliseconds at a time
  * (SmolLM2's batch-1 decode up to 20x slower, docs/benchmarks-sample.md,
- * "Thirteenth pass"), so every buffer of model weights that is read pass after pass
- * (the engine's, the server's base and sampler weights, the CLI's) comes
- * from here.  A hint only: where it is refused the pages are 4 KB and
+ * "Thirteenth pass"), so every buffer of model weights that is read pass
+ * after pass (the engine's, the server's base and sampler weights, the
+ * zdp tool's) comes from here.  A hint only: where it is refused the pages are 4 KB and
  * nothing else changes.  Not zeroed; free() frees it; NULL on failure.
  * Public so that a program holding its own copy of a model's weights (the
  * server, the zdp tool, the benchmarks) can put it on the same pages. */

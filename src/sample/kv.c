@@ -733,17 +733,17 @@ static void wsum_(float *o, int64_t os, int hd, const float *sr, int64_t ss, int
                   int64_t vstep, int64_t KD, int nh, int init, int64_t pfo, int pfn) {
     int d0 = 0;
 #ifdef __GNUC__
-#define WV_(NV)                                                                                 \
-    do {                                                                                        \
-        if (vstep == 0) {                                                                       \
-            if (nh == 3) wv_(o + d0, os, sr, ss, n, v + d0, 0, KD, 3, NV, init, pfo, pfn);             \
-            else if (nh == 2) wv_(o + d0, os, sr, ss, n, v + d0, 0, KD, 2, NV, init, pfo, pfn);        \
-            else wv_(o + d0, os, sr, ss, n, v + d0, 0, KD, 1, NV, init, pfo, pfn);                     \
-        } else {                                                                                \
-            if (nh == 3) wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 3, NV, init, pfo, pfn);         \
-            else if (nh == 2) wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 2, NV, init, pfo, pfn);    \
-            else wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 1, NV, init, pfo, pfn);                 \
-        }                                                                                       \
+#define WV_(NV)                                                                                         \
+    do {                                                                                                \
+        if (vstep == 0) {                                                                               \
+            if (nh == 3) wv_(o + d0, os, sr, ss, n, v + d0, 0, KD, 3, NV, init, pfo, pfn);              \
+            else if (nh == 2) wv_(o + d0, os, sr, ss, n, v + d0, 0, KD, 2, NV, init, pfo, pfn);         \
+            else wv_(o + d0, os, sr, ss, n, v + d0, 0, KD, 1, NV, init, pfo, pfn);                      \
+        } else {                                                                                        \
+            if (nh == 3) wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 3, NV, init, pfo, pfn);          \
+            else if (nh == 2) wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 2, NV, init, pfo, pfn);     \
+            else wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 1, NV, init, pfo, pfn);                  \
+        }                                                                                               \
     } while (0)
     for (; d0 + 64 <= hd; d0 += 64) WV_(4);
     for (; d0 + 32 <= hd; d0 += 32) WV_(2);
