@@ -14,8 +14,16 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 run() { # run NP ARGS... -> stdout+stderr in $T/out, exit code in $rc
   local np=$1; shift
-  timeout "${RUN_TIMEOUT:-120}" "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" "$@" >"$T/out" 2>&1
-  rc=$?
+  if [ -n "${SPLIT_OUT:-}" ]; then
+    # stdout alone in $T/stdout as well: in one file, mpirun can splice a
+    # stderr chunk into the middle of a stdout line (even of "step N | loss").
+    timeout "${RUN_TIMEOUT:-120}" "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" "$@" >"$T/stdout" 2>"$T/stderr"
+    rc=$?
+    cat "$T/stdout" "$T/stderr" >"$T/out"
+  else
+    timeout "${RUN_TIMEOUT:-120}" "$MPIEXEC" -np "$np" --oversubscribe "$ZDP" "$@" >"$T/out" 2>&1
+    rc=$?
+  fi
   if [ $rc -eq 124 ]; then fail "timed out (hang): zdp $*"; fi
 }
 expect_ok() { # expect_ok NP ARGS...
