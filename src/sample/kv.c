@@ -1085,24 +1085,20 @@ static void attend_group_(zdp_kv_cache *kv, const attend_job_ *j, const int *row
     for (int b0 = 0; b0 < plen; b0 += GROUP_VBLOCK_) {
         const int nb = plen - b0 < GROUP_VBLOCK_ ? plen - b0 : GROUP_VBLOCK_;
         for (int g = 0; g < kv->KV; g++)
-            if (group == 1)
-                for (int r = 0; r < nr; r += 3) {
-                    /* The first three rows' walk fetches what the next
-                     * walks read: this block's next head, or the next
-                     * block's first (its values waited on memory,
-                     * ~20% of this loop on gpt-m P 256). */
-                    int64_t pfo = hd;
-                    int pfn = r == 0 ? nb : 0;
-                    if (g == kv->KV - 1) {
-                        const int left = plen - b0 - GROUP_VBLOCK_;
-                        pfo = (int64_t)GROUP_VBLOCK_ * KD - (int64_t)g * hd;
-                        pfn = pfn < left ? pfn : left > 0 ? left : 0;
-                    }
+            if (group == 1) {
+                /* The first three rows' walk fetches what the next walks
+                 * read: this block's next head, or the next block's first
+                 * (its values waited on memory, ~20% of this loop on gpt-m
+                 * P 256). */
+                const int left = plen - b0 - GROUP_VBLOCK_;
+                const bool last = g == kv->KV - 1;
+                const int64_t pfo = last ? (int64_t)GROUP_VBLOCK_ * KD - (int64_t)g * hd : hd;
+                const int pfn = !last ? nb : left < nb ? (left > 0 ? left : 0) : nb;
+                for (int r = 0; r < nr; r += 3)
                     wsum_(W + r * QD + (int64_t)g * hd, QD, hd, S + ((int64_t)r * NH + g) * T + b0,
                           (int64_t)NH * T, nb, Vp + (int64_t)b0 * KD + (int64_t)g * hd, 0, KD,
-                          nr - r < 3 ? nr - r : 3, b0 > 0, pfo, pfn);
-                }
-            else
+                          nr - r < 3 ? nr - r : 3, b0 > 0, pfo, r == 0 ? pfn : 0);
+            } else
                 for (int r = 0; r < nr; r++)
                     wheads_(W + r * QD, NH, kv->KV, hd, S + (int64_t)r * NH * T + b0, T, nb,
                             Vp + (int64_t)b0 * KD, KD, g, g + 1, b0 > 0, 0, 0);
