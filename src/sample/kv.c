@@ -665,12 +665,14 @@ static void adapt_(zdp_kv_cache *kv, int site, float *out, const float *inp, int
 
 #ifdef __GNUC__
 /* o[h*ostride + 0..16*nv) = sum over s < n of sr[h*sstride + s] *
- * v[h*vstep + s*KD + 0..16*nv), for heads h < nh (1..3) and nv (2 or 4)
- * 16-float vectors per head, all constants where it is inlined; the
- * positions in order.  vstep 0: the heads share one KV head's values (GQA),
- * each value row loaded once for all nh heads; vstep hd: nh consecutive
- * heads of a model whose heads each have their own (GPT-2), nh x nv
- * independent sums where one head's two were a chain of dependent adds.
+ * v[h*vstep + s*KD + 0..16*nv), for heads h < nh (1..3, or 6 with vstep hd)
+ * and nv (2 or 4) 16-float vectors per head, all constants where it is
+ * inlined; the positions in order.  vstep 0: the heads share one KV head's
+ * values (GQA), each value row loaded once for all nh heads; vstep hd: nh
+ * consecutive heads of a model whose heads each have their own (GPT-2),
+ * nh x nv independent sums where one head's two were a chain of dependent
+ * adds (6 x 4 = 24 sums: 6 heads of 64 dimensions read 1.5 KB of each value
+ * row front to back, one stream the hardware fetches ahead).
  * init: the sums go on from o's values (a group's rows, position block by
  * block, attend_group_), else from 0.  While position s < pfn is summed,
  * the lines this walk reads of it are fetched at pfo floats further on: a
@@ -699,7 +701,7 @@ static inline __attribute__((always_inline)) void wv_(float *o, int64_t ostride,
     /* 16-float vectors (AVX-512 registers where the target has them; GCC
      * splits them otherwise): each lane's fused multiply-add is the scalar
      * loop's fmaf, in its order. */
-    v16_ a[3][4] = {{{0}}};
+    v16_ a[6][4] = {{{0}}};
     if (init)
         for (int h = 0; h < nh; h++)
             for (int c = 0; c < nv; c++) memcpy(&a[h][c], o + h * ostride + 16 * c, 64);
@@ -724,8 +726,8 @@ static inline __attribute__((always_inline)) void wv_(float *o, int64_t ostride,
 #endif
 
 /* out[h*os + 0..hd) (init: += onto its values) = the weighted sum over
- * positions s < n of sr[h*ss + s] * v[h*vstep + s*KD + 0..hd), for nh (1..3)
- * score rows h: a row's heads, or (vstep 0) one head of several query rows
+ * positions s < n of sr[h*ss + s] * v[h*vstep + s*KD + 0..hd), for nh (1..3,
+ * or 6 with vstep hd) score rows h: a row's heads, or (vstep 0) one head of several query rows
  * over the same values: attend_'s sums, each lane from position 0 (or o's value) in
  * order, whatever the width (64 or 32 dimensions a walk, then one at a
  * time), so the same bits as one dimension at a time. */
@@ -740,7 +742,8 @@ static void wsum_(float *o, int64_t os, int hd, const float *sr, int64_t ss, int
             else if (nh == 2) wv_(o + d0, os, sr, ss, n, v + d0, 0, KD, 2, NV, init, pfo, pfn);         \
             else wv_(o + d0, os, sr, ss, n, v + d0, 0, KD, 1, NV, init, pfo, pfn);                      \
         } else {                                                                                        \
-            if (nh == 3) wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 3, NV, init, pfo, pfn);          \
+            if (nh == 6) wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 6, NV, init, pfo, pfn);          \
+            else if (nh == 3) wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 3, NV, init, pfo, pfn);     \
             else if (nh == 2) wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 2, NV, init, pfo, pfn);     \
             else wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 1, NV, init, pfo, pfn);                  \
         }                                                                                               \
@@ -759,19 +762,31 @@ static void wsum_(float *o, int64_t os, int hd, const float *sr, int64_t ss, int
 
 /* The weighted values of query heads glo*group .. ghi*group (KV heads glo
  * .. ghi): wsum_ over sets of up to 3 heads, within one KV head's group
- * (its value rows shared), or, where every head is its own KV head, 3
- * consecutive heads at a time (nh x 4 independent sums, each value row's
- * 3 x hd floats read contiguously). */
+ * (its value rows shared), or, where every head is its own KV head, 6
+ * consecutive heads at a time while 6 are left, then up to 3 (each value
+ * row's 6 x hd floats read contiguously; at most 6 heads: one walk,
+ * one_walk_). */
 __attribute__((noinline)) static void wheads_(float *o, int NH, int KV, int hd, const float *sr, int64_t ss, int n,
                     const float *v, int64_t KD, int glo, int ghi, int init, int64_t pfo, int pfn) {
     const int group = NH / KV;
     for (int h0 = glo * group; h0 < ghi * group;) {
         const int g = h0 / group, end = group == 1 ? ghi : (g + 1) * group;
-        const int nh = end - h0 < 3 ? end - h0 : 3;
+        const int nh = group == 1 && end - h0 >= 6 ? 6 : end - h0 < 3 ? end - h0 : 3;
         wsum_(o + (int64_t)h0 * hd, hd, hd, sr + h0 * ss, ss, n, v + (int64_t)g * hd,
               group == 1 ? hd : 0, KD, nh, init, pfo, pfn);
         h0 += nh;
     }
+}
+
+/* Whether wheads_ weighs each value row whole in one walk, front to back:
+ * every head its own KV head, at most 6 of 32 or 64 dimensions (gpt-m: 6 x
+ * 64).  Then the row's values stream from memory into the weighing, in
+ * order, which the hardware fetches ahead, and are not fetched to L2
+ * during its scores: on Zen 4's 32 KB L1 those fetches pushed out the keys
+ * fetched there for the next block, and the own attention of gpt-m P 256 /
+ * P 64 at batch 32 ran 1.05x / 1.10x slower (in-process alternation). */
+static inline bool one_walk_(int NH, int KV, int hd) {
+    return NH == KV && NH <= 6 && (hd == 64 || hd == 32);
 }
 
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -975,7 +990,7 @@ static void attend_(float *out, const float *q, const float *K, const float *Vc,
     const float scale = 1.0f / sqrtf((float)hd);
 #ifdef ZDP_KV_X86_
     if (hd % 16 == 0 && zdp_nn_packed_path() == 2)
-        scores512_(score, n, q, K, Vc, n, NH, group, hd, KD, scale, NULL);
+        scores512_(score, n, q, K, one_walk_(NH, KVh, hd) ? NULL : Vc, n, NH, group, hd, KD, scale, NULL);
     else
 #endif
     for (int s = 0; s < n; s++) {
@@ -1020,7 +1035,8 @@ typedef struct attend_job_ {
 #define GROUP_VBLOCK_ 64
 /* A row's own values are fetched to L2 while its scores run (and weighed
  * from there) where they take at most this many bytes; longer ones stream
- * from memory into the weighing. */
+ * from memory into the weighing, fetched 32 positions ahead.  Except where
+ * one walk of wheads_ weighs each value row whole (one_walk_). */
 #define OWN_L2_BYTES_ (512 * 1024)
 
 /* Task of a pass's attention: a chunk of a group's rows (lone rows whose
@@ -1033,7 +1049,7 @@ typedef struct attend_job_ {
  * prompt length plen.  What differs is the reading: the prompt's keys are
  * read once for all of the chunk's rows (16 samples of a prompt read them
  * once, not 16 times), then each row's own keys, its own values fetched to
- * L2 meanwhile, its softmax and its own weighted values, then the prompt's
+ * L2 meanwhile (OWN_L2_BYTES_), its softmax and its own weighted values, then the prompt's
  * values once for all rows, a block at a time.  S: (rows, NH, T) this
  * thread's scores, then (rows, NH hd) the prompt's weighted values. */
 static void attend_group_(zdp_kv_cache *kv, const attend_job_ *j, const int *rows, int nr, int ps,
@@ -1058,10 +1074,10 @@ static void attend_group_(zdp_kv_cache *kv, const attend_job_ *j, const int *row
         const int n = kv->pos[rows[r]] + 1, own = n - plen;
         float *sr = S + (int64_t)r * NH * T;
         const float *qr = j->q + rows[r] * j->qs;
-        const bool fits = (int64_t)own * KD * 4 <= OWN_L2_BYTES_;
+        const bool fits = (int64_t)own * KD * 4 <= OWN_L2_BYTES_, fetch = !one_walk_(NH, kv->KV, hd);
 #ifdef ZDP_KV_X86_
         if (x86)
-            scores512_(sr + plen, T, qr, OWN_(k, rows[r]), fits ? OWN_(v, rows[r]) : NULL, own, NH,
+            scores512_(sr + plen, T, qr, OWN_(k, rows[r]), fetch && fits ? OWN_(v, rows[r]) : NULL, own, NH,
                        group, hd, (int)KD, scale, r + 1 < nr ? OWN_(k, rows[r + 1]) : NULL);
         else
 #endif
@@ -1071,10 +1087,9 @@ static void attend_group_(zdp_kv_cache *kv, const attend_job_ *j, const int *row
                                              (s < plen ? Kp + (int64_t)s * KD : OWN_(k, rows[r]) + (int64_t)(s - plen) * KD) +
                                                  (int64_t)(h / group) * hd, hd);
         softmax_rows_(sr, T, NH, n); /* attend_'s softmax */
-        /* the row's own weighted values, from L2 (or streamed from memory,
-         * fetched 32 positions ahead) */
+        /* the row's own weighted values (OWN_L2_BYTES_) */
         wheads_(kv->atty + (int64_t)rows[r] * QD, NH, kv->KV, hd, sr + plen, T, own, OWN_(v, rows[r]),
-                KD, 0, kv->KV, 0, 32 * KD, fits ? 0 : own - 32);
+                KD, 0, kv->KV, 0, 32 * KD, fetch && !fits ? own - 32 : 0);
     }
     /* The prompt's weighted values, a block at a time for every row (one KV
      * head's columns of the block in L1), each sum carried across blocks.

@@ -383,14 +383,16 @@ static void test_shared_prompt(void **state) {
  * tolerance.  Three slots of 5, 16 and 37 prompt positions (fed in passes of
  * at most 15 rows), then 20 steps of
  * the three rows, so the blocks end short and full; a GQA Llama (6 query
- * heads on 2 KV heads, head_dim 32) and a GPT-2 (head size 16). */
+ * heads on 2 KV heads, head_dim 32), a GPT-2 with head size 16 and one with
+ * 6 heads of 64 (gpt-m's: the weighted values read each value row whole in
+ * one walk of 6 heads, not fetched to L2 during the scores). */
 static void test_decode_scores_paths(void **state) {
     (void)state;
     if (zdp_nn_packed_use_path(2) != 2) { /* the CPU lacks AVX-512: nothing to compare */
         zdp_nn_packed_use_path(99);
         skip();
     }
-    for (int kind = 0; kind < 2; kind++) {
+    for (int kind = 0; kind < 3; kind++) {
         zdp_model m;
         zdp_error err;
         zdp_status st;
@@ -403,12 +405,13 @@ static void test_decode_scores_paths(void **state) {
                                   .initializer_range = 0.02};
             st = zdp_llama_create(&c, 1, &m, &err);
         } else {
-            zdp_gpt_config c = {.n_layer = 2, .n_head = 3, .n_embd = 48, .vocab_size = 37,
+            zdp_gpt_config c = {.n_layer = 2, .n_head = kind == 1 ? 3 : 6,
+                                .n_embd = kind == 1 ? 48 : 384, .vocab_size = 37,
                                 .block_size = BLK};
             st = zdp_gpt_create(&c, 1, &m, &err);
         }
         if (st != ZDP_OK) fail_msg("%s", err.msg);
-        const char *name = kind == 0 ? "llama" : "gpt";
+        const char *name = kind == 0 ? "llama" : kind == 1 ? "gpt hd 16" : "gpt 6 x 64";
         float **p = alloc_fill_(&m, 99 + (uint64_t)kind, 0.6f, 0.3f, 1.0f);
         const int V = m.vocab_size, lens[3] = {5, 16, 37};
         int32_t tok[3][BLK];
@@ -473,9 +476,10 @@ static void test_decode_scores_paths(void **state) {
  * slot 0 is cleared (its prompt moves to a sharer) and takes a new 9-token
  * prompt, at step 12 slot 5 becomes a copy of sharer 1.  A GQA Llama (3
  * query heads per KV head, head_dim 32), a GPT-2 with head size 16 (the
- * scalar tail) and one with head size 64 (the vector walks over the
+ * scalar tail) and one with 7 heads of 64 (the vector walks over the
  * prompt's values, three rows at a time, fetching the next head's and the
- * next block's), on the AVX-512 scores and on the one-position loop. */
+ * next block's; each row's own values in walks of 6 heads and 1), on the
+ * AVX-512 scores and on the one-position loop. */
 static void test_decode_shared_prompt(void **state) {
     (void)state;
     for (int kind = 0; kind < 3; kind++)
@@ -493,8 +497,8 @@ static void test_decode_shared_prompt(void **state) {
                                       .initializer_range = 0.02};
                 st = zdp_llama_create(&c, 1, &m, &err);
             } else {
-                zdp_gpt_config c = {.n_layer = 2, .n_head = kind == 1 ? 3 : 2,
-                                    .n_embd = kind == 1 ? 48 : 128, .vocab_size = 37,
+                zdp_gpt_config c = {.n_layer = 2, .n_head = kind == 1 ? 3 : 7,
+                                    .n_embd = kind == 1 ? 48 : 448, .vocab_size = 37,
                                     .block_size = BLK};
                 st = zdp_gpt_create(&c, 1, &m, &err);
             }
@@ -540,7 +544,7 @@ static void test_decode_shared_prompt(void **state) {
             for (int64_t k = 0; k < (int64_t)STEPS * NS * V; k++)
                 if (memcmp(&got[0][k], &got[1][k], sizeof(float)) != 0)
                     fail_msg("%s, path %d: step %lld, row %lld, logit %lld: shared %.9g, copied %.9g",
-                             kind == 0 ? "llama" : kind == 1 ? "gpt hd 16" : "gpt hd 64", path, (long long)(k / V / NS),
+                             kind == 0 ? "llama" : kind == 1 ? "gpt hd 16" : "gpt 7 x 64", path, (long long)(k / V / NS),
                              (long long)(k / V % NS), (long long)(k % V), got[1][k], got[0][k]);
             free(got[0]), free(got[1]);
             free_params_(p, &m);
