@@ -25,6 +25,7 @@
  */
 #include <math.h>
 #include <stdbool.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,6 +103,9 @@ struct zdp_kv_cache {
      * shared across caches (zdp_kv_set_packs). */
     zdp_kv_packs *own_pk, *pk;
     int n_threads;
+    /* The scores fetch the next block of keys to L2, not L1: two blocks
+     * do not fit in this core's L1 (scores512_). */
+    bool keys_to_l2;
 };
 
 /* Packed copies of the weight matrices (nn.h's packed B), made on the
@@ -131,6 +135,16 @@ struct zdp_kv_packs {
  * rows (plan_attention_). */
 #define PROMPT_ROWS_ 16
 #define PROMPT_BLOCK_ 64
+
+/* This core's L1 data cache in bytes (32 KB where the C library cannot
+ * tell: the smallest of the x86 cores measured here). */
+static int64_t l1d_bytes_(void) {
+#ifdef _SC_LEVEL1_DCACHE_SIZE
+    const long b = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    if (b > 0) return b;
+#endif
+    return 32 * 1024;
+}
 
 static int find_(const zdp_model *m, const char *fmt, int l) {
     char name[96];
@@ -272,6 +286,7 @@ zdp_status zdp_kv_create(const zdp_model *model, int n_slots, int max_len, zdp_k
     zdp_kv_packs_create(model, &kv->own_pk, NULL);
     kv->pk = kv->own_pk;
     kv->n_threads = zdp_pool_size();
+    kv->keys_to_l2 = 2 * 16 * (int64_t)kv->KV * kv->hd * 4 > l1d_bytes_();
     kv->k = zdp_big_alloc(per * sizeof(float));
     kv->v = zdp_big_alloc(per * sizeof(float));
     kv->layer = calloc((size_t)kv->L, sizeof *kv->layer);
@@ -803,14 +818,20 @@ static inline bool one_walk_(int NH, int KV, int hd) {
  * every head; while a block runs, the next block's key rows are fetched to
  * L1 and this block's value rows to L2 (the weighted values walk V once per
  * KV head and 32 dimensions, strided walks the hardware prefetcher follows
- * poorly), so the cache streams from memory while the scores are made. */
+ * poorly), so the cache streams from memory while the scores are made.
+ * Where two blocks of keys do not fit in L1 (keys_to_l2: gpt-m's 24 KB
+ * blocks on Zen 4's 32 KB L1), the next block goes to L2 instead: fetched
+ * to L1 it pushed out the block being read (gpt-m P 256 / P 64 at batch
+ * 32, decode 1.036x / 1.046x with L2, in-process alternation). */
 /* Scores of up to 16 positions (m) for one query head: dst[i] = scale *
  * dot_(qh, kh + i*KD, hd), i < m, as the block's 16 lanes; while its dot
- * products run, kper of the lines nk[*ki .. kl) are prefetched to L1 and vper
- * of vb[*vi .. vl) to L2 per position (the caller's streams; 0: none). */
+ * products run, kper of the lines nk[*ki .. kl) are prefetched to L1 (k_l2:
+ * to L2) and vper of vb[*vi .. vl) to L2 per position (the caller's
+ * streams; 0: none). */
 __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void
 score16_(float *dst, const float *qh, const float *kh, int KD, int hd, int m, __m512 vscale,
-         const float *nk, int *ki, int kl, int kper, const float *vb, int *vi, int vl, int vper) {
+         const float *nk, int *ki, int kl, int kper, bool k_l2, const float *vb, int *vi, int vl,
+         int vper) {
     /* out lane i <- r lane 4 (i % 4) + i / 4 (the tree leaves position L +
      * 4k in lane 4L + k). */
     const __m512i perm = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
@@ -826,7 +847,8 @@ score16_(float *dst, const float *qh, const float *kh, int KD, int hd, int m, __
 #define SCORE16_FETCH_()                                                                    \
     do {                                                                                    \
         for (int u = 0; u < kper && *ki < kl; u++, (*ki)++)                                 \
-            _mm_prefetch((const char *)(nk + (size_t)*ki * 16), _MM_HINT_T0);               \
+            if (k_l2) _mm_prefetch((const char *)(nk + (size_t)*ki * 16), _MM_HINT_T1);     \
+            else _mm_prefetch((const char *)(nk + (size_t)*ki * 16), _MM_HINT_T0);          \
         for (int u = 0; u < vper && *vi < vl; u++, (*vi)++)                                 \
             _mm_prefetch((const char *)(vb + (size_t)*vi * 16), _MM_HINT_T1);               \
     } while (0)
@@ -879,7 +901,7 @@ score16_(float *dst, const float *qh, const float *kh, int KD, int hd, int m, __
 __attribute__((target("avx512f"), noinline)) static void scores512_(float *score, int64_t ss, const float *q,
                                                          const float *K, const float *Vc, int n,
                                                          int NH, int group, int hd, int KD,
-                                                         float scale, const float *after) {
+                                                         float scale, const float *after, bool k_l2) {
     const __m512 vscale = _mm512_set1_ps(scale);
     const int lines_row = KD / 16; /* 64-byte lines per cached row */
     for (int s0 = 0; s0 < n; s0 += 16) {
@@ -893,7 +915,7 @@ __attribute__((target("avx512f"), noinline)) static void scores512_(float *score
         int ki = 0, vi = 0;
         for (int h = 0; h < NH; h++)
             score16_(score + h * ss + s0, q + (size_t)h * hd, kb + (size_t)(h / group) * hd,
-                     KD, hd, m, vscale, nk, &ki, kl, kper, vb, &vi, vl, vper);
+                     KD, hd, m, vscale, nk, &ki, kl, kper, k_l2, vb, &vi, vl, vper);
     }
 }
 
@@ -906,7 +928,7 @@ __attribute__((target("avx512f"), noinline)) static void scores512_(float *score
 __attribute__((target("avx512f"), noinline)) static void group_scores512_(
     float *dst, int64_t T, const float *q, int64_t qs, const int *rows, int nr, int NH, int group,
     const float *kb, const float *vb, int s0, int m, int KD, int hd, float scale, const float *next_k,
-    int next_lines) {
+    int next_lines, bool k_l2) {
     const __m512 vscale = _mm512_set1_ps(scale);
     const int steps = nr * NH * 16, vl = vb != NULL ? m * (KD / 16) : 0;
     const int kper = (next_lines + steps - 1) / steps, vper = (vl + steps - 1) / steps;
@@ -915,7 +937,7 @@ __attribute__((target("avx512f"), noinline)) static void group_scores512_(
         for (int h = 0; h < NH; h++)
             score16_(dst + ((int64_t)r * NH + h) * T + s0, q + rows[r] * qs + (int64_t)h * hd,
                      kb + (int64_t)(h / group) * hd, KD, hd, m, vscale, next_k, &ki, next_lines, kper,
-                     vb, &vi, vl, vper);
+                     k_l2, vb, &vi, vl, vper);
 }
 #endif
 
@@ -983,14 +1005,16 @@ __attribute__((noinline)) static void softmax_rows_(float *S, int64_t ss, int nh
  * by reading the cache: every row reads its own slot's).  Plain loops: one
  * row's products are far too small for cblas_sgemm's call and packing
  * costs (a sgemm per row and head was 11% of a batch-32 decode step).
- * score: (NH, p+1) scratch. */
+ * keys_l2: the cache's keys_to_l2.  score: (NH, p+1) scratch. */
 static void attend_(float *out, const float *q, const float *K, const float *Vc, int p, int NH,
-                    int KVh, int hd, int pre, float *score) {
+                    int KVh, int hd, int pre, bool keys_l2, float *score) {
     const int KD = KVh * hd, group = NH / KVh, n = p + 1;
+    (void)keys_l2; /* read on the AVX-512 path alone */
     const float scale = 1.0f / sqrtf((float)hd);
 #ifdef ZDP_KV_X86_
     if (hd % 16 == 0 && zdp_nn_packed_path() == 2)
-        scores512_(score, n, q, K, one_walk_(NH, KVh, hd) ? NULL : Vc, n, NH, group, hd, KD, scale, NULL);
+        scores512_(score, n, q, K, one_walk_(NH, KVh, hd) ? NULL : Vc, n, NH, group, hd, KD, scale, NULL,
+                   keys_l2);
     else
 #endif
     for (int s = 0; s < n; s++) {
@@ -1067,7 +1091,8 @@ static void attend_group_(zdp_kv_cache *kv, const attend_job_ *j, const int *row
         for (int s0 = 0; s0 < plen; s0 += 16) {
             const int m = plen - s0 < 16 ? plen - s0 : 16, nx = plen - s0 - m < 16 ? plen - s0 - m : 16;
             group_scores512_(S, T, j->q, j->qs, rows, nr, NH, group, Kp + (int64_t)s0 * KD, NULL, s0,
-                             m, (int)KD, hd, scale, Kp + (int64_t)(s0 + m) * KD, nx * (int)(KD / 16));
+                             m, (int)KD, hd, scale, Kp + (int64_t)(s0 + m) * KD, nx * (int)(KD / 16),
+                             kv->keys_to_l2);
         }
 #endif
     for (int r = 0; r < nr; r++) {
@@ -1078,7 +1103,7 @@ static void attend_group_(zdp_kv_cache *kv, const attend_job_ *j, const int *row
 #ifdef ZDP_KV_X86_
         if (x86)
             scores512_(sr + plen, T, qr, OWN_(k, rows[r]), fetch && fits ? OWN_(v, rows[r]) : NULL, own, NH,
-                       group, hd, (int)KD, scale, r + 1 < nr ? OWN_(k, rows[r + 1]) : NULL);
+                       group, hd, (int)KD, scale, r + 1 < nr ? OWN_(k, rows[r + 1]) : NULL, kv->keys_to_l2);
         else
 #endif
         for (int h = 0; h < NH; h++)
@@ -1366,7 +1391,7 @@ static void attend_rows_(void *ctx, int64_t task, int thread) {
     const int64_t i = kv->lone[task - nb - ng];
     const int64_t base = ((j->l * kv->n_slots + j->slots[i]) * kv->T) * KD;
     attend_(kv->atty + i * QD, j->q + i * j->qs, kv->k + base, kv->v + base, kv->pos[i], kv->NH, kv->KV,
-            kv->hd, kv->pre[j->slots[i]], score);
+            kv->hd, kv->pre[j->slots[i]], kv->keys_to_l2, score);
 }
 
 /* Splits a pass's rows for attention: runs of at least PROMPT_ROWS_ rows on
