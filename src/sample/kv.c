@@ -25,10 +25,10 @@
  */
 #include <math.h>
 #include <stdbool.h>
-#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cblas.h>
 
@@ -798,8 +798,8 @@ __attribute__((noinline)) static void wheads_(float *o, int NH, int KV, int hd, 
  * 64).  Then the row's values stream from memory into the weighing, in
  * order, which the hardware fetches ahead, and are not fetched to L2
  * during its scores: on Zen 4's 32 KB L1 those fetches pushed out the keys
- * fetched there for the next block, and the own attention of gpt-m P 256 /
- * P 64 at batch 32 ran 1.05x / 1.10x slower (in-process alternation). */
+ * fetched there for the next block, and gpt-m's decode at batch 32 ran
+ * 1.05x / 1.10x slower at P 256 / P 64 (in-process alternation). */
 static inline bool one_walk_(int NH, int KV, int hd) {
     return NH == KV && NH <= 6 && (hd == 64 || hd == 32);
 }

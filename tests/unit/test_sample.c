@@ -383,16 +383,16 @@ static void test_shared_prompt(void **state) {
  * tolerance.  Three slots of 5, 16 and 37 prompt positions (fed in passes of
  * at most 15 rows), then 20 steps of
  * the three rows, so the blocks end short and full; a GQA Llama (6 query
- * heads on 2 KV heads, head_dim 32), a GPT-2 with head size 16 and one with
- * 6 heads of 64 (gpt-m's: the weighted values read each value row whole in
- * one walk of 6 heads, not fetched to L2 during the scores). */
+ * heads on 2 KV heads, head_dim 32), a GPT-2 with head size 16 and two with
+ * 6 heads, of 64 (gpt-m's) and of 32: the weighted values read each value
+ * row whole in one walk of 6 heads, not fetched to L2 during the scores. */
 static void test_decode_scores_paths(void **state) {
     (void)state;
     if (zdp_nn_packed_use_path(2) != 2) { /* the CPU lacks AVX-512: nothing to compare */
         zdp_nn_packed_use_path(99);
         skip();
     }
-    for (int kind = 0; kind < 3; kind++) {
+    for (int kind = 0; kind < 4; kind++) {
         zdp_model m;
         zdp_error err;
         zdp_status st;
@@ -406,12 +406,12 @@ static void test_decode_scores_paths(void **state) {
             st = zdp_llama_create(&c, 1, &m, &err);
         } else {
             zdp_gpt_config c = {.n_layer = 2, .n_head = kind == 1 ? 3 : 6,
-                                .n_embd = kind == 1 ? 48 : 384, .vocab_size = 37,
+                                .n_embd = kind == 1 ? 48 : kind == 2 ? 384 : 192, .vocab_size = 37,
                                 .block_size = BLK};
             st = zdp_gpt_create(&c, 1, &m, &err);
         }
         if (st != ZDP_OK) fail_msg("%s", err.msg);
-        const char *name = kind == 0 ? "llama" : kind == 1 ? "gpt hd 16" : "gpt 6 x 64";
+        const char *name = kind == 0 ? "llama" : kind == 1 ? "gpt hd 16" : kind == 2 ? "gpt 6 x 64" : "gpt 6 x 32";
         float **p = alloc_fill_(&m, 99 + (uint64_t)kind, 0.6f, 0.3f, 1.0f);
         const int V = m.vocab_size, lens[3] = {5, 16, 37};
         int32_t tok[3][BLK];
