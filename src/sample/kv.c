@@ -820,9 +820,9 @@ static inline bool one_walk_(int NH, int KV, int hd) {
  * KV head and 32 dimensions, strided walks the hardware prefetcher follows
  * poorly), so the cache streams from memory while the scores are made.
  * Where two blocks of keys do not fit in L1 (keys_to_l2: gpt-m's 24 KB
- * blocks on Zen 4's 32 KB L1), the next block goes to L2 instead: fetched
- * to L1 it pushed out the block being read (gpt-m P 256 / P 64 at batch
- * 32, decode 1.036x / 1.046x with L2, in-process alternation). */
+ * blocks on Zen 4's 32 KB L1), the next block goes to L2 instead (gpt-m
+ * P 256 / P 64 at batch 32, decode 1.036x / 1.046x, in-process
+ * alternation: fetched lines were evicted before they were read). */
 /* Scores of up to 16 positions (m) for one query head: dst[i] = scale *
  * dot_(qh, kh + i*KD, hd), i < m, as the block's 16 lanes; while its dot
  * products run, kper of the lines nk[*ki .. kl) are prefetched to L1 (k_l2:
