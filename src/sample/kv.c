@@ -1095,11 +1095,12 @@ static void attend_group_(zdp_kv_cache *kv, const attend_job_ *j, const int *row
                              kv->keys_to_l2);
         }
 #endif
+    const bool fetch = !one_walk_(NH, kv->KV, hd); /* the own values, to L2 (OWN_L2_BYTES_) */
     for (int r = 0; r < nr; r++) {
         const int n = kv->pos[rows[r]] + 1, own = n - plen;
         float *sr = S + (int64_t)r * NH * T;
         const float *qr = j->q + rows[r] * j->qs;
-        const bool fits = (int64_t)own * KD * 4 <= OWN_L2_BYTES_, fetch = !one_walk_(NH, kv->KV, hd);
+        const bool fits = (int64_t)own * KD * 4 <= OWN_L2_BYTES_;
 #ifdef ZDP_KV_X86_
         if (x86)
             scores512_(sr + plen, T, qr, OWN_(k, rows[r]), fetch && fits ? OWN_(v, rows[r]) : NULL, own, NH,
