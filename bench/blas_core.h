@@ -34,9 +34,13 @@
 #define BENCH_WIDE_CORE "SkylakeX"
 
 /* 1 when OpenBLAS could run BENCH_WIDE_CORE here but runs a narrower core
- * (its own choice or OPENBLAS_CORETYPE's). */
+ * (its own choice or OPENBLAS_CORETYPE's).  0 when ZDP_GEMM_ISA pins zdp
+ * below AVX-512: the run imitates a CPU without it, whose peak is the
+ * narrower core's. */
 static inline int bench_blas_narrower_core(void) {
 #if defined(__x86_64__) || defined(__i386__)
+    const char *isa = getenv("ZDP_GEMM_ISA");
+    if (isa != NULL && (isa[0] == '0' || isa[0] == '1')) return 0;
     if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512dq") ||
         !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
         return 0;

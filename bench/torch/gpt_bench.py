@@ -9,7 +9,7 @@ peak RSS per rank.
 
 usage: gpt_bench.py --zdp build/bin/zdp --sgemm-peak BIN [--optim-bench BIN]
                     [--reps 3] [--steps 8] [--warmup 2] [--models gpt-s,gpt-m]
-                    [--nps 1,2] [--impls zdp0,zdp2,torch] [--json OUT.json]
+                    [--nps 1,2] [--impls zdp0,zdp2,zdp2blas,torch] [--json OUT.json]
 
 zdp's step time: parse_zdp_step() reads rank 0's "step N | ..." lines; if a
 line carries a time ("ms/step X", "dt X ms", "X ms") or a rate ("tokens/s
@@ -92,11 +92,13 @@ def write_ds_config(path, micro, stage):
         json.dump(cfg, f)
 
 
-def run_zdp(a, work, model, np_, threads, stage, data, init):
+def run_zdp(a, work, model, np_, threads, stage, data, init, blas=False):
     L, H, C, T, b = MODELS[model]
     cfgp = os.path.join(work, f"ds_{model}_s{stage}.json")
     write_ds_config(cfgp, b, stage)
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+    if blas:  # impl zdpNblas: every product through cblas_sgemm
+        env["ZDP_GEMM"] = "blas"
     cmd = [a.mpirun, "-np", str(np_), "--bind-to", "none", "/usr/bin/time", "-f", "ZDP_RSS_KIB %M", a.zdp, "train",
            "--model", "gpt", "--n-layer", str(L), "--n-head", str(H), "--n-embd", str(C),
            "--vocab-size", str(VOCAB), "--block-size", str(T), "--config", cfgp,
@@ -228,7 +230,9 @@ def main():
                         key = (model, np_, impl)
                         try:
                             if impl.startswith("zdp"):
-                                r = run_zdp(a, work, model, np_, th, int(impl[3:]), data, init)
+                                blas = impl.endswith("blas")
+                                stage = int(impl[3:-4] if blas else impl[3:])
+                                r = run_zdp(a, work, model, np_, th, stage, data, init, blas)
                             else:
                                 r = run_torch(a, work, model, np_, th, data, init)
                         except RuntimeError as e:
@@ -255,7 +259,8 @@ def main():
                 tps = statistics.median(r["tokens_per_s"] for r in rs)
                 mfu = tps * fpt / (peaks[np_] * 1e9)
                 rss = max(max(r["rss_mib"]) for r in rs if r["rss_mib"]) if any(r["rss_mib"] for r in rs) else float("nan")
-                name = {"zdp0": "zdp ZeRO-0", "zdp2": "zdp ZeRO-2", "torch": "PyTorch DDP"}.get(impl, impl)
+                name = {"zdp0": "zdp ZeRO-0", "zdp2": "zdp ZeRO-2", "zdp2blas": "zdp ZeRO-2, ZDP_GEMM=blas",
+                        "torch": "PyTorch DDP"}.get(impl, impl)
                 print(f"| {model} | {n_params/1e6:.2f}M | {np_} x {LAYOUTS[np_]} | {name} | {ms:.1f} | "
                       f"{tps:.0f} | {100*mfu:.1f}% | {rss:.0f} | {rs[-1]['loss_last']} |")
                 table.append(dict(model=model, n_params=n_params, np=np_, threads=LAYOUTS[np_],

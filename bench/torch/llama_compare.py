@@ -116,8 +116,11 @@ def main():
             pk, pk_core, pk_name = peak(a, np_, th, env)
             order = impls if rep % 2 == 0 else impls[::-1]
             for impl in order:
-                if impl in ("zdp", "base"):
-                    exe = a.llama_bench if impl == "zdp" else a.base_llama_bench
+                run_env = env
+                if impl in ("zdp", "zdpblas", "base"):
+                    exe = a.base_llama_bench if impl == "base" else a.llama_bench
+                    if impl == "zdpblas":  # every product through cblas_sgemm
+                        run_env = dict(env, ZDP_GEMM="blas")
                     # --bind-to none: Open MPI binds each process to one core by
                     # default, so -np 1's two threads would share one core
                     cmd = [a.mpirun, "-np", str(np_), "--bind-to", "none", exe, "--micro", str(a.micro),
@@ -130,7 +133,7 @@ def main():
                            str(a.micro), "--steps", str(a.steps), "--warmup", str(a.warmup),
                            "--world-size", str(np_), "--threads", str(th),
                            "--ga", str(a.ga)] + extra
-                r = run(cmd, env, 3600)
+                r = run(cmd, run_env, 3600)
                 r["peak_gflops_rep"] = pk
                 r["peak_core_cpu_rep"] = pk_core
                 r["peak_blas_core_rep"] = pk_name

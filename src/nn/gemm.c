@@ -225,28 +225,12 @@ typedef struct path_ {
 /* Atomic: read by every product from whichever thread runs it (the pool's,
  * a server's workers); set once lazily (a race sets the same value) or by
  * the use_ calls between products. */
-static _Atomic int best_ = -1;    /* the best path this CPU has; -1: not asked yet */
-static _Atomic int isa_now_ = -1; /* the path in use */
+static _Atomic int isa_now_ = -1; /* the path in use; -1: not asked yet */
 static _Atomic int mode_ = -1;    /* zdp_nn_gemm_mode; -1: not read yet */
 static _Atomic int blas_narrow_ = -1; /* blas_narrower_(); -1: not asked yet */
 
 static int isa_(void) {
-    if (best_ < 0) {
-        int isa = 0;
-#ifdef ZDP_GEMM_X86_
-        __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-            __builtin_cpu_supports("avx512vl"))
-            isa = 2;
-        else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) isa = 1;
-#endif
-        /* ZDP_GEMM_ISA=0|1 pins a lower path (benchmarks, comparisons). */
-        const char *e = getenv("ZDP_GEMM_ISA");
-        isa_now_ = e != NULL && e[0] >= '0' && e[0] <= '2' && e[1] == '\0' && e[0] - '0' < isa
-                       ? e[0] - '0'
-                       : isa;
-        best_ = isa; /* last: a thread that sees it set sees isa_now_ set */
-    }
+    if (isa_now_ < 0) isa_now_ = zdp_nn_isa();
     return isa_now_;
 }
 
@@ -264,8 +248,8 @@ static path_ path_now_(void) {
 int zdp_nn_gemm_path(void) { return isa_(); }
 
 int zdp_nn_gemm_use_path(int want) {
-    isa_();
-    isa_now_ = want < 0 ? 0 : want < best_ ? want : best_;
+    const int best = zdp_nn_isa_best();
+    isa_now_ = want < 0 ? 0 : want < best ? want : best;
     return isa_now_;
 }
 
@@ -306,19 +290,25 @@ int zdp_nn_gemm_wins_(const zdp_nn_gemm *g) {
     const int mode = zdp_nn_gemm_mode();
     if (mode == 0 || g->alpha != 1.0f || (g->beta != 0.0f && g->beta != 1.0f)) return 0;
     if (mode == 2) return 1;
+    /* Only the AVX-512 path beats the BLAS.  zdp's AVX2 kernel (6 x 16)
+     * ran the training step's products 2.6x slower than OpenBLAS's AVX2
+     * kernels on a Zen 3 and its portable C kernel 13x slower (a 4-layer
+     * 256-wide GPT step), so on those paths every product goes to
+     * cblas_sgemm: the default is the BLAS there, never slower than it. */
+    if (isa_() < 2) return 0;
     /* Small products: not measured. */
     if (g->M < 64 || g->N < 48 || g->K < 64) return 0;
     /* Against OpenBLAS's AVX2 kernel (docs/benchmarks-llama.md, "Seventh
      * round"): faster on every product of the step, the lm_head's dX
      * (1.8x) and attention's (1.07-1.9x) included. */
-    if (isa_() == 2 && blas_narrower_()) return 1;
+    if (blas_narrower_()) return 1;
     /* Against its AVX-512 kernels ("Fourth round", "Seventh round"): faster
      * on the step's shapes; slower where K is far deeper than M and N (the
      * lm_head's dX, K = 49,152: C goes through the cache once per K block)
      * and where the 8 x 48 tile pads N by more than an eighth (attention's
      * head-size products, N = 64 padded to 96: 0.53-0.68x). */
     if (g->K > 8192) return 0;
-    if (isa_() == 2 && (g->N + NR_MAX_ - 1) / NR_MAX_ * NR_MAX_ * 8 > 9 * g->N) return 0;
+    if ((g->N + NR_MAX_ - 1) / NR_MAX_ * NR_MAX_ * 8 > 9 * g->N) return 0;
     return 1;
 }
 

@@ -21,8 +21,8 @@ ZDP_API void zdp_nn_gemm_compute(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t
                          const float *A, int64_t lda, const float *B, int64_t ldb, int accumulate,
                          float *C, int64_t ldc);
 
-/* The micro-kernel in use: 0 portable C, 1 AVX2+FMA, 2 AVX-512 (the best the
- * CPU has, or lower when ZDP_GEMM_ISA=0|1 says so). */
+/* The micro-kernel in use: 0 portable C, 1 AVX2+FMA, 2 AVX-512
+ * (zdp_nn_isa() at first use). */
 ZDP_API int zdp_nn_gemm_path(void);
 /* Uses path min(want, the best the CPU has) from now on (tests compare the
  * paths); returns it.  Not while a product runs. */
@@ -38,6 +38,6 @@ ZDP_API int zdp_nn_gemm_use_mode(int mode);
 /* 1 when zdp_nn_sgemm_many_ gives product g to zdp_nn_gemm_compute (by the mode
  * and the whole product's shape, never a piece's, so a product takes one
  * kernel at any thread count). */
-int zdp_nn_gemm_wins_(const zdp_nn_gemm *g);
+ZDP_API int zdp_nn_gemm_wins_(const zdp_nn_gemm *g);
 
 #endif

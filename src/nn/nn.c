@@ -153,9 +153,7 @@ void zdp_nn_gemm_1_(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N
     const zdp_nn_gemm g = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = 1.0f, .A = A,
                            .lda = lda, .B = B, .ldb = ldb, .beta = accumulate ? 1.0f : 0.0f,
                            .C = C, .ldc = ldc};
-    /* Attention's products were measured on the AVX-512 path only (docs/
-     * benchmarks-llama.md, "Seventh round"): the others keep cblas_sgemm. */
-    if (zdp_nn_gemm_wins_(&g) && (zdp_nn_gemm_mode() == 2 || zdp_nn_gemm_path() == 2))
+    if (zdp_nn_gemm_wins_(&g))
         zdp_nn_gemm_compute(ta, tb, M, N, K, A, lda, B, ldb, accumulate, C, ldc);
     else
         cblas_sgemm(CblasRowMajor, ta, tb, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb,

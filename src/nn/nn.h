@@ -185,6 +185,16 @@ void zdp_nn_parallel_ranges_(int64_t len, int64_t min_len, zdp_nn_range_fn body,
  * cblas_sgemm would re-pack the weight on every call.  Any M; threads split
  * the panels, so results do not depend on the pool's size. */
 
+/* ---- SIMD path (isa.c) ----
+ * zdp's own kernels (gemm.c, packed.c, the KV cache's attention) each run
+ * one of three paths: 0 portable C, 1 AVX2+FMA, 2 AVX-512 (f, dq, vl),
+ * compiled with target attributes and chosen at run time, so they do not
+ * depend on -march.  zdp_nn_isa_best: the best this CPU has.  zdp_nn_isa:
+ * the path the kernels start on: the best, or lower where the environment
+ * says ZDP_GEMM_ISA=0|1 (one variable for every kernel family). */
+ZDP_API int zdp_nn_isa_best(void);
+ZDP_API int zdp_nn_isa(void);
+
 /* Floats the packed copy of a (K,N) B takes. */
 ZDP_API int64_t zdp_nn_packed_floats(int64_t K, int64_t N);
 /* dst (zdp_nn_packed_floats(K, N)) <- B: trans = 1 for W (N,K) (B = W^T,
@@ -194,8 +204,8 @@ ZDP_API void zdp_nn_pack_b(float *dst, const float *W, int64_t K, int64_t N, int
  * accumulate. */
 ZDP_API void zdp_nn_packed_gemm(float *C, int64_t ldc, const float *A, int64_t lda, const float *Bp,
                                 const float *bias, int64_t M, int64_t K, int64_t N, int accumulate);
-/* The path the products take: 0 portable C, 1 AVX2+FMA, 2 AVX-512 (the
- * best the CPU has, or lower when ZDP_PACKED_ISA=0|1 says so). */
+/* The path the products take: 0 portable C, 1 AVX2+FMA, 2 AVX-512
+ * (zdp_nn_isa() at first use). */
 ZDP_API int zdp_nn_packed_path(void);
 /* Uses path min(want, the best the CPU has) from now on (tests compare the
  * paths); returns it.  Not while a product runs. */

@@ -26,6 +26,7 @@
  */
 #include "nn.h"
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 
@@ -46,30 +47,18 @@
 #define SPREAD_ROWS_ 64 /* products of 9..SPREAD_ROWS_ rows (decode batches) spread the next block's fetch */
 #define PF_ 32  /* panel rows the AVX-512 kernel prefetches ahead (2 KB; 16, 64, 128 and none measured no better: bench_sample --gemm) */
 
-static int best_ = -1; /* the best path this CPU has; -1: not asked yet */
-static int isa_now_ = -1; /* the path in use */
+static _Atomic int isa_now_ = -1; /* the path in use; -1: not asked yet */
 
 static int isa_(void) {
-    if (best_ < 0) {
-        int isa = 0;
-#ifdef ZDP_PACKED_X86_
-        __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx512f")) isa = 2;
-        else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) isa = 1;
-#endif
-        best_ = isa;
-        /* ZDP_PACKED_ISA=0|1 pins a lower path (benchmarks, comparisons). */
-        const char *e = getenv("ZDP_PACKED_ISA");
-        isa_now_ = e != NULL && e[0] >= '0' && e[0] <= '2' && e[1] == '\0' && e[0] - '0' < isa ? e[0] - '0' : isa;
-    }
+    if (isa_now_ < 0) isa_now_ = zdp_nn_isa();
     return isa_now_;
 }
 
 int zdp_nn_packed_path(void) { return isa_(); }
 
 int zdp_nn_packed_use_path(int want) {
-    isa_();
-    isa_now_ = want < 0 ? 0 : want < best_ ? want : best_;
+    const int best = zdp_nn_isa_best();
+    isa_now_ = want < 0 ? 0 : want < best ? want : best;
     return isa_now_;
 }
 

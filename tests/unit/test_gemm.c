@@ -144,10 +144,34 @@ static void test_gemm_pieces_bitwise(void **state) {
     zdp_nn_gemm_use_mode(mode);
 }
 
+/* Which kernel the default (ZDP_GEMM=auto) gives a training-sized product
+ * on each path this CPU has: zdp's GEMM on the AVX-512 path alone, where it
+ * was measured faster than the BLAS; cblas_sgemm on the AVX2 and portable
+ * paths, where zdp's kernels are slower (so the default is never slower
+ * than the BLAS there).  ZDP_GEMM=blas: never zdp's; ZDP_GEMM=zdp: always. */
+static void test_gemm_routing(void **state) {
+    (void)state;
+    const int best = zdp_nn_gemm_use_path(2), mode = zdp_nn_gemm_use_mode(1);
+    const zdp_nn_gemm g = {.ta = CblasNoTrans, .tb = CblasTrans, .M = 1024, .N = 576, .K = 576,
+                           .alpha = 1.0f, .lda = 576, .ldb = 576, .beta = 0.0f, .ldc = 576};
+    for (int want = 0; want <= best; want++) {
+        assert_int_equal(zdp_nn_gemm_use_path(want), want);
+        zdp_nn_gemm_use_mode(1);
+        assert_int_equal(zdp_nn_gemm_wins_(&g), want == 2);
+        zdp_nn_gemm_use_mode(0);
+        assert_int_equal(zdp_nn_gemm_wins_(&g), 0);
+        zdp_nn_gemm_use_mode(2);
+        assert_int_equal(zdp_nn_gemm_wins_(&g), 1);
+    }
+    zdp_nn_gemm_use_path(best);
+    zdp_nn_gemm_use_mode(mode);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_matches_reference),
         cmocka_unit_test(test_gemm_pieces_bitwise),
+        cmocka_unit_test(test_gemm_routing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
