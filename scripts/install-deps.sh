@@ -10,9 +10,11 @@ packages=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libopenbla
           libjansson-dev libcmocka-dev libmicrohttpd-dev libpcre2-dev libicu-dev)
 # The tests' alone (scripts/test.sh): python3-torch and python3-numpy for the
 # PyTorch cross-checks in tests/torch/ (they must run, not skip), nodejs for
-# the tokenizers' JS reference (tests/cli/test_tokenizer_reference.sh).
+# the tokenizers' JS reference (tests/cli/test_tokenizer_reference.sh),
+# gcc-aarch64-linux-gnu and libc6-dev-arm64-cross for the kernels' portable
+# paths compiled for ARM (scripts/check-aarch64.sh).
 if [ "${1:-}" = "--tests" ]; then
-  packages+=(python3-torch python3-numpy nodejs)
+  packages+=(python3-torch python3-numpy nodejs gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
 elif [ -n "${1:-}" ]; then
   echo "install-deps: unknown option '$1' (usage: install-deps.sh [--tests])" >&2
   exit 2

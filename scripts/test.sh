@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds and runs every test three times: a normal build, the same with
 # libzdp as a shared library, then an AddressSanitizer +
-# UndefinedBehaviorSanitizer build; then the comm stream's unit test and the
-# Tinker server scenario under ThreadSanitizer.
+# UndefinedBehaviorSanitizer build; then every test built for an AVX2 CPU,
+# the unit and MPI tests of a portable build on each SIMD path, an aarch64
+# compile of the kernels, and the comm stream's unit test and the Tinker
+# server scenario under ThreadSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh --tests
@@ -25,6 +27,35 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DZDP_WERROR=ON -DZDP_BUILD_TE
   -DZDP_BUILD_BENCH=ON -DZDP_SANITIZE="address;undefined" -DZDP_FUZZ=OFF >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ctest --output-on-failure --no-tests=error -j"$jobs")
+# Every CPU, not only this one.  The builds above use -march=native; zdp's
+# own kernels pick their SIMD path at run time whatever -march says
+# (docs/architecture.md, "SIMD paths and the GEMM rule").  First every test
+# built for an AVX2 CPU (-march=haswell) and run as one: the AVX2 path
+# (ZDP_GEMM_ISA=1) and OpenBLAS's AVX2 kernels.  Then a portable build
+# (ZDP_NATIVE=OFF: baseline x86-64 code around the kernels) runs the unit
+# and MPI tests on each path pinned, so the numerics of the portable C, AVX2
+# and AVX-512 paths are checked on any machine (a path the CPU lacks falls
+# to its best).  Last, the kernels compile for aarch64, where no x86 path
+# exists.
+cmake -S . -B build-haswell -DCMAKE_BUILD_TYPE=Release -DZDP_NATIVE=OFF -DCMAKE_C_FLAGS=-march=haswell \
+  -DZDP_WERROR=ON -DZDP_BUILD_TESTS=ON -DZDP_BUILD_BENCH=ON -DZDP_SANITIZE= -DZDP_FUZZ=OFF \
+  -DBUILD_SHARED_LIBS=OFF >/dev/null
+cmake --build build-haswell -j"$jobs"
+if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+  (cd build-haswell && ZDP_GEMM_ISA=1 OPENBLAS_CORETYPE=Haswell \
+    ctest --output-on-failure --no-tests=error -j"$jobs")
+else
+  echo "test: this CPU has no AVX2+FMA: the -march=haswell build is compiled, not run"
+fi
+cmake -S . -B build-portable -DCMAKE_BUILD_TYPE=Release -DZDP_NATIVE=OFF -DCMAKE_C_FLAGS= \
+  -DZDP_WERROR=ON -DZDP_BUILD_TESTS=ON -DZDP_BUILD_BENCH=ON -DZDP_SANITIZE= -DZDP_FUZZ=OFF \
+  -DBUILD_SHARED_LIBS=OFF >/dev/null
+cmake --build build-portable -j"$jobs"
+for isa in 0 1 2; do
+  echo "test: portable build, ZDP_GEMM_ISA=$isa"
+  (cd build-portable && ZDP_GEMM_ISA=$isa ctest --output-on-failure --no-tests=error -j"$jobs" -L 'unit|dist')
+done
+bash scripts/check-aarch64.sh
 # Threads under ThreadSanitizer: the comm stream (MPI itself is not TSan-clean
 # across ranks, so its MPI-free test), and zdp serve's HTTP connection threads,
 # futures and main loop through the whole Tinker scenario at one rank, and
@@ -63,4 +94,4 @@ if command -v clang >/dev/null 2>&1; then
   done
   echo "fuzz corpora passed under libFuzzer (clang, ASan+UBSan); fuzzed ${fuzz_s}s per target"
 fi
-echo "all tests passed (release, release with libzdp.so, ASan+UBSan, TSan for the comm stream and the server, fuzz corpora)"
+echo "all tests passed (release, release with libzdp.so, ASan+UBSan, -march=haswell on the AVX2 path, portable build on each SIMD path, aarch64 compile, TSan for the comm stream and the server, fuzz corpora)"

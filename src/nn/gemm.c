@@ -569,15 +569,15 @@ void zdp_nn_gemm_compute(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int6
                 pack_b_(bp, p.nr, tb, B, ldb, jc, nc, pc, kc);
             for (int64_t ic = 0; ic < M; ic += mc_blk) {
                 const int64_t mc = M - ic < mc_blk ? M - ic : mc_blk;
+#ifdef ZDP_GEMM_X86_
                 if (direct) { /* only a last, short strip is packed */
                     if (mc % p.mr != 0)
                         pack_a_avx512_(ap + mc / p.mr * kc * p.mr, ta, A, lda, ic + mc / p.mr * p.mr,
                                        mc % p.mr, pc, kc);
-                }
-#ifdef ZDP_GEMM_X86_
-                else if (p.ukr == ukr_avx512_) pack_a_avx512_(ap, ta, A, lda, ic, mc, pc, kc);
+                } else if (p.ukr == ukr_avx512_) pack_a_avx512_(ap, ta, A, lda, ic, mc, pc, kc);
+                else
 #endif
-                else pack_a_(ap, p.mr, ta, A, lda, ic, mc, pc, kc);
+                    pack_a_(ap, p.mr, ta, A, lda, ic, mc, pc, kc);
                 for (int64_t jr = 0; jr < nc; jr += p.nr) {
                     const int64_t nr = nc - jr < p.nr ? nc - jr : p.nr;
                     const float *b = bp + jr / p.nr * kc * p.nr;

@@ -678,6 +678,11 @@ static void adapt_(zdp_kv_cache *kv, int site, float *out, const float *inp, int
     }
 }
 
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define ZDP_KV_X86_ 1
+#endif
+
 #ifdef __GNUC__
 /* o[h*ostride + 0..16*nv) = sum over s < n of sr[h*sstride + s] *
  * v[h*vstep + s*KD + 0..16*nv), for heads h < nh (1..3, or 6 with vstep hd)
@@ -693,51 +698,124 @@ static void adapt_(zdp_kv_cache *kv, int site, float *out, const float *inp, int
  * the lines this walk reads of it are fetched at pfo floats further on: a
  * row's own values 32 positions ahead (read once, from memory), or a shared
  * prompt's next head's (or next block's) values, which the group's next
- * walks read.  GCC keeps a float array accumulator on the stack, hence the
- * vector type. */
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-typedef float v16_ __attribute__((vector_size(64)));
-/* a + w * x in each lane, one rounding (fmaf's): one instruction where the
- * build targets AVX-512, else lane by lane (GCC's fmaf). */
-static inline __attribute__((always_inline)) v16_ fma16_(float w, v16_ x, v16_ a) {
-#ifdef __AVX512F__
-    return (v16_)_mm512_fmadd_ps(_mm512_set1_ps(w), (__m512)x, (__m512)a);
-#else
-    for (int e = 0; e < 16; e++) a[e] = fmaf(w, x[e], a[e]);
-    return a;
-#endif
+ * walks read.
+ * Three variants, one per SIMD path (zdp_nn_packed_path(), wsum_): AVX-512
+ * (wv512_), AVX2+FMA (wv256_: each 16 floats as two 8-float halves) and
+ * portable (wvc_).  In each, every lane is one fused multiply-add per
+ * position, in position order (fmaf rounds once, as vfmadd does), so all
+ * three give the same bits.  No 64-byte vector is passed or returned
+ * outside an AVX-512 function: its ABI would change with -march (GCC's
+ * -Wpsabi). */
+#define WV_ARGS_                                                                                        \
+    float *o, int64_t ostride, const float *sr, int64_t sstride, int n, const float *v,                 \
+        int64_t vstep, int64_t KD, int nh, int nv, int init, int64_t pfo, int pfn
+
+/* The lines of value row vs that a walk reads, fetched pfo floats on. */
+static inline __attribute__((always_inline)) void wv_fetch_(const float *vs, int64_t pfo,
+                                                            int64_t vstep, int nh, int nv) {
+    for (int h = 0; h < (vstep != 0 ? nh : 1); h++)
+        for (int c = 0; c < nv; c++) __builtin_prefetch(vs + pfo + h * vstep + 16 * c, 0, 3);
 }
-static inline __attribute__((always_inline)) void wv_(float *o, int64_t ostride, const float *sr,
-                                                      int64_t sstride, int n, const float *v,
-                                                      int64_t vstep, int64_t KD, int nh, int nv,
-                                                      int init, int64_t pfo, int pfn) {
-    /* 16-float vectors (AVX-512 registers where the target has them; GCC
-     * splits them otherwise): each lane's fused multiply-add is the scalar
-     * loop's fmaf, in its order. */
+
+/* The portable walk: GCC keeps a float array accumulator on the stack,
+ * hence the vector type, which it splits into the target's registers. */
+typedef float v16_ __attribute__((vector_size(64)));
+static inline __attribute__((always_inline)) void wvc_(WV_ARGS_) {
     v16_ a[6][4] = {{{0}}};
     if (init)
         for (int h = 0; h < nh; h++)
             for (int c = 0; c < nv; c++) memcpy(&a[h][c], o + h * ostride + 16 * c, 64);
     for (int s = 0; s < n; s++) {
         const float *vs = v + (size_t)s * KD;
-        if (s < pfn)
-            for (int h = 0; h < (vstep != 0 ? nh : 1); h++)
-                for (int c = 0; c < nv; c++)
-                    __builtin_prefetch(vs + pfo + h * vstep + 16 * c, 0, 3);
+        if (s < pfn) wv_fetch_(vs, pfo, vstep, nh, nv);
         for (int h = 0; h < nh; h++) {
             const float w = sr[h * sstride + s];
             for (int c = 0; c < nv; c++) {
                 v16_ x;
                 memcpy(&x, vs + h * vstep + 16 * c, 64);
-                a[h][c] = fma16_(w, x, a[h][c]);
+                for (int e = 0; e < 16; e++) a[h][c][e] = fmaf(w, x[e], a[h][c][e]);
             }
         }
     }
     for (int h = 0; h < nh; h++)
         for (int c = 0; c < nv; c++) memcpy(o + h * ostride + 16 * c, &a[h][c], 64);
 }
+
+#ifdef ZDP_KV_X86_
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void
+wv512_(WV_ARGS_) {
+    __m512 a[6][4];
+    for (int h = 0; h < nh; h++)
+        for (int c = 0; c < nv; c++)
+            a[h][c] = init ? _mm512_loadu_ps(o + h * ostride + 16 * c) : _mm512_setzero_ps();
+    for (int s = 0; s < n; s++) {
+        const float *vs = v + (size_t)s * KD;
+        if (s < pfn) wv_fetch_(vs, pfo, vstep, nh, nv);
+        for (int h = 0; h < nh; h++) {
+            const __m512 w = _mm512_set1_ps(sr[h * sstride + s]);
+            for (int c = 0; c < nv; c++)
+                a[h][c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vs + h * vstep + 16 * c), a[h][c]);
+        }
+    }
+    for (int h = 0; h < nh; h++)
+        for (int c = 0; c < nv; c++) _mm512_storeu_ps(o + h * ostride + 16 * c, a[h][c]);
+}
+
+/* a[h][2c], a[h][2c + 1]: the halves of wv512_'s a[h][c]. */
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) void
+wv256_(WV_ARGS_) {
+    __m256 a[6][8];
+    for (int h = 0; h < nh; h++)
+        for (int c = 0; c < 2 * nv; c++)
+            a[h][c] = init ? _mm256_loadu_ps(o + h * ostride + 8 * c) : _mm256_setzero_ps();
+    for (int s = 0; s < n; s++) {
+        const float *vs = v + (size_t)s * KD;
+        if (s < pfn) wv_fetch_(vs, pfo, vstep, nh, nv);
+        for (int h = 0; h < nh; h++) {
+            const __m256 w = _mm256_set1_ps(sr[h * sstride + s]);
+            for (int c = 0; c < 2 * nv; c++)
+                a[h][c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vs + h * vstep + 8 * c), a[h][c]);
+        }
+    }
+    for (int h = 0; h < nh; h++)
+        for (int c = 0; c < 2 * nv; c++) _mm256_storeu_ps(o + h * ostride + 8 * c, a[h][c]);
+}
+#endif
+#undef WV_ARGS_
+
+/* wsum_'s walks by WV over o's first hd / 32 * 32 dimensions (64 at a
+ * time, then 32), each call with constant nh and nv so that the walk's
+ * loops unroll and its sums stay in registers; the dimensions done.  One
+ * function per variant: each inlines its walk under its own target. */
+#define WV_HEADS_(WV, NV)                                                                               \
+    do {                                                                                                \
+        if (vstep == 0) {                                                                               \
+            if (nh == 3) WV(o + d0, os, sr, ss, n, v + d0, 0, KD, 3, NV, init, pfo, pfn);               \
+            else if (nh == 2) WV(o + d0, os, sr, ss, n, v + d0, 0, KD, 2, NV, init, pfo, pfn);          \
+            else WV(o + d0, os, sr, ss, n, v + d0, 0, KD, 1, NV, init, pfo, pfn);                       \
+        } else {                                                                                        \
+            if (nh == 6) WV(o + d0, os, sr, ss, n, v + d0, vstep, KD, 6, NV, init, pfo, pfn);           \
+            else if (nh == 3) WV(o + d0, os, sr, ss, n, v + d0, vstep, KD, 3, NV, init, pfo, pfn);      \
+            else if (nh == 2) WV(o + d0, os, sr, ss, n, v + d0, vstep, KD, 2, NV, init, pfo, pfn);      \
+            else WV(o + d0, os, sr, ss, n, v + d0, vstep, KD, 1, NV, init, pfo, pfn);                   \
+        }                                                                                               \
+    } while (0)
+#define WV_WALKS_(WV)                                                                                   \
+    int d0 = 0;                                                                                         \
+    for (; d0 + 64 <= hd; d0 += 64) WV_HEADS_(WV, 4);                                                   \
+    for (; d0 + 32 <= hd; d0 += 32) WV_HEADS_(WV, 2);                                                   \
+    return d0
+#define WALKS_ARGS_                                                                                     \
+    float *o, int64_t os, int hd, const float *sr, int64_t ss, int n, const float *v, int64_t vstep,    \
+        int64_t KD, int nh, int init, int64_t pfo, int pfn
+static int walks_c_(WALKS_ARGS_) { WV_WALKS_(wvc_); }
+#ifdef ZDP_KV_X86_
+__attribute__((target("avx512f"))) static int walks512_(WALKS_ARGS_) { WV_WALKS_(wv512_); }
+__attribute__((target("avx2,fma"))) static int walks256_(WALKS_ARGS_) { WV_WALKS_(wv256_); }
+#endif
+#undef WALKS_ARGS_
+#undef WV_HEADS_
+#undef WV_WALKS_
 #endif
 
 /* out[h*os + 0..hd) (init: += onto its values) = the weighted sum over
@@ -745,27 +823,19 @@ static inline __attribute__((always_inline)) void wv_(float *o, int64_t ostride,
  * or 6 with vstep hd) score rows h: a row's heads, or (vstep 0) one head of several query rows
  * over the same values: attend_'s sums, each lane from position 0 (or o's value) in
  * order, whatever the width (64 or 32 dimensions a walk, then one at a
- * time), so the same bits as one dimension at a time. */
+ * time) and whatever the path, so the same bits as one dimension at a
+ * time. */
 static void wsum_(float *o, int64_t os, int hd, const float *sr, int64_t ss, int n, const float *v,
                   int64_t vstep, int64_t KD, int nh, int init, int64_t pfo, int pfn) {
     int d0 = 0;
 #ifdef __GNUC__
-#define WV_(NV)                                                                                         \
-    do {                                                                                                \
-        if (vstep == 0) {                                                                               \
-            if (nh == 3) wv_(o + d0, os, sr, ss, n, v + d0, 0, KD, 3, NV, init, pfo, pfn);              \
-            else if (nh == 2) wv_(o + d0, os, sr, ss, n, v + d0, 0, KD, 2, NV, init, pfo, pfn);         \
-            else wv_(o + d0, os, sr, ss, n, v + d0, 0, KD, 1, NV, init, pfo, pfn);                      \
-        } else {                                                                                        \
-            if (nh == 6) wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 6, NV, init, pfo, pfn);          \
-            else if (nh == 3) wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 3, NV, init, pfo, pfn);     \
-            else if (nh == 2) wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 2, NV, init, pfo, pfn);     \
-            else wv_(o + d0, os, sr, ss, n, v + d0, vstep, KD, 1, NV, init, pfo, pfn);                  \
-        }                                                                                               \
-    } while (0)
-    for (; d0 + 64 <= hd; d0 += 64) WV_(4);
-    for (; d0 + 32 <= hd; d0 += 32) WV_(2);
-#undef WV_
+#ifdef ZDP_KV_X86_
+    const int path = zdp_nn_packed_path();
+    if (path == 2) d0 = walks512_(o, os, hd, sr, ss, n, v, vstep, KD, nh, init, pfo, pfn);
+    else if (path == 1) d0 = walks256_(o, os, hd, sr, ss, n, v, vstep, KD, nh, init, pfo, pfn);
+    else
+#endif
+    d0 = walks_c_(o, os, hd, sr, ss, n, v, vstep, KD, nh, init, pfo, pfn);
 #endif
     for (int h = 0; h < nh; h++)
         for (int d = d0; d < hd; d++) {
@@ -804,9 +874,7 @@ static inline bool one_walk_(int NH, int KV, int hd) {
     return NH == KV && NH <= 6 && (hd == 64 || hd == 32);
 }
 
-#if defined(__GNUC__) && defined(__x86_64__)
-#include <immintrin.h>
-#define ZDP_KV_X86_ 1
+#ifdef ZDP_KV_X86_
 /* attend_'s scores on the AVX-512 path (hd a multiple of 16): score[h*n +
  * s] = scale * dot_(q + h*hd, K[s] + (h/group)*hd, hd) for s < n, with the
  * same operations in the same order as dot_ (its 16 partial sums are the

@@ -23,7 +23,8 @@
  *     frequencies of its draws are the exact probabilities (temperature,
  *     top_k, top_p, both);
  *   - decode attention's AVX-512 scores (16 positions at a time) equal the
- *     one-position dot products bit for bit;
+ *     one-position dot products bit for bit, and its weighted values on
+ *     each SIMD path (AVX-512, AVX2, portable) give the same bits;
  *   - a prompt shared in place (zdp_kv_share_slot: attended once per group
  *     of rows) gives the logits of the same prompt copied into each slot,
  *     bit for bit, through a shared slot's clearing and a copy of a sharer;
@@ -463,6 +464,68 @@ static void test_decode_scores_paths(void **state) {
                           step);
         }
         free(lg), free(got[0]), free(got[1]);
+        free_params_(p, &m);
+        zdp_model_destroy(&m);
+    }
+}
+
+/* Decode attention's weighted values (kv.c's wsum_) on each path: AVX-512
+ * (2), AVX2+FMA (1) and portable C (0), each lane one fused multiply-add
+ * per position in order, so the same bits.  One row per pass, so every
+ * product is cblas_sgemv's on each path (a batch's packed products round
+ * otherwise on path 0) and only attention's code changes with the path.
+ * A GQA Llama (3 query heads per KV head, head_dim 32: walks of 32 over a
+ * shared value row), a GPT-2 with 7 heads of 64 (walks of 6 heads and 1,
+ * 64 wide) and one with 5 heads of 48 (walks of 3 heads and 2, 32 wide,
+ * then the 16-dimension scalar tail); 40 positions. */
+static void test_decode_values_paths(void **state) {
+    (void)state;
+    for (int kind = 0; kind < 3; kind++) {
+        zdp_model m;
+        zdp_error err;
+        zdp_status st;
+        enum { BLK = 64, N = 40 };
+        if (kind == 0) {
+            zdp_llama_config c = {.arch = ZDP_ARCH_LLAMA, .n_layer = 2, .hidden = 48, .n_head = 6,
+                                  .n_kv_head = 2, .head_dim = 32, .ffn = 40, .vocab_size = 41,
+                                  .block_size = BLK, .max_position_embeddings = BLK,
+                                  .rms_norm_eps = 1e-5f, .rope_theta = 500.0,
+                                  .initializer_range = 0.02};
+            st = zdp_llama_create(&c, 1, &m, &err);
+        } else {
+            zdp_gpt_config c = {.n_layer = 2, .n_head = kind == 1 ? 7 : 5,
+                                .n_embd = kind == 1 ? 448 : 240, .vocab_size = 37, .block_size = BLK};
+            st = zdp_gpt_create(&c, 1, &m, &err);
+        }
+        if (st != ZDP_OK) fail_msg("%s", err.msg);
+        const char *name = kind == 0 ? "llama" : kind == 1 ? "gpt 7 x 64" : "gpt 5 x 48";
+        float **p = alloc_fill_(&m, 123 + (uint64_t)kind, 0.6f, 0.3f, 1.0f);
+        const int V = m.vocab_size;
+        int32_t tok[N];
+        rand_tokens_(tok, N, V, 17 + (uint64_t)kind);
+        float *got[3] = {NULL, NULL, NULL};
+        for (int path = 2; path >= 0; path--) {
+            if (zdp_nn_packed_use_path(path) != path) continue; /* the CPU lacks it */
+            got[path] = malloc((size_t)N * V * sizeof(float));
+            zdp_kv_cache *kv;
+            assert_int_equal(zdp_kv_create(&m, 1, BLK, &kv, &err), ZDP_OK);
+            const int32_t slot = 0;
+            for (int t = 0; t < N; t++)
+                if (zdp_lm_decode(kv, (const float *const *)p, &slot, tok + t, 1, NULL,
+                                  got[path] + (size_t)t * V, &err) != ZDP_OK)
+                    fail_msg("%s", err.msg);
+            zdp_kv_destroy(kv);
+        }
+        zdp_nn_packed_use_path(99); /* back to the best */
+        int ref = 2; /* the best path this CPU has (0 always runs) */
+        while (got[ref] == NULL) ref--;
+        for (int path = ref - 1; path >= 0; path--)
+            for (int64_t k = 0; k < (int64_t)N * V; k++)
+                if (memcmp(&got[path][k], &got[ref][k], sizeof(float)) != 0)
+                    fail_msg("%s: position %lld, logit %lld: path %d %.9g, path %d %.9g", name,
+                             (long long)(k / V), (long long)(k % V), path, got[path][k], ref,
+                             got[ref][k]);
+        free(got[0]), free(got[1]), free(got[2]);
         free_params_(p, &m);
         zdp_model_destroy(&m);
     }
@@ -971,6 +1034,7 @@ int main(void) {
         cmocka_unit_test(test_batched_equals_alone),
         cmocka_unit_test(test_shared_prompt),
         cmocka_unit_test(test_decode_scores_paths),
+        cmocka_unit_test(test_decode_values_paths),
         cmocka_unit_test(test_decode_shared_prompt),
         cmocka_unit_test(test_share_past_prompt),
         cmocka_unit_test(test_cache_holds_kv_heads),
