@@ -25,6 +25,7 @@
  * not).
  */
 #include "nn.h"
+#include "gemm.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -60,6 +61,15 @@ int zdp_nn_packed_use_path(int want) {
     const int best = zdp_nn_isa_best();
     isa_now_ = want < 0 ? 0 : want < best ? want : best;
     return isa_now_;
+}
+
+int zdp_nn_packed_wins(void) {
+    /* The packed kernels beat cblas_sgemm on the AVX-512 path alone: on the
+     * AVX2 path they ran a decode step's products at 0.42-0.60x of
+     * OpenBLAS's AVX2 kernels, on the portable path at 0.06-0.10x
+     * (bench_sample --gemm; docs/benchmarks.md). */
+    const int mode = zdp_nn_gemm_mode();
+    return mode == 2 || (mode == 1 && isa_() == 2);
 }
 
 int64_t zdp_nn_packed_floats(int64_t K, int64_t N) { return K * ((N + NR_ - 1) / NR_ * NR_); }

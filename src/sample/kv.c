@@ -9,7 +9,8 @@
  * per block of rows and head; every other row alone, against its own slot's
  * cached keys and values (split over the thread pool); the rows of slots
  * sharing one stored prompt (zdp_kv_share_slot: a request's samples) as a
- * group that reads the prompt's keys and values once.  A pass of
+ * group that reads the prompt's keys and values once.  Where the packed
+ * kernels win (zdp_nn_packed_wins: the AVX-512 path), a pass of
  * 2..PACK_ROWS_ rows (a batched decode step, a prompt's prefill) multiplies
  * by weights packed once per cache, or once per weights snapshot in a store
  * shared by caches (zdp_kv_set_packs; nn.h's packed B: cblas_sgemm would
@@ -603,10 +604,11 @@ static void gemm_nt_(float *out, const float *inp, const float *W, const float *
 }
 
 /* The same for the model's weight P[w]: a pass of 2..PACK_ROWS_ rows
- * multiplies by its packed copy (up to 96 rows until the 3-panel kernel). */
+ * multiplies by its packed copy where the packed kernels win (up to 96 rows
+ * until the 3-panel kernel), else by the weight itself through the BLAS. */
 static void linear_(zdp_kv_cache *kv, const float *const *P, float *out, const float *inp, int w,
                     const float *bias, int64_t N, int64_t C, int64_t OC, int accumulate) {
-    const float *Bp = N > 1 && N <= PACK_ROWS_ ? packed_(kv, P, w, C, OC, 1) : NULL;
+    const float *Bp = N > 1 && N <= PACK_ROWS_ && zdp_nn_packed_wins() ? packed_(kv, P, w, C, OC, 1) : NULL;
     if (Bp != NULL) zdp_nn_packed_gemm(out, OC, inp, C, Bp, bias, N, C, OC, accumulate);
     else gemm_nt_(out, inp, P[w], bias, N, C, OC, accumulate);
 }
@@ -614,7 +616,8 @@ static void linear_(zdp_kv_cache *kv, const float *const *P, float *out, const f
 /* out (N,OC) = inp (N,C) @ W + bias, W = P[w] (C,OC): Hugging Face Conv1D (GPT-2) */
 static void conv1d_(zdp_kv_cache *kv, const float *const *P, float *out, const float *inp, int w,
                     const float *bias, int64_t N, int64_t C, int64_t OC) {
-    const float *W = P[w], *Bp = N > 1 && N <= PACK_ROWS_ ? packed_(kv, P, w, C, OC, 0) : NULL;
+    const float *W = P[w],
+                *Bp = N > 1 && N <= PACK_ROWS_ && zdp_nn_packed_wins() ? packed_(kv, P, w, C, OC, 0) : NULL;
     if (Bp != NULL) {
         zdp_nn_packed_gemm(out, OC, inp, C, Bp, bias, N, C, OC, 0);
         return;

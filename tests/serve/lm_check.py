@@ -238,6 +238,26 @@ def main(argv):
     return min(FAILURES, 100)
 
 
+def packed_kernels_run():
+    """zdp_nn_packed_wins() for the server's environment (docs/config.md):
+    ZDP_GEMM=zdp always, ZDP_GEMM=blas never, else on the AVX-512 path
+    alone: a CPU with avx512f, dq and vl that ZDP_GEMM_ISA does not pin
+    lower."""
+    mode = os.environ.get("ZDP_GEMM", "auto")
+    if mode in ("zdp", "blas"):
+        return mode == "zdp"
+    flags = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    return {"avx512f", "avx512dq", "avx512vl"} <= flags and os.environ.get("ZDP_GEMM_ISA") not in ("0", "1")
+
+
 def check_packs(url, tc, data, ids):
     """Packed weights (docs/sampling.md, "Packed weights"): the copy batched
     decode steps multiply by is made once per weights snapshot and shared by
@@ -285,7 +305,14 @@ def check_packs(url, tc, data, ids):
     if again != got:
         fail("packs: the same sampler file sampled again gave %s, first %s" % (again, got))
     per = -(-4 // max(len(r2), 1))  # the 4 samples in blocks of per: ranks past them sample nothing
-    if r1 != r2 or any((p < 1 or b < 1) for r, (p, b) in enumerate(r2) if r * per < 4):
+    if not packed_kernels_run():
+        # Off the AVX-512 path the BLAS multiplies by the weights themselves:
+        # nothing is packed, on any rank.
+        if any(p != 0 or b != 0 for p, b in r1 + r2):
+            fail("packs: /info (packed_weights_packs, packed_weights_bytes) per rank %s, then %s: wanted"
+                 " 0 where the packed kernels do not run (ZDP_GEMM_ISA=%s, ZDP_GEMM=%s)"
+                 % (r1, r2, os.environ.get("ZDP_GEMM_ISA"), os.environ.get("ZDP_GEMM")))
+    elif r1 != r2 or any((p < 1 or b < 1) for r, (p, b) in enumerate(r2) if r * per < 4):
         fail("packs: /info (packed_weights_packs, packed_weights_bytes) per rank %s, then %s after sampling the"
              " same snapshot (wanted equal, > 0 on every rank with a share of the 4 samples)" % (r1, r2))
     print("lm_check: packs: greedy %s -> %s after a step; per rank (packs, bytes) %s" % (before[:6], after[:6], r2),
