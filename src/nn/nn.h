@@ -195,12 +195,13 @@ void zdp_nn_parallel_ranges_(int64_t len, int64_t min_len, zdp_nn_range_fn body,
 ZDP_API int zdp_nn_isa_best(void);
 ZDP_API int zdp_nn_isa(void);
 
-/* 1 when products against a packed B should run here at all: on the
- * AVX-512 path, where the packed kernels beat cblas_sgemm, unless
- * ZDP_GEMM=blas; always under ZDP_GEMM=zdp (zdp_nn_gemm_mode: one switch
- * between zdp's own kernels and the BLAS).  Callers that get 0 multiply by
- * the unpacked weight through the BLAS and need no packed copy. */
-ZDP_API int zdp_nn_packed_wins(void);
+/* 1 when a product of M rows against a packed B beats cblas_sgemm on the
+ * path in use: on the AVX-512 path up to 256 rows, on the AVX2 path up to
+ * 64 (decode batches), on the portable path never; ZDP_GEMM=blas: never,
+ * ZDP_GEMM=zdp: always (zdp_nn_gemm_mode: one switch between zdp's own
+ * kernels and the BLAS).  Callers that get 0 multiply by the unpacked
+ * weight through the BLAS. */
+ZDP_API int zdp_nn_packed_wins(int64_t M);
 /* Floats the packed copy of a (K,N) B takes. */
 ZDP_API int64_t zdp_nn_packed_floats(int64_t K, int64_t N);
 /* dst (zdp_nn_packed_floats(K, N)) <- B: trans = 1 for W (N,K) (B = W^T,

@@ -46,6 +46,7 @@
  * slower streaming: its next block crowds L1. */
 #define KC_ 256
 #define SPREAD_ROWS_ 64 /* products of 9..SPREAD_ROWS_ rows (decode batches) spread the next block's fetch */
+#define AVX2_ROWS_ 64 /* the most rows the AVX2 kernel is used for (zdp_nn_packed_wins) */
 #define PF_ 32  /* panel rows the AVX-512 kernel prefetches ahead (2 KB; 16, 64, 128 and none measured no better: bench_sample --gemm) */
 
 static _Atomic int isa_now_ = -1; /* the path in use; -1: not asked yet */
@@ -63,13 +64,15 @@ int zdp_nn_packed_use_path(int want) {
     return isa_now_;
 }
 
-int zdp_nn_packed_wins(void) {
-    /* The packed kernels beat cblas_sgemm on the AVX-512 path alone: on the
-     * AVX2 path they ran a decode step's products at 0.42-0.60x of
-     * OpenBLAS's AVX2 kernels, on the portable path at 0.06-0.10x
-     * (bench_sample --gemm; docs/benchmarks.md). */
+int zdp_nn_packed_wins(int64_t M) {
+    /* Against OpenBLAS (bench_sample --gemm, one thread, a decode step's
+     * shapes; docs/benchmarks.md): the AVX-512 kernels win up to 256 rows;
+     * the AVX2 kernel wins at decode batches (1.0-1.17x at 2-64 rows) and
+     * loses at prefills (0.95x at 256); the portable C kernel (multiply,
+     * then add) ran at 0.06-0.10x. */
     const int mode = zdp_nn_gemm_mode();
-    return mode == 2 || (mode == 1 && isa_() == 2);
+    if (mode != 1) return mode == 2;
+    return isa_() == 2 || (isa_() == 1 && M <= AVX2_ROWS_);
 }
 
 int64_t zdp_nn_packed_floats(int64_t K, int64_t N) { return K * ((N + NR_ - 1) / NR_ * NR_); }
@@ -117,57 +120,68 @@ static void kernel_c_(int64_t mr, int64_t kc, const float *a, int64_t lda, const
 }
 
 #ifdef ZDP_PACKED_X86_
+/* R rows (1..MR_, a constant where inlined) of C's panel columns against
+ * one panel: 2R accumulators, 2 panel loads and R broadcasts per 2R fused
+ * multiply-adds.  With R constant every loop over the rows unrolls and the
+ * sums stay in registers (with a row count known only at run time, GCC
+ * kept them in memory and stored all of them back after every k step: 0.6
+ * FMA a cycle instead of 2). */
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) void
+rows_avx2_(const int R, int64_t kc, const float *ar, int64_t lda, const float *b, float *c, int64_t ldc,
+           int64_t ncols, int load, const float *bias) {
+    __m256 lo[MR_], hi[MR_];
+    float tmp[NR_];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        lo[r] = hi[r] = _mm256_setzero_ps();
+        if (load) {
+            for (int64_t j = 0; j < NR_; j++) tmp[j] = j < ncols ? c[r * ldc + j] : 0.0f;
+            lo[r] = _mm256_loadu_ps(tmp), hi[r] = _mm256_loadu_ps(tmp + 8);
+        }
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        const __m256 b0 = _mm256_loadu_ps(b + k * NR_), b1 = _mm256_loadu_ps(b + k * NR_ + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            const __m256 av = _mm256_broadcast_ss(ar + r * lda + k);
+            lo[r] = _mm256_fmadd_ps(av, b0, lo[r]);
+            hi[r] = _mm256_fmadd_ps(av, b1, hi[r]);
+        }
+    }
+    if (bias != NULL) {
+        for (int64_t j = 0; j < NR_; j++) tmp[j] = j < ncols ? bias[j] : 0.0f;
+        const __m256 blo = _mm256_loadu_ps(tmp), bhi = _mm256_loadu_ps(tmp + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) lo[r] = _mm256_add_ps(lo[r], blo), hi[r] = _mm256_add_ps(hi[r], bhi);
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        float *cr = c + r * ldc;
+        if (ncols == NR_) {
+            _mm256_storeu_ps(cr, lo[r]);
+            _mm256_storeu_ps(cr + 8, hi[r]);
+        } else {
+            _mm256_storeu_ps(tmp, lo[r]);
+            _mm256_storeu_ps(tmp + 8, hi[r]);
+            for (int64_t j = 0; j < ncols; j++) cr[j] = tmp[j];
+        }
+    }
+}
+
 __attribute__((target("avx2,fma"))) static void kernel_avx2_(int64_t mr, int64_t kc, const float *a,
                                                              int64_t lda, const float *b, float *c,
                                                              int64_t ldc, int64_t ncols, int load,
                                                              const float *bias) {
     for (int64_t r0 = 0; r0 < mr; r0 += MR_) {
-        const int64_t rn = mr - r0 < MR_ ? mr - r0 : MR_;
-        __m256 lo[MR_], hi[MR_];
-        float tmp[NR_];
-        for (int64_t r = 0; r < MR_; r++) {
-            lo[r] = hi[r] = _mm256_setzero_ps();
-            if (load && r < rn) {
-                for (int64_t j = 0; j < NR_; j++) tmp[j] = j < ncols ? c[(r0 + r) * ldc + j] : 0.0f;
-                lo[r] = _mm256_loadu_ps(tmp), hi[r] = _mm256_loadu_ps(tmp + 8);
-            }
-        }
         const float *ar = a + r0 * lda;
-        if (rn == MR_) { /* the full block: every row unrolled */
-            for (int64_t k = 0; k < kc; k++) {
-                const __m256 b0 = _mm256_loadu_ps(b + k * NR_), b1 = _mm256_loadu_ps(b + k * NR_ + 8);
-                for (int r = 0; r < MR_; r++) {
-                    const __m256 av = _mm256_broadcast_ss(ar + r * lda + k);
-                    lo[r] = _mm256_fmadd_ps(av, b0, lo[r]);
-                    hi[r] = _mm256_fmadd_ps(av, b1, hi[r]);
-                }
-            }
-        } else {
-            for (int64_t k = 0; k < kc; k++) {
-                const __m256 b0 = _mm256_loadu_ps(b + k * NR_), b1 = _mm256_loadu_ps(b + k * NR_ + 8);
-                for (int64_t r = 0; r < rn; r++) {
-                    const __m256 av = _mm256_broadcast_ss(ar + r * lda + k);
-                    lo[r] = _mm256_fmadd_ps(av, b0, lo[r]);
-                    hi[r] = _mm256_fmadd_ps(av, b1, hi[r]);
-                }
-            }
-        }
-        if (bias != NULL) {
-            for (int64_t j = 0; j < NR_; j++) tmp[j] = j < ncols ? bias[j] : 0.0f;
-            const __m256 blo = _mm256_loadu_ps(tmp), bhi = _mm256_loadu_ps(tmp + 8);
-            for (int64_t r = 0; r < rn; r++)
-                lo[r] = _mm256_add_ps(lo[r], blo), hi[r] = _mm256_add_ps(hi[r], bhi);
-        }
-        for (int64_t r = 0; r < rn; r++) {
-            float *cr = c + (r0 + r) * ldc;
-            if (ncols == NR_) {
-                _mm256_storeu_ps(cr, lo[r]);
-                _mm256_storeu_ps(cr + 8, hi[r]);
-            } else {
-                _mm256_storeu_ps(tmp, lo[r]);
-                _mm256_storeu_ps(tmp + 8, hi[r]);
-                for (int64_t j = 0; j < ncols; j++) cr[j] = tmp[j];
-            }
+        float *cr = c + r0 * ldc;
+        switch (mr - r0 < MR_ ? mr - r0 : MR_) {
+        case 1: rows_avx2_(1, kc, ar, lda, b, cr, ldc, ncols, load, bias); break;
+        case 2: rows_avx2_(2, kc, ar, lda, b, cr, ldc, ncols, load, bias); break;
+        case 3: rows_avx2_(3, kc, ar, lda, b, cr, ldc, ncols, load, bias); break;
+        case 4: rows_avx2_(4, kc, ar, lda, b, cr, ldc, ncols, load, bias); break;
+        case 5: rows_avx2_(5, kc, ar, lda, b, cr, ldc, ncols, load, bias); break;
+        default: rows_avx2_(MR_, kc, ar, lda, b, cr, ldc, ncols, load, bias); break;
         }
     }
 }

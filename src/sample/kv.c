@@ -10,7 +10,7 @@
  * cached keys and values (split over the thread pool); the rows of slots
  * sharing one stored prompt (zdp_kv_share_slot: a request's samples) as a
  * group that reads the prompt's keys and values once.  Where the packed
- * kernels win (zdp_nn_packed_wins: the AVX-512 path), a pass of
+ * kernels beat the BLAS (zdp_nn_packed_wins), a pass of
  * 2..PACK_ROWS_ rows (a batched decode step, a prompt's prefill) multiplies
  * by weights packed once per cache, or once per weights snapshot in a store
  * shared by caches (zdp_kv_set_packs; nn.h's packed B: cblas_sgemm would
@@ -608,7 +608,7 @@ static void gemm_nt_(float *out, const float *inp, const float *W, const float *
  * until the 3-panel kernel), else by the weight itself through the BLAS. */
 static void linear_(zdp_kv_cache *kv, const float *const *P, float *out, const float *inp, int w,
                     const float *bias, int64_t N, int64_t C, int64_t OC, int accumulate) {
-    const float *Bp = N > 1 && N <= PACK_ROWS_ && zdp_nn_packed_wins() ? packed_(kv, P, w, C, OC, 1) : NULL;
+    const float *Bp = N > 1 && N <= PACK_ROWS_ && zdp_nn_packed_wins(N) ? packed_(kv, P, w, C, OC, 1) : NULL;
     if (Bp != NULL) zdp_nn_packed_gemm(out, OC, inp, C, Bp, bias, N, C, OC, accumulate);
     else gemm_nt_(out, inp, P[w], bias, N, C, OC, accumulate);
 }
@@ -617,7 +617,7 @@ static void linear_(zdp_kv_cache *kv, const float *const *P, float *out, const f
 static void conv1d_(zdp_kv_cache *kv, const float *const *P, float *out, const float *inp, int w,
                     const float *bias, int64_t N, int64_t C, int64_t OC) {
     const float *W = P[w],
-                *Bp = N > 1 && N <= PACK_ROWS_ && zdp_nn_packed_wins() ? packed_(kv, P, w, C, OC, 0) : NULL;
+                *Bp = N > 1 && N <= PACK_ROWS_ && zdp_nn_packed_wins(N) ? packed_(kv, P, w, C, OC, 0) : NULL;
     if (Bp != NULL) {
         zdp_nn_packed_gemm(out, OC, inp, C, Bp, bias, N, C, OC, 0);
         return;

@@ -239,10 +239,10 @@ def main(argv):
 
 
 def packed_kernels_run():
-    """zdp_nn_packed_wins() for the server's environment (docs/config.md):
-    ZDP_GEMM=zdp always, ZDP_GEMM=blas never, else on the AVX-512 path
-    alone: a CPU with avx512f, dq and vl that ZDP_GEMM_ISA does not pin
-    lower."""
+    """zdp_nn_packed_wins() for the server's 8-row prefills, in its
+    environment (docs/config.md): ZDP_GEMM=zdp always, ZDP_GEMM=blas never,
+    else on the AVX-512 and AVX2 paths (a CPU with avx2 and fma that
+    ZDP_GEMM_ISA does not pin to 0), not on the portable one."""
     mode = os.environ.get("ZDP_GEMM", "auto")
     if mode in ("zdp", "blas"):
         return mode == "zdp"
@@ -255,7 +255,7 @@ def packed_kernels_run():
                     break
     except OSError:
         pass
-    return {"avx512f", "avx512dq", "avx512vl"} <= flags and os.environ.get("ZDP_GEMM_ISA") not in ("0", "1")
+    return {"avx2", "fma"} <= flags and os.environ.get("ZDP_GEMM_ISA") != "0"
 
 
 def check_packs(url, tc, data, ids):
@@ -306,8 +306,8 @@ def check_packs(url, tc, data, ids):
         fail("packs: the same sampler file sampled again gave %s, first %s" % (again, got))
     per = -(-4 // max(len(r2), 1))  # the 4 samples in blocks of per: ranks past them sample nothing
     if not packed_kernels_run():
-        # Off the AVX-512 path the BLAS multiplies by the weights themselves:
-        # nothing is packed, on any rank.
+        # On the portable path the BLAS multiplies by the weights
+        # themselves: nothing is packed, on any rank.
         if any(p != 0 or b != 0 for p, b in r1 + r2):
             fail("packs: /info (packed_weights_packs, packed_weights_bytes) per rank %s, then %s: wanted"
                  " 0 where the packed kernels do not run (ZDP_GEMM_ISA=%s, ZDP_GEMM=%s)"
