@@ -4,7 +4,7 @@
  * the same run: what the products alone allow the step's MFU to reach
  * (docs/benchmarks-llama.md, "What limits it").
  *
- *   gemm_shapes [--model smollm2|gpt-m] [--rows N] [--reps R]
+ *   gemm_shapes [--model smollm2|gpt-m|gpt-s] [--rows N] [--reps R]
  *
  * Per product (forward: the linears of one layer and the lm_head; backward:
  * zdp_nn_linear_backward's dX and dW pair, or GPT-2's), the median over R
@@ -93,12 +93,16 @@ int main(int argc, char **argv) {
     const shape_ gpt[] = {{"c_attn", 384, 1152, 6, 1}, {"attn c_proj", 384, 384, 6, 1},
                           {"c_fc", 384, 1536, 6, 1},   {"mlp c_proj", 1536, 384, 6, 1},
                           {"lm_head", 384, 256, 1, 0}};
-    const int is_gpt = !strcmp(model, "gpt-m");
+    /* gpt-s: 4 layers, C 256, vocab 256. */
+    const shape_ gpt_s[] = {{"c_attn", 256, 768, 4, 1}, {"attn c_proj", 256, 256, 4, 1},
+                            {"c_fc", 256, 1024, 4, 1},   {"mlp c_proj", 1024, 256, 4, 1},
+                            {"lm_head", 256, 256, 1, 0}};
+    const int small = !strcmp(model, "gpt-s"), is_gpt = small || !strcmp(model, "gpt-m");
     if (!is_gpt && strcmp(model, "smollm2") != 0) {
-        fprintf(stderr, "gemm_shapes: --model is smollm2 or gpt-m, not %s\n", model);
+        fprintf(stderr, "gemm_shapes: --model is smollm2, gpt-m or gpt-s, not %s\n", model);
         return 2;
     }
-    const shape_ *sh = is_gpt ? gpt : llama;
+    const shape_ *sh = small ? gpt_s : is_gpt ? gpt : llama;
     const int ns = 5;
     printf("# gemm_shapes: model %s, rows %lld, threads %d, reps %d (medians, GFLOP per CPU-second)\n",
            model, (long long)N, zdp_pool_size(), reps);

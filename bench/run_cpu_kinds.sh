@@ -14,6 +14,9 @@
 #             PyTorch keep their own
 # usage: bench/run_cpu_kinds.sh [REPS]      (default 3)
 # env:   KINDS=avx512,avx2,portable PARTS=gpt,llama,sample OUT=build/bench-kinds
+#        LLAMA_REPS (default REPS); TRAIN_BLAS=0 leaves ZDP_GEMM=blas out of the
+#        training parts (off the AVX-512 path it runs the default's code:
+#        every product already goes to the BLAS)
 # Then: python3 bench/kinds_table.py OUT prints the tables.
 # Needs PyTorch for /usr/bin/python3 (bench/setup_torch.sh).
 set -euo pipefail
@@ -25,6 +28,8 @@ OUT=$(cd "$OUT" && pwd)
 source scripts/env.sh
 IFS=, read -r -a kinds <<<"${KINDS:-avx512,avx2,portable}"
 IFS=, read -r -a parts <<<"${PARTS:-gpt,llama,sample}"
+gpt_impls=zdp2,zdp2blas,torch llama_impls=zdp,zdpblas,torch
+if [ "${TRAIN_BLAS:-1}" = 0 ]; then gpt_impls=zdp2,torch llama_impls=zdp,torch; fi
 
 for kind in "${kinds[@]}"; do
   case $kind in
@@ -46,11 +51,11 @@ for kind in "${kinds[@]}"; do
   for part in "${parts[@]}"; do
     case $part in
       gpt)
-        env "${kind_env[@]}" BUILD=$build MODELS=gpt-s,gpt-m NPS=1,2 IMPLS=zdp2,zdp2blas,torch \
+        env "${kind_env[@]}" BUILD=$build MODELS=gpt-s,gpt-m NPS=1,2 IMPLS=$gpt_impls \
           JSON="$OUT/$kind-gpt.json" bash bench/run_gpt_bench.sh "$REPS" 6 | tee "$OUT/$kind-gpt.txt" ;;
       llama)
-        env "${kind_env[@]}" BUILD=$build LAYOUTS=2x1,1x2 IMPLS=zdp,zdpblas,torch \
-          JSON="$OUT/$kind-llama.json" bash bench/run_llama_bench.sh "$REPS" 3 | tee "$OUT/$kind-llama.txt" ;;
+        env "${kind_env[@]}" BUILD=$build LAYOUTS=2x1,1x2 IMPLS=$llama_impls \
+          JSON="$OUT/$kind-llama.json" bash bench/run_llama_bench.sh "${LLAMA_REPS:-$REPS}" 3 | tee "$OUT/$kind-llama.txt" ;;
       sample)
         : >"$OUT/$kind-sample.txt"
         for rep in $(seq "$REPS"); do

@@ -305,10 +305,12 @@ int zdp_nn_gemm_wins_(const zdp_nn_gemm *g) {
     /* Against its AVX-512 kernels ("Fourth round", "Seventh round"): faster
      * on the step's shapes; slower where K is far deeper than M and N (the
      * lm_head's dX, K = 49,152: C goes through the cache once per K block)
-     * and where the 8 x 48 tile pads N by more than an eighth (attention's
-     * head-size products, N = 64 padded to 96: 0.53-0.68x). */
+     * and where the 8 x 48 tile pads N by an eighth or more (attention's
+     * head-size products, N = 64 padded to 96: 0.53-0.68x; a 256-wide
+     * model's N = 256, padded to 288: 0.90-0.97x, bench/gemm_shapes
+     * --model gpt-s on a Zen 4 against OpenBLAS's Cooperlake kernels). */
     if (g->K > 8192) return 0;
-    if ((g->N + NR_MAX_ - 1) / NR_MAX_ * NR_MAX_ * 8 > 9 * g->N) return 0;
+    if ((g->N + NR_MAX_ - 1) / NR_MAX_ * NR_MAX_ * 8 >= 9 * g->N) return 0;
     return 1;
 }
 
