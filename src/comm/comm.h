@@ -11,7 +11,9 @@
 #ifndef ZDP_COMM_H
 #define ZDP_COMM_H
 
-#include "zdp/zdp.h"
+#include "zdp/core.h"
+#include "zdp/dist.h"
+#include "zdp/engine.h" /* zdp_comm_report, the per-collective counts the engine reports */
 
 /* In-place SUM all-reduce of n floats / doubles / int64s, in pieces of 8
  * MiB (comm_mpi.c: Open MPI's per-call temporary stays on the heap).

@@ -15,7 +15,7 @@
  */
 #include <math.h>
 
-#include "zdp/zdp.h"
+#include "zdp/config.h"
 
 static double warmup_gamma_(const zdp_scheduler_config *s, double n, double wp) {
     return s->warmup_linear ? n / wp : log(n + 1.0) / log(wp);
