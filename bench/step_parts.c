@@ -4,7 +4,7 @@
  * dE), the loss (forward, backward), causal grouped-query attention (forward,
  * backward; one layer), RMSNorm, rotary embeddings and SwiGLU (one layer),
  * with a 1024^3 sgemm split over the pool as the reference, measured between
- * them (docs/benchmarks-llama.md, "Sixth round").
+ * them (docs/benchmarks-llama.md, "What limits it").
  *
  *   step_parts [--reps R] [--layers L] [--part I]   (pool size: ZDP_NUM_THREADS, default 1)
  *   --part I: run only part I (the table's row I, from 0) R times, print nothing (perf)
