@@ -20,7 +20,7 @@
  *
  * Not here: writing llm.c checkpoints, untied lm_head weights; whole
  * Hugging Face folders (config.json, sharded model-00001-of-0000N files)
- * are hf.c's.
+ * are the hf_*.c files'.
  */
 #define _POSIX_C_SOURCE 200809L
 
