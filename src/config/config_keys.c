@@ -142,7 +142,7 @@ static const key_spec optimizer_keys_[] = {
 };
 
 static const key_spec adam_param_keys_[] = {
-    /* The bounds of zdp_hparams_check (zdp.h); eps = 0 is refused later,
+    /* The bounds of zdp_hparams_check (zdp/engine.h); eps = 0 is refused later,
      * in check_fields_ (the range here is inclusive). */
     K_NUM_("lr", offsetof(zdp_optimizer_config, lr), 1e-3, 0, ZDP_HPARAM_LR_MAX),
     K_CUSTOM_("betas"),

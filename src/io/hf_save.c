@@ -5,11 +5,10 @@
  * config.json; and the tokenizer files copied from the folder the model
  * came from.
  *
- * Every file is written to a temporary name, synced and renamed, and the
- * index comes last, once every shard it names is in place, so a crash never
- * leaves a folder that names a missing file.  Weight files of an earlier
- * save that this one did not write are removed, so readers never mix two
- * saves.
+ * Every file is written to a temporary name, synced and renamed into
+ * place, and the index comes last, once every shard it names is in place.
+ * Weight files of an earlier save that this one did not write are removed,
+ * so the folder never mixes two saves.
  */
 #define _POSIX_C_SOURCE 200809L
 
