@@ -8,7 +8,8 @@
  * refused by name (zdp_config_validate, zdp_config_finalize).
  *
  * No MPI: the world size is a field, so every rank reaches the same answer
- * from the same config without communicating.
+ * from the same config without communicating.  Not here: reading JSON
+ * (config_parse.c) and the per-key bounds (config_keys.c's rows).
  */
 #include "config_impl.h"
 

@@ -12,6 +12,9 @@
  *
  * The factory depends on the models (zdp_gpt_create, zdp_llama_create)
  * through the public API only; it lives here, next to the config it reads.
+ *
+ * Not here: the weights (hf_folder.c and hf_reader.c read them, hf_save.c
+ * writes them and calls the writer here for config.json).
  */
 #define _POSIX_C_SOURCE 200809L
 

@@ -7,6 +7,8 @@
  *
  * Also the whole-file read and the existence test the other hf_*.c files
  * share.
+ *
+ * Not here: tensor data, and which tensor is which parameter (hf_reader.c).
  */
 #define _POSIX_C_SOURCE 200809L
 

@@ -9,6 +9,8 @@
  * first write into the caller's arrays, so a bad folder leaves the caller's
  * parameters untouched.  A read stages at most HF_CHUNK raw bytes beyond its
  * destination; zdp_hf_load_peak_bytes reports the most any load held.
+ *
+ * Not here: finding the files and checking the index (hf_folder.c).
  */
 #define _POSIX_C_SOURCE 200809L
 
