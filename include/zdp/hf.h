@@ -133,10 +133,10 @@ ZDP_API int64_t zdp_hf_load_peak_bytes(void);
  * model-0000k-of-0000n.safetensors, filled in registration order until the
  * next tensor would pass the limit (a larger tensor gets a shard alone), and
  * model.safetensors.index.json.  DIR is created if missing (with the
- * directories above it).  Each file is written atomically (a temporary file, then rename):
- * the shards, then config.json, then the index last; weight files of an
- * earlier save into DIR that this one does not write are removed, so DIR
- * never mixes two saves.  Other files in DIR (a tokenizer) are left alone.
+ * directories above it).  Each file is written atomically (a temporary
+ * file, then rename): the shards, then config.json, then the index last;
+ * weight files of an earlier save into DIR that this one does not write
+ * are removed, so DIR never mixes two saves.  Other files in DIR (a tokenizer) are left alone.
  * Status: ZDP_ERR_INVALID_ARG (NULL, a model of no known family, another
  * dtype), ZDP_ERR_IO, ZDP_ERR_NOMEM. */
 ZDP_API zdp_status zdp_hf_save(const char *dir, const zdp_model *model, const float *const *src,

@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "zdp/zdp.h"
+#include "zdp/core.h"
 
 /* One row of the ds_config key table. */
 typedef struct zdp_config_key_info {

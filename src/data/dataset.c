@@ -2,7 +2,7 @@
  * dataset.c -- zdp_dataset: a token array, its train/val split, and the
  * windows each rank reads for each micro-batch.
  *
- * The contract (zdp.h, "token data") in one line: with N windows of T+1
+ * The contract (zdp/data.h) in one line: with N windows of T+1
  * tokens in a split, rank r of W reads windows ((j*W + r)*b + k) mod N,
  * k < b, for its j-th micro-batch.  It is a pure function of (j, r, W, b, T),
  * so ranks never talk to each other about data, a resumed run only needs j

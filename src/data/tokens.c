@@ -1,7 +1,7 @@
 /*
  * tokens.c -- token files and the generated default corpus.
  *
- * Formats (zdp.h, "token data"):
+ * Formats (zdp/data.h):
  *   - llm.c token shards: 256 little-endian int32 {20240520, 1, n_tokens,
  *     0...}, then n_tokens little-endian uint16.  The reader trusts nothing:
  *     magic, version and the token count are checked against the file
@@ -10,7 +10,7 @@
  *     writer writes a temporary file, fsyncs it and renames it into place.
  *   - raw bytes: every byte of any file is one token (vocab 256).
  *   - the arithmetic corpus: "a+b=c\n" lines from splitmix64, specified
- *     exactly in zdp.h so a Python script can regenerate the same bytes.
+ *     exactly in zdp/data.h so a Python script can regenerate the same bytes.
  *   - .npy: NumPy 1-D uint16/int32/uint32 arrays (Qwen3-sized vocabularies),
  *     header (magic, dtype, shape) checked against the file length.
  *
@@ -271,7 +271,7 @@ static zdp_status tok_read_npy_(const char *path, FILE *f, int64_t file_bytes, i
     return ZDP_OK;
 }
 
-/* The rule of zdp.h's zdp_tokens_detect.  A file that starts with the magic
+/* The rule of zdp/data.h's zdp_tokens_detect.  A file that starts with the magic
  * is a shard; one that does not is bytes only when nothing about it says
  * "shard": a damaged magic must not turn a shard into 2 tokens per uint16
  * of noise that trains without a word of warning. */
@@ -438,7 +438,7 @@ static void tok_put_digits_(int32_t *p, uint64_t v, int width, bool reversed) {
         p[reversed ? i : width - 1 - i] = (int32_t)('0' + v % 10);
 }
 
-/* Whether problem (a, b) is held out (zdp.h: a hash of the seed and the
+/* Whether problem (a, b) is held out (zdp/data.h: a hash of the seed and the
  * problem, below val_fraction).  A property of the problem, not of the line,
  * so a held-out problem can never turn up in the train split by chance. */
 static bool tok_held_out_(uint64_t seed, uint64_t a, uint64_t b, uint64_t m, double val_fraction) {

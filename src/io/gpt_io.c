@@ -4,10 +4,10 @@
  * model's parameter views; and a GPT2LMHeadModel-compatible safetensors
  * writer.
  *
- * zdp's GPT-2 parameters carry Hugging Face's names and layouts (zdp.h, the
- * GPT-2 section): Conv1D weights are [in, out].  A safetensors file therefore
- * copies in tensor by tensor after a name lookup (with or without the
- * "transformer." prefix) and a dtype conversion to fp32.  An llm.c file holds
+ * zdp's GPT-2 parameters carry Hugging Face's names and layouts (zdp/gpt.h):
+ * Conv1D weights are [in, out].  A safetensors file therefore copies in
+ * tensor by tensor after a name lookup (with or without the "transformer."
+ * prefix) and a dtype conversion to fp32.  An llm.c file holds
  * the same numbers in llm.c's order and torch.nn.Linear's (out, in) layout,
  * with wte padded to Vp rows; it is read sequentially, one layer slice at a
  * time, transposing the four matrix weights and dropping the padding rows.
@@ -20,7 +20,7 @@
  *
  * Not here: writing llm.c checkpoints, untied lm_head weights; whole
  * Hugging Face folders (config.json, sharded model-00001-of-0000N files)
- * are hf.c's.
+ * are the hf_*.c files'.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -36,6 +36,10 @@
 
 #include <jansson.h>
 
+#include "zdp/gpt.h"
+#include "zdp/io.h"
+#include "zdp/model.h"
+
 #define GIO_PREFIX "transformer."
 #define GIO_PREFIX_LEN 12
 #define GIO_LLMC_MAGIC 20240326
@@ -44,7 +48,7 @@
 
 /* ---- the expected parameter list ------------------------------------------ */
 
-/* One tensor of zdp's GPT-2 as zdp.h lists it. */
+/* One tensor of zdp's GPT-2 as zdp/gpt.h lists it. */
 typedef struct gio_param_ {
     char name[GIO_NAME_MAX]; /* "transformer.h.0.attn.c_attn.weight" */
     int ndim;
@@ -77,7 +81,7 @@ static void gio_set_(gio_param_ *p, const char *name, int64_t d0, int64_t d1) {
     p->shape[1] = d1 > 0 ? d1 : 0;
 }
 
-/* Fills out[0 .. gio_expected_count_) in zdp.h's registration order. */
+/* Fills out[0 .. gio_expected_count_) in zdp/gpt.h's registration order. */
 static void gio_expected_(const zdp_gpt_config *cfg, gio_param_ *out) {
     int64_t C = cfg->n_embd;
     gio_set_(&out[0], GIO_PREFIX "wte.weight", cfg->vocab_size, C);

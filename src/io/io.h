@@ -1,12 +1,15 @@
 /*
- * io.h -- internal header of src/io: the dtype conversions that every
- * weights reader and writer shares (gpt_io.c, hf.c), defined once in
- * safetensors.c.  Not part of the public API.
+ * io.h -- internal header of src/io: what the weights readers and writers
+ * (gpt_io.c, lora_io.c, the hf_*.c files) share.  The dtype conversions, the
+ * header-only safetensors read and the tensor-at-a-time write are defined
+ * in safetensors.c; the atomic JSON writer in hf_save.c.  Not part of the
+ * public API.
  */
 #ifndef ZDP_IO_H
 #define ZDP_IO_H
 
 #include "../core/core.h"
+#include "zdp/io.h"
 
 #include <stdbool.h>
 
@@ -46,8 +49,8 @@ zdp_status zdp_safetensors_write_fill(const char *path, const zdp_tensor *tensor
                                       void *ctx, zdp_error *err);
 
 /* Writes root (taking its reference) to path as indented JSON with a final
- * newline, atomically (temporary file, fsync, rename): hf.c's config.json
- * writer, shared with lora_io.c's adapter_config.json. */
+ * newline, atomically (temporary file, fsync, rename): hf_save.c's
+ * config.json writer, shared with lora_io.c's adapter_config.json. */
 zdp_status zdp_io_write_json(const char *path, json_t *root, zdp_error *err);
 
 #endif /* ZDP_IO_H */

@@ -20,6 +20,10 @@
 #include <sys/stat.h>
 
 #include "io.h"
+#include "zdp/gpt.h"
+#include "zdp/io.h"
+#include "zdp/lora.h"
+#include "zdp/model.h"
 
 #define PATH_MAX_ 4096
 

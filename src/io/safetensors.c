@@ -41,6 +41,8 @@
 
 #include <jansson.h>
 
+#include "zdp/io.h"
+
 /* zdp_tensor.data is defined as little-endian bytes, so nothing here depends
  * on the host's byte order; but the rest of zdp reads those bytes as native
  * floats, so refuse to build where that would be wrong. */

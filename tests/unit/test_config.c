@@ -1,5 +1,5 @@
 /*
- * test_config.c -- unit tests for src/config/config.c (ds_config.json ->
+ * test_config.c -- unit tests for src/config/ (ds_config.json ->
  * zdp_config): defaults, DeepSpeed's batch derivation (docs/deepspeed.md §1.2)
  * at W = 1, 2, 3, type errors naming JSON paths, malformed JSON positions,
  * duplicate keys, the single unknown-key warning, every validate rejection,
@@ -9,7 +9,7 @@
  * an engine.  Messages are checked by substring so that wording around the
  * asserted core (DeepSpeed's text, the JSON path, the fix) may evolve.
  *
- * Build by hand: gcc -std=c11 -Iinclude -Isrc src/config/config.c
+ * Build by hand: gcc -std=c11 -Iinclude -Isrc src/config/config_*.c
  *   src/core/core.c src/comm/comm_mpi.c tests/unit/test_config.c
  *   $(pkg-config --cflags --libs jansson) -lmpi -lcmocka -lm
  */

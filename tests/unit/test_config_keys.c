@@ -1,5 +1,5 @@
 /*
- * test_config_keys.c -- the ds_config key table (src/config/config.c) is
+ * test_config_keys.c -- the ds_config key table (src/config/config_keys.c) is
  * the one place a key is added: its row holds the type, bounds and default.
  * This test checks the two things that must follow the rows:
  *   - zdp_config_default (and a parsed scheduler block) stores each row's

@@ -1,5 +1,5 @@
 /*
- * test_hf.c -- unit tests for src/io/hf.c (Hugging Face folders).
+ * test_hf.c -- unit tests for src/io/hf_*.c (Hugging Face folders).
  *
  * config.json: transformers' defaults for absent keys (llama, qwen3, gpt2),
  * real checkpoints' configs (SmolLM2-135M, Llama-3.2-1B, Qwen3-0.6B, gpt2),
