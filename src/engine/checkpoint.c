@@ -984,7 +984,7 @@ static void commit_(zdp_engine *e, const ckpt_view *v, staged *s) {
         const int64_t have = n - plo < P ? (n - plo > 0 ? n - plo : 0) : P;
         memset(e->params, 0, (size_t)P * sizeof(float));
         if (have > 0) memcpy(e->params, s->params + plo, (size_t)have * sizeof(float));
-        e->persist_stale = true;
+        zdp_stage3_params_changed(&e->s3);
     }
     /* The optimizer's range: everything at stage 0, the partition at 1/2. */
     int64_t origin = optim_origin_(e), len = e->optim.n;
