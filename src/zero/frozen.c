@@ -137,7 +137,8 @@ void zdp_frozen_store_destroy(zdp_frozen_store *s) {
 }
 
 zdp_status zdp_frozen_store_get(zdp_frozen_store *s, int i, float *out, zdp_error *err) {
-    if (s == NULL) return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_frozen_store_get: store is NULL");
+    if (s == NULL)
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_frozen_store_get: store is NULL");
     zdp_frozen_set *f = s->f;
     if (f->s3.in_pass)
         return zdp_err_set(err, ZDP_ERR_STATE,

@@ -209,8 +209,9 @@ static zdp_status verdict_error_(const zdp_stage3 *s, int slot, const char *what
  * consecutive persistent tensors.  Every rank gets here alike (the calls
  * that make it stale are made on every rank). */
 static zdp_status persist_refresh_(zdp_stage3 *s, zdp_error *err) {
+    const zdp_layout *lay = s->link->lay;
     if (!s->persist_stale) return ZDP_OK;
-    const int nt = s->link->lay->n_tensors;
+    const int nt = lay->n_tensors;
     uint64_t last = 0;
     for (int i = 0; i < nt;) {
         if (s->persist_off[i] < 0) {
@@ -219,8 +220,8 @@ static zdp_status persist_refresh_(zdp_stage3 *s, zdp_error *err) {
         }
         int j = i, slot;
         while (j + 1 < nt && s->persist_off[j + 1] >= 0) j++;
-        last = gather_queue_(s, s->persist + s->persist_off[i], s->link->lay->offsets[i],
-                             s->link->lay->offsets[j] + s->link->lay->numels[j], &slot);
+        last = gather_queue_(s, s->persist + s->persist_off[i], lay->offsets[i],
+                             lay->offsets[j] + lay->numels[j], &slot);
         i = j + 1;
     }
     zdp_status st = last > 0 ? zdp_zero_wait(s->link, last, err) : ZDP_OK;
@@ -237,7 +238,7 @@ static zdp_status persist_refresh_(zdp_stage3 *s, zdp_error *err) {
         char what[320];
         snprintf(what, sizeof what, "persistent parameters %s..%s", s->link->info[j].name,
                  s->link->info[i].name);
-        st = verdict_error_(s, slot, what, s->link->lay->offsets[j], s->link->lay->offsets[i] + s->link->lay->numels[i],
+        st = verdict_error_(s, slot, what, lay->offsets[j], lay->offsets[i] + lay->numels[i],
                             err);
         i = j - 1;
     }
@@ -269,8 +270,9 @@ static bool reuse_evict_one_(zdp_stage3 *s) {
 }
 
 static int64_t extent_(const zdp_stage3 *s, int first, int count) {
+    const zdp_layout *lay = s->link->lay;
     const int last = first + count - 1;
-    return s->link->lay->offsets[last] + s->link->lay->numels[last] - s->link->lay->offsets[first];
+    return lay->offsets[last] + lay->numels[last] - lay->offsets[first];
 }
 
 static void peak_update_(zdp_stage3 *s) {
@@ -339,6 +341,7 @@ static void trace_note_(zdp_stage3 *s, int first, int count) {
  * queues the gather, whose agreement then fails on every rank (the model's
  * fetch of it reports). */
 static void prefetch_more_(zdp_stage3 *s) {
+    const zdp_layout *lay = s->link->lay;
     const fetch_trace *t = &s->trace[s->pass_kind];
     const zdp_zero_config *z = s->link->cfg;
     if (z->stage3_prefetch_bucket_size <= 0 || !t->done || !s->trace_ok) return;
@@ -366,7 +369,7 @@ static void prefetch_more_(zdp_stage3 *s) {
         if (live_elems_(s) + n > z->stage3_max_live_parameters) return;
         gather_rec *r = &s->pf[s->n_pf];
         *r = (gather_rec){.first = f, .count = c, .buf = gather_alloc_(s, n), .elems = n};
-        r->event = gather_queue_(s, r->buf, s->link->lay->offsets[f], s->link->lay->offsets[f] + n, &r->slot);
+        r->event = gather_queue_(s, r->buf, lay->offsets[f], lay->offsets[f] + n, &r->slot);
         for (int i = f; i < f + c; i++) s->pf_of[i] = s->n_pf;
         s->n_pf++;
         s->pf_elems += n;
@@ -385,9 +388,10 @@ static void fetch_what_(const zdp_stage3 *s, int first, int count, char *out, si
 
 /* A prefetched range the model asks for becomes live. */
 static zdp_status pf_take_(zdp_stage3 *s, int k, zdp_error *err) {
+    const zdp_layout *lay = s->link->lay;
     gather_rec p = s->pf[k];
     zdp_status st = zdp_zero_wait(s->link, p.event, err);
-    const int64_t lo = s->link->lay->offsets[p.first];
+    const int64_t lo = lay->offsets[p.first];
     if (st == ZDP_OK) {
         char what[320];
         fetch_what_(s, p.first, p.count, what, sizeof what);
@@ -399,7 +403,7 @@ static zdp_status pf_take_(zdp_stage3 *s, int k, zdp_error *err) {
     s->recs[s->n_recs] = p;
     for (int i = p.first; i < p.first + p.count; i++) {
         s->live_of[i] = s->n_recs;
-        if (s->persist_off[i] < 0) s->table[i] = p.buf + (s->link->lay->offsets[i] - lo);
+        if (s->persist_off[i] < 0) s->table[i] = p.buf + (lay->offsets[i] - lo);
     }
     s->n_recs++;
     s->prefetch_hits++;
@@ -409,6 +413,7 @@ static zdp_status pf_take_(zdp_stage3 *s, int k, zdp_error *err) {
 /* Stage 3's fetch: the same live range again, the persistent copies, a
  * prefetched range, or a new gather of the range's flat extent. */
 static zdp_status fetch3_(zdp_stage3 *s, int first, int count, zdp_error *err) {
+    const zdp_layout *lay = s->link->lay;
     const zdp_param_info *pi = s->link->info;
     if (!s->in_pass)
         return zdp_err_set(err, ZDP_ERR_STATE,
@@ -459,7 +464,7 @@ static zdp_status fetch3_(zdp_stage3 *s, int first, int count, zdp_error *err) {
     }
     /* Without its buffer this rank still takes part in the gather's
      * agreement, so every rank fails here together. */
-    const int64_t lo = s->link->lay->offsets[first], hi = s->link->lay->offsets[last] + s->link->lay->numels[last];
+    const int64_t lo = lay->offsets[first], hi = lay->offsets[last] + lay->numels[last];
     gather_rec *r = &s->recs[s->n_recs];
     *r = (gather_rec){.first = first, .count = count, .refs = 1, .elems = hi - lo};
     r->buf = gather_alloc_(s, r->elems);
@@ -477,7 +482,7 @@ static zdp_status fetch3_(zdp_stage3 *s, int first, int count, zdp_error *err) {
     }
     for (int i = first; i <= last; i++) {
         s->live_of[i] = s->n_recs;
-        if (s->persist_off[i] < 0) s->table[i] = r->buf + (s->link->lay->offsets[i] - lo);
+        if (s->persist_off[i] < 0) s->table[i] = r->buf + (lay->offsets[i] - lo);
     }
     s->n_recs++;
     peak_update_(s);
@@ -664,7 +669,8 @@ zdp_param_source *zdp_param_source_create_dense(const float *const *params, int 
 /* ---- the rest of the interface ---------------------------------------------- */
 
 zdp_status zdp_stage3_get_tensor(zdp_stage3 *s, int i, float *out, zdp_error *err) {
-    const int64_t lo = s->link->lay->offsets[i], n = s->link->lay->numels[i];
+    const zdp_layout *lay = s->link->lay;
+    const int64_t lo = lay->offsets[i], n = lay->numels[i];
     int slot;
     zdp_status st = zdp_zero_wait(s->link, gather_queue_(s, out, lo, lo + n, &slot), err);
     if (st != ZDP_OK) return st;
