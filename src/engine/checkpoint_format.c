@@ -158,15 +158,12 @@ void zdp_ckpt_rmdir_files_(const char *dir) {
     rmdir(dir);
 }
 
-
 bool zdp_ckpt_tag_ok_(const char *tag) {
     return tag != NULL && tag[0] != '\0' && strchr(tag, '/') == NULL && strcmp(tag, ".") != 0 &&
            strcmp(tag, "..") != 0 && strlen(tag) < 200;
 }
 
-
 /* ---- reading a checkpoint ------------------------------------------------------------ */
-
 
 void zdp_ckpt_view_free_(ckpt_view *v) {
     json_decref(v->meta);

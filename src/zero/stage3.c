@@ -34,9 +34,9 @@ enum { ROW_GATHER = 1, ROW_NOMEM = 2, ROW_REDUCE = 3, ROW_END = 4 };
 
 /* ---- agreement (stream thread) ---------------------------------------------- */
 
-/* This rank's row {kind, a, b} and every other
- * rank's, summed into s->rows (each rank fills its own row, zeros
- * elsewhere).  One rank alone has nothing to agree with. */
+/* This rank's row {kind, a, b} and every other rank's, summed into s->rows
+ * (each rank fills its own row, zeros elsewhere).  One rank alone has
+ * nothing to agree with. */
 static zdp_status rows_exchange_(zdp_stage3 *s, int64_t kind, int64_t a, int64_t b,
                                  zdp_error *err) {
     memset(s->rows, 0, (size_t)(ROW_N * s->link->world) * sizeof(int64_t));
@@ -56,7 +56,6 @@ static int rows_differ_(const zdp_stage3 *s, int64_t kind, int64_t a, int64_t b)
     }
     return -1;
 }
-
 
 zdp_status zdp_stage3_agree_reduce(zdp_stage3 *s, int bucket, bool *go, zdp_error *err) {
     *go = true;
@@ -98,7 +97,6 @@ static uint64_t queue_pass_end_(zdp_stage3 *s) {
 }
 
 /* ---- gathers -------------------------------------------------------------- */
-
 
 typedef struct gather_op {
     zdp_stage3 *s;
@@ -144,7 +142,6 @@ static zdp_status gather_range_(void *arg, zdp_error *err) {
     return zdp_comm_allgatherv_inplace_f32(buf, s->link->ag_counts, s->link->ag_displs,
                                            s->link->stats, err);
 }
-
 
 /* Queues the agreed gather of the flat range [lo, hi) into buf (NULL when
  * this rank could not allocate it); *slot gets its verdict's slot. */
@@ -664,7 +661,6 @@ zdp_param_source *zdp_param_source_create_dense(const float *const *params, int 
     }
     return s;
 }
-
 
 /* ---- the rest of the interface ---------------------------------------------- */
 
