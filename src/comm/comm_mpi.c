@@ -79,8 +79,8 @@ zdp_status zdp_dist_init(int *argc, char ***argv, zdp_error *err) {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     /* Open MPI's collectives allocate large temporaries on every call; with
      * glibc's defaults those are fresh mmaps that are returned to the kernel
-     * each time, and every call pays their page faults (2-3x slower from a
-     * few MiB up, docs/benchmarks-collectives.md).  Serve them from the heap
+     * each time, and every call pays their page faults (much slower from a
+     * few MiB up; docs/benchmarks-collectives.md has the measurements).  Serve them from the heap
      * and keep it.  ZDP_KEEP_MALLOC=1 leaves malloc's settings alone. */
     if (getenv("ZDP_KEEP_MALLOC") == NULL) {
         mallopt(M_MMAP_THRESHOLD, 1 << 30);
@@ -243,9 +243,9 @@ static void count_(zdp_comm_report *st, zdp_collective c, int64_t payload, int64
  * temporary the size of its message (half of it at two ranks) and frees it
  * when it returns.  The calls run on the comm stream thread, whose glibc
  * arena grows in heaps of 64 MiB: a larger block is mapped afresh whatever
- * zdp_dist_init's mallopt says, so stage 0's 538 MB of SmolLM2-135M
- * gradients paid ~66,000 page faults per rank every step
- * (docs/benchmarks-llama.md, "Fourth round, the rest of the step").
+ * zdp_dist_init's mallopt says, so a large all-reduce (stage 0's whole
+ * gradient) paid its page faults again on every rank every step
+ * (docs/benchmarks-llama.md has the measurements).
  * Pieces of 8 MiB keep the temporary inside the arena, which reuses it. */
 #define AR_CHUNK_BYTES_ ((int64_t)8 << 20)
 

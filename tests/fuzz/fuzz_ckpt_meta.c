@@ -76,7 +76,7 @@ static void check_error_(zdp_status s, const zdp_error *err) {
            "an error has a message");
 }
 
-/* checkpoint.c's rule (docs/checkpoints.md), written again here: the 16 hex
+/* checkpoint_format.c's rule (docs/checkpoints.md), written again here: the 16 hex
  * digits of the last "meta_fnv1a64": "...", or -1. */
 static long sum_digits_(const uint8_t *b, size_t n) {
     static const char key[] = "\"meta_fnv1a64\"";

@@ -86,7 +86,7 @@ def fnv1a64(data):
 
 def meta_sum_digits(b):
     """Offset of the 16 hex digits of the last "meta_fnv1a64": "...", or None
-    (the rule of src/engine/checkpoint.c and docs/checkpoints.md)."""
+    (the rule of src/engine/checkpoint_format.c and docs/checkpoints.md)."""
     key = b'"meta_fnv1a64"'
     i = b.rfind(key)
     if i < 0:

@@ -1,5 +1,6 @@
 /*
- * zero.c -- flat layout, partition ownership, bucket planning (see zero.h).
+ * layout.c -- the flat layout, partition ownership and bucket planning:
+ * pure arithmetic, no MPI (zero.h, "layout").
  */
 #include "zero.h"
 
@@ -88,5 +89,19 @@ zdp_status zdp_bucket_plan(const zdp_layout *lay, int64_t cap, zdp_bucket **out,
     *out = b;
     *n_out = nb;
     *tensor_bucket = tb;
+    return ZDP_OK;
+}
+
+zdp_status zdp_layout_read(const zdp_layout *lay, int rank, bool partitioned, float *dst,
+                           zdp_tensor_read_fn read, void *ctx, zdp_error *err) {
+    const int64_t P = lay->part, plo = partitioned ? (int64_t)rank * P : 0;
+    const int64_t phi = partitioned ? plo + P : lay->padded;
+    for (int i = 0; i < lay->n_tensors; i++) {
+        const int64_t lo = lay->offsets[i], hi = lo + lay->numels[i];
+        const int64_t a = lo > plo ? lo : plo, b = hi < phi ? hi : phi;
+        if (b <= a) continue;
+        zdp_status st = read(ctx, i, a - lo, b - lo, dst + (a - plo), err);
+        if (st != ZDP_OK) return st;
+    }
     return ZDP_OK;
 }
