@@ -25,7 +25,7 @@ LAYERS = [
     (0, 'core', ['src/core/*']),
     (1, 'nn', ['src/nn/*']),
     (1, 'data', ['src/data/*']),
-    (1, 'format', ['src/format/*']),
+    (1, 'safetensors', ['src/safetensors/*']),
     (2, 'comm', ['src/comm/*']),
     (3, 'config', ['src/config/*']),
     (4, 'zero', ['src/zero/*']),
@@ -95,12 +95,15 @@ def check(objects):
 
 
 def objects_of(build):
-    """Maps each source path (relative to the repository) to its object file."""
+    """Maps each source path (relative to the repository, the current
+    directory) to its object file."""
     found = {}
     for target in ('zdp', 'zdp_serve', 'zdp_cli'):
         base = os.path.join(build, 'CMakeFiles', target + '.dir')
         for obj in glob.glob(os.path.join(base, '**', '*.c.o'), recursive=True):
-            found[os.path.relpath(obj, base)[:-2]] = obj
+            src = os.path.relpath(obj, base)[:-2]
+            if os.path.exists(src):  # not the stale object of a moved file
+                found[src] = obj
     return found
 
 

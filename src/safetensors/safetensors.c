@@ -27,7 +27,7 @@
 
 #include "../core/core.h"
 #include "../core/json.h"
-#include "io.h"
+#include "safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>
