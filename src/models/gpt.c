@@ -602,7 +602,8 @@ static void gpt_decode_trunk_(const void *self, zdp_decode_pass *p) {
     const float *const *P = p->P;
     const int64_t N = p->n, C = m->cfg.n_embd, F = 4 * C;
     for (int64_t i = 0; i < N; i++) { /* wte[token] + wpe[position] */
-        const float *e = P[WTE_] + (int64_t)p->tokens[i] * C, *pe = P[WPE_] + (int64_t)p->pos[i] * C;
+        const float *e = P[WTE_] + (int64_t)p->tokens[i] * C;
+        const float *pe = P[WPE_] + (int64_t)p->pos[i] * C;
         float *x = p->x + i * C;
         for (int64_t j = 0; j < C; j++) x[j] = e[j] + pe[j];
     }

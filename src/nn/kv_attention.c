@@ -68,8 +68,8 @@ static inline float dot16_(const float *q, const float *k, int hd) {
  * inlined; the positions in order.  vstep 0: the heads share one KV head's
  * values (GQA), each value row loaded once for all nh heads; vstep hd: nh
  * consecutive heads of a model whose heads each have their own (GPT-2),
- * nh x nv independent sums where one head's two were a chain of dependent
- * adds (6 x 4 = 24 sums: 6 heads of 64 dimensions read 1.5 KB of each value
+ * nh x nv independent sums where one head's two would be a chain of
+ * dependent adds (6 x 4 = 24 sums: 6 heads of 64 dimensions read 1.5 KB of each value
  * row front to back, one stream the hardware fetches ahead).
  * init: the sums go on from o's values (a group's rows, position block by
  * block, attend_shared_prompt_), else from 0.  While position s < pfn is summed,
@@ -84,8 +84,8 @@ static inline float dot16_(const float *q, const float *k, int hd) {
  * three give the same bits.  No 64-byte vector is passed or returned
  * outside an AVX-512 function: its ABI would change with -march (GCC's
  * -Wpsabi). */
-#define WALK_ARGS_                                                                                        \
-    float *o, int64_t ostride, const float *sr, int64_t sstride, int n, const float *v,                 \
+#define WALK_ARGS_                                                                                 \
+    float *o, int64_t ostride, const float *sr, int64_t sstride, int n, const float *v,            \
         int64_t vstep, int64_t KD, int nh, int nv, int init, int64_t pfo, int pfn
 
 /* The lines of value row vs that a walk reads, fetched pfo floats on. */
@@ -165,31 +165,42 @@ value_walk_avx2_(WALK_ARGS_) {
  * time, then 32), each call with constant nh and nv so that the walk's
  * loops unroll and its sums stay in registers; the dimensions done.  One
  * function per variant: each inlines its walk under its own target. */
-#define WALK_HEADS_(WV, NV)                                                                               \
-    do {                                                                                                \
-        if (vstep == 0) {                                                                               \
-            if (nh == 3) WV(o + d0, os, sr, ss, n, v + d0, 0, KD, 3, NV, init, pfo, pfn);               \
-            else if (nh == 2) WV(o + d0, os, sr, ss, n, v + d0, 0, KD, 2, NV, init, pfo, pfn);          \
-            else WV(o + d0, os, sr, ss, n, v + d0, 0, KD, 1, NV, init, pfo, pfn);                       \
-        } else {                                                                                        \
-            if (nh == 6) WV(o + d0, os, sr, ss, n, v + d0, vstep, KD, 6, NV, init, pfo, pfn);           \
-            else if (nh == 3) WV(o + d0, os, sr, ss, n, v + d0, vstep, KD, 3, NV, init, pfo, pfn);      \
-            else if (nh == 2) WV(o + d0, os, sr, ss, n, v + d0, vstep, KD, 2, NV, init, pfo, pfn);      \
-            else WV(o + d0, os, sr, ss, n, v + d0, vstep, KD, 1, NV, init, pfo, pfn);                   \
-        }                                                                                               \
+#define WALK_HEADS_(WV, NV)                                                                        \
+    do {                                                                                           \
+        if (vstep == 0) {                                                                          \
+            if (nh == 3)                                                                           \
+                WV(o + d0, os, sr, ss, n, v + d0, 0, KD, 3, NV, init, pfo, pfn);                   \
+            else if (nh == 2)                                                                      \
+                WV(o + d0, os, sr, ss, n, v + d0, 0, KD, 2, NV, init, pfo, pfn);                   \
+            else                                                                                   \
+                WV(o + d0, os, sr, ss, n, v + d0, 0, KD, 1, NV, init, pfo, pfn);                   \
+        } else {                                                                                   \
+            if (nh == 6)                                                                           \
+                WV(o + d0, os, sr, ss, n, v + d0, vstep, KD, 6, NV, init, pfo, pfn);               \
+            else if (nh == 3)                                                                      \
+                WV(o + d0, os, sr, ss, n, v + d0, vstep, KD, 3, NV, init, pfo, pfn);               \
+            else if (nh == 2)                                                                      \
+                WV(o + d0, os, sr, ss, n, v + d0, vstep, KD, 2, NV, init, pfo, pfn);               \
+            else                                                                                   \
+                WV(o + d0, os, sr, ss, n, v + d0, vstep, KD, 1, NV, init, pfo, pfn);               \
+        }                                                                                          \
     } while (0)
-#define WALKS_BODY_(WV)                                                                                   \
-    int d0 = 0;                                                                                         \
-    for (; d0 + 64 <= hd; d0 += 64) WALK_HEADS_(WV, 4);                                                   \
-    for (; d0 + 32 <= hd; d0 += 32) WALK_HEADS_(WV, 2);                                                   \
+#define WALKS_BODY_(WV)                                                                            \
+    int d0 = 0;                                                                                    \
+    for (; d0 + 64 <= hd; d0 += 64) WALK_HEADS_(WV, 4);                                            \
+    for (; d0 + 32 <= hd; d0 += 32) WALK_HEADS_(WV, 2);                                            \
     return d0
-#define WALKS_ARGS_                                                                                     \
-    float *o, int64_t os, int hd, const float *sr, int64_t ss, int n, const float *v, int64_t vstep,    \
-        int64_t KD, int nh, int init, int64_t pfo, int pfn
+#define WALKS_ARGS_                                                                                \
+    float *o, int64_t os, int hd, const float *sr, int64_t ss, int n, const float *v,              \
+        int64_t vstep, int64_t KD, int nh, int init, int64_t pfo, int pfn
 static int value_walks_c_(WALKS_ARGS_) { WALKS_BODY_(value_walk_c_); }
 #ifdef KVA_X86_
-__attribute__((target("avx512f"))) static int value_walks_avx512_(WALKS_ARGS_) { WALKS_BODY_(value_walk_avx512_); }
-__attribute__((target("avx2,fma"))) static int value_walks_avx2_(WALKS_ARGS_) { WALKS_BODY_(value_walk_avx2_); }
+__attribute__((target("avx512f"))) static int value_walks_avx512_(WALKS_ARGS_) {
+    WALKS_BODY_(value_walk_avx512_);
+}
+__attribute__((target("avx2,fma"))) static int value_walks_avx2_(WALKS_ARGS_) {
+    WALKS_BODY_(value_walk_avx2_);
+}
 #endif
 #undef WALKS_ARGS_
 #undef WALK_HEADS_
@@ -203,22 +214,25 @@ __attribute__((target("avx2,fma"))) static int value_walks_avx2_(WALKS_ARGS_) { 
  * order, whatever the width (64 or 32 dimensions a walk, then one at a
  * time) and whatever the path, so the same bits as one dimension at a
  * time. */
-static void weigh_values_(float *o, int64_t os, int hd, const float *sr, int64_t ss, int n, const float *v,
-                  int64_t vstep, int64_t KD, int nh, int init, int64_t pfo, int pfn) {
+static void weigh_values_(float *o, int64_t os, int hd, const float *sr, int64_t ss, int n,
+                          const float *v, int64_t vstep, int64_t KD, int nh, int init, int64_t pfo,
+                          int pfn) {
     int d0 = 0;
 #ifdef __GNUC__
 #ifdef KVA_X86_
     const int path = zdp_nn_packed_path();
     if (path == 2) d0 = value_walks_avx512_(o, os, hd, sr, ss, n, v, vstep, KD, nh, init, pfo, pfn);
-    else if (path == 1) d0 = value_walks_avx2_(o, os, hd, sr, ss, n, v, vstep, KD, nh, init, pfo, pfn);
+    else if (path == 1)
+        d0 = value_walks_avx2_(o, os, hd, sr, ss, n, v, vstep, KD, nh, init, pfo, pfn);
     else
 #endif
-    d0 = value_walks_c_(o, os, hd, sr, ss, n, v, vstep, KD, nh, init, pfo, pfn);
+        d0 = value_walks_c_(o, os, hd, sr, ss, n, v, vstep, KD, nh, init, pfo, pfn);
 #endif
     for (int h = 0; h < nh; h++)
         for (int d = d0; d < hd; d++) {
             float acc = init ? o[h * os + d] : 0.0f;
-            for (int s = 0; s < n; s++) acc = fmaf(sr[h * ss + s], v[h * vstep + (int64_t)s * KD + d], acc);
+            for (int s = 0; s < n; s++)
+                acc = fmaf(sr[h * ss + s], v[h * vstep + (int64_t)s * KD + d], acc);
             o[h * os + d] = acc;
         }
 }
@@ -229,8 +243,10 @@ static void weigh_values_(float *o, int64_t os, int hd, const float *sr, int64_t
  * consecutive heads at a time while 6 are left, then up to 3 (each value
  * row's 6 x hd floats read contiguously; at most 6 heads: one walk,
  * one_walk_per_row_). */
-__attribute__((noinline)) static void weigh_head_range_(float *o, int NH, int KV, int hd, const float *sr, int64_t ss, int n,
-                    const float *v, int64_t KD, int glo, int ghi, int init, int64_t pfo, int pfn) {
+__attribute__((noinline)) static void weigh_head_range_(float *o, int NH, int KV, int hd,
+                                                        const float *sr, int64_t ss, int n,
+                                                        const float *v, int64_t KD, int glo,
+                                                        int ghi, int init, int64_t pfo, int pfn) {
     const int group = NH / KV;
     for (int h0 = glo * group; h0 < ghi * group;) {
         const int g = h0 / group, end = group == 1 ? ghi : (g + 1) * group;
@@ -313,8 +329,8 @@ scores16_avx512_(float *dst, const float *qh, const float *kh, int KD, int hd, i
             acc[i] = zero;
             if (i < m)
                 for (int d = 0; d < hd; d += 16)
-                    acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(qh + d), _mm512_loadu_ps(kh + (size_t)i * KD + d),
-                                             acc[i]);
+                    acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(qh + d),
+                                             _mm512_loadu_ps(kh + (size_t)i * KD + d), acc[i]);
         }
 #undef SCORE16_FETCH_
     /* h8[j] = acc[j] + acc[j + 8]: positions 2t, 2t+1 in t8[t]'s halves. */
@@ -341,10 +357,9 @@ scores16_avx512_(float *dst, const float *qh, const float *kh, int KD, int hd, i
  * weighed next, from L2 (NULL: none).  after: the key
  * rows read next, whose first block is fetched to L1 while the last
  * block's scores run (NULL: none). */
-__attribute__((target("avx512f"), noinline)) static void row_scores_avx512_(float *score, int64_t ss, const float *q,
-                                                         const float *K, const float *Vc, int n,
-                                                         int NH, int group, int hd, int KD,
-                                                         float scale, const float *after, bool k_l2) {
+__attribute__((target("avx512f"), noinline)) static void
+row_scores_avx512_(float *score, int64_t ss, const float *q, const float *K, const float *Vc, int n,
+                   int NH, int group, int hd, int KD, float scale, const float *after, bool k_l2) {
     const __m512 vscale = _mm512_set1_ps(scale);
     const int lines_row = KD / 16; /* 64-byte lines per cached row */
     for (int s0 = 0; s0 < n; s0 += 16) {
@@ -368,19 +383,19 @@ __attribute__((target("avx512f"), noinline)) static void row_scores_avx512_(floa
  * 12-24 KB) stay in L1 for every row and head of the group, while the next
  * block's (next_lines cache lines at next_k) are fetched to L1 and this
  * block's values (vb, m rows) to L2. */
-__attribute__((target("avx512f"), noinline)) static void group_scores_avx512_(
-    float *dst, int64_t T, const float *q, int64_t qs, const int *rows, int nr, int NH, int group,
-    const float *kb, const float *vb, int s0, int m, int KD, int hd, float scale, const float *next_k,
-    int next_lines, bool k_l2) {
+__attribute__((target("avx512f"), noinline)) static void
+group_scores_avx512_(float *dst, int64_t T, const float *q, int64_t qs, const int *rows, int nr,
+                     int NH, int group, const float *kb, const float *vb, int s0, int m, int KD,
+                     int hd, float scale, const float *next_k, int next_lines, bool k_l2) {
     const __m512 vscale = _mm512_set1_ps(scale);
     const int steps = nr * NH * 16, vl = vb != NULL ? m * (KD / 16) : 0;
     const int kper = (next_lines + steps - 1) / steps, vper = (vl + steps - 1) / steps;
     int ki = 0, vi = 0;
     for (int r = 0; r < nr; r++)
         for (int h = 0; h < NH; h++)
-            scores16_avx512_(dst + ((int64_t)r * NH + h) * T + s0, q + rows[r] * qs + (int64_t)h * hd,
-                     kb + (int64_t)(h / group) * hd, KD, hd, m, vscale, next_k, &ki, next_lines, kper,
-                     k_l2, vb, &vi, vl, vper);
+            scores16_avx512_(dst + ((int64_t)r * NH + h) * T + s0,
+                             q + rows[r] * qs + (int64_t)h * hd, kb + (int64_t)(h / group) * hd, KD,
+                             hd, m, vscale, next_k, &ki, next_lines, kper, k_l2, vb, &vi, vl, vper);
 }
 #endif
 
@@ -456,15 +471,16 @@ static void attend_row_(float *out, const float *q, const float *K, const float 
     const float scale = 1.0f / sqrtf((float)hd);
 #ifdef KVA_X86_
     if (hd % 16 == 0 && zdp_nn_packed_path() == 2)
-        row_scores_avx512_(score, n, q, K, one_walk_per_row_(NH, KVh, hd) ? NULL : Vc, n, NH, group, hd, KD, scale, NULL,
-                   keys_l2);
+        row_scores_avx512_(score, n, q, K, one_walk_per_row_(NH, KVh, hd) ? NULL : Vc, n, NH, group,
+                           hd, KD, scale, NULL, keys_l2);
     else
 #endif
-    for (int s = 0; s < n; s++) {
-        const float *ks = K + (size_t)s * KD;
-        for (int h = 0; h < NH; h++)
-            score[(size_t)h * n + s] = scale * dot16_(q + (size_t)h * hd, ks + (size_t)(h / group) * hd, hd);
-    }
+        for (int s = 0; s < n; s++) {
+            const float *ks = K + (size_t)s * KD;
+            for (int h = 0; h < NH; h++)
+                score[(size_t)h * n + s] =
+                    scale * dot16_(q + (size_t)h * hd, ks + (size_t)(h / group) * hd, hd);
+        }
     softmax_rows_(score, n, NH, n);
     /* The weighted values, up to 64 dimensions at a time held in registers
      * over all the positions (not out[] loaded and stored at every
@@ -482,7 +498,8 @@ static void attend_row_(float *out, const float *q, const float *K, const float 
      * for all of its rows. */
     float *a = score + (int64_t)NH * n;
     weigh_head_range_(a, NH, KVh, hd, score, n, pre, Vc, KD, 0, KVh, 0, 0, 0);
-    weigh_head_range_(out, NH, KVh, hd, score + pre, n, n - pre, Vc + (int64_t)pre * KD, KD, 0, KVh, 0, 0, 0);
+    weigh_head_range_(out, NH, KVh, hd, score + pre, n, n - pre, Vc + (int64_t)pre * KD, KD, 0, KVh,
+                      0, 0, 0);
     for (int i = 0; i < NH * hd; i++) out[i] = a[i] + out[i];
 }
 
@@ -523,10 +540,11 @@ void zdp_nn_kv_attend_shared_prompt(const zdp_nn_kv_layer *c, const zdp_nn_kv_ro
     const bool x86 = hd % 16 == 0 && zdp_nn_packed_path() == 2;
     if (x86) /* the prompt's scores, block by block for every row */
         for (int s0 = 0; s0 < plen; s0 += 16) {
-            const int m = plen - s0 < 16 ? plen - s0 : 16, nx = plen - s0 - m < 16 ? plen - s0 - m : 16;
-            group_scores_avx512_(S, T, pass->q, pass->q_stride, rows, nr, NH, group, Kp + (int64_t)s0 * KD, NULL, s0,
-                             m, (int)KD, hd, scale, Kp + (int64_t)(s0 + m) * KD, nx * (int)(KD / 16),
-                             c->keys_to_l2);
+            const int m = plen - s0 < 16 ? plen - s0 : 16,
+                      nx = plen - s0 - m < 16 ? plen - s0 - m : 16;
+            group_scores_avx512_(S, T, pass->q, pass->q_stride, rows, nr, NH, group,
+                                 Kp + (int64_t)s0 * KD, NULL, s0, m, (int)KD, hd, scale,
+                                 Kp + (int64_t)(s0 + m) * KD, nx * (int)(KD / 16), c->keys_to_l2);
         }
 #endif
     const bool fetch = !one_walk_per_row_(NH, KVh, hd); /* the own values, to L2 (OWN_L2_BYTES_) */
@@ -537,19 +555,23 @@ void zdp_nn_kv_attend_shared_prompt(const zdp_nn_kv_layer *c, const zdp_nn_kv_ro
         const bool fits = (int64_t)own * KD * 4 <= OWN_L2_BYTES_;
 #ifdef KVA_X86_
         if (x86)
-            row_scores_avx512_(sr + plen, T, qr, OWN_(k, rows[r]), fetch && fits ? OWN_(v, rows[r]) : NULL, own, NH,
-                       group, hd, (int)KD, scale, r + 1 < nr ? OWN_(k, rows[r + 1]) : NULL, c->keys_to_l2);
+            row_scores_avx512_(sr + plen, T, qr, OWN_(k, rows[r]),
+                               fetch && fits ? OWN_(v, rows[r]) : NULL, own, NH, group, hd, (int)KD,
+                               scale, r + 1 < nr ? OWN_(k, rows[r + 1]) : NULL, c->keys_to_l2);
         else
 #endif
-        for (int h = 0; h < NH; h++)
-            for (int s = 0; s < n; s++)
-                sr[h * T + s] = scale * dot16_(qr + (int64_t)h * hd,
-                                             (s < plen ? Kp + (int64_t)s * KD : OWN_(k, rows[r]) + (int64_t)(s - plen) * KD) +
-                                                 (int64_t)(h / group) * hd, hd);
+            for (int h = 0; h < NH; h++)
+                for (int s = 0; s < n; s++)
+                    sr[h * T + s] =
+                        scale * dot16_(qr + (int64_t)h * hd,
+                                       (s < plen ? Kp + (int64_t)s * KD
+                                                 : OWN_(k, rows[r]) + (int64_t)(s - plen) * KD) +
+                                           (int64_t)(h / group) * hd,
+                                       hd);
         softmax_rows_(sr, T, NH, n); /* attend_row_'s softmax */
         /* the row's own weighted values (OWN_L2_BYTES_) */
-        weigh_head_range_(pass->out + (int64_t)rows[r] * QD, NH, KVh, hd, sr + plen, T, own, OWN_(v, rows[r]),
-                KD, 0, KVh, 0, 32 * KD, fetch && !fits ? own - 32 : 0);
+        weigh_head_range_(pass->out + (int64_t)rows[r] * QD, NH, KVh, hd, sr + plen, T, own,
+                          OWN_(v, rows[r]), KD, 0, KVh, 0, 32 * KD, fetch && !fits ? own - 32 : 0);
     }
     /* The prompt's weighted values, a block at a time for every row (one KV
      * head's columns of the block in L1), each sum carried across blocks.
@@ -569,9 +591,10 @@ void zdp_nn_kv_attend_shared_prompt(const zdp_nn_kv_layer *c, const zdp_nn_kv_ro
                 const int64_t pfo = last ? (int64_t)SHARED_VALUE_BLOCK_ * KD - (int64_t)g * hd : hd;
                 const int pfn = !last ? nb : left < nb ? (left > 0 ? left : 0) : nb;
                 for (int r = 0; r < nr; r += 3)
-                    weigh_values_(W + r * QD + (int64_t)g * hd, QD, hd, S + ((int64_t)r * NH + g) * T + b0,
-                          (int64_t)NH * T, nb, Vp + (int64_t)b0 * KD + (int64_t)g * hd, 0, KD,
-                          nr - r < 3 ? nr - r : 3, b0 > 0, pfo, r == 0 ? pfn : 0);
+                    weigh_values_(W + r * QD + (int64_t)g * hd, QD, hd,
+                                  S + ((int64_t)r * NH + g) * T + b0, (int64_t)NH * T, nb,
+                                  Vp + (int64_t)b0 * KD + (int64_t)g * hd, 0, KD,
+                                  nr - r < 3 ? nr - r : 3, b0 > 0, pfo, r == 0 ? pfn : 0);
             } else
                 for (int r = 0; r < nr; r++)
                     weigh_head_range_(W + r * QD, NH, KVh, hd, S + (int64_t)r * NH * T + b0, T, nb,
@@ -589,8 +612,8 @@ void zdp_nn_kv_attend_shared_prompt(const zdp_nn_kv_layer *c, const zdp_nn_kv_ro
  * multiple of 16), in place of two cblas_sgemm per (block, head): those are
  * small (M <= 64, K = hd = 64 for Q K^T; N = hd for S V), the BLAS packs
  * both operands per call and may run a narrower kernel than the CPU has,
- * and gemm.c's blocking does not pay at these sizes.  Here nothing is packed but a 32-key panel of K^T (8 KB at hd 64,
- * in L1 for all the block's query rows), and neither product computes the
+ * and gemm.c's blocking does not pay at these sizes.  Here nothing is packed but a 32-key panel of
+ * K^T (8 KB at hd 64, in L1 for all the block's query rows), and neither product computes the
  * masked triangle past the block's rows' own positions.
  *
  * The order of each element's sum (the bits depend only on the row's
@@ -660,8 +683,8 @@ qk_rows_avx512_(float *S, int64_t ss, const float *q, int64_t qs, const float *k
  * V[s][d0 ..] for R rows: R x NV accumulators, per position NV loads of V's
  * row (contiguous) and R broadcasts of S. */
 __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void
-sv_rows_avx512_(float *out, int64_t os, const float *S, int64_t ss, const float *V, int64_t KD, int e,
-         int R, int NV) {
+sv_rows_avx512_(float *out, int64_t os, const float *S, int64_t ss, const float *V, int64_t KD,
+                int e, int R, int NV) {
     __m512 a[6][4];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < NV; c++) a[r][c] = _mm512_setzero_ps();
@@ -681,10 +704,9 @@ sv_rows_avx512_(float *out, int64_t os, const float *S, int64_t ss, const float 
  * only the 32-key panels some row of an 8-row group reaches (entries past
  * a row's own position are left for the softmax, which zeroes them). kt:
  * the 32 x hd panel. */
-__attribute__((target("avx512f"))) static void prompt_qk_avx512_(float *S, int64_t n, const float *q,
-                                                             int64_t qs, const float *K, int64_t KD,
-                                                             int hd, int64_t p0, int64_t rb,
-                                                             float scale, float *kt) {
+__attribute__((target("avx512f"))) static void
+prompt_qk_avx512_(float *S, int64_t n, const float *q, int64_t qs, const float *K, int64_t KD,
+                  int hd, int64_t p0, int64_t rb, float scale, float *kt) {
     static const float zeros[16] = {0};
     const __m512 vscale = _mm512_set1_ps(scale);
     for (int64_t s0 = 0; s0 < n; s0 += 32) {
@@ -717,9 +739,10 @@ __attribute__((target("avx512f"))) static void prompt_qk_avx512_(float *S, int64
 
 /* out (rb, hd; stride os) = S V, rows in groups of 6, each group's sums
  * over positions 0 .. p0 + its last row (S is 0 past each row's own). */
-__attribute__((target("avx512f"))) static void prompt_sv_avx512_(float *out, int64_t os, const float *S,
-                                                             int64_t n, const float *V, int64_t KD,
-                                                             int hd, int64_t p0, int64_t rb) {
+__attribute__((target("avx512f"))) static void prompt_sv_avx512_(float *out, int64_t os,
+                                                                 const float *S, int64_t n,
+                                                                 const float *V, int64_t KD, int hd,
+                                                                 int64_t p0, int64_t rb) {
     for (int64_t r0 = 0; r0 < rb; r0 += 6) {
         const int R = rb - r0 < 6 ? (int)(rb - r0) : 6, e = (int)(p0 + r0 + R);
         for (int d0 = 0; d0 < hd; d0 += 64) {
@@ -763,16 +786,17 @@ void zdp_nn_kv_attend_prompt_block(const zdp_nn_kv_layer *c, const zdp_nn_kv_row
     if (direct) {
         float kt[32 * 256]; /* 32 keys' K^T panel; a head past 256 keeps cblas_sgemm for Q K^T */
         if (hd <= 256)
-            prompt_qk_avx512_(S, n, pass->q + i0 * pass->q_stride + h * hd, pass->q_stride, c->k + base, KD, (int)hd, p0,
-                          rb, scale, kt);
+            prompt_qk_avx512_(S, n, pass->q + i0 * pass->q_stride + h * hd, pass->q_stride,
+                              c->k + base, KD, (int)hd, p0, rb, scale, kt);
         else
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rb, (int)n, (int)hd, scale,
-                        pass->q + i0 * pass->q_stride + h * hd, (int)pass->q_stride, c->k + base, (int)KD, 0.0f, S,
-                        (int)n);
+                        pass->q + i0 * pass->q_stride + h * hd, (int)pass->q_stride, c->k + base,
+                        (int)KD, 0.0f, S, (int)n);
     } else
 #endif
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rb, (int)n, (int)hd, scale,
-                pass->q + i0 * pass->q_stride + h * hd, (int)pass->q_stride, c->k + base, (int)KD, 0.0f, S, (int)n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rb, (int)n, (int)hd, scale,
+                    pass->q + i0 * pass->q_stride + h * hd, (int)pass->q_stride, c->k + base,
+                    (int)KD, 0.0f, S, (int)n);
     for (int64_t r = 0; r < rb; r++) { /* attend_row_'s softmax, on positions 0..p0+r */
         float *sr = S + r * n, mx = -INFINITY, sum = 0.0f;
         const int64_t m = p0 + r + 1;

@@ -118,7 +118,8 @@ static void pack_range_(void *ctx, int64_t lo, int64_t hi) {
             zdp_nn_pack_b(d, j->W + n0 * j->K, j->K, n, 1);
         } else { /* a (K, n) column block of the (K, N) matrix */
             for (int64_t k = 0; k < j->K; k++)
-                for (int64_t c = 0; c < 16; c++) d[k * 16 + c] = c < n ? j->W[k * j->N + n0 + c] : 0.0f;
+                for (int64_t c = 0; c < 16; c++)
+                    d[k * 16 + c] = c < n ? j->W[k * j->N + n0 + c] : 0.0f;
         }
     }
 }
@@ -131,10 +132,15 @@ static const float *packed_(zdp_kv_cache *kv, const float *const *P, int idx, in
     if (store->packed[idx] != NULL && store->src[idx] == P[idx]) return store->packed[idx];
     const int64_t floats = zdp_nn_packed_floats(K, N);
     if (store->packed[idx] == NULL) {
-        if ((store->packed[idx] = zdp_big_alloc((size_t)floats * sizeof(float))) == NULL) return NULL;
+        if ((store->packed[idx] = zdp_big_alloc((size_t)floats * sizeof(float))) == NULL)
+            return NULL;
         store->bytes += floats * 4;
     }
-    pack_job_ j = {.dst = store->packed[idx], .W = P[idx], .K = K, .N = N, .panel_floats = K * 16,
+    pack_job_ j = {.dst = store->packed[idx],
+                   .W = P[idx],
+                   .K = K,
+                   .N = N,
+                   .panel_floats = K * 16,
                    .trans = trans};
     zdp_nn_parallel_ranges_((N + 15) / 16, 8, pack_range_, &j);
     store->src[idx] = P[idx];
@@ -161,16 +167,20 @@ static void gemm_nt_(float *out, const float *inp, const float *W, const float *
  * (zdp_nn_packed_wins), else by the weight itself through the BLAS. */
 static void linear_(zdp_kv_cache *kv, const float *const *P, float *out, const float *inp, int w,
                     const float *bias, int64_t N, int64_t C, int64_t OC, int accumulate) {
-    const float *Bp = N > 1 && N <= PACK_ROWS_ && zdp_nn_packed_wins(N) ? packed_(kv, P, w, C, OC, 1) : NULL;
-    if (Bp != NULL) zdp_nn_packed_gemm(out, OC, inp, C, Bp, bias, N, C, OC, accumulate);
-    else gemm_nt_(out, inp, P[w], bias, N, C, OC, accumulate);
+    const float *Bp =
+        N > 1 && N <= PACK_ROWS_ && zdp_nn_packed_wins(N) ? packed_(kv, P, w, C, OC, 1) : NULL;
+    if (Bp != NULL)
+        zdp_nn_packed_gemm(out, OC, inp, C, Bp, bias, N, C, OC, accumulate);
+    else
+        gemm_nt_(out, inp, P[w], bias, N, C, OC, accumulate);
 }
 
 /* out (N,OC) = inp (N,C) @ W + bias, W = P[w] (C,OC): Hugging Face Conv1D (GPT-2) */
 static void conv1d_(zdp_kv_cache *kv, const float *const *P, float *out, const float *inp, int w,
                     const float *bias, int64_t N, int64_t C, int64_t OC) {
-    const float *W = P[w],
-                *Bp = N > 1 && N <= PACK_ROWS_ && zdp_nn_packed_wins(N) ? packed_(kv, P, w, C, OC, 0) : NULL;
+    const float *W = P[w], *Bp = N > 1 && N <= PACK_ROWS_ && zdp_nn_packed_wins(N)
+                                     ? packed_(kv, P, w, C, OC, 0)
+                                     : NULL;
     if (Bp != NULL) {
         zdp_nn_packed_gemm(out, OC, inp, C, Bp, bias, N, C, OC, 0);
         return;
@@ -231,11 +241,13 @@ static void attend_task_(void *ctx, int64_t task, int thread) {
     const attend_job_ *j = ctx;
     zdp_kv_cache *kv = j->kv;
     const int64_t QD = (int64_t)kv->NH * kv->hd;
-    const int64_t nb = (int64_t)kv->n_blocks * kv->NH, ng = (int64_t)kv->n_groups * kv->chunks_per_group;
+    const int64_t nb = (int64_t)kv->n_blocks * kv->NH,
+                  ng = (int64_t)kv->n_groups * kv->chunks_per_group;
     if (task < nb) {
         const kv_prompt_block *b = &kv->blocks[task / kv->NH];
         zdp_nn_kv_attend_prompt_block(&j->layer, &j->rows, b->first, b->n_rows, task % kv->NH,
-                                      kv->block_scores + (int64_t)thread * ZDP_KV_PROMPT_BLOCK * kv->T);
+                                      kv->block_scores +
+                                          (int64_t)thread * ZDP_KV_PROMPT_BLOCK * kv->T);
         return;
     }
     if (task < nb + ng) {
@@ -243,9 +255,9 @@ static void attend_task_(void *ctx, int64_t task, int thread) {
         const kv_share_group *g = &kv->groups[(task - nb) / chunks];
         const int c = (int)((task - nb) % chunks);
         const int r0 = g->n_rows * c / chunks, r1 = g->n_rows * (c + 1) / chunks;
-        zdp_nn_kv_attend_shared_prompt(&j->layer, &j->rows, kv->group_rows + g->first + r0, r1 - r0,
-                                       g->prompt_slot, g->prompt_len,
-                                       kv->group_scratch + (int64_t)thread * kv->group_scratch_floats);
+        zdp_nn_kv_attend_shared_prompt(
+            &j->layer, &j->rows, kv->group_rows + g->first + r0, r1 - r0, g->prompt_slot,
+            g->prompt_len, kv->group_scratch + (int64_t)thread * kv->group_scratch_floats);
         return;
     }
     const int64_t i = kv->lone_rows[task - nb - ng];
@@ -279,7 +291,8 @@ static bool plan_attention_(zdp_kv_cache *kv, const int32_t *slots, int n) {
             * positions are in two places: its rows go one by one) */
             for (int r = i; r < e; r += ZDP_KV_PROMPT_BLOCK)
                 kv->blocks[kv->n_blocks++] = (kv_prompt_block){
-                    .first = r, .n_rows = e - r < ZDP_KV_PROMPT_BLOCK ? e - r : ZDP_KV_PROMPT_BLOCK};
+                    .first = r,
+                    .n_rows = e - r < ZDP_KV_PROMPT_BLOCK ? e - r : ZDP_KV_PROMPT_BLOCK};
         } else {
             for (int r = i; r < e; r++) kv->lone_rows[kv->n_lone++] = r;
         }

@@ -36,13 +36,16 @@ void zdp_kv_packs_destroy(zdp_kv_packs *store) {
 
 zdp_status zdp_kv_packs_create(const zdp_model *model, zdp_kv_packs **out, zdp_error *err) {
     if (out == NULL || model == NULL)
-        return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "zdp_kv_packs_create: model and out must be set");
+        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
+                           "zdp_kv_packs_create: model and out must be set");
     zdp_kv_packs *store = calloc(1, sizeof *store);
     if (store != NULL) {
         store->model = model;
         store->n_params = model->n_params;
-        store->packed = calloc((size_t)(model->n_params > 0 ? model->n_params : 1), sizeof *store->packed);
-        store->src = calloc((size_t)(model->n_params > 0 ? model->n_params : 1), sizeof *store->src);
+        store->packed =
+            calloc((size_t)(model->n_params > 0 ? model->n_params : 1), sizeof *store->packed);
+        store->src =
+            calloc((size_t)(model->n_params > 0 ? model->n_params : 1), sizeof *store->src);
     }
     if (store == NULL || store->packed == NULL || store->src == NULL) {
         zdp_kv_packs_destroy(store);
@@ -144,9 +147,10 @@ zdp_status zdp_kv_create(const zdp_model *model, int n_slots, int max_len, zdp_k
     if (max_len < 0 || max_len > kv->T) {
         const int T = kv->T;
         zdp_kv_destroy(kv);
-        return zdp_err_set(err, ZDP_ERR_INVALID_ARG,
-                           "%s: max_len = %d: must be in 0..%d (the model's block_size; 0: all of it)",
-                           fn, max_len, T);
+        return zdp_err_set(
+            err, ZDP_ERR_INVALID_ARG,
+            "%s: max_len = %d: must be in 0..%d (the model's block_size; 0: all of it)", fn,
+            max_len, T);
     }
     if (max_len > 0) kv->T = max_len; /* positions per slot */
     const size_t per = (size_t)kv->L * n_slots * kv->T * kv->KV * kv->hd;
@@ -172,10 +176,10 @@ zdp_status zdp_kv_create(const zdp_model *model, int n_slots, int max_len, zdp_k
     }
     if (kv->lender != NULL)
         for (int s = 0; s < n_slots; s++) kv->lender[s] = -1;
-    if (kv->len == NULL || kv->lender == NULL || kv->borrowed_len == NULL || kv->prompt_len == NULL ||
-        kv->n_sharers == NULL || kv->lent_len == NULL || kv->k == NULL || kv->v == NULL ||
-        kv->own_packs == NULL || kv->sites == NULL || kv->slot_lora == NULL || kv->slot_adapter == NULL ||
-        (kv->llama && (kv->cos == NULL || kv->sin == NULL))) {
+    if (kv->len == NULL || kv->lender == NULL || kv->borrowed_len == NULL ||
+        kv->prompt_len == NULL || kv->n_sharers == NULL || kv->lent_len == NULL || kv->k == NULL ||
+        kv->v == NULL || kv->own_packs == NULL || kv->sites == NULL || kv->slot_lora == NULL ||
+        kv->slot_adapter == NULL || (kv->llama && (kv->cos == NULL || kv->sin == NULL))) {
         zdp_kv_destroy(kv);
         return zdp_err_set(err, ZDP_ERR_NOMEM,
                            "%s: out of memory for the cache of %d slots x %d positions (%.1f MB)",
@@ -210,7 +214,8 @@ int zdp_kv_length(const zdp_kv_cache *kv, int slot) {
 static void copy_own_(zdp_kv_cache *kv, int dst, int src, int64_t n) {
     const int64_t KD = (int64_t)kv->KV * kv->hd, T = kv->T;
     for (int l = 0; l < kv->L; l++) {
-        const int64_t from = ((int64_t)l * kv->n_slots + src) * T * KD, to = ((int64_t)l * kv->n_slots + dst) * T * KD;
+        const int64_t from = ((int64_t)l * kv->n_slots + src) * T * KD,
+                      to = ((int64_t)l * kv->n_slots + dst) * T * KD;
         memcpy(kv->k + to, kv->k + from, (size_t)(n * KD) * sizeof(float));
         memcpy(kv->v + to, kv->v + from, (size_t)(n * KD) * sizeof(float));
     }
@@ -251,7 +256,8 @@ void zdp_kv_clear(zdp_kv_cache *kv, int slot) {
 }
 
 void zdp_kv_copy_slot(zdp_kv_cache *kv, int dst, int src) {
-    if (kv == NULL || dst == src || dst < 0 || src < 0 || dst >= kv->n_slots || src >= kv->n_slots) return;
+    if (kv == NULL || dst == src || dst < 0 || src < 0 || dst >= kv->n_slots || src >= kv->n_slots)
+        return;
     release_(kv, dst); /* (may move src's prompt into src's own storage: dst was its lender) */
     const int b = kv->lender[src], n0 = b >= 0 ? kv->borrowed_len[src] : 0;
     if (b >= 0) copy_own_(kv, dst, b, n0); /* the shared prompt, then src's own positions */
@@ -266,12 +272,14 @@ void zdp_kv_copy_slot(zdp_kv_cache *kv, int dst, int src) {
 }
 
 void zdp_kv_share_slot(zdp_kv_cache *kv, int dst, int src) {
-    if (kv == NULL || dst == src || dst < 0 || src < 0 || dst >= kv->n_slots || src >= kv->n_slots) return;
+    if (kv == NULL || dst == src || dst < 0 || src < 0 || dst >= kv->n_slots || src >= kv->n_slots)
+        return;
     release_(kv, dst);
     int r = src; /* the slot whose storage holds the prompt */
     if (kv->lender[src] >= 0 && kv->len[src] == kv->borrowed_len[src]) r = kv->lender[src];
     const int n = kv->len[src];
-    if (n == 0 || kv->lender[r] >= 0 || (kv->n_sharers[r] > 0 && kv->lent_len[r] != n) || kv->prompt_len[r] != n) {
+    if (n == 0 || kv->lender[r] >= 0 || (kv->n_sharers[r] > 0 && kv->lent_len[r] != n) ||
+        kv->prompt_len[r] != n) {
         /* src's positions are not one prompt in one slot's storage (src
          * shares and has added its own), r already shares another length
          * (one prompt length per shared slot keeps the groups simple), or
