@@ -60,7 +60,6 @@ static inline float dot16_(const float *q, const float *k, int hd) {
     return (h4[0] + h4[2]) + (h4[1] + h4[3]);
 }
 
-
 #ifdef __GNUC__
 /* o[h*ostride + 0..16*nv) = sum over s < n of sr[h*sstride + s] *
  * v[h*vstep + s*KD + 0..16*nv), for heads h < nh (1..3, or 6 with vstep hd)
@@ -69,30 +68,31 @@ static inline float dot16_(const float *q, const float *k, int hd) {
  * values (GQA), each value row loaded once for all nh heads; vstep hd: nh
  * consecutive heads of a model whose heads each have their own (GPT-2),
  * nh x nv independent sums where one head's two would be a chain of
- * dependent adds (6 x 4 = 24 sums: 6 heads of 64 dimensions read 1.5 KB of each value
- * row front to back, one stream the hardware fetches ahead).
+ * dependent adds (6 x 4 = 24 sums: 6 heads of 64 dimensions read 1.5 KB of
+ * each value row front to back, one stream the hardware fetches ahead).
  * init: the sums go on from o's values (a group's rows, position block by
- * block, attend_shared_prompt_), else from 0.  While position s < pfn is summed,
- * the lines this walk reads of it are fetched at pfo floats further on: a
- * row's own values 32 positions ahead (read once, from memory), or a shared
- * prompt's next head's (or next block's) values, which the group's next
- * walks read.
- * Three variants, one per SIMD path (zdp_nn_packed_path(), weigh_values_): AVX-512
- * (value_walk_avx512_), AVX2+FMA (value_walk_avx2_: each 16 floats as two 8-float halves) and
- * portable (value_walk_c_).  In each, every lane is one fused multiply-add per
- * position, in position order (fmaf rounds once, as vfmadd does), so all
- * three give the same bits.  No 64-byte vector is passed or returned
- * outside an AVX-512 function: its ABI would change with -march (GCC's
- * -Wpsabi). */
+ * block, zdp_nn_kv_attend_shared_prompt), else from 0.  While position s <
+ * fetch_rows is summed, the lines this walk reads of it are fetched at
+ * fetch_ahead floats further on: a row's own values 32 positions ahead
+ * (read once, from memory), or a shared prompt's next head's (or next
+ * block's) values, which the group's next walks read.
+ * Three variants, one per SIMD path (zdp_nn_packed_path(), weigh_values_):
+ * AVX-512 (value_walk_avx512_), AVX2+FMA (value_walk_avx2_: each 16 floats
+ * as two 8-float halves) and portable (value_walk_c_).  In each, every lane
+ * is one fused multiply-add per position, in position order (fmaf rounds
+ * once, as vfmadd does), so all three give the same bits.  No 64-byte
+ * vector is passed or returned outside an AVX-512 function: its ABI would
+ * change with -march (GCC's -Wpsabi). */
 #define WALK_ARGS_                                                                                 \
     float *o, int64_t ostride, const float *sr, int64_t sstride, int n, const float *v,            \
-        int64_t vstep, int64_t KD, int nh, int nv, int init, int64_t pfo, int pfn
+        int64_t vstep, int64_t KD, int nh, int nv, int init, int64_t fetch_ahead, int fetch_rows
 
-/* The lines of value row vs that a walk reads, fetched pfo floats on. */
-static inline __attribute__((always_inline)) void walk_prefetch_(const float *vs, int64_t pfo,
-                                                            int64_t vstep, int nh, int nv) {
+/* The lines of value row vs that a walk reads, fetched fetch_ahead floats on. */
+static inline __attribute__((always_inline)) void
+walk_prefetch_(const float *vs, int64_t fetch_ahead, int64_t vstep, int nh, int nv) {
     for (int h = 0; h < (vstep != 0 ? nh : 1); h++)
-        for (int c = 0; c < nv; c++) __builtin_prefetch(vs + pfo + h * vstep + 16 * c, 0, 3);
+        for (int c = 0; c < nv; c++)
+            __builtin_prefetch(vs + fetch_ahead + h * vstep + 16 * c, 0, 3);
 }
 
 /* The portable walk: GCC keeps a float array accumulator on the stack,
@@ -105,7 +105,7 @@ static inline __attribute__((always_inline)) void value_walk_c_(WALK_ARGS_) {
             for (int c = 0; c < nv; c++) memcpy(&a[h][c], o + h * ostride + 16 * c, 64);
     for (int s = 0; s < n; s++) {
         const float *vs = v + (size_t)s * KD;
-        if (s < pfn) walk_prefetch_(vs, pfo, vstep, nh, nv);
+        if (s < fetch_rows) walk_prefetch_(vs, fetch_ahead, vstep, nh, nv);
         for (int h = 0; h < nh; h++) {
             const float w = sr[h * sstride + s];
             for (int c = 0; c < nv; c++) {
@@ -128,7 +128,7 @@ value_walk_avx512_(WALK_ARGS_) {
             a[h][c] = init ? _mm512_loadu_ps(o + h * ostride + 16 * c) : _mm512_setzero_ps();
     for (int s = 0; s < n; s++) {
         const float *vs = v + (size_t)s * KD;
-        if (s < pfn) walk_prefetch_(vs, pfo, vstep, nh, nv);
+        if (s < fetch_rows) walk_prefetch_(vs, fetch_ahead, vstep, nh, nv);
         for (int h = 0; h < nh; h++) {
             const __m512 w = _mm512_set1_ps(sr[h * sstride + s]);
             for (int c = 0; c < nv; c++)
@@ -148,7 +148,7 @@ value_walk_avx2_(WALK_ARGS_) {
             a[h][c] = init ? _mm256_loadu_ps(o + h * ostride + 8 * c) : _mm256_setzero_ps();
     for (int s = 0; s < n; s++) {
         const float *vs = v + (size_t)s * KD;
-        if (s < pfn) walk_prefetch_(vs, pfo, vstep, nh, nv);
+        if (s < fetch_rows) walk_prefetch_(vs, fetch_ahead, vstep, nh, nv);
         for (int h = 0; h < nh; h++) {
             const __m256 w = _mm256_set1_ps(sr[h * sstride + s]);
             for (int c = 0; c < 2 * nv; c++)
@@ -169,20 +169,24 @@ value_walk_avx2_(WALK_ARGS_) {
     do {                                                                                           \
         if (vstep == 0) {                                                                          \
             if (nh == 3)                                                                           \
-                WV(o + d0, os, sr, ss, n, v + d0, 0, KD, 3, NV, init, pfo, pfn);                   \
+                WV(o + d0, os, sr, ss, n, v + d0, 0, KD, 3, NV, init, fetch_ahead, fetch_rows);    \
             else if (nh == 2)                                                                      \
-                WV(o + d0, os, sr, ss, n, v + d0, 0, KD, 2, NV, init, pfo, pfn);                   \
+                WV(o + d0, os, sr, ss, n, v + d0, 0, KD, 2, NV, init, fetch_ahead, fetch_rows);    \
             else                                                                                   \
-                WV(o + d0, os, sr, ss, n, v + d0, 0, KD, 1, NV, init, pfo, pfn);                   \
+                WV(o + d0, os, sr, ss, n, v + d0, 0, KD, 1, NV, init, fetch_ahead, fetch_rows);    \
         } else {                                                                                   \
             if (nh == 6)                                                                           \
-                WV(o + d0, os, sr, ss, n, v + d0, vstep, KD, 6, NV, init, pfo, pfn);               \
+                WV(o + d0, os, sr, ss, n, v + d0, vstep, KD, 6, NV, init, fetch_ahead,             \
+                   fetch_rows);                                                                    \
             else if (nh == 3)                                                                      \
-                WV(o + d0, os, sr, ss, n, v + d0, vstep, KD, 3, NV, init, pfo, pfn);               \
+                WV(o + d0, os, sr, ss, n, v + d0, vstep, KD, 3, NV, init, fetch_ahead,             \
+                   fetch_rows);                                                                    \
             else if (nh == 2)                                                                      \
-                WV(o + d0, os, sr, ss, n, v + d0, vstep, KD, 2, NV, init, pfo, pfn);               \
+                WV(o + d0, os, sr, ss, n, v + d0, vstep, KD, 2, NV, init, fetch_ahead,             \
+                   fetch_rows);                                                                    \
             else                                                                                   \
-                WV(o + d0, os, sr, ss, n, v + d0, vstep, KD, 1, NV, init, pfo, pfn);               \
+                WV(o + d0, os, sr, ss, n, v + d0, vstep, KD, 1, NV, init, fetch_ahead,             \
+                   fetch_rows);                                                                    \
         }                                                                                          \
     } while (0)
 #define WALKS_BODY_(WV)                                                                            \
@@ -192,7 +196,7 @@ value_walk_avx2_(WALK_ARGS_) {
     return d0
 #define WALKS_ARGS_                                                                                \
     float *o, int64_t os, int hd, const float *sr, int64_t ss, int n, const float *v,              \
-        int64_t vstep, int64_t KD, int nh, int init, int64_t pfo, int pfn
+        int64_t vstep, int64_t KD, int nh, int init, int64_t fetch_ahead, int fetch_rows
 static int value_walks_c_(WALKS_ARGS_) { WALKS_BODY_(value_walk_c_); }
 #ifdef KVA_X86_
 __attribute__((target("avx512f"))) static int value_walks_avx512_(WALKS_ARGS_) {
@@ -215,18 +219,21 @@ __attribute__((target("avx2,fma"))) static int value_walks_avx2_(WALKS_ARGS_) {
  * time) and whatever the path, so the same bits as one dimension at a
  * time. */
 static void weigh_values_(float *o, int64_t os, int hd, const float *sr, int64_t ss, int n,
-                          const float *v, int64_t vstep, int64_t KD, int nh, int init, int64_t pfo,
-                          int pfn) {
+                          const float *v, int64_t vstep, int64_t KD, int nh, int init,
+                          int64_t fetch_ahead, int fetch_rows) {
     int d0 = 0;
 #ifdef __GNUC__
 #ifdef KVA_X86_
     const int path = zdp_nn_packed_path();
-    if (path == 2) d0 = value_walks_avx512_(o, os, hd, sr, ss, n, v, vstep, KD, nh, init, pfo, pfn);
+    if (path == 2)
+        d0 = value_walks_avx512_(o, os, hd, sr, ss, n, v, vstep, KD, nh, init, fetch_ahead,
+                                 fetch_rows);
     else if (path == 1)
-        d0 = value_walks_avx2_(o, os, hd, sr, ss, n, v, vstep, KD, nh, init, pfo, pfn);
+        d0 = value_walks_avx2_(o, os, hd, sr, ss, n, v, vstep, KD, nh, init, fetch_ahead,
+                               fetch_rows);
     else
 #endif
-        d0 = value_walks_c_(o, os, hd, sr, ss, n, v, vstep, KD, nh, init, pfo, pfn);
+        d0 = value_walks_c_(o, os, hd, sr, ss, n, v, vstep, KD, nh, init, fetch_ahead, fetch_rows);
 #endif
     for (int h = 0; h < nh; h++)
         for (int d = d0; d < hd; d++) {
@@ -237,22 +244,23 @@ static void weigh_values_(float *o, int64_t os, int hd, const float *sr, int64_t
         }
 }
 
-/* The weighted values of query heads glo*group .. ghi*group (KV heads glo
- * .. ghi): weigh_values_ over sets of up to 3 heads, within one KV head's group
+/* The weighted values of query heads kv_lo*group .. kv_hi*group (KV heads kv_lo
+ * .. kv_hi): weigh_values_ over sets of up to 3 heads, within one KV head's group
  * (its value rows shared), or, where every head is its own KV head, 6
  * consecutive heads at a time while 6 are left, then up to 3 (each value
  * row's 6 x hd floats read contiguously; at most 6 heads: one walk,
  * one_walk_per_row_). */
 __attribute__((noinline)) static void weigh_head_range_(float *o, int NH, int KV, int hd,
                                                         const float *sr, int64_t ss, int n,
-                                                        const float *v, int64_t KD, int glo,
-                                                        int ghi, int init, int64_t pfo, int pfn) {
+                                                        const float *v, int64_t KD, int kv_lo,
+                                                        int kv_hi, int init, int64_t fetch_ahead,
+                                                        int fetch_rows) {
     const int group = NH / KV;
-    for (int h0 = glo * group; h0 < ghi * group;) {
-        const int g = h0 / group, end = group == 1 ? ghi : (g + 1) * group;
+    for (int h0 = kv_lo * group; h0 < kv_hi * group;) {
+        const int g = h0 / group, end = group == 1 ? kv_hi : (g + 1) * group;
         const int nh = group == 1 && end - h0 >= 6 ? 6 : end - h0 < 3 ? end - h0 : 3;
         weigh_values_(o + (int64_t)h0 * hd, hd, hd, sr + h0 * ss, ss, n, v + (int64_t)g * hd,
-              group == 1 ? hd : 0, KD, nh, init, pfo, pfn);
+              group == 1 ? hd : 0, KD, nh, init, fetch_ahead, fetch_rows);
         h0 += nh;
     }
 }
@@ -377,7 +385,7 @@ row_scores_avx512_(float *score, int64_t ss, const float *q, const float *K, con
     }
 }
 
-/* A group's scores over a block of a shared prompt (attend_shared_prompt_):
+/* A group's scores over a block of a shared prompt (zdp_nn_kv_attend_shared_prompt):
  * dst[(r*NH + h)*T + s0 + i] for the rows' queries (q + rows[r]*qs), every
  * head, over the m <= 16 key rows kb (KD apart): the block's keys (16 rows,
  * 12-24 KB) stay in L1 for every row and head of the group, while the next
@@ -435,13 +443,14 @@ static inline float sum_16_lanes_(const float *x, int n) {
 }
 
 /* Each of nh score rows S[h*ss + 0..n) <- its softmax: a decode row's
- * attention weights.  attend_row_ and attend_shared_prompt_ both call it, so a row
- * over a shared prompt gets the bits it gets alone; and every path (AVX-512
- * or not) gets the same: each row's max, its exps (a loop of zdp_nn_exp_
- * alone, which GCC vectorises with the same operations per element; with
- * the running sum in the same loop it runs one element at a time), their
- * sum (sum_16_lanes_), then the products by 1 / sum.  Kept out of line, as are row_scores_avx512_,
- * group_scores_avx512_ and weigh_head_range_, so that a profile names each part. */
+ * attention weights.  attend_row_ and zdp_nn_kv_attend_shared_prompt both
+ * call it, so a row over a shared prompt gets the bits it gets alone; and
+ * every path (AVX-512 or not) gets the same: each row's max, its exps (a
+ * loop of zdp_nn_exp_ alone, which GCC vectorises with the same operations
+ * per element; with the running sum in the same loop it runs one element
+ * at a time), their sum (sum_16_lanes_), then the products by 1 / sum.
+ * Kept out of line, as are row_scores_avx512_, group_scores_avx512_ and
+ * weigh_head_range_, so that a profile names each part. */
 __attribute__((noinline)) static void softmax_rows_(float *S, int64_t ss, int nh, int n) {
     for (int h = 0; h < nh; h++) {
         float *sr = S + h * ss, mx = -INFINITY;
@@ -463,16 +472,16 @@ __attribute__((noinline)) static void softmax_rows_(float *S, int64_t ss, int nh
  * by reading the cache: every row reads its own slot's).  Plain loops: one
  * row's products are far too small for cblas_sgemm's call and packing
  * costs.
- * keys_l2: the cache's keys_to_l2.  score: (NH, p+1) scratch. */
+ * keys_to_l2: the cache's keys_to_l2.  score: (NH, p+1) scratch. */
 static void attend_row_(float *out, const float *q, const float *K, const float *Vc, int p, int NH,
-                    int KVh, int hd, int pre, bool keys_l2, float *score) {
+                    int KVh, int hd, int prompt_len, bool keys_to_l2, float *score) {
     const int KD = KVh * hd, group = NH / KVh, n = p + 1;
-    (void)keys_l2; /* read on the AVX-512 path alone */
+    (void)keys_to_l2; /* read on the AVX-512 path alone */
     const float scale = 1.0f / sqrtf((float)hd);
 #ifdef KVA_X86_
     if (hd % 16 == 0 && zdp_nn_packed_path() == 2)
         row_scores_avx512_(score, n, q, K, one_walk_per_row_(NH, KVh, hd) ? NULL : Vc, n, NH, group,
-                           hd, KD, scale, NULL, keys_l2);
+                           hd, KD, scale, NULL, keys_to_l2);
     else
 #endif
         for (int s = 0; s < n; s++) {
@@ -489,22 +498,22 @@ static void attend_row_(float *out, const float *q, const float *K, const float 
      * (GQA), or 3 heads with their own values (GPT-2); each sum still
      * runs over the positions in order from 0, with the same operations:
      * the same bits as head by head. */
-    if (n <= pre) { /* a prompt's row */
+    if (n <= prompt_len) { /* a prompt's row */
         weigh_head_range_(out, NH, KVh, hd, score, n, n, Vc, KD, 0, KVh, 0, 0, 0);
         return;
     }
     /* The prompt's positions and the row's own as two sums, added: the
-     * bits of attend_shared_prompt_, which weighs a shared prompt's values once
-     * for all of its rows. */
+     * bits of zdp_nn_kv_attend_shared_prompt, which weighs a shared
+     * prompt's values once for all of its rows. */
     float *a = score + (int64_t)NH * n;
-    weigh_head_range_(a, NH, KVh, hd, score, n, pre, Vc, KD, 0, KVh, 0, 0, 0);
-    weigh_head_range_(out, NH, KVh, hd, score + pre, n, n - pre, Vc + (int64_t)pre * KD, KD, 0, KVh,
-                      0, 0, 0);
+    weigh_head_range_(a, NH, KVh, hd, score, n, prompt_len, Vc, KD, 0, KVh, 0, 0, 0);
+    weigh_head_range_(out, NH, KVh, hd, score + prompt_len, n, n - prompt_len,
+                      Vc + (int64_t)prompt_len * KD, KD, 0, KVh, 0, 0, 0);
     for (int i = 0; i < NH * hd; i++) out[i] = a[i] + out[i];
 }
 
-/* Positions of a shared prompt's values weighed per block in attend_shared_prompt_:
- * the block's value rows of one KV head (64 x head_dim floats, 16 KB at
+/* Positions of a shared prompt's values weighed per block in
+ * zdp_nn_kv_attend_shared_prompt: the block's value rows of one KV head (64 x head_dim floats, 16 KB at
  * head_dim 64) stay in L1 for all of the group's rows and heads. */
 #define SHARED_VALUE_BLOCK_ 64
 /* A row's own values are fetched to L2 while its scores run (and weighed
@@ -588,17 +597,18 @@ void zdp_nn_kv_attend_shared_prompt(const zdp_nn_kv_layer *c, const zdp_nn_kv_ro
                  * (else those values are waited on from memory). */
                 const int left = plen - b0 - SHARED_VALUE_BLOCK_;
                 const bool last = g == KVh - 1;
-                const int64_t pfo = last ? (int64_t)SHARED_VALUE_BLOCK_ * KD - (int64_t)g * hd : hd;
-                const int pfn = !last ? nb : left < nb ? (left > 0 ? left : 0) : nb;
+                const int64_t fetch_ahead =
+                    last ? (int64_t)SHARED_VALUE_BLOCK_ * KD - (int64_t)g * hd : hd;
+                const int fetch_rows = !last ? nb : left < nb ? (left > 0 ? left : 0) : nb;
                 for (int r = 0; r < nr; r += 3)
-                    weigh_values_(W + r * QD + (int64_t)g * hd, QD, hd,
-                                  S + ((int64_t)r * NH + g) * T + b0, (int64_t)NH * T, nb,
-                                  Vp + (int64_t)b0 * KD + (int64_t)g * hd, 0, KD,
-                                  nr - r < 3 ? nr - r : 3, b0 > 0, pfo, r == 0 ? pfn : 0);
+                    weigh_values_(
+                        W + r * QD + (int64_t)g * hd, QD, hd, S + ((int64_t)r * NH + g) * T + b0,
+                        (int64_t)NH * T, nb, Vp + (int64_t)b0 * KD + (int64_t)g * hd, 0, KD,
+                        nr - r < 3 ? nr - r : 3, b0 > 0, fetch_ahead, r == 0 ? fetch_rows : 0);
             } else
                 for (int r = 0; r < nr; r++)
                     weigh_head_range_(W + r * QD, NH, KVh, hd, S + (int64_t)r * NH * T + b0, T, nb,
-                            Vp + (int64_t)b0 * KD, KD, g, g + 1, b0 > 0, 0, 0);
+                                      Vp + (int64_t)b0 * KD, KD, g, g + 1, b0 > 0, 0, 0);
     }
     for (int r = 0; r < nr; r++) { /* attend_row_'s sum of the two */
         float *o = pass->out + (int64_t)rows[r] * QD;
