@@ -78,13 +78,11 @@ ZDP_API uint64_t zdp_splitmix64(uint64_t *state);
  * (madvise(MADV_HUGEPAGE): Linux's transparent huge pages in their
  * "madvise" mode, Debian's default).  With 4 KB pages a product streaming
  * a 100 MB operand takes a TLB miss every 4 KB and the hardware prefetchers
- * stop at every page end (a KV cache's rows crossed a page every 5
- * positions: SmolLM2's batch-32 decode 1.15x per CPU second in 2 MB
- * pages, docs/benchmarks-sample.md, "Seventh pass").  Under some
- * hypervisors 4 KB pages cost far more: streaming 538 MB of weights a pass
- * through them stalled for tens to hundreds of milliseconds at a time
- * (SmolLM2's batch-1 decode up to 20x slower, docs/benchmarks-sample.md,
- * "Thirteenth pass"), so every buffer of model weights that is read pass
+ * stop at every page end (a KV cache's rows cross a page every few
+ * positions).  Under some hypervisors 4 KB pages cost far more: streaming
+ * hundreds of MB of weights a pass through them can stall for tens to
+ * hundreds of milliseconds at a time (docs/benchmarks-sample.md), so every
+ * buffer of model weights that is read pass
  * after pass (the engine's, the server's base and sampler weights, the
  * zdp tool's) comes from here.  A hint only: where it is refused the pages are 4 KB and
  * nothing else changes.  Not zeroed; free() frees it; NULL on failure.

@@ -70,7 +70,7 @@ int zdp_llama_adapter_sites_(const zdp_model *base, zdp_adapter_site *sites, int
                              int64_t *max_rows);
 int zdp_llama_adapter_attach_(const zdp_model *base, const zdp_adapter *ad);
 
-/* For KV-cache decoding (src/sample/kv.c), which applies a LoRA model's
+/* For KV-cache decoding (src/sample/decode.c), which applies a LoRA model's
  * adapters itself, per sequence: the index of site `site`'s A among the
  * LoRA model's parameters (B is the next one), or -1 when that site is not
  * adapted (or lora is not a LoRA model). */

@@ -35,6 +35,7 @@
 #include "../core/core.h"
 #include "../nn/nn.h"
 #include "adapter.h"
+#include "decode.h"
 #include "lm.h"
 
 /* Offsets of one layer's tensors from its first (registration order). */
@@ -590,4 +591,56 @@ int zdp_gpt_adapter_attach_(const zdp_model *base, const zdp_adapter *ad) {
     if (m == NULL) return -1;
     m->ad = ad;
     return 0;
+}
+
+/* ---- the decode step (decode.h) ------------------------------------------------------ */
+
+/* The forward above for a decode pass's rows, each at its own position, with
+ * the cache's products and attention (src/sample/decode.c). */
+static void gpt_decode_trunk_(const void *self, zdp_decode_pass *p) {
+    const gpt *m = self;
+    const float *const *P = p->P;
+    const int64_t N = p->n, C = m->cfg.n_embd, F = 4 * C;
+    for (int64_t i = 0; i < N; i++) { /* wte[token] + wpe[position] */
+        const float *e = P[WTE_] + (int64_t)p->tokens[i] * C;
+        const float *pe = P[WPE_] + (int64_t)p->pos[i] * C;
+        float *x = p->x + i * C;
+        for (int64_t j = 0; j < C; j++) x[j] = e[j] + pe[j];
+    }
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        const int p0 = LAYER0_ + PER_LAYER * l, s0 = l * SITES_PER_LAYER;
+        zdp_nn_layernorm_forward(p->h, p->mean, p->rstd, p->x, P[p0 + LN1_W], P[p0 + LN1_B], N, C);
+        p->conv1d(p->ctx, p->qkv, p->h, p0 + ATTN_W, P[p0 + ATTN_B], N, C, 3 * C);
+        p->adapt(p->ctx, s0 + S_ATTN, p->qkv, p->h, N, 0);
+        p->attend(p->ctx, l, p->qkv, 3 * C, p->qkv + C, p->qkv + 2 * C, 3 * C);
+        p->conv1d(p->ctx, p->h, p->atty, p0 + APROJ_W, P[p0 + APROJ_B], N, C, C);
+        p->adapt(p->ctx, s0 + S_APROJ, p->h, p->atty, N, 0);
+        zdp_nn_residual_forward(p->x, p->x, p->h, N * C);
+        zdp_nn_layernorm_forward(p->h, p->mean, p->rstd, p->x, P[p0 + LN2_W], P[p0 + LN2_B], N, C);
+        p->conv1d(p->ctx, p->f1, p->h, p0 + FC_W, P[p0 + FC_B], N, C, F);
+        p->adapt(p->ctx, s0 + S_FC, p->f1, p->h, N, 0);
+        zdp_nn_gelu_forward(p->f1, p->f1, N * F);
+        p->conv1d(p->ctx, p->h, p->f1, p0 + FPROJ_W, P[p0 + FPROJ_B], N, F, C);
+        p->adapt(p->ctx, s0 + S_FPROJ, p->h, p->f1, N, 0);
+        zdp_nn_residual_forward(p->x, p->x, p->h, N * C);
+    }
+}
+
+/* ln_f and the tied lm_head (wte as a (V, C) linear) on x's first m rows. */
+static void gpt_decode_head_(const void *self, zdp_decode_pass *p, int64_t m_rows, float *logits) {
+    const gpt *m = self;
+    const float *const *P = p->P;
+    const int64_t C = m->cfg.n_embd;
+    const int lnf = LAYER0_ + PER_LAYER * m->cfg.n_layer;
+    zdp_nn_layernorm_forward(p->h, p->mean, p->rstd, p->x, P[lnf], P[lnf + 1], m_rows, C);
+    p->linear(p->ctx, logits, p->h, WTE_, NULL, m_rows, C, m->cfg.vocab_size, 0);
+    p->adapt(p->ctx, m->cfg.n_layer * SITES_PER_LAYER, logits, p->h, m_rows, 1);
+}
+
+const zdp_decode_ops *zdp_gpt_decode_ops_(const zdp_model *model, const void **self) {
+    static const zdp_decode_ops ops = {.trunk = gpt_decode_trunk_, .head = gpt_decode_head_};
+    const gpt *m = gpt_of_(model);
+    if (m == NULL) return NULL;
+    *self = m;
+    return &ops;
 }

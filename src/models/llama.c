@@ -39,6 +39,7 @@
 #include "../core/core.h"
 #include "../nn/nn.h"
 #include "adapter.h"
+#include "decode.h"
 #include "lm.h"
 
 #define NAME_MAX_ 64
@@ -775,4 +776,72 @@ int zdp_llama_adapter_attach_(const zdp_model *base, const zdp_adapter *ad) {
     if (m == NULL) return -1;
     m->ad = ad;
     return 0;
+}
+
+/* ---- the decode step (decode.h) ------------------------------------------------------ */
+
+/* The forward above for a decode pass's rows, each at its own position, with
+ * the cache's products and attention (src/sample/decode.c). */
+static void llama_decode_trunk_(const void *self, zdp_decode_pass *p) {
+    const llama *m = self;
+    const zdp_llama_config *c = &m->cfg;
+    const layer_idx *li = &m->li;
+    const float *const *P = p->P;
+    const int64_t N = p->n, H = c->hidden, NH = c->n_head, KV = c->n_kv_head, hd = c->head_dim;
+    const int64_t F = c->ffn, QD = NH * hd, KD = KV * hd;
+    const float eps = c->rms_norm_eps;
+    for (int64_t i = 0; i < N; i++)
+        memcpy(p->x + i * H, P[EMBED_] + (int64_t)p->tokens[i] * H, (size_t)H * sizeof(float));
+    for (int l = 0; l < c->n_layer; l++) {
+        const int p0 = LAYER0_ + li->n * l, s0 = l * SITES_PER_LAYER;
+        const float *const *lp = P + p0;
+#define B_(idx) ((idx) >= 0 ? lp[idx] : NULL)
+        float *q = p->q, *k = p->k, *v = p->v;
+        zdp_nn_rmsnorm_forward(p->h, p->rstd, p->x, lp[li->in_ln], N, H, eps);
+        p->linear(p->ctx, q, p->h, p0 + li->q_w, B_(li->q_b), N, H, QD, 0);
+        p->linear(p->ctx, k, p->h, p0 + li->k_w, B_(li->k_b), N, H, KD, 0);
+        p->linear(p->ctx, v, p->h, p0 + li->v_w, B_(li->v_b), N, H, KD, 0);
+        p->adapt(p->ctx, s0 + S_Q, q, p->h, N, 0);
+        p->adapt(p->ctx, s0 + S_K, k, p->h, N, 0);
+        p->adapt(p->ctx, s0 + S_V, v, p->h, N, 0);
+        if (c->qk_norm) { /* Qwen3: per head, in place (rows of hd) */
+            zdp_nn_rmsnorm_forward(q, p->rstd, q, lp[li->q_norm], N * NH, hd, eps);
+            zdp_nn_rmsnorm_forward(k, p->rstd, k, lp[li->k_norm], N * KV, hd, eps);
+        }
+        for (int64_t i = 0; i < N; i++) { /* rotary at each row's own position */
+            const int64_t o = (int64_t)p->pos[i] * (hd / 2);
+            zdp_nn_rope_forward(q + i * QD, q + i * QD, p->cos + o, p->sin + o, 1, 1, NH, hd);
+            zdp_nn_rope_forward(k + i * KD, k + i * KD, p->cos + o, p->sin + o, 1, 1, KV, hd);
+        }
+        p->attend(p->ctx, l, q, QD, k, v, KD);
+        p->linear(p->ctx, p->x, p->atty, p0 + li->o_w, B_(li->o_b), N, QD, H, 1);
+        p->adapt(p->ctx, s0 + S_O, p->x, p->atty, N, 0);
+        zdp_nn_rmsnorm_forward(p->h, p->rstd, p->x, lp[li->post_ln], N, H, eps);
+        p->linear(p->ctx, p->f1, p->h, p0 + li->gate, NULL, N, H, F, 0);
+        p->linear(p->ctx, p->f2, p->h, p0 + li->up, NULL, N, H, F, 0);
+        p->adapt(p->ctx, s0 + S_GATE, p->f1, p->h, N, 0);
+        p->adapt(p->ctx, s0 + S_UP, p->f2, p->h, N, 0);
+        zdp_nn_swiglu_forward(p->f1, p->f1, p->f2, N * F);
+        p->linear(p->ctx, p->x, p->f1, p0 + li->down, NULL, N, F, H, 1);
+        p->adapt(p->ctx, s0 + S_DOWN, p->x, p->f1, N, 0);
+#undef B_
+    }
+}
+
+/* The final norm and lm_head (the embedding when tied) on x's first m rows. */
+static void llama_decode_head_(const void *self, zdp_decode_pass *p, int64_t m_rows,
+                               float *logits) {
+    const llama *m = self;
+    const int64_t H = m->cfg.hidden;
+    zdp_nn_rmsnorm_forward(p->h, p->rstd, p->x, p->P[m->norm], m_rows, H, m->cfg.rms_norm_eps);
+    p->linear(p->ctx, logits, p->h, m->lm_head, NULL, m_rows, H, m->cfg.vocab_size, 0);
+    p->adapt(p->ctx, m->cfg.n_layer * SITES_PER_LAYER, logits, p->h, m_rows, 1);
+}
+
+const zdp_decode_ops *zdp_llama_decode_ops_(const zdp_model *model, const void **self) {
+    static const zdp_decode_ops ops = {.trunk = llama_decode_trunk_, .head = llama_decode_head_};
+    const llama *m = llama_of_(model);
+    if (m == NULL) return NULL;
+    *self = m;
+    return &ops;
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../core/core.h"
+#include "decode.h"
 #include "lm.h"
 
 static zdp_status check_lm_(const zdp_model *model, const char *fn, zdp_error *err) {
@@ -163,4 +164,11 @@ zdp_status zdp_lm_reweight_(bool have_forward, bool same_adapters, int B, int T,
     memcpy(weights, w, (size_t)N * sizeof(float));
     *weighted = true;
     return ZDP_OK;
+}
+
+/* ---- the decode step (decode.h) ------------------------------------------------------ */
+
+const zdp_decode_ops *zdp_lm_decode_ops_(const zdp_model *model, const void **self) {
+    const zdp_decode_ops *ops = zdp_gpt_decode_ops_(model, self);
+    return ops != NULL ? ops : zdp_llama_decode_ops_(model, self);
 }

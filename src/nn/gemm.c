@@ -2,10 +2,10 @@
  * gemm.c -- zdp's own single-precision GEMM for training's large-M products
  * (see gemm.h): C (M,N) [+]= op(A) (M,K) @ op(B) (K,N), row-major.
  *
- * Why: a SmolLM2-135M step's products have K = 576 or 1536 and M = 1024;
- * K is shallow, so OpenBLAS's packing of both operands and its separate
- * beta pass over C are 15% of a 1024 x 576 x 576 product
- * (docs/benchmarks-llama.md, "Third round").  This file does the same job
+ * Why: a small model's training products have K of a few hundred to a
+ * few thousand and M = batch x sequence; K is shallow, so OpenBLAS's
+ * packing of both operands and its separate beta pass over C are a large
+ * part of each product (docs/benchmarks-llama.md).  This file does the same job
  * with blocking chosen for these shapes, packs each operand with a loop made
  * for its layout, and folds beta into the micro-kernel (C is loaded into
  * the registers, or not, before the k loop: no pass over C).
@@ -20,8 +20,8 @@
  * packed but read in place; then every (strip, panel) pair is one call of
  * the micro-kernel, which keeps an MR x NR tile of C in registers for the
  * whole kc.  Micro-kernels, chosen at run time: AVX-512 (8 x 48: 24
- * accumulators, 3 loads of B and 8 broadcasts of A per 24 FMAs; 14 x 32 was
- * measured 15-20% slower: more loads per FMA), AVX2+FMA (6 x 16), portable
+ * accumulators, 3 loads of B and 8 broadcasts of A per 24 FMAs; a 14 x 32
+ * tile needs more loads per FMA), AVX2+FMA (6 x 16), portable
  * C (4 x 16).  8 x 48 tiles the step's shapes exactly (M = 1024; N and K
  * multiples of 48).  Edge tiles run the same kernel on a zero-padded copy.
  *
@@ -32,24 +32,12 @@
  * is the whole product's, bit for bit.  The AVX paths and the C path (where
  * the compiler has a fast fmaf) round identically.
  *
- * Where it stands (docs/benchmarks-llama.md, "Sixth round"): the k loops
- * of both AVX-512 kernels compile without a spill (24 FMAs, 3 loads of B, 8
- * broadcasts of A per k) and run the step's products at 135-163 GFLOP per
- * CPU-second on one core, 81-98% of the core's 2 x 16-lane FMA peak at 2.6
- * GHz (166) and above OpenBLAS's square sgemm (122-130); two threads in
- * one process 268-317 GFLOP/s with both busy through each product.  Tried
- * and not kept: kc 192-320 (within the +-4% noise of identical code), more
- * pieces per thread (1-2% more CPU for the N-cut products, 5-19% for dW).
- * On Zen 5 (AMD EPYC, 48 KB L1D, 1 MB L2; "Seventh round"): the step's
- * products at 178 GFLOP per CPU-second on one core, 98% of OpenBLAS's
- * AVX-512 (SkylakeX) kernels on the same shapes (181), once the
- * transposed A of dW is prefetched while packed (+10-12% on dW) and the
- * packing buffer is kept per thread (no page faults per product).  Tried
- * there and not kept, all within the noise: kc 144-256 (a B panel that
- * fits the L1), B blocks for a 1 MB L2 (NC_MAX_ 512-576, B_DIRECT_FLOATS_
- * 384 x 320-384), 6 or 24 strips per A block, prefetching 8 or 24 rows
- * ahead; and a packed B shared by two threads was not built: a half of a
- * dW product (each thread packing its own B) runs at the whole's rate.
+ * The k loops of both AVX-512 kernels compile without a spill (24 FMAs, 3
+ * loads of B, 8 broadcasts of A per k), so they run near the core's FMA
+ * peak.  The transposed A of dW is prefetched while it is packed, and the
+ * packing buffer is kept per thread (no page faults per product).  How it
+ * compares with OpenBLAS, and what was tried and not kept, is in
+ * docs/benchmarks-llama.md.
  *
  * Not here: alpha other than 1, beta other than 0 and 1 (cblas_sgemm takes
  * those), threads (the pool's tasks call this on pieces, nn.c).
@@ -78,12 +66,10 @@
 #define MC_STRIPS_ 12 /* strips per A block: 96 x 384 floats = 147 KB on the AVX-512 path, in L2 */
 #define NC_MAX_ 768   /* columns per B block: 288 x 768 floats = 885 KB, in L2 */
 /* The B block's floats when A is read in place (no packed A block beside
- * it): at most 768 KB, so that the block stays in the 1.25 MB L2 with A's
- * rows and C's tiles (a 1.2 MB block, 384 x 768, is read back from L3 for
- * every block of A: 256-row products of gpt-m's shapes, 256 x 1152 x 384
- * and 256 x 1536 x 384, were 4-16% slower; docs/benchmarks-llama.md,
- * "Sixth round").  Packed A keeps NC_MAX_: a narrower B block packs A once
- * more per block (dW, 1536 x 576 x 1024: 3-8% slower at 384 columns). */
+ * it): at most 768 KB, so that the block stays in a 1.25 MB L2 with A's
+ * rows and C's tiles (a larger block is read back from L3 for every block
+ * of A).  Packed A keeps NC_MAX_: a narrower B block packs A once more per
+ * block. */
 #define B_DIRECT_FLOATS_ (384 * 512)
 #define PF_A_ 128     /* floats of a packed A strip the AVX-512 kernel prefetches ahead (16 k steps) */
 #define PF_K_ 16      /* rows of a transposed A the AVX-512 packing prefetches ahead */
@@ -267,13 +253,12 @@ int zdp_nn_gemm_use_mode(int mode) {
 }
 
 /* 1 when cblas_sgemm runs an OpenBLAS core whose kernels are narrower than
- * zdp's AVX-512 path: OpenBLAS 0.3.21 has AVX-512 sgemm kernels for
- * SkylakeX, Cooperlake and SapphireRapids only; on a CPU it does not know,
- * or with OPENBLAS_CORETYPE=Haswell, it runs its AVX2 kernel at half the
- * machine's rate (a Zen 5 at 2 x 16 FMA lanes: 80-95 GFLOP per CPU-second
- * against zdp's 100-185 on every product of the step).  Another cblas, or
- * an OpenBLAS without openblas_get_corename: 0 (the rule measured against
- * OpenBLAS's AVX-512 kernels). */
+ * zdp's AVX-512 path: OpenBLAS 0.3.21 has AVX-512 sgemm kernels for a few
+ * cores only (blas_wide.h); on a CPU it does not know, or with
+ * OPENBLAS_CORETYPE set to an AVX2 core, it runs its AVX2 kernel at half
+ * the machine's rate.  Another cblas, or an OpenBLAS without
+ * openblas_get_corename: 0 (the rule below is the one against OpenBLAS's
+ * AVX-512 kernels). */
 static int blas_narrower_(void) {
     if (blas_narrow_ < 0) {
         int narrow = 0;
@@ -290,25 +275,24 @@ int zdp_nn_gemm_wins_(const zdp_nn_gemm *g) {
     const int mode = zdp_nn_gemm_mode();
     if (mode == 0 || g->alpha != 1.0f || (g->beta != 0.0f && g->beta != 1.0f)) return 0;
     if (mode == 2) return 1;
-    /* Only the AVX-512 path beats the BLAS.  zdp's AVX2 kernel (6 x 16)
-     * ran the training step's products 2.6x slower than OpenBLAS's AVX2
-     * kernels on a Zen 3 and its portable C kernel 13x slower (a 4-layer
-     * 256-wide GPT step), so on those paths every product goes to
-     * cblas_sgemm: the default is the BLAS there, never slower than it. */
+    /* Only the AVX-512 path beats the BLAS: zdp's AVX2 kernel (6 x 16) and
+     * its portable C kernel are well behind OpenBLAS's AVX2 kernels, so on
+     * those paths every product goes to cblas_sgemm: the default is the
+     * BLAS there, never slower than it. */
     if (isa_() < 2) return 0;
-    /* Small products: not measured. */
+    /* Small products: the BLAS, whose small-matrix paths zdp does not try
+     * to beat. */
     if (g->M < 64 || g->N < 48 || g->K < 64) return 0;
-    /* Against OpenBLAS's AVX2 kernel (docs/benchmarks-llama.md, "Seventh
-     * round"): faster on every product of the step, the lm_head's dX
-     * (1.8x) and attention's (1.07-1.9x) included. */
+    /* Against OpenBLAS's AVX2 kernel: faster on every product of a
+     * training step, the lm_head's dX and attention's included
+     * (docs/benchmarks-llama.md). */
     if (blas_narrower_()) return 1;
-    /* Against its AVX-512 kernels ("Fourth round", "Seventh round"): faster
-     * on the step's shapes; slower where K is far deeper than M and N (the
-     * lm_head's dX, K = 49,152: C goes through the cache once per K block)
-     * and where the 8 x 48 tile pads N by an eighth or more (attention's
-     * head-size products, N = 64 padded to 96: 0.53-0.68x; a 256-wide
-     * model's N = 256, padded to 288: 0.90-0.97x, bench/gemm_shapes
-     * --model gpt-s on a Zen 4 against OpenBLAS's Cooperlake kernels). */
+    /* Against its AVX-512 kernels: faster on a training step's shapes;
+     * slower where K is far deeper than M and N (the lm_head's dX, K =
+     * 49,152: C goes through the cache once per K block) and where the 8 x
+     * 48 tile pads N by an eighth or more (attention's head-size products,
+     * N = 64 padded to 96; a 256-wide model's N = 256, padded to 288): the
+     * padded columns are work the BLAS does not do. */
     if (g->K > 8192) return 0;
     if ((g->N + NR_MAX_ - 1) / NR_MAX_ * NR_MAX_ * 8 >= 9 * g->N) return 0;
     return 1;
@@ -401,8 +385,8 @@ __attribute__((target("avx512f,avx512dq,avx512vl"))) static void pack_a_avx512_(
             const float *src = A + (p0 + k) * lda + i0;
             /* Row k + PF_K_'s lines, fetched ahead: the rows are lda apart
              * (a page or more in the lm_head's dW), a stride the hardware
-             * prefetcher does not follow, and unfetched each row waited on
-             * memory (the dW products 8-12% slower on Zen 5). */
+             * prefetcher does not follow, and unfetched each row would wait
+             * on memory. */
             if (k + PF_K_ < kc)
                 for (int64_t l = 0; l < mc + 15; l += 16)
                     _mm_prefetch((const char *)(src + PF_K_ * lda + (l < mc ? l : mc - 1)), _MM_HINT_T0);
@@ -473,11 +457,9 @@ __attribute__((target("avx512f"))) static void pack_b_avx512_(float *dst, CBLAS_
 
 /* The packed blocks live in one buffer per thread, kept between products
  * and only ever grown.  Allocated and freed per call, the B block (up to
- * 1.2 MB) sat at glibc's mmap threshold: a fresh mapping, and its ~160
- * page faults, for every product until the threshold happened to move --
- * a 1024 x 576 x 576 product ran at 130 GFLOP/s instead of 200 on Zen 5
- * for its first calls, and gemm_shapes' few repetitions measured that.
- * The key's destructor frees a thread's buffer when the thread ends. */
+ * 1.2 MB) sits at glibc's mmap threshold: a fresh mapping, and its page
+ * faults, for every product until the threshold happens to move.  The
+ * key's destructor frees a thread's buffer when the thread ends. */
 static pthread_key_t pack_key_;
 static pthread_once_t pack_once_ = PTHREAD_ONCE_INIT;
 static int pack_key_ok_;
@@ -529,8 +511,8 @@ void zdp_nn_gemm_compute(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int6
     const int64_t kc_n = (K + KC_MAX_ - 1) / KC_MAX_;
     const int64_t kc_blk = (K + kc_n - 1) / kc_n; /* K in kc_n near-equal blocks */
     /* A row-major (not transposed) on the AVX-512 path: read in place, not
-     * packed (its 8 rows are 8 streams the prefetcher follows; measured
-     * 7% faster over the step's shapes than packing it). */
+     * packed: its 8 rows are 8 streams the prefetcher follows, so the
+     * packing would only add a pass over A. */
 #ifdef ZDP_GEMM_X86_
     const int direct = p.ukr == ukr_avx512_ && ta == CblasNoTrans;
 #else

@@ -29,7 +29,7 @@ ZDP_API int zdp_nn_gemm_path(void);
 ZDP_API int zdp_nn_gemm_use_path(int want);
 
 /* Which products zdp_nn_sgemm_many_ gives to zdp_nn_gemm_compute: 0 none
- * (cblas_sgemm for all), 1 those it measured faster on (the default), 2 all
+ * (cblas_sgemm for all), 1 those whose shape it wins on (the default), 2 all
  * it can take (alpha 1, beta 0 or 1).  ZDP_GEMM=blas|auto|zdp sets it at
  * start; returns the mode now in use.  Not while a product runs. */
 ZDP_API int zdp_nn_gemm_mode(void);

@@ -2,7 +2,7 @@
  * isa.c -- which SIMD path zdp's own kernels take (see nn.h, "SIMD path").
  *
  * One answer for every kernel family (gemm.c's training GEMM, packed.c's
- * small-M products, kv.c's attention), asked of the CPU at run time, so a
+ * small-M products, kv_attention.c's decode attention), asked of the CPU at run time, so a
  * binary built without -march=native (ZDP_NATIVE=OFF) still runs the
  * AVX-512 or AVX2 kernels, compiled with target attributes, where the CPU
  * it lands on has them.  ZDP_GEMM_ISA pins a lower path for all of them at

@@ -1,7 +1,7 @@
 /*
  * nn.c -- linear and softmax cross-entropy kernels (see nn.h).
- * Matmuls go through cblas_sgemm or zdp's own GEMM (gemm.c, where it was
- * measured faster: zdp_nn_gemm_wins_) on row-major data, split over the
+ * Matmuls go through cblas_sgemm or zdp's own GEMM (gemm.c, on the shapes
+ * where it beats the BLAS: zdp_nn_gemm_wins_) on row-major data, split over the
  * thread pool by zdp_nn_sgemm_; also here: the pool helpers the kernels
  * share.
  */
@@ -17,14 +17,14 @@
 /* How a GEMM is cut.  Products that cblas_sgemm computes: along M (rows
  * of C) only, pieces starting on multiples of GEMM_ALIGN_ rows, so every
  * piece tiles like the whole; and none below GEMM_MIN_MNK_ multiply-adds,
- * where OpenBLAS 0.3.21 may take another kernel with other rounding (the
- * SkylakeX "direct" sgemm below 28 * 512^2), and where a piece is too small
- * to pay for its packing anyway.  192 = lcm(64, 24): OpenBLAS's SkylakeX
- * kernels take up to 16 x 4 or 4 x 16 blocks, its Haswell ones 24 rows of
- * a row-major C, and an edge block may round differently (measured: the
- * Haswell core, cut at row 512 of 1,024, differs from row 504; at 576 or
- * 384 it matches).  Not along N: the Haswell core's pieces of N differ from
- * the whole wherever they are cut, even at multiples of 192 (its blocking
+ * where OpenBLAS 0.3.21 may take another kernel with other rounding (its
+ * AVX-512 core's "direct" sgemm below 28 * 512^2), and where a piece is too
+ * small to pay for its packing anyway.  192 = lcm(64, 24): OpenBLAS's
+ * AVX-512 kernels take up to 16 x 4 or 4 x 16 blocks, its AVX2 ones 24 rows
+ * of a row-major C, and an edge block may round differently (the AVX2
+ * core's pieces cut at a row that is not a multiple of 24 differ from the
+ * whole).  Not along N: the AVX2 core's pieces of N differ from the whole
+ * wherever they are cut, even at multiples of 192 (its blocking
  * of that side depends on the extent).  Within those rules each element is
  * computed by one single-threaded call with the whole K, exactly as the
  * undivided call computes it (tests/unit/test_pool.c checks it under the
@@ -125,10 +125,9 @@ void zdp_nn_sgemm_many_(const zdp_nn_gemm *g, int n) {
         /* zdp's GEMM products are each cut into one piece per thread, so
          * every thread gets an equal share of every product and the join
          * waits for no one: two products of equal multiply-adds run at
-         * different speeds (a backward's dX and dW: 5-12%), and given
-         * whole, one per thread, the faster thread waited out the
-         * difference at every join (docs/benchmarks-llama.md, "The 1 x 2
-         * joins").  Cutting costs little here: pieces of N share A read in
+         * different speeds (a backward's dX and dW), and given whole, one
+         * per thread, the faster thread would wait out the difference at
+         * every join.  Cutting costs little here: pieces of N share A read in
          * place.  cblas products get threads in proportion to their
          * multiply-adds (rounded up): OpenBLAS packs both operands, so a
          * piece duplicates a whole operand's packing. */

@@ -26,8 +26,8 @@
 /* ---- max of a row (softmaxes) --------------------------------------------- */
 
 /* max of x[0..n), n >= 1, in ZDP_NN_MAX_LANES_ independent running maxima
- * (one running max is a chain of dependent compares, 4 cycles each; the
- * loss's 49,152-wide rows spent 1% of a SmolLM2 step there).  A max is exact
+ * (one running max is a chain of dependent compares, 4 cycles each, which
+ * a loss over a large vocabulary would wait on).  A max is exact
  * in any order, so this returns the serial loop's value, NaN included (a NaN
  * is kept only from x[0], in both); only a zero's sign may differ, which the
  * softmaxes (x - max) never see. */
@@ -48,9 +48,8 @@ static inline float zdp_nn_max_(const float *x, int64_t n) {
 
 /* sum of x[0..n) and of a[i] b[i], each term in double, in
  * ZDP_NN_SUM_LANES_ partial sums added in a fixed order at the end: a
- * single running sum is a chain of dependent adds (4 cycles each), and
- * attention's softmax and RMSNorm spent about a fifth of their time in such
- * chains (docs/benchmarks-llama.md, "Sixth round").  The order depends on n
+ * single running sum is a chain of dependent adds (4 cycles each), which
+ * attention's softmax and RMSNorm would otherwise wait on.  The order depends on n
  * only, so a row gives the same sum on any thread. */
 #define ZDP_NN_SUM_LANES_ 16
 static inline double zdp_nn_sum_d_(const float *x, int64_t n) {

@@ -1,8 +1,8 @@
 /*
  * nn_transformer.c -- the GPT-2 layer kernels (see nn.h for the contracts).
  *
- * Every matrix product goes through cblas_sgemm or zdp's GEMM (gemm.c, where
- * zdp_nn_gemm_wins_ measured it faster) on row-major data, attention
+ * Every matrix product goes through cblas_sgemm or zdp's GEMM (gemm.c, on
+ * the shapes where zdp_nn_gemm_wins_ says it beats the BLAS) on row-major data, attention
  * included (per batch row and head: QK^T, att @ V and their backward, each
  * whole on one thread: zdp_nn_gemm_1_).  The
  * element-wise loops (softmax, GELU, LayerNorm) are written so that GCC can

@@ -3,7 +3,7 @@
  * small-M kernels (see nn.h, "packed B").
  *
  * Why: a batch-32 decode step multiplies 32 rows by every weight matrix.
- * cblas_sgemm re-packs the whole weight for each such call (measured: 17% of
+ * cblas_sgemm re-packs the whole weight for each such call (a large part of
  * a decode step), and the product itself is too short in M for OpenBLAS's
  * blocking.  Here each weight is packed once (by the KV cache that uses it,
  * on its first batched step) into panels of NR_ columns, K rows each:
@@ -15,8 +15,8 @@
  * across the panel's columns).
  *
  * Long products (prefills) run in row blocks of MC_ rows, each block against
- * every panel unit in turn, so A's block stays in L2 (without them the kernel
- * fell to 0.65-0.80x cblas_sgemm at 1024 rows; with them 0.91-1.03x).
+ * every panel unit in turn, so A's block stays in L2 (without them a long A
+ * is read back from memory for every panel unit).
  *
  * Every element of C is one chain of fused multiply-adds in k order (the
  * C path: multiply then add, unless the compiler contracts), continued
@@ -40,14 +40,13 @@
 #define MR_ 6   /* rows per register block (AVX paths) */
 #define MC_ 128 /* rows of a row block (prefills): A's block (MC_, K) stays in L2 */
 /* Rows of a panel block: 3 x 16 KB on the AVX-512 path.  Each K block loads
- * and stores the rows' C block once more; with the spread fetch below, 256
- * ran batch-32 decode products at K 384 1.05-1.1x 128's and those at K 1536
- * alike (bench_sample --gemm, weights streaming); 384 ran faster in cache,
- * slower streaming: its next block crowds L1. */
+ * and stores the rows' C block once more, so fewer, deeper blocks save
+ * those passes; deeper than 256, the next block fetched while this one
+ * runs crowds L1 when the weights stream from memory. */
 #define KC_ 256
 #define SPREAD_ROWS_ 64 /* products of 9..SPREAD_ROWS_ rows (decode batches) spread the next block's fetch */
 #define AVX2_ROWS_ 64 /* the most rows the AVX2 kernel is used for (zdp_nn_packed_wins) */
-#define PF_ 32  /* panel rows the AVX-512 kernel prefetches ahead (2 KB; 16, 64, 128 and none measured no better: bench_sample --gemm) */
+#define PF_ 32  /* panel rows the AVX-512 kernel prefetches ahead (2 KB) */
 
 static _Atomic int isa_now_ = -1; /* the path in use; -1: not asked yet */
 
@@ -65,11 +64,10 @@ int zdp_nn_packed_use_path(int want) {
 }
 
 int zdp_nn_packed_wins(int64_t M) {
-    /* Against OpenBLAS (bench_sample --gemm, one thread, a decode step's
-     * shapes; docs/benchmarks.md): the AVX-512 kernels win up to 256 rows;
-     * the AVX2 kernel wins at decode batches (1.0-1.17x at 2-64 rows) and
-     * loses at prefills (0.95x at 256); the portable C kernel (multiply,
-     * then add) ran at 0.06-0.10x. */
+    /* Against OpenBLAS on a decode step's shapes (docs/benchmarks.md): the
+     * AVX-512 kernels win up to 256 rows; the AVX2 kernel wins at decode
+     * batches (up to AVX2_ROWS_ rows) and loses at prefills; the portable
+     * C kernel (multiply, then add) is far behind. */
     const int mode = zdp_nn_gemm_mode();
     if (mode != 1) return mode == 2;
     return isa_() == 2 || (isa_() == 1 && M <= AVX2_ROWS_);
@@ -259,8 +257,8 @@ __attribute__((target("avx512f"))) static void kernel_avx512_(int64_t mr, int64_
 
 /* Three panels at once, up to MR512_ rows: 24 accumulators, 3 panel loads
  * and 8 broadcasts per 24 fused multiply-adds (the 2-panel kernel's 10 loads
- * per 16 held it near 80 GFLOP/s in L1 on this machine's AVX-512 core; 3
- * panels ran 92-99, and 6 rows x 4 panels 91-96, with a 16-column panel kept).
+ * per 16 fused multiply-adds bound it by the loads; 6 rows x 4 panels gains
+ * nothing over 3 panels, with a 16-column panel kept).
  * ncols[q]: the columns of panel q that exist (<= NR_).
  *
  * nb[q], nrows: the panel block after this one (packed_range_: the same
@@ -269,13 +267,11 @@ __attribute__((target("avx512f"))) static void kernel_avx512_(int64_t mr, int64_
  * lines spread evenly over all of its kc steps (a line every 1.3 steps at
  * 32 rows).  Spread so, the weights stream from memory at an even rate
  * through all the row blocks and steps (three lines a step over the first
- * share steps, then none, queued the fetches in bursts behind L1's miss
- * buffers: spread evenly, with K blocks of 256, K 384 products ran 1.1-1.2x,
- * streaming); a fetch PF_ rows ahead in the first
- * row block alone (as the 2-panel kernel does) asked for the stream in
- * bursts at the rate the first row block consumes it, past what one core
- * reads from memory on Zen 5, while the other row blocks read none (SmolLM2's
- * products, streaming their weights, ran at 0.8x the same products in cache). */
+ * share steps, then none, would queue the fetches in bursts behind L1's
+ * miss buffers); a fetch PF_ rows ahead in the first row block alone (as
+ * the 2-panel kernel does) would ask for the stream in bursts at the rate
+ * the first row block consumes it, past what one core reads from memory,
+ * while the other row blocks read none. */
 #define K3_STEP_(k, rows)                                                                    \
     do {                                                                                     \
         __m512 b_[3];                                                                        \
@@ -384,8 +380,9 @@ static void packed_range_(void *ctx, int64_t lo, int64_t hi) {
                     int64_t nrows = 0;
                     const int spread = M > MR512_ && M <= SPREAD_ROWS_;
                     if (!spread) { /* PF_ rows ahead, in the first row block */
-                        /* (one row block: a whole block ahead ran 0.85-0.9x at 8 rows;
-                         * a prefill's 128-row blocks: spread ran 0.9x on gpt-m P 256) */
+                        /* (one row block: a whole block ahead is fetched too
+                         * early; a prefill's 128-row blocks consume the
+                         * stream fast enough without the spread) */
                         for (int q = 0; q < 3; q++) nb[q] = b + q * j->K * NR_ + PF_ * NR_;
                         nrows = kc;
                     } else if (k0 + kc < j->K) {

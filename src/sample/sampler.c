@@ -7,9 +7,9 @@
  * running one.  A sequence draws from its own splitmix64 stream, so what it
  * samples does not depend on which others share its passes.  A sequence
  * with a LoRA adapter binds it to its slot; each pass lists its slots
- * grouped by adapter, so kv.c runs each adapter's products once over all
- * of its rows.  Not here: the
- * model math (kv.c), dividing sequences across ranks (the callers).
+ * grouped by adapter, so decode.c runs each adapter's products once over
+ * all of its rows.  Not here: the pass over the cache (decode.c, the
+ * model's decode step), dividing sequences across ranks (the callers).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -95,8 +95,8 @@ zdp_status zdp_topk_logprobs(const float *logits, int V, int k, int32_t *ids, fl
 /* *kth = the k-th largest of logits (V), 1 <= k < V: the logit a sort by
  * logit descending puts in place k - 1.  A k-entry min-heap in one pass,
  * O(V log k) and most tokens rejected by one compare, where sorting all V
- * (49,152 for Llama 3's and SmolLM2's vocabularies) took milliseconds per
- * row and step. */
+ * (tens of thousands of tokens in a Llama-family vocabulary) takes
+ * milliseconds per row and step. */
 static bool kth_logit_(const float *logits, int V, int k, float *kth) {
     ranked_ stack_heap[64] = {{0}}; /* (zeroed: GCC cannot see that k >= 1) */
     ranked_ *a = k <= 64 ? stack_heap : malloc((size_t)k * sizeof *a);
@@ -485,7 +485,7 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
             }
         }
         if (need == 0) break;
-        /* Each adapter's rows together: one run per adapter in kv.c. */
+        /* Each adapter's rows together: one run per adapter in decode.c. */
         int n_live = 0;
         for (int b = 0; b < batch; b++)
             if (slot_seq[b] >= 0)
@@ -555,7 +555,7 @@ zdp_status zdp_generate(const zdp_model *model, const float *const *params, zdp_
         sts.passes++;
         /* Walk the logits in row order: each slot's last wanted row samples
          * (a shared prefill: its source's row, and its keys and values, read
-         * in place: kv.c attends over them once for the group's rows). */
+         * in place: decode.c attends over them once for the group's rows). */
         const float *lg = logits;
         for (int k = 0; k < n_live; k++) {
             const int b = order[k].slot;

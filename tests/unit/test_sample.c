@@ -112,7 +112,7 @@ static void test_logits_match_full_forward(void **state) {
     }
 }
 
-/* A prompt's rows attend as products, in blocks of 64 query rows (kv.c,
+/* A prompt's rows attend as products, in blocks of 64 query rows (decode.c,
  * runs of >= 16 rows of one slot at consecutive positions): in one pass,
  * slot 0's 70-row prompt (two blocks, the second of 6 rows), slot 2's
  * 20-row prompt and slot 1's 3 rows (short: one by one); then 20 more rows
@@ -385,7 +385,7 @@ static void test_shared_prompt(void **state) {
 }
 
 /* GQA: the cache holds KV heads only (Qwen3 here: 1 KV head of 4). */
-/* Decode attention's AVX-512 scores (kv.c's scores512_: head_dim a
+/* Decode attention's AVX-512 scores (kv_attention.c's row_scores_avx512_: head_dim a
  * multiple of 16, blocks of 16 positions) against the one-position dot
  * products (packed path 1, whose products round as path 2's: FMA chains in
  * k order): the same logits bit for bit, and the full forward's within
@@ -435,7 +435,7 @@ static void test_decode_scores_paths(void **state) {
             zdp_kv_cache *kv;
             assert_int_equal(zdp_kv_create(&m, 3, BLK, &kv, &err), ZDP_OK);
             /* The prompts in passes of at most 15 rows, so that their rows
-             * attend one by one too (runs of 16 go to prompt_block_, whose
+             * attend one by one too (runs of 16 go to zdp_nn_kv_attend_prompt_block, whose
              * products are its own AVX-512 kernels on path 2 and
              * cblas_sgemm on path 1: different roundings). */
             for (int i = 0; i < 3; i++)
@@ -481,7 +481,7 @@ static void test_decode_scores_paths(void **state) {
     zdp_nn_gemm_use_mode(mode);
 }
 
-/* Decode attention's weighted values (kv.c's wsum_) on each path: AVX-512
+/* Decode attention's weighted values (kv_attention.c's weigh_values_) on each path: AVX-512
  * (2), AVX2+FMA (1) and portable C (0), each lane one fused multiply-add
  * per position in order, so the same bits.  One row per pass, so every
  * product is cblas_sgemv's on each path (a batch's packed products round
@@ -546,7 +546,7 @@ static void test_decode_values_paths(void **state) {
 /* A prompt shared in place (zdp_kv_share_slot) against the same prompt
  * copied (zdp_kv_copy_slot), on two caches fed the same rows: every logit
  * bit for bit.  Slots 0-2 share a 70-position prompt (past a 64-position
- * block of kv.c's grouped values), 3-4 a 21-position one, 5 has its own;
+ * block of kv_attention.c's grouped values), 3-4 a 21-position one, 5 has its own;
  * 20 decode steps of all six with different tokens; at step 8 the shared
  * slot 0 is cleared (its prompt moves to a sharer) and takes a new 9-token
  * prompt, at step 12 slot 5 becomes a copy of sharer 1.  A GQA Llama (3
