@@ -122,13 +122,6 @@ static zdp_status create_(const zdp_config *cfg, const zdp_model *model,
                            "config was derived for world size %d but the job has %d ranks; load "
                            "it with zdp_config_load_file(path, zdp_dist_world_size(), ...)",
                            cfg->world_size, world);
-    /* A LoRA model's base must be partitioned too at stage 3: it says
-     * what its base is (zdp_frozen). */
-    if (cfg->zero.stage == 3 && zdp_lora_config_of(model) != NULL && model->frozen == NULL)
-        return zdp_err_set(err, ZDP_ERR_CONFIG,
-                           "zero_optimization.stage = 3: this LoRA model does not expose its "
-                           "base weights (zdp_model.frozen), so they cannot be partitioned; "
-                           "create it with zdp_lora_create, or use stage 0, 1 or 2");
 
     zdp_engine *e = calloc(1, sizeof *e);
     if (e == NULL) return zdp_err_set(err, ZDP_ERR_NOMEM, "engine: out of memory");
