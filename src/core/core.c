@@ -5,6 +5,7 @@
 #define _DEFAULT_SOURCE /* madvise */
 
 #include "core.h"
+#include "zdp/engine.h" /* zdp_collective_name is defined here, for comm and the engine */
 
 #include <errno.h>
 #include <math.h>

@@ -9,7 +9,7 @@
 #ifndef ZDP_CORE_H
 #define ZDP_CORE_H
 
-#include "zdp/zdp.h"
+#include "zdp/core.h"
 
 #include <stdarg.h>
 

@@ -9,7 +9,7 @@
 
 #include <jansson.h>
 
-#include "zdp/zdp.h"
+#include "zdp/core.h"
 
 /* What a JSON value is, with its article, for messages such as
  * "expected an integer, got a string": "an object", "an array", "a string",

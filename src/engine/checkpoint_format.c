@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "checkpoint_format.h"
+#include "zdp/dist.h"
 
 #define FNV_BASIS_ 0xcbf29ce484222325ULL
 #define FNV_PRIME_ 0x100000001b3ULL

@@ -10,6 +10,7 @@
 #include <jansson.h>
 
 #include "../core/core.h"
+#include "zdp/io.h"
 
 #define ZDP_CKPT_FORMAT_NAME "zdp-checkpoint"
 #define ZDP_CKPT_FORMAT_VERSION 2

@@ -5,7 +5,7 @@
 #ifndef ZDP_ENGINE_H
 #define ZDP_ENGINE_H
 
-#include "zdp/zdp.h"
+#include "zdp/engine.h"
 
 /* A grad sink that hands out caller-owned buffers (grads[i] for tensor i),
  * with no engine behind it: for checking a model's gradients in a single

@@ -37,6 +37,7 @@
 #include "adapter.h"
 #include "decode.h"
 #include "lm.h"
+#include "zdp/gpt.h"
 
 /* Offsets of one layer's tensors from its first (registration order). */
 enum {

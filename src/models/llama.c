@@ -41,6 +41,7 @@
 #include "adapter.h"
 #include "decode.h"
 #include "lm.h"
+#include "zdp/llama.h"
 
 #define NAME_MAX_ 64
 #define EMBED_ 0

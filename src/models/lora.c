@@ -21,6 +21,7 @@
 #include "../core/core.h"
 #include "../nn/nn.h"
 #include "adapter.h"
+#include "zdp/gpt.h"
 
 #define NAME_MAX_ (ZDP_ADAPTER_MODULE_MAX + 48)
 

@@ -17,6 +17,7 @@
 
 #include "../core/core.h"
 #include "../nn/nn.h"
+#include "zdp/model.h"
 
 typedef struct mlp {
     int H, L;

@@ -26,7 +26,7 @@
  * the sum).
  *
  * From tools/zdp/: #include "../../src/models/policy_loss.h" (this header
- * needs only zdp/zdp.h, which every target linking zdp can include).
+ * needs only zdp/model.h, which every target linking zdp can include).
  */
 #ifndef ZDP_POLICY_LOSS_H
 #define ZDP_POLICY_LOSS_H
@@ -34,7 +34,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "zdp/zdp.h"
+#include "zdp/model.h"
 
 typedef enum zdp_loss_kind {
     ZDP_LOSS_CROSS_ENTROPY,

@@ -14,6 +14,7 @@
  * CUDA kernel does, so results match DeepSpeed to the last few bits.
  */
 #include "optim.h"
+#include "zdp/config.h"
 
 #include <math.h>
 #include <stdatomic.h>

@@ -10,6 +10,7 @@
 #define ZDP_OPTIM_H
 
 #include "../core/core.h"
+#include "zdp/config.h"
 
 typedef struct zdp_optim {
     zdp_optimizer_config cfg;

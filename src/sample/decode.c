@@ -33,7 +33,7 @@
 #include "../nn/kv_attention.h"
 #include "../nn/nn.h"
 #include "kv_impl.h"
-#include "zdp/zdp.h"
+#include "zdp/sample.h"
 
 /* Passes of 2..PACK_ROWS_ rows go to the packed kernels; longer ones (a
  * batch of prompts' prefill) to training's linear (zdp_nn_linear_forward:

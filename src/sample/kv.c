@@ -22,7 +22,9 @@
 #include "../nn/kv_attention.h"
 #include "../nn/nn.h"
 #include "kv_impl.h"
-#include "zdp/zdp.h"
+#include "zdp/sample.h"
+#include "zdp/gpt.h"
+#include "zdp/llama.h"
 
 /* ---- the store of packed weight copies ---- */
 

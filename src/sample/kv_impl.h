@@ -11,7 +11,8 @@
 #include <stdint.h>
 
 #include "../models/adapter.h"
-#include "zdp/zdp.h"
+#include "zdp/model.h"
+#include "zdp/sample.h"
 
 /* The lone rows of a pass over one shared prompt: rows group_rows[first ..
  * first + n_rows), in row order, whose slots read the first prompt_len

@@ -21,7 +21,7 @@
 
 #include "../core/core.h"
 #include "../models/adapter.h"
-#include "zdp/zdp.h"
+#include "zdp/sample.h"
 
 typedef struct ranked_ {
     float logit;
