@@ -629,7 +629,8 @@ static void test_save_result_encodings(void **state) {
     j->saved = serve_save_result_copy(&done);
     assert_non_null(j->saved);
     pthread_mutex_lock(&s->mu);
-    tinker_finish_locked(s, j, 200, NULL);
+    j->status = 200;
+    tinker_finish_locked(s, j);
     pthread_mutex_unlock(&s->mu);
     future *f = future_(s, atoi(tk.id + 4));
     assert_non_null(f);

@@ -422,9 +422,24 @@ static const sampling_session *find_sampler_(const tinker_state *t, const char *
     return NULL;
 }
 
-/* A job's (status, body) -> its future's result, in the SDK's shapes. */
-void tinker_finish_locked(server *s, job *j, int status, char *body) {
+/* Moves a finished job's typed result onto its future and frees the job. */
+static void keep_typed_(job *j) {
+    future *f = j->fut;
+    if (j->fwd != NULL) f->fwd = j->fwd, j->fwd = NULL;
+    if (j->sample != NULL) f->samp = j->sample, j->sample = NULL;
+    if (j->saved != NULL) f->saved = j->saved, j->saved = NULL;
+    f->done = true;
+    f->done_at = serve_now();
+    j->fut = NULL;
+    serve_job_free(j);
+}
+
+/* A job's outcome -> its future's result, in the SDK's shapes: a failure's
+ * message as RequestFailedError, a ForwardBackwardOutput, SampleResponse or
+ * save kept typed until a poll encodes it, the others as JSON now. */
+void tinker_finish_locked(server *s, job *j) {
     char *result = NULL;
+    const int status = j->status;
     if (j->op == OP_CREATE && status != 200) {
         /* Refused on every rank (nothing was made): the model never lived,
          * and what was queued behind it is refused at its turn. */
@@ -436,49 +451,25 @@ void tinker_finish_locked(server *s, job *j, int status, char *body) {
             fail_held_(s, m, "user", "the model's create_model failed");
         }
     }
-    if ((j->op == OP_CREATE || j->op == OP_UNLOAD) && status == 200) {
-        result = body; /* CreateModelResponse, UnloadModelResponse */
-        body = NULL;
-    } else if (status != 200) {
-        json_t *o = body ? json_loads(body, 0, NULL) : NULL;
-        const char *msg = json_string_value(json_object_get(json_object_get(o, "error"), "message"));
-        result = failure_(status >= 500 ? "server" : "user", "%s", msg ? msg : "request failed");
-        json_decref(o);
+    if (status != 200) {
+        char msg[1200];
+        snprintf(msg, sizeof msg, "%s", j->err_msg[0] != '\0' ? j->err_msg : "request failed");
+        serve_utf8_fix(msg);
+        result = failure_(status >= 500 ? "server" : "user", "%s", msg);
+    } else if (j->op == OP_CREATE) { /* CreateModelResponse: the model_id the payload carries */
+        result = serve_dump(json_pack("{s:s,s:s}", "model_id", (const char *)j->payload + sizeof(create_payload),
+                                      "type", "create_model"));
+    } else if (j->op == OP_UNLOAD) { /* UnloadModelResponse */
+        result = serve_dump(json_pack("{s:s}", "type", "unload_model"));
     } else if ((j->op == OP_FWDBWD || j->op == OP_FORWARD) && j->fwd != NULL) {
-        /* Kept typed: the poll encodes it in the format it asks for. */
-        j->fut->fwd = j->fwd;
-        j->fwd = NULL;
-        j->fut->done = true;
-        j->fut->done_at = serve_now();
-        j->fut = NULL;
-        free(body);
-        serve_job_free(j);
+        keep_typed_(j); /* the poll encodes it in the format it asks for */
         return;
-    } else if (j->op == OP_FWDBWD || j->op == OP_FORWARD) {
-        result = body; /* not expected: a result without its typed form */
-        body = NULL;
     } else if (j->op == OP_OPTIM && j->has_optim) {
         /* OptimStepResponse is {"metrics": {...}}: zdp's extra fields left out. */
         result = serve_optim_result_json(&j->optim, true);
-    } else if (j->op == OP_OPTIM) {
-        /* Not expected: a result without its typed form. */
-        json_t *o = json_loads(body, 0, NULL);
-        json_t *m = json_object_get(o, "metrics");
-        result = serve_dump(json_pack("{s:O}", "metrics", m ? m : json_object()));
-        json_decref(o);
     } else if (j->op == OP_SAMPLE_FILE && j->sample != NULL) {
-        /* Kept typed, like a ForwardBackwardOutput. */
-        j->fut->samp = j->sample;
-        j->sample = NULL;
-        j->fut->done = true;
-        j->fut->done_at = serve_now();
-        j->fut = NULL;
-        free(body);
-        serve_job_free(j);
+        keep_typed_(j); /* like a ForwardBackwardOutput */
         return;
-    } else if (j->op == OP_SAMPLE_FILE) {
-        result = body; /* not expected: a result without its typed form */
-        body = NULL;
     } else if (j->saved != NULL) {
         /* A save or load, kept typed until a poll encodes it.
          * save_weights_for_sampler without a name opens a sampling session on
@@ -492,19 +483,12 @@ void tinker_finish_locked(server *s, job *j, int status, char *body) {
             r->name = j->tinker_path;
             r->session = j->sampling_session;
             j->tinker_path = j->sampling_session = NULL;
-            j->saved = NULL;
-            j->fut->saved = r;
-            j->fut->done = true;
-            j->fut->done_at = serve_now();
-            j->fut = NULL;
-            free(body);
-            serve_job_free(j);
+            keep_typed_(j);
             return;
         }
     } else {
         result = failure_("server", "%s finished without its result (a bug in zdp)", serve_ops[j->op].name);
     }
-    free(body);
     if (result == NULL) result = failure_("server", "out of memory");
     complete_(j->fut, result);
     j->fut = NULL;

@@ -98,9 +98,9 @@ void tinker_destroy(tinker_state *t);
 /* The handler for every path under /api/v1/ (sub: the rest of the path). */
 enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *sub,
                               const char *method, const char *body, size_t len);
-/* Main thread, s->mu held: a Tinker job finished with (status, body); the
- * job is freed here. */
-void tinker_finish_locked(server *s, job *j, int status, char *body);
+/* Main thread, s->mu held: a Tinker job finished (its outcome in j) -> its
+ * future's result; the job is freed here. */
+void tinker_finish_locked(server *s, job *j);
 /* Main thread, s->mu held: releases seq_ids held back longer than the gap
  * timeout; returns true if it queued anything. */
 bool tinker_tick_locked(server *s);
