@@ -68,15 +68,15 @@ bool serve_parse_optim(const json_t *ap, const char *where, bool tinker_defaults
             if (!json_is_number(v))
                 return serve_bad(e, 400, field, "%s: must be a number, got %s", field, zdp_json_type_name(v));
             double x = json_number_value(v);
-            /* The library's ranges for a remote client (docs/server.md,
-             * "Threat model"), checked on this field alone: the others hold
-             * valid stand-ins. */
+            /* The library's ranges with the server's caps for a remote
+             * client (docs/server.md, "Threat model"), checked on this field
+             * alone: the others hold valid stand-ins. */
             zdp_hparams probe = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
             double *dst[N_ADAM] = {&probe.lr, &probe.beta1, &probe.beta2, &probe.eps, &probe.weight_decay,
                                    &probe.gradient_clipping};
             *dst[k] = x;
             zdp_error herr;
-            if (zdp_hparams_check_from(&probe, ZDP_HPARAMS_FROM_CLIENT, &herr) != ZDP_OK)
+            if (zdp_hparams_check_capped(&probe, SERVE_CLIENT_LR_MAX, SERVE_CLIENT_CLIP_MAX, &herr) != ZDP_OK)
                 return serve_bad(e, 400, field, "%s: %s", field, herr.msg);
             p.has[k] = 1;
             p.value[k] = x;

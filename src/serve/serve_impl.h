@@ -1,11 +1,21 @@
 /*
  * serve_impl.h -- internal header of src/serve/: what the module's files
- * share.  request.c (JSON helpers, paths, validation into payloads),
- * exec.c (a request on the engine, every rank; the op table), queue.c (the
- * FIFO, the leader and worker loops, signals, the health check), http.c
- * (libmicrohttpd: guards, body budget, watchdog, /healthz, dispatch),
- * plain_api.c (the plain JSON endpoints), server.c (start-up), and the
- * protocols registered through serve_protocol (tinker/).
+ * share.  The layers call one way, down:
+ *   wire   http.c (libmicrohttpd: guards, body budget, watchdog, /healthz,
+ *          dispatch), plain_api.c and plain_info.c (the plain JSON API),
+ *          and the protocols registered through serve_protocol (tinker/);
+ *   job    parse.c and parse_fwd.c (a body into a job's payload), paths.c
+ *          (the paths a client may name), job.c (payload layouts and their
+ *          typed views, a job's outcome), results.c (the typed results)
+ *          and results_json.c (their JSON, and error bodies);
+ *   queue  queue.c (the FIFO, the leader and worker loops, signals, the
+ *          health check);
+ *   exec   exec.c (the op table, forward/backward, optim_step, create and
+ *          unload), exec_ckpt.c, exec_sample.c with sampling.c,
+ *          exec_info.c, and weights.c (views, whole copies, slots): engine
+ *          calls only, each op's outcome left typed in its job.
+ * server.c starts and stops it all; util.c, bytes.c and fwd_input.c are
+ * helpers any layer uses.
  */
 #ifndef ZDP_SERVE_IMPL_H
 #define ZDP_SERVE_IMPL_H
@@ -102,6 +112,14 @@ typedef struct create_payload {
     double alpha;
     uint64_t seed;
 } create_payload;
+
+/* Server policy (docs/server.md, "Threat model"): a remote client's
+ * optim_step is held to tighter caps than a program's ranges
+ * (zdp_hparams_check_capped): an lr above SERVE_CLIENT_LR_MAX or a clipping
+ * norm above SERVE_CLIENT_CLIP_MAX from the network is a typo or an attack,
+ * never a recipe.  The other fields keep the library's ranges. */
+#define SERVE_CLIENT_LR_MAX 10.0
+#define SERVE_CLIENT_CLIP_MAX 1e30
 
 /* Optimizer hyperparameters of an optim_step, in zdp_hparams' order. */
 #define N_ADAM 6
@@ -249,8 +267,8 @@ typedef struct serve_info_result {
 } serve_info_result;
 void serve_info_result_free(serve_info_result *r); /* NULL is a no-op */
 
-/* Typed views of a job's payload (request.c lays each one out and alone
- * reads it back): pointers into j->payload, valid while the job lives.
+/* Typed views of a job's payload (the parsers lay each one out, job.c
+ * alone reads it back): pointers into j->payload, valid while the job lives.
  * false when the payload does not have the op's layout (a bug in zdp). */
 typedef struct serve_fwd_req {
     fwd_header h;             /* h.n datums, the loss and its options */
@@ -282,7 +300,7 @@ bool serve_sample_file_req_view(const struct job *j, serve_sample_file_req *out)
 
 struct future; /* a protocol's (tinker/): the core only passes it back */
 
-/* One validated request.  payload is what every rank receives (request.c
+/* One validated request.  payload is what every rank receives (job.c
  * documents each op's layout). */
 typedef struct job {
     int op;
@@ -408,7 +426,7 @@ typedef struct server {
      * same-prompt sequence instead. */
     int64_t rows_prefill, rows_decode, rows_shared;
     /* every rank, main thread only: the weights packed for batched decode
-     * steps, shared by every sampling request (sampler.c), and the
+     * steps, shared by every sampling request (sampling.c), and the
      * generation that keys them: serve_exec bumps it before every request
      * that may write weights, serve_free_snapshot when the sampler weights
      * go, so a packed copy is never used after its weights changed. */

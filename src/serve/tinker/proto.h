@@ -6,7 +6,7 @@
  * A hand-written codec for the messages of tinker_public.proto that zdp serve
  * needs, and nothing else.  A request is decoded straight into the typed
  * request the JSON path also produces (serve_fwd_in, fwd_input.h), and
- * request.c's serve_fwd_build checks its content for both (one set of
+ * parse_fwd.c's serve_fwd_build checks its content for both (one set of
  * checks, each message naming the JSON path); the codec refuses only what is
  * not well-formed protobuf.  Numbers keep their values: a NaN weight is NaN
  * until the check that refuses it.  The encoders depend on jansson only for
