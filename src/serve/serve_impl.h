@@ -43,7 +43,7 @@
 
 /* The op table: every request kind the queue runs.  X(NAME, name, exec,
  * all_ranks): OP_NAME; the name GET /info's "requests" and /healthz use; the
- * function that runs it (exec.c; NULL: never executed); whether every rank
+ * function that runs it (the exec files; NULL: never executed); whether every rank
  * runs it (else rank 0 alone, nothing broadcast).  The enum, the dispatch
  * (serve_ops[]) and the per-op stats come from this one list. */
 #define SERVE_OP_MAP(X)                                                                                 \
