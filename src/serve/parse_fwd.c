@@ -1,7 +1,7 @@
 /*
  * parse_fwd.c -- a forward/forward_backward request, checked once, in two
  * steps: its JSON is decoded into the typed request of fwd_input.h (only
- * JSON's own checks: types, unknown keys), which tinker/proto.c also decodes
+ * JSON's own checks: types, unknown keys), which tinker/proto_decode.c also decodes
  * protobuf into, and serve_fwd_build checks the content of either (one set
  * of checks and messages) and lays out the job's payload (job.c reads it
  * back).  Nothing here touches the engine or MPI.

@@ -4,7 +4,7 @@
  * API sends it, which Tinker's JSON polls share where their shapes are the
  * same (ForwardBackwardOutput, SampleResponse, OptimStepResponse's
  * metrics).  Tinker's own shapes (a save's tinker:// path, its failures)
- * are in tinker/; protobuf is tinker/proto.c's.
+ * are in tinker/; protobuf is tinker/proto_encode.c's.
  */
 #include <math.h>
 #include <stdio.h>

@@ -152,7 +152,7 @@ typedef struct optim_payload {
 
 /* The result of a forward/forward_backward, typed until a reply encodes it
  * once, in the format asked for: JSON (serve_fwd_result_json: the plain API,
- * Tinker's JSON polls) or protobuf (tinker/proto.c, SDK 0.25's polls). */
+ * Tinker's JSON polls) or protobuf (tinker/proto_encode.c, SDK 0.25's polls). */
 typedef struct serve_fwd_result {
     int64_t n;          /* datums */
     int64_t *off;       /* (n + 1): datum i's tokens are [off[i], off[i + 1]) */
@@ -168,7 +168,7 @@ serve_fwd_result *serve_fwd_result_copy(const serve_fwd_result *r);
 void serve_fwd_result_free(serve_fwd_result *r); /* NULL is a no-op */
 
 /* The result of a sample (POST /sample) or an asample (Tinker's), typed the
- * same way: JSON (serve_sample_result_json) or protobuf (tinker/proto.c's
+ * same way: JSON (serve_sample_result_json) or protobuf (tinker/proto_encode.c's
  * serve_proto_encode_sample_typed, a SampleResponse). */
 typedef struct serve_sample_result {
     int64_t n;          /* sequences */

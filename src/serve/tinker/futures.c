@@ -9,7 +9,7 @@
  * spin.  A finished job's outcome goes onto its future
  * (tinker_finish_locked), typed where a poll may want protobuf, and is
  * encoded once, as the poll asks: a ForwardBackwardOutput or SampleResponse
- * as protobuf (tinker/proto.c) when the request came as protobuf or is a
+ * as protobuf (tinker/proto_encode.c) when the request came as protobuf or is a
  * sample and the poll's Accept names it, else JSON.  Also the replies every
  * Tinker endpoint shares (JSON, errors, failures).
  * Everything runs on rank 0; futures are under s->mu.

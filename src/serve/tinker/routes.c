@@ -2,7 +2,7 @@
  * tinker/routes.c -- the Tinker SDK's endpoints under /api/v1/
  * (docs/tinker-protocol.md): the route tables and each endpoint's handler.
  * A handler decodes the body once (JSON, or for SDK 0.25's forward_backward
- * protobuf: tinker/proto.c), hands a training verb to submit.c and answers
+ * protobuf: tinker/proto_decode.c), hands a training verb to submit.c and answers
  * with its future, or answers directly.
  *
  * Protobuf (SDK 0.25).  0.25 posts every forward_backward -- and forward, as

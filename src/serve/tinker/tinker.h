@@ -2,7 +2,7 @@
  * tinker.h -- internal to src/serve/tinker/ (and the C tests in
  * tests/serve/): the Tinker SDK's wire protocol (docs/tinker-protocol.md) on
  * top of `zdp serve`: JSON for SDK 0.18-0.24, and for SDK 0.25 the protobuf
- * forward_backward (tinker/proto.c).  The core reaches it only through the
+ * forward_backward (tinker/proto.h).  The core reaches it only through the
  * serve_protocol that serve_register_tinker fills in.  Everything runs on
  * rank 0 under s->mu, in the HTTP connection threads (and in the main
  * thread for tinker_finish_locked / tinker_tick_locked).
@@ -10,8 +10,8 @@
  * Files: routes.c (the endpoints), submit.c (a request into a job, its
  * seq_id and its future), futures.c (futures, what a finished job leaves on
  * one, retrieve_future and the replies), sessions.c (sessions, models,
- * seq_id order, sampling sessions), runs.c (training runs and checkpoints on disk), proto.c
- * (the protobuf codec).
+ * seq_id order, sampling sessions), runs.c (training runs and checkpoints on
+ * disk), proto_decode.c and proto_encode.c (the protobuf codec).
  */
 #ifndef ZDP_SERVE_TINKER_H
 #define ZDP_SERVE_TINKER_H
