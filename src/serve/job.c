@@ -26,13 +26,14 @@ const char *const serve_adam_keys[N_ADAM] = {"learning_rate", "beta1", "beta2", 
 
 void serve_job_clear(job *j) {
     free(j->payload);
+    free(j->body);
     free(j->tinker_path);
     free(j->sampling_session);
     serve_fwd_result_free(j->fwd);
     serve_sample_result_free(j->sample);
     serve_save_result_free(j->saved);
     serve_info_result_free(j->info);
-    j->payload = NULL, j->tinker_path = j->sampling_session = NULL;
+    j->payload = NULL, j->body = NULL, j->tinker_path = j->sampling_session = NULL;
     j->fwd = NULL, j->sample = NULL, j->saved = NULL, j->info = NULL;
 }
 

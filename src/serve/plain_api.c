@@ -2,8 +2,9 @@
  * plain_api.c -- the plain JSON endpoints (docs/server.md): POST
  * /forward_backward /forward /optim_step /save_weights /save_state
  * /load_state /sample, GET /info /healthz.  A connection thread validates the
- * whole body (parse.c, parse_fwd.c), queues the job, waits for it to run and
- * encodes its outcome as JSON (results_json.c, plain_info.c).
+ * whole body (parse.c, parse_fwd.c), queues the job and waits for its reply:
+ * its outcome encoded as JSON (results_json.c, plain_info.c) by encode_,
+ * which the main thread runs as the job finishes.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -29,7 +30,8 @@ static const route routes_[] = {
 #define N_ROUTES ((int)(sizeof routes_ / sizeof routes_[0]))
 
 /* A finished job's reply, the one encoding of its outcome: the error body,
- * or its typed result as JSON.  NULL when out of memory. */
+ * or its typed result as JSON.  NULL when out of memory.  The queue runs it
+ * on the main thread as the job finishes (job.encode). */
 static char *encode_(server *s, const job *j) {
     if (j->status != 200) return serve_job_error_json(j);
     switch (j->op) {
@@ -55,7 +57,8 @@ static enum MHD_Result run_job_(server *s, struct MHD_Connection *c, job *j) {
     while (!j->done) pthread_cond_wait(&s->cv_done, &s->mu);
     pthread_mutex_unlock(&s->mu);
     const int status = j->status;
-    char *body = encode_(s, j);
+    char *body = j->body;
+    j->body = NULL;
     serve_job_free(j);
     return serve_reply(c, status, body);
 }
@@ -91,6 +94,7 @@ enum MHD_Result serve_plain_handle(server *s, struct MHD_Connection *c, const ch
     job *j = calloc(1, sizeof *j);
     if (j == NULL) return serve_reply_error(c, 500, NULL, "out of memory");
     j->op = rt->op;
+    j->encode = encode_;
     j->slot = 0;
     j->uid = s->slots[0].uid; /* --full-finetune: the one model */
     if (rt->op == OP_INFO) return run_job_(s, c, j);

@@ -2,7 +2,7 @@
  * plain_info.c -- GET /info's JSON (docs/server.md): the served model, the
  * server's mode and limits, and the numbers exec_info.c gathered from the
  * ranks (memory rows per rank, every live model, the requests so far).
- * Runs in the connection thread once the job is done.
+ * Runs on the main thread as the job finishes (plain_api.c's encode_).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>

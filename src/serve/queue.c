@@ -209,7 +209,7 @@ static void ping_(server *s) {
 }
 
 /* A job's outcome goes to its Tinker future, or the job is freed
- * (detached), or the waiting connection encodes it (s->mu held). */
+ * (detached), or its reply to the waiting connection (s->mu held). */
 static void finish_(server *s, job *q) {
     if (q->fut != NULL) {
         s->proto.finish(s, q);
@@ -220,15 +220,23 @@ static void finish_(server *s, job *q) {
     }
 }
 
+/* A job refused or cut off as the server stops: its outcome, and its reply
+ * for a wire format that encodes one. */
+static void fail_(server *s, job *q, int status, const char *why) {
+    serve_job_fail(q, status, NULL, why);
+    free(q->body);
+    q->body = q->encode != NULL ? q->encode(s, q) : NULL;
+}
+
 void serve_fail_jobs(server *s, int status, const char *why) {
     s->closed = true;
     for (job *q = s->head, *next; q != NULL; q = next) {
         next = q->next;
-        serve_job_fail(q, status, NULL, why);
+        fail_(s, q, status, why);
         finish_(s, q);
     }
     for (int k = 0; k < s->n_running; k++) {
-        serve_job_fail(s->running[k], status, NULL, why);
+        fail_(s, s->running[k], status, why);
         finish_(s, s->running[k]);
     }
     s->n_running = 0;
@@ -312,6 +320,8 @@ void serve_leader_loop(server *s) {
         } else {
             serve_exec_sample_batch(s, batch, nb);
         }
+        for (int k = 0; k < nb; k++)
+            if (batch[k]->encode != NULL) batch[k]->body = batch[k]->encode(s, batch[k]);
         const double t1 = serve_now();
         last_busy = t1;
         pthread_mutex_lock(&s->mu);

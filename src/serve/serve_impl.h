@@ -332,6 +332,12 @@ typedef struct job {
     bool has_optim; /* an optim_step: its result is optim */
     serve_optim_result optim;
     struct serve_info_result *info;
+    /* The wire format's encoder of the outcome, which the queue runs on rank
+     * 0's main thread right after the op (so that its time counts as the
+     * request's, in GET /info and /healthz) into body; NULL: the protocol's
+     * finish hook takes the typed outcome instead. */
+    char *(*encode)(struct server *s, const struct job *j);
+    char *body;
     bool done;
     /* Nobody waits for it (a protocol's own job, e.g. an expired
      * checkpoint's delete): the main thread frees it once run. */
