@@ -176,25 +176,16 @@ typedef struct zdp_hparams {
 #define ZDP_HPARAM_EPS_MAX 1.0
 #define ZDP_HPARAM_WEIGHT_DECAY_MAX 10.0
 #define ZDP_HPARAM_STEPS_MAX 1e12
-/* A remote client of a server (`zdp serve`'s optim_step, docs/server.md)
- * is held to tighter caps on top of those ranges: an lr above
- * ZDP_HPARAM_CLIENT_LR_MAX or a clipping norm above
- * ZDP_HPARAM_CLIENT_CLIP_MAX from the network is a typo or an attack,
- * never a recipe.  The other fields keep the ranges above. */
-#define ZDP_HPARAM_CLIENT_LR_MAX 10.0
-#define ZDP_HPARAM_CLIENT_CLIP_MAX 1e30
-/* Whose values zdp_hparams_check_from checks. */
-typedef enum zdp_hparams_from {
-    ZDP_HPARAMS_FROM_PROGRAM, /* a config or the program: the ranges above */
-    ZDP_HPARAMS_FROM_CLIENT,  /* a server's client: the client caps too */
-} zdp_hparams_from;
-/* Checks every field of *h against the ranges for `from`, without an
- * engine (a server validates a request with it before anything is
- * applied).  Pure: no state, no allocation.  ZDP_ERR_INVALID_ARG naming the
- * first bad field, its value and the range.  The one place the bounds are
- * applied; zdp_hparams_check is FROM_PROGRAM. */
-ZDP_API zdp_status zdp_hparams_check_from(const zdp_hparams *h, zdp_hparams_from from,
-                                          zdp_error *err);
+/* Checks every field of *h against the ranges above, without an engine (a
+ * caller validates values it was sent before anything is applied), with two
+ * tighter caps of the caller's own on top: lr at most lr_max and
+ * gradient_clipping at most clip_max (HUGE_VAL: finite is enough); a cap
+ * looser than the range's bound changes nothing.  Pure: no state, no
+ * allocation.  ZDP_ERR_INVALID_ARG naming the first bad field, its value
+ * and the range.  The one place the bounds are applied; zdp_hparams_check
+ * is it without caps. */
+ZDP_API zdp_status zdp_hparams_check_capped(const zdp_hparams *h, double lr_max, double clip_max,
+                                            zdp_error *err);
 ZDP_API zdp_status zdp_hparams_check(const zdp_hparams *h, zdp_error *err);
 /* The values the next update would use (lr: the scheduler's or the set one). */
 ZDP_API void zdp_engine_get_hparams(const zdp_engine *eng, zdp_hparams *out);

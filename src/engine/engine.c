@@ -701,11 +701,11 @@ static zdp_status check_hparam_(const char *name, double v, double lo, bool lo_o
                        range, fix);
 }
 
-zdp_status zdp_hparams_check_from(const zdp_hparams *h, zdp_hparams_from from, zdp_error *err) {
+zdp_status zdp_hparams_check_capped(const zdp_hparams *h, double lr_max, double clip_max,
+                                    zdp_error *err) {
     if (h == NULL) return zdp_err_set(err, ZDP_ERR_INVALID_ARG, "hparams: NULL pointer");
-    const bool client = from == ZDP_HPARAMS_FROM_CLIENT;
-    const double lr_max = client ? ZDP_HPARAM_CLIENT_LR_MAX : ZDP_HPARAM_LR_MAX;
-    const double clip_max = client ? ZDP_HPARAM_CLIENT_CLIP_MAX : HUGE_VAL;
+    if (!(lr_max <= ZDP_HPARAM_LR_MAX)) lr_max = ZDP_HPARAM_LR_MAX; /* a cap only tightens (NaN: none) */
+    if (!(clip_max <= HUGE_VAL)) clip_max = HUGE_VAL;
     zdp_status st;
     if ((st = check_hparam_("lr", h->lr, 0.0, false, lr_max, false, "use e.g. 1e-3", err)) ||
         (st = check_hparam_("beta1", h->beta1, 0.0, false, 1.0, true, "use e.g. 0.9", err)) ||
@@ -721,7 +721,7 @@ zdp_status zdp_hparams_check_from(const zdp_hparams *h, zdp_hparams_from from, z
 }
 
 zdp_status zdp_hparams_check(const zdp_hparams *h, zdp_error *err) {
-    return zdp_hparams_check_from(h, ZDP_HPARAMS_FROM_PROGRAM, err);
+    return zdp_hparams_check_capped(h, ZDP_HPARAM_LR_MAX, HUGE_VAL, err);
 }
 
 zdp_status zdp_engine_set_hparams(zdp_engine *e, const zdp_hparams *h, zdp_error *err) {

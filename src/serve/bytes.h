@@ -1,7 +1,8 @@
 /*
  * bytes.h -- the server's one growable byte buffer: request payloads
- * (request.c), request bodies (http.c) and protobuf output (tinker/proto.c).
- * Depends on nothing but libc, so the protobuf codec stays jansson-only.
+ * (parse.c, parse_fwd.c), request bodies (http.c) and protobuf output
+ * (tinker/proto_encode.c).  Depends on nothing but libc, so the protobuf
+ * codec stays jansson-only.
  */
 #ifndef ZDP_SERVE_BYTES_H
 #define ZDP_SERVE_BYTES_H

@@ -1,10 +1,10 @@
 /*
  * fwd_input.h -- a forward/forward_backward request as decoded, before its
- * content is checked (src/serve/, internal).  The JSON decoder (request.c's
- * serve_parse_fwd) and the protobuf decoder (tinker/proto.c) both produce a
- * serve_fwd_in: the request's values as sent, with only the checks of their
- * own format done (a JSON value of the wrong type, an unknown JSON key,
- * protobuf that is not well-formed).  request.c's serve_fwd_build alone
+ * content is checked (src/serve/, internal).  The JSON decoder
+ * (parse_fwd.c's serve_parse_fwd) and the protobuf decoder
+ * (tinker/proto_decode.c) both produce a serve_fwd_in: the request's values
+ * as sent, with only the checks of their own format done (a JSON value of the wrong type, an unknown JSON key,
+ * protobuf that is not well-formed).  parse_fwd.c's serve_fwd_build alone
  * checks the content and lays out the payload, so every content check is
  * the same for both formats (one set of messages, each naming the JSON
  * path).  Everything lives in one arena, freed by serve_fwd_in_free.  No

@@ -2,7 +2,9 @@
  * plain_api.c -- the plain JSON endpoints (docs/server.md): POST
  * /forward_backward /forward /optim_step /save_weights /save_state
  * /load_state /sample, GET /info /healthz.  A connection thread validates the
- * whole body (request.c), queues the job and waits for its answer.
+ * whole body (parse.c, parse_fwd.c), queues the job and waits for its reply:
+ * its outcome encoded as JSON (results_json.c, plain_info.c) by encode_,
+ * which the main thread runs as the job finishes.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -27,6 +29,21 @@ static const route routes_[] = {
 };
 #define N_ROUTES ((int)(sizeof routes_ / sizeof routes_[0]))
 
+/* A finished job's reply, the one encoding of its outcome: the error body,
+ * or its typed result as JSON.  NULL when out of memory.  The queue runs it
+ * on the main thread as the job finishes (job.encode). */
+static char *encode_(server *s, const job *j) {
+    if (j->status != 200) return serve_job_error_json(j);
+    switch (j->op) {
+    case OP_FWDBWD:
+    case OP_FORWARD: return j->fwd != NULL ? serve_fwd_result_json(j->fwd) : NULL;
+    case OP_OPTIM: return j->has_optim ? serve_optim_result_json(&j->optim, false) : NULL;
+    case OP_SAMPLE: return j->sample != NULL ? serve_sample_result_json(j->sample) : NULL;
+    case OP_INFO: return j->info != NULL ? serve_info_json(s, j->info) : NULL;
+    default: return j->saved != NULL ? serve_save_result_json(j->saved) : NULL; /* the path ops */
+    }
+}
+
 /* Queues the job and waits for its answer (requests run one at a time, in
  * the order they were queued). */
 static enum MHD_Result run_job_(server *s, struct MHD_Connection *c, job *j) {
@@ -39,11 +56,9 @@ static enum MHD_Result run_job_(server *s, struct MHD_Connection *c, job *j) {
     serve_enqueue_locked(s, j);
     while (!j->done) pthread_cond_wait(&s->cv_done, &s->mu);
     pthread_mutex_unlock(&s->mu);
+    const int status = j->status;
     char *body = j->body;
-    int status = j->status;
     j->body = NULL;
-    if (body == NULL && j->fwd != NULL) body = serve_fwd_result_json(j->fwd); /* not expected */
-    if (body == NULL && j->sample != NULL) body = serve_sample_result_json(j->sample); /* not expected */
     serve_job_free(j);
     return serve_reply(c, status, body);
 }
@@ -79,6 +94,7 @@ enum MHD_Result serve_plain_handle(server *s, struct MHD_Connection *c, const ch
     job *j = calloc(1, sizeof *j);
     if (j == NULL) return serve_reply_error(c, 500, NULL, "out of memory");
     j->op = rt->op;
+    j->encode = encode_;
     j->slot = 0;
     j->uid = s->slots[0].uid; /* --full-finetune: the one model */
     if (rt->op == OP_INFO) return run_job_(s, c, j);

@@ -136,7 +136,6 @@ void serve_worker_loop(server *s) {
         j.nbytes = hdr[1];
         j.slot = (int)hdr[2];
         j.uid = hdr[3];
-        int status = 0;
         if (j.op == OP_SAMPLE_FILE && hdr[2] > 0) {
             /* An asample batch: hdr[2] more asample jobs follow, and they
              * all decode together (serve_exec_sample_batch). */
@@ -145,8 +144,6 @@ void serve_worker_loop(server *s) {
                 serve_die("serve", &(zdp_error){.msg = "a sampling batch too large from rank 0 (a bug in zdp)"});
             job b[SERVE_SAMPLE_BATCH] = {{0}};
             job *bp[SERVE_SAMPLE_BATCH];
-            int st[SERVE_SAMPLE_BATCH];
-            char *bodies[SERVE_SAMPLE_BATCH];
             b[0] = j;
             bp[0] = &b[0];
             for (int k = 1; k < nb; k++) {
@@ -158,19 +155,12 @@ void serve_worker_loop(server *s) {
                 b[k].nbytes = h2[1];
                 bp[k] = &b[k];
             }
-            serve_exec_sample_batch(s, bp, nb, st, bodies);
-            for (int k = 0; k < nb; k++) {
-                free(bodies[k]);
-                serve_sample_result_free(b[k].sample);
-                free(b[k].payload);
-            }
+            serve_exec_sample_batch(s, bp, nb);
+            for (int k = 0; k < nb; k++) serve_job_clear(&b[k]);
             continue;
         }
-        char *body = serve_exec(s, &j, &status);
-        free(body);
-        serve_fwd_result_free(j.fwd);
-        serve_sample_result_free(j.sample);
-        free(j.payload);
+        serve_exec(s, &j);
+        serve_job_clear(&j);
     }
 }
 
@@ -218,28 +208,37 @@ static void ping_(server *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* A job's answer: a Tinker future's, a detached job freed, or the waiting
- * connection's (s->mu held). */
-static void finish_(server *s, job *q, int status, char *body) {
+/* A job's outcome goes to its Tinker future, or the job is freed
+ * (detached), or its reply to the waiting connection (s->mu held). */
+static void finish_(server *s, job *q) {
     if (q->fut != NULL) {
-        s->proto.finish(s, q, status, body);
+        s->proto.finish(s, q);
     } else if (q->detached) {
-        free(body);
         serve_job_free(q);
     } else {
-        q->status = status;
-        q->body = body;
         q->done = true;
     }
+}
+
+/* A job refused or cut off as the server stops: its outcome, and its reply
+ * for a wire format that encodes one. */
+static void fail_(server *s, job *q, int status, const char *why) {
+    serve_job_fail(q, status, NULL, why);
+    free(q->body);
+    q->body = q->encode != NULL ? q->encode(s, q) : NULL;
 }
 
 void serve_fail_jobs(server *s, int status, const char *why) {
     s->closed = true;
     for (job *q = s->head, *next; q != NULL; q = next) {
         next = q->next;
-        finish_(s, q, status, serve_error_body(NULL, why));
+        fail_(s, q, status, why);
+        finish_(s, q);
     }
-    for (int k = 0; k < s->n_running; k++) finish_(s, s->running[k], status, serve_error_body(NULL, why));
+    for (int k = 0; k < s->n_running; k++) {
+        fail_(s, s->running[k], status, why);
+        finish_(s, s->running[k]);
+    }
     s->n_running = 0;
     if (s->proto.shutdown != NULL) s->proto.shutdown(s);
     s->head = s->tail = NULL;
@@ -314,15 +313,15 @@ void serve_leader_loop(server *s) {
                                       j->op == OP_SAMPLE_FILE ? nb - 1 - k : batch[k]->slot, batch[k]->uid};
                 bcast_job_(s, hdr, &batch[k]->payload);
             }
-        int status[SERVE_SAMPLE_BATCH];
-        char *body[SERVE_SAMPLE_BATCH];
         const double t0 = serve_now();
         if (nb == 1) {
-            status[0] = 500;
-            body[0] = serve_exec(s, j, &status[0]);
+            j->status = 500; /* until the op answers */
+            serve_exec(s, j);
         } else {
-            serve_exec_sample_batch(s, batch, nb, status, body);
+            serve_exec_sample_batch(s, batch, nb);
         }
+        for (int k = 0; k < nb; k++)
+            if (batch[k]->encode != NULL) batch[k]->body = batch[k]->encode(s, batch[k]);
         const double t1 = serve_now();
         last_busy = t1;
         pthread_mutex_lock(&s->mu);
@@ -334,7 +333,7 @@ void serve_leader_loop(server *s) {
             s->stats[q->op].queue_s += t0 - q->queued_at;
             s->stats[q->op].exec_s += t1 - t0;
             if (t1 - t0 > s->stats[q->op].exec_max_s) s->stats[q->op].exec_max_s = t1 - t0;
-            finish_(s, q, status[k], body[k]);
+            finish_(s, q);
         }
         pthread_cond_broadcast(&s->cv_done);
         pthread_mutex_unlock(&s->mu);

@@ -1,11 +1,21 @@
 /*
  * serve_impl.h -- internal header of src/serve/: what the module's files
- * share.  request.c (JSON helpers, paths, validation into payloads),
- * exec.c (a request on the engine, every rank; the op table), queue.c (the
- * FIFO, the leader and worker loops, signals, the health check), http.c
- * (libmicrohttpd: guards, body budget, watchdog, /healthz, dispatch),
- * plain_api.c (the plain JSON endpoints), server.c (start-up), and the
- * protocols registered through serve_protocol (tinker/).
+ * share.  The layers call one way, down:
+ *   wire   http.c (libmicrohttpd: guards, body budget, watchdog, /healthz,
+ *          dispatch), plain_api.c and plain_info.c (the plain JSON API),
+ *          and the protocols registered through serve_protocol (tinker/);
+ *   job    parse.c and parse_fwd.c (a body into a job's payload), paths.c
+ *          (the paths a client may name), job.c (payload layouts and their
+ *          typed views, a job's outcome), results.c (the typed results)
+ *          and results_json.c (their JSON, and error bodies);
+ *   queue  queue.c (the FIFO, the leader and worker loops, signals, the
+ *          health check);
+ *   exec   exec.c (the op table, forward/backward, optim_step, create and
+ *          unload), exec_ckpt.c, exec_sample.c with sampling.c,
+ *          exec_info.c, and weights.c (views, whole copies, slots): engine
+ *          calls only, each op's outcome left typed in its job.
+ * server.c starts and stops it all; util.c, bytes.c and fwd_input.c are
+ * helpers any layer uses.
  */
 #ifndef ZDP_SERVE_IMPL_H
 #define ZDP_SERVE_IMPL_H
@@ -33,25 +43,25 @@
 
 /* The op table: every request kind the queue runs.  X(NAME, name, exec,
  * all_ranks): OP_NAME; the name GET /info's "requests" and /healthz use; the
- * function that runs it (exec.c; NULL: never executed); whether every rank
+ * function that runs it (the exec files; NULL: never executed); whether every rank
  * runs it (else rank 0 alone, nothing broadcast).  The enum, the dispatch
  * (serve_ops[]) and the per-op stats come from this one list. */
-#define SERVE_OP_MAP(X)                                                                    \
-    X(QUIT, "quit", NULL, true)              /* every rank leaves its loop */                \
-    X(FWDBWD, "forward_backward", exec_fwd_, true)                                           \
-    X(FORWARD, "forward", exec_fwd_, true)                                                   \
-    X(OPTIM, "optim_step", exec_optim_, true)                                                \
-    X(SAVE_WEIGHTS, "save_weights", exec_save_weights_, true) /* stage 3 gathers */          \
-    X(SAVE_STATE, "save_state", exec_state_, true)                                           \
-    X(LOAD_STATE, "load_state", exec_state_, true)                                           \
-    X(INFO, "info", exec_info_, true)                                                        \
-    X(SAMPLE, "sample", exec_sample_, true)                                                  \
-    X(LOAD_WEIGHTS, "load_weights", exec_load_weights_, true) /* fresh optimizer state */    \
-    X(NOOP, "noop", NULL, false)     /* refused before the engine: only its seq_id counts */ \
-    X(SAMPLE_FILE, "asample", exec_sample_file_, true) /* from saved sampler weights */     \
-    X(PING, "ping", NULL, true)      /* the health check: every rank answers rank 0 */        \
-    X(DELETE_CKPT, "delete_checkpoint", exec_delete_, true) /* each rank its own part */    \
-    X(CREATE, "create_model", exec_create_, true)   /* a LoRA model in a free slot */        \
+#define SERVE_OP_MAP(X)                                                                                 \
+    X(QUIT, "quit", NULL, true)              /* every rank leaves its loop */                           \
+    X(FWDBWD, "forward_backward", exec_fwd_, true)                                                      \
+    X(FORWARD, "forward", exec_fwd_, true)                                                              \
+    X(OPTIM, "optim_step", exec_optim_, true)                                                           \
+    X(SAVE_WEIGHTS, "save_weights", serve_exec_save_weights, true) /* stage 3 gathers */                \
+    X(SAVE_STATE, "save_state", serve_exec_state, true)                                                 \
+    X(LOAD_STATE, "load_state", serve_exec_state, true)                                                 \
+    X(INFO, "info", serve_exec_info, true)                                                              \
+    X(SAMPLE, "sample", serve_exec_sample, true)                                                        \
+    X(LOAD_WEIGHTS, "load_weights", serve_exec_load_weights, true) /* fresh optimizer state */          \
+    X(NOOP, "noop", NULL, false)     /* refused before the engine: only its seq_id counts */            \
+    X(SAMPLE_FILE, "asample", serve_exec_sample_file, true) /* from saved sampler weights */            \
+    X(PING, "ping", NULL, true)      /* the health check: every rank answers rank 0 */                  \
+    X(DELETE_CKPT, "delete_checkpoint", serve_exec_delete, true) /* each rank its own part */           \
+    X(CREATE, "create_model", exec_create_, true)   /* a LoRA model in a free slot */                   \
     X(UNLOAD, "unload_model", exec_unload_, true)   /* frees a LoRA model's slot */
 
 enum {
@@ -63,10 +73,12 @@ enum {
 
 struct server;
 struct job;
-/* Runs a job on this rank; rank 0 gets (status, body), the others NULL.  A
- * protocol's job (j->fut set) that succeeds leaves its result typed instead
- * (body NULL): j->fwd, j->sample, j->optim or j->saved. */
-typedef char *(*serve_exec_fn)(struct server *s, struct job *j, int *status);
+/* Runs a job on this rank.  On rank 0 it leaves the outcome in the job,
+ * typed and not encoded: j->status, and on a failure j->err_field and
+ * j->err_msg, on a success the op's result (j->fwd, j->sample, j->optim,
+ * j->saved or j->info; none for the ops whose answer the wire format makes
+ * from the request alone).  The wire format that made the job encodes it. */
+typedef void (*serve_exec_fn)(struct server *s, struct job *j);
 
 typedef struct serve_op {
     int op;
@@ -101,6 +113,14 @@ typedef struct create_payload {
     uint64_t seed;
 } create_payload;
 
+/* Server policy (docs/server.md, "Threat model"): a remote client's
+ * optim_step is held to tighter caps than a program's ranges
+ * (zdp_hparams_check_capped): an lr above SERVE_CLIENT_LR_MAX or a clipping
+ * norm above SERVE_CLIENT_CLIP_MAX from the network is a typo or an attack,
+ * never a recipe.  The other fields keep the library's ranges. */
+#define SERVE_CLIENT_LR_MAX 10.0
+#define SERVE_CLIENT_CLIP_MAX 1e30
+
 /* Optimizer hyperparameters of an optim_step, in zdp_hparams' order. */
 #define N_ADAM 6
 extern const char *const serve_adam_keys[N_ADAM];
@@ -132,7 +152,7 @@ typedef struct optim_payload {
 
 /* The result of a forward/forward_backward, typed until a reply encodes it
  * once, in the format asked for: JSON (serve_fwd_result_json: the plain API,
- * Tinker's JSON polls) or protobuf (tinker/proto.c, SDK 0.25's polls). */
+ * Tinker's JSON polls) or protobuf (tinker/proto_encode.c, SDK 0.25's polls). */
 typedef struct serve_fwd_result {
     int64_t n;          /* datums */
     int64_t *off;       /* (n + 1): datum i's tokens are [off[i], off[i + 1]) */
@@ -148,7 +168,7 @@ serve_fwd_result *serve_fwd_result_copy(const serve_fwd_result *r);
 void serve_fwd_result_free(serve_fwd_result *r); /* NULL is a no-op */
 
 /* The result of a sample (POST /sample) or an asample (Tinker's), typed the
- * same way: JSON (serve_sample_result_json) or protobuf (tinker/proto.c's
+ * same way: JSON (serve_sample_result_json) or protobuf (tinker/proto_encode.c's
  * serve_proto_encode_sample_typed, a SampleResponse). */
 typedef struct serve_sample_result {
     int64_t n;          /* sequences */
@@ -204,8 +224,51 @@ char *serve_save_result_json(const serve_save_result *r);
 serve_save_result *serve_save_result_copy(const serve_save_result *r);
 void serve_save_result_free(serve_save_result *r); /* NULL is a no-op */
 
-/* Typed views of a job's payload (request.c lays each one out and alone
- * reads it back): pointers into j->payload, valid while the job lives.
+/* Per op: requests run, seconds waiting in the FIFO and seconds executing
+ * (GET /info "requests"). */
+typedef struct serve_op_stats {
+    int64_t count;
+    double queue_s, exec_s, exec_max_s;
+    int64_t batched; /* asample: requests that shared decoding passes with another */
+} serve_op_stats;
+
+/* One live model of GET /info's "models": its counters and its memory on
+ * each rank (the engine's report; the shared base is not counted). */
+typedef struct serve_info_model {
+    int slot;
+    int64_t n_params, step, pending_backwards, micro_steps;
+    int64_t *rows;  /* (W, SERVE_INFO_MODEL_COLS): params, grads, optimizer, other, total, frozen bytes */
+    char name[160]; /* LoRA mode: its model_id */
+    zdp_lora_config lc;
+} serve_info_model;
+#define SERVE_INFO_MODEL_COLS 6
+/* The server's own memory rows per rank: LoRA mode's (the base and what
+ * sampling holds) and --full-finetune's (the engine's and sampling's). */
+#define SERVE_INFO_LORA_COLS 10
+#define SERVE_INFO_FULL_COLS 17
+
+/* GET /info's numbers, gathered from every rank as the job runs (the
+ * plain API encodes them, plain_info.c). */
+typedef struct serve_info_result {
+    int W;
+    bool lora;
+    int n_models;
+    serve_info_model *models; /* (n_models) */
+    int n_cols;               /* SERVE_INFO_LORA_COLS or SERVE_INFO_FULL_COLS */
+    int64_t *rows;            /* (W, n_cols) */
+    int64_t base_bytes;       /* LoRA mode: the base weights' bytes */
+    /* --full-finetune: the engine's counters and the hyperparameters the
+     * next update uses. */
+    int64_t step, global_samples, micro_steps, skipped_steps, pending_backwards;
+    double lr, last_grad_norm;
+    zdp_hparams hp;
+    /* The requests answered before this one. */
+    serve_op_stats stats[SERVE_N_OPS];
+} serve_info_result;
+void serve_info_result_free(serve_info_result *r); /* NULL is a no-op */
+
+/* Typed views of a job's payload (the parsers lay each one out, job.c
+ * alone reads it back): pointers into j->payload, valid while the job lives.
  * false when the payload does not have the op's layout (a bug in zdp). */
 typedef struct serve_fwd_req {
     fwd_header h;             /* h.n datums, the loss and its options */
@@ -237,7 +300,7 @@ bool serve_sample_file_req_view(const struct job *j, serve_sample_file_req *out)
 
 struct future; /* a protocol's (tinker/): the core only passes it back */
 
-/* One validated request.  payload is what every rank receives (request.c
+/* One validated request.  payload is what every rank receives (job.c
  * documents each op's layout). */
 typedef struct job {
     int op;
@@ -256,16 +319,25 @@ typedef struct job {
     char *sampling_session; /* save_weights_for_sampler without a name: the session it opens */
     double arrived;
     double queued_at; /* when it entered the FIFO (serve_now) */
-    /* The answer, filled by the main thread (plain endpoints): a body, or
-     * for a protocol's forward/forward_backward, sample, optim_step, save or
-     * load the typed result. */
+    /* The outcome, filled by rank 0's main thread (serve_exec_fn): the
+     * HTTP status; on a failure the field it names ("": none) and why (as
+     * long as the plain API's error body keeps); on a success the op's
+     * typed result, which the job's wire format encodes. */
     int status;
-    char *body;
+    char err_field[300];
+    char err_msg[1200];
     serve_fwd_result *fwd;
     serve_sample_result *sample;
-    serve_save_result *saved; /* a protocol's save or load (body NULL) */
-    bool has_optim; /* a protocol's optim_step: its result is optim (body NULL) */
+    serve_save_result *saved;
+    bool has_optim; /* an optim_step: its result is optim */
     serve_optim_result optim;
+    struct serve_info_result *info;
+    /* The wire format's encoder of the outcome, which the queue runs on rank
+     * 0's main thread right after the op (so that its time counts as the
+     * request's, in GET /info and /healthz) into body; NULL: the protocol's
+     * finish hook takes the typed outcome instead. */
+    char *(*encode)(struct server *s, const struct job *j);
+    char *body;
     bool done;
     /* Nobody waits for it (a protocol's own job, e.g. an expired
      * checkpoint's delete): the main thread frees it once run. */
@@ -291,8 +363,8 @@ typedef struct serve_protocol {
     /* A connection thread: a request under prefix (sub: the rest of the URL). */
     enum MHD_Result (*handle)(struct server *s, struct MHD_Connection *c, const char *sub,
                               const char *method, const char *body, size_t len);
-    /* A job of this protocol (j->fut set) finished with (status, body); frees j. */
-    void (*finish)(struct server *s, struct job *j, int status, char *body);
+    /* A job of this protocol (j->fut set) finished (its outcome in j); frees j. */
+    void (*finish)(struct server *s, struct job *j);
     /* Now and then: queues what became due; true if it queued anything. */
     bool (*tick)(struct server *s);
     /* The server is stopping: fail what is held. */
@@ -348,11 +420,7 @@ typedef struct server {
     tinker_state *tinker; /* proto.state, typed for tinker/ */
     /* rank 0, main thread only: per op, requests run, seconds waiting in the
      * FIFO and seconds executing (GET /info "requests"). */
-    struct {
-        int64_t count;
-        double queue_s, exec_s, exec_max_s;
-        int64_t batched; /* asample: requests that shared decoding passes with another */
-    } stats[SERVE_N_OPS];
+    serve_op_stats stats[SERVE_N_OPS];
     /* every rank, main thread only: the sampler weights asample last read. */
     char *snap_path;
     /* every rank, main thread only: bytes of the KV cache of the last
@@ -364,7 +432,7 @@ typedef struct server {
      * same-prompt sequence instead. */
     int64_t rows_prefill, rows_decode, rows_shared;
     /* every rank, main thread only: the weights packed for batched decode
-     * steps, shared by every sampling request (sampler.c), and the
+     * steps, shared by every sampling request (sampling.c), and the
      * generation that keys them: serve_exec bumps it before every request
      * that may write weights, serve_free_snapshot when the sampler weights
      * go, so a packed copy is never used after its weights changed. */
@@ -434,6 +502,7 @@ typedef struct verr {
     char msg[1024];
 } verr;
 
+/* parse.c.  Sets e and returns false. */
 bool serve_bad(verr *e, int status, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 bool serve_only_keys(const json_t *o, const char *where, const char *const *keys, int n, verr *e);
@@ -442,14 +511,27 @@ bool serve_only_name(const char *name, const char *where, const char *const *key
 char *serve_dump(json_t *o); /* takes the reference */
 json_t *serve_jreal(double x);
 
+/* results_json.c: the plain API's error body {"error": {"message", "field"}}
+ * (field NULL: null); and a failed job's. */
 char *serve_error_body(const char *field, const char *msg);
-/* Replaces every byte that does not start a valid UTF-8 character with '?'
- * (a message cut at a fixed size may end inside one; jansson refuses it). */
-void serve_utf8_fix(char *s);
-void serve_job_free(job *j);
-double serve_now(void);
+char *serve_job_error_json(const job *j);
 
-/* The checks of every forward/forward_backward (the loss and its options,
+/* util.c.  Replaces every byte that does not start a valid UTF-8 character
+ * with '?' (a message cut at a fixed size may end inside one; jansson
+ * refuses it). */
+void serve_utf8_fix(char *s);
+double serve_now(void); /* seconds, CLOCK_MONOTONIC */
+/* mkdir -p; 0 or -1 with errno. */
+int serve_mkdirs(const char *path);
+
+/* job.c.  serve_job_clear frees what the job holds (payload, names, typed
+ * results) and leaves the struct; serve_job_free frees it all (NULL: no-op). */
+void serve_job_clear(job *j);
+void serve_job_free(job *j);
+/* Rank 0: the job failed with status; field (NULL: none) and msg name why. */
+void serve_job_fail(job *j, int status, const char *field, const char *msg);
+
+/* parse_fwd.c.  The checks of every forward/forward_backward (the loss and its options,
  * datums, tokens against the model's vocabulary V and block size T, tensors
  * against the loss's inputs) and the payload j gets.  where: the JSON path
  * of the input ("forward_backward_input"), which every message names; j->op
@@ -463,7 +545,12 @@ bool serve_fwd_build(const serve_fwd_in *in, const char *where, int V, int T, jo
 bool serve_parse_fwd(const json_t *obj, const char *where, const zdp_model *mc, job *j,
                      verr *e);
 bool serve_parse_optim(const json_t *ap, const char *where, bool tinker_defaults, job *j, verr *e);
+/* paths.c.  The payload of a path op (path NUL-terminated; save_state and
+ * load_state's relative to the checkpoint folder, which each rank resolves
+ * against its own). */
 bool serve_set_path(const server *s, job *j, const char *path, verr *e);
+/* Is p root itself or below it?  Both absolute, without "." or "..". */
+bool serve_inside(const char *p, const char *root);
 /* A path a client sent (field names it in errors) -> out, the absolute path
  * the engine may write or read: a relative name inside --checkpoint-dir, or an
  * absolute path inside a --allow-path-root folder; no "." or ".." component,
@@ -471,9 +558,7 @@ bool serve_set_path(const server *s, job *j, const char *path, verr *e);
  * whether something outside exists. */
 bool serve_resolve_path(const server *s, const char *field, const char *name, char *out, size_t cap,
                         verr *e);
-/* mkdir -p; 0 or -1 with errno. */
-int serve_mkdirs(const char *path);
-/* Case-insensitive: does the header value name the media type (as a whole
+/* http.c.  Case-insensitive: does the header value name the media type (as a whole
  * item of a comma-separated list, parameters allowed)? */
 bool serve_names_type(const char *value, const char *type);
 
@@ -506,8 +591,26 @@ void serve_wait(server *s, zdp_comm_req *req);
 void serve_die(const char *what, const zdp_error *err) __attribute__((noreturn));
 extern jmp_buf *serve_fatal_jmp;
 extern zdp_error serve_fatal_err;
-/* Every rank: runs one request (serve_ops[j->op].exec); rank 0 gets the answer. */
-char *serve_exec(server *s, job *j, int *status);
+/* Every rank: runs one request (serve_ops[j->op].exec); rank 0 gets the
+ * outcome in j. */
+void serve_exec(server *s, job *j);
+/* The HTTP status of a zdp_status: 500 for the server's own failures (out
+ * of memory, communication, internal), else 400. */
+int serve_status_of(zdp_status st);
+/* The ops of the other exec files (serve_ops names them).  exec_info.c:
+ * GET /info's numbers into j->info (COLLECTIVE).  exec_ckpt.c: saves,
+ * loads and a Tinker checkpoint's delete.  exec_sample.c: POST /sample and
+ * asample. */
+void serve_exec_info(server *s, job *j);
+void serve_exec_save_weights(server *s, job *j);
+void serve_exec_state(server *s, job *j);
+void serve_exec_load_weights(server *s, job *j);
+void serve_exec_delete(server *s, job *j);
+void serve_exec_sample(server *s, job *j);
+void serve_exec_sample_file(server *s, job *j);
+
+/* weights.c.  Elements of a parameter. */
+int64_t serve_numel(const zdp_param_info *p);
 /* The base model's weights (--full-finetune: the engine's parameter views;
  * LoRA: the shared base), a malloc'd array; NULL when out of memory. */
 float **serve_views(server *s);
@@ -521,7 +624,7 @@ float **serve_views(server *s);
 float **serve_weights_get(server *s, bool gather, zdp_error *err);
 zdp_status serve_weights_push(server *s, float *const *v, zdp_error *err);
 void serve_weights_free(server *s, float **v);
-/* server.c: frees slot k's LoRA model and engine (no-op for --full-finetune). */
+/* Frees slot k's LoRA model and engine (no-op for --full-finetune). */
 void serve_slot_free(server *s, int k);
 /* LoRA mode, every rank: the whole base for a sampling batch.  Stages 0-2:
  * s->base.  Stage 3: COLLECTIVE, gathered from s->store into one block
@@ -530,20 +633,24 @@ void serve_slot_free(server *s, int k);
  * stage 3, the weights packed from it). */
 float **serve_base_get(server *s, char *why, size_t why_size);
 void serve_base_free(server *s, float **v);
+/* The tensors of the model being trained (s->cur, a LoRA model's
+ * adapters): the engine's views at stages 0-2; at stage 3 whole copies
+ * (gathered when `gather`: COLLECTIVE, every rank alike).  NULL with err
+ * set when out of memory.  serve_adapters_push writes them back (every rank
+ * the same values) and syncs; serve_adapters_free frees them. */
+float **serve_adapters_get(server *s, bool gather, zdp_error *err);
+zdp_status serve_adapters_push(server *s, float *const *v, zdp_error *err);
+void serve_adapters_free(server *s, float **v);
 /* Whether the server trains LoRA models (no --full-finetune). */
 static inline bool serve_lora(const server *s) { return !s->opt.full_finetune; }
-/* Drops the sampler weights asample last read. */
+/* exec_sample.c.  Drops the sampler weights asample last read. */
 void serve_free_snapshot(server *s);
 /* String stops (docs/server.md, "Stop sequences"): -1 while the text of
  * the generated tokens gen[0..n) holds none of the n_str strings at strs;
  * once it does, how many tokens to return (the longest prefix whose text
  * holds none); -2: decode failed. */
 int64_t serve_stop_cut(server *s, const int32_t *gen, int64_t n, const char *strs, int64_t n_str);
-/* A sample's typed result: a protocol's stays typed in j (body NULL), a
- * plain request's is encoded as JSON; takes res. */
-char *serve_finish_sample(job *j, serve_sample_result *res);
-
-/* sampler.c: one sampling request, every rank (docs/sampling.md). */
+/* sampling.c: one sampling request, every rank (docs/sampling.md). */
 typedef struct serve_sample_spec {
     job *j;
     const int32_t *prompt;
@@ -560,28 +667,27 @@ typedef struct serve_sample_spec {
     const float *const *adapter; /* its adapter tensors */
 } serve_sample_spec;
 /* Every rank generates its contiguous run of the num_samples sequences
- * from params (whole weights) and rank 0 gathers them; rank 0 gets the
- * answer (status, body or j's typed result), the others NULL.  why: this
- * rank has no params (the reason rank 0 reports), else NULL. */
-char *serve_sampler_run(server *s, const float *const *params, const serve_sample_spec *sp,
-                        const verr *why, int *status);
+ * from params (whole weights) and rank 0 gathers them into sp->j's outcome
+ * (its serve_sample_result, or its failure).  why: this rank has no params
+ * (the reason rank 0 reports), else NULL. */
+void serve_sampler_run(server *s, const float *const *params, const serve_sample_spec *sp, const verr *why);
 /* The same for n requests over the same params at once: their sequences,
  * laid end to end, are cut into one contiguous run per rank (whole requests
  * per rank where the cuts allow: a prompt prefilled on one rank), every
  * rank's decode together in one zdp_generate (LoRA models' requests with
  * different adapters share passes), then each request is
- * gathered and answered in order: bodies[k], statuses[k] on rank 0.  whys[k]
- * as why above (NULL: none). */
+ * gathered and answered in order, into sps[k].j on rank 0.  whys[k] as why
+ * above (NULL: none). */
 void serve_sampler_run_many(server *s, const float *const *params, const serve_sample_spec *sps,
-                            const verr *const *whys, int n, int *statuses, char **bodies);
+                            const verr *const *whys, int n);
 /* Up to SERVE_SAMPLE_BATCH asample jobs that were next to each other in the
  * FIFO, every rank: those on one sampler weights file decode together (one
  * serve_sampler_run_many per file, the file read once), then those on LoRA
  * models' sampler weights together (over the base). */
-void serve_exec_sample_batch(server *s, job **jobs, int n, int *statuses, char **bodies);
+void serve_exec_sample_batch(server *s, job **jobs, int n);
 /* Frees the adapters asample holds. */
 void serve_free_adapters(server *s);
-/* POST /sample's body -> an OP_SAMPLE payload.  can_decode: the served
+/* parse.c.  POST /sample's body -> an OP_SAMPLE payload.  can_decode: the served
  * model has a tokenizer, so stop strings are taken. */
 bool serve_parse_sample(const json_t *root, const zdp_model *mc, bool can_decode, int max_stop_bytes, job *j,
                         verr *e);
@@ -612,8 +718,10 @@ void serve_http_stop(server *s);
  * /forward_backward, GET /info, ...). */
 enum MHD_Result serve_plain_handle(server *s, struct MHD_Connection *c, const char *url, const char *method,
                                    const char *body, size_t len);
+/* plain_info.c: GET /info's reply; NULL when out of memory. */
+char *serve_info_json(server *s, const serve_info_result *r);
 
-/* tinker/tinker.c: registers the Tinker SDK's protocol (/api/v1/) on s;
+/* tinker/sessions.c: registers the Tinker SDK's protocol (/api/v1/) on s;
  * false with why set (out of memory, an unreadable session counter in
  * --checkpoint-dir). */
 bool serve_register_tinker(server *s, char *why, size_t cap);

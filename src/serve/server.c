@@ -183,15 +183,6 @@ zdp_status zdp_server_create(const serve_opts *opt, zdp_server **out, zdp_error 
     return ZDP_OK;
 }
 
-/* Frees slot k's model and engine (LoRA mode; every rank alike). */
-void serve_slot_free(server *s, int k) {
-    serve_slot *x = &s->slots[k];
-    if (x->uid == 0 || s->opt.full_finetune) return;
-    zdp_engine_destroy(x->eng);
-    zdp_lora_destroy(&x->lora);
-    *x = (serve_slot){0};
-}
-
 zdp_status zdp_server_start(zdp_server *s, zdp_error *err) {
     /* LoRA mode: every rank loaded the same base; each model syncs its own
      * adapters as it is created. */

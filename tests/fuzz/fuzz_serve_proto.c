@@ -1,7 +1,7 @@
 /*
  * fuzz_serve_proto.c -- libFuzzer target for zdp serve's protobuf codec
- * (src/serve/tinker/proto.c, the Tinker SDK 0.25 forward_backward): any bytes
- * as a ForwardBackwardRequest body.
+ * (src/serve/tinker/proto_decode.c and proto_encode.c, the Tinker SDK 0.25
+ * forward_backward): any bytes as a ForwardBackwardRequest body.
  *
  * serve_proto_decode_fwdbwd must return false with a message that names a
  * field, or the typed request (serve_fwd_in, src/serve/fwd_input.h) with

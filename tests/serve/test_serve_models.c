@@ -132,15 +132,13 @@ static void test_stale_job(void **state) {
     const int ops[] = {OP_FWDBWD, OP_FORWARD, OP_OPTIM, OP_SAVE_STATE, OP_LOAD_STATE, OP_LOAD_WEIGHTS, OP_UNLOAD};
     for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) {
         job j = {.op = ops[i], .slot = 0, .uid = 7};
-        int status = 0;
-        char *body = serve_exec(s, &j, &status);
-        assert_int_equal(status, 400);
-        assert_non_null(strstr(body, "unloaded"));
-        free(body);
-        j.slot = 5; /* outside the table */
-        body = serve_exec(s, &j, &status);
-        assert_int_equal(status, 400);
-        free(body);
+        serve_exec(s, &j);
+        assert_int_equal(j.status, 400);
+        assert_string_equal(j.err_field, "model_id");
+        assert_non_null(strstr(j.err_msg, "unloaded"));
+        j = (job){.op = ops[i], .slot = 5, .uid = 7}; /* outside the table */
+        serve_exec(s, &j);
+        assert_int_equal(j.status, 400);
     }
     serve_fx_free_(s);
 }

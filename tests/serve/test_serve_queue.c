@@ -1,8 +1,8 @@
 /*
  * test_serve_queue.c -- the server's queue side in-process, without HTTP or
- * MPI (src/serve/): the op table, request validation (request.c), and the
- * Tinker protocol's seq_id holding, gap expiry, retry de-duplication and
- * future expiry and pruning (tinker/tinker.c).  A server struct is set up by
+ * MPI (src/serve/): the op table, request validation (parse.c,
+ * parse_fwd.c), and the Tinker protocol's seq_id holding, gap expiry, retry
+ * de-duplication and future expiry and pruning (tinker/futures.c).  A server struct is set up by
  * hand with a live model; requests go in through tinker_submit, and the test
  * reads the FIFO (s->head) the leader loop would run.  Also: a typed
  * forward_backward or sample result encodes to the same protobuf bytes
@@ -629,7 +629,8 @@ static void test_save_result_encodings(void **state) {
     j->saved = serve_save_result_copy(&done);
     assert_non_null(j->saved);
     pthread_mutex_lock(&s->mu);
-    tinker_finish_locked(s, j, 200, NULL);
+    j->status = 200;
+    tinker_finish_locked(s, j);
     pthread_mutex_unlock(&s->mu);
     future *f = future_(s, atoi(tk.id + 4));
     assert_non_null(f);

@@ -480,7 +480,7 @@ class Check:
                   for i in range(6)]
         # The last two ask for the prompt's logprobs (and the last the top 2):
         # in the batch their first sequences run on a rank other than 0 at
-        # -np 2 and 3 (each rank its run of a batch's sequences, sampler.c),
+        # -np 2 and 3 (each rank its run of a batch's sequences, src/serve/sampling.c),
         # which sends them to rank 0 with its block.
         bodies[4]["prompt_logprobs"] = True
         bodies[5]["prompt_logprobs"] = True

@@ -29,10 +29,10 @@
 #include <string.h>
 
 #include "cli.h"
-#include "sample.h"
+#include "sample_cli.h"
 #include "zdp/zdp.h"
 
-int cmd_train_gpt(int argc, char **argv); /* train_gpt.c */
+int cmd_train_lm(int argc, char **argv); /* train_lm.c */
 int cmd_serve(int argc, char **argv);     /* serve.c */
 int cmd_tokenize(int argc, char **argv);  /* tokenize.c */
 int cmd_init_model(int argc, char **argv); /* init_model.c */
@@ -574,7 +574,7 @@ int main(int argc, char **argv) {
             strcmp(argv[i], "--model-dir") == 0)
             gpt = true;
     if (strcmp(argv[1], "train") == 0 && gpt)
-        rc = cmd_train_gpt(argc - 2, argv + 2);
+        rc = cmd_train_lm(argc - 2, argv + 2);
     else if (strcmp(argv[1], "train") == 0)
         rc = cmd_train_(argc - 2, argv + 2);
     else if (strcmp(argv[1], "sample") == 0)

@@ -13,7 +13,7 @@
 
 #include "cli.h"
 #include "lm_dir.h"
-#include "sample.h"
+#include "sample_cli.h"
 #include "serve/serve.h"
 #include "zdp/zdp.h"
 

@@ -4,9 +4,10 @@
  * application/x-protobuf; docs/tinker-protocol.md §0, §1.6).
  *
  * A hand-written codec for the messages of tinker_public.proto that zdp serve
- * needs, and nothing else.  A request is decoded straight into the typed
+ * needs, and nothing else: proto_decode.c reads a request, proto_encode.c
+ * writes the results.  A request is decoded straight into the typed
  * request the JSON path also produces (serve_fwd_in, fwd_input.h), and
- * request.c's serve_fwd_build checks its content for both (one set of
+ * parse_fwd.c's serve_fwd_build checks its content for both (one set of
  * checks, each message naming the JSON path); the codec refuses only what is
  * not well-formed protobuf.  Numbers keep their values: a NaN weight is NaN
  * until the check that refuses it.  The encoders depend on jansson only for
@@ -24,6 +25,32 @@
 #include "fwd_input.h"
 
 #define SERVE_PROTO_CONTENT_TYPE "application/x-protobuf"
+
+/*
+ * Field numbers (tinker_public.proto, from the SDK's tinker_public_pb2.py;
+ * docs/tinker-protocol.md §1.6):
+ *   ForwardBackwardRequest  1 model_id string, 2 seq_id int32, 3 data repeated
+ *                           Datum, 4 loss_fn string, 5 loss_fn_config
+ *                           map<string,double>, 6 forward_only bool
+ *   Datum                   1 model_input repeated Chunk, 2 loss_fn_inputs
+ *                           map<string,Tensor>
+ *   Chunk (oneof)           1 encoded_text {1 tokens: int32 LE bytes},
+ *                           2 image, 3 dmel
+ *   Tensor                  oneof {1 dense bytes | 2 sparse_csr}, 3 dtype,
+ *                           4 shape repeated int64
+ *   DType                   0 unspecified, 1 FLOAT32, 2 INT64, 3 INT32, 4 BFLOAT16
+ *   ForwardBackwardOutput   1 loss_fn_output_type, 2 loss_fn_outputs repeated
+ *                           ArrayRecord, 3 metrics map<string,double>
+ *   ArrayRecord             1 type_tag, 2 fields map<string,BatchedTensor>,
+ *                           3 num_datums int64
+ *   BatchedTensor           1 data bytes, 2 offsets bytes (int64 byte
+ *                           offsets, n+1), 3 dtype, 4 trailing_shape
+ * A map entry is a message {1 key, 2 value}.  Repeated scalars are accepted
+ * packed and unpacked; a singular field given twice keeps the last value, as
+ * protobuf does; unknown fields are skipped (newer SDKs add some).
+ */
+/* Protobuf's wire types (the encoding's own, in every tag). */
+enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_SGROUP = 3, WT_EGROUP = 4, WT_I32 = 5 };
 
 /* A ForwardBackwardRequest {1 model_id, 2 seq_id, 3 data, 4 loss_fn,
  * 5 loss_fn_config, 6 forward_only}, decoded. */

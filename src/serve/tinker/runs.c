@@ -632,8 +632,7 @@ enum MHD_Result tinker_runs_delete(server *s, struct MHD_Connection *c, const ch
     while (!j->done) pthread_cond_wait(&s->cv_done, &s->mu);
     pthread_mutex_unlock(&s->mu);
     const int status = j->status;
-    char *body = j->body;
-    j->body = NULL;
+    char *body = status == 200 ? serve_dump(json_pack("{s:s}", "deleted", rel)) : serve_job_error_json(j);
     serve_job_free(j);
     if (status == 200) { /* its ttl_seconds, if any, goes with it */
         char tp[900];

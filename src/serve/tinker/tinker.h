@@ -1,7 +1,17 @@
 /*
  * tinker.h -- internal to src/serve/tinker/ (and the C tests in
- * tests/serve/): the Tinker SDK's protocol, which the core reaches only
- * through the serve_protocol that serve_register_tinker fills in.
+ * tests/serve/): the Tinker SDK's wire protocol (docs/tinker-protocol.md) on
+ * top of `zdp serve`: JSON for SDK 0.18-0.24, and for SDK 0.25 the protobuf
+ * forward_backward (tinker/proto.h).  The core reaches it only through the
+ * serve_protocol that serve_register_tinker fills in.  Everything runs on
+ * rank 0 under s->mu, in the HTTP connection threads (and in the main
+ * thread for tinker_finish_locked / tinker_tick_locked).
+ *
+ * Files: routes.c (the endpoints), submit.c (a request into a job, its
+ * seq_id and its future), futures.c (futures, what a finished job leaves on
+ * one, retrieve_future and the replies), sessions.c (sessions, models,
+ * seq_id order, sampling sessions), runs.c (training runs and checkpoints on
+ * disk), proto_decode.c and proto_encode.c (the protobuf codec).
  */
 #ifndef ZDP_SERVE_TINKER_H
 #define ZDP_SERVE_TINKER_H
@@ -98,9 +108,9 @@ void tinker_destroy(tinker_state *t);
 /* The handler for every path under /api/v1/ (sub: the rest of the path). */
 enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *sub,
                               const char *method, const char *body, size_t len);
-/* Main thread, s->mu held: a Tinker job finished with (status, body); the
- * job is freed here. */
-void tinker_finish_locked(server *s, job *j, int status, char *body);
+/* Main thread, s->mu held: a Tinker job finished (its outcome in j) -> its
+ * future's result; the job is freed here. */
+void tinker_finish_locked(server *s, job *j);
 /* Main thread, s->mu held: releases seq_ids held back longer than the gap
  * timeout; returns true if it queued anything. */
 bool tinker_tick_locked(server *s);
@@ -139,6 +149,78 @@ bool tinker_good_name(const char *n);
  * that folder exists, or, for one not written yet, when this server trains
  * LoRA models.  False when it does not fit cap. */
 bool tinker_sampler_rel(const server *s, const char *dir_name, const char *name, char *rel, size_t cap);
+
+/* ---- tinker/futures.c: futures and the replies every endpoint shares ---- */
+
+/* A JSON reply (takes o). */
+enum MHD_Result tinker_reply_json(struct MHD_Connection *c, int status, json_t *o);
+/* A failed future's result: {"error", "category"} (the SDK raises
+ * RequestFailedError); the message's bytes are made UTF-8. */
+char *tinker_failure(const char *category, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* s->mu held: a new pending future of the request (idem: its
+ * X-Idempotency-Key or NULL; model_id "" for none; seq 0 for none); NULL
+ * when out of memory.  Prunes old ones first. */
+future *tinker_new_future(tinker_state *t, const char *idem, const char *model_id, int64_t seq);
+/* s->mu held: f is done with result (JSON, taken; NULL: out of memory). */
+void tinker_complete(future *f, char *result);
+/* s->mu held: the future a retried POST already made (same idempotency key,
+ * or the same (model_id, seq_id)); NULL when none. */
+future *tinker_find_retry(tinker_state *t, const char *idem, const char *model_id, int64_t seq);
+void tinker_ticket_of(const future *f, tinker_ticket *out);
+/* {"request_id", "model_id"?}: a submitted request's answer. */
+enum MHD_Result tinker_reply_future(struct MHD_Connection *c, const future *f);
+enum MHD_Result tinker_reply_ticket(struct MHD_Connection *c, const tinker_ticket *tk);
+/* POST retrieve_future (s->mu not held; a route of routes.c's POST table):
+ * the result, or try_again after the long poll. */
+enum MHD_Result tinker_retrieve(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                                const char *idem);
+
+/* ---- tinker/sessions.c: sessions, models, seq_id order (s->mu held) ---- */
+
+/* Forgets sessions silent for an hour (those of live models are kept). */
+void tinker_prune_sessions(tinker_state *t);
+session *tinker_find_session(tinker_state *t, const char *id);
+/* A request to model m counts as its session's heartbeat. */
+void tinker_touch_model_session(tinker_state *t, const tinker_model *m);
+/* The live model named model_id; NULL when none. */
+tinker_model *tinker_find_model(tinker_state *t, const char *model_id);
+int tinker_live_models(const tinker_state *t);
+/* Why model_id is not live (unloaded and why, or never existed): sets e
+ * (400) naming it; false. */
+bool tinker_not_live(const tinker_state *t, const char *model_id, verr *e);
+/* Puts j in m's seq_id order and queues what became due. */
+void tinker_hold(server *s, tinker_model *m, job *j);
+/* Fails every held request of m with msg (shutdown, a replaced or unloaded model). */
+void tinker_fail_held(server *s, tinker_model *m, const char *category, const char *msg);
+/* Unloads live LoRA model m: its slot is freed by an all-rank job behind
+ * every request of it already queued; its held requests fail; a later
+ * request is told why.  fut: unload_model's future (NULL: nobody waits).
+ * false when out of memory (nothing changed). */
+bool tinker_unload(server *s, tinker_model *m, future *fut, const char *why);
+/* Registers (or re-points) sampling session id -> weights file; false when out of memory. */
+bool tinker_add_sampler(tinker_state *t, const char *id, const char *path);
+const sampling_session *tinker_find_sampler(const tinker_state *t, const char *id);
+/* model_id "s1:train:0" -> its run folder's name "s1_train_0" (letters,
+ * digits and '-' survive, so no model_id can name ".."). */
+void tinker_model_dir(const char *model_id, char *out, size_t cap);
+
+/* ---- tinker/submit.c: a request into a job ---- */
+
+/* model_id (a string) and seq_id (an integer >= 1, when need_seq) of a
+ * training verb's JSON body; false with e set. */
+bool tinker_envelope(const json_t *root, const char **model_id, int64_t *seq, bool need_seq, verr *e);
+/* lora_config (Tinker's LoraConfig, and zdp's alpha) -> *lc; rank 0 (or no
+ * lora_config): a full fine-tune.  false with e set. */
+bool tinker_parse_lora(const json_t *lora, zdp_lora_config *lc, bool *seeded, verr *e);
+/* The weights file behind a tinker:// path (field names it in errors):
+ * .../sampler_weights/NAME a sampler file or adapter folder,
+ * .../weights/NAME a checkpoint's model.safetensors. */
+bool tinker_weights_file(const server *s, const char *tinker_path, char *out, size_t cap, verr *e,
+                         const char *field);
+/* base_model: the weights the server started from (--init). */
+bool tinker_base_file(const server *s, const json_t *base, char *out, size_t cap, verr *e);
+/* asample's body -> an OP_SAMPLE_FILE job (file: the weights to read). */
+bool tinker_sample_job(server *s, const json_t *root, const char *file, job *j, verr *e);
 
 /* tinker/runs.c: training runs and checkpoints in --checkpoint-dir.
  * Start-up: the last session number handed out by an earlier server on this

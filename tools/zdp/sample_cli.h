@@ -1,10 +1,10 @@
 /*
- * sample.h -- text generation from a GPT (byte vocabulary or token ids):
+ * sample_cli.h -- the tool's text generation from a GPT (byte vocabulary or token ids):
  * `zdp sample`, the sample at the end of training, and the arithmetic
  * corpus's accuracy.  Single process; no MPI.
  */
-#ifndef ZDP_TOOL_SAMPLE_H
-#define ZDP_TOOL_SAMPLE_H
+#ifndef ZDP_TOOL_SAMPLE_CLI_H
+#define ZDP_TOOL_SAMPLE_CLI_H
 
 #include "zdp/zdp.h"
 
@@ -32,4 +32,4 @@ void sample_arith_report(const zdp_model *model, const float *const *params,
  * --batch B]`: through zdp_generate (docs/sampling.md); tokens/s on stderr. */
 int cmd_sample(int argc, char **argv);
 
-#endif /* ZDP_TOOL_SAMPLE_H */
+#endif /* ZDP_TOOL_SAMPLE_CLI_H */

@@ -1,5 +1,8 @@
 /*
- * sampler.c -- a sampling request on every rank (docs/sampling.md).
+ * sampling.c -- the sequences of sampling requests on every rank
+ * (docs/sampling.md): each rank's share, one zdp_generate, and the gather
+ * that leaves each request's serve_sample_result (or its failure) in its
+ * job on rank 0.
  *
  * The weights are whole on every rank (stages 0-2), so the sequences of a
  * batch of requests are divided across the ranks: laid end to end, request
@@ -162,7 +165,8 @@ static zdp_status generate_(server *s, const float *const *params, zdp_gen_seq *
     zdp_kv_cache *kv = NULL;
     zdp_status st = ZDP_OK;
     /* ZDP_SERVE_SHARED_PACKS=0 (benchmarks only: docs/config.md): every
-     * cache packs its own copy, as before the store, to measure the store. */
+     * cache packs its own copy, so that the shared store can be measured
+     * against it. */
     const char *sp = getenv("ZDP_SERVE_SHARED_PACKS");
     const bool shared = sp == NULL || strcmp(sp, "0") != 0;
     if (shared && s->packs == NULL) st = zdp_kv_packs_create(&s->model, &s->packs, err);
@@ -179,9 +183,10 @@ static zdp_status generate_(server *s, const float *const *params, zdp_gen_seq *
     return st;
 }
 
-/* Packs this rank's block, gathers every rank's on rank 0 and answers
- * there (NULL elsewhere); frees the part. */
-static char *part_finish_(server *s, part_ *p, int *status) {
+/* Packs this rank's block, gathers every rank's on rank 0 and leaves the
+ * request's outcome in its job there; frees the part. */
+static void part_finish_(server *s, part_ *p) {
+    job *j = p->sp->j;
     const serve_sample_spec *sp = p->sp;
     const int64_t n = sp->num_samples, M = sp->max_tokens, per = p->per, bb = p->bb, K = sp->topk_prompt;
     unsigned char *blk = p->blk;
@@ -231,7 +236,7 @@ static char *part_finish_(server *s, part_ *p, int *status) {
     free(blk);
     if (s->R != 0) {
         free(plp), free(tki), free(tkl);
-        return NULL;
+        return;
     }
     int bad = -1;
     for (int r = 0; r < s->W && bad < 0; r++) {
@@ -242,13 +247,13 @@ static char *part_finish_(server *s, part_ *p, int *status) {
     if (bad >= 0) {
         free(all), free(plp), free(tki), free(tkl);
         if (bad == 0 && mine_why.msg[0] != '\0') {
-            *status = mine_why.status;
-            return serve_error_body(mine_why.field[0] != '\0' ? mine_why.field : NULL, mine_why.msg);
+            serve_job_fail(j, mine_why.status, mine_why.field, mine_why.msg);
+            return;
         }
         char msg[128];
         snprintf(msg, sizeof msg, "sampling failed on rank %d: see the server's log", bad);
-        *status = 500;
-        return serve_error_body(NULL, msg);
+        serve_job_fail(j, 500, NULL, msg);
+        return;
     }
     serve_sample_result *res = calloc(1, sizeof *res);
     if (res != NULL) {
@@ -263,8 +268,8 @@ static char *part_finish_(server *s, part_ *p, int *status) {
         (sp->logprobs && res->logprobs == NULL)) {
         serve_sample_result_free(res);
         free(all), free(plp), free(tki), free(tkl);
-        *status = 500;
-        return serve_error_body(NULL, "out of memory");
+        serve_job_fail(j, 500, NULL, "out of memory");
+        return;
     }
     for (int64_t k = 0; k < n; k++) {
         const int r = rank_of_(p->total, s->W, p->at + k); /* the rank that ran sequence k */
@@ -295,21 +300,20 @@ static char *part_finish_(server *s, part_ *p, int *status) {
         res->topk_k = K, res->n_topk = sp->n_prompt;
         res->topk_ids = tki, res->topk_logprobs = tkl;
     }
-    *status = 200;
-    return serve_finish_sample(sp->j, res);
+    j->status = 200;
+    j->sample = res;
 }
 
-char *serve_sampler_run(server *s, const float *const *params, const serve_sample_spec *sp,
-                        const verr *why, int *status) {
+void serve_sampler_run(server *s, const float *const *params, const serve_sample_spec *sp, const verr *why) {
     part_ p;
     part_prepare_(s, sp, why, 0, sp->num_samples, &p);
     zdp_error err = {0};
     if (!p.failed && p.mine > 0 && generate_(s, params, p.g, p.mine, &err) != ZDP_OK) part_failed_(s, &p, &err);
-    return part_finish_(s, &p, status);
+    part_finish_(s, &p);
 }
 
 void serve_sampler_run_many(server *s, const float *const *params, const serve_sample_spec *sps,
-                            const verr *const *whys, int n, int *statuses, char **bodies) {
+                            const verr *const *whys, int n) {
     part_ *p = calloc((size_t)(n > 0 ? n : 1), sizeof *p);
     if (p == NULL) serve_die("sample", &(zdp_error){.msg = "out of memory for a sampling batch"});
     int64_t seqs = 0, total = 0, before = 0;
@@ -337,6 +341,6 @@ void serve_sampler_run_many(server *s, const float *const *params, const serve_s
         at += p[k].mine;
     }
     free(all);
-    for (int k = 0; k < n; k++) bodies[k] = part_finish_(s, &p[k], &statuses[k]);
+    for (int k = 0; k < n; k++) part_finish_(s, &p[k]);
     free(p);
 }

@@ -1,8 +1,9 @@
 /*
- * sample.c -- generation with temperature, top-k and top-p (see sample.h).
+ * sample_cli.c -- the tool's text generation (sample_cli.h): temperature, top-k
+ * and top-p over one sequence.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "sample.h"
+#include "sample_cli.h"
 
 #include <math.h>
 #include <stdio.h>

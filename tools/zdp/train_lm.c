@@ -1,5 +1,5 @@
 /*
- * train_gpt.c -- `zdp train --model gpt` and `zdp train --model-dir DIR`: a
+ * train_lm.c -- `zdp train --model gpt` and `zdp train --model-dir DIR`: a
  * causal LM (GPT-2 from flags, or any model a Hugging Face folder describes:
  * GPT-2, Llama, Qwen3, through zdp_hf_model_create) trained on text, token
  * shards, .npy token arrays or zdp's own arithmetic corpus.  One code path
@@ -42,10 +42,10 @@
 
 #include "cli.h"
 #include "report.h"
-#include "sample.h"
+#include "sample_cli.h"
 #include "zdp/zdp.h"
 
-typedef struct gpt_opts {
+typedef struct lm_opts {
     zdp_gpt_config model;
     const char *config, *init, *data, *save_weights, *out_dir;
     const char *model_dir, *save_model_dir; /* Hugging Face folders in and out */
@@ -63,7 +63,7 @@ typedef struct gpt_opts {
     cli_ckpt ckpt;
     uint64_t seed;
     cli_schedule schedule;
-} gpt_opts;
+} lm_opts;
 
 static void usage_(void) {
     printf("usage: mpirun -np W zdp train --model gpt --config CFG.json [options]\n"
@@ -124,8 +124,8 @@ static void usage_(void) {
            "                            zdp cannot tell; say on)\n");
 }
 
-static int parse_(int argc, char **argv, gpt_opts *o) {
-    *o = (gpt_opts){.model = CLI_GPT_DEFAULT,
+static int parse_(int argc, char **argv, lm_opts *o) {
+    *o = (lm_opts){.model = CLI_GPT_DEFAULT,
                     .steps = 200, .val_every = 50, .val_batches = 8, .arith_lines = CLI_ARITH_LINES,
                     .val_fraction = -1, .seed = 42, .out_dir = "zdp-out", .progress = -1,
                     .data_format = ZDP_TOKENS_AUTO, .max_skipped = CLI_MAX_SKIPPED_DEFAULT,
@@ -283,7 +283,7 @@ static double val_loss_(run_state *st, int64_t val_batches) {
  * folder's tokenizer, on every rank alike (no BOS/EOS added; special
  * tokens' text stays plain text, docs/models.md "Training on text").  0 or
  * cli_fail's code. */
-static int open_text_data_(const gpt_opts *o, run_state *st, double val_fraction) {
+static int open_text_data_(const lm_opts *o, run_state *st, double val_fraction) {
     zdp_tokenizer *tok = NULL;
     zdp_error err;
     if (zdp_tokenizer_load(o->model_dir, &tok, &err) != ZDP_OK)
@@ -325,7 +325,7 @@ static int64_t first_outside_(const zdp_dataset *ds, int V, int32_t *tok) {
 
 /* The data, checked against the model's vocabulary and block size: the
  * generated arithmetic corpus without --data.  0 or cli_fail's code. */
-static int open_data_(const gpt_opts *o, run_state *st) {
+static int open_data_(const lm_opts *o, run_state *st) {
     zdp_error err;
     st->fmt = st->arith ? ZDP_TOKENS_BYTES : (zdp_token_format)o->data_format;
     if (st->fmt == ZDP_TOKENS_AUTO && zdp_tokens_detect(o->data, &st->fmt, &err) != ZDP_OK)
@@ -366,7 +366,7 @@ static int open_data_(const gpt_opts *o, run_state *st) {
 
 /* The engine's parameters: the folder's, --init's weights, or a fresh
  * initialisation. */
-static int init_params_(gpt_opts *o, run_state *st) {
+static int init_params_(lm_opts *o, run_state *st) {
     if (o->model_dir != NULL && o->lora_rank <= 0 && o->adapter == NULL) {
         /* Read tensor by tensor into the engine: at stage 3 each rank reads
          * only its partition's slice of each (docs/training.md). */
@@ -403,7 +403,7 @@ static int init_params_(gpt_opts *o, run_state *st) {
 /* --lora-rank: the folder's model becomes the frozen base, its weights
  * loaded outside the engine, and st->model the LoRA model over it.  0 or
  * cli_fail's code. */
-static int lora_start_(const gpt_opts *o, run_state *st) {
+static int lora_start_(const lm_opts *o, run_state *st) {
     zdp_error err;
     st->base = st->model;
     memset(&st->model, 0, sizeof st->model);
@@ -451,7 +451,7 @@ static void lora_free_(run_state *st) {
  * the data or the weights, on nodes without a shared file system): each
  * step runs only while this rank is fine.  0 or cli_fail's code; the caller
  * agrees before the first collective. */
-static int startup_(gpt_opts *o, run_state *st, int rc) {
+static int startup_(lm_opts *o, run_state *st, int rc) {
     zdp_error err;
     if (rc == 0 && zdp_config_load_file(o->config, st->W, &st->cfg, &err) != ZDP_OK)
         rc = cli_fail("%s", err.msg);
@@ -506,7 +506,7 @@ static int startup_(gpt_opts *o, run_state *st, int rc) {
 }
 
 /* Rank 0: metrics.csv's row and the step's line (or the progress line). */
-static void report_step_(const gpt_opts *o, run_state *st, int64_t step, int64_t n,
+static void report_step_(const lm_opts *o, run_state *st, int64_t step, int64_t n,
                          double mean_loss, double dt, double val) {
     const int64_t gstep = zdp_engine_global_steps(st->eng);
     const double tokens = (double)n * st->b * st->T * st->W;
@@ -572,7 +572,7 @@ static double train_step_(run_state *st, int64_t n, int64_t *cursor) {
 
 /* The steps from the engine's (resumed) step to --steps: 0, or 1 when the
  * skipped-step guard stopped the run (on every rank alike). */
-static int train_loop_(const gpt_opts *o, run_state *st, int64_t cursor) {
+static int train_loop_(const lm_opts *o, run_state *st, int64_t cursor) {
     const bool managed = st->cfg.managed_gradient_accumulation;
     const int64_t G = st->cfg.gradient_accumulation_steps;
     st->t_start = cli_now();
@@ -618,7 +618,7 @@ static const char *model_shape_(const run_state *st, char *buf, size_t cap) {
 
 /* Rank 0, after training: the loss curve, and what the model learned, in
  * words (a sample; for the arithmetic corpus, held-out accuracy). */
-static void report_end_(const gpt_opts *o, run_state *st) {
+static void report_end_(const lm_opts *o, run_state *st) {
     char title[160], shape[96];
     snprintf(title, sizeof title, "zdp %s T=%d, %d rank(s), ZeRO-%d",
              model_shape_(st, shape, sizeof shape), st->T, st->W, st->cfg.zero.stage);
@@ -637,7 +637,7 @@ static void report_end_(const gpt_opts *o, run_state *st) {
 
 /* COLLECTIVE.  --save-weights, written by rank 0: 0, or 1 on every rank
  * when it failed. */
-static int save_weights_(const gpt_opts *o, run_state *st) {
+static int save_weights_(const lm_opts *o, run_state *st) {
     int mine = 0;
     if (st->R == 0) {
         zdp_error err;
@@ -673,7 +673,7 @@ static zdp_status gather_read_(void *ctx, int i, int64_t lo, int64_t hi, float *
  * holds the whole model: rank 0 one tensor, the others one gather buffer).
  * Every rank runs the same gathers, in order, to the last tensor even when
  * rank 0's write stopped early.  0 or 1 (rank 0's write failed). */
-static int save_model_dir_stream_(const gpt_opts *o, run_state *st, zdp_error *err) {
+static int save_model_dir_stream_(const lm_opts *o, run_state *st, zdp_error *err) {
     int64_t largest = 1;
     for (int i = 0; i < st->model.n_params; i++) {
         int64_t n = 1;
@@ -702,7 +702,7 @@ static int save_model_dir_stream_(const gpt_opts *o, run_state *st, zdp_error *e
 /* COLLECTIVE.  --save-model-dir, written by rank 0: the folder, with
  * --model-dir's tokenizer files when it has any.  0, or 1 on every rank
  * when it failed. */
-static int save_model_dir_(const gpt_opts *o, run_state *st) {
+static int save_model_dir_(const lm_opts *o, run_state *st) {
     int mine = 0;
     zdp_error err;
     const bool stream = st->cfg.zero.stage == 3;
@@ -731,7 +731,7 @@ static int save_model_dir_(const gpt_opts *o, run_state *st) {
 
 /* COLLECTIVE.  --save-adapter-dir, written by rank 0: the PEFT folder.  0,
  * or 1 on every rank when it failed. */
-static int save_adapter_dir_(const gpt_opts *o, run_state *st) {
+static int save_adapter_dir_(const lm_opts *o, run_state *st) {
     int mine = 0;
     if (st->R == 0) {
         zdp_error err;
@@ -748,8 +748,8 @@ static int save_adapter_dir_(const gpt_opts *o, run_state *st) {
     return zdp_dist_all_ok(mine == 0) ? 0 : 1;
 }
 
-int cmd_train_gpt(int argc, char **argv) {
-    gpt_opts o;
+int cmd_train_lm(int argc, char **argv) {
+    lm_opts o;
     int rc = parse_(argc, argv, &o);
     if (rc == 1) return 0; /* --help */
 
