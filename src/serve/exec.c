@@ -31,6 +31,7 @@
 
 #include "core/core.h"
 #include "serve_impl.h"
+#include "zdp/lora.h"
 
 /* ---- execution (every rank) ---------------------------------------------------- */
 

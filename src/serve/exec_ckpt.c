@@ -18,6 +18,7 @@
 
 #include "core/core.h"
 #include "serve_impl.h"
+#include "zdp/lora.h"
 
 /* Rank 0, a save or load that succeeded: its typed result, with the
  * engine's counters after it. */

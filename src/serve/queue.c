@@ -6,8 +6,8 @@
  * to the connection thread waiting on a plain request, or to its protocol
  * (s->proto.finish).  The other ranks wait in serve_worker_loop.
  *
- * A signal to a rank > 0 reaches rank 0 as a TAG_STOP message, and rank 0
- * stops every rank as for its own signal.  When idle, rank 0 sends a no-op
+ * A signal to a rank > 0 reaches rank 0 (signals.c), and rank 0 stops
+ * every rank as for its own signal.  When idle, rank 0 sends a no-op
  * (OP_PING) that every rank answers; /healthz names a rank that has not.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -20,24 +20,6 @@
 
 #include "serve_impl.h"
 
-volatile sig_atomic_t serve_stop_signal = 0;
-static void on_signal_(int sig) { serve_stop_signal = sig; }
-
-void serve_install_signals(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal_;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-}
-
-/* Point-to-point tags on the server's communicator (collectives do not
- * match them): a rank > 0 that got SIGTERM/SIGINT tells rank 0, and every
- * rank > 0 answers rank 0's health check. */
-enum { TAG_STOP = 1, TAG_ACK = 2 };
-
 void serve_enqueue_locked(server *s, job *j) {
     j->queued_at = serve_now();
     j->next = NULL;
@@ -45,57 +27,6 @@ void serve_enqueue_locked(server *s, job *j) {
     else s->head = j;
     s->tail = j;
     pthread_cond_signal(&s->cv_job);
-}
-
-/* A rank > 0 that got a signal: rank 0 alone decides when every rank
- * leaves (it refuses what is queued and broadcasts OP_QUIT), so this rank
- * tells it and goes on serving until then.  Exiting alone would leave the
- * others in a collective. */
-static void notify_stop_(server *s) {
-    if (s->R == 0 || serve_stop_signal == 0 || s->stop_sent) return;
-    s->stop_sig = serve_stop_signal;
-    fprintf(stderr, "[zdp rank %d] zdp serve: %s received: asking rank 0 to stop every rank\n", s->R,
-            s->stop_sig == SIGINT ? "SIGINT" : "SIGTERM");
-    zdp_error err;
-    if (zdp_channel_isend_int(s->ch, &s->stop_sig, 0, TAG_STOP, &s->stop_req, &err) != ZDP_OK)
-        serve_die("serve", &err);
-    s->stop_sent = true;
-}
-
-/* Rank 0: has a rank > 0 asked to stop?  Then stop as if rank 0 got the
- * signal itself.  A failure is returned, not serve_die'd: the caller may
- * hold s->mu. */
-static zdp_status poll_stop_(server *s, zdp_error *err) {
-    if (s->W == 1) return ZDP_OK;
-    int from = -1, sig = 0;
-    if (zdp_channel_poll_int(s->ch, TAG_STOP, &from, &sig, err) != ZDP_OK) return err->code;
-    if (from < 0) return ZDP_OK;
-    printf("zdp serve: rank %d received %s: stopping every rank\n", from,
-           sig == SIGINT ? "SIGINT" : "SIGTERM");
-    fflush(stdout);
-    if (serve_stop_signal == 0) serve_stop_signal = sig;
-    return ZDP_OK;
-}
-
-/* Waits for a nonblocking collective without spinning a core: idle ranks
- * sit here between requests (and notice a signal here), and a rank that
- * finished its share of a sampling request waits here for the others in
- * the gather.  A blocking MPI call would spin (Open MPI's shared-memory
- * transport polls): its CPU time is taken from the ranks still working
- * whenever the ranks share cores.  The first test comes after 20 us and the
- * sleep grows by half up to 2 ms, so a short wait costs little latency
- * (docs/benchmarks-sample.md, "-np 2 without spinning"). */
-void serve_wait(server *s, zdp_comm_req *req) {
-    bool done = false;
-    long ns = 20000;
-    zdp_error err;
-    for (;;) {
-        notify_stop_(s);
-        if (zdp_comm_test(req, &done, &err) != ZDP_OK) serve_die("serve", &err);
-        if (done) return;
-        nanosleep(&(struct timespec){0, ns}, NULL);
-        if (ns < 2000000) ns += ns / 2;
-    }
 }
 
 /* The job header every rank receives: {op, payload bytes, slot, uid} (the
@@ -129,7 +60,7 @@ void serve_worker_loop(server *s) {
         }
         if (hdr[0] == OP_PING) {
             zdp_error err;
-            if (zdp_channel_send_int(s->ch, s->R, 0, TAG_ACK, &err) != ZDP_OK) serve_die("serve", &err);
+            if (zdp_channel_send_int(s->ch, s->R, 0, SERVE_TAG_ACK, &err) != ZDP_OK) serve_die("serve", &err);
             continue;
         }
         j.op = (int)hdr[0];
@@ -179,7 +110,7 @@ static void ping_(server *s) {
     if (req == NULL || ack == NULL) serve_die("serve", &(zdp_error){.msg = "out of memory for a health check"});
     zdp_error err;
     for (int r = 1; r < s->W; r++)
-        if (zdp_channel_irecv_int(s->ch, &ack[r], r, TAG_ACK, &req[r], &err) != ZDP_OK) serve_die("serve", &err);
+        if (zdp_channel_irecv_int(s->ch, &ack[r], r, SERVE_TAG_ACK, &req[r], &err) != ZDP_OK) serve_die("serve", &err);
     struct timespec ts = {0, 200000};
     for (int missing = 1; missing < s->W;) {
         bool done = false;
@@ -251,7 +182,7 @@ void serve_leader_loop(server *s) {
     double last_busy = serve_now();
     zdp_error err;
     for (;;) {
-        if (poll_stop_(s, &err) != ZDP_OK) serve_die("serve", &err);
+        if (serve_poll_stop(s, &err) != ZDP_OK) serve_die("serve", &err);
         pthread_mutex_lock(&s->mu);
         if (s->proto.tick != NULL) s->proto.tick(s);
         while (s->head == NULL && !serve_stop_signal) {
@@ -272,7 +203,7 @@ void serve_leader_loop(server *s) {
             pthread_cond_timedwait(&s->cv_job, &s->mu, &ts);
             /* Tinker requests held back for a missing seq_id may be due. */
             if (s->proto.tick != NULL) s->proto.tick(s);
-            if (poll_stop_(s, &err) != ZDP_OK) {
+            if (serve_poll_stop(s, &err) != ZDP_OK) {
                 pthread_mutex_unlock(&s->mu);
                 serve_die("serve", &err);
             }

@@ -25,7 +25,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "zdp/zdp.h"
+#include "zdp/hf.h"
+#include "zdp/model.h"
 
 /* The causal LM a server trains, from the caller (the tool: a GPT from its
  * shape flags, or a Hugging Face folder's model), so that the server drives

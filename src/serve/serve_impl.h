@@ -29,13 +29,16 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "zdp/zdp.h"
 #include "bytes.h"
-#include "fwd_input.h"
 #include "comm/comm.h"
 #include "core/json.h"
+#include "fwd_input.h"
 #include "models/policy_loss.h"
 #include "serve.h"
+#include "zdp/engine.h"
+#include "zdp/lora.h"
+#include "zdp/model.h"
+#include "zdp/sample.h"
 
 /* The largest seq_id a client may send: 2^53 - 1, JSON's exact integers, so
  * seq_id + 1 can neither overflow nor round. */
@@ -562,23 +565,31 @@ bool serve_resolve_path(const server *s, const char *field, const char *name, ch
  * item of a comma-separated list, parameters allowed)? */
 bool serve_names_type(const char *value, const char *type);
 
-/* queue.c.  The signal that asked this process to stop (0: none). */
-extern volatile sig_atomic_t serve_stop_signal;
-/* SIGINT/SIGTERM set serve_stop_signal; SIGPIPE is ignored. */
-void serve_install_signals(void);
-/* Appends j to the FIFO the main thread runs (s->mu held). */
+/* queue.c.  Appends j to the FIFO the main thread runs (s->mu held). */
 void serve_enqueue_locked(server *s, job *j);
 /* Rank 0's main thread until a signal stops every rank, and the other
  * ranks' loop (what rank 0 broadcasts, until OP_QUIT). */
 void serve_leader_loop(server *s);
 void serve_worker_loop(server *s);
-
 /* Rank 0: refuses every queued job and answers the running ones (status,
  * "why"), closes the queue and wakes the waiting connections. */
 void serve_fail_jobs(server *s, int status, const char *why);
+
+/* signals.c.  Point-to-point tags on the server's communicator
+ * (collectives do not match them): a rank > 0 that got SIGTERM/SIGINT tells
+ * rank 0, and every rank > 0 answers rank 0's health check. */
+enum { SERVE_TAG_STOP = 1, SERVE_TAG_ACK = 2 };
+/* The signal that asked this process to stop (0: none). */
+extern volatile sig_atomic_t serve_stop_signal;
+/* SIGINT/SIGTERM set serve_stop_signal; SIGPIPE is ignored. */
+void serve_install_signals(void);
 /* Every rank: waits for req (a nonblocking collective on s->ch) with a
  * growing sleep instead of MPI's spin, noticing a signal meanwhile. */
 void serve_wait(server *s, zdp_comm_req *req);
+/* Rank 0: has a rank > 0 asked to stop?  Then stop as if rank 0 got the
+ * signal itself.  A failure is returned, not serve_die'd: the caller may
+ * hold s->mu. */
+zdp_status serve_poll_stop(server *s, zdp_error *err);
 
 /* exec.c.  A failure after start-up on some ranks only: the ranks can no
  * longer agree, so the job must stop.  The library never exits: serve_die

@@ -35,15 +35,20 @@ LAYERS = [
     (7, 'io', ['src/io/*']),
     (7, 'tokenizer', ['src/tokenizer/*']),
     (8, 'sample', ['src/sample/*']),
-    # The server, lowest first: the engine calls of a job, the queue that
-    # orders jobs, the typed jobs (parsed requests, results, their encoders),
-    # the wire formats, and the server that assembles them.
-    (9, 'serve/exec', ['src/serve/exec*.c']),
-    (10, 'serve/queue', ['src/serve/queue.c']),
-    (11, 'serve/job', ['src/serve/job*.c', 'src/serve/bytes.c', 'src/serve/util.c']),
-    (12, 'serve/wire', ['src/serve/http.c', 'src/serve/plain_api.c', 'src/serve/tinker/*']),
-    (13, 'serve/server', ['src/serve/server.c']),
-    (14, 'tools', ['tools/*']),
+    # The server, lowest first: what every part of it shares (the job and
+    # its typed results, the byte buffer, the clock), the engine calls of a
+    # job, the queue that orders jobs and runs them, the decoders and
+    # encoders that turn bodies into jobs and results into bodies, the wire
+    # formats, and the server that assembles them.
+    (9, 'serve/shared', ['src/serve/job.c', 'src/serve/results.c', 'src/serve/bytes.c',
+                         'src/serve/util.c', 'src/serve/fwd_input.c']),
+    (10, 'serve/exec', ['src/serve/exec*.c', 'src/serve/weights.c', 'src/serve/sampling.c',
+                       'src/serve/signals.c']),
+    (11, 'serve/queue', ['src/serve/queue.c']),
+    (12, 'serve/codec', ['src/serve/parse*.c', 'src/serve/paths.c', 'src/serve/results_json.c']),
+    (13, 'serve/wire', ['src/serve/http.c', 'src/serve/plain_*.c', 'src/serve/tinker/*']),
+    (14, 'serve/server', ['src/serve/server.c']),
+    (15, 'tools', ['tools/*']),
 ]
 
 DEFINED = set('TDBRCVGS')

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # test_layering.sh -- the library's layering holds (docs/architecture.md,
-# "Public headers"):
-#   - no include cycle between the modules under src/ (a file of module A
-#     including "../B/..." makes A depend on B), and src/core includes no
-#     other module: core never calls comm, zdp_dist_init hands it the rank;
+# "Layers" and "Public headers"):
+#   - no object file references a symbol defined in a higher layer
+#     (tests/cli/layers.py), and nothing under src/ includes the umbrella
+#     zdp/zdp.h;
 #   - when the zdp binary links libzdp.so (-DBUILD_SHARED_LIBS=ON), the
 #     library exports exactly the functions declared ZDP_API in include/zdp/
 #     and src/, no more (hidden visibility works) and no fewer.
@@ -14,31 +14,26 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 zdp=${1:-}
 cd "$root" || exit 1
 
-python3 - <<'PY' || exit 1
-import glob, os, re, sys
-deps = {}
-for f in glob.glob('src/*/*.[ch]'):
-    mod = f.split(os.sep)[1]
-    for m in re.finditer(r'^#include "\.\./(\w+)/', open(f).read(), re.M):
-        if m.group(1) != mod:
-            deps.setdefault(mod, set()).add(m.group(1))
-if deps.get('core'):
-    sys.exit('src/core includes %s: core must not depend on another module' % sorted(deps['core']))
-# Depth-first search for a cycle.
-state = {}
-def visit(m, path):
-    state[m] = 1
-    for d in sorted(deps.get(m, ())):
-        if state.get(d) == 1:
-            sys.exit('include cycle between modules: ' + ' -> '.join(path + [m, d]))
-        if d not in state:
-            visit(d, path + [m])
-    state[m] = 2
-for m in sorted(deps):
-    if m not in state:
-        visit(m, [])
-print('test_layering: no include cycle among %d modules; core includes none' % len(deps))
-PY
+# The layers, on symbols: every object file of libzdp, the server and the
+# tool, placed by its source path; a reference up the order fails, naming
+# both files (tests/cli/layers.py).  Its self-test first shows that an
+# upward call is caught.
+if [ -z "$zdp" ]; then
+  echo "test_layering: usage: test_layering.sh ZDP_BINARY (its build tree holds the object files)"
+  exit 1
+fi
+python3 tests/cli/layers.py --self-test || exit 1
+python3 tests/cli/layers.py "$(cd "$(dirname "$zdp")/.." && pwd)" || exit 1
+
+# Headers and sources inside src/ include the public subject headers they
+# need; the umbrella zdp/zdp.h is for programs using the library.
+umbrella=$(grep -rl --include='*.[ch]' '#include "zdp/zdp.h"' src)
+if [ -n "$umbrella" ]; then
+  echo "test_layering: these files under src/ include the umbrella zdp/zdp.h; include the" \
+       "subject headers they use (zdp/core.h, zdp/engine.h, ...):" $umbrella
+  exit 1
+fi
+echo "test_layering: nothing under src/ includes the umbrella zdp/zdp.h"
 
 # The library never exits (docs/style.md): libzdp and the server module call
 # no exit, _exit, _Exit or quick_exit; a job that must stop is ended by the
