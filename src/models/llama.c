@@ -27,7 +27,7 @@
  * frozen: each projection and the lm_head hand their output to the adapter
  * in forward and their output gradient in backward, no base tensor is
  * acquired, no dW is computed, and backward stops below the lowest adapted
- * block.  Not here: config.json (hf.c), parallelism (the engine).
+ * block.  Not here: config.json (src/io/hf_config.c), parallelism (the engine).
  */
 #include <limits.h>
 #include <math.h>

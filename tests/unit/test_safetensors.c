@@ -1,5 +1,5 @@
 /*
- * test_safetensors.c -- unit tests for src/io/safetensors.c.
+ * test_safetensors.c -- unit tests for src/safetensors/safetensors.c.
  *
  * Round trips over every dtype (with a 0-d scalar and an empty tensor), a
  * byte-exact comparison with a file built by hand here, every reader
@@ -12,7 +12,7 @@
  *
  * Build alone (the rest of libzdp may be in flux):
  *   gcc -std=c11 -Wall -Wextra -g -fsanitize=address,undefined -Iinclude -Isrc \
- *       src/io/safetensors.c src/core/core.c src/comm/comm_mpi.c \
+ *       src/safetensors/safetensors.c src/core/core.c src/comm/comm_mpi.c \
  *       tests/unit/test_safetensors.c $(pkg-config --cflags --libs jansson) \
  *       $(mpicc --showme:compile) $(mpicc --showme:link) -lcmocka -lm
  */
