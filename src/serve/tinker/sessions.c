@@ -1,15 +1,10 @@
 /*
  * tinker/sessions.c -- the state of the Tinker protocol on rank 0, under
  * s->mu: sessions and their heartbeats, the models of create_model and the
- * slots they train in, each model's seq_id order, sampling sessions, the
- * protocol's registration, and the names of run folders on disk.
- *
- * Order.  A model's requests carry seq_id 1, 2, 3, ...  The SDK posts the
- * chunks of one forward_backward in parallel with the first chunk last, so
- * they arrive out of order: a request waits in `held` until every smaller
- * seq_id has been queued.  A request refused before the engine (a validation
- * error) still uses up its seq_id, as the client's counter moves on; a
- * seq_id that never arrives is given up after --seq-gap-seconds.
+ * slots they train in, unloading, the tick (silent sessions' models
+ * unloaded, seq_id gaps given up), sampling sessions, the protocol's
+ * registration, and the names of run folders on disk.  Each model's seq_id
+ * order is submit.c's.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -118,44 +113,6 @@ bool tinker_not_live(const tinker_state *t, const char *model_id, verr *e) {
                      "model_id create_model returned", model_id, tinker_live_models(t));
 }
 
-/* ---- seq_id order (s->mu held) ------------------------------------------------------ */
-
-/* Queues m's held requests while the next one is the seq_id due. */
-static bool release_(server *s, tinker_model *m) {
-    bool queued = false;
-    while (m->held != NULL && m->held->seq_id <= m->next_seq) {
-        job *j = m->held;
-        m->held = j->next;
-        m->next_seq = j->seq_id + 1;
-        if (j->op == OP_NOOP) {
-            serve_job_free(j); /* refused before the engine; its future is answered */
-        } else {
-            serve_enqueue_locked(s, j);
-            queued = true;
-        }
-    }
-    return queued;
-}
-
-void tinker_hold(server *s, tinker_model *m, job *j) {
-    job **pp = &m->held;
-    while (*pp != NULL && (*pp)->seq_id < j->seq_id) pp = &(*pp)->next;
-    j->next = *pp;
-    *pp = j;
-    release_(s, m);
-}
-
-/* Fails every held request of m with msg (shutdown, a replaced or unloaded model). */
-void tinker_fail_held(server *s, tinker_model *m, const char *category, const char *msg) {
-    for (job *j = m->held, *n; j != NULL; j = n) {
-        n = j->next;
-        if (j->op != OP_NOOP) tinker_complete(j->fut, tinker_failure(category, "%s", msg));
-        serve_job_free(j);
-    }
-    m->held = NULL;
-    pthread_cond_broadcast(&s->cv_done);
-}
-
 /* Unloads live LoRA model m (s->mu held): its slot is freed by an all-rank
  * job behind every request of it already queued, so a create_model that
  * takes the slot next runs after it; its held requests fail; a later
@@ -204,18 +161,7 @@ bool tinker_tick_locked(server *s) {
                 continue;
             }
         }
-        if (m->held == NULL) continue;
-        double oldest = m->held->arrived;
-        for (job *j = m->held; j != NULL; j = j->next)
-            if (j->arrived < oldest) oldest = j->arrived;
-        if (now - oldest < s->opt.seq_gap_s) continue;
-        fprintf(stderr,
-                "zdp serve: warning: model %s: seq_id %lld..%lld never arrived within %g s "
-                "(--seq-gap-seconds); running seq_id %lld and later without them\n",
-                m->model_id, (long long)m->next_seq, (long long)m->held->seq_id - 1, s->opt.seq_gap_s,
-                (long long)m->held->seq_id);
-        m->next_seq = m->held->seq_id;
-        if (release_(s, m)) queued = true;
+        if (tinker_expire_gap(s, m, now)) queued = true;
     }
     return queued;
 }

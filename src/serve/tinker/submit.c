@@ -2,8 +2,9 @@
  * tinker/submit.c -- a Tinker request into a job (docs/tinker-protocol.md):
  * the envelope (model_id, seq_id) shared by JSON and protobuf, the job of
  * each training verb (its body parsed by the plain API's parsers where the
- * shapes are the same: parse_fwd.c, parse.c), its place in the model's
- * seq_id order with a future, asample's job, and a LoRA configuration.
+ * shapes are the same: parse_fwd.c, parse.c), its future and its place in
+ * the model's seq_id order (held until every smaller seq_id was queued),
+ * asample's job, and a LoRA configuration.
  *
  * Retries.  The SDK retries a POST whose answer it did not get, with the same
  * X-Idempotency-Key inside one call and a new one across its outer retry
@@ -160,6 +161,66 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
         return serve_set_path(s, j, path, e);
     }
     return serve_bad(e, 404, "url", "%s: not a training verb (a bug in zdp)", verb);
+}
+
+/* ---- seq_id order (s->mu held) ------------------------------------------------------ */
+
+/* A model's requests carry seq_id 1, 2, 3, ...  The SDK posts the chunks of
+ * one forward_backward in parallel with the first chunk last, so they
+ * arrive out of order: a request waits in `held` until every smaller seq_id
+ * has been queued.  A request refused before the engine (a validation
+ * error) still uses up its seq_id, as the client's counter moves on; a
+ * seq_id that never arrives is given up after --seq-gap-seconds. */
+
+/* Queues m's held requests while the next one is the seq_id due. */
+static bool release_(server *s, tinker_model *m) {
+    bool queued = false;
+    while (m->held != NULL && m->held->seq_id <= m->next_seq) {
+        job *j = m->held;
+        m->held = j->next;
+        m->next_seq = j->seq_id + 1;
+        if (j->op == OP_NOOP) {
+            serve_job_free(j); /* refused before the engine; its future is answered */
+        } else {
+            serve_enqueue_locked(s, j);
+            queued = true;
+        }
+    }
+    return queued;
+}
+
+void tinker_hold(server *s, tinker_model *m, job *j) {
+    job **pp = &m->held;
+    while (*pp != NULL && (*pp)->seq_id < j->seq_id) pp = &(*pp)->next;
+    j->next = *pp;
+    *pp = j;
+    release_(s, m);
+}
+
+/* Fails every held request of m with msg (shutdown, a replaced or unloaded model). */
+void tinker_fail_held(server *s, tinker_model *m, const char *category, const char *msg) {
+    for (job *j = m->held, *n; j != NULL; j = n) {
+        n = j->next;
+        if (j->op != OP_NOOP) tinker_complete(j->fut, tinker_failure(category, "%s", msg));
+        serve_job_free(j);
+    }
+    m->held = NULL;
+    pthread_cond_broadcast(&s->cv_done);
+}
+
+bool tinker_expire_gap(server *s, tinker_model *m, double now) {
+    if (m->held == NULL) return false;
+    double oldest = m->held->arrived;
+    for (job *j = m->held; j != NULL; j = j->next)
+        if (j->arrived < oldest) oldest = j->arrived;
+    if (now - oldest < s->opt.seq_gap_s) return false;
+    fprintf(stderr,
+            "zdp serve: warning: model %s: seq_id %lld..%lld never arrived within %g s "
+            "(--seq-gap-seconds); running seq_id %lld and later without them\n",
+            m->model_id, (long long)m->next_seq, (long long)m->held->seq_id - 1, s->opt.seq_gap_s,
+            (long long)m->held->seq_id);
+    m->next_seq = m->held->seq_id;
+    return release_(s, m);
 }
 
 /* A built job (valid: else refused with why) onto model_id's order: its

@@ -8,9 +8,9 @@
  * thread for tinker_finish_locked / tinker_tick_locked).
  *
  * Files: routes.c (the endpoints), submit.c (a request into a job, its
- * seq_id and its future), futures.c (futures, what a finished job leaves on
- * one, retrieve_future and the replies), sessions.c (sessions, models,
- * seq_id order, sampling sessions), runs.c (training runs and checkpoints on
+ * future and its place in the seq_id order), futures.c (futures, what a
+ * finished job leaves on one, retrieve_future and the replies), sessions.c
+ * (sessions, models, unloading, the tick, sampling sessions), runs.c (training runs and checkpoints on
  * disk), proto_decode.c and proto_encode.c (the protobuf codec).
  */
 #ifndef ZDP_SERVE_TINKER_H
@@ -175,7 +175,7 @@ enum MHD_Result tinker_reply_ticket(struct MHD_Connection *c, const tinker_ticke
 enum MHD_Result tinker_retrieve(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
                                 const char *idem);
 
-/* ---- tinker/sessions.c: sessions, models, seq_id order (s->mu held) ---- */
+/* ---- tinker/sessions.c: sessions, models, unloading (s->mu held) ---- */
 
 /* Forgets sessions silent for an hour (those of live models are kept). */
 void tinker_prune_sessions(tinker_state *t);
@@ -188,10 +188,14 @@ int tinker_live_models(const tinker_state *t);
 /* Why model_id is not live (unloaded and why, or never existed): sets e
  * (400) naming it; false. */
 bool tinker_not_live(const tinker_state *t, const char *model_id, verr *e);
-/* Puts j in m's seq_id order and queues what became due. */
+/* submit.c.  Puts j in m's seq_id order and queues what became due. */
 void tinker_hold(server *s, tinker_model *m, job *j);
 /* Fails every held request of m with msg (shutdown, a replaced or unloaded model). */
 void tinker_fail_held(server *s, tinker_model *m, const char *category, const char *msg);
+/* The tick: when m's oldest held request has waited --seq-gap-seconds for a
+ * smaller seq_id, gives up the missing ones and queues what became due;
+ * true when something was queued. */
+bool tinker_expire_gap(server *s, tinker_model *m, double now);
 /* Unloads live LoRA model m: its slot is freed by an all-rank job behind
  * every request of it already queued; its held requests fail; a later
  * request is told why.  fut: unload_model's future (NULL: nobody waits).
