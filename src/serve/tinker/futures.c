@@ -1,5 +1,5 @@
 /*
- * tinker/futures.c -- Tinker's futures (docs/tinker-protocol.md): every
+ * futures.c -- Tinker's futures (docs/tinker-protocol.md): every
  * training verb answers its POST at once with {"request_id": "zdp-N"}; the
  * work runs later on the server's one FIFO queue and its result is kept on
  * the future (an hour, not deleted on first read: a client may poll again

@@ -1,5 +1,5 @@
 /*
- * tinker/proto_decode.c -- the reading half of the hand-written protobuf
+ * proto_decode.c -- the reading half of the hand-written protobuf
  * codec (tinker/proto.h): a ForwardBackwardRequest into the typed request
  * the JSON path also produces (serve_fwd_in).  No protobuf library: a
  * tag/varint reader that checks every length against the bytes left (it

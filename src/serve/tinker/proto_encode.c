@@ -1,5 +1,5 @@
 /*
- * tinker/proto_encode.c -- the writing half of the hand-written protobuf
+ * proto_encode.c -- the writing half of the hand-written protobuf
  * codec (tinker/proto.h): ForwardBackwardOutput and SampleResponse, from
  * typed results or from their JSON form.  The field numbers are in proto.h.
  */

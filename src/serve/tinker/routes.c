@@ -1,5 +1,5 @@
 /*
- * tinker/routes.c -- the Tinker SDK's endpoints under /api/v1/
+ * routes.c -- the Tinker SDK's endpoints under /api/v1/
  * (docs/tinker-protocol.md): the route tables and each endpoint's handler.
  * A handler decodes the body once (JSON, or for SDK 0.25's forward_backward
  * protobuf: tinker/proto_decode.c), hands a training verb to submit.c and answers

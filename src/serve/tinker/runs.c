@@ -1,5 +1,5 @@
 /*
- * tinker/runs.c -- training runs and checkpoints as the Tinker SDK's
+ * runs.c -- training runs and checkpoints as the Tinker SDK's
  * RestClient reads them (docs/tinker-protocol.md, "Training runs and
  * checkpoints"), all from the checkpoint folder, so they outlive the server:
  *

@@ -1,5 +1,5 @@
 /*
- * tinker/sessions.c -- the state of the Tinker protocol on rank 0, under
+ * sessions.c -- the state of the Tinker protocol on rank 0, under
  * s->mu: sessions and their heartbeats, the models of create_model and the
  * slots they train in, unloading, the tick (silent sessions' models
  * unloaded, seq_id gaps given up), sampling sessions, the protocol's

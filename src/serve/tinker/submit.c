@@ -1,5 +1,5 @@
 /*
- * tinker/submit.c -- a Tinker request into a job (docs/tinker-protocol.md):
+ * submit.c -- a Tinker request into a job (docs/tinker-protocol.md):
  * the envelope (model_id, seq_id) shared by JSON and protobuf, the job of
  * each training verb (its body parsed by the plain API's parsers where the
  * shapes are the same: parse_fwd.c, parse.c), its future and its place in
