@@ -25,6 +25,7 @@
 
 #include "checkpoint_format.h"
 #include "zdp/dist.h"
+#include "zdp/engine.h" /* zdp_checkpoint_inspect, _export: exported (ZDP_API) */
 
 #define FNV_BASIS_ 0xcbf29ce484222325ULL
 #define FNV_PRIME_ 0x100000001b3ULL
