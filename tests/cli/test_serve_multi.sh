@@ -4,8 +4,9 @@
 # driven by tests/serve/multi_check.py: fresh
 # models start at the base loss, two models interleaved == each alone
 # (bitwise), from_state beside a live model, --max-models refusal, bad input
-# (nothing changed), heartbeat unload, a forward in the window changing nothing, a
-# restarted script creating its models again (ended sessions, finish).  Also the flags' own refusals.
+# (nothing changed), heartbeat unload, a forward in the window changing
+# nothing, a restarted script creating its models again (ended sessions,
+# finish).  Also the flags' own refusals.
 # usage: test_serve_multi.sh ZDP_BINARY MPIEXEC
 set -u
 source "$(dirname "$0")/serve_lib.sh" "$@" # ZDP MPIEXEC: HERE, PY, $T, fail, start_server
@@ -42,8 +43,10 @@ for run in ${RUNS:-gpt:1 gpt:2 gpt:3 qwen:2}; do
   log="$T/server-$kind-$np.log"
   if [ "$kind" = qwen ]; then args=("${QWEN[@]}"); else args=("${MODEL[@]}"); fi
   start_server $np "$log" "${args[@]}" --config "$T/cfg$np.json" --checkpoint-dir "$T/ck-$kind-$np" \
-    --max-models 2 --model-idle-timeout-seconds $IDLE --session-timeout-seconds $SESSION --long-poll-seconds 1 || continue
-  timeout 300 $PY "$CHECK" "$URL" "$T/ck-$kind-$np" $IDLE $SESSION || fail "multi_check $kind at -np $np (ZeRO stage $stage)"
+    --max-models 2 --model-idle-timeout-seconds $IDLE --session-timeout-seconds $SESSION \
+    --long-poll-seconds 1 || continue
+  timeout 300 $PY "$CHECK" "$URL" "$T/ck-$kind-$np" $IDLE $SESSION ||
+    fail "multi_check $kind at -np $np (ZeRO stage $stage)"
   stop_server
   if [ $SERVER_RC -ne 0 ] || ! grep -q "zdp serve: stopped" "$log"; then
     fail "-np $np: no clean stop on SIGTERM (exit $SERVER_RC)"; tail -20 "$log"

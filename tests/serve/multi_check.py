@@ -158,8 +158,8 @@ def train(tc, dat, steps, tag):
 
 
 class Check:
-    def __init__(self, url, ckdir, idle):
-        self.url, self.ckdir, self.idle = url, ckdir, idle
+    def __init__(self, url, ckdir, idle, session_timeout):
+        self.url, self.ckdir, self.idle, self.session_timeout = url, ckdir, idle, session_timeout
         self.sc = client(url)
         self.name = self.sc.get_server_capabilities()["supported_models"][0]["model_name"]
 
@@ -225,8 +225,10 @@ class Check:
                     sum(r["optimizer_bytes"] for r in m["memory"]) < 2 * 4 * m["n_params"] or \
                     any(r["total_bytes"] <= 0 for r in m["memory"]):
                 fail("GET /info models[%s]: %s" % (tc.model_id, m))
-        if js.get("mode") != "lora" or js.get("max_models") != 2:
-            fail("GET /info: mode %s, max_models %s" % (js.get("mode"), js.get("max_models")))
+        if js.get("mode") != "lora" or js.get("max_models") != 2 or \
+                js.get("session_timeout_seconds") != self.session_timeout:
+            fail("GET /info: mode %s, max_models %s, session_timeout_seconds %s"
+                 % (js.get("mode"), js.get("max_models"), js.get("session_timeout_seconds")))
         self.a, self.b = a, b
         self.fa, self.fb, self.ta, self.tb = fa, fb, ta, tb
         # Each alone, on a server where the other is not loaded.
@@ -431,8 +433,7 @@ class Check:
 
 def main():
     url, ckdir, idle = sys.argv[1], sys.argv[2], float(sys.argv[3])
-    c = Check(url, ckdir, idle)
-    c.session_timeout = float(sys.argv[4])
+    c = Check(url, ckdir, idle, float(sys.argv[4]))
     for step in (c.base_loss, c.interleaved, c.from_state, c.refusals, c.heartbeat, c.forward_no_grad, c.restart):
         try:
             step()
