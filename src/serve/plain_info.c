@@ -106,9 +106,10 @@ static char *info_lora_json_(server *s, const serve_info_result *r, json_t *mode
                                              "sample_decode_rows", (json_int_t)x[8], "sample_shared_rows",
                                              (json_int_t)x[9]));
     }
-    json_t *o = json_pack("{s:o,s:i,s:i,s:s,s:i,s:f,s:I,s:o,s:I}", "model", model_json_(s), "world_size", r->W,
+    json_t *o = json_pack("{s:o,s:i,s:i,s:s,s:i,s:f,s:f,s:I,s:o,s:I}", "model", model_json_(s), "world_size", r->W,
                           "zero_stage", s->cfg.zero.stage, "mode", "lora", "max_models", s->opt.max_models,
-                          "model_idle_timeout_seconds", s->opt.model_idle_timeout_s, "base_bytes",
+                          "model_idle_timeout_seconds", s->opt.model_idle_timeout_s, "session_timeout_seconds",
+                          s->opt.session_timeout_s, "base_bytes",
                           (json_int_t)r->base_bytes, "models", models, "max_body_bytes", (json_int_t)s->opt.max_body);
     json_object_set_new(o, "memory", mem);
     json_object_set_new(o, "requests", requests_json_(r->stats));

@@ -98,6 +98,8 @@ typedef struct serve_opts {
     int max_models;             /* --max-models: LoRA models held at once (1 with --full-finetune) */
     double model_idle_timeout_s; /* --model-idle-timeout-seconds: a LoRA model whose session
                                     sent no heartbeat this long is unloaded */
+    double session_timeout_s;   /* --session-timeout-seconds: a session silent this long has ended;
+                                   its models give up their slots to a create_model (0: 30) */
 } serve_opts;
 
 typedef struct server zdp_server;

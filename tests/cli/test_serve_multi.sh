@@ -4,7 +4,9 @@
 # driven by tests/serve/multi_check.py: fresh
 # models start at the base loss, two models interleaved == each alone
 # (bitwise), from_state beside a live model, --max-models refusal, bad input
-# (nothing changed), heartbeat unload.  Also the flags' own refusals.
+# (nothing changed), heartbeat unload, a forward in the window changing
+# nothing, a restarted script creating its models again (ended sessions,
+# finish).  Also the flags' own refusals.
 # usage: test_serve_multi.sh ZDP_BINARY MPIEXEC
 set -u
 source "$(dirname "$0")/serve_lib.sh" "$@" # ZDP MPIEXEC: HERE, PY, $T, fail, start_server
@@ -12,6 +14,7 @@ CHECK="$HERE/../serve/multi_check.py"
 
 MODEL=(--model gpt --n-layer 2 --n-head 2 --n-embd 16 --vocab-size 64 --block-size 16)
 IDLE=6
+SESSION=3 # --session-timeout-seconds: the restart check waits this long
 config() {
   cat <<JSON
 {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
@@ -40,14 +43,18 @@ for run in ${RUNS:-gpt:1 gpt:2 gpt:3 qwen:2}; do
   log="$T/server-$kind-$np.log"
   if [ "$kind" = qwen ]; then args=("${QWEN[@]}"); else args=("${MODEL[@]}"); fi
   start_server $np "$log" "${args[@]}" --config "$T/cfg$np.json" --checkpoint-dir "$T/ck-$kind-$np" \
-    --max-models 2 --model-idle-timeout-seconds $IDLE --long-poll-seconds 1 || continue
-  timeout 300 $PY "$CHECK" "$URL" "$T/ck-$kind-$np" $IDLE || fail "multi_check $kind at -np $np (ZeRO stage $stage)"
+    --max-models 2 --model-idle-timeout-seconds $IDLE --session-timeout-seconds $SESSION \
+    --long-poll-seconds 1 || continue
+  timeout 300 $PY "$CHECK" "$URL" "$T/ck-$kind-$np" $IDLE $SESSION ||
+    fail "multi_check $kind at -np $np (ZeRO stage $stage)"
   stop_server
   if [ $SERVER_RC -ne 0 ] || ! grep -q "zdp serve: stopped" "$log"; then
     fail "-np $np: no clean stop on SIGTERM (exit $SERVER_RC)"; tail -20 "$log"
   fi
   grep -q "create_model -> .*LoRA rank 4" "$log" || fail "-np $np: the server did not log a LoRA create_model"
   grep -q "unloaded: its session .* sent no heartbeat" "$log" || fail "-np $np: no heartbeat unload in the log"
+  grep -q "create_model .* took its slot" "$log" || fail "-np $np: no slot taken from an ended session in the log"
+  grep -q "session s[0-9]* finished (success)" "$log" || fail "-np $np: no session finish in the log"
   if grep -q "MPI_ABORT\|zdp: error" "$log"; then fail "-np $np: server log has errors"; cat "$log"; fi
 done
 

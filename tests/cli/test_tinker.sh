@@ -5,7 +5,9 @@
 # bootstrap, create_model (--full-finetune: a LoRA rank is a 400; one model), chunks posted in
 # parallel with the first last, lost responses retried with the same
 # idempotency key, held-open retrieve_future, seq_id gaps, every loss,
-# save/load_weights, sampling sessions on saved weights (7 seeded samples, divided
+# save/load_weights, a forward between forward_backward and optim_step changing
+# nothing (bitwise), a finished session (POST sessions/ID/finish) detaching its
+# model at once, sampling sessions on saved weights (7 seeded samples, divided
 # across the ranks, the same at every -np); then SDK 0.25's protobuf forward_backward/forward and
 # protobuf results (the same update, bitwise), malformed protobuf bodies.
 # Each update is compared with the server's plain endpoints (themselves

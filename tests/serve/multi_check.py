@@ -22,9 +22,17 @@ Checks:
     checkpoint of another rank;
   - a model whose session stops heartbeating is unloaded after the timeout;
     a request to it then is a 400 saying why; its checkpoint stays;
-  - the plain JSON API's training endpoints are a 400 naming --full-finetune.
+  - the plain JSON API's training endpoints are a 400 naming --full-finetune;
+  - a forward between forward_backward and optim_step changes nothing,
+    bitwise (JSON forward of SDK 0.24, protobuf forward_only of 0.25);
+  - a script stopped and restarted at once can create its models again: the
+    old session's models (it stopped heartbeating, never unloaded) give
+    their slots to the new session's create_model once it missed
+    --session-timeout-seconds of heartbeats, and at once after POST
+    sessions/ID/finish; before that the 400 names each live model, its
+    session and its last heartbeat.
 
-usage: multi_check.py URL CHECKPOINT_DIR IDLE_TIMEOUT_SECONDS
+usage: multi_check.py URL CHECKPOINT_DIR IDLE_TIMEOUT_SECONDS SESSION_TIMEOUT_SECONDS
 """
 import array
 import json
@@ -150,8 +158,8 @@ def train(tc, dat, steps, tag):
 
 
 class Check:
-    def __init__(self, url, ckdir, idle):
-        self.url, self.ckdir, self.idle = url, ckdir, idle
+    def __init__(self, url, ckdir, idle, session_timeout):
+        self.url, self.ckdir, self.idle, self.session_timeout = url, ckdir, idle, session_timeout
         self.sc = client(url)
         self.name = self.sc.get_server_capabilities()["supported_models"][0]["model_name"]
 
@@ -217,8 +225,10 @@ class Check:
                     sum(r["optimizer_bytes"] for r in m["memory"]) < 2 * 4 * m["n_params"] or \
                     any(r["total_bytes"] <= 0 for r in m["memory"]):
                 fail("GET /info models[%s]: %s" % (tc.model_id, m))
-        if js.get("mode") != "lora" or js.get("max_models") != 2:
-            fail("GET /info: mode %s, max_models %s" % (js.get("mode"), js.get("max_models")))
+        if js.get("mode") != "lora" or js.get("max_models") != 2 or \
+                js.get("session_timeout_seconds") != self.session_timeout:
+            fail("GET /info: mode %s, max_models %s, session_timeout_seconds %s"
+                 % (js.get("mode"), js.get("max_models"), js.get("session_timeout_seconds")))
         self.a, self.b = a, b
         self.fa, self.fb, self.ta, self.tb = fa, fb, ta, tb
         # Each alone, on a server where the other is not loaded.
@@ -333,10 +343,98 @@ class Check:
               flush=True)
 
 
+    def forward_no_grad(self):
+        """forward (and 0.25's forward_only) leaves no gradient: bitwise the same step."""
+        results = {}
+        sc25 = T.ServiceClient(self.url, sdk_version="0.25.0", heartbeat_interval=0.3, backoff_base=0.02,
+                               outer_backoff_unit=0.05)
+        # Each against a run without the forward, through the same encoding
+        # (0.25 reads its results as protobuf: float32 losses).
+        for tag, sc, extra in (("none", self.sc, False), ("json", self.sc, True), ("none-proto", sc25, False),
+                               ("proto", sc25, True)):
+            tc = sc.create_lora_training_client(self.name, rank=4, seed=11)
+            fb = tc.forward_backward(DATA_A, "cross_entropy")
+            if extra:  # in the window, between forward_backward and optim_step
+                tc.forward(DATA_B, "cross_entropy").result()
+            fb.result()
+            tc.optim_step(ADAM).result()
+            after = fingerprint(tc.forward(DATA_A, "cross_entropy").result())
+            tc.save_state("fwd-" + tag).result()
+            results[tag] = (after, tensors(ckpt_file(self.ckdir, tc.model_id, "fwd-" + tag)))
+            tc.unload().result()
+        sc25.close()
+        for tag, ref in (("json", "none"), ("proto", "none-proto")):
+            if results[tag][0] != results[ref][0]:
+                fail("a %s forward between forward_backward and optim_step changed the step's losses" % tag)
+            if results[tag][1] != results["none"][1] or not results[tag][1]:
+                fail("a %s forward between forward_backward and optim_step changed the adapters" % tag)
+        print("multi_check: a forward in the window leaves no gradient (bitwise, JSON and protobuf)", flush=True)
+
+    def restart(self):
+        """A script stopped and restarted at once creates its models again."""
+        old = client(self.url)
+        models = [old.create_lora_training_client(self.name, rank=2, seed=s) for s in (3, 4)]
+        train(models[0], DATA_A, 1, "old")
+        models[0].save_state("before-restart").result()
+        old.close()  # the process died: no more heartbeats, nothing unloaded
+        new = client(self.url)
+        # At once: the old session has not missed its heartbeats yet.
+        expect_status(lambda: new.create_lora_training_client(self.name, rank=2, seed=7),
+                      "create_model while the old session may still be alive", 400, "--max-models 2")
+        js = None
+        try:
+            new.create_lora_training_client(self.name, rank=2, seed=7)
+        except T.APIStatusError as e:
+            js = e.body.decode() if isinstance(e.body, bytes) else str(e.body)
+        for needle in (models[0].model_id, "session %s, alive, last heartbeat" % old.session_id,
+                       "--session-timeout-seconds"):
+            if js is None or needle not in js:
+                fail("the --max-models 400 does not say %r: %s" % (needle, js))
+        time.sleep(self.session_timeout + 0.5)
+        t0 = time.time()
+        fresh = [new.create_lora_training_client(self.name, rank=2, seed=s) for s in (7, 8)]
+        if time.time() - t0 > 10:
+            fail("creating the models again took %.1f s" % (time.time() - t0))
+        for tc in fresh:
+            tc.forward(DATA_A, "cross_entropy").result()
+        for m in models:
+            expect_status(lambda: m.forward(DATA_A, "cross_entropy").result(), "a request to the old session's "
+                          "model", 400, "took its slot")
+        if not os.path.exists(ckpt_file(self.ckdir, models[0].model_id, "before-restart")):
+            fail("the old session's checkpoint is gone")
+        ids = sorted(m.get("model_id") for m in info(self.url).get("models", []))
+        if ids != sorted(tc.model_id for tc in fresh):
+            fail("GET /info lists %s after the restart, wanted the new session's models" % ids)
+        # ServiceClient.close() of newer SDKs: POST sessions/ID/finish; its models go at once.
+        fin = "/api/v1/sessions/%s/finish" % new.session_id
+        st, js = http(self.url, "POST", fin, {"reason": {"type": "success"}})
+        if st != 200 or sorted(js.get("unloaded_models", [])) != sorted(tc.model_id for tc in fresh):
+            fail("finish: %d %s" % (st, js))
+        again = client(self.url)
+        third = [again.create_lora_training_client(self.name, rank=2, seed=s) for s in (9, 10)]
+        st, js = http(self.url, "POST", fin, {"reason": {"type": "success"}})
+        if st != 200 or js.get("unloaded_models") != [] or js.get("reason") != "success":
+            fail("finish again: %d %s" % (st, js))
+        expect_status(lambda: fresh[0].forward(DATA_A, "cross_entropy").result(), "a request to a finished "
+                      "session's model", 400, "finished (reason success)")
+        st, js = http(self.url, "POST", "/api/v1/sessions/s99999/finish", {"reason": {"type": "errored"}})
+        if st != 404 or "s99999" not in json.dumps(js):
+            fail("finish of an unknown session: %d %s" % (st, js))
+        st, js = http(self.url, "POST", "/api/v1/sessions/%s/finish" % again.session_id, {"reason": "done"})
+        if st != 400 or js.get("field") != "reason" or "done" not in js.get("error", ""):
+            fail("finish with a bad reason: %d %s" % (st, js))
+        for tc in third:
+            tc.unload().result()
+        for sc in (new, again):
+            sc.close()
+        print("multi_check: a restarted script creates its models again (after %g s of missed heartbeats, "
+              "at once after finish)" % self.session_timeout, flush=True)
+
+
 def main():
     url, ckdir, idle = sys.argv[1], sys.argv[2], float(sys.argv[3])
-    c = Check(url, ckdir, idle)
-    for step in (c.base_loss, c.interleaved, c.from_state, c.refusals, c.heartbeat):
+    c = Check(url, ckdir, idle, float(sys.argv[4]))
+    for step in (c.base_loss, c.interleaved, c.from_state, c.refusals, c.heartbeat, c.forward_no_grad, c.restart):
         try:
             step()
         except Exception as e:  # noqa: BLE001

@@ -5,7 +5,8 @@
  * model_id refused naming it; a model whose session stops heartbeating
  * unloaded by the tick (an all-rank OP_UNLOAD job for its slot), and a later
  * request to it told why; a job whose slot no longer holds its model refused
- * before any engine call.  The server struct is serve_fx.h's (LoRA mode,
+ * before any engine call; a session that ended (silent past
+ * --session-timeout-seconds, or finished) gives up its model's slot.  The server struct is serve_fx.h's (LoRA mode,
  * two live models), as test_serve_queue.c's is for one.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -123,6 +124,78 @@ static void test_heartbeat_unload(void **state) {
     serve_fx_free_(s);
 }
 
+/* A session that missed --session-timeout-seconds of heartbeats has ended:
+ * its model is the one a create_model with no free slot unloads (the
+ * longest-silent first); while every session is alive there is none, and
+ * the 400's list names each model, its session and its last heartbeat.
+ * The tick still waits --model-idle-timeout-seconds. */
+static void test_evictable(void **state) {
+    (void)state;
+    server *s = server_();
+    s->opt.session_timeout_s = 3;
+    s->opt.model_idle_timeout_s = 100;
+    tinker_state *t = s->tinker;
+    const double now = serve_now();
+    pthread_mutex_lock(&s->mu);
+    assert_null(tinker_evictable(s, now));
+    char msg[2048];
+    tinker_describe_models(s, now, msg, sizeof msg);
+    assert_non_null(strstr(msg, "s1:train:0 (session s1, alive, last heartbeat 0.0 s ago)"));
+    assert_non_null(strstr(msg, "s2:train:0 (session s2, alive"));
+    for (session *x = t->sessions; x != NULL; x = x->next) x->seen -= !strcmp(x->id, "s2") ? 5 : 4;
+    assert_ptr_equal(tinker_evictable(s, now), &t->models[1]); /* both silent: s2 the longer */
+    tinker_find_session(t, "s2")->seen = now;
+    assert_ptr_equal(tinker_evictable(s, now), &t->models[0]);
+    tinker_describe_models(s, now, msg, sizeof msg);
+    assert_non_null(strstr(msg, "s1:train:0 (session s1, silent, last heartbeat 4.0 s ago)"));
+    assert_false(tinker_tick_locked(s)); /* not unloaded before --model-idle-timeout-seconds */
+    assert_true(t->models[0].live);
+    pthread_mutex_unlock(&s->mu);
+    serve_fx_free_(s);
+}
+
+/* POST sessions/ID/finish: the session's model is unloaded at once (an
+ * OP_UNLOAD for its slot), a later request to it says why, the other
+ * session's model trains on; a second finish changes nothing; an unknown
+ * session is a 404 naming it; a finished session holds no slot. */
+static void test_finish(void **state) {
+    (void)state;
+    server *s = server_();
+    tinker_state *t = s->tinker;
+    verr e = {0};
+    json_t *gone = NULL;
+    pthread_mutex_lock(&s->mu);
+    assert_true(tinker_finish_session(s, "s2", "interrupted", &gone, &e));
+    pthread_mutex_unlock(&s->mu);
+    assert_int_equal(json_array_size(gone), 1);
+    assert_string_equal(json_string_value(json_array_get(gone, 0)), "s2:train:0");
+    json_decref(gone);
+    assert_non_null(s->head);
+    assert_int_equal(s->head->op, OP_UNLOAD);
+    assert_int_equal(s->head->slot, 1);
+    assert_int_equal(s->head->uid, 9);
+    assert_null(s->head->next);
+    assert_false(t->models[1].live);
+    assert_true(t->models[0].live);
+    assert_int_equal(submit_(s, 1, NULL, 1, &e), 400);
+    assert_non_null(strstr(e.msg, "its session s2 finished (reason interrupted)"));
+    assert_int_equal(submit_(s, 0, NULL, 1, &e), 200);
+    pthread_mutex_lock(&s->mu);
+    assert_true(tinker_finish_session(s, "s2", "success", &gone, &e)); /* again: nothing more */
+    assert_int_equal(json_array_size(gone), 0);
+    json_decref(gone);
+    assert_string_equal(tinker_find_session(t, "s2")->finish_why, "interrupted");
+    assert_false(tinker_session_alive(s, tinker_find_session(t, "s2"), serve_now()));
+    e = (verr){0};
+    assert_false(tinker_finish_session(s, "s77", "success", &gone, &e));
+    assert_null(gone);
+    assert_int_equal(e.status, 404);
+    assert_string_equal(e.field, "session_id");
+    assert_non_null(strstr(e.msg, "s77"));
+    pthread_mutex_unlock(&s->mu);
+    serve_fx_free_(s);
+}
+
 /* A job whose slot no longer holds its uid (the model was unloaded, or its
  * create failed) is refused on every rank before any engine call. */
 static void test_stale_job(void **state) {
@@ -148,6 +221,8 @@ int main(void) {
         cmocka_unit_test(test_routing),
         cmocka_unit_test(test_heartbeat_unload),
         cmocka_unit_test(test_stale_job),
+        cmocka_unit_test(test_evictable),
+        cmocka_unit_test(test_finish),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -188,6 +188,17 @@ class Check:
         self.ref, self.ref_loss = ref, ref_loss
         return len(fb.chunks)
 
+    def forward_in_window(self):
+        """A forward between forward_backward and optim_step leaves no
+        gradient: the update is bitwise exact_update's (the plain request's)."""
+        self.reset()
+        fb = self.tc.forward_backward(self.data, "cross_entropy")
+        fwd = self.tc.forward(self.data[:1], "cross_entropy")
+        fb.result()
+        fwd.result()
+        self.tc.optim_step(ADAM).result()
+        S.compare(self.ref, self.sampler_file(self.tc, "fwd-in-window"), exact=True)
+
     def retries(self):
         """Lost responses make the client retry with the same idempotency key;
         a late chunk arrives after the ones behind it.  Each runs once."""
@@ -663,6 +674,21 @@ class Check:
         if tc2.model_id == mid:
             fail("a new model got the old model_id %s" % mid)
         self.sdk025(sc2, tc2)
+        # ServiceClient.close() of newer SDKs: POST sessions/ID/finish; the
+        # model detaches at once, so another session's create_model takes
+        # the server without waiting for missed heartbeats.
+        st, js = S.req(self.url, "POST", "/api/v1/sessions/%s/finish" % sc2.session_id,
+                       {"reason": {"type": "interrupted"}})
+        if st != 200 or js.get("unloaded_models") != [tc2.model_id] or js.get("reason") != "interrupted":
+            fail("finish of the 0.25 session: %s %s" % (st, js))
+        expect_status(lambda: tc2.forward(self.data, "cross_entropy").result(), "a request after finish", 400,
+                      "finished (reason interrupted)")
+        sc3 = T.ServiceClient(self.url, heartbeat_interval=0.3, backoff_base=0.02, outer_backoff_unit=0.05)
+        tc3 = sc3.create_lora_training_client(self.name, rank=0)
+        expect_failure(lambda: sc2.create_lora_training_client(self.name, rank=0), "create_model of a finished "
+                       "session", "finished")
+        tc3.unload().result()
+        sc3.close()
         sc2.close()
         self.sc.close()
 
@@ -802,6 +828,8 @@ def main(argv):
     c.bootstrap()
     chunks = c.exact_update()
     print("tinker_check: %d chunks in parallel (first last) == one plain request, bitwise" % chunks, flush=True)
+    c.forward_in_window()
+    print("tinker_check: a forward between forward_backward and optim_step changes nothing, bitwise", flush=True)
     c.retries()
     print("tinker_check: lost responses and a late chunk: each request ran once", flush=True)
     c.refused_chunk()

@@ -184,6 +184,9 @@ static void usage_(void) {
            "  --max-models K (4)         LoRA models held at once; another create_model is a 400\n"
            "  --model-idle-timeout-seconds S (120)  a LoRA model whose session sent no\n"
            "                             heartbeat or request for S is unloaded (checkpoints stay)\n"
+           "  --session-timeout-seconds S (30)  a session silent for S (3 of the SDK's 10 s\n"
+           "                             heartbeats) has ended: a create_model that finds no free\n"
+           "                             slot unloads one of its models (checkpoints stay)\n"
            "  --full-finetune            one model, every weight trains (rank 0 / no lora_config;\n"
            "                             the plain JSON API needs it)\n"
            "\n"
@@ -221,7 +224,8 @@ static int parse_(int argc, char **argv, serve_opts *o, gpt_src *g, lm_dir *d) {
                       .long_poll_s = 30, .seq_gap_s = 30, .max_connections = 512,
                       .max_connections_per_ip = -1, .idle_timeout_s = 15, .request_timeout_s = 60,
                       .max_inflight = -1, .health_timeout_s = 60, .max_sample_batch = 64,
-                      .max_stop_bytes = 1024, .max_models = -1, .model_idle_timeout_s = 120};
+                      .max_stop_bytes = 1024, .max_models = -1, .model_idle_timeout_s = 120,
+                      .session_timeout_s = 30};
     const char *model = NULL;
     int full = 0;
     const cli_opt opts[] = {
@@ -258,6 +262,8 @@ static int parse_(int argc, char **argv, serve_opts *o, gpt_src *g, lm_dir *d) {
         CLI_FLAG("--full-finetune", &full, 1),
         CLI_INT("--max-models", &o->max_models, 1, 1024, "need an integer in [1, 1024]"),
         CLI_F64("--model-idle-timeout-seconds", &o->model_idle_timeout_s, 0.1, 86400 * 365,
+                "need seconds in [0.1, 31536000]"),
+        CLI_F64("--session-timeout-seconds", &o->session_timeout_s, 0.1, 86400 * 365,
                 "need seconds in [0.1, 31536000]"),
     };
     static const cli_command cmd = {

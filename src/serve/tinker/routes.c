@@ -26,15 +26,6 @@
 #include "tinker/proto.h"
 #include "tinker/tinker.h"
 
-/* The model_ids of the live models, for a message ("s1:train:0, s2:train:0"). */
-static void live_names_(const tinker_state *t, char *out, size_t cap) {
-    size_t n = 0;
-    out[0] = '\0';
-    for (int k = 0; k < t->n_models && n < cap; k++)
-        if (t->models[k].live)
-            n += (size_t)snprintf(out + n, cap - n, "%s%s", n ? ", " : "", t->models[k].model_id);
-}
-
 /* POST create_model.  LoRA (the default): a new model in a free slot, fresh
  * adapters and optimizer, created by an all-rank job (the future answers
  * when it ran).  --full-finetune: the one model; it attaches to the
@@ -88,20 +79,23 @@ static enum MHD_Result create_model_(server *s, struct MHD_Connection *c, const 
              seq ? (long long)json_integer_value(seq) : 0LL);
     session *x = tinker_find_session(t, json_string_value(sid));
     const double now = serve_now();
-    /* LoRA: a new model needs a free slot; refused at once (400: no retry
-     * would help until a model is unloaded). */
+    /* LoRA: a new model needs a free slot, or one a model of an ended
+     * session gives up (tinker_evictable); else refused at once (400: no
+     * retry would help until a model is unloaded or a session ends). */
     int slot = -1;
     for (int k = 0; serve_lora(s) && k < t->n_models && slot < 0; k++)
         if (!t->models[k].live) slot = k;
-    if (serve_lora(s) && x != NULL && tinker_find_model(t, model_id) == NULL && slot < 0) {
-        char names[1024];
-        live_names_(t, names, sizeof names);
+    if (serve_lora(s) && x != NULL && tinker_find_model(t, model_id) == NULL && slot < 0 &&
+        tinker_evictable(s, now) == NULL) {
+        char names[2048];
+        tinker_describe_models(s, now, names, sizeof names);
         enum MHD_Result r = tinker_reply_error(c, 400, "--max-models", "create_model: this server holds at most %d "
-                                       "models (--max-models %d) and %d are live (%s); unload_model one, let "
-                                       "its session end (a model whose session is silent for "
-                                       "--model-idle-timeout-seconds %g is unloaded), or restart with a larger "
-                                       "--max-models", t->n_models, t->n_models, tinker_live_models(t), names,
-                                       s->opt.model_idle_timeout_s);
+                                       "models (--max-models %d) and %d are live, every one of a live session: %s; "
+                                       "unload_model one, finish its session (ServiceClient.close()), let its "
+                                       "session end (a session that sent no heartbeat for %g s, "
+                                       "--session-timeout-seconds, gives its models' slots to a new create_model), "
+                                       "or restart with a larger --max-models", t->n_models, t->n_models,
+                                       tinker_live_models(t), names, tinker_session_timeout(s));
         pthread_mutex_unlock(&s->mu);
         return r;
     }
@@ -115,6 +109,9 @@ static enum MHD_Result create_model_(server *s, struct MHD_Connection *c, const 
     if (x == NULL) {
         tinker_complete(f, tinker_failure("user", "session_id \"%s\": unknown; call create_session first",
                               json_string_value(sid)));
+    } else if (x->finished) {
+        tinker_complete(f, tinker_failure("user", "session_id \"%s\": finished (reason %s); a finished session "
+                              "creates no models: create_session for a new one", x->id, x->finish_why));
     } else if (!json_is_string(base) || strcmp(json_string_value(base), s->opt.model_name) != 0) {
         tinker_complete(f, tinker_failure("user", "base_model %s%s%s: this server trains \"%s\" (--model-name)",
                               json_is_string(base) ? "\"" : "", json_is_string(base) ? json_string_value(base)
@@ -127,13 +124,29 @@ static enum MHD_Result create_model_(server *s, struct MHD_Connection *c, const 
         } else {
             char mdir[160], why[PATH_MAX + 200];
             tinker_model_dir(model_id, mdir, sizeof mdir);
+            tinker_model *old = slot < 0 ? tinker_evictable(s, now) : NULL;
+            if (old != NULL) {
+                /* Its OP_UNLOAD is queued behind its own requests and ahead of
+                 * this create, so the slot is free when the create runs. */
+                const session *ox = tinker_find_session(t, old->session);
+                char ev[300];
+                if (ox != NULL && ox->finished)
+                    snprintf(ev, sizeof ev, "its session %s finished; create_model %s took its slot", old->session,
+                             model_id);
+                else
+                    snprintf(ev, sizeof ev, "its session %s sent no heartbeat for %.0f s (--session-timeout-seconds "
+                             "%g); create_model %s took its slot", old->session, ox != NULL ? now - ox->seen : 0.0,
+                             tinker_session_timeout(s), model_id);
+                if (tinker_unload(s, old, NULL, ev)) slot = old->slot;
+            }
             if (!seeded) /* LoraConfig.seed None: a random seed, as Tinker's */
                 lc.seed = zdp_splitmix64(&(uint64_t){(uint64_t)(now * 1e6) ^ (uint64_t)t->n_uids});
             job *j = calloc(1, sizeof *j);
             serve_bytes b = {0};
             const create_payload p = {.uid = t->n_uids + 1, .slot = slot, .rank = lc.rank, .targets = lc.targets,
                                       .alpha = lc.alpha != 0 ? lc.alpha : ZDP_LORA_DEFAULT_ALPHA, .seed = lc.seed};
-            if (j == NULL || !serve_put(&b, &p, sizeof p) || !serve_put(&b, model_id, strlen(model_id) + 1)) {
+            if (slot < 0 || j == NULL || !serve_put(&b, &p, sizeof p) ||
+                !serve_put(&b, model_id, strlen(model_id) + 1)) {
                 free(j);
                 free(b.p);
                 tinker_complete(f, tinker_failure("server", "out of memory"));
@@ -150,11 +163,11 @@ static enum MHD_Result create_model_(server *s, struct MHD_Connection *c, const 
                 serve_enqueue_locked(s, j);
             }
         }
-    } else if (m0->live && strcmp(m0->model_id, model_id) != 0 && owner != NULL &&
-               now - owner->seen < SESSION_TIMEOUT_S) {
+    } else if (m0->live && strcmp(m0->model_id, model_id) != 0 && tinker_session_alive(s, owner, now)) {
         tinker_complete(f, tinker_failure("user", "model %s of a live session is training on this server, which holds "
-                              "one model (--full-finetune); unload_model it, or end that session (a session "
-                              "without heartbeats for %g s ends)", m0->model_id, SESSION_TIMEOUT_S));
+                              "one model (--full-finetune); unload_model it, or end that session (finish it, or "
+                              "a session without heartbeats for %g s ends)", m0->model_id,
+                              tinker_session_timeout(s)));
     } else {
         x->seen = now;
         if (m0->live && strcmp(m0->model_id, model_id) != 0) {
@@ -409,6 +422,39 @@ static enum MHD_Result post_model_(server *s, struct MHD_Connection *c, const ch
     return tinker_reply_json(c, 200, o);
 }
 
+/* POST sessions/ID/finish {reason}: ServiceClient.close() and the context
+ * manager of newer SDKs.  reason: {"type": "success" | "errored" |
+ * "interrupted"} (the SDK's ClientSessionFinishReason; a plain string is
+ * taken too, and none is "unspecified").  The session's models are unloaded
+ * at once, their checkpoints stay; a second finish answers the same. */
+static enum MHD_Result post_finish_(server *s, struct MHD_Connection *c, const char *id, const json_t *root) {
+    const json_t *r = json_object_get(root, "reason");
+    const json_t *type = json_is_object(r) ? json_object_get(r, "type") : r;
+    const char *reason = r == NULL || json_is_null(r) ? "unspecified" : json_string_value(type);
+    if (reason == NULL || (strcmp(reason, "unspecified") != 0 && strcmp(reason, "success") != 0 &&
+                           strcmp(reason, "errored") != 0 && strcmp(reason, "interrupted") != 0))
+        return tinker_reply_error(c, 400, "reason", "reason %s%s%s: send {\"type\": \"success\"}, "
+                                  "{\"type\": \"errored\"} or {\"type\": \"interrupted\"}",
+                                  reason ? "\"" : "", reason ? reason : "(not a string or {type})", reason ? "\"" : "");
+    if (id[0] == '\0' || strchr(id, '/') != NULL)
+        return tinker_reply_error(c, 404, "url", "POST /api/v1/sessions/%s/finish: name one session "
+                                  "(POST /api/v1/sessions/SESSION_ID/finish)", id);
+    json_t *unloaded = NULL;
+    verr e = {0};
+    pthread_mutex_lock(&s->mu);
+    const bool ok = tinker_finish_session(s, id, reason, &unloaded, &e);
+    const session *x = ok ? tinker_find_session(s->tinker, id) : NULL;
+    char why[16] = "";
+    if (x != NULL) snprintf(why, sizeof why, "%s", x->finish_why);
+    pthread_mutex_unlock(&s->mu);
+    if (!ok) {
+        json_decref(unloaded);
+        return tinker_reply_error(c, e.status, e.field[0] ? e.field : NULL, "%s", e.msg);
+    }
+    return tinker_reply_json(c, 200, json_pack("{s:s,s:s,s:s,s:o}", "type", "finish_session", "session_id", id,
+                                               "reason", why, "unloaded_models", unloaded));
+}
+
 /* POST weights_info {tinker_path}: what create_training_client_from_state
  * recreates the model with (the run's LoRA configuration, from run.json). */
 static enum MHD_Result post_weights_info_(server *s, struct MHD_Connection *c, const char *sub,
@@ -534,6 +580,14 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
     }
     const char *idem = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Idempotency-Key");
     enum MHD_Result r = MHD_NO;
+    const size_t fin = strlen("/finish");
+    if (!strncmp(sub, "sessions/", 9) && sub_len > 9 + fin && !strcmp(sub + sub_len - fin, "/finish")) {
+        char id[64];
+        snprintf(id, sizeof id, "%.*s", (int)(sub_len - 9 - fin), sub + 9);
+        r = post_finish_(s, c, id, root);
+        json_decref(root);
+        return r;
+    }
     size_t i = 0;
     const size_t n = sizeof post_routes_ / sizeof *post_routes_;
     while (i < n && strcmp(sub, post_routes_[i].name) != 0) i++;

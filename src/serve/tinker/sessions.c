@@ -140,6 +140,81 @@ bool tinker_unload(server *s, tinker_model *m, future *fut, const char *why) {
     return true;
 }
 
+double tinker_session_timeout(const server *s) {
+    return s->opt.session_timeout_s > 0 ? s->opt.session_timeout_s : SESSION_TIMEOUT_S;
+}
+
+bool tinker_session_alive(const server *s, const session *x, double now) {
+    return x != NULL && !x->finished && now - x->seen < tinker_session_timeout(s);
+}
+
+/* A session ends by finishing or by silence; its models' unsaved state is
+ * then out of every client's reach (a new process starts a new session), so
+ * holding their slots for --model-idle-timeout-seconds only refuses the
+ * restarted script's create_model.  The longest-ended goes first. */
+tinker_model *tinker_evictable(server *s, double now) {
+    tinker_state *t = s->tinker;
+    tinker_model *best = NULL;
+    double best_seen = 0;
+    for (int k = 0; k < t->n_models; k++) {
+        tinker_model *m = &t->models[k];
+        if (!m->live) continue;
+        const session *x = tinker_find_session(t, m->session);
+        if (tinker_session_alive(s, x, now)) continue;
+        const double seen = x != NULL ? x->seen : 0;
+        if (best == NULL || seen < best_seen) best = m, best_seen = seen;
+    }
+    return best;
+}
+
+void tinker_describe_models(server *s, double now, char *out, size_t cap) {
+    tinker_state *t = s->tinker;
+    size_t n = 0;
+    out[0] = '\0';
+    for (int k = 0; k < t->n_models && n < cap; k++) {
+        const tinker_model *m = &t->models[k];
+        if (!m->live) continue;
+        const session *x = tinker_find_session(t, m->session);
+        const char *state = x == NULL ? "unknown" : x->finished ? "finished" : tinker_session_alive(s, x, now)
+                                                                                   ? "alive" : "silent";
+        n += (size_t)snprintf(out + n, cap - n, "%s%s (session %s, %s, last heartbeat %.1f s ago)", n ? ", " : "",
+                              m->model_id, m->session, state, x != NULL ? now - x->seen : -1.0);
+    }
+}
+
+bool tinker_finish_session(server *s, const char *id, const char *reason, json_t **unloaded, verr *e) {
+    tinker_state *t = s->tinker;
+    *unloaded = NULL;
+    session *x = tinker_find_session(t, id);
+    if (x == NULL)
+        return serve_bad(e, 404, "session_id", "session_id \"%s\": unknown session (create_session makes one; a "
+                         "session silent for an hour is forgotten)", id);
+    if ((*unloaded = json_array()) == NULL) return serve_bad(e, 500, NULL, "out of memory");
+    if (!x->finished) {
+        x->finished = true;
+        snprintf(x->finish_why, sizeof x->finish_why, "%s", reason);
+        fprintf(stderr, "zdp serve: session %s finished (%s)\n", id, reason);
+    }
+    char why[200];
+    snprintf(why, sizeof why, "its session %s finished (reason %s)", id, x->finish_why);
+    for (int k = 0; k < t->n_models; k++) {
+        tinker_model *m = &t->models[k];
+        if (!m->live || strcmp(m->session, id) != 0) continue;
+        if (serve_lora(s)) {
+            if (!tinker_unload(s, m, NULL, why)) return serve_bad(e, 500, NULL, "out of memory");
+        } else { /* --full-finetune: the model detaches; the weights stay in the engine */
+            m->live = false;
+            tinker_fail_held(s, m, "user", why);
+            tinker_gone *g = &t->gone[t->n_gone++ % MAX_GONE];
+            snprintf(g->model_id, sizeof g->model_id, "%s", m->model_id);
+            snprintf(g->why, sizeof g->why, "%s", why);
+            fprintf(stderr, "zdp serve: model %s detached: %s\n", m->model_id, why);
+        }
+        json_array_append_new(*unloaded, json_string(m->model_id));
+    }
+    return true;
+}
+
 bool tinker_tick_locked(server *s) {
     tinker_state *t = s->tinker;
     if (t == NULL) return false;

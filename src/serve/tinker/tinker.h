@@ -19,7 +19,8 @@
 #include "serve_impl.h"
 #include "tinker/proto.h"
 
-/* A session is alive while it sends heartbeats (every 10 s from the SDK). */
+/* A session is alive while it sends heartbeats (every 10 s from the SDK):
+ * three missed ones end it (--session-timeout-seconds, this by default). */
 #define SESSION_TIMEOUT_S 30.0
 /* A finished result is kept an hour, or a minute after it was first read
  * (long enough for a client whose answer got lost to poll again), and past
@@ -57,6 +58,8 @@ typedef struct sampling_session {
 typedef struct session {
     char id[32];
     double seen; /* last heartbeat or request */
+    bool finished;        /* POST sessions/ID/finish came: its models were unloaded */
+    char finish_why[16];  /* its reason: success, errored, interrupted or unspecified */
     struct session *next;
 } session;
 
@@ -201,6 +204,26 @@ bool tinker_expire_gap(server *s, tinker_model *m, double now);
  * request is told why.  fut: unload_model's future (NULL: nobody waits).
  * false when out of memory (nothing changed). */
 bool tinker_unload(server *s, tinker_model *m, future *fut, const char *why);
+/* --session-timeout-seconds (SESSION_TIMEOUT_S when unset). */
+double tinker_session_timeout(const server *s);
+/* Whether session x still holds its models' slots at time now: known, not
+ * finished, and heard from within --session-timeout-seconds. */
+bool tinker_session_alive(const server *s, const session *x, double now);
+/* LoRA, for a create_model that found no free slot: the live model whose
+ * session ended (finished, or silent past --session-timeout-seconds) the
+ * longest ago, to unload so that the new model takes its slot; NULL when
+ * every live model's session is alive. */
+tinker_model *tinker_evictable(server *s, double now);
+/* The live models with their sessions, for a 400 ("s1:train:0 (session s1,
+ * alive, last heard 2.0 s ago), ..."). */
+void tinker_describe_models(server *s, double now, char *out, size_t cap);
+/* POST sessions/ID/finish: session id ends (reason as the client said it);
+ * its models are unloaded at once (LoRA: through tinker_unload, behind their
+ * queued requests; --full-finetune: detached), their checkpoints stay.  A
+ * second finish changes nothing.  The model_ids unloaded go to *unloaded (a
+ * JSON array, new).  false (e set, 404) for an unknown session, or when out
+ * of memory (500). */
+bool tinker_finish_session(server *s, const char *id, const char *reason, json_t **unloaded, verr *e);
 /* Registers (or re-points) sampling session id -> weights file; false when out of memory. */
 bool tinker_add_sampler(tinker_state *t, const char *id, const char *path);
 const sampling_session *tinker_find_sampler(const tinker_state *t, const char *id);
