@@ -429,8 +429,8 @@ static enum MHD_Result post_weights_info_(server *s, struct MHD_Connection *c, c
     const json_t *rank = json_object_get(rec, "lora_rank");
     json_t *o = json_pack("{s:s,s:b}", "base_model", s->opt.model_name, "is_lora", json_is_integer(rank));
     json_object_set_new(o, "lora_rank", json_is_integer(rank) ? json_incref((json_t *)rank) : json_null());
-    /* WeightsInfoResponse.optimizer_config (SDK 0.3x; it defaults to AdamW
-     * and passes it on to create_model): every zdp run is created as one. */
+    /* WeightsInfoResponse.optimizer_config (SDK 0.3x; AdamW when absent):
+     * every zdp run is created with AdamW. */
     json_object_set_new(o, "optimizer_config", json_pack("{s:s}", "type", "adamw"));
     static const char *const flags[3] = {"train_attn", "train_mlp", "train_unembed"};
     for (int k = 0; k < 3; k++) {
