@@ -76,6 +76,10 @@ typedef struct serve_fwd_in {
     int64_t n_config;             /* loss_fn_config entries */
     const char **config_keys;     /* (n_config) */
     double *config_values;        /* (n_config) as sent (NaN: not a number in JSON) */
+    /* NULL, or (n_config): entry i's text when it was sent as text (a JSON
+     * string, or loss_fn_config_v2's text arm), else NULL.  No zdp loss takes
+     * a text option: the checks refuse one by name and value. */
+    const char **config_texts;
     int64_t n;
     serve_datum_in *data;         /* (n) */
     serve_arena arena;            /* owns everything above */

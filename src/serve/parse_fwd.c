@@ -163,17 +163,22 @@ static bool json_fwd_(const json_t *root, const char *where, serve_fwd_in *in, v
         const size_t m = json_object_size(lc);
         const char **ks = serve_arena_alloc(a, (m + 1) * sizeof *ks);
         double *vs = serve_arena_alloc(a, (m + 1) * sizeof *vs);
-        if (ks == NULL || vs == NULL) return oom_(e, lc_path);
+        const char **ts = serve_arena_alloc(a, (m + 1) * sizeof *ts);
+        if (ks == NULL || vs == NULL || ts == NULL) return oom_(e, lc_path);
         const char *k;
         json_t *v;
         size_t i = 0;
         json_object_foreach((json_t *)lc, k, v) {
             ks[i] = k;
+            /* A string is the SDK's text value (loss_fn_config is
+             * {str: float | str} from 0.26 on), refused by name below. */
+            ts[i] = json_is_string(v) ? json_string_value(v) : NULL;
             vs[i++] = json_is_number(v) ? json_number_value(v) : NAN; /* NaN: refused as not a number */
         }
         in->n_config = (int64_t)m;
         in->config_keys = ks;
         in->config_values = vs;
+        in->config_texts = ts;
     }
 
     const json_t *data = json_object_get(root, "data");
@@ -277,6 +282,17 @@ static bool check_loss_(const serve_fwd_in *in, const char *where, bool need_los
         const double x = in->config_values[i];
         char f[400];
         snprintf(f, sizeof f, "%s.%s", lc_path, k);
+        if (in->config_texts != NULL && in->config_texts[i] != NULL) {
+            /* The value shown as printable ASCII (a cut never splits a
+             * UTF-8 sequence of the message). */
+            char shown[84];
+            size_t n = 0;
+            for (const char *t = in->config_texts[i]; *t != '\0' && n < 80; t++)
+                shown[n++] = *t >= 0x20 && *t < 0x7f && *t != '"' ? *t : '?';
+            shown[n] = '\0';
+            return serve_bad(e, 400, f, "%s = \"%s\": a text value; %s's options are numbers (send a finite "
+                             "number >= 0)", f, shown, ls->name);
+        }
         if (!isfinite(x) || x < 0) return serve_bad(e, 400, f, "%s: must be a finite number >= 0", f);
         if (x > 1e6) return serve_bad(e, 400, f, "%s = %g: must be <= 1e6", f, x);
         if (!strcmp(k, "clip_low_threshold")) h.clip_low = x;

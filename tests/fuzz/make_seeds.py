@@ -259,6 +259,15 @@ pb_seeds = {
     "map_entry_value_first": L(3, L(1, L(1, L(1, tok3))) + L(2, L(2, tensor_pb(T._pb_le("q", [1, 2, 3]), 2))
                                                              + L(1, b"target_tokens"))),
     "config_nan": L(5, L(1, b"beta") + K(2, 1) + struct.pack("<d", float("nan"))),
+    # SDK 0.26+: loss_fn_config_v2 (7) {key -> LossConfigValue {1 number | 2 text}} beside field 5,
+    # an entry with no arm, and provenance spans (Datum 3, 4).
+    "sdk_config_v2": enc("m", 7, [d2], "ppo", {"clip_low_threshold": 0.7})
+    + L(7, L(1, b"clip_low_threshold") + L(2, K(1, 1) + struct.pack("<d", 0.9)))
+    + L(7, L(1, b"clip_high_threshold") + L(2, L(2, b"k3"))) + L(7, L(1, b"beta") + L(2, b"")),
+    "sdk_provenance_spans": L(1, b"m") + K(2, 0) + V(8) + L(3, datum_pb(tok3, [(b"target_tokens", tensor_pb(
+        T._pb_le("q", [2, 3, 4]), 2, [3]))]) + L(3, L(1, L(1, b"s1:sample:0:0") + K(3, 0) + V(3)))
+        + L(4, L(1, L(1, b"s1:sample:0:0") + K(2, 0) + V(1) + K(3, 0) + V(1)))
+        + L(4, L(2, L(1, b"s1:sample:0:0") + K(3, 0) + V(2)))) + L(4, b"cross_entropy"),
     "truncated_varint": b"\x0a\x01m\x10\xff\xff",
     "length_past_end": enc("m", 1, [d1], "cross_entropy") + b"\x1a\x40\x0a\x02",
     "wrong_wire_type": b"\x0d\x01\x02\x03\x04",

@@ -304,6 +304,102 @@ static void test_proto_typed_request(void **state) {
     serve_proto_fwdbwd_free(&rq);
 }
 
+/* loss_fn_config_v2 entry (SDK 0.26+): key -> LossConfigValue {1 number
+ * double | 2 text string}. */
+static void pb_config_v2_(pb_ *req, const char *key, const double *number, const char *text) {
+    pb_ value = {0}, entry = {0};
+    if (number != NULL) pb_double_(&value, 1, *number);
+    if (text != NULL) pb_bytes_(&value, 2, text, strlen(text));
+    pb_bytes_(&entry, 1, key, strlen(key));
+    pb_msg_(&entry, 2, &value);
+    pb_msg_(req, 7, &entry);
+}
+
+/* What SDK 0.26+ add to a ForwardBackwardRequest: field 7 replaces the
+ * legacy map when it has an entry, a text value is refused by name, and a
+ * Datum's provenance spans (3, 4) are skipped. */
+static void test_proto_newer_fields(void **state) {
+    (void)state;
+    pb_ body;
+    json_t *json;
+    char err[256];
+    serve_proto_fwdbwd rq;
+    job a = {.op = OP_FWDBWD};
+    verr e = {0};
+    serve_fwd_req view;
+
+    /* Legacy 0.75 (field 5) beside v2 0.9: v2's value. */
+    ppo_request_(0.5f, 4, &body, &json);
+    json_decref(json);
+    const double v2 = 0.9;
+    pb_config_v2_(&body, "clip_low_threshold", &v2, NULL);
+    assert_true(serve_proto_decode_fwdbwd(body.b, body.n, &rq, err, sizeof err));
+    assert_int_equal(rq.in.n_config, 1);
+    assert_true(serve_fwd_build(&rq.in, "forward_backward_input", 16, 8, &a, &e));
+    assert_true(serve_fwd_req_view(&a, &view));
+    assert_true(view.h.clip_low == 0.9 && view.h.clip_high == 1.2);
+    free(a.payload);
+    serve_proto_fwdbwd_free(&rq);
+
+    /* A text value: refused by the checks, naming the field and the value. */
+    ppo_request_(0.5f, 4, &body, &json);
+    json_decref(json);
+    pb_config_v2_(&body, "clip_low_threshold", NULL, "k3");
+    assert_true(serve_proto_decode_fwdbwd(body.b, body.n, &rq, err, sizeof err));
+    memset(&a, 0, sizeof a);
+    a.op = OP_FWDBWD;
+    assert_false(serve_fwd_build(&rq.in, "forward_backward_input", 16, 8, &a, &e));
+    assert_string_equal(e.field, "forward_backward_input.loss_fn_config.clip_low_threshold");
+    assert_non_null(strstr(e.msg, "= \"k3\": a text value"));
+    serve_proto_fwdbwd_free(&rq);
+    /* The same from JSON (ForwardBackwardInput.loss_fn_config {str: float | str}). */
+    ppo_request_(0.5f, 4, &body, &json);
+    json_object_set_new(json_object_get(json, "loss_fn_config"), "clip_low_threshold", json_string("k3"));
+    verr ej = {0};
+    const zdp_model mc = {.vocab_size = 16, .block_size = 8};
+    job b = {.op = OP_FWDBWD};
+    assert_false(serve_parse_fwd(json, "forward_backward_input", &mc, &b, &ej));
+    assert_string_equal(ej.field, e.field);
+    assert_string_equal(ej.msg, e.msg);
+    json_decref(json);
+
+    /* Provenance spans in a datum: decoded as if absent. */
+    ppo_request_(0.5f, 4, &body, &json);
+    json_decref(json);
+    pb_ span = {0}, prompt = {0}, datum = {0}, text = {0}, chunk = {0};
+    pb_bytes_(&prompt, 1, "s1:sample:1:0", 13);
+    pb_varint_(&prompt, 3 << 3 | 0);
+    pb_varint_(&prompt, 2);
+    pb_msg_(&span, 1, &prompt);
+    const int32_t tok[2] = {1, 2};
+    const int64_t tgt[2] = {2, 3};
+    pb_bytes_(&text, 1, tok, sizeof tok);
+    pb_msg_(&chunk, 1, &text);
+    pb_msg_(&datum, 1, &chunk);
+    pb_tensor_(&datum, "target_tokens", 2, tgt, sizeof tgt, 2);
+    pb_msg_(&datum, 3, &span);
+    pb_msg_(&datum, 4, &span);
+    pb_msg_(&body, 3, &datum);
+    assert_true(serve_proto_decode_fwdbwd(body.b, body.n, &rq, err, sizeof err));
+    assert_int_equal(rq.in.n, 3);
+    assert_int_equal(rq.in.data[2].n_chunks, 1);
+    assert_int_equal(rq.in.data[2].n_inputs, 1);
+    serve_proto_fwdbwd_free(&rq);
+
+    /* A v2 number of the wrong wire type: not well-formed, named. */
+    ppo_request_(0.5f, 4, &body, &json);
+    json_decref(json);
+    pb_ value = {0}, entry = {0};
+    pb_varint_(&value, 1 << 3 | 0);
+    pb_varint_(&value, 3);
+    pb_bytes_(&entry, 1, "beta", 4);
+    pb_msg_(&entry, 2, &value);
+    pb_msg_(&body, 7, &entry);
+    assert_false(serve_proto_decode_fwdbwd(body.b, body.n, &rq, err, sizeof err));
+    assert_non_null(strstr(err, "loss_fn_config_v2.beta"));
+    serve_proto_fwdbwd_free(&rq);
+}
+
 static bool optim_(const char *key, double x, verr *e, optim_payload *p) {
     json_t *ap = json_pack("{s:f}", key, x);
     job j = {0};
@@ -708,6 +804,7 @@ int main(void) {
         cmocka_unit_test(test_fwd_result_encodings), cmocka_unit_test(test_sample_result_encodings),
         cmocka_unit_test(test_optim_result_json), cmocka_unit_test(test_save_result_encodings),
         cmocka_unit_test(test_proto_typed_request), cmocka_unit_test(test_session_counter),
+        cmocka_unit_test(test_proto_newer_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,7 +8,8 @@ what the SDK sends), for tests/cli/test_tinker.sh.
 The server must run with --long-poll-seconds 1 --seq-gap-seconds 3 and
 --checkpoint-dir CHECKPOINT_DIR.  The model is driven as SDK 0.24 does (JSON);
 after unload_model a second client drives a new model as SDK 0.25 does
-(protobuf forward_backward and results, sdk025()).  Reference updates come from the server's plain
+(protobuf forward_backward and results, sdk025()), then as SDK 0.26+ (newer_sdk_check.py).
+Reference updates come from the server's plain
 endpoints (/forward_backward, /optim_step), which tests/cli/test_serve.sh checks
 against `zdp train`.  Every failed check prints "FAIL: ..."; the exit status is
 the failure count (capped at 100).
@@ -25,6 +26,7 @@ import time
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import newer_sdk_check  # noqa: E402
 import serve_check as S  # noqa: E402
 import tinker_sdk as T  # noqa: E402
 
@@ -674,6 +676,7 @@ class Check:
         if tc2.model_id == mid:
             fail("a new model got the old model_id %s" % mid)
         self.sdk025(sc2, tc2)
+        newer_sdk_check.run(self, sc2, tc2, ADAM)
         # ServiceClient.close() of newer SDKs: POST sessions/ID/finish; the
         # model detaches at once, so another session's create_model takes
         # the server without waiting for missed heartbeats.

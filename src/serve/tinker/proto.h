@@ -31,9 +31,13 @@
  * docs/tinker-protocol.md §1.6):
  *   ForwardBackwardRequest  1 model_id string, 2 seq_id int32, 3 data repeated
  *                           Datum, 4 loss_fn string, 5 loss_fn_config
- *                           map<string,double>, 6 forward_only bool
+ *                           map<string,double>, 6 forward_only bool,
+ *                           7 loss_fn_config_v2 map<string,LossConfigValue>
+ *                           (SDK 0.26+; replaces 5 when it has an entry)
+ *   LossConfigValue         oneof {1 number double | 2 text string}
  *   Datum                   1 model_input repeated Chunk, 2 loss_fn_inputs
- *                           map<string,Tensor>
+ *                           map<string,Tensor>; 3 model_input_spans and
+ *                           4 loss_fn_input_spans (provenance) are skipped
  *   Chunk (oneof)           1 encoded_text {1 tokens: int32 LE bytes},
  *                           2 image, 3 dmel
  *   Tensor                  oneof {1 dense bytes | 2 sparse_csr}, 3 dtype,
@@ -53,7 +57,7 @@
 enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_SGROUP = 3, WT_EGROUP = 4, WT_I32 = 5 };
 
 /* A ForwardBackwardRequest {1 model_id, 2 seq_id, 3 data, 4 loss_fn,
- * 5 loss_fn_config, 6 forward_only}, decoded. */
+ * 5 loss_fn_config, 6 forward_only, 7 loss_fn_config_v2}, decoded. */
 typedef struct serve_proto_fwdbwd {
     const char *model_id; /* "" when not sent; UTF-8 without NUL */
     int64_t seq_id;       /* int32 on the wire (sign-extended); 0 when not sent */

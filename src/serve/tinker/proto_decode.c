@@ -462,22 +462,92 @@ static bool datum_(ctx *c, const field *df, const char *path, serve_datum_in *d)
             t->name = key;
             if (!tensor_(c, &value, tpath, t)) return false;
         }
+        /* 3 model_input_spans, 4 loss_fn_input_spans (provenance of the
+         * tokens, sent by newer SDKs) are skipped like any unknown field:
+         * they describe where tokens came from and change no result. */
     }
     return rc >= 0;
 }
 
+/* loss_fn_config (5) or loss_fn_config_v2 (7), gathered apart: v2 replaces
+ * the legacy map when the request has any v2 entry (the SDK writes floats to
+ * both and text only to v2; its proto says servers prefer v2). */
+typedef struct config_list {
+    const char **keys;
+    double *values;
+    const char **texts; /* v2 only: the text arm, else NULL */
+    int64_t n;
+    size_t key_cap, value_cap, text_cap;
+} config_list;
+
+/* One map entry of either map into l.  v2: the value is a LossConfigValue
+ * {oneof value {1 number double, 2 text string}}; an entry with neither arm
+ * is NaN, refused by the checks as not a number. */
+static bool config_entry_(ctx *c, const field *f, bool v2, config_list *l) {
+    static const char *const value_names[] = {NULL, "number", "text"};
+    const char *key;
+    field value;
+    if (!want_(c, f, WT_LEN) || !map_entry_(c, f, &key, &value)) return false;
+    char label[80], vpath[160];
+    key_label_(key, label, sizeof label);
+    pathf_(vpath, sizeof vpath, "%s.%s", v2 ? "loss_fn_config_v2" : "loss_fn_config", label);
+    double x = v2 ? NAN : 0.0;
+    const char *text = NULL;
+    if (value.wire != -1) {
+        pathf_(value.path, sizeof value.path, "%s", vpath);
+        if (!v2) {
+            if (!want_(c, &value, WT_I64)) return false;
+            memcpy(&x, &value.v, sizeof x);
+        } else {
+            if (!want_(c, &value, WT_LEN)) return false;
+            msg m = {value.data, value.data + value.len, vpath, value_names, 3};
+            field g;
+            int rc;
+            while ((rc = next_(c, &m, &g)) == 1) {
+                if (g.num == 1) { /* oneof: the last arm sent wins */
+                    if (!want_(c, &g, WT_I64)) return false;
+                    memcpy(&x, &g.v, sizeof x);
+                    text = NULL;
+                } else if (g.num == 2) {
+                    if ((text = string_(c, &g)) == NULL) return false;
+                    x = NAN;
+                }
+            }
+            if (rc < 0) return false;
+        }
+    }
+    /* A key sent twice: the last value, in the first one's place. */
+    int64_t at = 0;
+    while (at < l->n && strcmp(l->keys[at], key) != 0) at++;
+    if (at == l->n) {
+        const char **keys = serve_arena_grow(c->arena, l->keys, (size_t)at, &l->key_cap, sizeof *keys);
+        if (keys != NULL) l->keys = keys;
+        double *values = serve_arena_grow(c->arena, l->values, (size_t)at, &l->value_cap, sizeof *values);
+        if (values != NULL) l->values = values;
+        const char **texts = serve_arena_grow(c->arena, l->texts, (size_t)at, &l->text_cap, sizeof *texts);
+        if (texts != NULL) l->texts = texts;
+        if (keys == NULL || values == NULL || texts == NULL) return fail_(c, vpath, "out of memory");
+        l->keys[at] = key;
+        l->n++;
+    }
+    l->values[at] = x; /* NaN stays NaN: the checks refuse it by name */
+    l->texts[at] = text;
+    return true;
+}
+
 bool serve_proto_decode_fwdbwd(const unsigned char *buf, size_t len, serve_proto_fwdbwd *out, char *err,
                                size_t errcap) {
-    static const char *const names[] = {NULL,      "model_id",       "seq_id",      "data",
-                                        "loss_fn", "loss_fn_config", "forward_only"};
+    static const char *const names[] = {NULL,      "model_id",       "seq_id",       "data",
+                                        "loss_fn", "loss_fn_config", "forward_only", "loss_fn_config_v2"};
     memset(out, 0, sizeof *out);
     out->model_id = "";
     if (buf == NULL) buf = (const unsigned char *)"";
     serve_fwd_in *in = &out->in;
     ctx c = {buf, err, errcap, &in->arena};
     if (errcap > 0) err[0] = '\0';
-    msg m = {buf, buf + len, "", names, 7};
-    size_t data_cap = 0, key_cap = 0, value_cap = 0;
+    msg m = {buf, buf + len, "", names, 8};
+    size_t data_cap = 0;
+    config_list v1 = {0}, v2 = {0};
     field f;
     int rc = 0;
     bool ok = true;
@@ -512,39 +582,12 @@ bool serve_proto_decode_fwdbwd(const unsigned char *buf, size_t len, serve_proto
             if ((ok = lf != NULL)) in->loss_fn = lf[0] ? lf : NULL; /* "" is protobuf's "not set" */
             break;
         }
-        case 5: {
-            const char *key;
-            field value;
-            ok = want_(&c, &f, WT_LEN) && map_entry_(&c, &f, &key, &value);
-            if (!ok) break;
-            char label[80], vpath[160];
-            key_label_(key, label, sizeof label);
-            pathf_(vpath, sizeof vpath, "loss_fn_config.%s", label);
-            double x = 0.0;
-            if (value.wire != -1) {
-                pathf_(value.path, sizeof value.path, "%s", vpath);
-                if (!(ok = want_(&c, &value, WT_I64))) break;
-                memcpy(&x, &value.v, sizeof x);
-            }
-            /* A key sent twice: the last value, in the first one's place. */
-            int64_t at = 0;
-            while (at < in->n_config && strcmp(in->config_keys[at], key) != 0) at++;
-            if (at == in->n_config) {
-                const char **keys = serve_arena_grow(c.arena, in->config_keys, (size_t)at, &key_cap, sizeof *keys);
-                double *values = serve_arena_grow(c.arena, in->config_values, (size_t)at, &value_cap,
-                                                  sizeof *values);
-                if (keys == NULL || values == NULL) {
-                    ok = fail_(&c, vpath, "out of memory");
-                    break;
-                }
-                in->config_keys = keys;
-                in->config_values = values;
-                in->config_keys[at] = key;
-                in->n_config++;
-            }
-            in->config_values[at] = x; /* NaN stays NaN: the checks refuse it by name */
+        case 5:
+            ok = config_entry_(&c, &f, false, &v1);
             break;
-        }
+        case 7:
+            ok = config_entry_(&c, &f, true, &v2);
+            break;
         case 6:
             if ((ok = want_(&c, &f, WT_VARINT))) out->forward_only = f.v != 0;
             break;
@@ -556,6 +599,11 @@ bool serve_proto_decode_fwdbwd(const unsigned char *buf, size_t len, serve_proto
         serve_proto_fwdbwd_free(out);
         return false;
     }
+    const config_list *use = v2.n > 0 ? &v2 : &v1;
+    in->n_config = use->n;
+    in->config_keys = use->keys;
+    in->config_values = use->values;
+    in->config_texts = use->texts;
     return true;
 }
 

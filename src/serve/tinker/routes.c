@@ -43,6 +43,10 @@ static enum MHD_Result create_model_(server *s, struct MHD_Connection *c, const 
     zdp_lora_config lc;
     bool seeded;
     verr e = {0};
+    /* New SDKs name the optimizer; only AdamW trains here, so another one is
+     * refused rather than silently trained with AdamW. */
+    if (!tinker_parse_optimizer_config(json_object_get(root, "optimizer_config"), &e))
+        return tinker_reply_error(c, e.status, e.field, "%s", e.msg);
     if (!tinker_parse_lora(json_object_get(root, "lora_config"), &lc, &seeded, &e))
         return tinker_reply_error(c, e.status, e.field, "%s", e.msg);
     if (!serve_lora(s) && lc.rank > 0)
@@ -471,6 +475,9 @@ static enum MHD_Result post_weights_info_(server *s, struct MHD_Connection *c, c
     const json_t *rank = json_object_get(rec, "lora_rank");
     json_t *o = json_pack("{s:s,s:b}", "base_model", s->opt.model_name, "is_lora", json_is_integer(rank));
     json_object_set_new(o, "lora_rank", json_is_integer(rank) ? json_incref((json_t *)rank) : json_null());
+    /* WeightsInfoResponse.optimizer_config (SDK 0.3x; AdamW when absent):
+     * every zdp run is created with AdamW. */
+    json_object_set_new(o, "optimizer_config", json_pack("{s:s}", "type", "adamw"));
     static const char *const flags[3] = {"train_attn", "train_mlp", "train_unembed"};
     for (int k = 0; k < 3; k++) {
         const json_t *v = json_object_get(rec, flags[k]);

@@ -59,6 +59,80 @@ bool tinker_envelope(const json_t *root, const char **model_id, int64_t *seq, bo
     return true;
 }
 
+/* A non-AdamW optimizer (type, at field) refused by name. */
+static bool optimizer_refused_(const json_t *type, const char *field, verr *e) {
+    if (!json_is_string(type))
+        return serve_bad(e, 400, field, "%s: must be a string naming the optimizer, got %s; zdp serve "
+                         "supports \"adamw\"", field, zdp_json_type_name(type));
+    char shown[68];
+    size_t n = 0;
+    for (const char *t = json_string_value(type); *t != '\0' && n < 64; t++)
+        shown[n++] = *t >= 0x20 && *t < 0x7f && *t != '"' ? *t : '?';
+    shown[n] = '\0';
+    if (!strcmp(json_string_value(type), "dimuon"))
+        return serve_bad(e, 400, field, "%s = \"dimuon\": the Dimuon optimizer is not implemented in zdp "
+                         "serve; \"adamw\" is the one supported (create the model with "
+                         "optimizer_config {\"type\": \"adamw\"}, the SDK's default, and step it with "
+                         "AdamParams)", field);
+    return serve_bad(e, 400, field, "%s = \"%s\": unknown optimizer; \"adamw\" is the one zdp serve "
+                     "supports (send {\"type\": \"adamw\"}, the SDK's default)", field, shown);
+}
+
+bool tinker_parse_optimizer_config(const json_t *oc, verr *e) {
+    if (oc == NULL || json_is_null(oc)) return true;
+    if (!json_is_object(oc))
+        return serve_bad(e, 400, "optimizer_config", "optimizer_config: must be an object like "
+                         "{\"type\": \"adamw\"}, got %s", zdp_json_type_name(oc));
+    const json_t *type = json_object_get(oc, "type");
+    if (type == NULL)
+        return serve_bad(e, 400, "optimizer_config.type", "optimizer_config.type: missing; send "
+                         "{\"type\": \"adamw\"}");
+    if (!json_is_string(type) || strcmp(json_string_value(type), "adamw") != 0)
+        return optimizer_refused_(type, "optimizer_config.type", e);
+    static const char *const keys[] = {"type"}; /* AdamOptimizerConfig has no other field */
+    return serve_only_keys(oc, "optimizer_config", keys, 1, e);
+}
+
+/* optim_step's hyperparameters -> j's payload.  The SDK sends AdamParams as
+ * adam_params (every version; from 0.3x its OptimStepRequest.optim_params is
+ * written under that key for AdamParams) and another family's params, tagged
+ * by "type" (DimuonParams: "dimuon"), as optimizer_params; its model also
+ * reads optim_params.  One of the three, as the SDK's optim_step takes
+ * optim_params or adam_params but not both (docs/tinker-protocol.md §1.4). */
+static bool optim_params_(const json_t *root, job *j, verr *e) {
+    static const char *const keys[3] = {"adam_params", "optim_params", "optimizer_params"};
+    const char *name = NULL;
+    const json_t *ap = NULL;
+    for (int k = 0; k < 3; k++) {
+        const json_t *v = json_object_get(root, keys[k]);
+        if (v == NULL || json_is_null(v)) continue;
+        if (name != NULL)
+            return serve_bad(e, 400, keys[k], "%s and %s: both sent; send one (AdamParams as adam_params)", name,
+                             keys[k]);
+        name = keys[k];
+        ap = v;
+    }
+    if (name == NULL)
+        return serve_bad(e, 400, "adam_params", "adam_params: missing; must be {learning_rate, beta1, beta2, "
+                         "eps, weight_decay, grad_clip_norm} (or optim_params holding AdamParams)");
+    if (!json_is_object(ap))
+        return serve_bad(e, 400, name, "%s: not an object, got %s; must be {learning_rate, beta1, beta2, eps, "
+                         "weight_decay, grad_clip_norm}", name, zdp_json_type_name(ap));
+    const json_t *type = json_object_get(ap, "type");
+    if (type == NULL) return serve_parse_optim(ap, name, true, j, e);
+    char field[64];
+    snprintf(field, sizeof field, "%s.type", name);
+    if (!json_is_string(type) || strcmp(json_string_value(type), "adamw") != 0)
+        return optimizer_refused_(type, field, e);
+    /* An explicit "adamw" tag on AdamParams' fields: the fields alone. */
+    json_t *fields = json_copy((json_t *)ap);
+    if (fields == NULL) return serve_bad(e, 500, name, "out of memory");
+    json_object_del(fields, "type");
+    const bool ok = serve_parse_optim(fields, name, true, j, e);
+    json_decref(fields);
+    return ok;
+}
+
 /* Builds the job of a training verb from its body; false with e set when the
  * request is refused (its seq_id is still used up). */
 static bool build_job_(server *s, const char *verb, const json_t *root, const char *model_id, job *j,
@@ -76,11 +150,7 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
     }
     if (!strcmp(verb, "optim_step")) {
         j->op = OP_OPTIM;
-        const json_t *ap = json_object_get(root, "adam_params");
-        if (!json_is_object(ap))
-            return serve_bad(e, 400, "adam_params", "adam_params: %s; must be {learning_rate, beta1, beta2, "
-                             "eps, weight_decay, grad_clip_norm}", ap ? "not an object" : "missing");
-        return serve_parse_optim(ap, "adam_params", true, j, e);
+        return optim_params_(root, j, e);
     }
     tinker_model_dir(model_id, mdir, sizeof mdir);
     const json_t *p = json_object_get(root, "path");
@@ -136,6 +206,7 @@ static bool build_job_(server *s, const char *verb, const json_t *root, const ch
         return serve_set_path(s, j, path, e);
     }
     if (!strcmp(verb, "load_weights")) {
+        if (!tinker_parse_optimizer_config(json_object_get(root, "optimizer_config"), e)) return false;
         /* tinker://MODEL_ID/weights/NAME, as save_weights answered. */
         const char *pre = "tinker://";
         if (!json_is_string(p) || strncmp(json_string_value(p), pre, strlen(pre)) != 0)

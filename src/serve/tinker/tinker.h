@@ -239,6 +239,10 @@ bool tinker_envelope(const json_t *root, const char **model_id, int64_t *seq, bo
 /* lora_config (Tinker's LoraConfig, and zdp's alpha) -> *lc; rank 0 (or no
  * lora_config): a full fine-tune.  false with e set. */
 bool tinker_parse_lora(const json_t *lora, zdp_lora_config *lc, bool *seeded, verr *e);
+/* optimizer_config of create_model and load_weights (SDK 0.3x:
+ * {"type": "adamw"} always; {"type": "dimuon", "version": 1} refused by
+ * name): true when absent, null or AdamW; false with e set. */
+bool tinker_parse_optimizer_config(const json_t *oc, verr *e);
 /* The weights file behind a tinker:// path (field names it in errors):
  * .../sampler_weights/NAME a sampler file or adapter folder,
  * .../weights/NAME a checkpoint's model.safetensors. */
