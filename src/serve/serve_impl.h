@@ -567,6 +567,10 @@ bool serve_names_type(const char *value, const char *type);
 
 /* queue.c.  Appends j to the FIFO the main thread runs (s->mu held). */
 void serve_enqueue_locked(server *s, job *j);
+/* Takes j out of the FIFO before it runs (a cancelled request, s->mu held):
+ * true when it was queued (the caller then owns it), false when it is not
+ * (running, or never queued). */
+bool serve_unqueue_locked(server *s, job *j);
 /* Rank 0's main thread until a signal stops every rank, and the other
  * ranks' loop (what rank 0 broadcasts, until OP_QUIT). */
 void serve_leader_loop(server *s);
