@@ -675,6 +675,67 @@ class Check:
                                         max_retries=0), "join_sampling_session of an unknown session", 404,
                       "sampling_session_id")
 
+    def copy_weights(self):
+        """Newer SDKs' ServiceClient.copy_weights: POST copy_weights
+        {session_id, model_seq_id, source_path, ttl_seconds?} (CopyWeightsRequest)
+        answers at once with {tinker_path} (CopyWeightsResponse): a sampler
+        file and a save_state checkpoint copied byte for byte into run
+        SESSION:train:SEQ, which weights_info and a sampling session then read;
+        ttl_seconds gives the copy its own expiry; a second copy, a bad or
+        missing source and an unknown session are refused naming the field."""
+        http = self.sc.http
+        sid = self.sc.session_id
+        runs = {}
+        for kind, path in (("sampler_weights", self.tc.save_weights_for_sampler("to_copy").result()["path"]),
+                           ("weights", self.tc.save_state("to_copy").result()["path"])):
+            r = http.post("/api/v1/copy_weights", {"session_id": sid, "model_seq_id": 7, "source_path": path,
+                                                   "ttl_seconds": 3600}, max_retries=0).json()
+            want = "tinker://%s:train:7/%s/to_copy" % (sid, kind)
+            if r != {"tinker_path": want}:
+                fail("copy_weights of %s: %s (wanted {'tinker_path': %r})" % (path, r, want))
+                continue
+            src = os.path.join(self.ckdir, self.tc.model_id.replace(":", "_"), kind if kind != "weights" else "",
+                               "to_copy")
+            dst = os.path.join(self.ckdir, "%s_train_7" % sid, kind if kind != "weights" else "", "to_copy")
+            if kind == "sampler_weights" and os.path.exists(src + ".safetensors"):
+                src, dst = src + ".safetensors", dst + ".safetensors"
+            files = lambda root: sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root)
+                                        for f in fs) if os.path.isdir(root) else [""]
+            read = lambda root, f: open(os.path.join(root, f) if f else root, "rb").read()
+            if not os.path.exists(dst) or files(src) != files(dst) or \
+                    any(read(src, f) != read(dst, f) for f in files(src)):
+                fail("copy_weights: %s is not a byte-for-byte copy of %s" % (dst, src))
+            runs[kind] = want
+            expiry = os.path.join(self.ckdir, "%s_train_7" % sid, "expires.json")
+            if not os.path.exists(expiry) or ("%s/to_copy" % kind) not in open(expiry).read():
+                fail("copy_weights with ttl_seconds: no expiry for %s/to_copy in %s" % (kind, expiry))
+        if "weights" in runs:
+            info = http.post("/api/v1/weights_info", {"tinker_path": runs["weights"]}).json()
+            if info.get("base_model") != self.name or info.get("is_lora") is not False:
+                fail("weights_info of the copy: %s" % info)
+        if "sampler_weights" in runs:
+            sess = http.post("/api/v1/create_sampling_session", {
+                "session_id": sid, "sampling_session_seq_id": 40, "model_path": runs["sampler_weights"],
+                "type": "create_sampling_session"}).json()
+            body = {"num_samples": 1, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5, 9, 2, 7]}]},
+                    "sampling_params": {"max_tokens": 4, "temperature": 0.0}}
+            a = self.sample(dict(body, sampling_session_id=sess.get("sampling_session_id")))
+            b = self.sample(dict(body, model_path=runs["sampler_weights"].replace(
+                "%s:train:7" % sid, self.tc.model_id)))
+            if not a or "sequences" not in a or a != b:
+                fail("sampling the copy %s, the source %s (wanted equal)" % (a, b))
+        src = self.tc.save_weights_for_sampler("to_copy2").result()["path"]
+        again = {"session_id": sid, "model_seq_id": 7, "source_path": runs.get("weights", src)}
+        for body, status, field in ((again, 409, "source_path"),
+                                    (dict(again, source_path="/etc/passwd"), 400, "source_path"),
+                                    (dict(again, source_path=src.replace("to_copy2", "nothing")), 404, "source_path"),
+                                    (dict(again, model_seq_id=-1), 400, "model_seq_id"),
+                                    (dict(again, ttl_seconds=0), 400, "ttl_seconds"),
+                                    (dict(again, session_id="nobody"), 404, "session_id")):
+            expect_status(lambda: http.post("/api/v1/copy_weights", body, max_retries=0),
+                          "copy_weights with %s" % {k: body[k] for k in body if body[k] != again.get(k)} or "again",
+                          status, field)
+
     def topk_prompt_logprobs(self, greedy, prompt, want_pl, seqs):
         """Top-k prompt logprobs from the prefill (docs/sampling.md): None first;
         with k = V (64) each row lists every token once, most likely first,
@@ -940,6 +1001,8 @@ def main(argv):
     print("tinker_check: sampling sessions checked", flush=True)
     c.futures_poll()
     print("tinker_check: retrieve_futures, cancel_future, join_sampling_session checked", flush=True)
+    c.copy_weights()
+    print("tinker_check: copy_weights checked", flush=True)
     c.held_open_poll_and_gaps()
     c.unload()
     print("tinker_check: %d failure(s)" % S.FAILURES, flush=True)

@@ -506,6 +506,7 @@ static const struct {
     {"retrieve_futures", tinker_retrieve_many},
     {"cancel_future", tinker_cancel},
     {"join_sampling_session", post_join_sampling_session_},
+    {"copy_weights", tinker_copy_weights},
 };
 
 /* SDK 0.25: forward_backward (forward_only = true for forward) as protobuf. */
@@ -581,7 +582,8 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
                        "training protocol: client/config, create_session, session_heartbeat, telemetry, "
                        "create_model, get_info, forward_backward, forward, optim_step, retrieve_future, "
                        "save_weights, save_weights_for_sampler, load_weights, unload_model, weights_info, "
-                       "create_sampling_session, asample, retrieve_futures, cancel_future, join_sampling_session)", sub);
+                       "create_sampling_session, asample, retrieve_futures, cancel_future, join_sampling_session, "
+                       "copy_weights)", sub);
     json_decref(root);
     return r;
 }

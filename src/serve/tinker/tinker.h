@@ -204,6 +204,12 @@ json_t *tinker_completions_locked(tinker_state *t, const char *sess, int64_t clo
  * (404) or a future that is not an asample's (400). */
 const char *tinker_cancel_locked(server *s, const char *request_id, verr *e);
 
+/* tinker/copy.c.  POST copy_weights (s->mu not held): the checkpoint
+ * source_path copied into run SESSION:train:MODEL_SEQ_ID, answered with
+ * {"tinker_path"} once on disk. */
+enum MHD_Result tinker_copy_weights(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                                    const char *idem);
+
 /* ---- tinker/sessions.c: sessions, models, unloading (s->mu held) ---- */
 
 /* Forgets sessions silent for an hour (those of live models are kept). */
