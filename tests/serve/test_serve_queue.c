@@ -2,7 +2,8 @@
  * test_serve_queue.c -- the server's queue side in-process, without HTTP or
  * MPI (src/serve/): the op table, request validation (parse.c,
  * parse_fwd.c), and the Tinker protocol's seq_id holding, gap expiry, retry
- * de-duplication and future expiry and pruning (tinker/futures.c).  A server struct is set up by
+ * de-duplication, future expiry and pruning, and a sampling session's
+ * completions and cancelled samples (tinker/futures.c).  A server struct is set up by
  * hand with a live model; requests go in through tinker_submit, and the test
  * reads the FIFO (s->head) the leader loop would run.  Also: a typed
  * forward_backward or sample result encodes to the same protobuf bytes

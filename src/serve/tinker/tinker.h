@@ -9,7 +9,8 @@
  *
  * Files: routes.c (the endpoints), submit.c (a request into a job, its
  * future and its place in the seq_id order), futures.c (futures, what a
- * finished job leaves on one, retrieve_future and the replies), sessions.c
+ * finished job leaves on one, retrieve_future, retrieve_futures,
+ * cancel_future and the replies), copy.c (copy_weights), sessions.c
  * (sessions, models, unloading, the tick, sampling sessions), runs.c (training runs and checkpoints on
  * disk), proto_decode.c and proto_encode.c (the protobuf codec).
  */
