@@ -8,6 +8,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #define _XOPEN_SOURCE 700 /* nftw */
+#include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
 #include <stdio.h>
@@ -322,4 +323,95 @@ void serve_exec_delete(server *s, job *j) {
         return;
     }
     j->status = 200; /* the wire format answers with the payload's path */
+}
+
+/* Copies src (a file, or a folder and its files and subfolders) to dst as
+ * bytes, not links: the copy must not change when the source is written
+ * again.  A file already at dst is kept (a rank sharing the folder copied
+ * it).  0, or -1 with errno. */
+static int copy_tree_(const char *src, const char *dst) {
+    struct stat sb;
+    if (lstat(src, &sb) != 0) return -1;
+    if (S_ISDIR(sb.st_mode)) {
+        if (mkdir(dst, 0755) != 0 && errno != EEXIST) return -1;
+        DIR *d = opendir(src);
+        if (d == NULL) return -1;
+        int rc = 0;
+        for (struct dirent *e; rc == 0 && (e = readdir(d)) != NULL;) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            char a[4096], b[4096];
+            if (snprintf(a, sizeof a, "%s/%s", src, e->d_name) >= (int)sizeof a ||
+                snprintf(b, sizeof b, "%s/%s", dst, e->d_name) >= (int)sizeof b) {
+                errno = ENAMETOOLONG;
+                rc = -1;
+            } else {
+                rc = copy_tree_(a, b);
+            }
+        }
+        const int code = errno;
+        closedir(d);
+        errno = code;
+        return rc;
+    }
+    if (!S_ISREG(sb.st_mode)) return 0; /* a checkpoint holds files and folders only */
+    FILE *in = fopen(src, "rb");
+    if (in == NULL) return -1;
+    FILE *out = fopen(dst, "wbx");
+    if (out == NULL) {
+        const int code = errno;
+        fclose(in);
+        errno = code;
+        return code == EEXIST ? 0 : -1;
+    }
+    char buf[1 << 16];
+    size_t n;
+    int rc = 0;
+    while (rc == 0 && (n = fread(buf, 1, sizeof buf, in)) > 0)
+        if (fwrite(buf, 1, n, out) != n) rc = -1;
+    if (ferror(in)) rc = -1;
+    const int code = errno;
+    fclose(in);
+    if (fclose(out) != 0) rc = -1;
+    if (rc != 0) {
+        remove(dst); /* no half file that a later rank would keep */
+        errno = code;
+    }
+    return rc;
+}
+
+void serve_exec_copy(server *s, job *j) {
+    const char *src_rel = (const char *)j->payload;
+    const char *dst_rel = src_rel + strlen(src_rel) + 1;
+    char src[4096], dst[4096], parent[4096];
+    const bool fits = snprintf(src, sizeof src, "%s/%s", s->ckpt_root, src_rel) < (int)sizeof src &&
+                      snprintf(dst, sizeof dst, "%s/%s", s->ckpt_root, dst_rel) < (int)sizeof dst;
+    snprintf(parent, sizeof parent, "%s", dst);
+    char *slash = strrchr(parent, '/');
+    if (slash != NULL) *slash = '\0';
+    /* Rank 0 first, then the others (as a delete): ranks sharing one folder
+     * find rank 0's files there and keep them. */
+    int rc = fits && s->R == 0 ? (serve_mkdirs(parent) == 0 ? copy_tree_(src, dst) : -1) : 0;
+    int code = errno;
+    const bool first = zdp_dist_all_ok(rc == 0);
+    if (fits && s->R != 0 && first) {
+        struct stat sb;
+        /* A rank without the source (a node whose folder never held this
+         * checkpoint's part) has nothing to copy. */
+        rc = lstat(src, &sb) != 0 ? 0 : serve_mkdirs(parent) == 0 ? copy_tree_(src, dst) : -1;
+        code = errno;
+    }
+    char msg[ZDP_ERROR_MSG_MAX];
+    snprintf(msg, sizeof msg, "cannot copy %.400s to %.400s in the checkpoint folder: %s", src_rel, dst_rel,
+             fits ? strerror(code) : "path too long");
+    const zdp_status st = fits && rc == 0 ? ZDP_OK : ZDP_ERR_IO;
+    const bool all = zdp_dist_all_ok(st == ZDP_OK);
+    char why[2048];
+    int bad_st = 0;
+    if (!all) failed_ranks_(s, st, msg, &bad_st, why, sizeof why);
+    if (s->R != 0) return;
+    if (!all) {
+        serve_job_fail(j, 500, "source_path", why);
+        return;
+    }
+    j->status = 200;
 }

@@ -29,6 +29,19 @@ void serve_enqueue_locked(server *s, job *j) {
     pthread_cond_signal(&s->cv_job);
 }
 
+bool serve_unqueue_locked(server *s, job *j) {
+    job *prev = NULL;
+    for (job *q = s->head; q != NULL; prev = q, q = q->next) {
+        if (q != j) continue;
+        if (prev != NULL) prev->next = q->next;
+        else s->head = q->next;
+        if (s->tail == q) s->tail = prev;
+        q->next = NULL;
+        return true;
+    }
+    return false;
+}
+
 /* The job header every rank receives: {op, payload bytes, slot, uid} (the
  * model it runs on, so every rank runs the same model's collectives). */
 enum { HDR_N = 4 };

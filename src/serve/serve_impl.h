@@ -65,7 +65,8 @@
     X(PING, "ping", NULL, true)      /* the health check: every rank answers rank 0 */                  \
     X(DELETE_CKPT, "delete_checkpoint", serve_exec_delete, true) /* each rank its own part */           \
     X(CREATE, "create_model", exec_create_, true)   /* a LoRA model in a free slot */                   \
-    X(UNLOAD, "unload_model", exec_unload_, true)   /* frees a LoRA model's slot */
+    X(UNLOAD, "unload_model", exec_unload_, true)   /* frees a LoRA model's slot */                  \
+    X(COPY_CKPT, "copy_weights", serve_exec_copy, true) /* each rank its own part */
 
 enum {
 #define SERVE_OP_ENUM_(name, str, fn, all) OP_##name,
@@ -567,6 +568,10 @@ bool serve_names_type(const char *value, const char *type);
 
 /* queue.c.  Appends j to the FIFO the main thread runs (s->mu held). */
 void serve_enqueue_locked(server *s, job *j);
+/* Takes j out of the FIFO before it runs (a cancelled request, s->mu held):
+ * true when it was queued (the caller then owns it), false when it is not
+ * (running, or never queued). */
+bool serve_unqueue_locked(server *s, job *j);
 /* Rank 0's main thread until a signal stops every rank, and the other
  * ranks' loop (what rank 0 broadcasts, until OP_QUIT). */
 void serve_leader_loop(server *s);
@@ -617,6 +622,10 @@ void serve_exec_save_weights(server *s, job *j);
 void serve_exec_state(server *s, job *j);
 void serve_exec_load_weights(server *s, job *j);
 void serve_exec_delete(server *s, job *j);
+/* copy_weights (tinker/copy.c): the payload is "SRC\0DST\0", paths
+ * relative to the checkpoint folder; every rank copies its own part of
+ * checkpoint SRC to DST (rank 0 first; files already at DST are kept). */
+void serve_exec_copy(server *s, job *j);
 void serve_exec_sample(server *s, job *j);
 void serve_exec_sample_file(server *s, job *j);
 

@@ -2,7 +2,8 @@
  * test_serve_queue.c -- the server's queue side in-process, without HTTP or
  * MPI (src/serve/): the op table, request validation (parse.c,
  * parse_fwd.c), and the Tinker protocol's seq_id holding, gap expiry, retry
- * de-duplication and future expiry and pruning (tinker/futures.c).  A server struct is set up by
+ * de-duplication, future expiry and pruning, and a sampling session's
+ * completions and cancelled samples (tinker/futures.c).  A server struct is set up by
  * hand with a live model; requests go in through tinker_submit, and the test
  * reads the FIFO (s->head) the leader loop would run.  Also: a typed
  * forward_backward or sample result encodes to the same protobuf bytes
@@ -795,6 +796,134 @@ static void test_session_counter(void **state) {
     rmdir(root);
 }
 
+/* ---- retrieve_futures and cancel_future (newer SDKs) ----------------------------- */
+
+/* An asample of sampling session sess as asample_ leaves it: a sample
+ * future (reported to the poll of clone) and its job on the FIFO. */
+static future *sample_future_(server *s, const char *sess, int64_t clone, job **out) {
+    future *f = tinker_new_future(s->tinker, NULL, "", 0);
+    assert_non_null(f);
+    f->sample = true;
+    snprintf(f->sess, sizeof f->sess, "%s", sess);
+    f->clone = clone;
+    job *j = calloc(1, sizeof *j);
+    assert_non_null(j);
+    j->op = OP_SAMPLE_FILE;
+    j->fut = f;
+    serve_enqueue_locked(s, j);
+    *out = j;
+    return f;
+}
+
+/* A job that ran to its SampleResponse (one sequence, one token). */
+static void sample_done_(job *j) {
+    static int64_t off[2] = {0, 1};
+    static int32_t tok[1] = {3};
+    static float lp[1] = {-0.5f};
+    static bool stopped[1] = {false};
+    serve_sample_result r = {.n = 1, .off = off, .tokens = tok, .logprobs = lp, .stopped = stopped,
+                             .prompt_length = -1};
+    j->sample = serve_sample_result_copy(&r);
+    assert_non_null(j->sample);
+    j->status = 200;
+}
+
+/* The request_ids and states of a poll's completions, "zdp-1:finished zdp-2:failed". */
+static void completions_(json_t *done, char *out, size_t cap) {
+    size_t n = 0;
+    out[0] = '\0';
+    for (size_t k = 0; k < json_array_size(done); k++) {
+        const json_t *c = json_array_get(done, k);
+        n += (size_t)snprintf(out + n, cap - n, "%s%s:%s", n ? " " : "",
+                              json_string_value(json_object_get(c, "request_id")),
+                              json_string_value(json_object_get(c, "state")));
+    }
+    json_decref(done);
+}
+
+/* retrieve_futures: a session's done samples are reported once past the
+ * cursor, finished or failed, to the poll of their own clone only; a
+ * pending one is not.  cancel_future: a queued sample leaves the FIFO and
+ * never runs; a running one's result is dropped when it finishes; both
+ * futures fail with "cancelled", and the poll reports them failed; a done
+ * one, an unknown id and a training future are told apart. */
+static void test_futures_poll_and_cancel(void **state) {
+    (void)state;
+    server *s = server_();
+    tinker_state *t = s->tinker;
+    char got[512];
+    int64_t cursor = -1;
+    job *j1, *j2, *j3, *j4;
+    pthread_mutex_lock(&s->mu);
+    future *f1 = sample_future_(s, "s1:sample:0", 0, &j1);
+    future *f2 = sample_future_(s, "s1:sample:0", 1, &j2); /* a clone's (seq_id >= 1e9) */
+    future *f3 = sample_future_(s, "s1:sample:0", 0, &j3);
+    future *f4 = sample_future_(s, "s1:sample:0", 0, &j4);
+    /* Nothing done yet: nothing to report, the cursor stays. */
+    completions_(tinker_completions_locked(t, "s1:sample:0", 0, 0, &cursor), got, sizeof got);
+    assert_string_equal(got, "");
+    assert_int_equal(cursor, 0);
+
+    /* j1 and j2 run (the leader loop pops them), j1 finished, j2 failed. */
+    s->head = j3;
+    sample_done_(j1);
+    tinker_finish_locked(s, j1);
+    j2->status = 400;
+    snprintf(j2->err_msg, sizeof j2->err_msg, "sampling_params.max_tokens: too many");
+    tinker_finish_locked(s, j2);
+    completions_(tinker_completions_locked(t, "s1:sample:0", 0, 0, &cursor), got, sizeof got);
+    char want[256];
+    snprintf(want, sizeof want, "%s:finished", f1->id);
+    assert_string_equal(got, want); /* the clone's is not the original's */
+    const int64_t c1 = cursor;
+    assert_true(c1 > 0);
+    completions_(tinker_completions_locked(t, "s1:sample:0", 0, c1, &cursor), got, sizeof got);
+    assert_string_equal(got, ""); /* seen: not again */
+    assert_int_equal(cursor, c1);
+    completions_(tinker_completions_locked(t, "s1:sample:0", 1, 0, &cursor), got, sizeof got);
+    snprintf(want, sizeof want, "%s:failed", f2->id);
+    assert_string_equal(got, want);
+    completions_(tinker_completions_locked(t, "s2:sample:0", 0, 0, &cursor), got, sizeof got);
+    assert_string_equal(got, ""); /* another session's poll */
+
+    /* Cancel: f3 is queued (never runs), f4 is running. */
+    verr e = {0};
+    assert_string_equal(tinker_cancel_locked(s, f3->id, &e), "cancelled");
+    assert_ptr_equal(s->head, j4); /* j3 left the FIFO (and was freed) */
+    s->head = s->tail = NULL;      /* j4 runs */
+    assert_string_equal(tinker_cancel_locked(s, f4->id, &e), "dropped");
+    assert_true(f3->done && f4->done);
+    assert_non_null(strstr(f3->result, "cancelled by cancel_future"));
+    sample_done_(j4); /* j4 finishes after the cancel: its result is dropped */
+    tinker_finish_locked(s, j4);
+    assert_null(f4->samp);
+    assert_non_null(strstr(f4->result, "cancelled by cancel_future"));
+    completions_(tinker_completions_locked(t, "s1:sample:0", 0, c1, &cursor), got, sizeof got);
+    assert_non_null(strstr(got, ":failed"));
+    snprintf(want, sizeof want, "%s:failed", f3->id);
+    assert_non_null(strstr(got, want));
+    snprintf(want, sizeof want, "%s:failed", f4->id);
+    assert_non_null(strstr(got, want));
+    assert_true(cursor > c1);
+
+    /* Done already: nothing changes.  Unknown: 404.  A training future: 400. */
+    assert_string_equal(tinker_cancel_locked(s, f1->id, &e), "done");
+    assert_non_null(f1->samp);
+    assert_null(tinker_cancel_locked(s, "zdp-999", &e));
+    assert_int_equal(e.status, 404);
+    assert_string_equal(e.field, "request_id");
+    pthread_mutex_unlock(&s->mu);
+    const int n = submit_(s, fwdbwd_(1, 1), NULL);
+    char id[32];
+    snprintf(id, sizeof id, "zdp-%d", n);
+    pthread_mutex_lock(&s->mu);
+    assert_null(tinker_cancel_locked(s, id, &e));
+    assert_int_equal(e.status, 400);
+    assert_non_null(strstr(e.msg, "only sampling requests"));
+    pthread_mutex_unlock(&s->mu);
+    serve_fx_free_(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_op_table),      cmocka_unit_test(test_parse_fwd),
@@ -804,7 +933,7 @@ int main(void) {
         cmocka_unit_test(test_fwd_result_encodings), cmocka_unit_test(test_sample_result_encodings),
         cmocka_unit_test(test_optim_result_json), cmocka_unit_test(test_save_result_encodings),
         cmocka_unit_test(test_proto_typed_request), cmocka_unit_test(test_session_counter),
-        cmocka_unit_test(test_proto_newer_fields),
+        cmocka_unit_test(test_proto_newer_fields), cmocka_unit_test(test_futures_poll_and_cancel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -561,6 +561,194 @@ class Check:
         fail("batched_files: 6 asample requests queued behind a forward: %d shared decoding passes "
              "(GET /info requests.asample.batched), want >= 2" % n)
 
+    def futures_poll(self):
+        """Newer SDKs (0.3x, sample_use_retrieve_futures and sample_cancel_enabled
+        on): one retrieve_futures long poll per sampling client reports each
+        finished or failed asample once, past the cursor it last got, and only
+        to the poll of its own clone (cloned_sampler_id = seq_id // 1e9, the
+        clone's number from join_sampling_session); the SDK then fetches the
+        result with retrieve_future.  cancel_future takes a queued sample off
+        the queue: it never runs (GET /info counts what ran) and fails
+        "cancelled"; a done one is left alone.  Bodies as the SDK's
+        FuturesRetrieveRequest, CancelFutureRequest and
+        JoinSamplingSessionRequest serialise them."""
+        http = self.sc.http
+        cfg = http.post("/api/v1/client/config", {"sdk_version": "0.38.0"}).json()
+        dyn = http.post("/api/v1/client/dynamic_config", {"sdk_version": "0.38.0"}).json()
+        if cfg.get("sample_use_retrieve_futures") is not True or dyn.get("sample_cancel_enabled") is not True:
+            fail("client/config %s, dynamic_config %s: wanted sample_use_retrieve_futures and "
+                 "sample_cancel_enabled true" % (cfg, dyn))
+        path = self.tc.save_weights_for_sampler("for_futures").result()["path"]
+        sid = http.post("/api/v1/create_sampling_session", {
+            "session_id": self.sc.session_id, "sampling_session_seq_id": 30, "model_path": path,
+            "type": "create_sampling_session"}).json()["sampling_session_id"]
+        prompt = {"chunks": [{"type": "encoded_text", "tokens": [5, 9, 2, 7]}]}
+
+        def asample(seq, **extra):
+            body = dict({"sampling_session_id": sid, "seq_id": seq, "num_samples": 1, "prompt": prompt,
+                         "sampling_params": {"max_tokens": 4, "temperature": 0.0}, "type": "sample"}, **extra)
+            return http.post("/api/v1/asample", body).json()["request_id"]
+
+        def poll(clone, cursor, timeout=None, target_sid=None):
+            body = {"target": {"type": "sampling_session", "sampling_session_id": target_sid or sid,
+                               "cloned_sampler_id": clone}, "prev_cursor": cursor}
+            if timeout is not None:  # the SDK leaves it out (exclude_none)
+                body["timeout"] = timeout
+            return http.post("/api/v1/retrieve_futures", body, max_retries=0).json()
+
+        def wait_for(clone, cursor, rids):
+            """As SessionFuturesPoller: poll from the last cursor until every rid is reported."""
+            seen = {}
+            deadline = time.monotonic() + 60
+            while set(rids) - set(seen) and time.monotonic() < deadline:
+                r = poll(clone, cursor)
+                if sorted(r) != ["completions", "cursor"] or not isinstance(r["cursor"], int) or r["cursor"] < cursor:
+                    fail("retrieve_futures from cursor %d: %s (wanted completions and a cursor not behind)" % (cursor, r))
+                    break
+                for c in r["completions"]:
+                    if c["request_id"] in seen:
+                        fail("retrieve_futures reported %s twice" % c["request_id"])
+                    seen[c["request_id"]] = c
+                cursor = r["cursor"]
+            if set(rids) - set(seen):
+                fail("retrieve_futures never reported %s (got %s)" % (sorted(set(rids) - set(seen)), seen))
+            return seen, cursor
+
+        def result(rid):
+            while True:
+                r = http.post("/api/v1/retrieve_future", {"request_id": rid}).json()
+                if r.get("type") != "try_again":
+                    return r
+
+        rid = asample(1)
+        seen, cur = wait_for(0, 0, [rid])
+        if (seen.get(rid) or {}).get("state") != "finished" or "sequences" not in result(rid):
+            fail("a finished asample: reported %s, its result %s" % (seen.get(rid), result(rid)))
+        # Nothing new: an empty answer at the same cursor, after the hold (timeout, or --long-poll-seconds 1).
+        t0 = time.monotonic()
+        r = poll(0, cur, timeout=0.2)
+        t1 = time.monotonic()
+        r2 = poll(0, cur)
+        t2 = time.monotonic()
+        if r != {"completions": [], "cursor": cur} or r2 != r or t1 - t0 > 5 or not 0.8 <= t2 - t1 < 10:
+            fail("retrieve_futures with nothing new at cursor %d: %s in %.2f s, %s in %.2f s (wanted empty, the "
+                 "cursor kept, the hold 0.2 s then the 1 s long poll)" % (cur, r, t1 - t0, r2, t2 - t1))
+        # A clone (an unpickled SamplingClient) joins: its samples go to its own poll.
+        joins = [http.post("/api/v1/join_sampling_session", {"sampling_session_id": sid,
+                                                             "type": "join_sampling_session"}).json()
+                 for _ in range(2)]
+        if [j.get("client_counter") for j in joins] != [1, 2] or joins[0].get("type") != "join_sampling_session":
+            fail("join_sampling_session twice: %s (wanted client_counter 1 then 2)" % joins)
+        rid_c = asample(1000000001)
+        seen_c, _ = wait_for(1, 0, [rid_c])
+        if (seen_c.get(rid_c) or {}).get("state") != "finished" or set(seen_c) != {rid_c}:
+            fail("the clone's poll: %s (wanted %s finished alone)" % (seen_c, rid_c))
+        r = poll(0, cur, timeout=0.3)
+        if any(c["request_id"] == rid_c for c in r.get("completions", [])):
+            fail("the original's poll reported the clone's sample: %s" % r)
+        # A refused request is reported failed; retrieve_future has the error.
+        rid_f = asample(2, topk_prompt_logprobs=65)
+        seen, cur = wait_for(0, cur, [rid_f])
+        err = result(rid_f)
+        if (seen.get(rid_f) or {}).get("state") != "failed" or "topk_prompt_logprobs" not in err.get("error", ""):
+            fail("a refused asample: reported %s, its result %s (wanted failed, the error naming the field)"
+                 % (seen.get(rid_f), err))
+        # cancel_future right after asample: the sample is usually already
+        # decoded (the queue is empty, the model tiny), else queued or running.
+        # Each state has its own checks; the queued and running ones are
+        # checked deterministically in-process (test_serve_queue.c,
+        # test_futures_poll_and_cancel).
+        ran = lambda: ((self.info().get("requests") or {}).get("asample") or {}).get("count", 0)
+        before = ran()
+        rid_q = asample(3)
+        cancel = http.post("/api/v1/cancel_future", {"request_id": rid_q}).json()
+        seen, cur = wait_for(0, cur, [rid_q])
+        got, state = result(rid_q), cancel.get("state")
+        if sorted(cancel) != ["request_id", "state", "type"] or cancel["request_id"] != rid_q or \
+                cancel["type"] != "cancel_future" or state not in ("cancelled", "dropped", "done"):
+            fail("cancel_future answered %s" % cancel)
+        elif state == "done" and ((seen.get(rid_q) or {}).get("state") != "finished" or "sequences" not in got):
+            fail("cancel_future of a finished asample: reported %s, result %s (wanted it kept)" % (seen.get(rid_q), got))
+        elif state != "done" and ((seen.get(rid_q) or {}).get("state") != "failed" or
+                                  "cancelled by cancel_future" not in got.get("error", "")):
+            fail("cancel_future (%s): reported %s, result %s (wanted failed, cancelled)" % (state, seen.get(rid_q), got))
+        elif state == "cancelled" and ran() != before:
+            fail("a cancelled queued asample ran: asample runs %d -> %d" % (before, ran()))
+        print("tinker_check: cancel_future right after asample: %s" % state, flush=True)
+        again = http.post("/api/v1/cancel_future", {"request_id": rid}).json()
+        if again.get("state") != "done" or "sequences" not in result(rid):
+            fail("cancel_future of a finished asample: %s (wanted done, its result kept)" % again)
+        # Refusals name the field.
+        expect_status(lambda: http.post("/api/v1/cancel_future", {"request_id": "zdp-999999"}, max_retries=0),
+                      "cancel_future of an unknown request_id", 404, "request_id")
+        expect_status(lambda: poll(0, 0, target_sid="nope"), "retrieve_futures of an unknown session", 404,
+                      "target.sampling_session_id")
+        expect_status(lambda: poll(0, -1), "retrieve_futures with prev_cursor -1", 400, "prev_cursor")
+        expect_status(lambda: http.post("/api/v1/join_sampling_session", {"sampling_session_id": "nope"},
+                                        max_retries=0), "join_sampling_session of an unknown session", 404,
+                      "sampling_session_id")
+
+    def copy_weights(self):
+        """Newer SDKs' ServiceClient.copy_weights: POST copy_weights
+        {session_id, model_seq_id, source_path, ttl_seconds?} (CopyWeightsRequest)
+        answers at once with {tinker_path} (CopyWeightsResponse): a sampler
+        file and a save_state checkpoint copied byte for byte into run
+        SESSION:train:SEQ, which weights_info and a sampling session then read;
+        ttl_seconds gives the copy its own expiry; a second copy, a bad or
+        missing source and an unknown session are refused naming the field."""
+        http = self.sc.http
+        sid = self.sc.session_id
+        runs = {}
+        for kind, path in (("sampler_weights", self.tc.save_weights_for_sampler("to_copy").result()["path"]),
+                           ("weights", self.tc.save_state("to_copy").result()["path"])):
+            r = http.post("/api/v1/copy_weights", {"session_id": sid, "model_seq_id": 7, "source_path": path,
+                                                   "ttl_seconds": 3600}, max_retries=0).json()
+            want = "tinker://%s:train:7/%s/to_copy" % (sid, kind)
+            if r != {"tinker_path": want}:
+                fail("copy_weights of %s: %s (wanted {'tinker_path': %r})" % (path, r, want))
+                continue
+            src = os.path.join(self.ckdir, self.tc.model_id.replace(":", "_"), kind if kind != "weights" else "",
+                               "to_copy")
+            dst = os.path.join(self.ckdir, "%s_train_7" % sid, kind if kind != "weights" else "", "to_copy")
+            if kind == "sampler_weights" and os.path.exists(src + ".safetensors"):
+                src, dst = src + ".safetensors", dst + ".safetensors"
+            files = lambda root: sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root)
+                                        for f in fs) if os.path.isdir(root) else [""]
+            read = lambda root, f: open(os.path.join(root, f) if f else root, "rb").read()
+            if not os.path.exists(dst) or files(src) != files(dst) or \
+                    any(read(src, f) != read(dst, f) for f in files(src)):
+                fail("copy_weights: %s is not a byte-for-byte copy of %s" % (dst, src))
+            runs[kind] = want
+            expiry = os.path.join(self.ckdir, "%s_train_7" % sid, "expires.json")
+            if not os.path.exists(expiry) or ("%s/to_copy" % kind) not in open(expiry).read():
+                fail("copy_weights with ttl_seconds: no expiry for %s/to_copy in %s" % (kind, expiry))
+        if "weights" in runs:
+            info = http.post("/api/v1/weights_info", {"tinker_path": runs["weights"]}).json()
+            if info.get("base_model") != self.name or info.get("is_lora") is not False:
+                fail("weights_info of the copy: %s" % info)
+        if "sampler_weights" in runs:
+            sess = http.post("/api/v1/create_sampling_session", {
+                "session_id": sid, "sampling_session_seq_id": 40, "model_path": runs["sampler_weights"],
+                "type": "create_sampling_session"}).json()
+            body = {"num_samples": 1, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5, 9, 2, 7]}]},
+                    "sampling_params": {"max_tokens": 4, "temperature": 0.0}}
+            a = self.sample(dict(body, sampling_session_id=sess.get("sampling_session_id")))
+            b = self.sample(dict(body, model_path=runs["sampler_weights"].replace(
+                "%s:train:7" % sid, self.tc.model_id)))
+            if not a or "sequences" not in a or a != b:
+                fail("sampling the copy %s, the source %s (wanted equal)" % (a, b))
+        src = self.tc.save_weights_for_sampler("to_copy2").result()["path"]
+        again = {"session_id": sid, "model_seq_id": 7, "source_path": runs.get("weights", src)}
+        for body, status, field in ((again, 409, "source_path"),
+                                    (dict(again, source_path="/etc/passwd"), 400, "source_path"),
+                                    (dict(again, source_path=src.replace("to_copy2", "nothing")), 404, "source_path"),
+                                    (dict(again, model_seq_id=-1), 400, "model_seq_id"),
+                                    (dict(again, ttl_seconds=0), 400, "ttl_seconds"),
+                                    (dict(again, session_id="nobody"), 404, "session_id")):
+            expect_status(lambda: http.post("/api/v1/copy_weights", body, max_retries=0),
+                          "copy_weights with %s" % {k: body[k] for k in body if body[k] != again.get(k)} or "again",
+                          status, field)
+
     def topk_prompt_logprobs(self, greedy, prompt, want_pl, seqs):
         """Top-k prompt logprobs from the prefill (docs/sampling.md): None first;
         with k = V (64) each row lists every token once, most likely first,
@@ -842,6 +1030,10 @@ def main(argv):
     c.sampling()
     c.batched_files()
     print("tinker_check: sampling sessions checked", flush=True)
+    c.futures_poll()
+    print("tinker_check: retrieve_futures, cancel_future, join_sampling_session checked", flush=True)
+    c.copy_weights()
+    print("tinker_check: copy_weights checked", flush=True)
     c.held_open_poll_and_gaps()
     c.unload()
     print("tinker_check: %d failure(s)" % S.FAILURES, flush=True)

@@ -163,6 +163,11 @@ static void keep_typed_(job *j) {
 void tinker_finish_locked(server *s, job *j) {
     char *result = NULL;
     const int status = j->status;
+    if (j->fut->cancelled) { /* cancel_future came while it ran: the future already failed */
+        j->fut = NULL;
+        serve_job_free(j);
+        return;
+    }
     if (j->op == OP_CREATE && status != 200) {
         /* Refused on every rank (nothing was made): the model never lived,
          * and what was queued behind it is refused at its turn. */
@@ -364,4 +369,161 @@ enum MHD_Result tinker_retrieve(server *s, struct MHD_Connection *c, const char 
     if (closed) return tinker_reply_error(c, 503, NULL, "the server is shutting down");
     return tinker_reply_json(c, 200, json_pack("{s:s,s:s,s:s}", "type", "try_again", "request_id",
                                          json_string_value(id), "queue_state", "active"));
+}
+
+/* ---- retrieve_futures: a sampling session's completions, with a cursor ---------------- */
+
+/* The SDK's poll waits at most 45 s for an answer (newer SDKs,
+ * session_futures_poller.py); the hold stays well below that whatever
+ * --long-poll-seconds says. */
+#define MANY_HOLD_MAX_S 30.0
+
+static bool reportable_(const future *f, const char *sess, int64_t clone) {
+    return f->sample && f->done && f->sess[0] != '\0' && f->clone == clone && !strcmp(f->sess, sess);
+}
+
+/* s->mu held: a done asample of (sess, clone) the client has not been told of. */
+static bool news_(const tinker_state *t, const char *sess, int64_t clone, int64_t prev) {
+    for (const future *f = t->futures; f != NULL; f = f->next)
+        if (reportable_(f, sess, clone) && (f->event == 0 || f->event > prev)) return true;
+    return false;
+}
+
+json_t *tinker_completions_locked(tinker_state *t, const char *sess, int64_t clone, int64_t prev,
+                                  int64_t *cursor) {
+    json_t *done = json_array();
+    *cursor = prev;
+    for (future *f = t->futures; f != NULL && done != NULL; f = f->next) {
+        if (!reportable_(f, sess, clone)) continue;
+        if (f->event == 0) f->event = ++t->n_events;
+        if (f->event <= prev) continue;
+        /* A SampleResponse kept typed finished; a result kept as JSON is an error. */
+        json_array_append_new(done, json_pack("{s:s,s:s}", "state", f->samp != NULL ? "finished" : "failed",
+                                              "request_id", f->id));
+        if (f->event > *cursor) *cursor = f->event;
+    }
+    return done;
+}
+
+/* A non-negative integer field of obj, or def when absent or null; false with e set. */
+static bool count_field_(const json_t *obj, const char *name, const char *field, int64_t def, int64_t *out,
+                         verr *e) {
+    const json_t *v = json_object_get(obj, name);
+    *out = def;
+    if (v == NULL || json_is_null(v)) return true;
+    if (!json_is_integer(v) || json_integer_value(v) < 0)
+        return serve_bad(e, 400, field, "%s: must be an integer >= 0 (got %s)", field,
+                         json_is_integer(v) ? "a negative number" : "another JSON type");
+    *out = json_integer_value(v);
+    return true;
+}
+
+enum MHD_Result tinker_retrieve_many(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                                     const char *idem) {
+    (void)sub, (void)idem;
+    const json_t *target = json_object_get(root, "target");
+    if (!json_is_object(target))
+        return tinker_reply_error(c, 400, "target", "target: missing or not an object; send {\"type\": "
+                                  "\"sampling_session\", \"sampling_session_id\": ..., \"cloned_sampler_id\": 0}");
+    const json_t *type = json_object_get(target, "type");
+    if (type != NULL && !(json_is_string(type) && !strcmp(json_string_value(type), "sampling_session")))
+        return tinker_reply_error(c, 400, "target.type", "target.type: %s; the only poll target is "
+                                  "\"sampling_session\"", json_is_string(type) ? json_string_value(type) : "not a string");
+    const json_t *sid = json_object_get(target, "sampling_session_id");
+    if (!json_is_string(sid))
+        return tinker_reply_error(c, 400, "target.sampling_session_id", "target.sampling_session_id: missing or "
+                                  "not a string; send the id create_sampling_session returned");
+    int64_t clone, prev;
+    verr e = {0};
+    if (!count_field_(target, "cloned_sampler_id", "target.cloned_sampler_id", 0, &clone, &e) ||
+        !count_field_(root, "prev_cursor", "prev_cursor", 0, &prev, &e))
+        return tinker_reply_error(c, e.status, e.field, "%s", e.msg);
+    double hold = s->opt.long_poll_s < MANY_HOLD_MAX_S ? s->opt.long_poll_s : MANY_HOLD_MAX_S;
+    const json_t *to = json_object_get(root, "timeout");
+    if (to != NULL && !json_is_null(to)) {
+        if (!json_is_number(to) || json_number_value(to) < 0)
+            return tinker_reply_error(c, 400, "timeout", "timeout: must be a number of seconds >= 0 or null");
+        if (json_number_value(to) < hold) hold = json_number_value(to);
+    }
+    const char *sess = json_string_value(sid);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    const double whole = floor(hold);
+    until.tv_sec += (time_t)whole;
+    until.tv_nsec += (long)((hold - whole) * 1e9);
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    tinker_state *t = s->tinker;
+    pthread_mutex_lock(&s->mu);
+    if (tinker_find_sampler(t, sess) == NULL) {
+        pthread_mutex_unlock(&s->mu);
+        return tinker_reply_error(c, 404, "target.sampling_session_id", "target.sampling_session_id \"%s\": unknown "
+                                  "to this server (create_sampling_session or save_weights_for_sampler makes one; "
+                                  "sessions are not kept across restarts)", sess);
+    }
+    /* A cursor this server never handed out (a client from before a
+     * restart): everything is new to it. */
+    if (prev > t->n_events) prev = 0;
+    int rc = 0;
+    while (!news_(t, sess, clone, prev) && !s->closed && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&s->cv_done, &s->mu, &until);
+    int64_t cursor = prev;
+    json_t *done = tinker_completions_locked(t, sess, clone, prev, &cursor);
+    const bool closed = s->closed;
+    pthread_mutex_unlock(&s->mu);
+    if (done == NULL) return tinker_reply_error(c, 500, NULL, "out of memory");
+    if (closed && json_array_size(done) == 0) {
+        json_decref(done);
+        return tinker_reply_error(c, 503, NULL, "the server is shutting down");
+    }
+    return tinker_reply_json(c, 200, json_pack("{s:o,s:I}", "completions", done, "cursor", (json_int_t)cursor));
+}
+
+/* ---- cancel_future -------------------------------------------------------------------- */
+
+const char *tinker_cancel_locked(server *s, const char *request_id, verr *e) {
+    future *f = find_future_(s->tinker, request_id);
+    if (f == NULL) {
+        serve_bad(e, 404, "request_id", "request_id %s: unknown to this server (results are kept for an hour, "
+                  "and not across restarts)", request_id);
+        return NULL;
+    }
+    if (!f->sample) {
+        /* A training verb has its place in its model's seq_id order: the
+         * requests after it were written against its effect. */
+        serve_bad(e, 400, "request_id", "request_id %s: not an asample request; only sampling requests can be "
+                  "cancelled", request_id);
+        return NULL;
+    }
+    if (f->done) return "done"; /* finished or failed already: nothing to do */
+    const char *state = "dropped"; /* running: it finishes, tinker_finish_locked drops its result */
+    for (job *q = s->head; q != NULL; q = q->next)
+        if (q->fut == f && serve_unqueue_locked(s, q)) {
+            q->fut = NULL;
+            serve_job_free(q);
+            state = "cancelled"; /* never runs */
+            break;
+        }
+    f->cancelled = true;
+    tinker_complete(f, tinker_failure("user", "request %s was cancelled by cancel_future", f->id));
+    pthread_cond_broadcast(&s->cv_done); /* a retrieve_futures poll reports it failed */
+    return state;
+}
+
+enum MHD_Result tinker_cancel(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                              const char *idem) {
+    (void)sub, (void)idem;
+    const json_t *id = json_object_get(root, "request_id");
+    if (!json_is_string(id))
+        return tinker_reply_error(c, 400, "request_id", "request_id: missing or not a string; send the request_id "
+                                  "asample returned");
+    verr e = {0};
+    pthread_mutex_lock(&s->mu);
+    const char *state = tinker_cancel_locked(s, json_string_value(id), &e);
+    pthread_mutex_unlock(&s->mu);
+    if (state == NULL) return tinker_reply_error(c, e.status, e.field, "%s", e.msg);
+    return tinker_reply_json(c, 200, json_pack("{s:s,s:s,s:s}", "type", "cancel_future", "request_id",
+                                               json_string_value(id), "state", state));
 }

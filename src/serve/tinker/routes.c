@@ -264,10 +264,16 @@ static enum MHD_Result asample_(server *s, struct MHD_Connection *c, const json_
         return r;
     }
     f->sample = true;
+    if (json_is_string(sid)) { /* reported to retrieve_futures' poll of (session, seq_id / 1e9) */
+        const json_t *seq = json_object_get(root, "seq_id");
+        snprintf(f->sess, sizeof f->sess, "%s", json_string_value(sid));
+        f->clone = json_is_integer(seq) && json_integer_value(seq) > 0 ? json_integer_value(seq) / 1000000000 : 0;
+    }
     if (!ok) {
         serve_utf8_fix(e.msg);
         tinker_complete(f, tinker_failure(e.status >= 500 ? "server" : "user", "%s", e.msg));
         serve_job_free(j);
+        pthread_cond_broadcast(&s->cv_done); /* a retrieve_futures poll may be waiting */
     } else {
         if (((sample_file_header *)j->payload)->seed == 0) /* none given: a fresh one per request */
             ((sample_file_header *)j->payload)->seed = zdp_splitmix64(&(uint64_t){++t->n_samples ^ (uint64_t)(serve_now() * 1e6)});
@@ -310,17 +316,22 @@ static enum MHD_Result post_submit_(server *s, struct MHD_Connection *c, const c
 static enum MHD_Result post_client_config_(server *s, struct MHD_Connection *c, const char *sub,
                                            const json_t *root, const char *idem) {
     (void)s, (void)sub, (void)root, (void)idem;
-    return tinker_reply_json(c, 200, json_pack("{s:b,s:i,s:i,s:b,s:b,s:b,s:b,s:b}", "parallel_fwdbwd_chunks", 1,
-                                         "fwdbwd_max_chunk_len", 1024, "fwdbwd_max_chunk_bytes_count", 5000000,
-                                         "proto_write_fwdbwd", 0, "proto_compress_fwdbwd", 0,
-                                         "use_pyqwest_transport", 0, "pjwt_auth_enabled", 0,
-                                         "create_model_via_load_weights", 0));
+    json_t *o = json_pack("{s:b,s:i,s:i,s:b,s:b,s:b,s:b,s:b}", "parallel_fwdbwd_chunks", 1,
+                          "fwdbwd_max_chunk_len", 1024, "fwdbwd_max_chunk_bytes_count", 5000000,
+                          "proto_write_fwdbwd", 0, "proto_compress_fwdbwd", 0, "use_pyqwest_transport", 0,
+                          "pjwt_auth_enabled", 0, "create_model_via_load_weights", 0);
+    /* Newer SDKs (session_futures_poller.py): one retrieve_futures long poll
+     * per sampling client instead of one retrieve_future per sample. */
+    json_object_set_new(o, "sample_use_retrieve_futures", json_true());
+    return tinker_reply_json(c, 200, o);
 }
 
 static enum MHD_Result post_dynamic_config_(server *s, struct MHD_Connection *c, const char *sub,
                                             const json_t *root, const char *idem) {
     (void)s, (void)sub, (void)root, (void)idem;
-    return tinker_reply_json(c, 200, json_pack("{s:i}", "refresh_interval_sec", 300));
+    /* sample_cancel_enabled: a newer SDK sends cancel_future for a sample it
+     * abandons (a timeout, a cancelled task), so the queue drops it. */
+    return tinker_reply_json(c, 200, json_pack("{s:i,s:b}", "refresh_interval_sec", 300, "sample_cancel_enabled", 1));
 }
 
 static enum MHD_Result post_create_session_(server *s, struct MHD_Connection *c, const char *sub,
@@ -493,6 +504,29 @@ static enum MHD_Result post_sampling_session_(server *s, struct MHD_Connection *
     return create_sampling_session_(s, c, root);
 }
 
+/* POST join_sampling_session {sampling_session_id}: a clone of a sampling
+ * client (an unpickled one) asks for its own number; its seq_ids then start
+ * at client_counter * 1e9, which is how retrieve_futures tells its
+ * completions from the original's (cloned_sampler_id). */
+static enum MHD_Result post_join_sampling_session_(server *s, struct MHD_Connection *c, const char *sub,
+                                                   const json_t *root, const char *idem) {
+    (void)sub, (void)idem;
+    const json_t *sid = json_object_get(root, "sampling_session_id");
+    if (!json_is_string(sid))
+        return tinker_reply_error(c, 400, "sampling_session_id", "sampling_session_id: missing or not a string; "
+                                  "send the id create_sampling_session returned");
+    pthread_mutex_lock(&s->mu);
+    sampling_session *x = (sampling_session *)tinker_find_sampler(s->tinker, json_string_value(sid));
+    const int64_t n = x != NULL ? ++x->n_clients : 0;
+    pthread_mutex_unlock(&s->mu);
+    if (x == NULL)
+        return tinker_reply_error(c, 404, "sampling_session_id", "sampling_session_id \"%s\": unknown to this "
+                                  "server (create_sampling_session or save_weights_for_sampler makes one)",
+                                  json_string_value(sid));
+    return tinker_reply_json(c, 200, json_pack("{s:s,s:I}", "type", "join_sampling_session", "client_counter",
+                                               (json_int_t)n));
+}
+
 static enum MHD_Result post_asample_(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
                                      const char *idem) {
     (void)sub;
@@ -522,6 +556,10 @@ static const struct {
     {"weights_info", post_weights_info_},
     {"create_sampling_session", post_sampling_session_},
     {"asample", post_asample_},
+    {"retrieve_futures", tinker_retrieve_many},
+    {"cancel_future", tinker_cancel},
+    {"join_sampling_session", post_join_sampling_session_},
+    {"copy_weights", tinker_copy_weights},
 };
 
 /* SDK 0.25: forward_backward (forward_only = true for forward) as protobuf. */
@@ -604,7 +642,9 @@ enum MHD_Result tinker_handle(server *s, struct MHD_Connection *c, const char *s
         r = tinker_reply_error(c, 404, "url", "POST /api/v1/%s: not an endpoint of zdp serve (the Tinker SDK's "
                        "training protocol: client/config, create_session, session_heartbeat, telemetry, "
                        "create_model, get_info, forward_backward, forward, optim_step, retrieve_future, "
-                       "save_weights, save_weights_for_sampler, load_weights, unload_model, weights_info)", sub);
+                       "save_weights, save_weights_for_sampler, load_weights, unload_model, weights_info, "
+                       "create_sampling_session, asample, retrieve_futures, cancel_future, join_sampling_session, "
+                       "copy_weights)", sub);
     json_decref(root);
     return r;
 }

@@ -253,9 +253,11 @@ void tinker_shutdown_locked(server *s) {
 bool tinker_add_sampler(tinker_state *t, const char *id, const char *path) {
     sampling_session **pp = &t->samplers;
     int n = 0;
+    int64_t clients = 0; /* a replaced session's clones keep their numbers */
     for (; *pp != NULL; n++) {
         sampling_session *x = *pp;
         if (!strcmp(x->id, id) || n >= MAX_SAMPLERS - 1) { /* replaced, or the oldest past the cap */
+            if (!strcmp(x->id, id)) clients = x->n_clients;
             *pp = x->next;
             free(x->path);
             free(x);
@@ -269,6 +271,7 @@ bool tinker_add_sampler(tinker_state *t, const char *id, const char *path) {
         return false;
     }
     snprintf(x->id, sizeof x->id, "%s", id);
+    x->n_clients = clients;
     x->next = t->samplers;
     t->samplers = x;
     return true;

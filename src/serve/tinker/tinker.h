@@ -9,7 +9,8 @@
  *
  * Files: routes.c (the endpoints), submit.c (a request into a job, its
  * future and its place in the seq_id order), futures.c (futures, what a
- * finished job leaves on one, retrieve_future and the replies), sessions.c
+ * finished job leaves on one, retrieve_future, retrieve_futures,
+ * cancel_future and the replies), copy.c (copy_weights), sessions.c
  * (sessions, models, unloading, the tick, sampling sessions), runs.c (training runs and checkpoints on
  * disk), proto_decode.c and proto_encode.c (the protobuf codec).
  */
@@ -44,6 +45,13 @@ typedef struct future {
     serve_save_result *saved;  /* ... or a save or load (name: its tinker:// path) */
     double done_at;
     double read_at;      /* first retrieve_future that got the result, 0 before */
+    /* An asample of a sampling session: retrieve_futures reports it to the
+     * poll of (sess, clone = its seq_id / 1e9) once done, numbered event
+     * (0 until a poll first sees it done; the cursor counts these). */
+    char sess[128];
+    int64_t clone;
+    int64_t event;
+    bool cancelled;      /* cancel_future: whatever its job still produces is dropped */
     struct future *next; /* newest first */
 } future;
 
@@ -51,6 +59,7 @@ typedef struct future {
 typedef struct sampling_session {
     char id[128];
     char *path;
+    int64_t n_clients;   /* join_sampling_session's last client_counter (the first client is 0) */
     struct sampling_session *next; /* newest first */
 } sampling_session;
 #define MAX_SAMPLERS 1000
@@ -95,6 +104,7 @@ struct tinker_state {
     int64_t n_gone;
     sampling_session *samplers;
     uint64_t n_samples; /* seeds for asample requests without one */
+    int64_t n_events;   /* retrieve_futures' cursor: the last completion number handed out */
     double next_sweep;  /* when tinker_runs_sweep_locked looks again (epoch seconds) */
 };
 
@@ -177,6 +187,32 @@ enum MHD_Result tinker_reply_ticket(struct MHD_Connection *c, const tinker_ticke
  * the result, or try_again after the long poll. */
 enum MHD_Result tinker_retrieve(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
                                 const char *idem);
+/* POST retrieve_futures (s->mu not held): the finished and failed asample
+ * requests of one sampling session (and clone) past prev_cursor, held until
+ * there is one or the long poll ends. */
+enum MHD_Result tinker_retrieve_many(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                                     const char *idem);
+/* POST cancel_future (s->mu not held): a queued asample is taken off the
+ * queue, a running one's result dropped; its future fails. */
+enum MHD_Result tinker_cancel(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                              const char *idem);
+/* s->mu held: retrieve_futures' answer without the wait: the done asample
+ * futures of (sess, clone) numbered past prev ("completions"; each done
+ * one gets its number the first time a poll sees it); *cursor the highest
+ * number listed, else prev.  NULL when out of memory. */
+json_t *tinker_completions_locked(tinker_state *t, const char *sess, int64_t clone, int64_t prev,
+                                  int64_t *cursor);
+/* s->mu held: cancel_future without HTTP: "cancelled" (it was queued and
+ * never runs), "dropped" (it runs; its result will be dropped) or "done"
+ * (already finished: nothing changes); NULL with e set for an unknown id
+ * (404) or a future that is not an asample's (400). */
+const char *tinker_cancel_locked(server *s, const char *request_id, verr *e);
+
+/* tinker/copy.c.  POST copy_weights (s->mu not held): the checkpoint
+ * source_path copied into run SESSION:train:MODEL_SEQ_ID, answered with
+ * {"tinker_path"} once on disk. */
+enum MHD_Result tinker_copy_weights(server *s, struct MHD_Connection *c, const char *sub, const json_t *root,
+                                    const char *idem);
 
 /* ---- tinker/sessions.c: sessions, models, unloading (s->mu held) ---- */
 
