@@ -47,15 +47,7 @@ static char *encode_(server *s, const job *j) {
 /* Queues the job and waits for its answer (requests run one at a time, in
  * the order they were queued). */
 static enum MHD_Result run_job_(server *s, struct MHD_Connection *c, job *j) {
-    pthread_mutex_lock(&s->mu);
-    if (s->closed || serve_stop_signal) {
-        pthread_mutex_unlock(&s->mu);
-        serve_job_free(j);
-        return serve_reply_error(c, 503, NULL, "the server is shutting down");
-    }
-    serve_enqueue_locked(s, j);
-    while (!j->done) pthread_cond_wait(&s->cv_done, &s->mu);
-    pthread_mutex_unlock(&s->mu);
+    if (!serve_run_job(s, j)) return serve_reply_error(c, 503, NULL, "the server is shutting down");
     const int status = j->status;
     char *body = j->body;
     j->body = NULL;

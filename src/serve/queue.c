@@ -29,6 +29,19 @@ void serve_enqueue_locked(server *s, job *j) {
     pthread_cond_signal(&s->cv_job);
 }
 
+bool serve_run_job(server *s, job *j) {
+    pthread_mutex_lock(&s->mu);
+    if (s->closed || serve_stop_signal) {
+        pthread_mutex_unlock(&s->mu);
+        serve_job_free(j);
+        return false;
+    }
+    serve_enqueue_locked(s, j);
+    while (!j->done) pthread_cond_wait(&s->cv_done, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    return true;
+}
+
 bool serve_unqueue_locked(server *s, job *j) {
     job *prev = NULL;
     for (job *q = s->head; q != NULL; prev = q, q = q->next) {

@@ -568,6 +568,10 @@ bool serve_names_type(const char *value, const char *type);
 
 /* queue.c.  Appends j to the FIFO the main thread runs (s->mu held). */
 void serve_enqueue_locked(server *s, job *j);
+/* A connection thread: queues j and waits until it ran (requests run one at
+ * a time, in queue order).  false when the server is shutting down: j is
+ * freed and nothing ran. */
+bool serve_run_job(server *s, job *j);
 /* Takes j out of the FIFO before it runs (a cancelled request, s->mu held):
  * true when it was queued (the caller then owns it), false when it is not
  * (running, or never queued). */

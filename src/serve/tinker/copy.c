@@ -126,21 +126,16 @@ enum MHD_Result tinker_copy_weights(server *s, struct MHD_Connection *c, const c
     memcpy(j->payload + a, dst_rel, b);
     j->nbytes = (int64_t)(a + b);
     j->op = OP_COPY_CKPT;
-    pthread_mutex_lock(&s->mu);
-    if (s->closed || serve_stop_signal) {
-        pthread_mutex_unlock(&s->mu);
-        serve_job_free(j);
-        return tinker_reply_error(c, 503, NULL, "the server is shutting down");
-    }
-    serve_enqueue_locked(s, j);
-    while (!j->done) pthread_cond_wait(&s->cv_done, &s->mu);
+    if (!serve_run_job(s, j)) return tinker_reply_error(c, 503, NULL, "the server is shutting down");
     const int status = j->status;
     char tp[600];
     snprintf(tp, sizeof tp, "tinker://%s/%s/%s", dst_model, kind, name);
     /* The source's expiry is not inherited (CopyWeightsRequest.ttl_seconds). */
-    if (status == 200 && json_is_integer(ttl))
+    if (status == 200 && json_is_integer(ttl)) {
+        pthread_mutex_lock(&s->mu);
         tinker_runs_set_expiry(s, tp, (double)time(NULL) + (double)json_integer_value(ttl));
-    pthread_mutex_unlock(&s->mu);
+        pthread_mutex_unlock(&s->mu);
+    }
     if (status != 200) {
         char *body = serve_job_error_json(j);
         serve_job_free(j);

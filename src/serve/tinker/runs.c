@@ -622,15 +622,7 @@ enum MHD_Result tinker_runs_delete(server *s, struct MHD_Connection *c, const ch
     memcpy(j->payload, rel, len);
     j->nbytes = (int64_t)len;
     j->op = OP_DELETE_CKPT;
-    pthread_mutex_lock(&s->mu);
-    if (s->closed || serve_stop_signal) {
-        pthread_mutex_unlock(&s->mu);
-        serve_job_free(j);
-        return tinker_reply_error(c, 503, NULL, "the server is shutting down");
-    }
-    serve_enqueue_locked(s, j);
-    while (!j->done) pthread_cond_wait(&s->cv_done, &s->mu);
-    pthread_mutex_unlock(&s->mu);
+    if (!serve_run_job(s, j)) return tinker_reply_error(c, 503, NULL, "the server is shutting down");
     const int status = j->status;
     char *body = status == 200 ? serve_dump(json_pack("{s:s}", "deleted", rel)) : serve_job_error_json(j);
     serve_job_free(j);
